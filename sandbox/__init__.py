@@ -1,0 +1,1 @@
+"""The sandbox runtime around the proxy (namespaces, firewall, isolation)."""
