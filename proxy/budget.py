@@ -1,0 +1,82 @@
+"""Per-sandbox budgets: request rate, concurrent connections, bytes per request and in total.
+
+The DoS and cost threat: one sandbox must not starve the others or run up a bill. Each sandbox
+(or, for unidentified traffic, each default policy) has its own ledger, so exhausting one never
+touches another. With N worker processes each worker holds 1/N of every budget: the kernel
+spreads connections across workers, so the sum stays close to the policy's figure without any
+state shared between processes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.errors import Denial
+from proxy.policy import Budgets
+
+
+@dataclass(slots=True)
+class _Ledger:
+    tokens: float
+    stamp: float
+    limits: Budgets
+    connections: int = 0
+    bytes_total: int = 0
+
+
+class BudgetLedger:
+    def __init__(self, share: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.share = max(1, share)
+        self.clock = clock
+        self._ledgers: dict[str, _Ledger] = {}
+
+    def _ledger(self, key: str, limits: Budgets) -> _Ledger:
+        ledger = self._ledgers.get(key)
+        if ledger is None:
+            ledger = _Ledger(tokens=self._burst(limits), stamp=self.clock(), limits=limits)
+            self._ledgers[key] = ledger
+        elif ledger.limits != limits:  # the rules were reloaded
+            ledger.limits = limits
+            ledger.tokens = min(ledger.tokens, self._burst(limits))
+        return ledger
+
+    def _burst(self, limits: Budgets) -> float:
+        return max(1.0, limits.burst / self.share)
+
+    def admit_request(self, key: str, limits: Budgets, declared_bytes: int | None) -> None:
+        """Take one request from the rate budget, or refuse with how long to wait."""
+        ledger = self._ledger(key, limits)
+        if declared_bytes is not None and declared_bytes > limits.max_request_bytes:
+            raise Denial(
+                "request_too_large",
+                f"request body of {declared_bytes} bytes exceeds {limits.max_request_bytes}",
+            )
+        if ledger.bytes_total >= limits.max_total_bytes // self.share:
+            raise Denial("budget_exceeded", "total upload budget used up", retry_after=3600)
+        rate = limits.requests_per_second / self.share
+        now = self.clock()
+        ledger.tokens = min(self._burst(limits), ledger.tokens + (now - ledger.stamp) * rate)
+        ledger.stamp = now
+        if ledger.tokens < 1.0:
+            wait = (1.0 - ledger.tokens) / rate if rate > 0 else 3600.0
+            raise Denial("budget_exceeded", "request rate over budget", retry_after=math.ceil(wait))
+        ledger.tokens -= 1.0
+
+    def open_connection(self, key: str, limits: Budgets) -> None:
+        ledger = self._ledger(key, limits)
+        if ledger.connections >= max(1, limits.max_connections // self.share):
+            raise Denial("budget_exceeded", "too many concurrent connections", retry_after=1)
+        ledger.connections += 1
+
+    def close_connection(self, key: str) -> None:
+        ledger = self._ledgers.get(key)
+        if ledger is not None and ledger.connections > 0:
+            ledger.connections -= 1
+
+    def add_bytes(self, key: str, count: int) -> None:
+        ledger = self._ledgers.get(key)
+        if ledger is not None:
+            ledger.bytes_total += count

@@ -1,0 +1,198 @@
+"""`sealgate proxy`, `sealgate ca` and `sealgate sources`: running and steering the proxy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import exceptions
+
+from proxy import control
+from proxy.master import ProxyConfig, prepare, serve
+from proxy.registry import SourceRegistry
+
+SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse exposes no public name
+
+
+def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("proxy", help="run the egress proxy")
+    env = os.environ.get
+    p.add_argument("--listen", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
+                   help="explicit proxy listen address HOST:PORT (env SEALGATE_LISTEN)")
+    p.add_argument("--transparent", default=env("SEALGATE_TRANSPARENT"),
+                   help="also listen for redirected (iptables/nftables) traffic on HOST:PORT")
+    p.add_argument("--rules", default=env("SEALGATE_RULES", "rules"),
+                   help="rules file or directory (env SEALGATE_RULES)")
+    p.add_argument("--state", default=env("SEALGATE_STATE", "var"),
+                   help="state directory: CA, registry, audit log, control socket")
+    p.add_argument("--resolver", default=env("SEALGATE_RESOLVER"),
+                   help="DNS server HOST:PORT the guard uses (default: system nameservers)")
+    p.add_argument("--workers", type=int, default=int(env("SEALGATE_WORKERS", "1")),
+                   help="worker processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
+                   help="CA bundle to verify upstream servers with (default: certifi)")
+    p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
+    p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                   help="set a mitmproxy option (repeatable)")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run_proxy)
+
+    c = sub.add_parser("ca", help="show the interception CA")
+    c.add_argument("--state", default=env("SEALGATE_STATE", "var"))
+    c.add_argument("--print", action="store_true", dest="print_pem",
+                   help="print the CA certificate (PEM) for a trust store")
+    c.set_defaults(func=_run_ca)
+
+    s = sub.add_parser("sources", help="source address -> sandbox registry (control API)")
+    s.add_argument("--state", default=env("SEALGATE_STATE", "var"))
+    s.add_argument("--json", action="store_true")
+    ss = s.add_subparsers(dest="action", required=True)
+    ss.add_parser("list")
+    add = ss.add_parser("add")
+    add.add_argument("address")
+    add.add_argument("sandbox")
+    rm = ss.add_parser("rm")
+    rm.add_argument("address")
+    s.set_defaults(func=_run_sources)
+
+
+def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"sealgate: --set needs OPTION=VALUE, got {item!r}")
+        extra[key] = value
+    return ProxyConfig(
+        listen=_parse_hostport(args.listen),
+        transparent=_parse_hostport(args.transparent) if args.transparent else None,
+        rules=Path(args.rules),
+        state=Path(args.state),
+        resolver=args.resolver,
+        workers=max(1, args.workers),
+        upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
+        audit_stdout=args.audit_stdout,
+        extra=extra,
+    )
+
+
+def _run_proxy(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.worker_index is None:
+        prepare(config)
+    try:
+        if config.workers > 1 and args.worker_index is None:
+            return asyncio.run(_supervise(config))
+        return asyncio.run(_serve_one(config, args.worker_index))
+    except exceptions.OptionsError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
+    runner = None
+    if worker is None:  # a single process also answers the control API
+        runner = await control.start(
+            _socket(config.state), _registry(config.state), config.rules
+        )
+    try:
+        return await serve(config, worker)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def _supervise(config: ProxyConfig) -> int:
+    """Run the control API here and N workers as child processes; stop them all together."""
+    runner = await control.start(_socket(config.state), _registry(config.state), config.rules)
+    argv = [a for a in sys.argv[1:]]
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sealgate.cli", *argv, "--worker-index", str(i)
+        )
+        for i in range(config.workers)
+    ]
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: [c.send_signal(signal.SIGHUP) for c in children]
+    )
+    waits = [asyncio.ensure_future(c.wait()) for c in children]
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+    code = 0 if stop.is_set() else 1  # a worker that dies on its own is a failure
+    for child in children:
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+    await asyncio.gather(*waits)
+    stopper.cancel()
+    await runner.cleanup()
+    return code
+
+
+def _run_ca(args: argparse.Namespace) -> int:
+    from proxy.ca import ensure_ca
+
+    cert = ensure_ca(Path(args.state) / "ca")
+    if args.print_pem:
+        sys.stdout.write(cert.read_text())
+    else:
+        print(cert)
+    return 0
+
+
+def _run_sources(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    async def call() -> tuple[int, Any]:
+        connector = aiohttp.UnixConnector(path=str(_socket(Path(args.state))))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            base = "http://sealgate/v1/sources"
+            if args.action == "list":
+                response = await session.get(base)
+            elif args.action == "add":
+                response = await session.put(
+                    f"{base}/{args.address}", json={"sandbox": args.sandbox}
+                )
+            else:
+                response = await session.delete(f"{base}/{args.address}")
+            return response.status, await response.json()
+
+    try:
+        status, body = asyncio.run(call())
+    except (OSError, aiohttp.ClientError) as exc:
+        print(f"sealgate: control API unreachable: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body))
+    elif status >= 400:
+        print(f"sealgate: {body.get('error')}: {body.get('detail')}", file=sys.stderr)
+    elif args.action == "list":
+        for address, sandbox in body["sources"].items():
+            print(f"{address:<40} {sandbox}")
+    else:
+        print("ok")
+    return 0 if status < 400 else 1
+
+
+def _socket(state: Path) -> Path:
+    return state / "control.sock"
+
+
+def _registry(state: Path) -> SourceRegistry:
+    return SourceRegistry(state / "registry.json")
+
+
+def _parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"sealgate: expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)

@@ -1,0 +1,93 @@
+"""The control API: how the sandbox runtime tells the proxy which address is which sandbox.
+
+HTTP over a unix socket that only the proxy's owner can open (mode 0600 in a 0700 directory):
+a sandbox that could reach it could claim another sandbox's address. Endpoints:
+
+    GET    /v1/health                 {"ok": true}
+    GET    /v1/sources                {"sources": {"10.200.0.2": "bot-1", ...}}
+    PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
+    DELETE /v1/sources/{address}      -> 200, or 404
+
+Sandbox ids are checked against the rules in force at the time of the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.registry import RegistryError, SourceRegistry
+from proxy.rulesfile import RulesError, load_rules
+
+_MAX_BODY = 4096
+
+
+def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
+    app = web.Application(client_max_size=_MAX_BODY)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def list_sources(_: web.Request) -> web.Response:
+        return web.json_response({"sources": dict(registry.entries())})
+
+    async def put_source(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (ValueError, web.HTTPRequestEntityTooLarge):
+            return _error(400, "bad_json", "body must be JSON: {\"sandbox\": \"<id>\"}")
+        sandbox = body.get("sandbox") if isinstance(body, dict) else None
+        if not isinstance(sandbox, str):
+            return _error(400, "bad_request", "field 'sandbox' (string) is required")
+        try:
+            known = load_rules(rules_path).sandboxes
+        except RulesError as exc:
+            return _error(503, "rules_unavailable", str(exc))
+        if sandbox not in known:
+            return _error(404, "unknown_sandbox", f"no sandbox {sandbox[:64]!r} in the rules")
+        try:
+            registry.register(request.match_info["address"], sandbox)
+        except RegistryError as exc:
+            return _error(400, "bad_address", str(exc))
+        return web.json_response({"address": request.match_info["address"], "sandbox": sandbox})
+
+    async def delete_source(request: web.Request) -> web.Response:
+        try:
+            found = registry.unregister(request.match_info["address"])
+        except RegistryError as exc:
+            return _error(400, "bad_address", str(exc))
+        if not found:
+            return _error(404, "not_registered", "no sandbox registered for that address")
+        return web.json_response({"removed": request.match_info["address"]})
+
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/sources", list_sources)
+    app.router.add_put("/v1/sources/{address}", put_source)
+    app.router.add_delete("/v1/sources/{address}", delete_source)
+    return app
+
+
+def _error(status: int, reason: str, detail: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": reason, "detail": detail}),
+        content_type="application/json",
+    )
+
+
+async def start(socket_path: Path, registry: SourceRegistry, rules_path: Path) -> web.AppRunner:
+    socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if socket_path.exists():
+        socket_path.unlink()
+    runner = web.AppRunner(make_app(registry, rules_path), access_log=None)
+    await runner.setup()
+    # umask, not chmod after bind: there must be no moment when others can connect.
+    old = os.umask(0o177)
+    try:
+        await web.UnixSite(runner, str(socket_path)).start()
+    finally:
+        os.umask(old)
+    return runner

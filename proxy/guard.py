@@ -1,0 +1,143 @@
+"""The guard: decide on what is actually dialed, after resolution, and dial exactly that.
+
+Names are only a pre-filter. The guard resolves a name itself (A and AAAA, no search path),
+refuses the request if *any* answer falls in a denied range (a public name that resolves inside
+is an attack, not a misconfiguration), and hands back the one address it checked. The addon pins
+the upstream connection to that address in `server_connect`, so nothing resolves twice and a
+rebinding answer has no window to slip through; every new upstream connection is checked again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from mitmproxy import http
+
+from proxy.addresses import AddressPolicy, IPAddress
+from proxy.errors import Denial
+from proxy.hostname import Host, HostError, denied_name, split_authority
+from proxy.policy import Policy
+from proxy.resolver import ResolveError, Resolver
+
+# Headers a sandbox must not be able to send upstream: its proxy credentials, forwarding claims
+# that upstreams (and cloud metadata services) trust, and our own control headers.
+_STRIP_UP_EXACT: Final = ("proxy-authorization", "proxy-connection", "forwarded", "x-real-ip")
+_STRIP_PREFIXES: Final = ("x-forwarded-", "x-sealgate-")
+_SCHEMES: Final = frozenset({"http", "https"})
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """The one address a request may be sent to, and what it cost to learn it."""
+
+    host: Host
+    port: int
+    address: IPAddress
+    dns_seconds: float
+
+
+class Guard:
+    def __init__(self, resolver: Resolver, listen: Iterable[tuple[str, int]] = ()) -> None:
+        self.resolver = resolver
+        self._own_ports = frozenset(port for _, port in listen)
+        self._own_hosts = frozenset(_ip_or_none(host) for host, _ in listen) - {None}
+        self._address_policies: dict[tuple[object, ...], AddressPolicy] = {}
+
+    def address_policy(self, policy: Policy) -> AddressPolicy:
+        key = tuple(policy.allow_networks)
+        found = self._address_policies.get(key)
+        if found is None:
+            found = self._address_policies[key] = AddressPolicy(policy.allow_networks)
+        return found
+
+    async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
+        """Resolve and classify every answer; the first address, if all of them may be reached."""
+        if reason := denied_name(host):
+            raise Denial(reason, f"{host.name} is never reachable through this proxy")
+        if host.ip is not None:
+            addresses: tuple[IPAddress, ...] = (host.ip,)
+            dns_seconds = 0.0
+        else:
+            try:
+                answer = await self.resolver.resolve(host.name)
+            except ResolveError as exc:
+                raise Denial(exc.reason, f"cannot resolve {host.name}") from exc
+            addresses, dns_seconds = answer.addresses, answer.duration
+        checker = self.address_policy(policy)
+        for address in addresses:
+            if reason := checker.check(address):
+                # The address itself stays in the audit log, not in the answer: the sandbox must
+                # not get an oracle for what internal names resolve to.
+                raise Denial(reason, f"{host.name} resolves to a denied address ({reason})")
+            if port in self._own_ports and (address.is_loopback or address in self._own_hosts):
+                raise Denial("proxy_loop", "requests to the proxy itself are refused")
+        return Pin(host, port, addresses[0], dns_seconds)
+
+
+def parse_target(authority: str, default_port: int) -> tuple[Host, int]:
+    try:
+        return split_authority(authority, default_port)
+    except HostError as exc:
+        raise Denial(exc.reason, str(exc)) from exc
+
+
+def request_target(
+    request: http.Request, tunnel: tuple[Host, int] | None, transparent: bool
+) -> tuple[Host, int]:
+    """The one destination a request names, after checking that all its names agree.
+
+    Absolute-form requests name it in the URI (RFC 9112 says a proxy must ignore Host then; we
+    go further and refuse a Host that disagrees, since the upstream would route on it). Inside a
+    CONNECT tunnel the Host header must name the CONNECT authority, which the TLS SNI has already
+    been checked against. In transparent mode the Host header (or SNI) names it and the original
+    destination port stays. The caller points the request at exactly what this returns, so
+    what mitmproxy dials is what was checked.
+    """
+    if request.scheme not in _SCHEMES:
+        raise Denial("scheme_invalid", f"scheme {request.scheme!r} is not proxied")
+    default_port = 443 if request.scheme == "https" else 80
+    header = request.host_header
+    if tunnel is not None:
+        if header is None:
+            return tunnel
+        # A Host without a port means the tunnel's port: the dial below goes there regardless.
+        if parse_target(header, tunnel[1]) != tunnel:
+            raise Denial("name_mismatch", "Host header does not match the CONNECT target")
+        return tunnel
+    if transparent:
+        if header is None:
+            raise Denial("bad_request", "a transparent request needs a Host header")
+        host, _ = parse_target(header, default_port)
+        return host, request.port
+    uri_host, uri_port = parse_target(_authority(request.host, request.port), default_port)
+    if header is not None and parse_target(header, default_port) != (uri_host, uri_port):
+        raise Denial("name_mismatch", "Host header does not match the request URI")
+    return uri_host, uri_port
+
+
+def _authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def strip_upstream_headers(headers: http.Headers) -> None:
+    for name in list(headers.keys()):
+        lower = name.lower()
+        if lower in _STRIP_UP_EXACT or lower.startswith(_STRIP_PREFIXES):
+            del headers[name]
+
+
+def strip_downstream_headers(headers: http.Headers) -> None:
+    """An upstream must not be able to forge our verdicts or control headers."""
+    for name in list(headers.keys()):
+        if name.lower().startswith("x-sealgate-"):
+            del headers[name]
+
+
+def _ip_or_none(text: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None

@@ -1,0 +1,72 @@
+"""Which sandbox sent this request.
+
+In order: the `Proxy-Authorization: Basic id:key` the client sent (what `HTTP_PROXY=http://id:key@…`
+produces), else what this client connection proved earlier (a CONNECT's credentials cover the
+tunnel's requests), else the source address the sandbox runtime registered, else the default
+policy. A wrong key, or an id we do not know, is a 407: the two are indistinguishable on purpose,
+so the proxy is no oracle for which sandbox ids exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.errors import Denial
+from proxy.policy import RuleSet
+from proxy.registry import SourceRegistry
+
+Via = Literal["proxy-auth", "source", "default"]
+
+# Compared against when the id is unknown, so a miss costs the same as a wrong key.
+_DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    sandbox: str | None
+    policy: str | None
+    via: Via
+
+
+class Identifier:
+    def __init__(self, rules: RuleSet, registry: SourceRegistry) -> None:
+        self.rules = rules
+        self.registry = registry
+
+    def from_proxy_authorization(self, value: str) -> Identity | None:
+        """The identity a Basic credential proves; None for other schemes (a token binding's
+        `Bearer` belongs to the tokenizer, not to identity)."""
+        scheme, _, param = value.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            decoded = base64.b64decode(param.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise Denial("identity_invalid", "Proxy-Authorization is not valid Basic") from exc
+        sandbox_id, sep, key = decoded.partition(":")
+        if not sep:
+            raise Denial("identity_invalid", "Proxy-Authorization needs id:key")
+        entry = self.rules.sandboxes.get(sandbox_id)
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
+        if not hmac.compare_digest(digest, expected) or entry is None or not key:
+            raise Denial("identity_invalid", "unknown sandbox or wrong key")
+        return Identity(sandbox_id, entry.policy, "proxy-auth")
+
+    def from_source(self, address: str) -> Identity | None:
+        sandbox_id = self.registry.lookup(address)
+        if sandbox_id is None:
+            return None
+        entry = self.rules.sandboxes.get(sandbox_id)
+        if entry is None:
+            # Registered but since removed from the rules: attribute it, allow it nothing.
+            return Identity(sandbox_id, None, "source")
+        return Identity(sandbox_id, entry.policy, "source")
+
+    def default(self) -> Identity:
+        return Identity(None, self.rules.default_policy, "default")

@@ -1,0 +1,138 @@
+"""The lean mitmproxy master `sealgate proxy` runs, and its worker processes.
+
+mitmdump loads about 37 addons and every flow event walks all of them twice; a credential proxy
+needs six (core, proxy server, next layer, TLS config, error check, ours), which measured about
+twice the throughput here. Dropping mitmdump's defaults drops `block` too, so the listen address
+defaults to loopback and exposing it is an explicit choice.
+
+Several workers share one listen port through SO_REUSEPORT, the kernel spreading connections
+across them. Everything they must agree on lives outside them: rules and the source registry are
+files every worker watches, and budgets are split evenly (see proxy.budget).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import ctx, master, options
+from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
+
+from proxy.addon import Sealgate
+from proxy.ca import ensure_ca
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    transparent: tuple[str, int] | None = None
+    rules: Path = Path("rules")
+    state: Path = Path("var")
+    resolver: str | None = None
+    workers: int = 1
+    upstream_ca: Path | None = None
+    audit_stdout: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def confdir(self) -> Path:
+        return self.state / "ca"
+
+    def modes(self) -> list[str]:
+        modes = [f"regular@{_hostport(self.listen)}"]
+        if self.transparent is not None:
+            modes.append(f"transparent@{_hostport(self.transparent)}")
+        return modes
+
+
+class StartupReport:
+    """Says where the proxy listens, what it enforces and which CA it signs with."""
+
+    def __init__(self, config: ProxyConfig, worker: int | None) -> None:
+        self.config = config
+        self.worker = worker
+
+    def running(self) -> None:
+        if self.worker not in (None, 0):
+            return
+        ps = ctx.master.addons.get("proxyserver")
+        sealgate = ctx.master.addons.get("sealgate")
+        rules = sealgate.rules if sealgate is not None else None
+        lines = ["sealgate proxy ready"]
+        for address in ps.listen_addrs():
+            lines.append(f"  listening  {address[0]}:{address[1]}")
+        for mode in self.config.modes():
+            lines.append(f"  mode       {mode}")
+        if self.config.workers > 1:
+            lines.append(f"  workers    {self.config.workers} (SO_REUSEPORT)")
+        lines.append(f"  rules      {self.config.rules}")
+        if rules is not None:
+            for name, policy in sorted(rules.policies.items()):
+                lines.append(f"    policy   {name}: {policy.mode}, {len(policy.rules)} rule(s)")
+            lines.append(f"    sandboxes {len(rules.sandboxes)}, default policy: "
+                         f"{rules.default_policy or 'deny everything'}")
+            for warning in rules.warnings:
+                lines.append(f"    warning  {warning}")
+        lines.append(f"  CA         {self.config.confdir / 'mitmproxy-ca-cert.pem'}")
+        lines.append(f"  audit log  {self.config.state / 'audit.log'}")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def build_master(config: ProxyConfig, worker: int | None = None) -> master.Master:
+    opts = options.Options()
+    m = master.Master(opts)
+    m.addons.add(
+        core.Core(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        errorcheck.ErrorCheck(repeat_errors_on_stderr=True),
+        Sealgate(),
+        StartupReport(config, worker),
+    )
+    settings: dict[str, Any] = {
+        "mode": config.modes(),
+        "confdir": str(config.confdir),
+        # Lazy: nothing is dialed before a request has been authorised, and a transparent
+        # connection is not dialed before its SNI is known.
+        "connection_strategy": "lazy",
+        "sealgate_rules": str(config.rules),
+        "sealgate_state": str(config.state),
+        "sealgate_resolver": config.resolver,
+        "sealgate_workers": config.workers,
+        "sealgate_audit_stdout": config.audit_stdout,
+    }
+    if config.upstream_ca is not None:
+        settings["ssl_verify_upstream_trusted_ca"] = str(config.upstream_ca)
+    settings.update(config.extra)
+    opts.update(**settings)
+    return m
+
+
+async def serve(config: ProxyConfig, worker: int | None = None) -> int:
+    if config.workers > 1:
+        # mitmproxy binds with asyncio.start_server and no reuse_port; the workers need it.
+        original = asyncio.start_server
+        asyncio.start_server = functools.partial(original, reuse_port=True)  # type: ignore[assignment]
+    m = build_master(config, worker)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, m.shutdown)
+    await m.run()  # startup errors exit through ErrorCheck's SystemExit(1)
+    return 0
+
+
+def prepare(config: ProxyConfig) -> Path:
+    """State directory and CA, before any worker starts (workers must not race to create them)."""
+    config.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return ensure_ca(config.confdir)
+
+
+def _hostport(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,103 @@
+"""Source address -> sandbox, for traffic that carries no credentials (transparent mode).
+
+The sandbox runtime registers each sandbox's address through the control API. The map lives in
+one small JSON file under the state directory, replaced atomically on every change, so any number
+of proxy worker processes see the same map: a reader stats the file on lookup (one syscall) and
+re-reads it only when it changed. That keeps registration synchronous: once the control API has
+answered, the next connection from that address is attributed, in every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+_RACY_NS = 2_000_000_000
+
+
+class RegistryError(ValueError):
+    """A registration that cannot be accepted (bad address, bad id)."""
+
+
+def canonical_source(address: str) -> str:
+    """The key for an address: compressed form, IPv4-mapped IPv6 folded to IPv4."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError as exc:
+        raise RegistryError(f"not an IP address: {address[:64]!r}") from exc
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+class SourceRegistry:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._map: dict[str, str] = {}
+
+    def lookup(self, address: str) -> str | None:
+        self._refresh()
+        try:
+            return self._map.get(canonical_source(address))
+        except RegistryError:
+            return None
+
+    def entries(self) -> Mapping[str, str]:
+        self._refresh()
+        return dict(self._map)
+
+    def register(self, address: str, sandbox: str) -> None:
+        entries = dict(self.entries())
+        entries[canonical_source(address)] = sandbox
+        self._write(entries)
+
+    def unregister(self, address: str) -> bool:
+        entries = dict(self.entries())
+        found = entries.pop(canonical_source(address), None) is not None
+        if found:
+            self._write(entries)
+        return found
+
+    def _refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._stamp, self._map = None, {}
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        # Racy-git rule: a file changed within the timestamp granularity may change again
+        # without its stamp changing (inodes are recycled), so a fresh file is always re-read.
+        if stamp == self._stamp and time.time_ns() - st.st_mtime_ns > _RACY_NS:
+            return
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            # A registry we cannot read attributes nobody: unattributed traffic falls to the
+            # default policy, which denies unless an operator chose otherwise.
+            self._stamp, self._map = stamp, {}
+            return
+        sources = data.get("sources", {}) if isinstance(data, dict) else {}
+        self._map = {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
+        self._stamp = stamp
+
+    def _write(self, entries: Mapping[str, str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".registry-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"version": 1, "sources": dict(sorted(entries.items()))}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        self._refresh()

@@ -1,0 +1,145 @@
+"""Shared real parts: one test CA, HTTP and HTTPS origins, a stub resolver and a running proxy.
+
+The session proxy enforces `SESSION_RULES`; tests that need other rules start their own proxy.
+Loopback is opened to the `ci` policy the way a user opens an internal range: allow_networks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, Proxy, TestCA, key_digest
+
+KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
+
+
+def session_rules(http_port: int, https_port: int) -> str:
+    ports = f"[{http_port}, {https_port}]"
+    return f"""
+version: 1
+policies:
+  ci:
+    mode: enforce
+    allow:
+      - host: api.test
+        ports: {ports}
+      - host: "*.svc.test"
+        ports: {ports}
+      - host: limited.test
+        ports: {ports}
+        methods: [GET]
+        paths: ["/ok/**"]
+      - host: 127.0.0.1
+        ports: {ports}
+      - host: evil.test
+        ports: {ports}
+      - host: mixed.test
+        ports: {ports}
+      - host: meta.test
+        ports: {ports}
+      - host: v6meta.test
+        ports: {ports}
+      - host: rebind.test
+        ports: {ports}
+      - host: nx.test
+        ports: {ports}
+      - host: slow.test
+        ports: {ports}
+      - host: localhost
+        ports: {ports}
+    allow_networks: [127.0.0.1/32]
+  reporter:
+    mode: report
+    allow: []
+    allow_networks: [127.0.0.1/32]
+  closed:
+    mode: enforce
+    allow:
+      - host: api.test
+        ports: {ports}
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  rep-1: {{policy: reporter, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+  closed-1: {{policy: closed, key_sha256: "{key_digest(KEYS['closed-1'])}"}}
+default_policy: null
+"""
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sealgate")
+
+
+@pytest.fixture(scope="session")
+def test_ca(workdir: Path) -> TestCA:
+    return TestCA(workdir)
+
+
+@pytest.fixture(scope="session")
+def origin_http() -> Iterator[Origin]:
+    origin = Origin()
+    yield origin
+    origin.stop()
+
+
+@pytest.fixture(scope="session")
+def origin_https(test_ca: TestCA) -> Iterator[Origin]:
+    origin = Origin(tls=test_ca.issue("api.test", "limited.test", "*.svc.test", "127.0.0.1"))
+    yield origin
+    origin.stop()
+
+
+@pytest.fixture(scope="session")
+def dns() -> Iterator[StubDNS]:
+    stub = StubDNS().start()
+    for name in ("api.test", "limited.test", "a.svc.test", "b.svc.test"):
+        stub.set(name, "A 127.0.0.1")
+    stub.set("evil.test", "A 10.0.0.1")
+    stub.set("mixed.test", "A 127.0.0.1", "A 10.1.2.3")
+    stub.set("meta.test", "A 169.254.169.254")
+    stub.set("v6meta.test", "AAAA ::ffff:a9fe:a9fe")
+    stub.nxdomain("nx.test")
+    stub.drop("slow.test")
+    yield stub
+    stub.stop()
+
+
+@pytest.fixture(scope="session")
+def proxy(
+    workdir: Path, origin_http: Origin, origin_https: Origin, dns: StubDNS, test_ca: TestCA
+) -> Iterator[Proxy]:
+    directory = workdir / "session-proxy"
+    directory.mkdir()
+    p = Proxy(
+        directory,
+        session_rules(origin_http.port, origin_https.port),
+        resolver=dns.address,
+        upstream_ca=test_ca.path,
+    )
+    yield p
+    p.stop()
+
+
+@pytest.fixture()
+def origins(origin_http: Origin, origin_https: Origin) -> Iterator[tuple[Origin, Origin]]:
+    origin_http.reset()
+    origin_https.reset()
+    yield origin_http, origin_https
+
+
+def client(proxy: Proxy, sandbox: str | None = "bot-1") -> requests.Session:
+    """A client that trusts the proxy's CA (intercepted hosts) and the origins' (tunnelled)."""
+    session = requests.Session()
+    session.trust_env = False
+    url = proxy.url(sandbox, KEYS.get(sandbox or "", "")) if sandbox else proxy.url()
+    session.proxies = {"http": url, "https": url}
+    bundle = proxy.workdir / "trust.pem"
+    if not bundle.exists():
+        bundle.write_text(proxy.ca.read_text() + (proxy.workdir / ".." / "origin-ca.pem").read_text())
+    session.verify = str(bundle)
+    return session

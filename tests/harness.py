@@ -1,0 +1,323 @@
+"""Real parts for integration tests: a test CA, HTTP(S) origins on loopback, the proxy process.
+
+Everything listens on 127.0.0.1 with ephemeral ports. Origins record what reached them (every
+accepted connection and every byte), so a test can prove that a denied request sent nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import http.server
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+ROOT = Path(__file__).resolve().parent.parent
+SEALGATE = [sys.executable, "-m", "sealgate.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# -- a CA for the origins -------------------------------------------------------------------
+
+
+class TestCA:
+    """Signs origin certificates; the proxy is told to trust it with --upstream-ca."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sealgate test origin CA")])
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(self.key, hashes.SHA256())
+        )
+        self.path = directory / "origin-ca.pem"
+        self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, *names: str) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        sans: list[x509.GeneralName] = []
+        for n in names:
+            try:
+                import ipaddress
+
+                sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+            except ValueError:
+                sans.append(x509.DNSName(n))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+        stem = self.directory / f"origin-{hashlib.sha1(','.join(names).encode()).hexdigest()[:8]}"  # noqa: S324
+        cert_path, key_path = stem.with_suffix(".crt"), stem.with_suffix(".key")
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return cert_path, key_path
+
+
+# -- origins ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Origin:
+    """An HTTP or HTTPS server on 127.0.0.1 that records everything that reaches it."""
+
+    tls: tuple[Path, Path] | None = None
+    requests: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    bytes_received: int = 0
+    response_headers: dict[str, str] = field(default_factory=dict)
+    response_body: bytes = b"hello from origin\n"
+
+    def __post_init__(self) -> None:
+        origin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with origin._lock:
+                    origin.connections += 1
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with origin._lock:
+                    origin.requests.append(
+                        Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                    origin.bytes_received += len(body)
+                payload = origin.response_body
+                self.send_response(200)
+                for k, v in origin.response_headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle  # noqa: N815
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self._lock = threading.Lock()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.connections = 0
+            self.bytes_received = 0
+
+    def untouched(self) -> bool:
+        return self.connections == 0 and not self.requests
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RawListener:
+    """A bare TCP listener that counts connections and bytes: the proof that nothing arrived."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.connections = 0
+        self.bytes_received = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.settimeout(0.5)
+            with conn, contextlib.suppress(OSError):
+                while data := conn.recv(65536):
+                    self.bytes_received += len(data)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+# -- the proxy --------------------------------------------------------------------------------
+
+
+class Proxy:
+    """`sealgate proxy` as a real process on an ephemeral loopback port."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        rules: str | Path,
+        *,
+        resolver: tuple[str, int] | None = None,
+        upstream_ca: Path | None = None,
+        extra_args: list[str] | None = None,
+        transparent: bool = False,
+    ) -> None:
+        self.workdir = workdir
+        self.state = workdir / "state"
+        if isinstance(rules, Path):
+            self.rules = rules
+        else:
+            self.rules = workdir / "rules.yaml"
+            self.rules.write_text(rules)
+        self.port = free_port()
+        self.transparent_port = free_port() if transparent else None
+        args = [
+            *SEALGATE, "proxy",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--rules", str(self.rules),
+            "--state", str(self.state),
+        ]
+        if resolver is not None:
+            args += ["--resolver", f"{resolver[0]}:{resolver[1]}"]
+        if upstream_ca is not None:
+            args += ["--upstream-ca", str(upstream_ca)]
+        if self.transparent_port is not None:
+            args += ["--transparent", f"0.0.0.0:{self.transparent_port}"]
+        args += extra_args or []
+        self.args = args
+        self.stderr_path = workdir / "proxy.stderr"
+        self._stderr = self.stderr_path.open("wb")
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"proxy exited {self.process.returncode}: {self.stderr()}")
+            if "sealgate proxy ready" in self.stderr():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"proxy did not start: {self.stderr()}")
+
+    @property
+    def ca(self) -> Path:
+        return self.state / "ca" / "mitmproxy-ca-cert.pem"
+
+    def url(self, sandbox: str | None = None, key: str | None = None) -> str:
+        auth = f"{sandbox}:{key}@" if sandbox is not None else ""
+        return f"http://{auth}127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def audit_text(self) -> str:
+        path = self.state / "audit.log"
+        return path.read_text() if path.exists() else ""
+
+    def audit(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.audit_text().splitlines() if line.strip()]
+
+    def wait_audit(self, predicate: Any, timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.audit():
+                if predicate(line):
+                    return line
+            time.sleep(0.05)
+        raise AssertionError(f"no matching audit line in:\n{self.audit_text()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self._stderr.close()
+        return int(self.process.returncode)
+
+
+@contextlib.contextmanager
+def running_proxy(*args: Any, **kwargs: Any) -> Iterator[Proxy]:
+    proxy = Proxy(*args, **kwargs)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

@@ -1,0 +1,137 @@
+"""The proxy end to end: identity, policy, interception, tunnelling, audit, header hygiene."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import KEYS, client
+from tests.harness import Origin, Proxy
+
+
+def test_plain_http_allowed_reaches_origin(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    http_origin, _ = origins
+    r = client(proxy).get(f"http://api.test:{http_origin.port}/hello?x=1", timeout=10)
+    assert r.status_code == 200
+    assert r.text == "hello from origin\n"
+    seen = http_origin.requests[-1]
+    assert seen.path == "/hello?x=1"
+    assert "proxy-authorization" not in seen.headers
+    line = proxy.wait_audit(lambda e: e.get("path") == "/hello" and e["event"] == "request")
+    assert line["decision"] == "allow"
+    assert line["sandbox"] == "bot-1"
+    assert line["address"] == "127.0.0.1"
+    assert "x=1" not in json.dumps(line)
+
+
+def test_https_intercepted_reaches_origin(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    _, https_origin = origins
+    r = client(proxy).get(f"https://api.test:{https_origin.port}/secure", timeout=10)
+    assert r.status_code == 200
+    assert https_origin.requests[-1].path == "/secure"
+
+
+def test_missing_identity_is_407(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    http_origin, _ = origins
+    r = client(proxy, sandbox=None).get(f"http://api.test:{http_origin.port}/", timeout=10)
+    assert r.status_code == 407
+    assert r.headers["Proxy-Authenticate"].startswith("Basic")
+    assert r.json()["reason"] == "identity_required"
+    assert http_origin.untouched()
+
+
+def test_wrong_key_is_407(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    http_origin, _ = origins
+    session = client(proxy)
+    bad = proxy.url("bot-1", "not-the-key")
+    session.proxies = {"http": bad, "https": bad}
+    r = session.get(f"http://api.test:{http_origin.port}/", timeout=10)
+    assert r.status_code == 407
+    assert r.json()["reason"] == "identity_invalid"
+    assert http_origin.untouched()
+    assert KEYS["bot-1"] not in proxy.audit_text()
+
+
+def test_host_outside_policy_is_403_json(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    http_origin, _ = origins
+    r = client(proxy).get(f"http://other.test:{http_origin.port}/", timeout=10)
+    assert r.status_code == 403
+    body = r.json()
+    assert body["error"] == "egress_denied"
+    assert body["reason"] == "not_allowed"
+    assert body["policy"] == "ci"
+    assert body["host"] == "other.test"
+    assert body["request_id"]
+    assert r.headers["X-Sealgate-Error"] == "not_allowed"
+    assert http_origin.untouched()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/ok/deep/er", 200), ("POST", "/ok/x", 403), ("GET", "/nope", 403),
+     ("GET", "/ok/%2e%2e/admin", 400)],
+)
+def test_method_and_path_rules(
+    proxy: Proxy, origins: tuple[Origin, Origin], method: str, path: str, status: int
+) -> None:
+    _, https_origin = origins
+    r = client(proxy).request(method, f"https://limited.test:{https_origin.port}{path}", timeout=10)
+    assert r.status_code == status
+    assert len(https_origin.requests) == (1 if status == 200 else 0)
+
+
+def test_report_mode_allows_and_logs(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    http_origin, _ = origins
+    r = client(proxy, "rep-1").get(f"http://api.test:{http_origin.port}/reported", timeout=10)
+    assert r.status_code == 200
+    line = proxy.wait_audit(lambda e: e.get("path") == "/reported")
+    assert line["decision"] == "report"
+    assert line["reason"] == "not_allowed"
+
+
+def test_loopback_denied_without_allow_networks(
+    proxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    http_origin, _ = origins
+    r = client(proxy, "closed-1").get(f"http://api.test:{http_origin.port}/", timeout=10)
+    assert r.status_code == 403
+    assert r.json()["reason"] == "loopback"
+    assert "127.0.0.1" not in r.text
+    assert http_origin.untouched()
+
+
+def test_forwarding_headers_stripped_both_ways(
+    proxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    http_origin, _ = origins
+    http_origin.response_headers = {"X-Sealgate-Error": "forged", "X-Other": "kept"}
+    try:
+        r = client(proxy).get(
+            f"http://api.test:{http_origin.port}/h",
+            headers={"Forwarded": "for=1.2.3.4", "X-Forwarded-For": "1.2.3.4",
+                     "X-Sealgate-Policy": "admin"},
+            timeout=10,
+        )
+    finally:
+        http_origin.response_headers = {}
+    assert r.status_code == 200
+    assert "X-Sealgate-Error" not in r.headers
+    assert r.headers["X-Other"] == "kept"
+    seen = http_origin.requests[-1].headers
+    for name in ("forwarded", "x-forwarded-for", "x-sealgate-policy", "proxy-authorization"):
+        assert name not in seen
+
+
+def test_ca_print(proxy: Proxy) -> None:
+    import subprocess
+
+    from tests.harness import ROOT, SEALGATE
+
+    out = subprocess.run(
+        [*SEALGATE, "ca", "--print", "--state", str(proxy.state)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
+    ).stdout
+    assert out.startswith("-----BEGIN CERTIFICATE-----")
+    key_file = proxy.state / "ca" / "mitmproxy-ca.pem"
+    assert key_file.stat().st_mode & 0o777 == 0o600
