@@ -144,7 +144,8 @@ def _check_name(name: str) -> str:
         or any(not 0 < len(label) <= _MAX_LABEL for label in labels)
         or not set(key) <= _LABEL_CHARS | {"."}
     ):
-        raise ValueError(f"not a canonical host name: {name!r}")
+        # Fail closed as a DNS error: the guard turns it into a refusal, never an escape.
+        raise ResolveError(DNS_ERROR, f"not a canonical host name: {name[:100]!r}")
     return key
 
 

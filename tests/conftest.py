@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, TestCA, key_digest
+from tests.harness import Origin, Proxy, OriginCA, key_digest
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
 
@@ -76,8 +76,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def test_ca(workdir: Path) -> TestCA:
-    return TestCA(workdir)
+def test_ca(workdir: Path) -> OriginCA:
+    return OriginCA(workdir)
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +88,7 @@ def origin_http() -> Iterator[Origin]:
 
 
 @pytest.fixture(scope="session")
-def origin_https(test_ca: TestCA) -> Iterator[Origin]:
+def origin_https(test_ca: OriginCA) -> Iterator[Origin]:
     origin = Origin(tls=test_ca.issue("api.test", "limited.test", "*.svc.test", "127.0.0.1"))
     yield origin
     origin.stop()
@@ -111,7 +111,7 @@ def dns() -> Iterator[StubDNS]:
 
 @pytest.fixture(scope="session")
 def proxy(
-    workdir: Path, origin_http: Origin, origin_https: Origin, dns: StubDNS, test_ca: TestCA
+    workdir: Path, origin_http: Origin, origin_https: Origin, dns: StubDNS, test_ca: OriginCA
 ) -> Iterator[Proxy]:
     directory = workdir / "session-proxy"
     directory.mkdir()

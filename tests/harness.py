@@ -45,7 +45,7 @@ def key_digest(key: str) -> str:
 # -- a CA for the origins -------------------------------------------------------------------
 
 
-class TestCA:
+class OriginCA:
     """Signs origin certificates; the proxy is told to trust it with --upstream-ca."""
 
     def __init__(self, directory: Path) -> None:
@@ -228,7 +228,7 @@ class Proxy:
         resolver: tuple[str, int] | None = None,
         upstream_ca: Path | None = None,
         extra_args: list[str] | None = None,
-        transparent: bool = False,
+        transparent_host: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.state = workdir / "state"
@@ -238,7 +238,7 @@ class Proxy:
             self.rules = workdir / "rules.yaml"
             self.rules.write_text(rules)
         self.port = free_port()
-        self.transparent_port = free_port() if transparent else None
+        self.transparent_port = free_port() if transparent_host else None
         args = [
             *SEALGATE, "proxy",
             "--listen", f"127.0.0.1:{self.port}",
@@ -250,7 +250,7 @@ class Proxy:
         if upstream_ca is not None:
             args += ["--upstream-ca", str(upstream_ca)]
         if self.transparent_port is not None:
-            args += ["--transparent", f"0.0.0.0:{self.transparent_port}"]
+            args += ["--transparent", f"{transparent_host}:{self.transparent_port}"]
         args += extra_args or []
         self.args = args
         self.stderr_path = workdir / "proxy.stderr"

@@ -318,8 +318,9 @@ def test_truncated_reply_without_tcp_service_is_an_error() -> None:
 def test_name_must_be_canonical(stub: StubDNS) -> None:
     resolver = make(stub)
     for bad in ("", "trailing.dot.", "a..b", "sp ace.test", "x" * 64 + ".test"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ResolveError) as caught:
             resolve(resolver, bad)
+        assert caught.value.reason == "dns_error"
     assert stub.queries == []
 
 

@@ -1,0 +1,120 @@
+"""Transparent mode: a sandbox in its own network namespace, redirected by nftables.
+
+The sandbox dials the host side of its link; an nftables REDIRECT on the host sends every TCP
+connection from its veth to the proxy's transparent listener, which recovers the original
+destination, attributes the connection by source address (registered through the control API)
+and names the destination by SNI or Host, never by the address the sandbox chose.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import session_rules
+from tests.dnsstub import StubDNS
+from tests.harness import ROOT, SEALGATE, Origin, Proxy, OriginCA
+from tests.netns import Netns, netns, run
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def sandbox_ns() -> Iterator[Netns]:
+    with netns() as ns:
+        yield ns
+
+
+@pytest.fixture(scope="module")
+def tproxy(
+    sandbox_ns: Netns, tmp_path_factory: pytest.TempPathFactory, origin_http: Origin,
+    origin_https: Origin, dns: StubDNS, test_ca: OriginCA,
+) -> Iterator[Proxy]:
+    directory = tmp_path_factory.mktemp("tproxy")
+    p = Proxy(
+        directory, session_rules(origin_http.port, origin_https.port), resolver=dns.address,
+        upstream_ca=test_ca.path, transparent_host=sandbox_ns.host_ip,
+    )
+    table = f"sgt_{sandbox_ns.name[4:]}"
+    rules = (
+        f"table ip {table} {{\n chain pre {{\n  type nat hook prerouting priority dstnat;\n"
+        f'  iifname "{sandbox_ns.host_if}" meta l4proto tcp redirect to :{p.transparent_port}\n'
+        " }\n}\n"
+    )
+    rules_file = directory / "redirect.nft"
+    rules_file.write_text(rules + "\n")
+    run("nft", "-f", str(rules_file))
+    try:
+        yield p
+    finally:
+        run("nft", "delete", "table", "ip", table, check=False)
+        p.stop()
+
+
+def sources(p: Proxy, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SEALGATE, "sources", "--state", str(p.state), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )
+
+
+def curl(ns: Netns, *args: str) -> subprocess.CompletedProcess[str]:
+    return ns.exec("curl", "-sS", "--max-time", "10", "-o", "/dev/stdout", "-w", "\n%{http_code}",
+                   *args)
+
+
+def test_unregistered_source_gets_default_policy(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin]
+) -> None:
+    http_origin, _ = origins
+    sources(tproxy, "rm", sandbox_ns.ns_ip)
+    out = curl(sandbox_ns, "-H", "Host: api.test", f"http://{sandbox_ns.host_ip}:{http_origin.port}/t")
+    assert out.stdout.endswith("407"), out
+    assert http_origin.untouched()
+
+
+def test_registered_source_plain_http(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin]
+) -> None:
+    http_origin, _ = origins
+    added = sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1")
+    assert added.returncode == 0, added.stderr
+    out = curl(sandbox_ns, "-H", "Host: api.test",
+               f"http://{sandbox_ns.host_ip}:{http_origin.port}/transparent")
+    assert out.stdout.endswith("200"), out
+    assert http_origin.requests[-1].path == "/transparent"
+    line = tproxy.wait_audit(lambda e: e.get("path") == "/transparent")
+    assert line["sandbox"] == "bot-1"
+    assert line["identified_by"] == "source"
+
+
+def test_registered_source_https_by_sni(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin], workdir: Path
+) -> None:
+    _, https_origin = origins
+    assert sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1").returncode == 0
+    # limited.test has path rules, so it is intercepted: the client must trust the proxy CA.
+    out = curl(
+        sandbox_ns, "--cacert", str(tproxy.ca),
+        "--resolve", f"limited.test:{https_origin.port}:{sandbox_ns.host_ip}",
+        f"https://limited.test:{https_origin.port}/ok/tls",
+    )
+    assert out.stdout.endswith("200"), out
+    assert https_origin.requests[-1].path == "/ok/tls"
+
+
+def test_sni_outside_policy_is_refused(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin]
+) -> None:
+    _, https_origin = origins
+    assert sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1").returncode == 0
+    out = curl(
+        sandbox_ns, "-k", "--resolve", f"other.test:{https_origin.port}:{sandbox_ns.host_ip}",
+        f"https://other.test:{https_origin.port}/",
+    )
+    assert not out.stdout.endswith("200")
+    assert https_origin.untouched()
+    tproxy.wait_audit(lambda e: e["event"] == "tls_denied" and e["reason"] == "not_allowed")
