@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 from mitmproxy import ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from proxy.addon import Sealgate
+from proxy.pipeline import Sealgate
 from proxy.ca import ensure_ca
 
 
@@ -84,6 +85,10 @@ class StartupReport:
 
 
 def build_master(config: ProxyConfig, worker: int | None = None) -> master.Master:
+    # mitmdump prints log records through its termlog addon, which the lean master leaves out.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.getLogger("sealgate").addHandler(handler)
     opts = options.Options()
     m = master.Master(opts)
     m.addons.add(

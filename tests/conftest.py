@@ -140,6 +140,7 @@ def client(proxy: Proxy, sandbox: str | None = "bot-1") -> requests.Session:
     session.proxies = {"http": url, "https": url}
     bundle = proxy.workdir / "trust.pem"
     if not bundle.exists():
-        bundle.write_text(proxy.ca.read_text() + (proxy.workdir / ".." / "origin-ca.pem").read_text())
+        origin_ca = proxy.upstream_ca.read_text() if proxy.upstream_ca else ""
+        bundle.write_text(proxy.ca.read_text() + origin_ca)
     session.verify = str(bundle)
     return session

@@ -231,6 +231,7 @@ class Proxy:
         transparent_host: str | None = None,
     ) -> None:
         self.workdir = workdir
+        self.upstream_ca = upstream_ca
         self.state = workdir / "state"
         if isinstance(rules, Path):
             self.rules = rules

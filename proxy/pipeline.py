@@ -1,0 +1,512 @@
+"""sealgate's mitmproxy addon: every request's path, top to bottom, in one place.
+
+    identify -> guard (names) -> authorise (policy) -> budget -> guard (addresses, pinned)
+             -> inject -> forward -> scrub -> log
+
+`sealgate proxy` loads it into a lean master; `mitmdump -s proxy/addon.py` loads it into an
+existing mitmproxy. The concerns live in their own modules
+(identity, guard, policy, budget, audit); this class only strings them together on mitmproxy's
+hooks, doing the per-request work in as few hooks as it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import connection, ctx, exceptions, http, tls
+from mitmproxy.addonmanager import Loader
+from mitmproxy.proxy import mode_specs, server_hooks
+
+from proxy import guard as guardmod
+from proxy.audit import AuditLog
+from proxy.budget import BudgetLedger
+from proxy.errors import Denial, deny_response
+from proxy.guard import Guard, Pin
+from proxy.hostname import Host, HostError, canonical_host
+from proxy.identity import Identifier, Identity
+from proxy.policy import Policy, PathError, RuleSet, normalize_path
+from proxy.registry import SourceRegistry
+from proxy.resolver import Resolver
+from proxy.rulesfile import RulesError, load_rules
+
+logger = logging.getLogger("sealgate")
+
+_META = "sealgate"
+_RELOAD_POLL_SECONDS = 1.0
+
+
+@dataclass(slots=True)
+class Conn:
+    """What a client connection has established so far."""
+
+    opened: float = field(default_factory=time.monotonic)
+    identity: Identity | None = None
+    policy: Policy | None = None
+    budget_key: str | None = None
+    target: tuple[Host, int] | None = None  # the CONNECT authority, or a transparent SNI
+    tunnel: bool = False  # forwarded without interception
+    requests: int = 0
+    denied: int = 0
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One request's decision, carried on the flow until the audit line is written."""
+
+    started: float
+    identity: Identity | None = None
+    policy: str | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    decision: str = "deny"
+    reason: str | None = None
+    rule: str | None = None
+    pin: Pin | None = None
+
+
+class Sealgate:
+    def __init__(self) -> None:
+        self.rules: RuleSet | None = None
+        self.rules_stamp: tuple[float, ...] = ()
+        self.identifier: Identifier | None = None
+        self.guard: Guard | None = None
+        self.audit: AuditLog | None = None
+        self.budgets = BudgetLedger()
+        self.conns: dict[str, Conn] = {}
+        self._pinned: dict[str, tuple[str, int]] = {}
+        self._watcher: asyncio.Task[None] | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option("sealgate_rules", str, "rules", "Rules file or directory.")
+        loader.add_option(
+            "sealgate_state", str, "var", "State directory: source registry, audit log."
+        )
+        loader.add_option(
+            "sealgate_resolver",
+            str | None,  # type: ignore[arg-type]
+            None,
+            "DNS server (HOST:PORT) the guard resolves with; default: the system's nameservers.",
+        )
+        loader.add_option(
+            "sealgate_audit_log",
+            str | None,  # type: ignore[arg-type]
+            None,
+            "Audit log file; default <state>/audit.log. 'off' disables the file sink.",
+        )
+        loader.add_option("sealgate_audit_stdout", bool, False, "Also write audit lines to stdout.")
+        loader.add_option(
+            "sealgate_workers", int, 1, "Worker processes sharing the listen port (budget share)."
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "sealgate_rules" in updated:
+            try:
+                self._load_rules(Path(opts.sealgate_rules))
+            except RulesError as exc:
+                raise exceptions.OptionsError(f"sealgate: cannot load rules: {exc}") from exc
+        if {"sealgate_state", "sealgate_audit_log", "sealgate_audit_stdout"} & updated:
+            state = Path(opts.sealgate_state)
+            if self.audit is not None:
+                self.audit.close()
+            log_opt = opts.sealgate_audit_log
+            log_path = None if log_opt == "off" else Path(log_opt or state / "audit.log")
+            self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout)
+        if "sealgate_state" in updated and self.rules is not None:
+            registry = SourceRegistry(Path(opts.sealgate_state) / "registry.json")
+            self.identifier = Identifier(self.rules, registry)
+        if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
+            resolver = Resolver.from_spec(opts.sealgate_resolver)
+            self.guard = Guard(resolver, _listen_endpoints())
+        if "sealgate_workers" in updated:
+            self.budgets = BudgetLedger(share=opts.sealgate_workers)
+
+    def running(self) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
+        self._watcher = loop.create_task(self._watch_rules())
+
+    def done(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.audit is not None:
+            self.audit.close()
+
+    def reload(self) -> None:
+        """Re-read the rules; a broken file keeps the rules in force and says why."""
+        try:
+            self._load_rules(Path(ctx.options.sealgate_rules))
+        except RulesError as exc:
+            logger.error("sealgate: rules reload failed, keeping the previous rules: %s", exc)
+            self._emit("rules_reload_failed", error=str(exc))
+        else:
+            self._emit("rules_reloaded", policies=sorted(self._rules().policies))
+
+    def _load_rules(self, path: Path) -> None:
+        rules = load_rules(path)
+        self.rules = rules
+        self.rules_stamp = _stamp(rules.sources)
+        registry = SourceRegistry(Path(ctx.options.sealgate_state) / "registry.json")
+        self.identifier = Identifier(rules, registry)
+        for warning in rules.warnings:
+            logger.warning("sealgate: rules warning: %s", warning)
+
+    async def _watch_rules(self) -> None:
+        while True:
+            await asyncio.sleep(_RELOAD_POLL_SECONDS)
+            if self.rules is not None and _stamp(self.rules.sources) != self.rules_stamp:
+                self.reload()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def client_connected(self, client: connection.Client) -> None:
+        self.conns[client.id] = Conn()
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        conn = self.conns.pop(client.id, None)
+        if conn is None:
+            return
+        if conn.budget_key is not None:
+            self.budgets.close_connection(conn.budget_key)
+        self._emit(
+            "connection_closed",
+            connection_id=client.id,
+            sandbox=conn.identity.sandbox if conn.identity else None,
+            policy=conn.policy.name if conn.policy else None,
+            target=_fmt_target(conn.target),
+            tunnel=conn.tunnel,
+            requests=conn.requests,
+            denied=conn.denied,
+            duration_ms=_ms(time.monotonic() - conn.opened),
+        )
+
+    # -- CONNECT and TLS: the tunnel's destination ----------------------------------------
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        conn = self._conn(flow.client_conn)
+        verdict = Verdict(started=time.monotonic())
+        flow.metadata[_META] = verdict
+        try:
+            identity = self._identify(flow.request, conn, flow.client_conn)
+            host, port = guardmod.parse_target(flow.request.authority or "", 443)
+            verdict.host, verdict.port = host.name, port
+            policy = self._admit_connection(conn, identity, verdict)
+            rules = policy.match_host(host, port)
+            if not rules:
+                self._policy_miss(policy, verdict, f"{host.name}:{port} is not allowed")
+            verdict.pin = await self._guard().pin(host, port, policy)
+            conn.target = (host, port)
+            conn.tunnel = bool(rules) and not any(r.needs_request_inspection for r in rules)
+        except Denial as denial:
+            self._deny(flow, verdict, denial, conn)
+        else:
+            verdict.decision = verdict.decision if verdict.reason else "allow"
+        # A CONNECT gets no response hook: its decision line is written here.
+        self._log_flow(flow, verdict)
+
+    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        client = data.context.client
+        conn = self._conn(client)
+        sni = data.client_hello.sni
+        try:
+            if conn.target is None:
+                await self._transparent_tls_target(data, conn, sni)
+            elif sni is not None and _canonical(sni) != conn.target[0]:
+                raise Denial("sni_mismatch", "TLS SNI does not match the CONNECT target")
+        except Denial as denial:
+            conn.denied += 1
+            client.error = f"sealgate: {denial.reason}"
+            self._emit(
+                "tls_denied",
+                connection_id=client.id,
+                sandbox=conn.identity.sandbox if conn.identity else None,
+                target=_fmt_target(conn.target),
+                sni=sni if sni is None else sni[:255],
+                reason=denial.reason,
+            )
+            return
+        # Without SNI only interception can see which name the client means (domain fronting).
+        data.ignore_connection = conn.tunnel and sni is not None
+
+    async def _transparent_tls_target(
+        self, data: tls.ClientHelloData, conn: Conn, sni: str | None
+    ) -> None:
+        """A redirected TLS connection names its destination only in the SNI."""
+        server = data.context.server
+        assert server.address is not None
+        host = _canonical(sni) if sni else _canonical(str(server.address[0]))
+        port = server.address[1]
+        identity = self._identify(None, conn, data.context.client)
+        verdict = Verdict(started=time.monotonic(), host=host.name, port=port)
+        policy = self._admit_connection(conn, identity, verdict)
+        rules = policy.match_host(host, port)
+        if not rules and policy.mode == "enforce":
+            raise Denial("not_allowed", f"{host.name}:{port} is not allowed")
+        await self._guard().pin(host, port, policy)
+        conn.target = (host, port)
+        conn.tunnel = bool(rules) and not any(r.needs_request_inspection for r in rules)
+
+    def tcp_start(self, flow: Any) -> None:
+        """Raw TCP inside a tunnel cannot be inspected or name-checked: refused."""
+        self._conn(flow.client_conn).denied += 1
+        flow.kill()
+        self._emit(
+            "tcp_denied", connection_id=flow.client_conn.id, reason="protocol_not_allowed"
+        )
+
+    # -- requests: the main path ----------------------------------------------------------
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        conn = self._conn(flow.client_conn)
+        conn.requests += 1
+        verdict = Verdict(started=time.monotonic())
+        flow.metadata[_META] = verdict
+        request = flow.request
+        try:
+            # identify
+            identity = self._identify(request, conn, flow.client_conn)
+            policy = self._admit_connection(conn, identity, verdict)
+            # guard: the names agree and are well-formed
+            transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
+            host, port = guardmod.request_target(request, conn.target, transparent)
+            verdict.host, verdict.port = host.name, port
+            verdict.path = normalize_path(request.path)
+            # authorise
+            rule = policy.match(host, port, request.method, verdict.path)
+            if rule is None:
+                self._policy_miss(policy, verdict, f"{request.method} {host.name}:{port} is not allowed")
+            else:
+                verdict.rule = rule.source
+            # budget
+            self.budgets.admit_request(
+                conn.budget_key or "", policy.budgets, _declared_length(request)
+            )
+            # guard: addresses, pinned
+            verdict.pin = await self._guard().pin(host, port, policy)
+            # forward exactly what was checked
+            request.data.host, request.data.port = host.name, port
+            guardmod.strip_upstream_headers(request.headers)
+        except PathError as exc:
+            self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
+        except Denial as denial:
+            self._deny(flow, verdict, denial, conn)
+        else:
+            verdict.decision = verdict.decision if verdict.reason else "allow"
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """Every upstream dial, keep-alive or pre-dial alike, goes to an address we checked."""
+        server = data.server
+        assert server.address is not None
+        conn = self.conns.get(data.client.id)
+        name, port = str(server.address[0]), int(server.address[1])
+        try:
+            if conn is None or conn.policy is None:
+                raise Denial("not_allowed", "no authorised request on this connection")
+            pin = await self._guard().pin(_canonical(name), port, conn.policy)
+        except Denial as denial:
+            server.error = f"sealgate: {denial.reason}"
+            self._emit(
+                "connect_denied", connection_id=data.client.id, host=name, port=port,
+                reason=denial.reason,
+            )
+            return
+        if server.sni is None and pin.host.ip is None:
+            server.sni = pin.host.name
+        server.address = (str(pin.address), port)
+        self._pinned[server.id] = (name, port)
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        # mitmproxy matches reusable upstream connections by address; give the connection back
+        # its name so keep-alive reuse keeps working although we dialed the pinned IP.
+        original = self._pinned.pop(data.server.id, None)
+        if original is not None:
+            object.__setattr__(data.server, "address", original)
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._pinned.pop(data.server.id, None)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        verdict = flow.metadata.get(_META)
+        if flow.response is not None and verdict is not None and verdict.decision != "deny":
+            guardmod.strip_downstream_headers(flow.response.headers)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._log_flow(flow, flow.metadata.get(_META))
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._log_flow(flow, flow.metadata.get(_META))
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _identify(
+        self, request: http.Request | None, conn: Conn, client: connection.Client
+    ) -> Identity:
+        identifier = self._identifier()
+        if request is not None:
+            for value in request.headers.get_all("proxy-authorization"):
+                identity = identifier.from_proxy_authorization(value)
+                if identity is not None:
+                    return identity
+        if conn.identity is not None:
+            return conn.identity
+        by_source = identifier.from_source(str(client.peername[0]))
+        return by_source if by_source is not None else identifier.default()
+
+    def _admit_connection(self, conn: Conn, identity: Identity, verdict: Verdict) -> Policy:
+        verdict.identity = identity
+        rules = self._rules()
+        if not self._audit().healthy:
+            raise Denial("audit_unavailable", "the audit log cannot be written")
+        if identity.policy is None:
+            if identity.via == "default":
+                raise Denial("identity_required", "authenticate with Proxy-Authorization")
+            raise Denial("not_allowed", "this sandbox has no policy")
+        policy = rules.policies[identity.policy]
+        verdict.policy = policy.name
+        key = identity.sandbox or f"default:{policy.name}"
+        if conn.budget_key != key:
+            if conn.budget_key is not None:
+                self.budgets.close_connection(conn.budget_key)
+                conn.budget_key = None
+            self.budgets.open_connection(key, policy.budgets)
+            conn.budget_key = key
+        conn.identity, conn.policy = identity, policy
+        return policy
+
+    def _policy_miss(self, policy: Policy, verdict: Verdict, detail: str) -> None:
+        if policy.mode == "enforce":
+            raise Denial("not_allowed", detail)
+        verdict.decision, verdict.reason = "report", "not_allowed"
+
+    def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
+        conn.denied += 1
+        verdict.decision, verdict.reason = "deny", denial.reason
+        flow.response = deny_response(
+            denial, host=verdict.host, policy=verdict.policy, request_id=flow.id
+        )
+
+    # -- audit ----------------------------------------------------------------------------
+
+    def _log_flow(self, flow: http.HTTPFlow, verdict: Verdict | None) -> None:
+        if verdict is None:
+            return
+        request, response = flow.request, flow.response
+        server = flow.server_conn
+        connect_ms = None
+        if server.timestamp_tcp_setup and server.timestamp_start:
+            connect_ms = _ms(server.timestamp_tcp_setup - server.timestamp_start)
+        self._emit(
+            "request",
+            request_id=flow.id,
+            connection_id=flow.client_conn.id,
+            sandbox=verdict.identity.sandbox if verdict.identity else None,
+            identified_by=verdict.identity.via if verdict.identity else None,
+            policy=verdict.policy,
+            method=request.method,
+            scheme=request.scheme,
+            host=verdict.host,
+            port=verdict.port,
+            path=verdict.path,
+            address=str(verdict.pin.address) if verdict.pin else None,
+            decision=verdict.decision,
+            reason=verdict.reason,
+            rule=verdict.rule,
+            status=response.status_code if response is not None else None,
+            error=_error_text(flow),
+            bytes_out=len(request.raw_content or b""),
+            bytes_in=len(response.raw_content or b"") if response is not None else 0,
+            dns_ms=_ms(verdict.pin.dns_seconds) if verdict.pin else None,
+            connect_ms=connect_ms,
+            total_ms=_ms(time.monotonic() - verdict.started),
+        )
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.audit is not None:
+            self.audit.emit(event, **fields)
+
+    # -- accessors: configured state ------------------------------------------------------
+
+    def _conn(self, client: connection.Client) -> Conn:
+        conn = self.conns.get(client.id)
+        if conn is None:
+            conn = self.conns[client.id] = Conn()
+        return conn
+
+    def _rules(self) -> RuleSet:
+        if self.rules is None:
+            raise Denial("rules_unavailable", "no rules loaded")
+        return self.rules
+
+    def _identifier(self) -> Identifier:
+        if self.identifier is None:
+            raise Denial("rules_unavailable", "no rules loaded")
+        return self.identifier
+
+    def _guard(self) -> Guard:
+        if self.guard is None:
+            raise Denial("rules_unavailable", "the guard is not configured")
+        return self.guard
+
+    def _audit(self) -> AuditLog:
+        if self.audit is None:
+            raise Denial("audit_unavailable", "the audit log is not configured")
+        return self.audit
+
+
+def _canonical(name: str) -> Host:
+    try:
+        return canonical_host(f"[{name}]" if ":" in name else name)
+    except HostError as exc:
+        raise Denial(exc.reason, str(exc)) from exc
+
+
+def _declared_length(request: http.Request) -> int | None:
+    value = request.headers.get("content-length")
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
+
+
+def _listen_endpoints() -> list[tuple[str, int]]:
+    endpoints = []
+    for spec in ctx.options.mode:
+        mode = mode_specs.ProxyMode.parse(spec)
+        port = mode.listen_port(ctx.options.listen_port)
+        if port is not None:
+            endpoints.append((mode.listen_host(ctx.options.listen_host) or "0.0.0.0", port))  # noqa: S104
+    return endpoints
+
+
+def _stamp(paths: tuple[Path, ...]) -> tuple[float, ...]:
+    stamps: list[float] = []
+    for path in paths:
+        try:
+            stamps.append(os.stat(path).st_mtime)
+        except OSError:
+            stamps.append(-1.0)
+    return tuple(stamps)
+
+
+def _fmt_target(target: tuple[Host, int] | None) -> str | None:
+    return None if target is None else f"{target[0].name}:{target[1]}"
+
+
+def _error_text(flow: http.HTTPFlow) -> str | None:
+    return None if flow.error is None else flow.error.msg[:200]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+

@@ -1,0 +1,173 @@
+"""Starting, reloading and stopping: broken rules, SIGHUP, file changes, workers, mitmdump -s."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import ROOT, SEALGATE, OriginCA, Origin, Proxy, free_port, key_digest, running_proxy
+
+
+def rules_allowing(host: str, port: int, extra: str = "") -> str:
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: {host}
+        ports: [{port}]
+    allow_networks: [127.0.0.1/32]
+{extra}
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: null
+"""
+
+
+def test_broken_rules_at_start_fail_clearly(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("version: 1\npolicies:\n  ci:\n    allow:\n      - host: a.test\n        ports: [0]\n")
+    result = subprocess.run(
+        [*SEALGATE, "proxy", "--listen", f"127.0.0.1:{free_port()}", "--rules", str(rules),
+         "--state", str(tmp_path / "state")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "rules.yaml:6" in result.stderr
+    assert "ports" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def wait_status(session: requests.Session, url: str, status: int, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    got = -1
+    while time.monotonic() < deadline:
+        got = session.get(url, timeout=5).status_code
+        if got == status:
+            return got
+        time.sleep(0.2)
+    return got
+
+
+def test_reload_on_change_and_sighup_keeps_old_rules_when_broken(
+    tmp_path: Path, origin_http: Origin, dns: StubDNS, test_ca: OriginCA
+) -> None:
+    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
+                       resolver=dns.address) as p:
+        session = client(p)
+        a_url = f"http://api.test:{origin_http.port}/"
+        b_url = f"http://a.svc.test:{origin_http.port}/"
+        assert session.get(a_url, timeout=5).status_code == 200
+        assert session.get(b_url, timeout=5).status_code == 403
+
+        # A valid change is picked up by the file watcher.
+        p.rules.write_text(rules_allowing("a.svc.test", origin_http.port))
+        assert wait_status(session, b_url, 200) == 200
+        assert session.get(a_url, timeout=5).status_code == 403
+
+        # A broken file on SIGHUP keeps the rules in force and says why.
+        p.rules.write_text("version: 1\npolicies: [oops\n")
+        p.signal(signal.SIGHUP)
+        p.wait_audit(lambda e: e["event"] == "rules_reload_failed")
+        assert session.get(b_url, timeout=5).status_code == 200
+        assert "keeping the previous rules" in p.stderr()
+
+
+def test_budget_rate_limit_429(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+    extra = """    budgets:
+      requests_per_second: 1
+      burst: 3
+"""
+    rules = rules_allowing("api.test", origin_http.port).replace(
+        "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
+    )
+    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+        session = client(p)
+        statuses = [session.get(f"http://api.test:{origin_http.port}/b", timeout=5).status_code
+                    for _ in range(6)]
+        assert statuses[:3] == [200, 200, 200]
+        assert 429 in statuses[3:]
+        denied = session.get(f"http://api.test:{origin_http.port}/b", timeout=5)
+        if denied.status_code == 429:
+            assert denied.json()["reason"] == "budget_exceeded"
+            assert int(denied.headers["Retry-After"]) >= 1
+
+
+def test_request_body_budget_413(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+    extra = """    budgets:
+      max_request_bytes: 1000
+"""
+    rules = rules_allowing("api.test", origin_http.port).replace(
+        "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
+    )
+    origin_http.reset()
+    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+        r = client(p).post(f"http://api.test:{origin_http.port}/up", data=b"x" * 5000, timeout=5)
+        assert r.status_code == 413
+        assert r.json()["reason"] == "request_too_large"
+    assert origin_http.untouched()
+
+
+def test_two_workers_share_the_port(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
+                       resolver=dns.address, extra_args=["--workers", "2"]) as p:
+        session = client(p)
+        for _ in range(20):
+            fresh = requests.Session()
+            fresh.trust_env = False
+            fresh.proxies = session.proxies
+            assert fresh.get(f"http://api.test:{origin_http.port}/w", timeout=5).status_code == 200
+        pids = {line["pid"] for line in p.audit() if line.get("path") == "/w" and "pid" in line}
+        assert len(pids) in (0, 1, 2)
+    assert p.process.returncode == 0
+
+
+def test_loads_with_plain_mitmdump(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(rules_allowing("api.test", origin_http.port))
+    port = free_port()
+    log = (tmp_path / "mitmdump.log").open("wb")
+    process = subprocess.Popen(
+        [str(Path(SEALGATE[0]).parent / "mitmdump"), "-q", "--listen-host", "127.0.0.1",
+         "-p", str(port), "-s", str(ROOT / "proxy" / "addon.py"),
+         "--set", f"sealgate_rules={rules}", "--set", f"sealgate_state={tmp_path / 'state'}",
+         "--set", f"sealgate_resolver={dns.address[0]}:{dns.address[1]}",
+         "--set", "connection_strategy=lazy"],
+        cwd=ROOT, stdout=log, stderr=log,
+    )
+    try:
+        session = requests.Session()
+        session.trust_env = False
+        url = f"http://bot-1:{KEYS['bot-1']}@127.0.0.1:{port}"
+        session.proxies = {"http": url}
+        deadline = time.monotonic() + 30
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = session.get(f"http://api.test:{origin_http.port}/m", timeout=5).status_code
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        assert status == 200
+        denied = session.get(f"http://evil.test:{origin_http.port}/", timeout=5)
+        assert denied.status_code == 403
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_clean_shutdown(tmp_path: Path, origin_http: Origin, dns: StubDNS, sig: int) -> None:
+    p = Proxy(tmp_path, rules_allowing("api.test", origin_http.port), resolver=dns.address)
+    p.signal(sig)
+    assert p.process.wait(timeout=15) == 0
+    assert "Traceback" not in p.stderr()
+    p.stop()
