@@ -8,6 +8,7 @@ rather than forwarding traffic nobody can account for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections import deque
@@ -85,10 +86,8 @@ class AuditLog:
 
     def _close_fd(self) -> None:
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._fd)
-            except OSError:
-                pass
             self._fd = None
 
     def close(self) -> None:

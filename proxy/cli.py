@@ -17,7 +17,7 @@ from proxy import control
 from proxy.master import ProxyConfig, prepare, serve
 from proxy.registry import SourceRegistry
 
-SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse exposes no public name
+SubParsers = argparse._SubParsersAction
 
 
 def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
@@ -122,9 +122,11 @@ async def _supervise(config: ProxyConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(
-        signal.SIGHUP, lambda: [c.send_signal(signal.SIGHUP) for c in children]
-    )
+    def forward_hup() -> None:
+        for child in children:
+            child.send_signal(signal.SIGHUP)
+
+    loop.add_signal_handler(signal.SIGHUP, forward_hup)
     waits = [asyncio.ensure_future(c.wait()) for c in children]
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -24,8 +24,8 @@ from typing import Any
 from mitmproxy import ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from proxy.pipeline import Sealgate
 from proxy.ca import ensure_ca
+from proxy.pipeline import Sealgate
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ async def serve(config: ProxyConfig, worker: int | None = None) -> int:
     if config.workers > 1:
         # mitmproxy binds with asyncio.start_server and no reuse_port; the workers need it.
         original = asyncio.start_server
-        asyncio.start_server = functools.partial(original, reuse_port=True)  # type: ignore[assignment]
+        asyncio.start_server = functools.partial(original, reuse_port=True)
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -32,7 +32,7 @@ from proxy.errors import Denial, deny_response
 from proxy.guard import Guard, Pin
 from proxy.hostname import Host, HostError, canonical_host
 from proxy.identity import Identifier, Identity
-from proxy.policy import Policy, PathError, RuleSet, normalize_path
+from proxy.policy import PathError, Policy, RuleSet, normalize_path
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
 from proxy.rulesfile import RulesError, load_rules
@@ -286,7 +286,8 @@ class Sealgate:
             # authorise
             rule = policy.match(host, port, request.method, verdict.path)
             if rule is None:
-                self._policy_miss(policy, verdict, f"{request.method} {host.name}:{port} is not allowed")
+                detail = f"{request.method} {host.name}:{port}{verdict.path} is not allowed"
+                self._policy_miss(policy, verdict, detail)
             else:
                 verdict.rule = rule.source
             # budget

@@ -84,7 +84,8 @@ class SourceRegistry:
             self._stamp, self._map = stamp, {}
             return
         sources = data.get("sources", {}) if isinstance(data, dict) else {}
-        self._map = {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
+        valid = isinstance(sources, dict)
+        self._map = {str(k): str(v) for k, v in sources.items()} if valid else {}
         self._stamp = stamp
 
     def _write(self, entries: Mapping[str, str]) -> None:

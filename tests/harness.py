@@ -89,7 +89,7 @@ class OriginCA:
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .sign(self.key, hashes.SHA256())
         )
-        stem = self.directory / f"origin-{hashlib.sha1(','.join(names).encode()).hexdigest()[:8]}"  # noqa: S324
+        stem = self.directory / f"origin-{hashlib.sha1(','.join(names).encode()).hexdigest()[:8]}"
         cert_path, key_path = stem.with_suffix(".crt"), stem.with_suffix(".key")
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         key_path.write_bytes(
@@ -140,7 +140,8 @@ class Origin:
                 body = self.rfile.read(length) if length else b""
                 with origin._lock:
                     origin.requests.append(
-                        Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                        Seen(self.command, self.path,
+                             {k.lower(): v for k, v in self.headers.items()}, body)
                     )
                     origin.bytes_received += len(body)
                 payload = origin.response_body
@@ -151,9 +152,9 @@ class Origin:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle  # noqa: N815
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._lock = threading.Lock()

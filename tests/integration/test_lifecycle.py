@@ -12,7 +12,16 @@ import requests
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, OriginCA, Origin, Proxy, free_port, key_digest, running_proxy
+from tests.harness import (
+    ROOT,
+    SEALGATE,
+    Origin,
+    OriginCA,
+    Proxy,
+    free_port,
+    key_digest,
+    running_proxy,
+)
 
 
 def rules_allowing(host: str, port: int, extra: str = "") -> str:
@@ -33,7 +42,9 @@ default_policy: null
 
 def test_broken_rules_at_start_fail_clearly(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
-    rules.write_text("version: 1\npolicies:\n  ci:\n    allow:\n      - host: a.test\n        ports: [0]\n")
+    rules.write_text(
+        "version: 1\npolicies:\n  ci:\n    allow:\n      - host: a.test\n        ports: [0]\n"
+    )
     result = subprocess.run(
         [*SEALGATE, "proxy", "--listen", f"127.0.0.1:{free_port()}", "--rules", str(rules),
          "--state", str(tmp_path / "state")],

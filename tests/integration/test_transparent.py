@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import session_rules
 from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, Origin, Proxy, OriginCA
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy
 from tests.netns import Netns, netns, run
 
 pytestmark = pytest.mark.root

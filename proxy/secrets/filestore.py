@@ -1,0 +1,126 @@
+"""`file:PATH` - named secrets in a private YAML or JSON file, reloaded when it changes."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from proxy.secrets.base import (
+    Secret,
+    SecretConfigError,
+    SecretNotFound,
+    SecretRef,
+    SecretUnavailable,
+)
+
+# Cache entries for file secrets live this long, so an edit is seen within a second
+# even though the broker's cache sits in front of the store.
+FILE_TTL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What a cheap stat says about a file's content: any change means re-read it."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def file_identity(path: Path) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(path.stat())
+    except OSError:
+        return None
+
+
+class FileStore:
+    """Secrets from one file mapping name -> string.
+
+    Refused if group or world can access it (mode & 0o077), since then another local
+    user could read every credential the proxy injects.
+    """
+
+    scheme = "file"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._identity: FileIdentity | None = None
+        self._secrets: dict[str, str] = {}
+
+    async def fetch(self, ref: SecretRef) -> tuple[Secret, float]:
+        if ref.store != self.scheme:
+            raise SecretConfigError(f"{ref} is not a file secret reference")
+        self._reload_if_changed()
+        try:
+            return Secret(self._secrets[ref.path]), FILE_TTL
+        except KeyError:
+            raise SecretNotFound(f"secret {ref.path!r} is not in {self.path}") from None
+
+    async def close(self) -> None:
+        self._secrets = {}
+
+    def _reload_if_changed(self) -> None:
+        # A stat per fetch is the cheap check; the file is re-read (and its mode
+        # re-checked on the opened descriptor, so a swap cannot slip by) only on change.
+        st = self._checked(self.path.stat)
+        if FileIdentity.of(st) == self._identity:
+            return
+        try:
+            with self.path.open("rb") as fh:
+                st = self._checked(lambda: os.fstat(fh.fileno()))
+                text = fh.read().decode("utf-8")
+        except OSError as exc:
+            raise SecretUnavailable(
+                f"secrets file {self.path} cannot be read: {exc.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise SecretConfigError(f"secrets file {self.path} is not UTF-8") from None
+        self._secrets = self._parse(text)
+        self._identity = FileIdentity.of(st)
+
+    def _checked(self, do_stat: Callable[[], os.stat_result]) -> os.stat_result:
+        try:
+            st = do_stat()
+        except OSError as exc:
+            raise SecretUnavailable(
+                f"secrets file {self.path} cannot be read: {exc.strerror}"
+            ) from None
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            raise SecretConfigError(
+                f"secrets file {self.path} has mode {mode:o}; "
+                "it must not be group- or world-accessible (chmod 600)"
+            )
+        return st
+
+    def _parse(self, text: str) -> dict[str, str]:
+        try:
+            # YAML is a superset of JSON, so one parser reads both.
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            # The parser's own message can quote the offending line, i.e. a value.
+            mark = getattr(exc, "problem_mark", None)
+            line = f" near line {mark.line + 1}" if mark is not None else ""
+            raise SecretConfigError(f"secrets file {self.path} is not valid YAML{line}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise SecretConfigError(f"secrets file {self.path} must be a mapping of name to string")
+        bad = sorted(
+            str(k) for k, v in data.items() if not isinstance(k, str) or not isinstance(v, str)
+        )
+        if bad:
+            raise SecretConfigError(
+                f"secrets file {self.path}: entries {', '.join(bad)} are not name: string"
+            )
+        return dict(data)
