@@ -47,7 +47,12 @@ class BudgetLedger:
         return max(1.0, limits.burst / self.share)
 
     def admit_request(self, key: str, limits: Budgets, declared_bytes: int | None) -> None:
-        """Take one request from the rate budget, or refuse with how long to wait."""
+        """Take one request from the rate budget, or refuse with how long to wait.
+
+        A declared body counts against the total at once. A body of unknown length (chunked)
+        streams through `meter` and counts as it goes; it can overrun the per-request cap by
+        what one request carries, after which the total budget refuses the next request.
+        """
         ledger = self._ledger(key, limits)
         if declared_bytes is not None and declared_bytes > limits.max_request_bytes:
             raise Denial(
@@ -64,6 +69,15 @@ class BudgetLedger:
             wait = (1.0 - ledger.tokens) / rate if rate > 0 else 3600.0
             raise Denial("budget_exceeded", "request rate over budget", retry_after=math.ceil(wait))
         ledger.tokens -= 1.0
+        if declared_bytes:
+            ledger.bytes_total += declared_bytes
+
+    def meter(self, key: str) -> Callable[[bytes], bytes]:
+        def count(chunk: bytes) -> bytes:
+            self.add_bytes(key, len(chunk))
+            return chunk
+
+        return count
 
     def open_connection(self, key: str, limits: Budgets) -> None:
         ledger = self._ledger(key, limits)

@@ -133,6 +133,8 @@ class Sealgate:
             self.budgets = BudgetLedger(share=opts.sealgate_workers)
 
     def running(self) -> None:
+        # The first line proves the sink works before any traffic is accepted.
+        self._emit("proxy_started", pid=os.getpid(), rules=[str(p) for p in self._rules().sources])
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -291,14 +293,17 @@ class Sealgate:
             else:
                 verdict.rule = rule.source
             # budget
-            self.budgets.admit_request(
-                conn.budget_key or "", policy.budgets, _declared_length(request)
-            )
+            budget_key = conn.budget_key or ""
+            declared = _declared_length(request)
+            self.budgets.admit_request(budget_key, policy.budgets, declared)
             # guard: addresses, pinned
             verdict.pin = await self._guard().pin(host, port, policy)
             # forward exactly what was checked
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
+            if declared is None and request.headers.get("transfer-encoding"):
+                # Unknown length: count the bytes as they stream past.
+                request.stream = self.budgets.meter(budget_key)
         except PathError as exc:
             self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
         except Denial as denial:
