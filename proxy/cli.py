@@ -1,4 +1,8 @@
-"""`sealgate proxy`, `sealgate ca` and `sealgate sources`: running and steering the proxy."""
+"""`sealgate proxy`, `sealgate ca` and `sealgate sources`: running and steering the proxy.
+
+mitmproxy is imported inside the handlers: every `sealgate` command builds this parser, and
+only `proxy` needs the second it takes to import.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mitmproxy import exceptions
-
-from proxy import control
-from proxy.master import ProxyConfig, prepare, serve
 from proxy.registry import SourceRegistry
+
+if TYPE_CHECKING:
+    from proxy.master import ProxyConfig
 
 SubParsers = argparse._SubParsersAction
 
@@ -63,6 +66,8 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    from proxy.master import ProxyConfig
+
     extra: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -83,6 +88,10 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    from mitmproxy import exceptions
+
+    from proxy.master import prepare
+
     config = config_from_args(args)
     if args.worker_index is None:
         prepare(config)
@@ -96,6 +105,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
+    from proxy import control
+    from proxy.master import serve
+
     runner = None
     if worker is None:  # a single process also answers the control API
         runner = await control.start(
@@ -110,6 +122,8 @@ async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
 
 async def _supervise(config: ProxyConfig) -> int:
     """Run the control API here and N workers as child processes; stop them all together."""
+    from proxy import control
+
     runner = await control.start(_socket(config.state), _registry(config.state), config.rules)
     argv = [a for a in sys.argv[1:]]
     children = [

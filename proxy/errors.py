@@ -55,7 +55,7 @@ def status_for(reason: str) -> int:
     return _STATUS.get(reason, 403)
 
 
-class Denial(Exception):  # noqa: N818 - it is a decision, not a programming error
+class Denial(Exception):
     """A request the proxy refuses. `detail` is shown to the client; keep secrets out of it."""
 
     def __init__(self, reason: str, detail: str = "", *, retry_after: int | None = None) -> None:

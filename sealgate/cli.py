@@ -21,13 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sealgate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

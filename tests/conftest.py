@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, OriginCA, key_digest
+from tests.harness import Origin, OriginCA, Proxy, key_digest
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
 

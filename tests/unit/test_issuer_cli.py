@@ -1,0 +1,406 @@
+"""`sealgate keys`, `sealgate mint` and `sealgate token inspect`, run as the installed command.
+
+Every run asserts that the canary secret is not in the argv we pass nor in anything printed.
+The argument-error table runs in-process through `issuer.cli.register` (same parser, same
+handlers) only to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+
+from issuer import cli, keys
+from issuer import token as tk
+
+ROOT = Path(__file__).resolve().parents[2]
+SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
+CANARY = "sk_live_CLI_CANARY_81d2c0"
+PROXY_BEARER = "proxy-bearer-CANARY-55e1"
+
+
+def _assert_no_secret(argv: list[str], outputs: tuple[str, str]) -> None:
+    assert not any(CANARY in arg or PROXY_BEARER in arg for arg in argv)
+    for text in outputs:
+        assert CANARY not in text and PROXY_BEARER not in text
+
+
+def run(
+    *args: str | Path, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The installed `sealgate` command, in a child process."""
+    argv = [str(SEALGATE), *map(str, args)]
+    proc = subprocess.run(
+        argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    _assert_no_secret(argv, (proc.stdout, proc.stderr))
+    return proc
+
+
+def run_here(
+    *args: str | Path, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The same parser and handlers in this process (the command's start-up costs most of a
+    second, so only a few tests pay it)."""
+    argv = [str(arg) for arg in args]
+    parser = argparse.ArgumentParser(prog="sealgate")
+    cli.register(parser.add_subparsers(dest="command"))
+    out, err = io.StringIO(), io.StringIO()
+    fake_stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    with (
+        patch.dict(os.environ, env or {}),
+        patch.object(sys, "stdin", fake_stdin),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        parsed = parser.parse_args(argv)
+        code = parsed.func(parsed)
+    _assert_no_secret(argv, (out.getvalue(), err.getvalue()))
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("cli") / "proxy-keys"
+    proc = run_here("keys", "generate", "--out", directory, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return directory
+
+
+def _open(token: str, key_dir: Path) -> tk.Claims:
+    return tk.open_token(token, keys.Keyring.load(key_dir))
+
+
+def test_keys_generate_and_list(tmp_path: Path) -> None:
+    out = tmp_path / "k"
+    proc = run("keys", "generate", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    kid = info["kid"]
+    assert re.fullmatch(r"[0-9a-f]{16}", kid)
+    assert stat.S_IMODE(Path(info["private_key_file"]).stat().st_mode) == 0o600
+    assert keys.load_public(Path(info["public_key_file"])).kid == kid
+
+    listing = run_here("keys", "list", "--dir", out)
+    assert listing.returncode == 0
+    assert re.search(rf"^{kid}\s+private\+public\s+\S+Z\s+\d+s$", listing.stdout, re.M)
+    as_json = json.loads(run_here("keys", "list", "--dir", out, "--json").stdout)["keys"]
+    assert [(k["kid"], k["private"], k["public"]) for k in as_json] == [(kid, True, True)]
+    assert 0 <= as_json[0]["age_seconds"] < 60
+
+    os.chmod(out / f"{kid}.key", 0o644)
+    refused = run_here("keys", "list", "--dir", out)
+    assert refused.returncode == 1
+    assert "group or others" in refused.stderr and "chmod 600" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("inject_args", "check"),
+    [
+        (
+            ["--inject", "bearer"],
+            lambda r: r.get_header_values("authorization") == [f"Bearer {CANARY}"],
+        ),
+        (
+            ["--inject", "header", "--header-name", "X-Api-Key", "--format", "Key {secret}"],
+            lambda r: r.get_header_values("x-api-key") == [f"Key {CANARY}"],
+        ),
+        (
+            ["--inject", "basic", "--username", "api"],
+            lambda r: (
+                r.get_header_values("authorization")
+                == ["Basic " + base64.b64encode(f"api:{CANARY}".encode()).decode()]
+            ),
+        ),
+        (["--inject", "query", "--param", "key"], lambda r: r.query == [("key", CANARY)]),
+        (
+            [
+                "--inject",
+                "hmac-sha256",
+                "--header-name",
+                "X-Sig",
+                "--hmac-encoding",
+                "base64",
+                "--hmac-message",
+                "hello",
+            ],
+            lambda r: len(r.get_header_values("x-sig")[0]) == 44,
+        ),
+        (
+            ["--inject", "placeholder", "--placeholder", "sg-placeholder"],
+            lambda r: r.get_header_values("authorization") == [f"Bearer {CANARY}"],
+        ),
+    ],
+    ids=["bearer", "header", "basic", "query", "hmac", "placeholder"],
+)
+def test_mint_each_processor(
+    key_dir: Path, inject_args: list[str], check: object, tmp_path: Path
+) -> None:
+    # Rotate through the three secret sources.
+    kind = inject_args[1]
+    if kind in ("bearer", "basic"):
+        source, stdin, env = ["--secret-stdin"], CANARY + "\n", None
+    elif kind in ("header", "hmac-sha256"):
+        secret_file = tmp_path / "secret"
+        secret_file.write_text(CANARY + "\r\n")
+        source, stdin, env = ["--secret-file", str(secret_file)], "", None
+    else:
+        source, stdin, env = ["--secret-env", "MY_SECRET"], "", {"MY_SECRET": CANARY}
+    runner = run if kind == "bearer" else run_here
+    proc = runner(
+        "mint",
+        "--key",
+        key_dir,
+        "--host",
+        "api.example.com",
+        *inject_args,
+        *source,
+        stdin=stdin,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    token = proc.stdout.strip()
+    claims = _open(token, key_dir)
+    assert claims.secret == CANARY
+    assert claims.processor.kind == kind
+    request = tk.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
+    tk.apply(claims, request)
+    assert callable(check) and check(request)
+
+
+def test_mint_json_scope_ttl_and_digest(key_dir: Path) -> None:
+    proc = run(
+        "mint",
+        "--key",
+        next(key_dir.glob("*.pub")),
+        "--inject",
+        "bearer",
+        "--host",
+        "API.Example.com",
+        "--host",
+        "*.example.net:8443",
+        "--method",
+        "post",
+        "--path",
+        "/v1/charges",
+        "--ttl",
+        "10m",
+        "--max-ttl",
+        "1h",
+        "--jti",
+        "job-42",
+        "--secret-env",
+        "S",
+        "--auth-digest-of-stdin",
+        "--json",
+        env={"S": CANARY},
+        stdin=PROXY_BEARER + "\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    claims = _open(out["token"], key_dir)
+    assert claims.secret == CANARY
+    assert out["claims"] == tk.redacted_claims(claims)
+    assert out["claims"]["secret"] == "[redacted]"
+    assert claims.exp - claims.iat == 600
+    assert [str(h) for h in claims.hosts] == ["api.example.com", "*.example.net:8443"]
+    assert (claims.methods, claims.paths, claims.jti) == (("POST",), ("/v1/charges",), "job-42")
+    assert claims.binding == tk.AuthDigestBinding.of_secret(PROXY_BEARER)
+    tk.check_scope(claims, "a.example.net", 8443, "POST", "/v1/charges/ch_1")
+    tk.check_binding(
+        claims, sandbox_id=None, policy=None, proxy_authorization=[f"Bearer {PROXY_BEARER}"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("bind_args", "env", "stdin", "expected"),
+    [
+        (["--bind-sandbox", "sbx-7"], {}, "", tk.SandboxBinding("sbx-7")),
+        (["--bind-policy", "ci"], {}, "", tk.PolicyBinding("ci")),
+        (
+            ["--auth-digest-of-stdin"],
+            {},
+            PROXY_BEARER + "\n",
+            tk.AuthDigestBinding(hashlib.sha256(PROXY_BEARER.encode()).hexdigest()),
+        ),
+        (
+            ["--auth-digest-of-env", "PB"],
+            {"PB": PROXY_BEARER},
+            "",
+            tk.AuthDigestBinding(hashlib.sha256(PROXY_BEARER.encode()).hexdigest()),
+        ),
+    ],
+    ids=["sandbox", "policy", "digest-stdin", "digest-env"],
+)
+def test_mint_bindings(
+    key_dir: Path, bind_args: list[str], env: dict[str, str], stdin: str, expected: tk.Binding
+) -> None:
+    proc = run_here(
+        "mint",
+        "--key",
+        key_dir,
+        "--inject",
+        "bearer",
+        "--host",
+        "api.example.com",
+        "--secret-env",
+        "S",
+        *bind_args,
+        env={"S": CANARY, **env},
+        stdin=stdin,
+    )
+    assert proc.returncode == 0, proc.stderr
+    claims = _open(proc.stdout.strip(), key_dir)
+    assert claims.binding == expected
+    if isinstance(expected, tk.AuthDigestBinding):
+        tk.check_binding(
+            claims, sandbox_id=None, policy=None, proxy_authorization=[f"Bearer {PROXY_BEARER}"]
+        )
+
+
+def test_inspect(key_dir: Path) -> None:
+    token = run_here(
+        "mint",
+        "--key",
+        key_dir,
+        "--inject",
+        "bearer",
+        "--host",
+        "api.example.com",
+        "--secret-stdin",
+        stdin=CANARY,
+    ).stdout.strip()
+    kid = token.split(".")[1]
+
+    visible = run_here("token", "inspect", token)
+    assert visible.returncode == 0
+    assert f"kid: {kid}" in visible.stdout and f"length: {len(token)}" in visible.stdout
+    assert "claims" not in visible.stdout
+
+    full = run("token", "inspect", "-", "--key-dir", key_dir, "--json", stdin=token + "\n")
+    assert full.returncode == 0, full.stderr
+    report = json.loads(full.stdout)
+    assert report["kid"] == kid and report["status"] == "valid"
+    assert report["claims"]["secret"] == "[redacted]"
+    assert report["claims"]["hosts"] == ["api.example.com"]
+
+    one_key = run_here("token", "inspect", token, "--private-key", key_dir / f"{kid}.key")
+    assert one_key.returncode == 0 and '"secret": "[redacted]"' in one_key.stdout
+
+    tampered = token[:-10] + ("A" if token[-10] != "A" else "B") + token[-9:]
+    bad = run_here("token", "inspect", tampered, "--key-dir", key_dir)
+    assert bad.returncode == 1 and "decrypt" in bad.stderr
+    malformed = run_here("token", "inspect", "sg1.nothex.AAAA")
+    assert malformed.returncode == 1 and "kid" in malformed.stderr
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+ENV = {"S": CANARY, "EMPTY": "", "NEWLINE": CANARY + "\nX-Injected: 1"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ttl", "25h"], "at most the cap (24h)"),
+        (["--ttl", "2h", "--max-ttl", "1h"], "at most the cap (1h)"),
+        (["--max-ttl", "48h"], "cannot exceed 24h"),
+        (["--ttl", "0"], "more than 0"),
+        (["--ttl", "soon"], "not a duration"),
+        (["--param", "key"], "does not take --param"),
+        (["--host", "*.com"], "at least two labels"),
+        (["--path", "/a/../b"], "dot segments"),
+        (["--jti", "has space"], "jti"),
+        (["--secret-stdin", "--auth-digest-of-stdin"], "cannot both come from stdin"),
+        (["--secret-env", "UNSET_VARIABLE_X"], "is not set"),
+        (["--secret-env", "EMPTY"], "secret is empty"),
+        (["--secret-env", "NEWLINE"], "visible ASCII"),
+        (["--secret-file", "/nonexistent/secret"], "cannot read secret file"),
+        ([], "give the secret with"),
+    ],
+)
+def test_mint_errors(key_dir: Path, argv: list[str], message: str) -> None:
+    if not any(arg.startswith("--secret") for arg in argv) and argv:
+        argv = [*argv, "--secret-env", "S"]
+    proc = run_here(
+        "mint", "--key", key_dir, "--inject", "bearer", "--host", "a.example.com", *argv, env=ENV
+    )
+    assert proc.returncode == 1
+    assert message in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--inject", "query"], "needs --param"),
+        (["--inject", "placeholder"], "needs --placeholder"),
+        (["--inject", "header", "--header-name", "Host"], "may not set"),
+        (["--inject", "header", "--header-name", "X-K", "--format", "{secret}{secret}"], "once"),
+        (["--inject", "hmac-sha256", "--header-name", "X-S", "--format", "{secret}"], "once"),
+        (["--inject", "basic", "--username", "a:b"], "must not contain ':'"),
+    ],
+)
+def test_processor_option_errors(key_dir: Path, argv: list[str], message: str) -> None:
+    proc = run_here(
+        "mint", "--key", key_dir, "--host", "a.example.com", "--secret-env", "S", *argv, env=ENV
+    )
+    assert proc.returncode == 1
+    assert message in proc.stderr
+
+
+def test_mint_refuses_missing_key(tmp_path: Path) -> None:
+    proc = run_here(
+        "mint",
+        "--key",
+        tmp_path,
+        "--inject",
+        "bearer",
+        "--host",
+        "a.example.com",
+        "--secret-env",
+        "S",
+        env=ENV,
+    )
+    assert proc.returncode == 1 and "no public keys" in proc.stderr
+
+
+def test_secret_is_not_an_argument() -> None:
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        run_here("mint", "--key", "k", "--inject", "bearer", "--host", "h.com", "--secret", "x")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("900", 900), ("15m", 900), ("1h30m", 5400), ("1d", 86400)]
+)
+def test_parse_duration(text: str, seconds: int) -> None:
+    assert cli.parse_duration(text) == seconds
+
+
+def test_format_age() -> None:
+    assert [cli.format_age(s) for s in (0, 59, 61, 3700, 90000)] == [
+        "0s",
+        "59s",
+        "1m1s",
+        "1h1m",
+        "1d1h",
+    ]
