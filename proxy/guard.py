@@ -10,6 +10,7 @@ rebinding answer has no window to slip through; every new upstream connection is
 from __future__ import annotations
 
 import ipaddress
+from ipaddress import IPv6Address
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -68,11 +69,13 @@ class Guard:
             addresses, dns_seconds = answer.addresses, answer.duration
         checker = self.address_policy(policy)
         for address in addresses:
+            direct = address.ipv4_mapped if isinstance(address, IPv6Address) else None
             if reason := checker.check(address):
                 # The address itself stays in the audit log, not in the answer: the sandbox must
                 # not get an oracle for what internal names resolve to.
                 raise Denial(reason, f"{host.name} resolves to a denied address ({reason})")
-            if port in self._own_ports and (address.is_loopback or address in self._own_hosts):
+            dialed = direct or address
+            if port in self._own_ports and (dialed.is_loopback or dialed in self._own_hosts):
                 raise Denial("proxy_loop", "requests to the proxy itself are refused")
         return Pin(host, port, addresses[0], dns_seconds)
 
@@ -100,17 +103,21 @@ def request_target(
         raise Denial("scheme_invalid", f"scheme {request.scheme!r} is not proxied")
     default_port = 443 if request.scheme == "https" else 80
     header = request.host_header
+    # Inside a tunnel and in transparent mode mitmproxy forwards an absolute-form target as it
+    # came, and an origin routes on it (RFC 9112 3.2.2): it is a name to check like Host.
+    uri = request.authority or None
     if tunnel is not None:
-        if header is None:
-            return tunnel
-        # A Host without a port means the tunnel's port: the dial below goes there regardless.
-        if parse_target(header, tunnel[1]) != tunnel:
-            raise Denial("name_mismatch", "Host header does not match the CONNECT target")
+        # A missing port means the tunnel's: the dial goes there regardless.
+        for name in (header, uri):
+            if name is not None and parse_target(name, tunnel[1]) != tunnel:
+                raise Denial("name_mismatch", "the request names another host than the CONNECT")
         return tunnel
     if transparent:
         if header is None:
             raise Denial("bad_request", "a transparent request needs a Host header")
-        host, _ = parse_target(header, default_port)
+        host, port = parse_target(header, request.port)
+        if uri is not None and parse_target(uri, request.port) != (host, port):
+            raise Denial("name_mismatch", "the request URI and Host header disagree")
         return host, request.port
     uri_host, uri_port = parse_target(_authority(request.host, request.port), default_port)
     if header is not None and parse_target(header, default_port) != (uri_host, uri_port):

@@ -53,6 +53,9 @@ class Conn:
     budget_key: str | None = None
     target: tuple[Host, int] | None = None  # the CONNECT authority, or a transparent SNI
     tunnel: bool = False  # forwarded without interception
+    # A refusal decided during the TLS handshake. mitmproxy cannot drop a connection from
+    # tls_clienthello, so the connection is intercepted and every request on it gets this.
+    blocked: Denial | None = None
     requests: int = 0
     denied: int = 0
 
@@ -229,7 +232,8 @@ class Sealgate:
                 raise Denial("sni_mismatch", "TLS SNI does not match the CONNECT target")
         except Denial as denial:
             conn.denied += 1
-            client.error = f"sealgate: {denial.reason}"
+            conn.blocked = denial
+            conn.tunnel = False
             self._emit(
                 "tls_denied",
                 connection_id=client.id,
@@ -277,6 +281,8 @@ class Sealgate:
         flow.metadata[_META] = verdict
         request = flow.request
         try:
+            if conn.blocked is not None:
+                raise conn.blocked
             # identify
             identity = self._identify(request, conn, flow.client_conn)
             policy = self._admit_connection(conn, identity, verdict)
@@ -320,6 +326,8 @@ class Sealgate:
         try:
             if conn is None or conn.policy is None:
                 raise Denial("not_allowed", "no authorised request on this connection")
+            if conn.blocked is not None:
+                raise conn.blocked
             pin = await self._guard().pin(_canonical(name), port, conn.policy)
         except Denial as denial:
             server.error = f"sealgate: {denial.reason}"
@@ -328,8 +336,8 @@ class Sealgate:
                 reason=denial.reason,
             )
             return
-        if server.sni is None and pin.host.ip is None:
-            server.sni = pin.host.name
+        # The upstream handshake names what was checked, never a name the client chose.
+        server.sni = pin.host.name
         server.address = (str(pin.address), port)
         self._pinned[server.id] = (name, port)
 
