@@ -10,9 +10,9 @@ rebinding answer has no window to slip through; every new upstream connection is
 from __future__ import annotations
 
 import ipaddress
-from ipaddress import IPv6Address
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import IPv6Address
 from typing import Final
 
 from mitmproxy import http
@@ -119,8 +119,13 @@ def request_target(
         if uri is not None and parse_target(uri, request.port) != (host, port):
             raise Denial("name_mismatch", "the request URI and Host header disagree")
         return host, request.port
+    # mitmproxy has parsed the request-target before any hook and kept no raw form of it
+    # (`:0` and `:0080` come out as 80), so the Host header, which HTTP/1.1 requires anyway
+    # (RFC 9112 3.2), is the spelling that gets checked, and the URI must agree with it.
     uri_host, uri_port = parse_target(_authority(request.host, request.port), default_port)
-    if header is not None and parse_target(header, default_port) != (uri_host, uri_port):
+    if header is None:
+        raise Denial("bad_request", "a Host header is required")
+    if parse_target(header, default_port) != (uri_host, uri_port):
         raise Denial("name_mismatch", "Host header does not match the request URI")
     return uri_host, uri_port
 

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,32 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import mode_specs, server_hooks
 
+from issuer.keys import KeyFileError, Keyring
+from issuer.processors import HmacProcessor, Processor
+from issuer.token import TokenError
 from proxy import guard as guardmod
 from proxy.audit import AuditLog
+from proxy.broker import Broker
 from proxy.budget import BudgetLedger
 from proxy.errors import Denial, deny_response
 from proxy.guard import Guard, Pin
 from proxy.hostname import Host, HostError, canonical_host
 from proxy.identity import Identifier, Identity
-from proxy.policy import PathError, Policy, RuleSet, normalize_path
+from proxy.inject import Injected, put, require_secure_upstream
+from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
 from proxy.rulesfile import RulesError, load_rules
+from proxy.scrub import Scrubber
+from proxy.secrets import SecretBroker, SecretError, open_store
+from proxy.tokenizer import HEADER as TOKEN_HEADER
+from proxy.tokenizer import Tokenizer, TokenRequest
 
 logger = logging.getLogger("sealgate")
 
 _META = "sealgate"
+_SCRUB = "sealgate_scrub"
+_PENDING = "sealgate_pending"
 _RELOAD_POLL_SECONDS = 1.0
 
 
@@ -56,6 +68,7 @@ class Conn:
     # A refusal decided during the TLS handshake. mitmproxy cannot drop a connection from
     # tls_clienthello, so the connection is intercepted and every request on it gets this.
     blocked: Denial | None = None
+    proxy_auth: list[str] = field(default_factory=list)  # the CONNECT's, for token bindings
     requests: int = 0
     denied: int = 0
 
@@ -74,6 +87,8 @@ class Verdict:
     reason: str | None = None
     rule: str | None = None
     pin: Pin | None = None
+    injected: list[str] = field(default_factory=list)
+    overwrote: list[str] = field(default_factory=list)
 
 
 class Sealgate:
@@ -84,6 +99,8 @@ class Sealgate:
         self.guard: Guard | None = None
         self.audit: AuditLog | None = None
         self.budgets = BudgetLedger()
+        self.broker: Broker | None = None
+        self.tokenizer: Tokenizer | None = None
         self.conns: dict[str, Conn] = {}
         self._pinned: dict[str, tuple[str, int]] = {}
         self._watcher: asyncio.Task[None] | None = None
@@ -111,10 +128,37 @@ class Sealgate:
         loader.add_option(
             "sealgate_workers", int, 1, "Worker processes sharing the listen port (budget share)."
         )
+        loader.add_option(
+            "sealgate_token_keys",
+            str | None,  # type: ignore[arg-type]
+            None,
+            "Directory of the proxy's private token keys (<kid>.key); unset: tokens refused.",
+        )
+        loader.add_option(
+            "sealgate_secret_stores",
+            Sequence[str],
+            [],
+            "Secret store URLs for brokered credentials (file:PATH, env:, vault:https://…); "
+            "default file:<state>/secrets.yaml.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if "sealgate_rules" in updated:
+        if {"sealgate_secret_stores", "sealgate_state"} & updated:
+            default_store = f"file:{Path(opts.sealgate_state) / 'secrets.yaml'}"
+            urls = opts.sealgate_secret_stores or [default_store]
+            try:
+                self.broker = Broker(SecretBroker([open_store(url) for url in urls]))
+            except SecretError as exc:
+                raise exceptions.OptionsError(f"sealgate: secret stores: {exc}") from exc
+        if "sealgate_token_keys" in updated:
+            self.tokenizer = None
+            if opts.sealgate_token_keys:
+                try:
+                    self.tokenizer = Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
+                except KeyFileError as exc:
+                    raise exceptions.OptionsError(f"sealgate: token keys: {exc}") from exc
+        if {"sealgate_rules", "sealgate_secret_stores", "sealgate_state"} & updated:
             try:
                 self._load_rules(Path(opts.sealgate_rules))
             except RulesError as exc:
@@ -126,9 +170,6 @@ class Sealgate:
             log_opt = opts.sealgate_audit_log
             log_path = None if log_opt == "off" else Path(log_opt or state / "audit.log")
             self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout)
-        if "sealgate_state" in updated and self.rules is not None:
-            registry = SourceRegistry(Path(opts.sealgate_state) / "registry.json")
-            self.identifier = Identifier(self.rules, registry)
         if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
             resolver = Resolver.from_spec(opts.sealgate_resolver)
             self.guard = Guard(resolver, _listen_endpoints())
@@ -143,14 +184,21 @@ class Sealgate:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
         self._watcher = loop.create_task(self._watch_rules())
 
-    def done(self) -> None:
+    async def done(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
+        if self.broker is not None:
+            await self.broker.close()
         if self.audit is not None:
             self.audit.close()
 
     def reload(self) -> None:
-        """Re-read the rules; a broken file keeps the rules in force and says why."""
+        """Re-read the rules and token keys; a broken file keeps what is in force and says why."""
+        if ctx.options.sealgate_token_keys:
+            try:
+                self.tokenizer = Tokenizer(Keyring.load(Path(ctx.options.sealgate_token_keys)))
+            except KeyFileError as exc:
+                logger.error("sealgate: token keys reload failed, keeping the previous: %s", exc)
         try:
             self._load_rules(Path(ctx.options.sealgate_rules))
         except RulesError as exc:
@@ -161,6 +209,10 @@ class Sealgate:
 
     def _load_rules(self, path: Path) -> None:
         rules = load_rules(path)
+        try:
+            self._broker().check(rules)
+        except (SecretError, Denial) as exc:
+            raise RulesError(path, None, "inject", f"secret reference: {exc}") from None
         self.rules = rules
         self.rules_stamp = _stamp(rules.sources)
         registry = SourceRegistry(Path(ctx.options.sealgate_state) / "registry.json")
@@ -205,6 +257,7 @@ class Sealgate:
         flow.metadata[_META] = verdict
         try:
             identity = self._identify(flow.request, conn, flow.client_conn)
+            conn.proxy_auth = flow.request.headers.get_all("proxy-authorization")
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
             verdict.host, verdict.port = host.name, port
             policy = self._admit_connection(conn, identity, verdict)
@@ -213,7 +266,7 @@ class Sealgate:
                 self._policy_miss(policy, verdict, f"{host.name}:{port} is not allowed")
             verdict.pin = await self._guard().pin(host, port, policy)
             conn.target = (host, port)
-            conn.tunnel = bool(rules) and not any(r.needs_request_inspection for r in rules)
+            conn.tunnel = _tunnel(policy, rules)
         except Denial as denial:
             self._deny(flow, verdict, denial, conn)
         else:
@@ -246,6 +299,13 @@ class Sealgate:
         # Without SNI only interception can see which name the client means (domain fronting).
         data.ignore_connection = conn.tunnel and sni is not None
 
+    def tls_start_client(self, data: tls.TlsData) -> None:
+        """A refused ClientHello gets no handshake: without a TLS context mitmproxy closes the
+        connection (this runs after TlsConfig has prepared one)."""
+        conn = self.conns.get(data.context.client.id)
+        if conn is not None and conn.blocked is not None:
+            data.ssl_conn = None
+
     async def _transparent_tls_target(
         self, data: tls.ClientHelloData, conn: Conn, sni: str | None
     ) -> None:
@@ -262,7 +322,7 @@ class Sealgate:
             raise Denial("not_allowed", f"{host.name}:{port} is not allowed")
         await self._guard().pin(host, port, policy)
         conn.target = (host, port)
-        conn.tunnel = bool(rules) and not any(r.needs_request_inspection for r in rules)
+        conn.tunnel = _tunnel(policy, rules)
 
     def tcp_start(self, flow: Any) -> None:
         """Raw TCP inside a tunnel cannot be inspected or name-checked: refused."""
@@ -304,10 +364,34 @@ class Sealgate:
             self.budgets.admit_request(budget_key, policy.budgets, declared)
             # guard: addresses, pinned
             verdict.pin = await self._guard().pin(host, port, policy)
-            # forward exactly what was checked
+            # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
+            proxy_auth = request.headers.get_all("proxy-authorization") or conn.proxy_auth
+            tokens = request.headers.get_all(TOKEN_HEADER)
             guardmod.strip_upstream_headers(request.headers)
-            if declared is None and request.headers.get("transfer-encoding"):
+            request.headers.pop(TOKEN_HEADER, None)
+            # inject
+            injected = Injected()
+            if tokens:
+                token_request = TokenRequest(
+                    identity.sandbox, policy.name, host.name, port, request.method,
+                    verdict.path, proxy_auth,
+                )
+                self._inject_tokens(
+                    flow, policy, rule, tokens, token_request=token_request, injected=injected
+                )
+            if rule is not None and (rule.inject or rule.strip):
+                if rule.inject:
+                    self._require_secure(request, rule, policy, verdict.pin)
+                await self._broker().inject(rule, request, injected)
+            if injected.needles:
+                # Ask for an identity encoding so the response can be scrubbed byte for byte.
+                request.headers["accept-encoding"] = "identity"
+                flow.metadata[_SCRUB] = injected.scrubber()
+            verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
+            if declared is None and request.headers.get("transfer-encoding") and not (
+                flow.metadata.get(_PENDING)
+            ):
                 # Unknown length: count the bytes as they stream past.
                 request.stream = self.budgets.meter(budget_key)
         except PathError as exc:
@@ -316,6 +400,56 @@ class Sealgate:
             self._deny(flow, verdict, denial, conn)
         else:
             verdict.decision = verdict.decision if verdict.reason else "allow"
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        """Signatures over the body, once the whole body is here."""
+        pending: list[tuple[Processor, str, str]] | None = flow.metadata.pop(_PENDING, None)
+        if not pending or flow.response is not None:
+            return
+        injected = Injected()
+        try:
+            for processor, secret, label in pending:
+                put(flow.request, processor, secret, label, into=injected)
+        except Denial as denial:
+            self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
+            return
+        scrubber = flow.metadata.get(_SCRUB)
+        if scrubber is not None:
+            scrubber.needles.extend(Scrubber(injected.needles).needles)
+
+    def _inject_tokens(
+        self, flow: http.HTTPFlow, policy: Policy, rule: Rule | None, tokens: list[str], *,
+        token_request: TokenRequest, injected: Injected,
+    ) -> None:
+        verdict: Verdict = flow.metadata[_META]
+        assert verdict.pin is not None
+        if not policy.tokens:
+            raise Denial("tokens_not_allowed", f"policy {policy.name} does not accept tokens")
+        try:
+            grants = self._tokenizer().authorise(tokens, token_request)
+        except TokenError as exc:
+            raise Denial(exc.reason, str(exc)) from None
+        request = flow.request
+        self._require_secure(request, rule, policy, verdict.pin)
+        for claims in grants:
+            label = f"token:{claims.kid}:{claims.jti or '-'}"
+            processor = claims.processor
+            if isinstance(processor, HmacProcessor) and processor.message is None:
+                # The signature covers the exact body: buffer it (declared, so bounded by the
+                # request budget) and sign in the `request` hook.
+                if _declared_length(request) is None and request.headers.get("transfer-encoding"):
+                    raise Denial("length_required", "a signed body needs a Content-Length")
+                request.stream = False
+                flow.metadata.setdefault(_PENDING, []).append((processor, claims.secret, label))
+                injected.labels.append(label)
+                injected.needles.append(claims.secret)
+            else:
+                put(request, processor, claims.secret, label, into=injected)
+
+    def _require_secure(
+        self, request: http.Request, rule: Rule | None, policy: Policy, pin: Pin
+    ) -> None:
+        require_secure_upstream(request, rule, policy, pin, bool(ctx.options.ssl_insecure))
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """Every upstream dial, keep-alive or pre-dial alike, goes to an address we checked."""
@@ -353,8 +487,19 @@ class Sealgate:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         verdict = flow.metadata.get(_META)
-        if flow.response is not None and verdict is not None and verdict.decision != "deny":
-            guardmod.strip_downstream_headers(flow.response.headers)
+        response = flow.response
+        if response is None or verdict is None or verdict.decision == "deny":
+            return
+        guardmod.strip_downstream_headers(response.headers)
+        scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
+        if scrubber:
+            # scrub
+            for name in set(response.headers.keys()):
+                values = response.headers.get_all(name)
+                response.headers.set_all(name, [scrubber.text(v) for v in values])
+            # Stream every size through the scrubber: a body that mitmproxy would switch to
+            # streaming half-way must not get past unscrubbed.
+            response.stream = scrubber.stream()
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._log_flow(flow, flow.metadata.get(_META))
@@ -437,6 +582,9 @@ class Sealgate:
             decision=verdict.decision,
             reason=verdict.reason,
             rule=verdict.rule,
+            injected=verdict.injected or None,
+            overwrote=verdict.overwrote or None,
+            scrubbed=scrubbed.hits if (scrubbed := flow.metadata.get(_SCRUB)) else None,
             status=response.status_code if response is not None else None,
             error=_error_text(flow),
             bytes_out=len(request.raw_content or b""),
@@ -468,6 +616,16 @@ class Sealgate:
             raise Denial("rules_unavailable", "no rules loaded")
         return self.identifier
 
+    def _broker(self) -> Broker:
+        if self.broker is None:
+            raise Denial("secret_unavailable", "no secret stores are configured")
+        return self.broker
+
+    def _tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise Denial("token_invalid", "this proxy holds no token keys")
+        return self.tokenizer
+
     def _guard(self) -> Guard:
         if self.guard is None:
             raise Denial("rules_unavailable", "the guard is not configured")
@@ -477,6 +635,14 @@ class Sealgate:
         if self.audit is None:
             raise Denial("audit_unavailable", "the audit log is not configured")
         return self.audit
+
+
+def _tunnel(policy: Policy, rules: tuple[Rule, ...]) -> bool:
+    """Whether a CONNECT can be passed through undecrypted: some rule allows it and no rule
+    (nor a token, which rides in a header) needs to see the requests inside."""
+    return (
+        bool(rules) and not policy.tokens and not any(r.needs_request_inspection for r in rules)
+    )
 
 
 def _canonical(name: str) -> Host:

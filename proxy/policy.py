@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import unquote
 
+from issuer.processors import Processor
 from proxy.hostname import Host
+from proxy.secrets.base import SecretRef
 
 __all__ = [
     "ANY_HOST",
@@ -214,10 +216,21 @@ def _compile_paths(paths: Iterable[str]) -> re.Pattern[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Injection:
+    """One credential the broker adds to requests a rule allows: where the secret lives and the
+    processor (the same vocabulary sealed tokens use) that puts it into the request."""
+
+    secret: SecretRef
+    processor: Processor
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     """One `allow` entry. `host` is `*`, `*.suffix` or a canonical name / IP literal.
 
     `methods` / `paths` are None for "any". An empty collection is legal and never matches.
+    `inject` lists brokered credentials, `strip` more request headers to remove, and
+    `plain_http` lets credentials go over plain HTTP to an `allow_networks` address.
     """
 
     host: str
@@ -225,6 +238,9 @@ class Rule:
     methods: frozenset[str] | None
     paths: tuple[str, ...] | None
     source: str = field(compare=False)
+    inject: tuple[Injection, ...] = ()
+    strip: tuple[str, ...] = ()
+    plain_http: bool = False
     _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,7 +251,9 @@ class Rule:
     @property
     def needs_request_inspection(self) -> bool:
         """Whether a request must be seen (TLS intercepted) to decide, not just its CONNECT."""
-        return self.methods is not None or self.paths is not None
+        return (
+            self.methods is not None or self.paths is not None or bool(self.inject or self.strip)
+        )
 
     def allows_request(self, method: str, path: str) -> bool:
         """Method and path check; `path` must come from `normalize_path`. Methods are

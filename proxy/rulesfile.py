@@ -19,11 +19,13 @@ from typing import Final
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from issuer.processors import InjectionError, processor_from_object
 from proxy.addresses import METADATA_ADDRESSES
 from proxy.hostname import Host, HostError, canonical_host, denied_name
 from proxy.policy import (
     ANY_HOST,
     Budgets,
+    Injection,
     Mode,
     PathPatternError,
     Policy,
@@ -34,6 +36,7 @@ from proxy.policy import (
     format_location,
     path_glob_regex,
 )
+from proxy.secrets.base import SecretConfigError, parse_ref
 
 __all__ = ["MAX_FILE_BYTES", "RulesError", "load_rules"]
 
@@ -52,6 +55,7 @@ _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _METHOD: Final = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
 _INT: Final = re.compile(r"-?(?:0|[1-9](?:_?[0-9])*)")
 _DECIMAL: Final = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _HEX64: Final = re.compile(r"[0-9A-Fa-f]{64}")
 _BARE_IPV6: Final = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
 # For a warning only: the address layer refuses these whatever allow_networks says.
@@ -66,7 +70,8 @@ _STR, _INT_TAG, _FLOAT, _BOOL, _NULL = (f"{_T}{t}" for t in ("str", "int", "floa
 
 _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
 _POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets")
-_RULE_KEYS: Final = ("host", "ports", "methods", "paths")
+_RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http")
+_INJECT_KEYS: Final = ("secret", "as")
 _SANDBOX_KEYS: Final = ("policy", "key_sha256")
 _BUDGET_INTS: Final = {  # field -> minimum
     "burst": 1,
@@ -432,7 +437,62 @@ class _Document:
             items = self._list(entries["paths"][1], paths_field)
             paths = tuple(dict.fromkeys(self._path(item, paths_field) for item in items))
             self._never_if_empty(items, entries["paths"][1], paths_field)
-        return Rule(host, ports, methods, paths, source=str(self._where(node)))
+        inject: tuple[Injection, ...] = ()
+        if "inject" in entries:
+            inject_field = f"{field}.inject"
+            inject = tuple(
+                self._injection(item, f"{inject_field}[{i}]")
+                for i, item in enumerate(self._list(entries["inject"][1], inject_field))
+            )
+        strip: tuple[str, ...] = ()
+        if "strip" in entries:
+            strip_field = f"{field}.strip"
+            strip = tuple(
+                self._header_name(item, strip_field)
+                for item in self._list(entries["strip"][1], strip_field)
+            )
+        plain_http = (
+            self._bool(entries["plain_http"][1], f"{field}.plain_http")
+            if "plain_http" in entries
+            else False
+        )
+        if (inject or strip) and host == ANY_HOST:
+            raise self._error(node, f"{field}.inject", "credentials are never injected for '*'")
+        return Rule(
+            host, ports, methods, paths, source=str(self._where(node)),
+            inject=inject, strip=strip, plain_http=plain_http,
+        )
+
+    def _injection(self, node: Node, field: str) -> Injection:
+        entries = self._mapping(node, field)
+        self._expect_keys(entries, node, field, _INJECT_KEYS, required=_INJECT_KEYS)
+        secret_node = entries["secret"][1]
+        try:
+            ref = parse_ref(self._string(secret_node, f"{field}.secret"))
+        except SecretConfigError as exc:
+            raise self._error(secret_node, f"{field}.secret", str(exc)) from None
+        as_node = entries["as"][1]
+        as_field = f"{field}.as"
+        # `as: bearer` is short for `as: {type: bearer}`; a mapping is the processor's JSON form,
+        # the same one sealed tokens carry (docs/token-format.md).
+        if isinstance(as_node, ScalarNode):
+            spec: dict[str, str] = {"type": self._string(as_node, as_field)}
+        else:
+            spec = {
+                key: self._string(value, f"{as_field}.{key}")
+                for key, (_, value) in self._mapping(as_node, as_field).items()
+            }
+        try:
+            processor = processor_from_object(spec)
+        except InjectionError as exc:
+            raise self._error(as_node, as_field, str(exc)) from None
+        return Injection(ref, processor)
+
+    def _header_name(self, node: Node, field: str) -> str:
+        name = self._string(node, field)
+        if not _HEADER_NAME.fullmatch(name):
+            raise self._error(node, field, f"{_show(name)} is not a header name")
+        return name.lower()
 
     def _never_if_empty(self, items: list[Node], node: Node, field: str) -> None:
         if not items:

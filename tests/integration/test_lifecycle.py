@@ -135,9 +135,15 @@ def test_two_workers_share_the_port(tmp_path: Path, origin_http: Origin, dns: St
             fresh.trust_env = False
             fresh.proxies = session.proxies
             assert fresh.get(f"http://api.test:{origin_http.port}/w", timeout=5).status_code == 200
-        started = {line["pid"] for line in p.audit() if line["event"] == "proxy_started"}
-        assert len(started) == 2
-        assert sum(1 for line in p.audit() if line.get("path") == "/w") == 20
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            started = {line["pid"] for line in p.audit() if line["event"] == "proxy_started"}
+            served = sum(1 for line in p.audit() if line.get("path") == "/w")
+            if len(started) == 2 and served == 20:
+                break
+            time.sleep(0.1)
+        assert len(started) == 2, p.audit_text()
+        assert served == 20
     assert p.process.returncode == 0
 
 

@@ -1,0 +1,97 @@
+"""The proxy side of sealed tokens: open what the sandbox carries, check it, say what to inject.
+
+Stateless by design: everything a token grants is inside it, sealed to the proxy's key, so any
+number of proxies can open it with nothing to share but the private keys. Opening costs an X25519
+operation, so opened tokens are cached by the SHA-256 of the token (never the token itself) until
+their `exp`; the time window, binding and scope are still checked on every use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from issuer.keys import Keyring
+from issuer.token import (
+    Claims,
+    TokenError,
+    TokenMalformed,
+    check_binding,
+    check_scope,
+    check_time,
+    unseal,
+)
+
+HEADER = "proxy-tokenizer"
+_MAX_TOKENS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """What a token is checked against: the request as the guard already decided it."""
+
+    sandbox: str | None
+    policy: str | None
+    host: str
+    port: int
+    method: str
+    path: str
+    proxy_authorization: Sequence[str]
+
+
+class Tokenizer:
+    def __init__(
+        self, keyring: Keyring, *, cache_size: int = 4096, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.keyring = keyring
+        self.cache_size = cache_size
+        self.clock = clock
+        self._opened: OrderedDict[bytes, Claims] = OrderedDict()
+
+    def open(self, token: str) -> Claims:
+        """Decrypt (or recall) a token and check its time window. Raises TokenError."""
+        key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        claims = self._opened.get(key)
+        if claims is None:
+            claims = unseal(token, self.keyring)
+            self._opened[key] = claims
+            if len(self._opened) > self.cache_size:
+                self._evict()
+        else:
+            self._opened.move_to_end(key)
+        try:
+            check_time(claims, now=self.clock())
+        except TokenError:
+            self._opened.pop(key, None)
+            raise
+        return claims
+
+    def _evict(self) -> None:
+        now = self.clock()
+        for key in [k for k, c in self._opened.items() if c.exp <= now]:
+            del self._opened[key]
+        while len(self._opened) > self.cache_size:
+            self._opened.popitem(last=False)
+
+    def authorise(self, header_values: Sequence[str], request: TokenRequest) -> list[Claims]:
+        """Every token in every `Proxy-Tokenizer` value, in order; all must pass."""
+        tokens = [t.strip() for value in header_values for t in value.split(",") if t.strip()]
+        if len(tokens) > _MAX_TOKENS:
+            raise TokenMalformed(f"at most {_MAX_TOKENS} tokens per request")
+        granted = []
+        for token in tokens:
+            claims = self.open(token)
+            # Binding before scope: a caller who is not the bound sandbox learns nothing about
+            # what the token would open.
+            check_binding(
+                claims,
+                sandbox_id=request.sandbox,
+                policy=request.policy,
+                proxy_authorization=request.proxy_authorization,
+            )
+            check_scope(claims, request.host, request.port, request.method, request.path)
+            granted.append(claims)
+        return granted

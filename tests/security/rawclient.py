@@ -1,0 +1,222 @@
+"""Hand-crafted bytes through the proxy, and traps that prove nothing came out the other side.
+
+HTTP client libraries normalise exactly what these tests need to send unnormalised (numeric
+hosts, NUL, CR/LF, userinfo, odd ports), so requests are written byte for byte here. Every
+socket has a deadline; every read is bounded in size.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TIMEOUT",
+    "LoopbackTrap",
+    "NoResponse",
+    "RawResponse",
+    "exchange",
+    "open_tunnel",
+    "proxy_auth",
+    "read_response",
+    "request_bytes",
+    "tls_wrap",
+]
+
+TIMEOUT = 5.0
+_MAX_RESPONSE = 1 << 20
+_HEAD_END = b"\r\n\r\n"
+
+Header = tuple[str | bytes, str | bytes]
+
+
+class NoResponse(ConnectionError):
+    """The peer closed (or went quiet) without sending an HTTP response."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    status: int
+    headers: dict[str, str]  # names lower-cased; a repeated header keeps its last value
+    body: bytes
+
+    def json(self) -> dict[str, Any]:
+        data = json.loads(self.body)
+        assert isinstance(data, dict)
+        return data
+
+    @property
+    def reason(self) -> str | None:
+        """The proxy's reason code: `X-Sealgate-Error`, which must agree with the JSON body."""
+        header = self.headers.get("x-sealgate-error")
+        if header is not None:
+            assert self.json()["reason"] == header, (header, self.body)
+        return header
+
+
+def proxy_auth(sandbox: str, key: str) -> str:
+    return "Basic " + base64.b64encode(f"{sandbox}:{key}".encode()).decode("ascii")
+
+
+def _b(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def request_bytes(
+    method: str | bytes, target: str | bytes, headers: Iterable[Header] = ()
+) -> bytes:
+    """One HTTP/1.1 request head, exactly as given: nothing is validated or escaped."""
+    lines = [_b(method) + b" " + _b(target) + b" HTTP/1.1"]
+    lines += [_b(name) + b": " + _b(value) for name, value in headers]
+    return b"\r\n".join(lines) + _HEAD_END
+
+
+def exchange(port: int, data: bytes, *, timeout: float = TIMEOUT) -> RawResponse:
+    """Send `data` to 127.0.0.1:`port` and read one response until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        # No half-close: mitmproxy drops a client that shuts its write side before the answer.
+        sock.sendall(data)
+        return read_response(sock, timeout=timeout)
+
+
+def read_response(sock: socket.socket, *, timeout: float = TIMEOUT) -> RawResponse:
+    """Read one response: its head, then Content-Length bytes or (without one) until EOF."""
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while _HEAD_END not in buffer:
+        chunk = _recv(sock, deadline, 65536)
+        if not chunk:
+            raise NoResponse(f"connection closed after {len(buffer)} bytes: {buffer[:200]!r}")
+        buffer += chunk
+    head, _, body = buffer.partition(_HEAD_END)
+    return _finish(sock, head, body, deadline, has_body=True)
+
+
+def open_tunnel(
+    port: int, authority: str | bytes, headers: Sequence[Header] = (), *, timeout: float = TIMEOUT
+) -> tuple[socket.socket, RawResponse]:
+    """CONNECT through the proxy; the socket is the caller's to close (the tunnel, if 200)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sock.sendall(request_bytes("CONNECT", authority, [("Host", authority), *headers]))
+        deadline = time.monotonic() + timeout
+        buffer = b""
+        # Byte by byte up to the blank line: whatever follows belongs to the tunnel.
+        while not buffer.endswith(_HEAD_END):
+            byte = _recv(sock, deadline, 1)
+            if not byte or len(buffer) > 65536:
+                raise NoResponse(f"no CONNECT response head: {buffer[:200]!r}")
+            buffer += byte
+        response = _finish(sock, buffer[: -len(_HEAD_END)], b"", deadline, has_body=False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, response
+
+
+def _finish(
+    sock: socket.socket, head: bytes, body: bytes, deadline: float, *, has_body: bool
+) -> RawResponse:
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise NoResponse(f"not an HTTP response: {status_line[:200]!r}")
+    status = int(parts[1])
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    # RFC 9110 9.3.6: a 2xx answer to CONNECT has no body; the tunnel starts right after it.
+    if not has_body and 200 <= status < 300:
+        return RawResponse(status, headers, b"")
+    length = headers.get("content-length")
+    want = int(length) if length is not None and length.isdigit() else None
+    while (want is None or len(body) < want) and len(body) < _MAX_RESPONSE:
+        chunk = _recv(sock, deadline, 65536)
+        if not chunk:
+            break
+        body += chunk
+    return RawResponse(status, headers, body if want is None else body[:want])
+
+
+def _recv(sock: socket.socket, deadline: float, size: int) -> bytes:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise NoResponse("timed out waiting for the response")
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(size)
+    except TimeoutError:
+        raise NoResponse("timed out waiting for the response") from None
+    except (ConnectionResetError, ssl.SSLError):
+        return b""
+
+
+def tls_wrap(sock: socket.socket, sni: str | None, cafile: Path) -> ssl.SSLSocket:
+    """TLS over an open tunnel with a chosen SNI (None: no SNI extension at all)."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    # The SNI is the variable under test; the certificate chain is still verified.
+    context.check_hostname = False
+    return context.wrap_socket(sock, server_hostname=sni)
+
+
+class LoopbackTrap:
+    """Listens on loopback addresses other than 127.0.0.1 and counts every connection.
+
+    Bound on the same ports as origins on 127.0.0.1, it catches a request whose loopback
+    spelling (127.0.0.2, ::1, an embedded or mapped form of them) slipped past the guard: the
+    proof is a connection count of 0.
+    """
+
+    def __init__(self, ports: Sequence[int], hosts: Sequence[str] = ("127.0.0.2", "::1")) -> None:
+        self.connections = 0
+        self._sockets: list[socket.socket] = []
+        try:
+            for host in hosts:
+                for port in ports:
+                    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                    self._sockets.append(sock)
+                    sock.bind((host, port))
+                    sock.listen(16)
+                    sock.setblocking(False)
+        except OSError:
+            self._close()
+            raise
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="LoopbackTrap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for sock in self._sockets:
+                selector.register(sock, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                for key, _ in selector.select(timeout=0.1):
+                    assert isinstance(key.fileobj, socket.socket)
+                    with contextlib.suppress(OSError):
+                        conn, _ = key.fileobj.accept()
+                        conn.close()
+                        self.connections += 1
+
+    def reset(self) -> None:
+        self.connections = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._close()
+
+    def _close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
