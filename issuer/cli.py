@@ -1,4 +1,4 @@
-"""`sealgate keys`, `sealgate mint` and `sealgate token inspect`.
+"""`sealgate keys`, `sealgate mint`, `sealgate token inspect` and `sealgate issuer serve`.
 
 Secrets are read from stdin, a file or an environment variable, never from argv (which any local
 user can read in the process table), and no output of these commands ever contains one.
@@ -7,10 +7,12 @@ user can read in the process table), and no output of these commands ever contai
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
+import ipaddress
 import json
+import logging
 import os
-import re
 import secrets
 import sys
 import time
@@ -19,12 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from issuer import keys
+from issuer import callers, keys
+from issuer import processors as pr
 from issuer import token as tk
 
-_MAX_SECRET_BYTES: Final = tk.MAX_SECRET_LENGTH * 4
-_DURATION: Final = re.compile(r"(?:\d+[smhd])+|\d+")
-_DURATION_PART: Final = re.compile(r"(\d+)([smhd])")
+_MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
 _UNIT_SECONDS: Final[Mapping[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEFAULT_TTL: Final = "15m"
 
@@ -49,11 +50,10 @@ class CliError(Exception):
 
 def parse_duration(text: str) -> int:
     """Seconds in "900", "15m", "1h30m", "2d" (units s, m, h, d)."""
-    if not _DURATION.fullmatch(text):
-        raise CliError(f"{text!r} is not a duration like 900, 15m, 1h30m or 1d")
-    if text.isdigit():
-        return int(text)
-    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+    try:
+        return callers.parse_duration(text)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def format_age(seconds: int) -> str:
@@ -131,7 +131,13 @@ def _timestamp(moment: datetime) -> str:
 def _run(command: str, body: Callable[[], int]) -> int:
     try:
         return body()
-    except (CliError, tk.TokenError, keys.KeyFileError) as exc:
+    except (
+        CliError,
+        tk.TokenError,
+        pr.InjectionError,
+        keys.KeyFileError,
+        callers.CallersFileError,
+    ) as exc:
         sys.stderr.write(f"sealgate {command}: error: {exc}\n")
         return 1
 
@@ -208,7 +214,7 @@ def _keys_list(args: argparse.Namespace) -> int:
 # --- mint -------------------------------------------------------------------------------------
 
 
-def _processor(args: argparse.Namespace) -> tk.Processor:
+def _processor(args: argparse.Namespace) -> pr.Processor:
     kind: str = args.inject
     given = {name for name in _ALL_PROCESSOR_OPTIONS if getattr(args, name) is not None}
     stray = sorted(given - _PROCESSOR_OPTIONS[kind])
@@ -224,22 +230,22 @@ def _processor(args: argparse.Namespace) -> tk.Processor:
 
     match kind:
         case "bearer":
-            return tk.BearerProcessor()
+            return pr.BearerProcessor()
         case "header":
-            return tk.HeaderProcessor(header=need("header_name"), format=args.format or "{secret}")
+            return pr.HeaderProcessor(header=need("header_name"), format=args.format or "{secret}")
         case "basic":
-            return tk.BasicProcessor(username=need("username"))
+            return pr.BasicProcessor(username=need("username"))
         case "query":
-            return tk.QueryProcessor(param=need("param"))
+            return pr.QueryProcessor(param=need("param"))
         case "hmac-sha256":
-            return tk.HmacProcessor(
+            return pr.HmacProcessor(
                 header=need("header_name"),
                 format=args.format or "{signature}",
                 encoding=args.hmac_encoding or "hex",
                 message=args.hmac_message,
             )
         case "placeholder":
-            return tk.PlaceholderProcessor(
+            return pr.PlaceholderProcessor(
                 header=args.header_name or "Authorization", placeholder=need("placeholder")
             )
     raise CliError(f"unknown processor {kind!r}")
@@ -349,6 +355,110 @@ def _inspect_keyring(args: argparse.Namespace) -> keys.Keyring | None:
     return None
 
 
+# --- issuer serve -----------------------------------------------------------------------------
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPv6]:PORT`; port 0 picks a free port."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise CliError(f"--listen {text!r} is not HOST:PORT or [IPv6]:PORT")
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _issuer_serve(args: argparse.Namespace) -> int:
+    def body() -> int:
+        # Imported here: aiohttp is needed by this command only, not by every `sealgate` run.
+        from issuer import service
+        from proxy.audit import AuditLog
+
+        host, port = parse_listen(args.listen)
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise CliError("--tls-cert and --tls-key go together")
+        if args.client_ca is not None and args.tls_cert is None:
+            raise CliError("--client-ca needs --tls-cert and --tls-key")
+        if args.tls_cert is None and not _is_loopback(host) and not args.insecure_plaintext:
+            raise CliError(
+                f"{host} is not a loopback address: serve TLS (--tls-cert/--tls-key), or give "
+                "--insecure-plaintext if a TLS proxy sits in front"
+            )
+        if args.reload_interval < 0:
+            raise CliError("--reload-interval must be 0 (off) or more")
+        context = None
+        if args.tls_cert is not None:
+            try:
+                context = service.tls_context(args.tls_cert, args.tls_key, args.client_ca)
+            except (OSError, ValueError) as exc:
+                raise CliError(f"cannot load the TLS files: {exc}") from None
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        audit = AuditLog(args.audit_log, stdout=args.audit_stdout or args.audit_log is None)
+        try:
+            issuer = service.Issuer(args.keys, args.callers, audit)
+            options = service.ServeOptions(host, port, context, args.reload_interval)
+            asyncio.run(service.serve(issuer, options))
+        except OSError as exc:
+            raise CliError(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
+        finally:
+            audit.close()
+        return 0
+
+    return _run("issuer serve", body)
+
+
+def _add_issuer(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    issuer_parser = sub.add_parser("issuer", help="the token issuer service")
+    issuer_sub = issuer_parser.add_subparsers(
+        dest="issuer_command", metavar="ACTION", required=True
+    )
+    serve = issuer_sub.add_parser(
+        "serve",
+        help="serve POST /v1/tokens, GET /v1/keys and GET /healthz",
+        description="Mint tokens over HTTP for the callers in --callers, sealing to the newest "
+        "public key in --keys. SIGHUP reloads keys and callers. See docs/issuer.md.",
+    )
+    serve.add_argument("--keys", type=Path, required=True, help="directory of <kid>.pub files")
+    serve.add_argument("--callers", type=Path, required=True, help="the callers file (YAML)")
+    serve.add_argument("--listen", default="127.0.0.1:8090", help="HOST:PORT (default %(default)s)")
+    serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
+    serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    serve.add_argument(
+        "--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS callers"
+    )
+    serve.add_argument("--audit-log", type=Path, help="append audit lines to this file")
+    serve.add_argument(
+        "--audit-stdout",
+        action="store_true",
+        help="also write audit lines to stdout (the default when --audit-log is not given)",
+    )
+    serve.add_argument(
+        "--reload-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="poll keys and callers for changes this often; 0 turns polling off "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help="allow plain HTTP on a non-loopback address (only behind a TLS proxy)",
+    )
+    serve.set_defaults(func=_issuer_serve)
+
+
 # --- registration -----------------------------------------------------------------------------
 
 
@@ -443,6 +553,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing.set_defaults(func=_keys_list)
 
     _add_mint(sub)
+    _add_issuer(sub)
 
     token_parser = sub.add_parser("token", help="look at tokens")
     token_sub = token_parser.add_subparsers(dest="token_command", metavar="ACTION", required=True)

@@ -3,6 +3,8 @@
 The issuer seals with this module and the proxy opens, checks and applies with it, so the two
 cannot disagree about a token. The format is written down in docs/token-format.md and pinned by
 tests/vectors/. Order of use at the proxy: `open_token`, `check_binding`, `check_scope`, `apply`.
+The processors and the injection itself are `issuer.processors`, shared with the proxy's broker;
+their errors are translated here into `TokenError`s.
 
 Secrets: `Claims.secret` is left out of reprs, and no error raised here quotes it or chains an
 exception that holds the plaintext. Errors about other fields may quote them, shortened.
@@ -16,15 +18,26 @@ import hmac
 import json
 import re
 import time
-import unicodedata
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import TYPE_CHECKING, ClassVar, Final, Protocol, assert_never
+from typing import TYPE_CHECKING, ClassVar, Final, assert_never
 
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
+
+from issuer.processors import (
+    MutableRequest,
+    Processor,
+    ProcessorInvalid,
+    RequestInapplicable,
+    SecretInvalid,
+    check_secret,
+    inject,
+    processor_from_object,
+    processor_to_object,
+)
 
 if TYPE_CHECKING:
     from issuer.keys import Keyring, PublicKeyEntry
@@ -35,23 +48,13 @@ __all__ = [
     "DEFAULT_PORT",
     "MAX_LIFETIME_SECONDS",
     "MAX_TOKEN_LENGTH",
-    "PROCESSOR_TYPES",
     "TOKEN_PREFIX",
     "AuthDigestBinding",
-    "BasicProcessor",
-    "BearerProcessor",
     "Binding",
     "Claims",
     "Envelope",
-    "HeaderProcessor",
-    "HmacProcessor",
     "HostPattern",
-    "InMemoryRequest",
-    "MutableRequest",
-    "PlaceholderProcessor",
     "PolicyBinding",
-    "Processor",
-    "QueryProcessor",
     "SandboxBinding",
     "TokenBinding",
     "TokenError",
@@ -87,15 +90,11 @@ MAX_LIFETIME_SECONDS: Final = 24 * 3600
 DEFAULT_PORT: Final = 443
 # crypto_box_seal adds an ephemeral X25519 public key (32) and a Poly1305 tag (16).
 SEAL_OVERHEAD: Final = 48
-MAX_SECRET_LENGTH: Final = 4096
 REDACTED: Final = "[redacted]"
 
 _KID: Final = re.compile(r"[0-9a-f]{16}")
 _B64URL: Final = re.compile(r"[A-Za-z0-9_-]+")
-_TCHAR: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 _VISIBLE: Final = re.compile(r"[\x21-\x7e]+")
-_PRINTABLE: Final = re.compile(r"[\x20-\x7e]+")
-_QUERY_NAME: Final = re.compile(r"[A-Za-z0-9._~\[\]-]{1,128}")
 _METHOD: Final = re.compile(r"[A-Z]{1,20}")
 _JTI: Final = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 _HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
@@ -104,22 +103,6 @@ _NUMERIC_LABEL: Final = re.compile(r"[0-9]+|0x[0-9a-f]*")
 _PORT: Final = re.compile(r"[1-9][0-9]{0,4}")
 _MAX_INT: Final = 2**53
 _MAX_LIST: Final = 32
-# Headers the proxy itself owns or that frame the message: a token must not be able to set them.
-_FORBIDDEN_HEADERS: Final = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "upgrade",
-        "te",
-        "trailer",
-        "expect",
-    }
-)
-_FORBIDDEN_HEADER_PREFIXES: Final = ("proxy-", "sealgate-", "x-sealgate-")
-_DISALLOWED_CATEGORIES: Final = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -217,156 +200,6 @@ def load_json_object(text: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise ValueError("top level must be a JSON object")
     return value
-
-
-# --- text rules -------------------------------------------------------------------------------
-
-
-def _check_header_name(name: str, what: str) -> None:
-    if not _TCHAR.fullmatch(name):
-        raise TokenMalformed(f"{what} must be an HTTP header name of 1-64 token characters")
-    lowered = name.lower()
-    if lowered in _FORBIDDEN_HEADERS or lowered.startswith(_FORBIDDEN_HEADER_PREFIXES):
-        raise TokenMalformed(f"{what} {_show(name)} is a header a token may not set")
-
-
-def _check_printable(value: str, what: str, max_length: int) -> None:
-    if not _PRINTABLE.fullmatch(value) or len(value) > max_length or value != value.strip(" "):
-        raise TokenMalformed(
-            f"{what} must be 1-{max_length} printable ASCII characters, "
-            "not starting or ending with a space"
-        )
-
-
-def _check_format(value: str, slot: str, what: str) -> None:
-    _check_printable(value, what, 256)
-    if value.count(slot) != 1:
-        raise TokenMalformed(f"{what} must contain {slot} exactly once")
-
-
-def _check_unicode(value: str, what: str, max_length: int, *, allow_empty: bool = False) -> None:
-    if (not value and not allow_empty) or len(value) > max_length:
-        raise TokenMalformed(f"{what} must be 1-{max_length} characters")
-    # Printable ASCII is the common case and needs no per-character lookup.
-    if not (value.isascii() and value.isprintable()) and any(
-        unicodedata.category(char) in _DISALLOWED_CATEGORIES for char in value
-    ):
-        raise TokenMalformed(f"{what} contains a control or surrogate character")
-
-
-# --- processors (data; behaviour lives in `apply`) --------------------------------------------
-
-
-@dataclass(frozen=True)
-class BearerProcessor:
-    """Sets `Authorization: Bearer <secret>`."""
-
-    kind: ClassVar[str] = "bearer"
-    # The secret goes verbatim into a header value.
-    header_secret: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class HeaderProcessor:
-    """Sets `<header>: <format with {secret} replaced>`."""
-
-    kind: ClassVar[str] = "header"
-    header_secret: ClassVar[bool] = True
-    header: str
-    format: str
-
-    def __post_init__(self) -> None:
-        _check_header_name(self.header, "header processor: header")
-        _check_format(self.format, "{secret}", "header processor: format")
-
-
-@dataclass(frozen=True)
-class BasicProcessor:
-    """Sets `Authorization: Basic base64(<username>:<secret>)` (UTF-8)."""
-
-    kind: ClassVar[str] = "basic"
-    header_secret: ClassVar[bool] = False
-    username: str
-
-    def __post_init__(self) -> None:
-        _check_unicode(self.username, "basic processor: username", 256, allow_empty=True)
-        if ":" in self.username:
-            raise TokenMalformed("basic processor: username must not contain ':'")
-
-
-@dataclass(frozen=True)
-class QueryProcessor:
-    """Sets query parameter `<param>=<secret>`, replacing any the request had."""
-
-    kind: ClassVar[str] = "query"
-    header_secret: ClassVar[bool] = False
-    param: str
-
-    def __post_init__(self) -> None:
-        if not _QUERY_NAME.fullmatch(self.param):
-            raise TokenMalformed(
-                "query processor: param must be 1-128 characters from A-Z a-z 0-9 . _ ~ - [ ]"
-            )
-
-
-@dataclass(frozen=True)
-class HmacProcessor:
-    """Sets `<header>: <format with {signature} replaced>`, the signature being
-    HMAC-SHA256(key=secret, msg=the exact body, or `message` if given), hex or base64."""
-
-    kind: ClassVar[str] = "hmac-sha256"
-    header_secret: ClassVar[bool] = False
-    header: str
-    format: str
-    encoding: str
-    message: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_header_name(self.header, "hmac-sha256 processor: header")
-        _check_format(self.format, "{signature}", "hmac-sha256 processor: format")
-        if self.encoding not in ("hex", "base64"):
-            raise TokenMalformed("hmac-sha256 processor: encoding must be 'hex' or 'base64'")
-        if self.message is not None:
-            _check_unicode(self.message, "hmac-sha256 processor: message", 4096)
-
-
-@dataclass(frozen=True)
-class PlaceholderProcessor:
-    """In every value of `<header>`, replaces `placeholder` with the secret. The request must
-    carry the placeholder there (TokenInapplicable otherwise)."""
-
-    kind: ClassVar[str] = "placeholder"
-    header_secret: ClassVar[bool] = True
-    header: str
-    placeholder: str
-
-    def __post_init__(self) -> None:
-        _check_header_name(self.header, "placeholder processor: header")
-        if not _VISIBLE.fullmatch(self.placeholder) or not 8 <= len(self.placeholder) <= 256:
-            raise TokenMalformed(
-                "placeholder processor: placeholder must be 8-256 visible ASCII characters"
-            )
-
-
-Processor = (
-    BearerProcessor
-    | HeaderProcessor
-    | BasicProcessor
-    | QueryProcessor
-    | HmacProcessor
-    | PlaceholderProcessor
-)
-PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {
-    cls.kind: cls
-    for cls in (
-        BearerProcessor,
-        HeaderProcessor,
-        BasicProcessor,
-        QueryProcessor,
-        HmacProcessor,
-        PlaceholderProcessor,
-    )
-}
 
 
 # --- bindings ---------------------------------------------------------------------------------
@@ -552,14 +385,10 @@ class Claims:
             raise TokenMalformed("jti must be 1-128 characters from A-Z a-z 0-9 . _ ~ : -")
 
     def _check_secret(self) -> None:
-        if self.processor.header_secret:
-            if not _VISIBLE.fullmatch(self.secret) or len(self.secret) > MAX_SECRET_LENGTH:
-                raise TokenMalformed(
-                    f"secret for a {self.processor.kind} processor must be "
-                    f"1-{MAX_SECRET_LENGTH} visible ASCII characters"
-                )
-        else:
-            _check_unicode(self.secret, "secret", MAX_SECRET_LENGTH)
+        try:
+            check_secret(self.processor, self.secret)
+        except SecretInvalid as exc:
+            raise TokenMalformed(str(exc)) from None
 
     def _check_times(self) -> None:
         for name, value in (("exp", self.exp), ("iat", self.iat), ("nbf", self.nbf)):
@@ -642,27 +471,10 @@ def _object(value: object, what: str) -> dict[str, object]:
 
 
 def _processor_from_json(value: object) -> Processor:
-    obj = _object(value, "processor")
-    kind = _string(obj.get("type"), "processor type")
-    cls = PROCESSOR_TYPES.get(kind)
-    if cls is None:
-        raise TokenMalformed(f"unknown processor type {_show(kind)}")
-    spec = {f.name: f for f in fields(cls)}
-    required = frozenset({"type"} | {n for n, f in spec.items() if f.default is MISSING})
-    _only_fields(obj, frozenset({"type", *spec}), required, f"{kind} processor")
-    arguments = {
-        name: _string(obj[name], f"{kind} processor: {name}") for name in spec if name in obj
-    }
-    return cls(**arguments)
-
-
-def _processor_to_json(processor: Processor) -> dict[str, object]:
-    obj: dict[str, object] = {"type": processor.kind}
-    for spec in fields(processor):
-        value = getattr(processor, spec.name)
-        if value is not None:
-            obj[spec.name] = value
-    return obj
+    try:
+        return processor_from_object(value)
+    except ProcessorInvalid as exc:
+        raise TokenMalformed(str(exc)) from None
 
 
 def _binding_from_json(value: object) -> Binding:
@@ -712,7 +524,7 @@ def _claims_to_object(claims: Claims, secret: str) -> dict[str, object]:
         "version": claims.version,
         "kid": claims.kid,
         "secret": secret,
-        "processor": _processor_to_json(claims.processor),
+        "processor": processor_to_object(claims.processor),
         "hosts": [str(pattern) for pattern in claims.hosts],
     }
     if claims.methods is not None:
@@ -938,81 +750,9 @@ def check_binding(
             assert_never(binding)
 
 
-class MutableRequest(Protocol):
-    """The part of an HTTP request `apply` touches. Header names are case-insensitive; query
-    names and values are decoded text (the implementation percent-encodes); the body is the
-    exact bytes that will be forwarded."""
-
-    def get_header_values(self, name: str) -> list[str]: ...
-
-    def set_header_values(self, name: str, values: Sequence[str]) -> None:
-        """Replace every value of `name` with `values` (an empty sequence removes the header)."""
-
-    def set_query_values(self, name: str, values: Sequence[str]) -> None:
-        """Replace every occurrence of query parameter `name` with `values`."""
-
-    def get_body(self) -> bytes: ...
-
-
-@dataclass
-class InMemoryRequest:
-    """A plain `MutableRequest`, the reference for tests and vectors. Not for logging: after
-    `apply` it holds the secret, so headers and query are kept out of repr."""
-
-    headers: list[tuple[str, str]] = field(default_factory=list, repr=False)
-    query: list[tuple[str, str]] = field(default_factory=list, repr=False)
-    body: bytes = field(default=b"", repr=False)
-
-    def get_header_values(self, name: str) -> list[str]:
-        wanted = name.lower()
-        return [value for key, value in self.headers if key.lower() == wanted]
-
-    def set_header_values(self, name: str, values: Sequence[str]) -> None:
-        wanted = name.lower()
-        self.headers = [(k, v) for k, v in self.headers if k.lower() != wanted]
-        self.headers.extend((name, value) for value in values)
-
-    def set_query_values(self, name: str, values: Sequence[str]) -> None:
-        self.query = [(k, v) for k, v in self.query if k != name]
-        self.query.extend((name, value) for value in values)
-
-    def get_body(self) -> bytes:
-        return self.body
-
-
-def _signature(key: str, message: bytes, encoding: str) -> str:
-    digest = hmac.new(key.encode("utf-8"), message, hashlib.sha256).digest()
-    return digest.hex() if encoding == "hex" else base64.b64encode(digest).decode("ascii")
-
-
 def apply(claims: Claims, request: MutableRequest) -> None:
-    """Inject the secret into `request` as the token's processor says."""
-    secret = claims.secret
-    processor = claims.processor
-    match processor:
-        case BearerProcessor():
-            request.set_header_values("Authorization", [f"Bearer {secret}"])
-        case HeaderProcessor(header=header, format=fmt):
-            request.set_header_values(header, [fmt.replace("{secret}", secret)])
-        case BasicProcessor(username=username):
-            pair = f"{username}:{secret}".encode()
-            request.set_header_values(
-                "Authorization", [f"Basic {base64.b64encode(pair).decode('ascii')}"]
-            )
-        case QueryProcessor(param=param):
-            request.set_query_values(param, [secret])
-        case HmacProcessor(header=header, format=fmt, encoding=encoding, message=message):
-            signed = request.get_body() if message is None else message.encode("utf-8")
-            value = fmt.replace("{signature}", _signature(secret, signed, encoding))
-            request.set_header_values(header, [value])
-        case PlaceholderProcessor(header=header, placeholder=placeholder):
-            values = request.get_header_values(header)
-            if not any(placeholder in value for value in values):
-                raise TokenInapplicable(
-                    f"request has no {header} header containing the token's placeholder"
-                )
-            request.set_header_values(
-                header, [value.replace(placeholder, secret) for value in values]
-            )
-        case _:
-            assert_never(processor)
+    """Inject the secret into `request` as the token's processor says. Raises TokenInapplicable."""
+    try:
+        inject(claims.processor, claims.secret, request)
+    except RequestInapplicable as exc:
+        raise TokenInapplicable(str(exc)) from None

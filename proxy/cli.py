@@ -41,6 +41,11 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
     p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
                    help="CA bundle to verify upstream servers with (default: certifi)")
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
+    p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
+                   help="directory of private token keys (<kid>.key); unset: tokens refused")
+    p.add_argument("--secret-store", action="append", default=[], metavar="URL",
+                   help="secret store for brokered credentials, repeatable: file:PATH, env:, "
+                        "vault:https://HOST:8200?auth=… (default file:<state>/secrets.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                    help="set a mitmproxy option (repeatable)")
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
@@ -68,12 +73,9 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     from proxy.master import ProxyConfig
 
-    extra: dict[str, Any] = {}
     for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
+        if "=" not in item:
             raise SystemExit(f"sealgate: --set needs OPTION=VALUE, got {item!r}")
-        extra[key] = value
     return ProxyConfig(
         listen=_parse_hostport(args.listen),
         transparent=_parse_hostport(args.transparent) if args.transparent else None,
@@ -83,7 +85,9 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         workers=max(1, args.workers),
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         audit_stdout=args.audit_stdout,
-        extra=extra,
+        token_keys=Path(args.token_keys) if args.token_keys else None,
+        secret_stores=tuple(args.secret_store),
+        extra=tuple(args.set),
     )
 
 

@@ -33,9 +33,19 @@ _STATUS: Final[Mapping[str, int]] = {
     "path_invalid": 400,
     "scheme_invalid": 400,
     "bad_request": 400,
+    # Sealed tokens and injection (issuer.token, issuer.processors).
+    "token_malformed": 400,
+    "token_invalid": 400,
+    "token_inapplicable": 400,
+    "request_inapplicable": 400,
+    "secret_invalid": 400,
+    "processor_invalid": 400,
+    "token_expired": 401,
+    "length_required": 411,
     # 407: identity.
     "identity_required": 407,
     "identity_invalid": 407,
+    "token_binding": 407,
     # 413/429: budgets.
     "request_too_large": 413,
     "budget_exceeded": 429,
@@ -47,6 +57,7 @@ _STATUS: Final[Mapping[str, int]] = {
     "connect_failed": 502,
     "connect_timeout": 504,
     "audit_unavailable": 503,
+    "secret_unavailable": 503,
     "rules_unavailable": 503,
 }
 

@@ -17,7 +17,7 @@ import functools
 import logging
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,9 @@ class ProxyConfig:
     workers: int = 1
     upstream_ca: Path | None = None
     audit_stdout: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    token_keys: Path | None = None
+    secret_stores: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # OPTION=VALUE, parsed by mitmproxy as its --set does
 
     @property
     def confdir(self) -> Path:
@@ -114,11 +116,14 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
         "sealgate_resolver": config.resolver,
         "sealgate_workers": config.workers,
         "sealgate_audit_stdout": config.audit_stdout,
+        "sealgate_token_keys": str(config.token_keys) if config.token_keys else None,
+        "sealgate_secret_stores": list(config.secret_stores),
     }
     if config.upstream_ca is not None:
         settings["ssl_verify_upstream_trusted_ca"] = str(config.upstream_ca)
-    settings.update(config.extra)
     opts.update(**settings)
+    if config.extra:
+        opts.set(*config.extra)
     return m
 
 

@@ -141,14 +141,31 @@ class Sealgate:
             "Secret store URLs for brokered credentials (file:PATH, env:, vault:https://…); "
             "default file:<state>/secrets.yaml.",
         )
+        loader.add_option(
+            "sealgate_secret_ttl", int, 300, "Seconds a fetched secret is reused."
+        )
+        loader.add_option(
+            "sealgate_secret_grace",
+            int,
+            30,
+            "Seconds a cached secret may still be used while its store is unreachable; "
+            "past it requests fail closed with 503 secret_unavailable.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if {"sealgate_secret_stores", "sealgate_state"} & updated:
+        if {"sealgate_secret_stores", "sealgate_state", "sealgate_secret_ttl",
+                "sealgate_secret_grace"} & updated:
             default_store = f"file:{Path(opts.sealgate_state) / 'secrets.yaml'}"
             urls = opts.sealgate_secret_stores or [default_store]
             try:
-                self.broker = Broker(SecretBroker([open_store(url) for url in urls]))
+                stores = [open_store(url) for url in urls]
+                self.broker = Broker(
+                    SecretBroker(
+                        stores, ttl=opts.sealgate_secret_ttl,
+                        stale_grace=opts.sealgate_secret_grace,
+                    )
+                )
             except SecretError as exc:
                 raise exceptions.OptionsError(f"sealgate: secret stores: {exc}") from exc
         if "sealgate_token_keys" in updated:

@@ -4,7 +4,8 @@ sandbox (debug endpoints, error pages and request-echo services all do).
 The needles are the secret itself and every header value the injection produced (a Basic
 credential's base64 form, say). Requests that carry an injected credential ask the upstream for
 an identity encoding, so the body can be scrubbed byte for byte: whole when it was buffered, and
-chunk by chunk, with a carry-over of one needle's length, when it streams.
+chunk by chunk, with a carry-over of one needle's length, when it streams. The mask has the
+needle's length, so the response keeps its framing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 REDACTED = b"[REDACTED]"
+
+
+def _mask(needle: bytes) -> bytes:
+    # As long as what it replaces: Content-Length and offsets stay true, so scrubbing never
+    # has to re-frame a response.
+    return (REDACTED * (len(needle) // len(REDACTED) + 1))[: len(needle)]
 
 
 class Scrubber:
@@ -32,7 +39,7 @@ class Scrubber:
         for needle in self.needles:
             if needle in data:
                 self.hits += data.count(needle)
-                data = data.replace(needle, REDACTED)
+                data = data.replace(needle, _mask(needle))
         return data
 
     def stream(self) -> Callable[[bytes], bytes]:

@@ -123,6 +123,7 @@ class Origin:
     bytes_received: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)
     response_body: bytes = b"hello from origin\n"
+    echo: bool = False  # answer with the request's headers and target, like a debug endpoint
 
     def __post_init__(self) -> None:
         origin = self
@@ -145,6 +146,10 @@ class Origin:
                     )
                     origin.bytes_received += len(body)
                 payload = origin.response_body
+                if origin.echo:
+                    payload = json.dumps(
+                        {"path": self.path, "headers": dict(self.headers.items())}
+                    ).encode()
                 self.send_response(200)
                 for k, v in origin.response_headers.items():
                     self.send_header(k, v)

@@ -24,6 +24,7 @@ from unittest.mock import patch
 import pytest
 
 from issuer import cli, keys
+from issuer import processors as pr
 from issuer import token as tk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +184,7 @@ def test_mint_each_processor(
     claims = _open(token, key_dir)
     assert claims.secret == CANARY
     assert claims.processor.kind == kind
-    request = tk.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
+    request = pr.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
     tk.apply(claims, request)
     assert callable(check) and check(request)
 

@@ -17,6 +17,7 @@ import pytest
 from nacl.public import PrivateKey, SealedBox
 
 from issuer import keys
+from issuer import processors as pr
 from issuer import token as tk
 from tests.vectors import generate as vectors
 
@@ -31,7 +32,7 @@ def make_claims(**overrides: Any) -> tk.Claims:
     fields: dict[str, Any] = {
         "kid": KEY_A.kid,
         "secret": CANARY,
-        "processor": tk.BearerProcessor(),
+        "processor": pr.BearerProcessor(),
         "hosts": (tk.HostPattern.parse("api.example.com"),),
         "exp": NOW + 900,
         "iat": NOW - 60,
@@ -62,14 +63,14 @@ def claims_json(**overrides: Any) -> dict[str, Any]:
     return obj
 
 
-def request(**headers: str) -> tk.InMemoryRequest:
-    return tk.InMemoryRequest(headers=list(headers.items()))
+def request(**headers: str) -> pr.InMemoryRequest:
+    return pr.InMemoryRequest(headers=list(headers.items()))
 
 
 # --- round trips through apply ----------------------------------------------------------------
 
 
-def _roundtrip(processor: tk.Processor, target: tk.InMemoryRequest, secret: str = CANARY) -> None:
+def _roundtrip(processor: pr.Processor, target: pr.InMemoryRequest, secret: str = CANARY) -> None:
     claims = make_claims(processor=processor, secret=secret)
     opened = tk.open_token(mint(claims), KEYRING, now=NOW)
     assert opened == claims
@@ -78,34 +79,34 @@ def _roundtrip(processor: tk.Processor, target: tk.InMemoryRequest, secret: str 
 
 def test_bearer_replaces_authorization() -> None:
     target = request(authorization="Bearer dummy", Accept="*/*")
-    _roundtrip(tk.BearerProcessor(), target)
+    _roundtrip(pr.BearerProcessor(), target)
     assert target.get_header_values("Authorization") == [f"Bearer {CANARY}"]
     assert target.get_header_values("accept") == ["*/*"]
 
 
 def test_header_processor_formats_value() -> None:
     target = request()
-    _roundtrip(tk.HeaderProcessor(header="X-Api-Key", format="key={secret};"), target)
+    _roundtrip(pr.HeaderProcessor(header="X-Api-Key", format="key={secret};"), target)
     assert target.headers == [("X-Api-Key", f"key={CANARY};")]
 
 
 def test_basic_processor() -> None:
     target = request()
-    _roundtrip(tk.BasicProcessor(username="api"), target)
+    _roundtrip(pr.BasicProcessor(username="api"), target)
     expected = base64.b64encode(f"api:{CANARY}".encode()).decode()
     assert target.get_header_values("authorization") == [f"Basic {expected}"]
 
 
 def test_query_processor_replaces_every_occurrence() -> None:
-    target = tk.InMemoryRequest(query=[("key", "a"), ("q", "1"), ("key", "b")])
-    _roundtrip(tk.QueryProcessor(param="key"), target, secret="välue with space")
+    target = pr.InMemoryRequest(query=[("key", "a"), ("q", "1"), ("key", "b")])
+    _roundtrip(pr.QueryProcessor(param="key"), target, secret="välue with space")
     assert target.query == [("q", "1"), ("key", "välue with space")]
 
 
 def test_hmac_over_body_leaves_body_unchanged() -> None:
     body = b'{"amount": 100}\r\n'
-    target = tk.InMemoryRequest(body=body)
-    processor = tk.HmacProcessor(header="X-Sig", format="v1={signature}", encoding="hex")
+    target = pr.InMemoryRequest(body=body)
+    processor = pr.HmacProcessor(header="X-Sig", format="v1={signature}", encoding="hex")
     _roundtrip(processor, target)
     expected = hmac.new(CANARY.encode(), body, hashlib.sha256).hexdigest()
     assert target.get_header_values("x-sig") == [f"v1={expected}"]
@@ -113,8 +114,8 @@ def test_hmac_over_body_leaves_body_unchanged() -> None:
 
 
 def test_hmac_over_message_base64() -> None:
-    target = tk.InMemoryRequest(body=b"ignored")
-    processor = tk.HmacProcessor(
+    target = pr.InMemoryRequest(body=b"ignored")
+    processor = pr.HmacProcessor(
         header="Authorization", format="HMAC {signature}", encoding="base64", message="GET /"
     )
     _roundtrip(processor, target)
@@ -128,7 +129,7 @@ def test_placeholder_replaced_in_every_value() -> None:
     target = request(Authorization="Bearer sg-placeholder")
     target.headers.append(("authorization", "x sg-placeholder sg-placeholder"))
     _roundtrip(
-        tk.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder"), target
+        pr.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder"), target
     )
     assert target.get_header_values("authorization") == [
         f"Bearer {CANARY}",
@@ -138,13 +139,52 @@ def test_placeholder_replaced_in_every_value() -> None:
 
 def test_placeholder_missing_is_inapplicable() -> None:
     claims = make_claims(
-        processor=tk.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder")
+        processor=pr.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder")
     )
     target = request(Authorization="Bearer something-else")
     with pytest.raises(tk.TokenInapplicable) as info:
         tk.apply(claims, target)
     assert info.value.reason == "token_inapplicable" and info.value.status == 400
     assert target.get_header_values("authorization") == ["Bearer something-else"]
+
+
+def test_inject_refuses_a_secret_that_could_split_a_header() -> None:
+    # The broker calls `inject` with secrets no Claims ever checked.
+    target = request(Authorization="x")
+    with pytest.raises(pr.SecretInvalid) as info:
+        pr.inject(pr.BearerProcessor(), f"{CANARY}\r\nX-Evil: 1", target)
+    assert CANARY not in str(info.value) and info.value.reason == "secret_invalid"
+    assert target.get_header_values("authorization") == ["x"]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [],
+        {"type": 1},
+        {"type": "nope"},
+        {"type": "query"},
+        {"type": "query", "param": 5},
+        {"type": "bearer", "extra": "x"},
+        {"type": "header", "header": "Host", "format": "{secret}"},
+    ],
+)
+def test_processor_from_object_refuses(obj: object) -> None:
+    with pytest.raises(pr.ProcessorInvalid) as info:
+        pr.processor_from_object(obj)
+    assert info.value.reason == "processor_invalid" and not isinstance(info.value, tk.TokenError)
+
+
+def test_processor_object_round_trips() -> None:
+    processor = pr.HmacProcessor(header="X-Sig", format="{signature}", encoding="hex")
+    obj = pr.processor_to_object(processor)
+    assert obj == {
+        "type": "hmac-sha256",
+        "header": "X-Sig",
+        "format": "{signature}",
+        "encoding": "hex",
+    }
+    assert pr.processor_from_object(obj) == processor
 
 
 def test_every_claim_round_trips() -> None:
@@ -632,7 +672,7 @@ def test_vectors_cover_every_reason_and_processor() -> None:
         "token_inapplicable",
     }
     kinds = {json.loads(v["plaintext"])["processor"]["type"] for v in VECTORS["valid"]}
-    assert kinds == set(tk.PROCESSOR_TYPES)
+    assert kinds == set(pr.PROCESSOR_TYPES)
 
 
 # --- key files --------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import nacl.encoding
 import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
+from issuer import processors as pr
 from issuer import token as tk
 from issuer.keys import Keyring, PrivateKeyEntry
 
@@ -165,7 +166,7 @@ def evaluate(
         tk.check_scope(claims, host, port, method, path)
         body = request["body"]
         assert isinstance(body, str)
-        target = tk.InMemoryRequest(
+        target = pr.InMemoryRequest(
             headers=_pairs(request["headers"]), query=_pairs(request["query"]), body=body.encode()
         )
         tk.apply(claims, target)

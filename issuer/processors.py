@@ -1,0 +1,392 @@
+"""Injection processors: how a secret is put into an HTTP request, and `inject`, which does it.
+
+Two paths inject secrets and both come here, so the injection logic exists once: the token path
+(`issuer.token.apply`, with the processor and secret sealed in a token) and the proxy's broker
+(processors built from rules, secrets from a secret store). The processors' JSON form is the
+`processor` object of docs/token-format.md §4; rules use the same shape.
+
+This module knows nothing of tokens: its errors are `InjectionError`s, which `issuer.token`
+translates into its own `TokenError`s. No error raised here quotes or chains the secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import ClassVar, Final, Protocol, assert_never
+
+__all__ = [
+    "MAX_SECRET_LENGTH",
+    "PROCESSOR_TYPES",
+    "BasicProcessor",
+    "BearerProcessor",
+    "HeaderProcessor",
+    "HmacProcessor",
+    "InMemoryRequest",
+    "InjectionError",
+    "MutableRequest",
+    "PlaceholderProcessor",
+    "Processor",
+    "ProcessorInvalid",
+    "QueryProcessor",
+    "RequestInapplicable",
+    "SecretInvalid",
+    "check_secret",
+    "inject",
+    "processor_from_object",
+    "processor_to_object",
+]
+
+MAX_SECRET_LENGTH: Final = 4096
+
+_TCHAR: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+_VISIBLE: Final = re.compile(r"[\x21-\x7e]+")
+_PRINTABLE: Final = re.compile(r"[\x20-\x7e]+")
+_QUERY_NAME: Final = re.compile(r"[A-Za-z0-9._~\[\]-]{1,128}")
+# Headers the proxy itself owns or that frame the message: a processor must not be able to set
+# them.
+_FORBIDDEN_HEADERS: Final = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "expect",
+    }
+)
+_FORBIDDEN_HEADER_PREFIXES: Final = ("proxy-", "sealgate-", "x-sealgate-")
+_DISALLOWED_CATEGORIES: Final = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class InjectionError(Exception):
+    """Why a secret cannot be injected. `reason` is the machine code, `status` the HTTP status to
+    answer when the processor or request came from the client."""
+
+    reason: ClassVar[str] = "injection_error"
+    status: ClassVar[int] = 400
+
+
+class ProcessorInvalid(InjectionError):
+    """A processor's settings break its rules: unknown type or field, a header a processor may
+    not set, a format without its slot, and so on."""
+
+    reason = "processor_invalid"
+
+
+class SecretInvalid(InjectionError):
+    """The processor cannot carry this secret (empty, too long, or characters that could end or
+    split a header). The message never quotes the secret."""
+
+    reason = "secret_invalid"
+
+
+class RequestInapplicable(InjectionError):
+    """The request lacks what the processor needs (the placeholder it replaces)."""
+
+    reason = "request_inapplicable"
+
+
+# --- text rules -------------------------------------------------------------------------------
+
+
+def _check_header_name(name: str, what: str) -> None:
+    if not _TCHAR.fullmatch(name):
+        raise ProcessorInvalid(f"{what} must be an HTTP header name of 1-64 token characters")
+    lowered = name.lower()
+    if lowered in _FORBIDDEN_HEADERS or lowered.startswith(_FORBIDDEN_HEADER_PREFIXES):
+        # Safe to quote: it matched the 64 token characters above.
+        raise ProcessorInvalid(f"{what} {name!r} is a header a processor may not set")
+
+
+def _check_format(value: str, slot: str, what: str) -> None:
+    if not _PRINTABLE.fullmatch(value) or len(value) > 256 or value != value.strip(" "):
+        raise ProcessorInvalid(
+            f"{what} must be 1-256 printable ASCII characters, not starting or ending with a space"
+        )
+    if value.count(slot) != 1:
+        raise ProcessorInvalid(f"{what} must contain {slot} exactly once")
+
+
+def _unicode_problem(value: str, max_length: int, *, allow_empty: bool = False) -> str | None:
+    """What is wrong with `value` as free text, or None."""
+    if (not value and not allow_empty) or len(value) > max_length:
+        return f"must be {0 if allow_empty else 1}-{max_length} characters"
+    # Printable ASCII is the common case and needs no per-character lookup.
+    if not (value.isascii() and value.isprintable()) and any(
+        unicodedata.category(char) in _DISALLOWED_CATEGORIES for char in value
+    ):
+        return "contains a control or surrogate character"
+    return None
+
+
+# --- processors (data; behaviour lives in `inject`) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class BearerProcessor:
+    """Sets `Authorization: Bearer <secret>`."""
+
+    kind: ClassVar[str] = "bearer"
+    # The secret goes verbatim into a header value.
+    header_secret: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class HeaderProcessor:
+    """Sets `<header>: <format with {secret} replaced>`."""
+
+    kind: ClassVar[str] = "header"
+    header_secret: ClassVar[bool] = True
+    header: str
+    format: str
+
+    def __post_init__(self) -> None:
+        _check_header_name(self.header, "header processor: header")
+        _check_format(self.format, "{secret}", "header processor: format")
+
+
+@dataclass(frozen=True)
+class BasicProcessor:
+    """Sets `Authorization: Basic base64(<username>:<secret>)` (UTF-8)."""
+
+    kind: ClassVar[str] = "basic"
+    header_secret: ClassVar[bool] = False
+    username: str
+
+    def __post_init__(self) -> None:
+        problem = _unicode_problem(self.username, 256, allow_empty=True)
+        if problem:
+            raise ProcessorInvalid(f"basic processor: username {problem}")
+        if ":" in self.username:
+            raise ProcessorInvalid("basic processor: username must not contain ':'")
+
+
+@dataclass(frozen=True)
+class QueryProcessor:
+    """Sets query parameter `<param>=<secret>`, replacing any the request had."""
+
+    kind: ClassVar[str] = "query"
+    header_secret: ClassVar[bool] = False
+    param: str
+
+    def __post_init__(self) -> None:
+        if not _QUERY_NAME.fullmatch(self.param):
+            raise ProcessorInvalid(
+                "query processor: param must be 1-128 characters from A-Z a-z 0-9 . _ ~ - [ ]"
+            )
+
+
+@dataclass(frozen=True)
+class HmacProcessor:
+    """Sets `<header>: <format with {signature} replaced>`, the signature being
+    HMAC-SHA256(key=secret, msg=the exact body, or `message` if given), hex or base64."""
+
+    kind: ClassVar[str] = "hmac-sha256"
+    header_secret: ClassVar[bool] = False
+    header: str
+    format: str
+    encoding: str
+    message: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_header_name(self.header, "hmac-sha256 processor: header")
+        _check_format(self.format, "{signature}", "hmac-sha256 processor: format")
+        if self.encoding not in ("hex", "base64"):
+            raise ProcessorInvalid("hmac-sha256 processor: encoding must be 'hex' or 'base64'")
+        if self.message is not None:
+            problem = _unicode_problem(self.message, 4096)
+            if problem:
+                raise ProcessorInvalid(f"hmac-sha256 processor: message {problem}")
+
+
+@dataclass(frozen=True)
+class PlaceholderProcessor:
+    """In every value of `<header>`, replaces `placeholder` with the secret. The request must
+    carry the placeholder there (RequestInapplicable otherwise)."""
+
+    kind: ClassVar[str] = "placeholder"
+    header_secret: ClassVar[bool] = True
+    header: str
+    placeholder: str
+
+    def __post_init__(self) -> None:
+        _check_header_name(self.header, "placeholder processor: header")
+        if not _VISIBLE.fullmatch(self.placeholder) or not 8 <= len(self.placeholder) <= 256:
+            raise ProcessorInvalid(
+                "placeholder processor: placeholder must be 8-256 visible ASCII characters"
+            )
+
+
+Processor = (
+    BearerProcessor
+    | HeaderProcessor
+    | BasicProcessor
+    | QueryProcessor
+    | HmacProcessor
+    | PlaceholderProcessor
+)
+PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {
+    cls.kind: cls
+    for cls in (
+        BearerProcessor,
+        HeaderProcessor,
+        BasicProcessor,
+        QueryProcessor,
+        HmacProcessor,
+        PlaceholderProcessor,
+    )
+}
+
+
+# --- JSON form --------------------------------------------------------------------------------
+
+
+def processor_from_object(value: object) -> Processor:
+    """Build a processor from its JSON form, e.g. `{"type": "header", "header": "X-Api-Key",
+    "format": "{secret}"}`. Unknown types, unknown or missing fields, non-string values and
+    settings the processor refuses are ProcessorInvalid."""
+    if not isinstance(value, Mapping):
+        raise ProcessorInvalid("processor must be an object")
+    kind = value.get("type")
+    if not isinstance(kind, str):
+        raise ProcessorInvalid("processor type must be a string")
+    cls = PROCESSOR_TYPES.get(kind)
+    if cls is None:
+        raise ProcessorInvalid(f"unknown processor type {kind[:40]!r}")
+    spec = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(value) - {"type", *spec})
+    if unknown:
+        shown = ", ".join(repr(str(name)[:40]) for name in unknown[:5])
+        raise ProcessorInvalid(f"{kind} processor: unknown field(s) {shown}")
+    missing = sorted(name for name, f in spec.items() if f.default is MISSING and name not in value)
+    if missing:
+        raise ProcessorInvalid(f"{kind} processor: missing field(s) {', '.join(missing)}")
+    arguments: dict[str, str] = {}
+    for name in spec:
+        if name in value:
+            item = value[name]
+            if not isinstance(item, str):
+                raise ProcessorInvalid(f"{kind} processor: {name} must be a string")
+            arguments[name] = item
+    return cls(**arguments)
+
+
+def processor_to_object(processor: Processor) -> dict[str, object]:
+    """The JSON form `processor_from_object` reads; unset optional fields are left out."""
+    obj: dict[str, object] = {"type": processor.kind}
+    for spec in fields(processor):
+        value = getattr(processor, spec.name)
+        if value is not None:
+            obj[spec.name] = value
+    return obj
+
+
+# --- injection --------------------------------------------------------------------------------
+
+
+def check_secret(processor: Processor, secret: str) -> None:
+    """Raise SecretInvalid unless `processor` can carry `secret`: 1-4096 characters; visible ASCII
+    only where the secret goes verbatim into a header (so it cannot end or split the header),
+    otherwise no control or surrogate characters."""
+    if processor.header_secret:
+        if not _VISIBLE.fullmatch(secret) or len(secret) > MAX_SECRET_LENGTH:
+            raise SecretInvalid(
+                f"secret for a {processor.kind} processor must be "
+                f"1-{MAX_SECRET_LENGTH} visible ASCII characters"
+            )
+        return
+    problem = _unicode_problem(secret, MAX_SECRET_LENGTH)
+    if problem:
+        raise SecretInvalid(f"secret {problem}")
+
+
+class MutableRequest(Protocol):
+    """The part of an HTTP request `inject` touches. Header names are case-insensitive; query
+    names and values are decoded text (the implementation percent-encodes); the body is the
+    exact bytes that will be forwarded."""
+
+    def get_header_values(self, name: str) -> list[str]: ...
+
+    def set_header_values(self, name: str, values: Sequence[str]) -> None:
+        """Replace every value of `name` with `values` (an empty sequence removes the header)."""
+
+    def set_query_values(self, name: str, values: Sequence[str]) -> None:
+        """Replace every occurrence of query parameter `name` with `values`."""
+
+    def get_body(self) -> bytes: ...
+
+
+@dataclass
+class InMemoryRequest:
+    """A plain `MutableRequest`, the reference for tests and vectors. Not for logging: after
+    `inject` it holds the secret, so headers and query are kept out of repr."""
+
+    headers: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    query: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    body: bytes = field(default=b"", repr=False)
+
+    def get_header_values(self, name: str) -> list[str]:
+        wanted = name.lower()
+        return [value for key, value in self.headers if key.lower() == wanted]
+
+    def set_header_values(self, name: str, values: Sequence[str]) -> None:
+        wanted = name.lower()
+        self.headers = [(k, v) for k, v in self.headers if k.lower() != wanted]
+        self.headers.extend((name, value) for value in values)
+
+    def set_query_values(self, name: str, values: Sequence[str]) -> None:
+        self.query = [(k, v) for k, v in self.query if k != name]
+        self.query.extend((name, value) for value in values)
+
+    def get_body(self) -> bytes:
+        return self.body
+
+
+def _signature(key: str, message: bytes, encoding: str) -> str:
+    digest = hmac.new(key.encode("utf-8"), message, hashlib.sha256).digest()
+    return digest.hex() if encoding == "hex" else base64.b64encode(digest).decode("ascii")
+
+
+def inject(processor: Processor, secret: str, request: MutableRequest) -> None:
+    """Put `secret` into `request` as `processor` says. Raises SecretInvalid (checked first, so
+    the request is untouched) or RequestInapplicable."""
+    check_secret(processor, secret)
+    match processor:
+        case BearerProcessor():
+            request.set_header_values("Authorization", [f"Bearer {secret}"])
+        case HeaderProcessor(header=header, format=fmt):
+            request.set_header_values(header, [fmt.replace("{secret}", secret)])
+        case BasicProcessor(username=username):
+            pair = f"{username}:{secret}".encode()
+            request.set_header_values(
+                "Authorization", [f"Basic {base64.b64encode(pair).decode('ascii')}"]
+            )
+        case QueryProcessor(param=param):
+            request.set_query_values(param, [secret])
+        case HmacProcessor(header=header, format=fmt, encoding=encoding, message=message):
+            signed = request.get_body() if message is None else message.encode("utf-8")
+            value = fmt.replace("{signature}", _signature(secret, signed, encoding))
+            request.set_header_values(header, [value])
+        case PlaceholderProcessor(header=header, placeholder=placeholder):
+            values = request.get_header_values(header)
+            if not any(placeholder in value for value in values):
+                raise RequestInapplicable(
+                    f"request has no {header} header containing the placeholder"
+                )
+            request.set_header_values(
+                header, [value.replace(placeholder, secret) for value in values]
+            )
+        case _:
+            assert_never(processor)

@@ -1,0 +1,264 @@
+"""Sealed tokens through the real proxy to a real HTTPS origin.
+
+The sandbox holds only tokens sealed to the proxy's key; the origin must receive the credential
+exactly as each processor says, and the canary secret must appear nowhere the sandbox or the
+logs can see it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from issuer.keys import PublicKeyEntry, generate
+from issuer.processors import (
+    BasicProcessor,
+    BearerProcessor,
+    HeaderProcessor,
+    HmacProcessor,
+    PlaceholderProcessor,
+    Processor,
+    QueryProcessor,
+)
+from issuer.token import (
+    AuthDigestBinding,
+    Claims,
+    HostPattern,
+    SandboxBinding,
+    seal,
+)
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, OriginCA, Proxy, key_digest
+
+CANARY = "sk_live_CANARY_4b1d9f2e7c"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
+    directory = tmp_path_factory.mktemp("token-keys")
+    return directory, generate(directory)
+
+
+@pytest.fixture(scope="module")
+def tproxy(
+    tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, PublicKeyEntry],
+    origin_https: Origin, origin_http: Origin, dns: StubDNS, test_ca: OriginCA,
+) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  agent:
+    tokens: true
+    allow:
+      - host: api.test
+        ports: [{origin_https.port}, {origin_http.port}]
+    allow_networks: [127.0.0.1/32]
+  plain:
+    allow:
+      - host: api.test
+        ports: [{origin_https.port}]
+        methods: [GET]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  closed-1: {{policy: plain, key_sha256: "{key_digest(KEYS['closed-1'])}"}}
+default_policy: null
+"""
+    p = Proxy(
+        tmp_path_factory.mktemp("tokens"), rules, resolver=dns.address,
+        upstream_ca=test_ca.path, extra_args=["--token-keys", str(keys[0])],
+    )
+    yield p
+    p.stop()
+    everything = p.audit_text() + p.stderr()
+    assert CANARY not in everything
+
+
+def mint(
+    public: PublicKeyEntry, processor: Processor, port: int, *, secret: str = CANARY,
+    ttl: int = 300, host: str = "api.test", **extra: object,
+) -> str:
+    now = int(time.time())
+    claims = Claims(
+        kid=public.kid, secret=secret, processor=processor,
+        hosts=(HostPattern(host, port),), exp=now + ttl, iat=now, **extra,  # type: ignore[arg-type]
+    )
+    return seal(claims, public)
+
+
+def call(proxy: Proxy, url: str, token: str | list[str], sandbox: str = "bot-1",
+         **kwargs: object) -> requests.Response:
+    headers = dict(kwargs.pop("headers", {}) or {})  # type: ignore[call-overload]
+    session = client(proxy, sandbox)
+    tokens = [token] if isinstance(token, str) else token
+    prepared = requests.Request(kwargs.pop("method", "GET"), url, headers=headers,  # type: ignore[arg-type]
+                                **kwargs).prepare()  # type: ignore[arg-type]
+    for t in tokens:
+        prepared.headers["Proxy-Tokenizer"] = t  # requests folds repeats; one is enough here
+    return session.send(prepared, timeout=10)
+
+
+@pytest.fixture()
+def origin(origin_https: Origin) -> Iterator[Origin]:
+    origin_https.reset()
+    yield origin_https
+    origin_https.echo = False
+
+
+@pytest.mark.parametrize(
+    ("processor", "check"),
+    [
+        (BearerProcessor(), lambda s: s.headers["authorization"] == f"Bearer {CANARY}"),
+        (HeaderProcessor(header="X-Api-Key", format="key={secret}"),
+         lambda s: s.headers["x-api-key"] == f"key={CANARY}"),
+        (BasicProcessor(username="ci"),
+         lambda s: s.headers["authorization"]
+         == "Basic " + base64.b64encode(f"ci:{CANARY}".encode()).decode()),
+        (QueryProcessor(param="api_key"), lambda s: f"api_key={CANARY}" in s.path),
+    ],
+    ids=["bearer", "header", "basic", "query"],
+)
+def test_processors_round_trip(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, processor: Processor,
+    check: object,
+) -> None:
+    token = mint(keys[1], processor, origin.port)
+    r = call(tproxy, f"https://api.test:{origin.port}/v1/x?a=1", token,
+             headers={"X-Api-Key": "sandbox-tried-this"})
+    assert r.status_code == 200, r.text
+    seen = origin.requests[-1]
+    assert check(seen)  # type: ignore[operator]
+    assert "proxy-tokenizer" not in seen.headers
+    if isinstance(processor, HeaderProcessor):  # the injected value overwrites the sandbox's
+        assert "sandbox-tried-this" not in str(seen.headers)
+
+
+def test_hmac_signs_the_exact_body(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    processor = HmacProcessor(header="X-Signature", format="sha256={signature}", encoding="hex")
+    body = b'{"amount": 100}'
+    r = call(tproxy, f"https://api.test:{origin.port}/hook", mint(keys[1], processor, origin.port),
+             method="POST", data=body)
+    assert r.status_code == 200, r.text
+    seen = origin.requests[-1]
+    expected = hmac.new(CANARY.encode(), body, hashlib.sha256).hexdigest()
+    assert seen.body == body
+    assert seen.headers["x-signature"] == f"sha256={expected}"
+
+
+def test_placeholder_replaced_only_where_put(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    processor = PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder-1")
+    token = mint(keys[1], processor, origin.port)
+    r = call(tproxy, f"https://api.test:{origin.port}/p", token,
+             headers={"Authorization": "Bearer sg-placeholder-1"})
+    assert r.status_code == 200
+    assert origin.requests[-1].headers["authorization"] == f"Bearer {CANARY}"
+
+
+def test_echoed_secret_is_scrubbed(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    origin.echo = True
+    r = call(tproxy, f"https://api.test:{origin.port}/echo",
+             mint(keys[1], BasicProcessor(username="u"), origin.port))
+    assert r.status_code == 200
+    assert CANARY not in r.text
+    assert base64.b64encode(f"u:{CANARY}".encode()).decode() not in r.text
+    assert "[REDACTED]" in r.text
+    line = tproxy.wait_audit(lambda e: e.get("path") == "/echo")
+    assert line["scrubbed"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "reason"),
+    [
+        (lambda t: "not-a-token", 400, "token_malformed"),
+        (lambda t: t[:-10], 400, "token_invalid"),
+        (lambda t: t[:-2] + ("A" if t[-2] != "A" else "B") + t[-1], 400, "token_invalid"),
+        (lambda t: t.replace(t.split(".")[1], "0" * 16), 400, "token_invalid"),
+    ],
+    ids=["garbage", "truncated", "flipped", "unknown-kid"],
+)
+def test_bad_tokens(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, mutate: object,
+    status: int, reason: str,
+) -> None:
+    token = mutate(mint(keys[1], BearerProcessor(), origin.port))  # type: ignore[operator]
+    r = call(tproxy, f"https://api.test:{origin.port}/bad", token)
+    assert r.status_code == status, r.text
+    assert r.json()["reason"] == reason
+    assert token not in r.text
+    assert origin.untouched()
+
+
+def test_expired_token_401(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    now = int(time.time())
+    claims = Claims(kid=keys[1].kid, secret=CANARY, processor=BearerProcessor(),
+                    hosts=(HostPattern("api.test", origin.port),), exp=now - 120, iat=now - 600)
+    r = call(tproxy, f"https://api.test:{origin.port}/old", seal(claims, keys[1]))
+    assert r.status_code == 401
+    assert r.json()["reason"] == "token_expired"
+    assert origin.untouched()
+
+
+def test_token_for_another_host_403(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    token = mint(keys[1], BearerProcessor(), origin.port, host="other.test")
+    r = call(tproxy, f"https://api.test:{origin.port}/scope", token)
+    assert r.status_code == 403
+    assert r.json()["reason"] == "token_scope"
+    assert origin.untouched()
+
+
+def test_binding_to_another_sandbox_407(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    token = mint(keys[1], BearerProcessor(), origin.port, binding=SandboxBinding("someone-else"))
+    r = call(tproxy, f"https://api.test:{origin.port}/bind", token)
+    assert r.status_code == 407
+    assert r.json()["reason"] == "token_binding"
+    ok = mint(keys[1], BearerProcessor(), origin.port, binding=SandboxBinding("bot-1"))
+    assert call(tproxy, f"https://api.test:{origin.port}/bind", ok).status_code == 200
+
+
+def test_auth_digest_binding(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    token = mint(keys[1], BearerProcessor(), origin.port,
+                 binding=AuthDigestBinding.of_secret("bearer-secret-1"))
+    assert call(tproxy, f"https://api.test:{origin.port}/d", token).status_code == 407
+
+
+def test_policy_without_tokens_refuses_them(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    token = mint(keys[1], BearerProcessor(), origin.port)
+    r = call(tproxy, f"https://api.test:{origin.port}/nt", token, sandbox="closed-1")
+    assert r.status_code == 403
+    assert r.json()["reason"] == "tokens_not_allowed"
+    assert origin.untouched()
+
+
+def test_no_injection_over_plain_http(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin_http: Origin
+) -> None:
+    origin_http.reset()
+    token = mint(keys[1], BearerProcessor(), origin_http.port)
+    r = call(tproxy, f"http://api.test:{origin_http.port}/plain", token)
+    assert r.status_code == 403
+    assert r.json()["reason"] == "insecure_upstream"
+    assert origin_http.untouched()
