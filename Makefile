@@ -6,7 +6,7 @@ STAMP := $(VENV)/.sealgate-installed
 # Debian packages the runtime and the tests use: iproute2/nftables/iptables for the
 # namespace and transparent-mode tests; squid/wrk only for the benchmark (see `make bench`).
 DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl
-DEB_BENCH := squid wrk
+DEB_BENCH := squid wrk nginx-light hey
 
 .PHONY: run test lint unit deps bench clean
 

@@ -1,17 +1,18 @@
 """The canonical log: one JSON line per decision and one per closed connection.
 
-Lines go to a file (append-only, flushed per line) and/or stdout. A line that cannot be written
-(a full disk, a revoked mount) is kept in a bounded backlog and retried before the next line, and
-while any line is pending the audit log reports itself unhealthy so the proxy refuses new requests
-rather than forwarding traffic nobody can account for.
+Lines go to a file (append-only) and/or stdout. In the proxy they are written once per event-loop
+turn, however many requests finished in it: one write system call for a batch instead of one per
+line. A batch that cannot be written (a full disk, a revoked mount) is kept, bounded, and retried
+with the next one; until it is written the audit log reports itself unhealthy, so the proxy
+refuses new requests rather than forwarding traffic nobody can account for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
-from collections import deque
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import structlog
 _FORBIDDEN = frozenset(
     {"authorization", "proxy_authorization", "token", "secret", "password", "query", "cookie"}
 )
-_BACKLOG_CAP = 100_000
+_BUFFER_CAP = 64 * 1024 * 1024
 
 
 def _drop_forbidden(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -32,12 +33,14 @@ def _drop_forbidden(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutable
 
 
 class AuditLog:
-    def __init__(self, path: Path | None, *, stdout: bool = False) -> None:
+    def __init__(self, path: Path | None, *, stdout: bool = False, batch: bool = False) -> None:
         self.path = path
+        self.batch = batch
         self._fd: int | None = None
-        self._offset = 0
         self._stdout = stdout
-        self._backlog: deque[str] = deque(maxlen=_BACKLOG_CAP)
+        self._buffer = bytearray()
+        self._scheduled = False
+        self._failed = False
         self.dropped = 0
         self._render = structlog.processors.JSONRenderer(sort_keys=False)
         self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts")
@@ -47,42 +50,47 @@ class AuditLog:
 
     @property
     def healthy(self) -> bool:
-        return not self._backlog
+        return not self._failed
 
     def emit(self, event: str, **fields: Any) -> None:
         record: MutableMapping[str, Any] = {"event": event}
         record.update(fields)
         record = _drop_forbidden(None, "", self._stamp(None, "", record))
-        line = str(self._render(None, "", record))
+        line = str(self._render(None, "", record)) + "\n"
         if self._stdout:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(line)
             sys.stdout.flush()
         if self.path is None:
             return
-        if len(self._backlog) == self._backlog.maxlen:
-            self.dropped += 1  # counted, and reported once the sink recovers
-        self._backlog.append(line)
-        self._drain()
+        if len(self._buffer) > _BUFFER_CAP:
+            self.dropped += 1  # counted; the sink has been failing and requests are refused
+            return
+        self._buffer += line.encode()
+        if not self.batch:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def _open(self) -> None:
         assert self.path is not None
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def _drain(self) -> None:
-        # Raw writes with an offset into the first pending line: after a short write (ENOSPC
-        # half-way) the retry continues the same line instead of leaving a torn one behind.
+    def flush(self) -> None:
+        # A short write (ENOSPC half-way) leaves the rest in the buffer: the retry continues
+        # exactly where it stopped, so no line is lost or torn.
+        self._scheduled = False
         try:
             if self._fd is None:
                 self._open()
             assert self._fd is not None
-            while self._backlog:
-                data = (self._backlog[0] + "\n").encode()
-                self._offset += os.write(self._fd, data[self._offset :])
-                if self._offset >= len(data):
-                    self._backlog.popleft()
-                    self._offset = 0
+            while self._buffer:
+                del self._buffer[: os.write(self._fd, self._buffer)]
         except OSError:
+            self._failed = True
             self._close_fd()
+        else:
+            self._failed = False
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -91,6 +99,6 @@ class AuditLog:
             self._fd = None
 
     def close(self) -> None:
-        if self._backlog:
-            self._drain()
+        if self._buffer:
+            self.flush()
         self._close_fd()

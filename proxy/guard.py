@@ -27,6 +27,8 @@ from proxy.resolver import ResolveError, Resolver
 # that upstreams (and cloud metadata services) trust, and our own control headers.
 _STRIP_UP_EXACT: Final = ("proxy-authorization", "proxy-connection", "forwarded", "x-real-ip")
 _STRIP_PREFIXES: Final = ("x-forwarded-", "x-sealgate-")
+_STRIP_UP_EXACT_B: Final = frozenset(n.encode() for n in _STRIP_UP_EXACT)
+_STRIP_PREFIXES_B: Final = tuple(p.encode() for p in _STRIP_PREFIXES)
 _SCHEMES: Final = frozenset({"http", "https"})
 
 
@@ -135,17 +137,22 @@ def _authority(host: str, port: int) -> str:
 
 
 def strip_upstream_headers(headers: http.Headers) -> None:
-    for name in list(headers.keys()):
-        lower = name.lower()
-        if lower in _STRIP_UP_EXACT or lower.startswith(_STRIP_PREFIXES):
-            del headers[name]
+    # Scan the raw fields first: almost every request has nothing to strip, and deleting from
+    # mitmproxy's Headers rebuilds them.
+    doomed = {
+        name.lower()
+        for name, _ in headers.fields
+        if name.lower() in _STRIP_UP_EXACT_B or name.lower().startswith(_STRIP_PREFIXES_B)
+    }
+    for name in doomed:
+        del headers[name.decode("latin-1")]
 
 
 def strip_downstream_headers(headers: http.Headers) -> None:
     """An upstream must not be able to forge our verdicts or control headers."""
-    for name in list(headers.keys()):
-        if name.lower().startswith("x-sealgate-"):
-            del headers[name]
+    doomed = {name.lower() for name, _ in headers.fields if name.lower().startswith(b"x-sealgate-")}
+    for name in doomed:
+        del headers[name.decode("latin-1")]
 
 
 def _ip_or_none(text: str) -> IPAddress | None:

@@ -111,6 +111,7 @@ def canonical_host(raw: str) -> Host:
     return Host(text)
 
 
+@functools.lru_cache(maxsize=8192)  # every request parses one; clients repeat a few
 def split_authority(authority: str, default_port: int | None = None) -> tuple[Host, int]:
     """Split "host", "host:port" or "[v6]:port" into a canonical host and a port.
 

@@ -24,6 +24,7 @@ Via = Literal["proxy-auth", "source", "default"]
 
 # Compared against when the id is unknown, so a miss costs the same as a wrong key.
 _DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
+_PROVEN_CAP = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +38,24 @@ class Identifier:
     def __init__(self, rules: RuleSet, registry: SourceRegistry) -> None:
         self.rules = rules
         self.registry = registry
+        # Clients repeat the same credential on every request: a proven one is remembered for
+        # the life of these rules (a reload builds a new Identifier). Failures are not cached.
+        self._proven: dict[str, Identity] = {}
 
     def from_proxy_authorization(self, value: str) -> Identity | None:
         """The identity a Basic credential proves; None for other schemes (a token binding's
         `Bearer` belongs to the tokenizer, not to identity)."""
+        proven = self._proven.get(value)
+        if proven is not None:
+            return proven
+        identity = self._prove(value)
+        if identity is not None:
+            if len(self._proven) >= _PROVEN_CAP:
+                self._proven.clear()
+            self._proven[value] = identity
+        return identity
+
+    def _prove(self, value: str) -> Identity | None:
         scheme, _, param = value.strip().partition(" ")
         if scheme.lower() != "basic":
             return None

@@ -186,7 +186,7 @@ class Sealgate:
                 self.audit.close()
             log_opt = opts.sealgate_audit_log
             log_path = None if log_opt == "off" else Path(log_opt or state / "audit.log")
-            self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout)
+            self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout, batch=True)
         if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
             resolver = Resolver.from_spec(opts.sealgate_resolver)
             self.guard = Guard(resolver, _listen_endpoints())

@@ -368,7 +368,7 @@ class Resolver:
         """All addresses of ``name``; raises ResolveError.
 
         ``name`` must already be canonical (lower-case LDH, no trailing dot);
-        anything else is a caller bug and raises ValueError.
+        anything else fails closed as ResolveError(dns_error).
         """
         key = _check_name(name)
         entry = self._cache_get(key)
