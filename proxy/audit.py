@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,8 @@ class AuditLog:
         self._failed = False
         self.dropped = 0
         self._render = structlog.processors.JSONRenderer(sort_keys=False)
-        self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts")
+        self._second = -1
+        self._second_text = ""
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._open()
@@ -53,9 +55,9 @@ class AuditLog:
         return not self._failed
 
     def emit(self, event: str, **fields: Any) -> None:
-        record: MutableMapping[str, Any] = {"event": event}
+        record: MutableMapping[str, Any] = {"ts": self._timestamp(), "event": event}
         record.update(fields)
-        record = _drop_forbidden(None, "", self._stamp(None, "", record))
+        record = _drop_forbidden(None, "", record)
         line = str(self._render(None, "", record)) + "\n"
         if self._stdout:
             sys.stdout.write(line)
@@ -71,6 +73,16 @@ class AuditLog:
         elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+
+    def _timestamp(self) -> str:
+        # ISO 8601 UTC with milliseconds; the seconds part is formatted once per second, since
+        # datetime formatting per line was a visible share of the proxy's per-request cost.
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._second_text}.{int((now - second) * 1000):03d}Z"
 
     def _open(self) -> None:
         assert self.path is not None

@@ -111,9 +111,6 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
         # Lazy: nothing is dialed before a request has been authorised, and a transparent
         # connection is not dialed before its SNI is known.
         "connection_strategy": "lazy",
-        # Bodies over 1 MiB stream instead of buffering: a sandbox uploading or downloading
-        # gigabytes must not be able to fill the proxy's memory.
-        "stream_large_bodies": "1m",
         "sealgate_rules": str(config.rules),
         "sealgate_state": str(config.state),
         "sealgate_resolver": config.resolver,

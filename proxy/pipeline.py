@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ logger = logging.getLogger("sealgate")
 _META = "sealgate"
 _SCRUB = "sealgate_scrub"
 _PENDING = "sealgate_pending"
+_STREAM_OVER = 1024 * 1024  # bodies larger than this (or of unknown length) are streamed
 _RELOAD_POLL_SECONDS = 1.0
 
 
@@ -273,8 +274,8 @@ class Sealgate:
         verdict = Verdict(started=time.monotonic())
         flow.metadata[_META] = verdict
         try:
-            identity = self._identify(flow.request, conn, flow.client_conn)
             conn.proxy_auth = flow.request.headers.get_all("proxy-authorization")
+            identity = self._identify(conn.proxy_auth, conn, flow.client_conn)
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
             verdict.host, verdict.port = host.name, port
             policy = self._admit_connection(conn, identity, verdict)
@@ -331,7 +332,7 @@ class Sealgate:
         assert server.address is not None
         host = _canonical(sni) if sni else _canonical(str(server.address[0]))
         port = server.address[1]
-        identity = self._identify(None, conn, data.context.client)
+        identity = self._identify([], conn, data.context.client)
         verdict = Verdict(started=time.monotonic(), host=host.name, port=port)
         policy = self._admit_connection(conn, identity, verdict)
         rules = policy.match_host(host, port)
@@ -360,8 +361,9 @@ class Sealgate:
         try:
             if conn.blocked is not None:
                 raise conn.blocked
+            facts = _RequestFacts.of(request.headers)
             # identify
-            identity = self._identify(request, conn, flow.client_conn)
+            identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
             policy = self._admit_connection(conn, identity, verdict)
             # guard: the names agree and are well-formed
             transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
@@ -377,25 +379,23 @@ class Sealgate:
                 verdict.rule = rule.source
             # budget
             budget_key = conn.budget_key or ""
-            declared = _declared_length(request)
-            self.budgets.admit_request(budget_key, policy.budgets, declared)
+            self.budgets.admit_request(budget_key, policy.budgets, facts.length)
             # guard: addresses, pinned
             verdict.pin = await self._guard().pin(host, port, policy)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
-            proxy_auth = request.headers.get_all("proxy-authorization") or conn.proxy_auth
-            tokens = request.headers.get_all(TOKEN_HEADER)
             guardmod.strip_upstream_headers(request.headers)
-            request.headers.pop(TOKEN_HEADER, None)
             # inject
             injected = Injected()
-            if tokens:
+            if facts.tokens:
+                del request.headers[TOKEN_HEADER]
                 token_request = TokenRequest(
                     identity.sandbox, policy.name, host.name, port, request.method,
-                    verdict.path, proxy_auth,
+                    verdict.path, facts.proxy_auth or conn.proxy_auth,
                 )
                 self._inject_tokens(
-                    flow, policy, rule, tokens, token_request=token_request, injected=injected
+                    flow, policy, rule, facts.tokens, token_request=token_request,
+                    injected=injected,
                 )
             if rule is not None and (rule.inject or rule.strip):
                 if rule.inject:
@@ -406,11 +406,8 @@ class Sealgate:
                 request.headers["accept-encoding"] = "identity"
                 flow.metadata[_SCRUB] = injected.scrubber()
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
-            if declared is None and request.headers.get("transfer-encoding") and not (
-                flow.metadata.get(_PENDING)
-            ):
-                # Unknown length: count the bytes as they stream past.
-                request.stream = self.budgets.meter(budget_key)
+            if not flow.metadata.get(_PENDING):
+                _stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
             self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
         except Denial as denial:
@@ -454,7 +451,7 @@ class Sealgate:
             if isinstance(processor, HmacProcessor) and processor.message is None:
                 # The signature covers the exact body: buffer it (declared, so bounded by the
                 # request budget) and sign in the `request` hook.
-                if _declared_length(request) is None and request.headers.get("transfer-encoding"):
+                if _RequestFacts.of(request.headers).length is None:
                     raise Denial("length_required", "a signed body needs a Content-Length")
                 request.stream = False
                 flow.metadata.setdefault(_PENDING, []).append((processor, claims.secret, label))
@@ -514,9 +511,10 @@ class Sealgate:
             for name in set(response.headers.keys()):
                 values = response.headers.get_all(name)
                 response.headers.set_all(name, [scrubber.text(v) for v in values])
-            # Stream every size through the scrubber: a body that mitmproxy would switch to
-            # streaming half-way must not get past unscrubbed.
+            # Every size streams through the scrubber.
             response.stream = scrubber.stream()
+        else:
+            _stream_response(response)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._log_flow(flow, flow.metadata.get(_META))
@@ -527,14 +525,13 @@ class Sealgate:
     # -- steps ----------------------------------------------------------------------------
 
     def _identify(
-        self, request: http.Request | None, conn: Conn, client: connection.Client
+        self, proxy_auth: list[str], conn: Conn, client: connection.Client
     ) -> Identity:
         identifier = self._identifier()
-        if request is not None:
-            for value in request.headers.get_all("proxy-authorization"):
-                identity = identifier.from_proxy_authorization(value)
-                if identity is not None:
-                    return identity
+        for value in proxy_auth:
+            identity = identifier.from_proxy_authorization(value)
+            if identity is not None:
+                return identity
         if conn.identity is not None:
             return conn.identity
         by_source = identifier.from_source(str(client.peername[0]))
@@ -605,7 +602,7 @@ class Sealgate:
             status=response.status_code if response is not None else None,
             error=_error_text(flow),
             bytes_out=len(request.raw_content or b""),
-            bytes_in=len(response.raw_content or b"") if response is not None else 0,
+            bytes_in=_body_size(response),
             dns_ms=_ms(verdict.pin.dns_seconds) if verdict.pin else None,
             connect_ms=connect_ms,
             total_ms=_ms(time.monotonic() - verdict.started),
@@ -669,11 +666,57 @@ def _canonical(name: str) -> Host:
         raise Denial(exc.reason, str(exc)) from exc
 
 
-def _declared_length(request: http.Request) -> int | None:
-    value = request.headers.get("content-length")
-    if value is None or not value.isdigit():
-        return None
-    return int(value)
+@dataclass(slots=True)
+class _RequestFacts:
+    """The few request headers the path needs, found in one pass over the raw fields: mitmproxy's
+    Headers lookups re-scan and re-decode on every call."""
+
+    proxy_auth: list[str]
+    tokens: list[str]
+    length: int | None  # a declared Content-Length
+    chunked: bool
+
+    @classmethod
+    def of(cls, headers: http.Headers) -> _RequestFacts:
+        facts = cls([], [], None, False)
+        for raw_name, raw_value in headers.fields:
+            name = raw_name.lower()
+            if name == b"proxy-authorization":
+                facts.proxy_auth.append(raw_value.decode("latin-1"))
+            elif name == b"proxy-tokenizer":
+                facts.tokens.append(raw_value.decode("latin-1"))
+            elif name == b"content-length" and raw_value.isdigit():
+                facts.length = int(raw_value)
+            elif name == b"transfer-encoding":
+                facts.chunked = True
+        return facts
+
+
+def _stream_request(
+    request: http.Request, facts: _RequestFacts, meter: Callable[[bytes], bytes]
+) -> None:
+    """Large or unknown-length bodies stream instead of buffering (a sandbox must not fill the
+    proxy's memory); unknown lengths count against the byte budget as they pass. Deciding here
+    costs one comparison, where mitmproxy's stream_large_bodies re-derives each body's size."""
+    if facts.length is None and facts.chunked:
+        request.stream = meter
+    elif facts.length is not None and facts.length > _STREAM_OVER:
+        request.stream = True
+
+
+def _body_size(response: http.Response | None) -> int:
+    if response is None:
+        return 0
+    if response.raw_content is not None:
+        return len(response.raw_content)
+    length = response.headers.get("content-length", "")
+    return int(length) if length.isdigit() else 0
+
+
+def _stream_response(response: http.Response) -> None:
+    length = response.headers.get("content-length")
+    if length is None or not length.isdigit() or int(length) > _STREAM_OVER:
+        response.stream = True
 
 
 def _listen_endpoints() -> list[tuple[str, int]]:

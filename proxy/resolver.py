@@ -370,8 +370,11 @@ class Resolver:
         ``name`` must already be canonical (lower-case LDH, no trailing dot);
         anything else fails closed as ResolveError(dns_error).
         """
-        key = _check_name(name)
-        entry = self._cache_get(key)
+        # Only a name that passed the check is ever cached, so a hit needs no second check.
+        entry = self._cache_get(name)
+        key = name if entry is not None else _check_name(name)
+        if entry is None and key != name:
+            entry = self._cache_get(key)
         if isinstance(entry, Answer):
             return entry
         if isinstance(entry, _Negative):

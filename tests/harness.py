@@ -137,8 +137,11 @@ class Origin:
                     origin.connections += 1
 
             def _handle(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
+                if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                    body = self._read_chunked()
+                else:
+                    length = int(self.headers.get("content-length") or 0)
+                    body = self.rfile.read(length) if length else b""
                 with origin._lock:
                     origin.requests.append(
                         Seen(self.command, self.path,
@@ -156,6 +159,15 @@ class Origin:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _read_chunked(self) -> bytes:
+                body = b""
+                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                    body += self.rfile.read(size)
+                    self.rfile.readline()
+                while self.rfile.readline().strip():  # trailers, then the blank line
+                    pass
+                return body
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
 

@@ -135,3 +135,28 @@ def test_ca_print(proxy: Proxy) -> None:
     assert out.startswith("-----BEGIN CERTIFICATE-----")
     key_file = proxy.state / "ca" / "mitmproxy-ca.pem"
     assert key_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_large_and_chunked_bodies_stream_intact(
+    proxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    http_origin, _ = origins
+    big = bytes(range(256)) * (3 * 4096)  # 3 MiB: over the streaming threshold
+    http_origin.response_body = big
+    try:
+        session = client(proxy)
+        r = session.get(f"http://api.test:{http_origin.port}/big", timeout=20)
+        assert r.status_code == 200
+        assert r.content == big
+        upload = b"u" * (2 * 1024 * 1024)
+        assert session.post(f"http://api.test:{http_origin.port}/up", data=upload,
+                            timeout=20).status_code == 200
+        assert http_origin.requests[-1].body == upload
+        chunks = (b"c" * 65536 for _ in range(8))  # a generator: sent chunked
+        assert session.post(f"http://api.test:{http_origin.port}/chunked", data=chunks,
+                            timeout=20).status_code == 200
+        assert http_origin.requests[-1].body == b"c" * 65536 * 8
+    finally:
+        http_origin.response_body = b"hello from origin\n"
+    line = proxy.wait_audit(lambda e: e.get("path") == "/big")
+    assert line["bytes_in"] == len(big)
