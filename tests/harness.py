@@ -307,7 +307,9 @@ class Proxy:
         return path.read_text() if path.exists() else ""
 
     def audit(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.audit_text().splitlines() if line.strip()]
+        # Only complete lines: the proxy may be appending a batch while we read.
+        complete = self.audit_text().rpartition("\n")[0]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def wait_audit(self, predicate: Any, timeout: float = 5.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
