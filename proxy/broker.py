@@ -9,8 +9,6 @@ then fails closed, and a request whose credential cannot be had is refused with 
 
 from __future__ import annotations
 
-import asyncio
-
 from mitmproxy import http
 
 from proxy.errors import Denial
@@ -35,13 +33,17 @@ class Broker:
             request.headers.pop(name, None)
         if not rule.inject:
             return
-        try:
-            secrets = await asyncio.gather(*(self.secrets.get(i.secret) for i in rule.inject))
-        except SecretError as exc:
-            # The reason names the failure class; the detail names the reference, not a value.
-            raise Denial("secret_unavailable", f"a credential for this request is unavailable "
-                         f"({exc.reason})") from None
-        for injection, secret in zip(rule.inject, secrets, strict=True):
+        for injection in rule.inject:
+            # One at a time: nearly always a cache hit, which a gather would turn into a task
+            # and a loop turn per secret.
+            try:
+                secret = await self.secrets.get(injection.secret)
+            except SecretError as exc:
+                # The reason names the failure class; the detail names no value.
+                raise Denial(
+                    "secret_unavailable",
+                    f"a credential for this request is unavailable ({exc.reason})",
+                ) from None
             put(request, injection.processor, secret.reveal(), f"broker:{injection.secret}", into)
 
     async def close(self) -> None:

@@ -511,12 +511,23 @@ class Sealgate:
             for name in set(response.headers.keys()):
                 values = response.headers.get_all(name)
                 response.headers.set_all(name, [scrubber.text(v) for v in values])
-            # Every size streams through the scrubber.
-            response.stream = scrubber.stream()
+            if _stream_response(response):
+                response.stream = scrubber.stream()
+            # else: buffered, and scrubbed whole in `response`
         else:
             _stream_response(response)
 
     def response(self, flow: http.HTTPFlow) -> None:
+        scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
+        response = flow.response
+        if scrubber and response is not None and response.raw_content:
+            if "content-encoding" in response.headers:
+                # Asked for identity but compressed anyway: scrub what the sandbox will read.
+                decoded = response.get_content(strict=False) or b""
+                if (scrubbed := scrubber.data(decoded)) != decoded:
+                    response.content = scrubbed
+            else:
+                response.raw_content = scrubber.data(response.raw_content)
         self._log_flow(flow, flow.metadata.get(_META))
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -713,10 +724,13 @@ def _body_size(response: http.Response | None) -> int:
     return int(length) if length.isdigit() else 0
 
 
-def _stream_response(response: http.Response) -> None:
+def _stream_response(response: http.Response) -> bool:
+    """Stream a response of unknown or large size; True if it will stream."""
     length = response.headers.get("content-length")
     if length is None or not length.isdigit() or int(length) > _STREAM_OVER:
         response.stream = True
+        return True
+    return False
 
 
 def _listen_endpoints() -> list[tuple[str, int]]:

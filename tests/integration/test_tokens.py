@@ -262,3 +262,19 @@ def test_no_injection_over_plain_http(
     assert r.status_code == 403
     assert r.json()["reason"] == "insecure_upstream"
     assert origin_http.untouched()
+
+
+def test_large_streamed_echo_is_scrubbed(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    pad = b"p" * (1536 * 1024)  # past the 1 MiB streaming threshold
+    origin.response_body = pad + CANARY.encode() + pad
+    try:
+        r = call(tproxy, f"https://api.test:{origin.port}/big-echo",
+                 mint(keys[1], BearerProcessor(), origin.port))
+    finally:
+        origin.response_body = b"hello from origin\n"
+    assert r.status_code == 200
+    assert len(r.content) == 2 * len(pad) + len(CANARY)
+    assert CANARY.encode() not in r.content
+    assert b"[REDACTED]" in r.content

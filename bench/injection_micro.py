@@ -1,0 +1,242 @@
+"""Micro-benchmark of credential injection's parts: sealed tokens, the secret cache, the broker.
+
+    .venv/bin/python bench/injection_micro.py                        # a table on stdout
+    .venv/bin/python bench/injection_micro.py --cpu 1 --server-cpu 0 --json
+
+`bench/injection_overhead.py` runs it alone on the proxy's CPU and reports its figures. Names
+end in their unit: `_us` is microseconds per operation (best of several passes), `_ms`
+milliseconds. Secret-store misses are timed one by one and given as p50 and p99, because a
+miss is a request to a backend, not a loop of pure Python: the Vault misses go over real HTTP on
+loopback to `tests.vaultfake.VaultFake`, whose server thread runs on `--server-cpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # proxy, issuer, tests when run as a script
+
+from mitmproxy import http  # noqa: E402
+
+from issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
+from issuer.processors import BearerProcessor  # noqa: E402
+from issuer.token import Claims, HostPattern, SandboxBinding, open_token, seal  # noqa: E402
+from proxy.broker import Broker  # noqa: E402
+from proxy.inject import Injected, put  # noqa: E402
+from proxy.rulesfile import load_rules  # noqa: E402
+from proxy.scrub import Scrubber  # noqa: E402
+from proxy.secrets import SecretBroker, SecretRef, open_store, parse_ref  # noqa: E402
+from proxy.tokenizer import Tokenizer, TokenRequest  # noqa: E402
+from tests.vaultfake import VaultFake  # noqa: E402
+
+HOST, PORT, PATH = "api.bench", 443, "/v1/items"
+SANDBOX = "bench-1"
+COLD_TOKENS = 300  # distinct tokens, each opened once per pass
+MISSES = 200  # distinct secrets, each fetched once: every get is a miss
+BODY = b"x" * 1024
+
+
+def _per_op(body: Callable[[], object], number: int, repeat: int = 5) -> float:
+    """Best-of-`repeat` µs per call of `body`, `number` calls per pass."""
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            body()
+        best = min(best, time.perf_counter() - start)
+    return best / number * 1e6
+
+
+async def _aper_op(body: Callable[[], Awaitable[object]], number: int, repeat: int = 5) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            await body()
+        best = min(best, time.perf_counter() - start)
+    return best / number * 1e6
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def _mint(public: PublicKeyEntry, jti: str) -> str:
+    now = int(time.time())
+    claims = Claims(
+        kid=public.kid, secret=secrets.token_urlsafe(24), processor=BearerProcessor(),
+        hosts=(HostPattern(HOST, PORT),), exp=now + 3600, iat=now, jti=jti,
+        binding=SandboxBinding(SANDBOX),
+    )
+    return seal(claims, public)
+
+
+def _request() -> http.Request:
+    return http.Request.make("GET", f"https://{HOST}{PATH}", b"", http.Headers(accept="*/*"))
+
+
+def token_figures(work: Path) -> dict[str, float]:
+    public = generate(work / "token-keys")
+    keyring = Keyring.load(work / "token-keys")
+    token = _mint(public, "hot")
+    fresh = [_mint(public, f"cold-{i}") for i in range(COLD_TOKENS)]
+    check = TokenRequest(SANDBOX, "bench", HOST, PORT, "GET", PATH, ["Basic eDp5"])
+    warm = Tokenizer(keyring)
+    warm.open(token)
+
+    def open_fresh() -> None:
+        # A new cache each pass, so every one of the distinct tokens is a miss.
+        tokenizer = Tokenizer(keyring)
+        for t in fresh:
+            tokenizer.open(t)
+
+    secret = warm.open(token).secret
+    return {
+        "open_token_cold_us": _per_op(lambda: [open_token(t, keyring) for t in fresh], 1,
+                                      repeat=3) / COLD_TOKENS,
+        "tokenizer_open_cold_us": _per_op(open_fresh, 1, repeat=3) / COLD_TOKENS,
+        "tokenizer_open_cached_us": _per_op(lambda: warm.open(token), 20000),
+        "tokenizer_authorise_cached_us": _per_op(lambda: warm.authorise([token], check), 20000),
+        "put_bearer_us": _per_op(
+            lambda: put(_request(), BearerProcessor(), secret, "token:x", Injected()), 5000
+        ) - _per_op(_request, 5000),
+        "scrub_1k_response_us": _per_op(lambda: _scrub(Scrubber([secret])), 20000),
+    }
+
+
+def _scrub(scrubber: Scrubber) -> bytes:
+    scrub = scrubber.stream()
+    return scrub(BODY) + scrub(b"")
+
+
+async def _file_figures(work: Path) -> dict[str, float]:
+    path = work / "secrets.yaml"
+    path.write_text("".join(f"name_{i}: value-{secrets.token_hex(16)}\n" for i in range(MISSES)))
+    path.chmod(0o600)
+    store = open_store(f"file:{path}")
+    hit = SecretRef("file", "name_0")
+    rules_file = work / "rules.yaml"
+    rules_file.write_text(f"""
+version: 1
+policies:
+  bench:
+    allow:
+      - host: {HOST}
+        methods: [GET]
+        inject:
+          - secret: file:name_0
+            as: bearer
+sandboxes: {{}}
+default_policy: null
+""")
+    rule = load_rules(rules_file).policies["bench"].rules[0]
+    cache = SecretBroker([store])
+    broker = Broker(cache)
+    await cache.get(hit)
+    figures = {
+        "secret_get_hit_us": await _aper_op(lambda: cache.get(hit), 20000),
+        "broker_inject_hit_us": await _aper_op(
+            lambda: broker.inject(rule, _request(), Injected()), 5000
+        ) - _per_op(_request, 5000),
+    }
+    # The store stays (its file parsed once, as in the proxy); each pass gets a new cache.
+    misses: list[float] = []
+    for _ in range(3):
+        cold = SecretBroker([store])
+        for i in range(MISSES):
+            start = time.perf_counter()
+            await cold.get(SecretRef("file", f"name_{i}"))
+            misses.append(time.perf_counter() - start)
+    figures["file_miss_p50_us"] = _percentile(misses, 0.5) * 1e6
+    figures["file_miss_p99_us"] = _percentile(misses, 0.99) * 1e6
+    await cache.close()
+    return figures
+
+
+async def _vault_figures(vault: VaultFake, work: Path) -> dict[str, float]:
+    token_file = work / "vault-token"
+    token_file.write_text(vault.add_token(paths=["kv/data/bench/*"]))
+    token_file.chmod(0o600)
+    store = open_store(f"vault:{vault.url}?auth=token&token_file={token_file}")
+    cache = SecretBroker([store])
+    try:
+        # Log in and open the keep-alive connection before timing anything.
+        for i in range(5):
+            await cache.get(parse_ref(f"vault:kv/data/bench/warm-{i}#token"))
+        hit = parse_ref("vault:kv/data/bench/warm-0#token")
+        figures = {"vault_get_hit_us": await _aper_op(lambda: cache.get(hit), 20000)}
+        misses: list[float] = []
+        for i in range(MISSES):
+            ref = parse_ref(f"vault:kv/data/bench/s-{i}#token")
+            start = time.perf_counter()
+            await cache.get(ref)
+            misses.append(time.perf_counter() - start)
+        figures["vault_miss_p50_ms"] = _percentile(misses, 0.5) * 1e3
+        figures["vault_miss_p99_ms"] = _percentile(misses, 0.99) * 1e3
+        return figures
+    finally:
+        await cache.close()
+
+
+@contextmanager
+def _affinity(cpu: int | None) -> Iterator[None]:
+    """Pin the calling thread only (Linux affinity is per thread); threads it starts inherit."""
+    before = os.sched_getaffinity(0)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def run(cpu: int | None = None, server_cpu: int | None = None) -> dict[str, float]:
+    """Figures by name (unit in the name). `cpu` pins the measuring thread, `server_cpu` the
+    fake Vault's server thread; None leaves a thread where the scheduler puts it."""
+    with tempfile.TemporaryDirectory(prefix="sealgate-injection-micro-") as tmp:
+        work = Path(tmp)
+        vault = VaultFake()
+        with _affinity(server_cpu):
+            vault.start()  # its thread keeps this affinity
+        try:
+            vault.add_kv_mount("kv", version=2)
+            for name in [f"warm-{i}" for i in range(5)] + [f"s-{i}" for i in range(MISSES)]:
+                vault.put(f"kv/bench/{name}", {"token": f"vault-{secrets.token_hex(16)}"})
+            with _affinity(cpu):
+                figures = token_figures(work)
+                figures |= asyncio.run(_file_figures(work))
+                figures |= asyncio.run(_vault_figures(vault, work))
+        finally:
+            vault.stop()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--cpu", type=int, help="pin the measuring thread to this CPU")
+    parser.add_argument("--server-cpu", type=int, help="pin the fake Vault server to this CPU")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args()
+    figures = run(args.cpu, args.server_cpu)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        print(f"{name:32} {value:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
