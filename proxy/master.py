@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import ctx, master, options
+from mitmproxy import addonmanager, ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
 from proxy.ca import ensure_ca
 from proxy.pipeline import Sealgate
 
-_FREEZE_AFTER_SECONDS = 2.0
+_SETTLE_SECONDS = 2.0
+# Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
+# whether it handles the event or not, so these leave the chain once the proxy is up.
+_STARTUP_ONLY = ("errorcheck", "startupreport")
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,22 @@ async def serve(config: ProxyConfig, worker: int | None = None) -> int:
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the
     # young generation less often and take everything alive after start-up out of collections.
     gc.set_threshold(20_000, 20, 20)
-    loop.call_later(_FREEZE_AFTER_SECONDS, gc.freeze)
+    loop.call_later(_SETTLE_SECONDS, _settle, m)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, m.shutdown)
     await m.run()  # startup errors exit through ErrorCheck's SystemExit(1)
     return 0
+
+
+def _settle(m: master.Master) -> None:
+    for name in _STARTUP_ONLY:
+        if (addon := m.addons.get(name)) is not None:
+            m.addons.remove(addon)
+    # After each flow event mitmproxy walks the chain once more with an `update` event, which
+    # only UIs handle. With no addon handling it, that second walk is pure cost.
+    if not any(callable(getattr(a, "update", None)) for a in addonmanager.traverse(m.addons.chain)):
+        m.addons.handle_lifecycle = m.addons.trigger_event  # type: ignore[method-assign]
+    gc.freeze()
 
 
 def prepare(config: ProxyConfig) -> Path:

@@ -160,3 +160,21 @@ def test_large_and_chunked_bodies_stream_intact(
         http_origin.response_body = b"hello from origin\n"
     line = proxy.wait_audit(lambda e: e.get("path") == "/big")
     assert line["bytes_in"] == len(big)
+
+
+def test_curl_through_env_proxy_variables(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
+    """What a sandbox does: HTTPS_PROXY in the environment, CONNECT, the proxy's CA trusted."""
+    import os
+    import subprocess
+
+    _, https_origin = origins
+    url = proxy.url("bot-1", KEYS["bot-1"])
+    env = {**os.environ, "HTTPS_PROXY": url, "HTTP_PROXY": url, "NO_PROXY": ""}
+    out = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "--cacert", str(proxy.ca), "-o", "/dev/stdout",
+         "-w", "\n%{http_code}", f"https://limited.test:{https_origin.port}/ok/env"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )
+    assert out.stdout.endswith("200"), out
+    assert https_origin.requests[-1].path == "/ok/env"
+    assert "proxy-authorization" not in https_origin.requests[-1].headers
