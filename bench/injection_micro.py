@@ -16,19 +16,18 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # proxy, issuer, tests when run as a script
 
 from mitmproxy import http  # noqa: E402
+from services import pinned  # noqa: E402
 
 from issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
 from issuer.processors import BearerProcessor  # noqa: E402
@@ -191,31 +190,19 @@ async def _vault_figures(vault: VaultFake, work: Path) -> dict[str, float]:
         await cache.close()
 
 
-@contextmanager
-def _affinity(cpu: int | None) -> Iterator[None]:
-    """Pin the calling thread only (Linux affinity is per thread); threads it starts inherit."""
-    before = os.sched_getaffinity(0)
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def run(cpu: int | None = None, server_cpu: int | None = None) -> dict[str, float]:
     """Figures by name (unit in the name). `cpu` pins the measuring thread, `server_cpu` the
     fake Vault's server thread; None leaves a thread where the scheduler puts it."""
     with tempfile.TemporaryDirectory(prefix="sealgate-injection-micro-") as tmp:
         work = Path(tmp)
         vault = VaultFake()
-        with _affinity(server_cpu):
+        with pinned(server_cpu):
             vault.start()  # its thread keeps this affinity
         try:
             vault.add_kv_mount("kv", version=2)
             for name in [f"warm-{i}" for i in range(5)] + [f"s-{i}" for i in range(MISSES)]:
                 vault.put(f"kv/bench/{name}", {"token": f"vault-{secrets.token_hex(16)}"})
-            with _affinity(cpu):
+            with pinned(cpu):
                 figures = token_figures(work)
                 figures |= asyncio.run(_file_figures(work))
                 figures |= asyncio.run(_vault_figures(vault, work))

@@ -8,69 +8,69 @@ origin over intercepted HTTPS keep-alive (hey, c=1 and c=16): (a) guard-only, no
 (b) a sealed token in a `Proxy-Tokenizer` header (the same token every request: the tokenizer's
 cache), policy `tokens: true`; (c) a secret brokered from the file store (a cache hit),
 `inject: [{secret: file:…, as: bearer}]`. Rounds interleave the three, ratios are taken within
-a round and the median over rounds is reported, as in `proxy_overhead.py`, whose pieces this
-reuses. A pair of stock mitmdump processes, one streaming each response through sealgate's
-scrubber, shows what that step (taken by every injected request) costs mitmproxy itself.
-`injection_micro.py` adds µs per token open (cold and cached), cache hits and store misses.
+a round and the median over rounds is reported, as in `proxy_overhead.py`; both are built from
+`services.py`, `rounds.py`, `report.py` and `session.py`. A pair of stock mitmdump processes, one
+streaming each response through sealgate's scrubber, shows what that step (taken by every
+injected request) costs mitmproxy itself. `injection_micro.py` adds µs per token open (cold and
+cached), cache hits and store misses.
 Results go to docs/performance-injection.md and .png; see bench/README.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import datetime
-import hashlib
 import json
-import os
 import secrets
-import shlex
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # issuer, tests when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # issuer, tests as a script
 
-from proxy_overhead import (  # noqa: E402
-    BODY_PATH,
+from report import (
+    cpu_cells,
+    figure,
+    flagged,
+    fmt_ratio,
+    grouped_bars,
+    head,
+    machine_facts,
+    median_range,
+    ms,
+    noise_section,
+    num,
+    publish,
+    ratio_bar,
+    save,
+    target_line,
+    target_row,
+)
+from rounds import Cell, Goal, Result, extra_cpu_us, ratios, rows, run_rounds
+from services import (
     LOAD_CPU,
     ORIGIN_NAME,
     PROXY_CPU,
+    ROOT,
     BenchError,
-    Cell,
-    Goal,
     Lane,
-    Progress,
-    Result,
     Setup,
-    _fmt_ratio,
-    _interrupt,
-    _ms,
-    _nginx_conf,
-    _noise_section,
-    _num,
-    _pinned_self,
-    cpu_ratios,
-    machine_facts,
-    measure,
-    ratios,
-    rows,
-    tools,
+    micro_figures,
+    rules_yaml,
+    start_dns,
+    start_mitmdump,
+    start_origin,
+    start_sealgate,
 )
+from session import bench_session, parse_options, run_meta
 
-from issuer.keys import generate  # noqa: E402
-from issuer.processors import BearerProcessor  # noqa: E402
-from issuer.token import Claims, HostPattern, SandboxBinding, seal  # noqa: E402
-from tests.dnsstub import StubDNS  # noqa: E402
-from tests.harness import OriginCA, free_port  # noqa: E402
+from issuer.keys import generate
+from issuer.processors import BearerProcessor
+from issuer.token import Claims, HostPattern, SandboxBinding, seal
 
+SCRIPT = "injection_overhead"
+TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid
 KIND = "https"
 LEVELS = (1, 16)
 SECRET_NAME = "bench_key"
@@ -87,6 +87,8 @@ MITM_LANES = {
     "mitmdump": "stock mitmdump -q, response buffered",
     "mitmdump-scrub": "stock mitmdump -q, response streamed through `proxy.scrub.Scrubber`",
 }
+# lane -> the lane it is compared with
+BASES = {"token": "guard", "broker": "guard", "mitmdump-scrub": "mitmdump"}
 SCRUB_ADDON = """import sys
 sys.path.insert(0, {root!r})
 from proxy.scrub import Scrubber
@@ -106,102 +108,47 @@ MICRO_TIMEOUT = 240
 AUDIT_SETTLE_SECONDS = 0.5  # the audit log is written once per event-loop turn
 
 
-@dataclass
-class InjectionSetup(Setup):
-    """`Setup` whose load generator sends a lane's extra header inside the tunnel.
-
-    `loadgen.run_hey` takes no headers, so the header goes in through the command prefix: a
-    shell that execs hey with `-H` in front of the arguments. Go's HTTP client sends `-H`
-    headers on the requests inside the CONNECT tunnel, never on the CONNECT itself, which gets
-    only the proxy URL's credentials; the audit check in `warm_up` proves it for this run.
-    """
-
-    headers: dict[str, str] = field(default_factory=dict)
-    lane: str | None = None  # the lane being measured
-
-    def prefix(self, cpu: str) -> list[str]:
-        base = super().prefix(cpu)
-        header = self.headers.get(self.lane or "")
-        if cpu != LOAD_CPU or header is None:
-            return base
-        return [*base, "sh", "-c", f'exec "$0" -H {shlex.quote(header)} "$@"']
-
-
-def measure_lane(setup: InjectionSetup, cell: Cell, seconds: int, round_: int) -> Result:
-    setup.lane = cell.lane
-    try:
-        return measure(setup, cell, seconds, round_)
-    finally:
-        setup.lane = None
-
-
 # -- the set-up: origin, DNS, token keys, secrets file, one sealgate ---------------------------
 
 
-def start(setup: InjectionSetup, paths: dict[str, str]) -> Path:
-    """Start nginx, the stub DNS server and sealgate; return sealgate's audit log."""
+def start(setup: Setup, paths: Mapping[str, str]) -> Path:
+    """Start nginx, the stub DNS server, sealgate and the two mitmdumps; return sealgate's
+    audit log."""
     work = setup.work
-    ca = OriginCA(work)
-    cert, key = ca.issue(ORIGIN_NAME, "127.0.0.1")
-    http_port, https_port = free_port(), free_port()
-    (work / "nginx").mkdir()
-    conf = work / "nginx" / "nginx.conf"
-    conf.write_text(_nginx_conf(work / "nginx", http_port, https_port, cert, key))
-    setup.services.start(
-        "nginx",
-        [*setup.prefix(LOAD_CPU), paths["nginx"], "-e", str(work / "nginx" / "error.log"),
-         "-p", str(work / "nginx"), "-c", str(conf)],
-        https_port, work / "nginx" / "stdout.log",
-    )
-    setup.dns = StubDNS().start()
-    setup.dns.set(ORIGIN_NAME, "A 127.0.0.1")
-    dns_host, dns_port = setup.dns.address
+    origin = start_origin(setup, paths, ORIGIN_NAME)
+    resolver = start_dns(setup, ORIGIN_NAME)
 
     keys_dir = work / "token-keys"
     public = generate(keys_dir)
     now = int(time.time())
     token = seal(Claims(
         kid=public.kid, secret=f"tok-{secrets.token_urlsafe(24)}", processor=BearerProcessor(),
-        hosts=(HostPattern(ORIGIN_NAME, https_port),), methods=("GET",), exp=now + 3600,
+        hosts=(HostPattern(ORIGIN_NAME, origin.https_port),), methods=("GET",), exp=now + 3600,
         iat=now, jti="bench", binding=SandboxBinding(LANES["token"][0]),
     ), public)
-    setup.headers["token"] = f"Proxy-Tokenizer: {token}"
+    headers = {"token": (f"Proxy-Tokenizer: {token}",)}
     secrets_file = work / "secrets.yaml"
     secrets_file.write_text(f"{SECRET_NAME}: brk-{secrets.token_urlsafe(24)}\n")
     secrets_file.chmod(0o600)
 
     sandbox_keys = {lane: secrets.token_urlsafe(18) for lane in LANES}
     rules = work / "rules.yaml"
-    rules.write_text(_rules(https_port, sandbox_keys))
-    port = free_port()
-    state = work / "sealgate"
-    service = setup.services.start(
-        "sealgate",
-        [*setup.prefix(PROXY_CPU), paths["sealgate"], "proxy", "--listen", f"127.0.0.1:{port}",
-         "--rules", str(rules), "--state", str(state), "--resolver", f"{dns_host}:{dns_port}",
-         "--upstream-ca", str(ca.path), "--token-keys", str(keys_dir),
-         "--secret-store", f"file:{secrets_file}"],
-        port, work / "sealgate.log",
-    )
-    url = f"https://{ORIGIN_NAME}:{https_port}{BODY_PATH}"
+    rules.write_text(_rules(origin.https_port, sandbox_keys))
+    service = start_sealgate(setup, paths, "sealgate", rules, resolver, origin,
+                             "--token-keys", str(keys_dir),
+                             "--secret-store", f"file:{secrets_file}")
+    url = origin.url("https", ORIGIN_NAME)
     for lane, (sandbox, label) in LANES.items():
-        setup.lanes[lane] = Lane(lane, label, None, url, service, (sandbox, sandbox_keys[lane]))
+        setup.lanes[lane] = Lane(lane, label, None, url, service, (sandbox, sandbox_keys[lane]),
+                                 headers.get(lane, ()))
 
     addon = work / "scrub_addon.py"
     addon.write_text(SCRUB_ADDON.format(root=str(ROOT)))
     for lane, label in MITM_LANES.items():
-        port = free_port()
-        mitm = setup.services.start(
-            lane,
-            [*setup.prefix(PROXY_CPU), paths["mitmdump"], "-q", "--listen-host", "127.0.0.1",
-             "-p", str(port), "--set", f"confdir={work / lane}",
-             "--set", f"ssl_verify_upstream_trusted_ca={ca.path}",
-             *(["-s", str(addon)] if lane == "mitmdump-scrub" else [])],
-            port, work / f"{lane}.log",
-        )
-        setup.lanes[lane] = Lane(lane, label, None, f"https://127.0.0.1:{https_port}{BODY_PATH}",
-                                 mitm)
-    return state / "audit.log"
+        mitm = start_mitmdump(setup, paths, lane, origin,
+                              *(["-s", str(addon)] if lane == "mitmdump-scrub" else []))
+        setup.lanes[lane] = Lane(lane, label, None, origin.url("https"), mitm)
+    return work / "sealgate" / "audit.log"
 
 
 def _rules(https_port: int, keys: dict[str, str]) -> str:
@@ -209,24 +156,13 @@ def _rules(https_port: int, keys: dict[str, str]) -> str:
     header = {"guard": "", "token": "\n    tokens: true", "broker": ""}
     inject = {"guard": "", "token": "",
               "broker": f"\n        inject: [{{secret: 'file:{SECRET_NAME}', as: bearer}}]"}
-    policies = "".join(f"""
-  {lane}:{header[lane]}
+    policies = {lane: f"""{header[lane]}
     allow:
       - host: {ORIGIN_NAME}
         ports: [{https_port}]
-        methods: [GET]{inject[lane]}
-    allow_networks: [127.0.0.1/32]
-    budgets:
-      requests_per_second: 1000000
-      burst: 1000000
-      max_connections: 100000
-      max_total_bytes: 1000000000000000""" for lane in LANES)
-    sandboxes = "".join(
-        f"\n  {sandbox}: {{policy: {lane}, "
-        f"key_sha256: \"{hashlib.sha256(keys[lane].encode()).hexdigest()}\"}}"
-        for lane, (sandbox, _) in LANES.items()
-    )
-    return f"version: 1\npolicies:{policies}\nsandboxes:{sandboxes}\ndefault_policy: null\n"
+        methods: [GET]{inject[lane]}""" for lane in LANES}
+    return rules_yaml(policies, {sandbox: (lane, keys[lane])
+                                 for lane, (sandbox, _) in LANES.items()})
 
 
 # -- proof that each lane did what it is named for --------------------------------------------
@@ -273,18 +209,12 @@ def check_audit(counts: dict[str, AuditCount]) -> None:
                              f"{want or 'no'} injection")
 
 
-def warm_up(setup: InjectionSetup, audit: Path) -> None:
-    """Each lane once (leaf certificate, DNS, token and secret caches); a lane answered with
-    errors, or whose requests did not get their credential, stops the run."""
-    for lane in setup.lanes:
-        result = measure_lane(setup, Cell(KIND, 8, lane), 1, 0)
-        sample = result.sample
-        if sample is None or sample.requests == 0 or sample.errors > sample.requests * 0.01:
-            service = setup.lanes[lane].service
-            raise BenchError(f"warm-up via {lane} failed: {result.failure or sample}\n"
-                             f"{service.tail() if service else ''}")
+def checked_audit(audit: Path) -> dict[str, AuditCount]:
+    """The audit log's counts once it has been written, if every lane did what it is named for."""
     time.sleep(AUDIT_SETTLE_SECONDS)
-    check_audit(audit_counts(audit))
+    counts = audit_counts(audit)
+    check_audit(counts)
+    return counts
 
 
 # -- measuring --------------------------------------------------------------------------------
@@ -295,31 +225,12 @@ def plan() -> list[list[Cell]]:
     return [*groups, [Cell(KIND, 16, lane) for lane in MITM_LANES]]
 
 
-def run_rounds(setup: InjectionSetup, audit: Path, rounds: int, seconds: int) -> list[Result]:
-    groups = plan()
-    progress = Progress(rounds * sum(len(g) for g in groups), seconds)
-    progress.note(f"warming up {len(setup.lanes)} configurations ...")
-    warm_up(setup, audit)
-    progress.start = time.monotonic()
-    results: list[Result] = []
-    for r in range(1, rounds + 1):
-        for group in groups:
-            shift = (r - 1) % len(group)  # no configuration always follows the same one
-            for cell in group[shift:] + group[:shift]:
-                progress.show(f"round {r}/{rounds}  c={cell.concurrency:<3} {cell.lane}")
-                result = measure_lane(setup, cell, seconds, r)
-                if result.failure:
-                    progress.note(f"  c={cell.concurrency} {cell.lane}: FAILED "
-                                  f"{result.failure.splitlines()[0]}")
-                results.append(result)
-                progress.done += 1
-        progress.note(f"round {r}/{rounds} done: " + "; ".join(
-            f"{g.short}/guard c={c} "
-            f"{_fmt_ratio(ratios(results, KIND, c, g.num, g.den, [r]))}"
-            for g in TARGETS for c in LEVELS
-        ) + f"; mitmdump streamed/buffered c=16 "
-            f"{_fmt_ratio(ratios(results, KIND, 16, 'mitmdump-scrub', 'mitmdump', [r]))}")
-    return results
+def round_note(results: list[Result], r: int) -> str:
+    return "; ".join(
+        f"{g.short}/guard c={c} {fmt_ratio(ratios(results, KIND, c, g.num, g.den, [r]))}"
+        for g in TARGETS for c in LEVELS
+    ) + ("; mitmdump streamed/buffered c=16 "
+         f"{fmt_ratio(ratios(results, KIND, 16, 'mitmdump-scrub', 'mitmdump', [r]))}")
 
 
 def run_micro(pin: bool) -> dict[str, float] | str:
@@ -328,52 +239,16 @@ def run_micro(pin: bool) -> dict[str, float] | str:
     argv = [sys.executable, str(ROOT / "bench" / "injection_micro.py"), "--json"]
     if pin:
         argv += ["--cpu", PROXY_CPU, "--server-cpu", LOAD_CPU]
-    try:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                              timeout=MICRO_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired:
-        return f"bench/injection_micro.py did not finish within {MICRO_TIMEOUT} s"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return f"bench/injection_micro.py failed (exit {done.returncode}): {done.stderr[-500:]}"
-    figures: dict[str, float] = json.loads(lines[-1])
-    return figures
+    return micro_figures(argv, "bench/injection_micro.py", MICRO_TIMEOUT)
 
 
-# -- numbers ----------------------------------------------------------------------------------
-
-
-def extra_cpu_us(results: list[Result], c: int, lane: str, base: str = "guard") -> list[float]:
+def _extra(results: list[Result], c: int, lane: str, base: str = "guard") -> list[float]:
     """Proxy CPU µs per request of `lane` minus `base`'s, within each round."""
-    by = {(r.round, r.cell.concurrency, r.cell.lane): r for r in results}
-    out = []
-    for rnd in sorted({r.round for r in results}):
-        costs = [_cost(by.get((rnd, c, name))) for name in (lane, base)]
-        if costs[0] is not None and costs[1] is not None:
-            out.append((costs[0] - costs[1]) * 1e6)
-    return out
-
-
-def _cost(result: Result | None) -> float | None:
-    if result is None or result.sample is None or result.proxy_cpu_s is None or \
-            not result.sample.requests:
-        return None
-    return result.proxy_cpu_s / result.sample.requests
-
-
-def _verdict(values: list[float], need: float) -> str:
-    if not values:
-        return "-"
-    return "**met**" if statistics.median(values) >= need else "**not met**"
+    return extra_cpu_us(results, KIND, c, lane, base)
 
 
 def _us(values: list[float]) -> str:
-    if not values:
-        return "n/a"
-    median = statistics.median(values)
-    if len(values) == 1:
-        return f"{median:+.0f}"
-    return f"{median:+.0f} ({min(values):+.0f} to {max(values):+.0f})"
+    return median_range(values, "{:+.0f}".format, " to ")
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -400,53 +275,36 @@ MICRO_LABELS = {
 
 def report(results: list[Result], micro: dict[str, float] | str, counts: dict[str, AuditCount],
            meta: dict[str, str], facts: dict[str, str], chart: Path | None) -> str:
-    out = [
-        "# Credential injection overhead: sealed tokens and the broker",
-        "",
-        "Generated by `bench/injection_overhead.py` (method: `bench/README.md`). Do not edit by "
-        "hand; run the command again.",
-        "",
-        f"* **Command:** `{meta['command']}`",
-        f"* **Date:** {meta['date']} ({meta['mode']}: {meta['rounds']} rounds, {meta['seconds']} "
-        f"s per measurement, {meta['duration']} in all)",
-        f"* **Workload:** HTTPS keep-alive through CONNECT with hey (`-c 1` and `-c 16`), "
-        f"intercepted by one sealgate process on CPU 1; GET of a 1 KiB body from nginx on CPU 0, "
-        f"reached as `{ORIGIN_NAME}` through sealgate's resolver, upstream TLS verified, audit "
-        "log on. Three sandboxes, three policies with the same `GET` rule: (a) no credential; "
-        "(b) `tokens: true`, each request carries the same sealed bearer token (bound to the "
-        "sandbox, scoped to host and method) in `Proxy-Tokenizer`; (c) the rule injects "
-        f"`file:{SECRET_NAME}` as a bearer. (b) and (c) also ask for an identity encoding and "
-        "stream the response through the scrubber, as every injected request does. Two "
-        "stock mitmdump processes (c=16, reached as `127.0.0.1`) show that last step alone.",
-        "* **Ratios** are taken within each round (the three measured seconds apart, order "
-        "rotating), then the median over rounds is shown with the lowest and highest round in "
-        "brackets. Absolute req/s on this machine drift over minutes; trust the ratios more.",
-        "",
-        "| machine | |",
-        "|---|---|",
-        *[f"| {k} | {v} |" for k, v in facts.items()],
-        "",
-        "## Targets",
-        "",
+    out = head(
+        "Credential injection overhead: sealed tokens and the broker",
+        "bench/injection_overhead.py", meta, facts, [
+            "* **Workload:** HTTPS keep-alive through CONNECT with hey (`-c 1` and `-c 16`), "
+            "intercepted by one sealgate process on CPU 1; GET of a 1 KiB body from nginx on "
+            f"CPU 0, reached as `{ORIGIN_NAME}` through sealgate's resolver, upstream TLS "
+            "verified, audit log on. Three sandboxes, three policies with the same `GET` rule: "
+            "(a) no credential; (b) `tokens: true`, each request carries the same sealed bearer "
+            "token (bound to the sandbox, scoped to host and method) in `Proxy-Tokenizer`; (c) "
+            f"the rule injects `file:{SECRET_NAME}` as a bearer. (b) and (c) also ask for an "
+            "identity encoding and stream the response through the scrubber, as every injected "
+            "request does. Two stock mitmdump processes (c=16, reached as `127.0.0.1`) show "
+            "that last step alone.",
+            "* **Ratios** are taken within each round (the three measured seconds apart, order "
+            "rotating), then the median over rounds is shown with the lowest and highest round "
+            "in brackets. Absolute req/s on this machine drift over minutes; trust the ratios "
+            "more.",
+        ],
         "Within 5 % of guard-only: the req/s ratio must be at least 0.95. The last column is the "
         "same comparison from sealgate's CPU time per request (guard-only's over the lane's), "
         "which time slices taken by other work on the machine do not bend.",
-        "",
-        "| target | needs | req/s ratio (median, range over rounds) | | from CPU per request |",
-        "|---|---|---|---|---|",
-    ]
-    for g in TARGETS:
-        values = ratios(results, g.kind, g.concurrency, g.num, g.den)
-        cpu = cpu_ratios(results, g.kind, g.concurrency, g.num, g.den)
-        out.append(f"| {g.label} | ≥ {g.need:g}x | {_fmt_ratio(values)} | "
-                   f"{_verdict(values, g.need)} | {_fmt_ratio(cpu)} |")
+    )
+    out += [target_row(results, g, cpu=True) for g in TARGETS]
     if chart is not None:
         out += ["", f"![req/s, ratios to guard-only and micro-benchmarks]({chart.name})"]
     out += ["", "## Intercepted HTTPS keep-alive (hey)", "", *_lane_table(results)]
     out += _attribution(results, micro)
     out += _audit_section(counts)
     out += _micro_section(micro)
-    out += _noise_section(results)
+    out += noise_section(results)
     return "\n".join(out) + "\n"
 
 
@@ -459,15 +317,12 @@ def _lane_table(results: list[Result]) -> list[str]:
     for row in sorted(ours, key=lambda r: (r.concurrency, order.index(r.lane))):
         c = row.concurrency
         is_guard = row.lane == "guard"
-        vs = "-" if is_guard else _fmt_ratio(ratios(results, KIND, c, row.lane, "guard"))
-        extra = "-" if is_guard else _us(extra_cpu_us(results, c, row.lane))
-        cpu = f"{row.cpu_us_per_req:,.0f}" if row.cpu_us_per_req is not None else "-"
-        util = f"{row.proxy_util:.0%}" if row.proxy_util is not None else "-"
-        name = LANES[row.lane][1]
-        if row.errors or row.failures:
-            name += f" ⚠ {row.errors} errors, {row.failures} failed runs"
-        lines.append(f"| {c} | {name} | {_num(row.rps)} | {vs} | {_ms(row.p50_ms)} | "
-                     f"{_ms(row.p99_ms)} | {cpu} | {extra} | {util} |")
+        vs = "-" if is_guard else fmt_ratio(ratios(results, KIND, c, row.lane, "guard"))
+        extra = "-" if is_guard else _us(_extra(results, c, row.lane))
+        cpu, util = cpu_cells(row)
+        name = flagged(LANES[row.lane][1], row)
+        lines.append(f"| {c} | {name} | {num(row.rps)} | {vs} | {ms(row.p50_ms)} | "
+                     f"{ms(row.p99_ms)} | {cpu} | {extra} | {util} |")
     lines += ["", "At c=1 the client waits for each answer, so the ratio there is mostly "
               "latency; at c=16 sealgate's CPU is the limit (see its CPU use), so the ratio is "
               "capacity. hey reports latency in 0.1 ms steps."]
@@ -496,11 +351,11 @@ def _attribution(results: list[Result], micro: dict[str, float] | str) -> list[s
             summed = " + ".join(f"{n.removesuffix('_us')} {micro[n]:.1f}" for n in found)
             summed += f" = {sum(micro[n] for n in found):.1f}"
         lines.append(f"| {LANES[lane][1]} vs (a) | "
-                     f"{_fmt_ratio(ratios(results, KIND, 16, lane, 'guard'))} | "
-                     f"{_us(extra_cpu_us(results, 16, lane))} | {summed} |")
+                     f"{fmt_ratio(ratios(results, KIND, 16, lane, 'guard'))} | "
+                     f"{_us(_extra(results, 16, lane))} | {summed} |")
     lines.append(f"| {MITM_LANES['mitmdump-scrub']} vs buffered | "
-                 f"{_fmt_ratio(ratios(results, KIND, 16, 'mitmdump-scrub', 'mitmdump'))} | "
-                 f"{_us(extra_cpu_us(results, 16, 'mitmdump-scrub', 'mitmdump'))} | "
+                 f"{fmt_ratio(ratios(results, KIND, 16, 'mitmdump-scrub', 'mitmdump'))} | "
+                 f"{_us(_extra(results, 16, 'mitmdump-scrub', 'mitmdump'))} | "
                  "the scrubber's own work is in the rows above |")
     lines += ["", "The token and broker steps themselves (open, check, look up, put) are the "
               "smaller share when the extra CPU is well above the sum of the parts; the rest is "
@@ -549,21 +404,15 @@ def _micro_section(micro: dict[str, float] | str) -> list[str]:
 
 
 def draw(results: list[Result], micro: dict[str, float] | str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     table = rows(results)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.5), width_ratios=[1, 1.1, 1.2])
+    fig, axes = figure([1, 1.1, 1.2], (17, 5.5))
     ax = axes[0]
-    width = 0.8 / len(LANES)
-    for i, lane in enumerate(LANES):
-        values = [next((r.rps for r in table if r.lane == lane and r.concurrency == c), 0.0)
-                  for c in LEVELS]
-        ax.bar([x + i * width for x in range(len(LEVELS))], values, width,
-               label=LANES[lane][1].replace("`", ""))
-    ax.set_xticks([x + width for x in range(len(LEVELS))], [f"c={c}" for c in LEVELS])
+    grouped_bars(ax, LEVELS, {
+        LANES[lane][1].replace("`", ""): [
+            next((r.rps for r in table if r.lane == lane and r.concurrency == c), 0.0)
+            for c in LEVELS]
+        for lane in LANES
+    })
     ax.set_ylabel("requests/s (median over rounds)")
     ax.set_title("intercepted HTTPS keep-alive", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -582,8 +431,7 @@ def draw(results: list[Result], micro: dict[str, float] | str, path: Path) -> No
         median = statistics.median(values)
         low = min(low, min(values) - 0.03)
         color = "tab:gray" if base != "guard" else "tab:green" if median >= 0.95 else "tab:red"
-        ax.barh(y, median, color=color, alpha=0.75)
-        ax.plot([min(values), max(values)], [y, y], color="dimgray", linewidth=2)
+        ratio_bar(ax, y, values, color)
         ax.annotate(f"{median:.3f}x", (median, y), xytext=(6, 8), textcoords="offset points",
                     fontsize=8)
     ax.axvline(0.95, color="black", linestyle="--", linewidth=1)
@@ -609,12 +457,7 @@ def draw(results: list[Result], micro: dict[str, float] | str, path: Path) -> No
         ax.invert_yaxis()
         ax.set_xlabel("µs per operation (log scale); misses: p50")
     ax.set_title("micro-benchmarks, alone on CPU 1", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-BASES = {"token": "guard", "broker": "guard", "mitmdump-scrub": "mitmdump"}
+    save(fig, path)
 
 
 def console_summary(results: list[Result], micro: dict[str, float] | str) -> str:
@@ -623,19 +466,14 @@ def console_summary(results: list[Result], micro: dict[str, float] | str) -> str
     order = [*LANES, *MITM_LANES]
     for row in sorted(rows(results), key=lambda r: (r.concurrency, order.index(r.lane))):
         c, base = row.concurrency, BASES.get(row.lane)
-        vs = "-" if base is None else _fmt_ratio(ratios(results, KIND, c, row.lane, base))
-        extra = [] if base is None else extra_cpu_us(results, c, row.lane, base)
-        cpu = f"{row.cpu_us_per_req:,.0f}" if row.cpu_us_per_req is not None else "-"
-        lines.append(f"{c:>4}  {row.lane:<16}{_num(row.rps):>8}{vs:>22}{_ms(row.p50_ms):>9}"
-                     f"{_ms(row.p99_ms):>9}{cpu:>12}"
+        vs = "-" if base is None else fmt_ratio(ratios(results, KIND, c, row.lane, base))
+        extra = [] if base is None else _extra(results, c, row.lane, base)
+        cpu = cpu_cells(row)[0]
+        lines.append(f"{c:>4}  {row.lane:<16}{num(row.rps):>8}{vs:>22}{ms(row.p50_ms):>9}"
+                     f"{ms(row.p99_ms):>9}{cpu:>12}"
                      f"{f'{statistics.median(extra):+.0f}' if extra else '-':>10}")
     lines.append("")
-    for g in TARGETS:
-        values = ratios(results, g.kind, g.concurrency, g.num, g.den)
-        met = "met" if values and statistics.median(values) >= g.need else "NOT met"
-        cpu = _fmt_ratio(cpu_ratios(results, g.kind, g.concurrency, g.num, g.den))
-        lines.append(f"target {g.label}: {_fmt_ratio(values)} (needs >= {g.need:g}x) {met}; "
-                     f"from CPU per request {cpu}")
+    lines += [target_line(results, g, cpu=True) for g in TARGETS]
     if isinstance(micro, dict):
         lines.append("micro: " + ", ".join(f"{k} {v:.2f}" for k, v in micro.items()))
     else:
@@ -647,86 +485,28 @@ def console_summary(results: list[Result], micro: dict[str, float] | str) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 s (about 1 min)")
-    parser.add_argument("--rounds", type=int, help="rounds (default 7, quick 3)")
-    parser.add_argument("--seconds", type=int, help="seconds per measurement (default 3, "
-                                                    "quick 2)")
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs",
-                        help="where performance-injection.md and .png go (default docs/)")
-    args = parser.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 7)
-    seconds = args.seconds or (2 if args.quick else 3)
-    if rounds < 1 or seconds < 1:
-        parser.error("--rounds and --seconds must be at least 1")
-
-    try:
-        paths = tools()
-    except BenchError as exc:
-        print(f"injection_overhead: {exc}", file=sys.stderr)
-        return 2
-    pin = (os.cpu_count() or 1) >= 2
-    # Also SIGINT: a shell starts background jobs with it ignored, and Ctrl-C must still stop us.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
-
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="sealgate-injection-bench-"))
-    setup = InjectionSetup(work, pin)
-    keep_logs = True
-    try:
+    options = parse_options(
+        __doc__.split("\n\n")[0] if __doc__ else None, argv, full=(7, 3), quick=(3, 2),
+        quick_takes="1 min", outputs="performance-injection.md and .png",
+    )
+    with bench_session(SCRIPT, TOOLS) as session:
+        setup = session.setup
         print("micro-benchmarks (bench/injection_micro.py) ...", file=sys.stderr)
-        micro = run_micro(pin)
-        with _pinned_self(pin):
-            print(f"starting nginx, stub DNS, sealgate and two mitmdumps in {work} ...",
+        micro = run_micro(setup.pin)
+        with setup.orchestrator_pinned():
+            print(f"starting nginx, stub DNS, sealgate and two mitmdumps in {setup.work} ...",
                   file=sys.stderr)
-            audit = start(setup, paths)
-            results = run_rounds(setup, audit, rounds, seconds)
-        time.sleep(AUDIT_SETTLE_SECONDS)
-        counts = audit_counts(audit)
-        check_audit(counts)
-        keep_logs = False
-    except KeyboardInterrupt:
-        keep_logs = False
-        print("\ninjection_overhead: interrupted; stopping everything", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"\ninjection_overhead: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        # A second Ctrl-C must not cut the clean-up short and leave processes running.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        setup.services.stop_all()
-        if setup.dns is not None:
-            setup.dns.stop()
-        if keep_logs:
-            print(f"injection_overhead: logs kept in {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+            audit = start(setup, session.paths)
+            results = run_rounds(setup, plan(), options.rounds, options.seconds, round_note,
+                                 lambda: checked_audit(audit))
+        counts = checked_audit(audit)
 
-    executable = Path(sys.executable)
-    with contextlib.suppress(ValueError):
-        executable = executable.relative_to(ROOT)
-    script = Path(__file__).resolve().relative_to(ROOT)
-    meta = {
-        "command": shlex.join([str(executable), str(script), *(argv or sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "mode": "custom" if args.rounds or args.seconds else "quick" if args.quick else "full",
-        "rounds": str(rounds),
-        "seconds": str(seconds),
-        "duration": f"{(time.monotonic() - started) / 60:.1f} min",
-    }
-    args.docs.mkdir(parents=True, exist_ok=True)
-    chart = args.docs / "performance-injection.png"
-    draw(results, micro, chart)
-    document = args.docs / "performance-injection.md"
-    document.write_text(report(results, micro, counts, meta, machine_facts(), chart))
+    meta = run_meta(__file__, argv, options, session.started)
+    wrote = publish(options.docs, "performance-injection",
+                    lambda chart: draw(results, micro, chart),
+                    lambda chart: report(results, micro, counts, meta, machine_facts(), chart))
     print(console_summary(results, micro))
-    print(f"wrote {document} and {chart}")
+    print(wrote)
     return 0
 
 

@@ -52,6 +52,8 @@ class Target:
     url: str  # the origin URL, e.g. http://origin.bench:18080/1k
     proxy: tuple[str, int] | None = None
     credentials: tuple[str, str] | None = None  # (sandbox id, key) for Proxy-Authorization
+    # "Name: value" lines sent on every request to the origin (inside the tunnel for HTTPS)
+    headers: tuple[str, ...] = ()
 
 
 def run_wrk(target: Target, concurrency: int, seconds: int, prefix: Sequence[str]) -> Sample:
@@ -59,6 +61,8 @@ def run_wrk(target: Target, concurrency: int, seconds: int, prefix: Sequence[str
     scheme, _, rest = target.url.partition("://")
     if scheme != "http":
         raise LoadError(f"wrk only drives plain HTTP here, not {scheme!r}")
+    if target.headers:
+        raise LoadError("wrk_proxy.lua sends no extra request headers; use hey")
     authority, _, path = rest.partition("/")
     env = dict(os.environ)
     if target.proxy is None:
@@ -105,6 +109,10 @@ def run_hey(
     argv = [*prefix, "hey", "-cpus", "1", "-z", f"{seconds}s", "-c", str(concurrency)]
     if not keepalive:
         argv.append("-disable-keepalive")
+    # Go's client sends -H headers on the requests inside a CONNECT tunnel, never on the
+    # CONNECT itself, which carries only the proxy URL's credentials.
+    for header in target.headers:
+        argv += ["-H", header]
     if target.proxy is not None:
         auth = ""
         if target.credentials is not None:
