@@ -30,8 +30,9 @@ from proxy.pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
-# whether it handles the event or not, so these leave the chain once the proxy is up.
-_STARTUP_ONLY = ("errorcheck", "startupreport")
+# whether it handles the event or not, so these leave the chain once the proxy is up. (core
+# validates option changes and offers UI commands; nothing changes options once running.)
+_STARTUP_ONLY = ("errorcheck", "startupreport", "core")
 
 
 @dataclass(frozen=True)

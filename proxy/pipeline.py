@@ -507,10 +507,11 @@ class Sealgate:
         guardmod.strip_downstream_headers(response.headers)
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         if scrubber:
-            # scrub
-            for name in set(response.headers.keys()):
-                values = response.headers.get_all(name)
-                response.headers.set_all(name, [scrubber.text(v) for v in values])
+            # scrub: one pass over the raw fields; rebuilt only when something was echoed
+            fields = response.headers.fields
+            scrubbed = tuple((name, scrubber.data(value)) for name, value in fields)
+            if scrubbed != fields:
+                response.headers.fields = scrubbed
             if _stream_response(response):
                 response.stream = scrubber.stream()
             # else: buffered, and scrubbed whole in `response`
@@ -526,8 +527,8 @@ class Sealgate:
                 decoded = response.get_content(strict=False) or b""
                 if (scrubbed := scrubber.data(decoded)) != decoded:
                     response.content = scrubbed
-            else:
-                response.raw_content = scrubber.data(response.raw_content)
+            elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
+                response.raw_content = clean
         self._log_flow(flow, flow.metadata.get(_META))
 
     def error(self, flow: http.HTTPFlow) -> None:

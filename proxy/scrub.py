@@ -31,10 +31,6 @@ class Scrubber:
     def __bool__(self) -> bool:
         return bool(self.needles)
 
-    def text(self, value: str) -> str:
-        scrubbed = self.data(value.encode("utf-8", "surrogateescape"))
-        return scrubbed.decode("utf-8", "surrogateescape")
-
     def data(self, data: bytes) -> bytes:
         for needle in self.needles:
             if needle in data:

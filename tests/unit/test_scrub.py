@@ -23,7 +23,7 @@ def test_masks_keep_the_length() -> None:
 def test_longest_needle_first() -> None:
     value = f"Basic {SECRET}xyz"
     scrubber = Scrubber([SECRET, value])
-    assert scrubber.text(value) == ("[REDACTED]" * 4)[: len(value)]
+    assert scrubber.data(value.encode()) == ("[REDACTED]" * 4)[: len(value)].encode()
 
 
 def test_short_needles_are_ignored() -> None:
