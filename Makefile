@@ -33,6 +33,7 @@ test: $(STAMP) deps lint
 bench: $(STAMP) deps
 	@bash scripts/debian-deps.sh $(DEB_BENCH)
 	$(PY) bench/proxy_overhead.py
+	$(PY) bench/injection_overhead.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -176,6 +176,16 @@ def expect_bad_request(response: RawResponse, *reasons: str) -> None:
     assert b"Traceback" not in response.body
 
 
+def ask(
+    proxy: Proxy, form: str, host: str, targets: Targets, who: tuple[str, str]
+) -> RawResponse:
+    """One destination asked for two ways: absolute-form to the HTTP origin's port, or CONNECT
+    to the HTTPS origin's."""
+    if form == "absolute":
+        return get(proxy, f"http://{host}:{targets.http.port}/", who)
+    return connect(proxy, f"{host}:{targets.https.port}", who)
+
+
 # -- A. numeric IPv4 spellings ----------------------------------------------------------------
 
 NUMERIC_V4 = [
@@ -312,10 +322,7 @@ IPV4 = [
 def test_ipv4_literal_in_denied_range(
     guard_proxy: Proxy, targets: Targets, host: str, reason: str, form: str
 ) -> None:
-    if form == "absolute":
-        response = get(guard_proxy, f"http://{host}:{targets.http.port}/", GUARD)
-    else:
-        response = connect(guard_proxy, f"{host}:{targets.https.port}", GUARD)
+    response = ask(guard_proxy, form, host, targets, GUARD)
     expect_denied(guard_proxy, response, 403, reason)
     assert targets.untouched()
 
@@ -386,10 +393,7 @@ MALFORMED_V6 = [
 def test_malformed_ipv6_is_400(
     guard_proxy: Proxy, targets: Targets, host: str, reason: str, form: str
 ) -> None:
-    if form == "absolute":
-        response = get(guard_proxy, f"http://{host}:{targets.http.port}/", GUARD)
-    else:
-        response = connect(guard_proxy, f"{host}:{targets.https.port}", GUARD)
+    response = ask(guard_proxy, form, host, targets, GUARD)
     expect_bad_request(response, reason)
     assert targets.untouched()
 
@@ -468,11 +472,7 @@ DENIED_NAMES = [
 def test_denied_names_are_refused_without_resolving(
     guard_proxy: Proxy, dns: StubDNS, targets: Targets, name: str, reason: str, form: str
 ) -> None:
-    port = targets.http.port if form == "absolute" else targets.https.port
-    if form == "absolute":
-        response = get(guard_proxy, f"http://{name}:{port}/", WIDE)
-    else:
-        response = connect(guard_proxy, f"{name}:{port}", WIDE)
+    response = ask(guard_proxy, form, name, targets, WIDE)
     expect_denied(guard_proxy, response, 403, reason)
     canonical = name.lower().rstrip(".")
     assert not [q for q in dns.queries if q[0] == canonical], "a denied name was resolved"
@@ -510,10 +510,7 @@ INSIDE = [
 def test_name_resolving_inside_is_denied(
     guard_proxy: Proxy, targets: Targets, name: str, reason: str, address: str, form: str
 ) -> None:
-    if form == "absolute":
-        response = get(guard_proxy, f"http://{name}:{targets.http.port}/", GUARD)
-    else:
-        response = connect(guard_proxy, f"{name}:{targets.https.port}", GUARD)
+    response = ask(guard_proxy, form, name, targets, GUARD)
     expect_denied(guard_proxy, response, 403, reason)
     # No oracle: the sandbox is not told what an internal name resolves to.
     assert address.encode() not in response.body
