@@ -56,6 +56,7 @@ _STATUS: Final[Mapping[str, int]] = {
     "dns_timeout": 504,
     "connect_failed": 502,
     "connect_timeout": 504,
+    "internal_error": 500,
     "audit_unavailable": 503,
     "secret_unavailable": 503,
     "rules_unavailable": 503,
@@ -110,7 +111,9 @@ def _error_kind(status: int) -> str:
         return "proxy_auth_required"
     if status in (413, 429):
         return "budget_exceeded"
-    if status >= 500:
+    if status == 500:
+        return "internal_error"
+    if status > 500:
         return "upstream_unavailable"
     if status == 400:
         return "bad_request"

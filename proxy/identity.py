@@ -83,5 +83,12 @@ class Identifier:
             return Identity(sandbox_id, None, "source")
         return Identity(sandbox_id, entry.policy, "source")
 
+    def current(self, identity: Identity) -> Identity:
+        """The same sandbox under these rules (its policy may have changed, or gone)."""
+        if identity.sandbox is None:
+            return self.default()
+        entry = self.rules.sandboxes.get(identity.sandbox)
+        return Identity(identity.sandbox, entry.policy if entry else None, identity.via)
+
     def default(self) -> Identity:
         return Identity(None, self.rules.default_policy, "default")

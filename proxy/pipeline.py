@@ -287,6 +287,9 @@ class Sealgate:
             conn.tunnel = _tunnel(policy, rules)
         except Denial as denial:
             self._deny(flow, verdict, denial, conn)
+        except Exception:
+            logger.exception("sealgate: internal error deciding a CONNECT; refused")
+            self._deny(flow, verdict, _internal(), conn)
         else:
             verdict.decision = verdict.decision if verdict.reason else "allow"
         # A CONNECT gets no response hook: its decision line is written here.
@@ -301,7 +304,10 @@ class Sealgate:
                 await self._transparent_tls_target(data, conn, sni)
             elif sni is not None and _canonical(sni) != conn.target[0]:
                 raise Denial("sni_mismatch", "TLS SNI does not match the CONNECT target")
-        except Denial as denial:
+        except Exception as exc:
+            denial = exc if isinstance(exc, Denial) else _internal()
+            if not isinstance(exc, Denial):
+                logger.exception("sealgate: internal error checking a ClientHello; refused")
             conn.denied += 1
             conn.blocked = denial
             conn.tunnel = False
@@ -412,6 +418,11 @@ class Sealgate:
             self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
         except Denial as denial:
             self._deny(flow, verdict, denial, conn)
+        except Exception:
+            # mitmproxy logs an addon's exception and carries on with the flow: a bug here
+            # must close the door, not open it.
+            logger.exception("sealgate: internal error deciding a request; refused")
+            self._deny(flow, verdict, _internal(), conn)
         else:
             verdict.decision = verdict.decision if verdict.reason else "allow"
 
@@ -424,7 +435,10 @@ class Sealgate:
         try:
             for processor, secret, label in pending:
                 put(flow.request, processor, secret, label, into=injected)
-        except Denial as denial:
+        except Exception as exc:
+            if not isinstance(exc, Denial):
+                logger.exception("sealgate: internal error signing a request; refused")
+            denial = exc if isinstance(exc, Denial) else _internal()
             self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
             return
         scrubber = flow.metadata.get(_SCRUB)
@@ -477,7 +491,10 @@ class Sealgate:
             if conn.blocked is not None:
                 raise conn.blocked
             pin = await self._guard().pin(_canonical(name), port, conn.policy)
-        except Denial as denial:
+        except Exception as exc:
+            denial = exc if isinstance(exc, Denial) else _internal()
+            if not isinstance(exc, Denial):
+                logger.exception("sealgate: internal error checking an upstream dial; refused")
             server.error = f"sealgate: {denial.reason}"
             self._emit(
                 "connect_denied", connection_id=data.client.id, host=name, port=port,
@@ -500,6 +517,14 @@ class Sealgate:
         self._pinned.pop(data.server.id, None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._scrub_headers(flow)
+        except Exception:
+            # An unscrubbed response could carry a credential back: drop it instead.
+            logger.exception("sealgate: internal error scrubbing a response; dropped")
+            flow.kill()
+
+    def _scrub_headers(self, flow: http.HTTPFlow) -> None:
         verdict = flow.metadata.get(_META)
         response = flow.response
         if response is None or verdict is None or verdict.decision == "deny":
@@ -519,6 +544,14 @@ class Sealgate:
             _stream_response(response)
 
     def response(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._scrub_body(flow)
+        except Exception:
+            logger.exception("sealgate: internal error scrubbing a response; dropped")
+            flow.kill()
+        self._log_flow(flow, flow.metadata.get(_META))
+
+    def _scrub_body(self, flow: http.HTTPFlow) -> None:
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         response = flow.response
         if scrubber and response is not None and response.raw_content:
@@ -529,7 +562,6 @@ class Sealgate:
                     response.content = scrubbed
             elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
                 response.raw_content = clean
-        self._log_flow(flow, flow.metadata.get(_META))
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._log_flow(flow, flow.metadata.get(_META))
@@ -545,7 +577,9 @@ class Sealgate:
             if identity is not None:
                 return identity
         if conn.identity is not None:
-            return conn.identity
+            # Proven earlier on this connection; its policy is looked up in the rules in force
+            # now, so a reload applies to tunnels that are already open.
+            return identifier.current(conn.identity)
         by_source = identifier.from_source(str(client.peername[0]))
         return by_source if by_source is not None else identifier.default()
 
@@ -558,7 +592,9 @@ class Sealgate:
             if identity.via == "default":
                 raise Denial("identity_required", "authenticate with Proxy-Authorization")
             raise Denial("not_allowed", "this sandbox has no policy")
-        policy = rules.policies[identity.policy]
+        policy = rules.policies.get(identity.policy)
+        if policy is None:  # the rules were reloaded without it
+            raise Denial("not_allowed", "this sandbox's policy no longer exists")
         verdict.policy = policy.name
         key = identity.sandbox or f"default:{policy.name}"
         if conn.budget_key != key:
@@ -661,6 +697,10 @@ class Sealgate:
         if self.audit is None:
             raise Denial("audit_unavailable", "the audit log is not configured")
         return self.audit
+
+
+def _internal() -> Denial:
+    return Denial("internal_error", "the proxy could not decide; refused")
 
 
 def _tunnel(policy: Policy, rules: tuple[Rule, ...]) -> bool:

@@ -202,3 +202,22 @@ def test_unwritable_audit_log_fails_closed(
         assert r.status_code == 503
         assert r.json()["reason"] == "audit_unavailable"
     assert origin_http.untouched()
+
+
+def test_reload_applies_to_open_tunnels(
+    tmp_path: Path, origin_https: Origin, dns: StubDNS, test_ca: OriginCA
+) -> None:
+    def rules(methods: str) -> str:
+        return rules_allowing("api.test", origin_https.port).replace(
+            f"        ports: [{origin_https.port}]\n",
+            f"        ports: [{origin_https.port}]\n        methods: [{methods}]\n",
+        )
+
+    with running_proxy(tmp_path, rules("GET"), resolver=dns.address,
+                       upstream_ca=test_ca.path) as p:
+        session = client(p)  # one pooled, intercepted tunnel for both requests
+        url = f"https://api.test:{origin_https.port}/t"
+        assert session.get(url, timeout=5).status_code == 200
+        p.rules.write_text(rules("POST"))
+        assert wait_status(session, url, 403) == 403
+        assert session.post(url, timeout=5).status_code == 200
