@@ -103,6 +103,9 @@ class AuditLog:
             self._close_fd()
         else:
             self._failed = False
+            if self.dropped:
+                dropped, self.dropped = self.dropped, 0
+                self.emit("audit_lines_dropped", count=dropped)
 
     def _close_fd(self) -> None:
         if self._fd is not None:
