@@ -46,8 +46,8 @@ def tproxy(
     )
     rules_file = directory / "redirect.nft"
     rules_file.write_text(rules + "\n")
-    run("nft", "-f", str(rules_file))
     try:
+        run("nft", "-f", str(rules_file))
         yield p
     finally:
         run("nft", "delete", "table", "ip", table, check=False)
