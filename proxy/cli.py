@@ -41,6 +41,9 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
     p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
                    help="CA bundle to verify upstream servers with (default: certifi)")
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
+    p.add_argument("--connect-timeout", type=float,
+                   default=float(env("SEALGATE_CONNECT_TIMEOUT", "10")),
+                   help="seconds an upstream dial may take before 504 connect_timeout")
     p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
                    help="directory of private token keys (<kid>.key); unset: tokens refused")
     p.add_argument("--secret-store", action="append", default=[], metavar="URL",
@@ -85,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         workers=max(1, args.workers),
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         audit_stdout=args.audit_stdout,
+        connect_timeout=args.connect_timeout,
         token_keys=Path(args.token_keys) if args.token_keys else None,
         secret_stores=tuple(args.secret_store),
         extra=tuple(args.set),
@@ -104,7 +108,15 @@ def _run_proxy(args: argparse.Namespace) -> int:
             return asyncio.run(_supervise(config))
         return asyncio.run(_serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
-        print(f"sealgate: {exc}", file=sys.stderr)
+        # mitmproxy rolls a failed option update back, re-running configure on the defaults;
+        # an error there would mask the one that matters, which is the first in the chain.
+        first: BaseException = exc
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, exceptions.OptionsError):
+                first = seen
+            seen = seen.__context__
+        print(first, file=sys.stderr)
         return 2
 
 

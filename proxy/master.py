@@ -25,6 +25,7 @@ from typing import Any
 from mitmproxy import addonmanager, ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
+from proxy import upstream
 from proxy.ca import ensure_ca
 from proxy.pipeline import Sealgate
 
@@ -45,6 +46,7 @@ class ProxyConfig:
     workers: int = 1
     upstream_ca: Path | None = None
     audit_stdout: bool = False
+    connect_timeout: float = 10.0
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()  # OPTION=VALUE, parsed by mitmproxy as its --set does
@@ -136,6 +138,7 @@ async def serve(config: ProxyConfig, worker: int | None = None) -> int:
         # mitmproxy binds with asyncio.start_server and no reuse_port; the workers need it.
         original = asyncio.start_server
         asyncio.start_server = functools.partial(original, reuse_port=True)
+    upstream.install(config.connect_timeout)
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the

@@ -431,19 +431,15 @@ class Sealgate:
         pending: list[tuple[Processor, str, str]] | None = flow.metadata.pop(_PENDING, None)
         if not pending or flow.response is not None:
             return
-        injected = Injected()
         try:
             for processor, secret, label in pending:
-                put(flow.request, processor, secret, label, into=injected)
+                # Label and secret were recorded (and the scrubber armed) in requestheaders.
+                put(flow.request, processor, secret, label, into=Injected())
         except Exception as exc:
             if not isinstance(exc, Denial):
                 logger.exception("sealgate: internal error signing a request; refused")
             denial = exc if isinstance(exc, Denial) else _internal()
             self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
-            return
-        scrubber = flow.metadata.get(_SCRUB)
-        if scrubber is not None:
-            scrubber.needles.extend(Scrubber(injected.needles).needles)
 
     def _inject_tokens(
         self, flow: http.HTTPFlow, policy: Policy, rule: Rule | None, tokens: list[str], *,

@@ -221,3 +221,15 @@ def test_reload_applies_to_open_tunnels(
         p.rules.write_text(rules("POST"))
         assert wait_status(session, url, 403) == 403
         assert session.post(url, timeout=5).status_code == 200
+
+
+def test_bad_secret_store_at_start_names_the_store(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*SEALGATE, "proxy", "--listen", f"127.0.0.1:{free_port()}", "--rules",
+         str(ROOT / "rules"), "--state", str(tmp_path / "state"),
+         "--secret-store", "vault:https://127.0.0.1:1?auth=bogus"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "secret stores" in result.stderr and "bogus" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,69 @@
+"""A dead or black-holed upstream: a clear JSON answer in bounded time, never the address."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import Proxy, free_port, key_digest
+from tests.netns import require_root_net, run
+
+
+@pytest.fixture(scope="module")
+def dead_port() -> int:
+    return free_port()  # nothing listens here
+
+
+@pytest.fixture(scope="module")
+def fproxy(
+    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, dead_port: int
+) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{dead_port}]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+"""
+    p = Proxy(tmp_path_factory.mktemp("failures"), rules, resolver=dns.address,
+              extra_args=["--connect-timeout", "1"])
+    yield p
+    p.stop()
+
+
+def test_refused_upstream_is_a_json_502(fproxy: Proxy, dead_port: int) -> None:
+    r = client(fproxy).get(f"http://api.test:{dead_port}/", timeout=10)
+    assert r.status_code == 502
+    assert r.json()["reason"] == "connect_failed"
+    assert r.headers["X-Sealgate-Error"] == "connect_failed"
+    assert "127.0.0.1" not in r.text
+
+
+def test_black_holed_upstream_times_out(
+    fproxy: Proxy, dead_port: int, tmp_path: Path
+) -> None:
+    require_root_net()
+    table = f"sgt_drop_{dead_port}"
+    rules = tmp_path / "drop.nft"
+    rules.write_text(
+        f"table ip {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
+        f"  ip daddr 127.0.0.1 tcp dport {dead_port} drop\n }}\n}}\n"
+    )
+    run("nft", "-f", str(rules))
+    try:
+        started = time.monotonic()
+        r = client(fproxy).get(f"http://api.test:{dead_port}/", timeout=20)
+        assert time.monotonic() - started < 8
+    finally:
+        run("nft", "delete", "table", "ip", table, check=False)
+    assert r.status_code == 504
+    assert r.json()["reason"] == "connect_timeout"
