@@ -232,7 +232,7 @@ class Sealgate:
         except (SecretError, Denial) as exc:
             raise RulesError(path, None, "inject", f"secret reference: {exc}") from None
         self.rules = rules
-        self.rules_stamp = _stamp(rules.sources)
+        self.rules_stamp = _stamp((path, *rules.sources))
         registry = SourceRegistry(Path(ctx.options.sealgate_state) / "registry.json")
         self.identifier = Identifier(rules, registry)
         for warning in rules.warnings:
@@ -241,7 +241,9 @@ class Sealgate:
     async def _watch_rules(self) -> None:
         while True:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
-            if self.rules is not None and _stamp(self.rules.sources) != self.rules_stamp:
+            # The rules path itself too: a file added to a rules directory changes its mtime.
+            path = Path(ctx.options.sealgate_rules)
+            if self.rules is not None and _stamp((path, *self.rules.sources)) != self.rules_stamp:
                 self.reload()
 
     # -- connections ----------------------------------------------------------------------
@@ -291,7 +293,8 @@ class Sealgate:
             logger.exception("sealgate: internal error deciding a CONNECT; refused")
             self._deny(flow, verdict, _internal(), conn)
         else:
-            verdict.decision = verdict.decision if verdict.reason else "allow"
+            if verdict.reason is None:  # a report-mode miss keeps its "report"
+                verdict.decision = "allow"
         # A CONNECT gets no response hook: its decision line is written here.
         self._log_flow(flow, verdict)
 
@@ -424,7 +427,8 @@ class Sealgate:
             logger.exception("sealgate: internal error deciding a request; refused")
             self._deny(flow, verdict, _internal(), conn)
         else:
-            verdict.decision = verdict.decision if verdict.reason else "allow"
+            if verdict.reason is None:  # a report-mode miss keeps its "report"
+                verdict.decision = "allow"
 
     def request(self, flow: http.HTTPFlow) -> None:
         """Signatures over the body, once the whole body is here."""

@@ -233,3 +233,22 @@ def test_bad_secret_store_at_start_names_the_store(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "secret stores" in result.stderr and "bogus" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_file_added_to_rules_directory_is_picked_up(
+    tmp_path: Path, origin_http: Origin, dns: StubDNS
+) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "base.yaml").write_text(rules_allowing("api.test", origin_http.port))
+    with running_proxy(tmp_path, rules_dir, resolver=dns.address) as p:
+        session = client(p)
+        late = p.url("late-1", "late-key")
+        session.proxies = {"http": late}
+        url = f"http://api.test:{origin_http.port}/late"
+        assert session.get(url, timeout=5).status_code == 407
+        (rules_dir / "late.yaml").write_text(
+            f'sandboxes:\n  late-1: {{policy: ci, key_sha256: "{key_digest("late-key")}"}}\n'
+            "version: 1\n"
+        )
+        assert wait_status(session, url, 200) == 200
