@@ -288,7 +288,10 @@ class VaultStore:
             self._relogged.clear()
             try:
                 # A login elsewhere (token file change, 403 recovery) restarts the clock.
-                await asyncio.wait_for(self._relogged.wait(), delay if delay > 0 else None)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel (close())
+                # that arrives in the loop turn the event is set, and close() then hangs.
+                async with asyncio.timeout(delay if delay > 0 else None):
+                    await self._relogged.wait()
                 delay = self._lease / 2
                 continue
             except TimeoutError:
