@@ -5,35 +5,44 @@ rule that allowed the request names the secrets and how they go in. Lookups go t
 secret stores' cache (`proxy.secrets`): a store that is down serves from cache within its grace,
 then fails closed, and a request whose credential cannot be had is refused with 503
 `secret_unavailable`, never forwarded without it.
+
+The credential worked out from a secret is kept per rule entry for as long as the cache hands
+out the same secret object: a rotated secret is a new object, so it is worked out again.
 """
 
 from __future__ import annotations
 
-from mitmproxy import http
+from collections.abc import Sequence
 
+from issuer.processors import InjectionError
 from proxy.errors import Denial
-from proxy.inject import Injected, put
-from proxy.policy import Rule, RuleSet
-from proxy.secrets import SecretBroker, SecretError
+from proxy.inject import Credential, credential
+from proxy.policy import Injection, RuleSet
+from proxy.secrets import Secret, SecretBroker, SecretError
 
 
 class Broker:
     def __init__(self, secrets: SecretBroker) -> None:
         self.secrets = secrets
+        self._worked_out: dict[Injection, tuple[Secret, Credential]] = {}
 
     def check(self, rules: RuleSet) -> None:
-        """Every secret a rule names must have a store; raises SecretConfigError."""
+        """Every secret a rule names must have a store; raises SecretConfigError. Credentials
+        of injections the new rules no longer name are forgotten."""
+        named = set()
         for policy in rules.policies.values():
             for rule in policy.rules:
                 for injection in rule.inject:
                     self.secrets.check(injection.secret)
+                    named.add(injection)
+        for gone in self._worked_out.keys() - named:
+            del self._worked_out[gone]
 
-    async def inject(self, rule: Rule, request: http.Request, into: Injected) -> None:
-        for name in rule.strip:
-            request.headers.pop(name, None)
-        if not rule.inject:
-            return
-        for injection in rule.inject:
+    async def credentials(self, injections: Sequence[Injection]) -> list[Credential]:
+        """What a rule's `inject` entries put in, their secrets fetched (nearly always from
+        the cache)."""
+        found = []
+        for injection in injections:
             # One at a time: nearly always a cache hit, which a gather would turn into a task
             # and a loop turn per secret.
             try:
@@ -44,7 +53,19 @@ class Broker:
                     "secret_unavailable",
                     f"a credential for this request is unavailable ({exc.reason})",
                 ) from None
-            put(request, injection.processor, secret.reveal(), f"broker:{injection.secret}", into)
+            known = self._worked_out.get(injection)
+            if known is not None and known[0] is secret:
+                found.append(known[1])
+                continue
+            try:
+                cred = credential(
+                    injection.processor, secret.reveal(), f"broker:{injection.secret}"
+                )
+            except InjectionError as exc:
+                raise Denial(exc.reason, str(exc)) from None
+            self._worked_out[injection] = (secret, cred)
+            found.append(cred)
+        return found
 
     async def close(self) -> None:
         await self.secrets.close()

@@ -1,14 +1,21 @@
 """Putting credentials into a request: the one step both the broker and the tokenizer end in.
 
 The processors themselves (bearer, header, basic, query, hmac-sha256, placeholder) live in
-`issuer.processors`, shared with the sealed-token format. This module adapts mitmproxy's request
-to them, refuses to send a credential anywhere it could be read on the way, and remembers what
-was injected so the response can be scrubbed of it.
+`issuer.processors`, shared with the sealed-token format. This module works a secret and its
+processor out once into a `Credential` (checked, labelled, and for the processors that write one
+fixed header, that header ready to send), writes credentials into mitmproxy's request, refuses to
+send them anywhere they could be read on the way, and remembers what was injected so the
+response can be scrubbed of it.
+
+Fixed headers (bearer, header, basic) go in with one pass over the request's header fields,
+together with the headers that must not be forwarded and the identity encoding that keeps the
+response scrubbable: each `Headers` edit in mitmproxy rebuilds the whole field tuple, and on the
+injection path those rebuilds were most of its cost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mitmproxy import http
@@ -19,15 +26,19 @@ from issuer.processors import (
     HeaderProcessor,
     HmacProcessor,
     InjectionError,
+    InMemoryRequest,
     PlaceholderProcessor,
     Processor,
     QueryProcessor,
+    check_secret,
     inject,
 )
 from proxy.errors import Denial
 from proxy.guard import Pin
 from proxy.policy import Policy, Rule
 from proxy.scrub import Scrubber
+
+_IDENTITY = (b"accept-encoding", b"identity")
 
 
 class FlowRequest:
@@ -49,6 +60,41 @@ class FlowRequest:
         return self.request.raw_content or b""
 
 
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A secret and the processor that puts it in, checked once.
+
+    `header` is the (name, value) a fixed-header processor writes; None for the
+    processors whose output depends on the request (query, placeholder, hmac-sha256)."""
+
+    processor: Processor
+    secret: str = field(repr=False)
+    label: str
+    target: str  # the header (lower-case) or "?param" it writes
+    header: tuple[bytes, bytes] | None = field(repr=False)
+    needles: tuple[str, ...] = field(repr=False)  # what an echo of it would look like
+
+    @property
+    def signs_body(self) -> bool:
+        return isinstance(self.processor, HmacProcessor) and self.processor.message is None
+
+
+def credential(processor: Processor, secret: str, label: str) -> Credential:
+    """Check `secret` for `processor` and work out what it writes. Raises InjectionError."""
+    check_secret(processor, secret)
+    header = None
+    needles = [secret]
+    if isinstance(processor, (BearerProcessor, HeaderProcessor, BasicProcessor)):
+        written = InMemoryRequest()
+        inject(processor, secret, written)
+        ((name, value),) = written.headers
+        header = (name.encode("ascii"), value.encode("utf-8", "surrogateescape"))
+        if isinstance(processor, BasicProcessor):
+            # The base64 form decodes to the secret: an echo of it is an echo of the secret.
+            needles.append(value)
+    return Credential(processor, secret, label, target(processor), header, tuple(needles))
+
+
 @dataclass
 class Injected:
     """What went into a request: for the audit line and the response scrubber."""
@@ -56,6 +102,10 @@ class Injected:
     labels: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     needles: list[str] = field(default_factory=list)
+
+    def record(self, cred: Credential) -> None:
+        self.labels.append(cred.label)
+        self.needles.extend(cred.needles)
 
     def scrubber(self) -> Scrubber:
         return Scrubber(self.needles)
@@ -89,21 +139,65 @@ def require_secure_upstream(
     raise Denial("insecure_upstream", "credentials are only injected over verified TLS")
 
 
-def put(
-    request: http.Request, processor: Processor, secret: str, label: str, into: Injected
+def write(
+    request: http.Request,
+    credentials: Sequence[Credential],
+    into: Injected,
+    *,
+    strip: Iterable[str] = (),
 ) -> None:
-    name = target(processor)
-    present = (
-        name[1:] in request.query if name.startswith("?") else name in request.headers
-    )
-    if present and not isinstance(processor, PlaceholderProcessor):
-        into.overwrote.append(name)
+    """Remove the `strip` headers, then put `credentials` in, in order, overwriting what the
+    sandbox sent under the same name (except a placeholder, which replaces only itself). Any
+    credential makes the request ask for an identity encoding, so its response can be scrubbed.
+    A body signature (`Credential.signs_body`) is recorded but written later, by `put`, once
+    the body is here."""
+    fixed = {c.header[0].lower(): c.header for c in credentials if c.header is not None}
+    for cred in credentials:
+        if cred.header is None and cred.target.encode() in fixed:
+            # One would silently undo the other, whichever went second.
+            raise Denial("injection_conflict", f"two credentials write {cred.target}")
+    drop = {name.lower().encode() for name in strip}
+    if credentials:
+        drop.add(_IDENTITY[0])
+    if drop:
+        _rewrite_headers(request, drop, fixed, bool(credentials), into)
+    for cred in credentials:
+        if cred.header is None and not cred.signs_body:
+            put(request, cred, into)
+        into.record(cred)
+
+
+def _rewrite_headers(
+    request: http.Request,
+    drop: set[bytes],
+    fixed: dict[bytes, tuple[bytes, bytes]],
+    identity: bool,
+    into: Injected,
+) -> None:
+    kept = []
+    overwrote = set()
+    for name, value in request.headers.fields:
+        lower = name.lower()
+        if lower in fixed:
+            overwrote.add(lower.decode())
+        elif lower not in drop:
+            kept.append((name, value))
+    kept.extend(fixed.values())
+    if identity:
+        kept.append(_IDENTITY)
+    into.overwrote.extend(sorted(overwrote))
+    request.headers.fields = tuple(kept)
+
+
+def put(request: http.Request, cred: Credential, into: Injected | None = None) -> None:
+    """Write one credential whose value depends on the request (a query parameter, a
+    placeholder's replacement, a signature) through its processor."""
+    name = cred.target
+    if into is not None and not isinstance(cred.processor, PlaceholderProcessor):
+        present = name[1:] in request.query if name.startswith("?") else name in request.headers
+        if present:
+            into.overwrote.append(name)
     try:
-        inject(processor, secret, FlowRequest(request))
+        inject(cred.processor, cred.secret, FlowRequest(request))
     except InjectionError as exc:
         raise Denial(exc.reason, str(exc)) from None
-    into.labels.append(label)
-    into.needles.append(secret)
-    if isinstance(processor, BasicProcessor):
-        # The base64 form decodes to the secret: an echo of it is an echo of the secret.
-        into.needles.extend(request.headers.get_all("authorization"))

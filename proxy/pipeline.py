@@ -27,7 +27,6 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import mode_specs, server_hooks
 
 from issuer.keys import KeyFileError, Keyring
-from issuer.processors import HmacProcessor, Processor
 from issuer.token import TokenError
 from proxy import guard as guardmod
 from proxy.audit import AuditLog
@@ -37,7 +36,7 @@ from proxy.errors import Denial, deny_response
 from proxy.guard import Guard, Pin
 from proxy.hostname import Host, HostError, canonical_host
 from proxy.identity import Identifier, Identity
-from proxy.inject import Injected, put, require_secure_upstream
+from proxy.inject import Credential, Injected, put, require_secure_upstream, write
 from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
@@ -105,6 +104,7 @@ class Sealgate:
         self.conns: dict[str, Conn] = {}
         self._pinned: dict[str, tuple[str, int]] = {}
         self._watcher: asyncio.Task[None] | None = None
+        self._ssl_insecure = False  # mitmproxy's option, read per injected request
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -191,6 +191,8 @@ class Sealgate:
         if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
             resolver = Resolver.from_spec(opts.sealgate_resolver)
             self.guard = Guard(resolver, _listen_endpoints())
+        if "ssl_insecure" in updated:
+            self._ssl_insecure = bool(opts.ssl_insecure)
         if "sealgate_workers" in updated:
             self.budgets = BudgetLedger(share=opts.sealgate_workers)
 
@@ -395,24 +397,32 @@ class Sealgate:
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
+            credentials: list[Credential] = []
+            if facts.tokens:
+                credentials += self._token_credentials(
+                    policy, facts.tokens, TokenRequest(
+                        identity.sandbox, policy.name, host.name, port, request.method,
+                        verdict.path, facts.proxy_auth or conn.proxy_auth,
+                    ),
+                )
+            injections, strip = (rule.inject, rule.strip) if rule is not None else ((), ())
+            if credentials or injections:
+                self._require_secure(request, rule, policy, verdict.pin)
+            if injections:
+                credentials += await self._broker().credentials(injections)
             injected = Injected()
             if facts.tokens:
-                del request.headers[TOKEN_HEADER]
-                token_request = TokenRequest(
-                    identity.sandbox, policy.name, host.name, port, request.method,
-                    verdict.path, facts.proxy_auth or conn.proxy_auth,
-                )
-                self._inject_tokens(
-                    flow, policy, rule, facts.tokens, token_request=token_request,
-                    injected=injected,
-                )
-            if rule is not None and (rule.inject or rule.strip):
-                if rule.inject:
-                    self._require_secure(request, rule, policy, verdict.pin)
-                await self._broker().inject(rule, request, injected)
+                strip = (*strip, TOKEN_HEADER)
+            if credentials or strip:
+                write(request, credentials, injected, strip=strip)
+            if signed := [c for c in credentials if c.signs_body]:
+                # The signature covers the exact body: buffer it (declared, so bounded by the
+                # request budget) and sign in the `request` hook.
+                if facts.length is None:
+                    raise Denial("length_required", "a signed body needs a Content-Length")
+                request.stream = False
+                flow.metadata[_PENDING] = signed
             if injected.needles:
-                # Ask for an identity encoding so the response can be scrubbed byte for byte.
-                request.headers["accept-encoding"] = "identity"
                 flow.metadata[_SCRUB] = injected.scrubber()
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(_PENDING):
@@ -432,52 +442,33 @@ class Sealgate:
 
     def request(self, flow: http.HTTPFlow) -> None:
         """Signatures over the body, once the whole body is here."""
-        pending: list[tuple[Processor, str, str]] | None = flow.metadata.pop(_PENDING, None)
-        if not pending or flow.response is not None:
+        signed: list[Credential] | None = flow.metadata.pop(_PENDING, None)
+        if not signed or flow.response is not None:
             return
         try:
-            for processor, secret, label in pending:
-                # Label and secret were recorded (and the scrubber armed) in requestheaders.
-                put(flow.request, processor, secret, label, into=Injected())
+            for cred in signed:
+                # Recorded (and the scrubber armed) in requestheaders.
+                put(flow.request, cred)
         except Exception as exc:
             if not isinstance(exc, Denial):
                 logger.exception("sealgate: internal error signing a request; refused")
             denial = exc if isinstance(exc, Denial) else _internal()
             self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
 
-    def _inject_tokens(
-        self, flow: http.HTTPFlow, policy: Policy, rule: Rule | None, tokens: list[str], *,
-        token_request: TokenRequest, injected: Injected,
-    ) -> None:
-        verdict: Verdict = flow.metadata[_META]
-        assert verdict.pin is not None
+    def _token_credentials(
+        self, policy: Policy, tokens: list[str], request: TokenRequest
+    ) -> list[Credential]:
         if not policy.tokens:
             raise Denial("tokens_not_allowed", f"policy {policy.name} does not accept tokens")
         try:
-            grants = self._tokenizer().authorise(tokens, token_request)
+            return self._tokenizer().authorise(tokens, request)
         except TokenError as exc:
             raise Denial(exc.reason, str(exc)) from None
-        request = flow.request
-        self._require_secure(request, rule, policy, verdict.pin)
-        for claims in grants:
-            label = f"token:{claims.kid}:{claims.jti or '-'}"
-            processor = claims.processor
-            if isinstance(processor, HmacProcessor) and processor.message is None:
-                # The signature covers the exact body: buffer it (declared, so bounded by the
-                # request budget) and sign in the `request` hook.
-                if _RequestFacts.of(request.headers).length is None:
-                    raise Denial("length_required", "a signed body needs a Content-Length")
-                request.stream = False
-                flow.metadata.setdefault(_PENDING, []).append((processor, claims.secret, label))
-                injected.labels.append(label)
-                injected.needles.append(claims.secret)
-            else:
-                put(request, processor, claims.secret, label, into=injected)
 
     def _require_secure(
         self, request: http.Request, rule: Rule | None, policy: Policy, pin: Pin
     ) -> None:
-        require_secure_upstream(request, rule, policy, pin, bool(ctx.options.ssl_insecure))
+        require_secure_upstream(request, rule, policy, pin, self._ssl_insecure)
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """Every upstream dial, keep-alive or pre-dial alike, goes to an address we checked."""

@@ -3,7 +3,9 @@
 Stateless by design: everything a token grants is inside it, sealed to the proxy's key, so any
 number of proxies can open it with nothing to share but the private keys. Opening costs an X25519
 operation, so opened tokens are cached by the SHA-256 of the token (never the token itself) until
-their `exp`; the time window, binding and scope are still checked on every use.
+their `exp`, together with the credential worked out from them. The time window is checked on
+every use; binding and scope, pure functions of the token and the request, again whenever the
+request differs from the one the token last passed for.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from issuer.token import (
     check_time,
     unseal,
 )
+from proxy.inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
 _MAX_TOKENS = 8
@@ -42,6 +45,13 @@ class TokenRequest:
     proxy_authorization: Sequence[str]
 
 
+@dataclass(slots=True)
+class _Opened:
+    claims: Claims
+    credential: Credential
+    passed: TokenRequest | None = None  # the last request binding and scope let through
+
+
 class Tokenizer:
     def __init__(
         self, keyring: Keyring, *, cache_size: int = 4096, clock: Callable[[], float] = time.time
@@ -49,49 +59,61 @@ class Tokenizer:
         self.keyring = keyring
         self.cache_size = cache_size
         self.clock = clock
-        self._opened: OrderedDict[bytes, Claims] = OrderedDict()
+        self._opened: OrderedDict[bytes, _Opened] = OrderedDict()
 
     def open(self, token: str) -> Claims:
         """Decrypt (or recall) a token and check its time window. Raises TokenError."""
+        return self._open(token).claims
+
+    def _open(self, token: str) -> _Opened:
         key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
-        claims = self._opened.get(key)
-        if claims is None:
+        opened = self._opened.get(key)
+        if opened is None:
             claims = unseal(token, self.keyring)
-            self._opened[key] = claims
+            label = f"token:{claims.kid}:{claims.jti or '-'}"
+            # Claims refuse a secret their processor cannot carry, so this does not raise.
+            cred = credential(claims.processor, claims.secret, label)
+            opened = self._opened[key] = _Opened(claims, cred)
             if len(self._opened) > self.cache_size:
                 self._evict()
         else:
             self._opened.move_to_end(key)
         try:
-            check_time(claims, now=self.clock())
+            check_time(opened.claims, now=self.clock())
         except TokenError:
             self._opened.pop(key, None)
             raise
-        return claims
+        return opened
 
     def _evict(self) -> None:
         now = self.clock()
-        for key in [k for k, c in self._opened.items() if c.exp <= now]:
+        for key in [k for k, o in self._opened.items() if o.claims.exp <= now]:
             del self._opened[key]
         while len(self._opened) > self.cache_size:
             self._opened.popitem(last=False)
 
-    def authorise(self, header_values: Sequence[str], request: TokenRequest) -> list[Claims]:
-        """Every token in every `Proxy-Tokenizer` value, in order; all must pass."""
+    def authorise(
+        self, header_values: Sequence[str], request: TokenRequest
+    ) -> list[Credential]:
+        """Every token in every `Proxy-Tokenizer` value, in order; all must pass. Returns what
+        each one injects."""
         tokens = [t.strip() for value in header_values for t in value.split(",") if t.strip()]
         if len(tokens) > _MAX_TOKENS:
             raise TokenMalformed(f"at most {_MAX_TOKENS} tokens per request")
         granted = []
         for token in tokens:
-            claims = self.open(token)
-            # Binding before scope: a caller who is not the bound sandbox learns nothing about
-            # what the token would open.
-            check_binding(
-                claims,
-                sandbox_id=request.sandbox,
-                policy=request.policy,
-                proxy_authorization=request.proxy_authorization,
-            )
-            check_scope(claims, request.host, request.port, request.method, request.path)
-            granted.append(claims)
+            opened = self._open(token)
+            if opened.passed != request:
+                claims = opened.claims
+                # Binding before scope: a caller who is not the bound sandbox learns nothing
+                # about what the token would open.
+                check_binding(
+                    claims,
+                    sandbox_id=request.sandbox,
+                    policy=request.policy,
+                    proxy_authorization=request.proxy_authorization,
+                )
+                check_scope(claims, request.host, request.port, request.method, request.path)
+                opened.passed = request
+            granted.append(opened.credential)
         return granted
