@@ -40,6 +40,7 @@ __all__ = [
     "inject",
     "processor_from_object",
     "processor_to_object",
+    "target",
 ]
 
 MAX_SECRET_LENGTH: Final = 4096
@@ -357,6 +358,17 @@ class InMemoryRequest:
 def _signature(key: str, message: bytes, encoding: str) -> str:
     digest = hmac.new(key.encode("utf-8"), message, hashlib.sha256).digest()
     return digest.hex() if encoding == "hex" else base64.b64encode(digest).decode("ascii")
+
+
+def target(processor: Processor) -> str:
+    """What a processor writes: a header name, lower-case, or `?param` for a query parameter."""
+    match processor:
+        case BearerProcessor() | BasicProcessor():
+            return "authorization"
+        case HeaderProcessor(header=h) | HmacProcessor(header=h) | PlaceholderProcessor(header=h):
+            return h.lower()
+        case QueryProcessor(param=param):
+            return f"?{param}"
 
 
 def inject(processor: Processor, secret: str, request: MutableRequest) -> None:

@@ -24,7 +24,9 @@ from proxy.secrets import Secret, SecretBroker, SecretError
 class Broker:
     def __init__(self, secrets: SecretBroker) -> None:
         self.secrets = secrets
-        self._worked_out: dict[Injection, tuple[Secret, Credential]] = {}
+        # By the identity of the rule entry (it is kept in the value, so the id stays its own):
+        # hashing a frozen dataclass per request costs more than the lookup it serves.
+        self._worked_out: dict[int, tuple[Injection, Secret, Credential]] = {}
 
     def check(self, rules: RuleSet) -> None:
         """Every secret a rule names must have a store; raises SecretConfigError. Credentials
@@ -34,7 +36,7 @@ class Broker:
             for rule in policy.rules:
                 for injection in rule.inject:
                     self.secrets.check(injection.secret)
-                    named.add(injection)
+                    named.add(id(injection))
         for gone in self._worked_out.keys() - named:
             del self._worked_out[gone]
 
@@ -45,17 +47,19 @@ class Broker:
         for injection in injections:
             # One at a time: nearly always a cache hit, which a gather would turn into a task
             # and a loop turn per secret.
-            try:
-                secret = await self.secrets.get(injection.secret)
-            except SecretError as exc:
-                # The reason names the failure class; the detail names no value.
-                raise Denial(
-                    "secret_unavailable",
-                    f"a credential for this request is unavailable ({exc.reason})",
-                ) from None
-            known = self._worked_out.get(injection)
-            if known is not None and known[0] is secret:
-                found.append(known[1])
+            secret = self.secrets.fresh(injection.secret)
+            if secret is None:
+                try:
+                    secret = await self.secrets.get(injection.secret)
+                except SecretError as exc:
+                    # The reason names the failure class; the detail names no value.
+                    raise Denial(
+                        "secret_unavailable",
+                        f"a credential for this request is unavailable ({exc.reason})",
+                    ) from None
+            known = self._worked_out.get(id(injection))
+            if known is not None and known[0] is injection and known[1] is secret:
+                found.append(known[2])
                 continue
             try:
                 cred = credential(
@@ -63,7 +67,7 @@ class Broker:
                 )
             except InjectionError as exc:
                 raise Denial(exc.reason, str(exc)) from None
-            self._worked_out[injection] = (secret, cred)
+            self._worked_out[id(injection)] = (injection, secret, cred)
             found.append(cred)
         return found
 

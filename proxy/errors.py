@@ -38,6 +38,7 @@ _STATUS: Final[Mapping[str, int]] = {
     "token_invalid": 400,
     "token_inapplicable": 400,
     "request_inapplicable": 400,
+    "injection_conflict": 400,
     "secret_invalid": 400,
     "processor_invalid": 400,
     "token_expired": 401,

@@ -29,9 +29,10 @@ from issuer.processors import (
     InMemoryRequest,
     PlaceholderProcessor,
     Processor,
-    QueryProcessor,
+    RequestInapplicable,
     check_secret,
     inject,
+    target,
 )
 from proxy.errors import Denial
 from proxy.guard import Pin
@@ -71,15 +72,24 @@ class Credential:
     secret: str = field(repr=False)
     label: str
     target: str  # the header (lower-case) or "?param" it writes
+    key: bytes = field(init=False, repr=False)  # target, encoded: compared with header names
     header: tuple[bytes, bytes] | None = field(repr=False)
     needles: tuple[str, ...] = field(repr=False)  # what an echo of it would look like
+    # The reason a request it cannot apply to (no placeholder there) is refused with: a token's
+    # own (`token_inapplicable`, as docs/token-format.md says) or the broker's.
+    inapplicable: str = "request_inapplicable"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.target.encode())
 
     @property
     def signs_body(self) -> bool:
         return isinstance(self.processor, HmacProcessor) and self.processor.message is None
 
 
-def credential(processor: Processor, secret: str, label: str) -> Credential:
+def credential(
+    processor: Processor, secret: str, label: str, *, inapplicable: str = "request_inapplicable"
+) -> Credential:
     """Check `secret` for `processor` and work out what it writes. Raises InjectionError."""
     check_secret(processor, secret)
     header = None
@@ -92,7 +102,9 @@ def credential(processor: Processor, secret: str, label: str) -> Credential:
         if isinstance(processor, BasicProcessor):
             # The base64 form decodes to the secret: an echo of it is an echo of the secret.
             needles.append(value)
-    return Credential(processor, secret, label, target(processor), header, tuple(needles))
+    return Credential(
+        processor, secret, label, target(processor), header, tuple(needles), inapplicable
+    )
 
 
 @dataclass
@@ -109,17 +121,6 @@ class Injected:
 
     def scrubber(self) -> Scrubber:
         return Scrubber(self.needles)
-
-
-def target(processor: Processor) -> str:
-    """The header (or query parameter) a processor writes."""
-    match processor:
-        case BearerProcessor() | BasicProcessor():
-            return "authorization"
-        case HeaderProcessor(header=h) | HmacProcessor(header=h) | PlaceholderProcessor(header=h):
-            return h.lower()
-        case QueryProcessor(param=param):
-            return f"?{param}"
 
 
 def require_secure_upstream(
@@ -145,15 +146,22 @@ def write(
     into: Injected,
     *,
     strip: Iterable[str] = (),
-) -> None:
+) -> list[Credential]:
     """Remove the `strip` headers, then put `credentials` in, in order, overwriting what the
     sandbox sent under the same name (except a placeholder, which replaces only itself). Any
     credential makes the request ask for an identity encoding, so its response can be scrubbed.
-    A body signature (`Credential.signs_body`) is recorded but written later, by `put`, once
-    the body is here."""
-    fixed = {c.header[0].lower(): c.header for c in credentials if c.header is not None}
+    Returns the body signatures (`Credential.signs_body`): recorded, but for `put` to write
+    once the body is here."""
+    fixed: dict[bytes, tuple[bytes, bytes]] = {}
+    dynamic: list[Credential] = []
     for cred in credentials:
-        if cred.header is None and cred.target.encode() in fixed:
+        into.record(cred)
+        if cred.header is None:
+            dynamic.append(cred)
+        else:
+            fixed[cred.key] = cred.header
+    for cred in dynamic:
+        if cred.key in fixed:
             # One would silently undo the other, whichever went second.
             raise Denial("injection_conflict", f"two credentials write {cred.target}")
     drop = {name.lower().encode() for name in strip}
@@ -161,10 +169,13 @@ def write(
         drop.add(_IDENTITY[0])
     if drop:
         _rewrite_headers(request, drop, fixed, bool(credentials), into)
-    for cred in credentials:
-        if cred.header is None and not cred.signs_body:
+    signed = []
+    for cred in dynamic:
+        if cred.signs_body:
+            signed.append(cred)
+        else:
             put(request, cred, into)
-        into.record(cred)
+    return signed
 
 
 def _rewrite_headers(
@@ -199,5 +210,7 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
             into.overwrote.append(name)
     try:
         inject(cred.processor, cred.secret, FlowRequest(request))
+    except RequestInapplicable as exc:
+        raise Denial(cred.inapplicable, str(exc)) from None
     except InjectionError as exc:
         raise Denial(exc.reason, str(exc)) from None

@@ -397,33 +397,7 @@ class Sealgate:
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
-            credentials: list[Credential] = []
-            if facts.tokens:
-                credentials += self._token_credentials(
-                    policy, facts.tokens, TokenRequest(
-                        identity.sandbox, policy.name, host.name, port, request.method,
-                        verdict.path, facts.proxy_auth or conn.proxy_auth,
-                    ),
-                )
-            injections, strip = (rule.inject, rule.strip) if rule is not None else ((), ())
-            if credentials or injections:
-                self._require_secure(request, rule, policy, verdict.pin)
-            if injections:
-                credentials += await self._broker().credentials(injections)
-            injected = Injected()
-            if facts.tokens:
-                strip = (*strip, TOKEN_HEADER)
-            if credentials or strip:
-                write(request, credentials, injected, strip=strip)
-            if signed := [c for c in credentials if c.signs_body]:
-                # The signature covers the exact body: buffer it (declared, so bounded by the
-                # request budget) and sign in the `request` hook.
-                if facts.length is None:
-                    raise Denial("length_required", "a signed body needs a Content-Length")
-                request.stream = False
-                flow.metadata[_PENDING] = signed
-            if injected.needles:
-                flow.metadata[_SCRUB] = injected.scrubber()
+            injected = await self._inject(flow, facts, conn, policy, rule)
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(_PENDING):
                 _stream_request(request, facts, self.budgets.meter(budget_key))
@@ -454,6 +428,41 @@ class Sealgate:
                 logger.exception("sealgate: internal error signing a request; refused")
             denial = exc if isinstance(exc, Denial) else _internal()
             self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
+
+    async def _inject(
+        self, flow: http.HTTPFlow, facts: _RequestFacts, conn: Conn, policy: Policy,
+        rule: Rule | None,
+    ) -> Injected:
+        """The sandbox's sealed tokens, then the rule's brokered secrets, into the request."""
+        request, verdict = flow.request, flow.metadata[_META]
+        credentials: list[Credential] = []
+        if facts.tokens:
+            identity = verdict.identity
+            assert identity and verdict.host and verdict.port and verdict.path
+            credentials += self._token_credentials(policy, facts.tokens, TokenRequest(
+                identity.sandbox, policy.name, verdict.host, verdict.port, request.method,
+                verdict.path, facts.proxy_auth or conn.proxy_auth,
+            ))
+        injections, strip = (rule.inject, rule.strip) if rule is not None else ((), ())
+        if credentials or injections:
+            self._require_secure(request, rule, policy, verdict.pin)
+        if injections:
+            credentials += await self._broker().credentials(injections)
+        if facts.tokens:
+            strip = (*strip, TOKEN_HEADER)
+        injected = Injected()
+        if not credentials and not strip:
+            return injected
+        if signed := write(request, credentials, injected, strip=strip):
+            # The signature covers the exact body: buffer it (declared, so bounded by the
+            # request budget) and sign in the `request` hook.
+            if facts.length is None:
+                raise Denial("length_required", "a signed body needs a Content-Length")
+            request.stream = False
+            flow.metadata[_PENDING] = signed
+        if injected.needles:
+            flow.metadata[_SCRUB] = injected.scrubber()
+        return injected
 
     def _token_credentials(
         self, policy: Policy, tokens: list[str], request: TokenRequest
@@ -523,10 +532,8 @@ class Sealgate:
         guardmod.strip_downstream_headers(response.headers)
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         if scrubber:
-            # scrub: one pass over the raw fields; rebuilt only when something was echoed
             fields = response.headers.fields
-            scrubbed = tuple((name, scrubber.data(value)) for name, value in fields)
-            if scrubbed != fields:
+            if (scrubbed := scrubber.fields(fields)) is not fields:
                 response.headers.fields = scrubbed
             if _stream_response(response):
                 response.stream = scrubber.stream()
@@ -546,7 +553,7 @@ class Sealgate:
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         response = flow.response
         if scrubber and response is not None and response.raw_content:
-            if "content-encoding" in response.headers:
+            if any(name.lower() == b"content-encoding" for name, _ in response.headers.fields):
                 # Asked for identity but compressed anyway: scrub what the sandbox will read.
                 decoded = response.get_content(strict=False) or b""
                 if (scrubbed := scrubber.data(decoded)) != decoded:

@@ -19,7 +19,7 @@ from typing import Final
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from issuer.processors import InjectionError, processor_from_object
+from issuer.processors import InjectionError, processor_from_object, target
 from proxy.addresses import METADATA_ADDRESSES
 from proxy.hostname import Host, HostError, canonical_host, denied_name
 from proxy.policy import (
@@ -444,6 +444,7 @@ class _Document:
                 self._injection(item, f"{inject_field}[{i}]")
                 for i, item in enumerate(self._list(entries["inject"][1], inject_field))
             )
+            self._one_writer_each(inject, entries["inject"][1], inject_field)
         strip: tuple[str, ...] = ()
         if "strip" in entries:
             strip_field = f"{field}.strip"
@@ -487,6 +488,18 @@ class _Document:
         except InjectionError as exc:
             raise self._error(as_node, as_field, str(exc)) from None
         return Injection(ref, processor)
+
+    def _one_writer_each(self, inject: tuple[Injection, ...], node: Node, field: str) -> None:
+        # Two credentials for one header (or parameter): one would undo the other on every
+        # request, or make the proxy refuse it (injection_conflict).
+        first: dict[str, int] = {}
+        for i, injection in enumerate(inject):
+            written = target(injection.processor)
+            if written in first:
+                raise self._error(
+                    node, field, f"[{first[written]}] and [{i}] both write {written}"
+                )
+            first[written] = i
 
     def _header_name(self, node: Node, field: str) -> str:
         name = self._string(node, field)

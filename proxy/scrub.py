@@ -31,6 +31,16 @@ class Scrubber:
     def __bool__(self) -> bool:
         return bool(self.needles)
 
+    def fields(
+        self, fields: tuple[tuple[bytes, bytes], ...]
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """Header fields with every value scrubbed; the same tuple when nothing was echoed."""
+        # One search over all values first: nearly always there is nothing to replace.
+        joined = b"\n".join(value for _, value in fields)
+        if not any(needle in joined for needle in self.needles):
+            return fields
+        return tuple((name, self.data(value)) for name, value in fields)
+
     def data(self, data: bytes) -> bytes:
         for needle in self.needles:
             if needle in data:

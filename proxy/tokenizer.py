@@ -15,11 +15,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from issuer.keys import Keyring
 from issuer.token import (
     Claims,
     TokenError,
+    TokenInapplicable,
     TokenMalformed,
     check_binding,
     check_scope,
@@ -32,9 +34,9 @@ HEADER = "proxy-tokenizer"
 _MAX_TOKENS = 8
 
 
-@dataclass(frozen=True, slots=True)
-class TokenRequest:
-    """What a token is checked against: the request as the guard already decided it."""
+class TokenRequest(NamedTuple):
+    """What a token is checked against: the request as the guard already decided it. A tuple,
+    so that building one and comparing it with the last one a token passed for stay cheap."""
 
     sandbox: str | None
     policy: str | None
@@ -72,7 +74,10 @@ class Tokenizer:
             claims = unseal(token, self.keyring)
             label = f"token:{claims.kid}:{claims.jti or '-'}"
             # Claims refuse a secret their processor cannot carry, so this does not raise.
-            cred = credential(claims.processor, claims.secret, label)
+            cred = credential(
+                claims.processor, claims.secret, label,
+                inapplicable=TokenInapplicable.reason,
+            )
             opened = self._opened[key] = _Opened(claims, cred)
             if len(self._opened) > self.cache_size:
                 self._evict()

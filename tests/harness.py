@@ -109,8 +109,12 @@ class OriginCA:
 class Seen:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-case names; of repeated ones, the last
     body: bytes
+    fields: list[tuple[str, str]] = field(default_factory=list)  # every header, as sent
+
+    def values(self, name: str) -> list[str]:
+        return [v for k, v in self.fields if k.lower() == name.lower()]
 
 
 @dataclass
@@ -145,7 +149,8 @@ class Origin:
                 with origin._lock:
                     origin.requests.append(
                         Seen(self.command, self.path,
-                             {k.lower(): v for k, v in self.headers.items()}, body)
+                             {k.lower(): v for k, v in self.headers.items()}, body,
+                             list(self.headers.items()))
                     )
                     origin.bytes_received += len(body)
                 payload = origin.response_body

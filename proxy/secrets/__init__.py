@@ -107,6 +107,11 @@ class SecretBroker:
             raise SecretConfigError(f"{parsed} needs a {parsed.store} store, none is configured")
         return parsed
 
+    def fresh(self, ref: SecretRef) -> Secret | None:
+        """A cache hit, without waiting; None when `get` is needed."""
+        cache = self._caches.get(ref.store)
+        return cache.fresh(ref) if cache is not None else None
+
     async def get(self, ref: SecretRef | str) -> Secret:
         parsed = self.check(ref)
         return await self._caches[parsed.store].get(parsed)

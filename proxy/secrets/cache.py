@@ -76,13 +76,20 @@ class SecretCache:
     def scheme(self) -> str:
         return self.store.scheme
 
-    async def get(self, ref: SecretRef) -> Secret:
+    def fresh(self, ref: SecretRef) -> Secret | None:
+        """The cached value while it is fresh (starting the refresh ahead of expiry, as `get`
+        does); None when `get` would have to wait. The hit path without a coroutine."""
         entry = self._entries.get(ref)
         now = self._clock()
-        if entry is not None and now < entry.expires:
-            if now >= entry.refresh_at:
-                self._flight(ref)
-            return entry.secret
+        if entry is None or now >= entry.expires:
+            return None
+        if now >= entry.refresh_at:
+            self._flight(ref)
+        return entry.secret
+
+    async def get(self, ref: SecretRef) -> Secret:
+        if (secret := self.fresh(ref)) is not None:
+            return secret
         try:
             return await self._wait(ref)
         except SecretUnavailable as exc:

@@ -278,3 +278,61 @@ def test_large_streamed_echo_is_scrubbed(
     assert len(r.content) == 2 * len(pad) + len(CANARY)
     assert CANARY.encode() not in r.content
     assert b"[REDACTED]" in r.content
+
+
+def test_missing_placeholder_is_token_inapplicable(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    processor = PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder-1")
+    r = call(tproxy, f"https://api.test:{origin.port}/p", mint(keys[1], processor, origin.port),
+             headers={"Authorization": "Bearer something-else"})
+    assert r.status_code == 400
+    assert r.json()["reason"] == "token_inapplicable"
+    assert origin.untouched()
+
+
+def test_scope_and_binding_checked_again_for_another_request(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    """The proxy remembers the request a token last passed for; nothing else may ride on it."""
+    base = f"https://api.test:{origin.port}"
+    token = mint(keys[1], BearerProcessor(), origin.port, methods=("GET",), paths=("/v1",),
+                 binding=AuthDigestBinding.of_secret("bearer-secret-1"))
+    bound = {"Proxy-Authorization": "Bearer bearer-secret-1"}
+    outcomes = [
+        call(tproxy, f"{base}/v1/a", token, headers=bound).status_code,
+        call(tproxy, f"{base}/v2", token, headers=bound).status_code,
+        call(tproxy, f"{base}/v1/a", token, method="POST", headers=bound).status_code,
+        call(tproxy, f"{base}/v1/a", token).status_code,
+        call(tproxy, f"{base}/v1/a", token, headers=bound).status_code,
+    ]
+    assert outcomes == [200, 403, 403, 407, 200]
+    assert [r.path for r in origin.requests] == ["/v1/a", "/v1/a"]
+
+
+def test_conflicting_credentials_refused(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    bearer = mint(keys[1], BearerProcessor(), origin.port)
+    placeholder = mint(keys[1], PlaceholderProcessor(header="Authorization",
+                                                     placeholder="sg-placeholder-1"), origin.port)
+    r = call(tproxy, f"https://api.test:{origin.port}/both", f"{placeholder}, {bearer}",
+             headers={"Authorization": "Bearer sg-placeholder-1"})
+    assert r.status_code == 400
+    assert r.json()["reason"] == "injection_conflict"
+    assert origin.untouched()
+
+
+def test_two_fixed_credentials_for_one_header_the_later_wins(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    first = mint(keys[1], HeaderProcessor(header="X-Api-Key", format="{secret}"), origin.port,
+                 secret="first-secret-value")
+    second = mint(keys[1], HeaderProcessor(header="x-api-key", format="{secret}"), origin.port)
+    r = call(tproxy, f"https://api.test:{origin.port}/two", f"{first}, {second}",
+             headers={"X-Api-Key": "from-the-sandbox"})
+    assert r.status_code == 200, r.text
+    assert origin.requests[-1].values("x-api-key") == [CANARY]
+    line = tproxy.wait_audit(lambda e: e.get("path") == "/two")
+    assert line["overwrote"] == ["x-api-key"]
+    assert len(line["injected"]) == 2

@@ -423,6 +423,24 @@ ERRORS = [
         "sandboxes.bot.key_sha256",
         "must be 64 hex digits",
     ),
+    (
+        "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"
+        "          - {secret: 'env:A', as: bearer}\n"
+        "          - {secret: 'env:B', as: {type: placeholder, header: Authorization,"
+        " placeholder: sg-placeholder}}\n",
+        7,
+        "policies.p.allow[0].inject",
+        "[0] and [1] both write authorization",
+    ),
+    (
+        "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"
+        "          - {secret: 'env:A', as: {type: query, param: k}}\n"
+        "          - {secret: 'env:B', as: {type: header, header: X-K, format: '{secret}'}}\n"
+        "          - {secret: 'env:C', as: {type: query, param: k}}\n",
+        7,
+        "policies.p.allow[0].inject",
+        "[0] and [2] both write ?k",
+    ),
     ("version: 1\ndefault_policy: nope\n", 2, "default_policy", "no policy named 'nope'"),
     ("version: 1\ndefault_policy: [p]\n", 2, "default_policy", "expected a string, got a list"),
     ("- version: 1\n", 1, "", "expected a mapping, got a list"),
