@@ -25,7 +25,7 @@ from typing import Any
 from mitmproxy import addonmanager, ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from proxy import upstream
+from proxy import speedups, upstream
 from proxy.ca import ensure_ca
 from proxy.pipeline import Sealgate
 
@@ -139,6 +139,7 @@ async def serve(config: ProxyConfig, worker: int | None = None) -> int:
         original = asyncio.start_server
         asyncio.start_server = functools.partial(original, reuse_port=True)
     upstream.install(config.connect_timeout)
+    speedups.install()
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the
