@@ -367,7 +367,9 @@ def _attribution(results: list[Result], micro: dict[str, float] | str) -> list[s
               "the request's fields, a token's binding and scope are re-checked only when the "
               "request differs from the one it last passed for, and responses up to 1 MiB are "
               "buffered and scrubbed whole: the mitmdump pair shows what streaming every "
-              "response through the scrubber would cost. "
+              "response through the scrubber would cost. Lane (b)'s requests are also longer by "
+              "the token itself (a few hundred bytes mitmproxy reads and parses before sealgate "
+              "strips it), which lane (c) does not pay. "
               "Stock mitmdump's absolute numbers are in docs/performance.md."]
     return lines
 
