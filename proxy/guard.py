@@ -108,9 +108,12 @@ def request_target(
     # Inside a tunnel and in transparent mode mitmproxy forwards an absolute-form target as it
     # came, and an origin routes on it (RFC 9112 3.2.2): it is a name to check like Host.
     uri = request.authority or None
+    # Over HTTP/2 and 3, host_header is `:authority`; a `host` header beside it would reach an
+    # HTTP/1 upstream as sent (mitmproxy adds Host only when there is none).
+    also = request.headers.get("host") if request.is_http2 or request.is_http3 else None
     if tunnel is not None:
         # A missing port means the tunnel's: the dial goes there regardless.
-        for name in (header, uri):
+        for name in (header, uri, also):
             if name is not None and parse_target(name, tunnel[1]) != tunnel:
                 raise Denial("name_mismatch", "the request names another host than the CONNECT")
         return tunnel
@@ -118,8 +121,9 @@ def request_target(
         if header is None:
             raise Denial("bad_request", "a transparent request needs a Host header")
         host, port = parse_target(header, request.port)
-        if uri is not None and parse_target(uri, request.port) != (host, port):
-            raise Denial("name_mismatch", "the request URI and Host header disagree")
+        for name in (uri, also):
+            if name is not None and parse_target(name, request.port) != (host, port):
+                raise Denial("name_mismatch", "the request URI and Host header disagree")
         return host, request.port
     # mitmproxy has parsed the request-target before any hook and kept no raw form of it
     # (`:0` and `:0080` come out as 80), so the Host header, which HTTP/1.1 requires anyway

@@ -2,9 +2,10 @@
 
 mitmproxy dials with no timeout of its own, so a black-holed destination holds a request for the
 kernel's SYN retries (about two minutes); and it answers a failed dial, or a request it cannot
-parse, with an HTML page that names the address it tried. The lean master installs both fixes
-here: a bounded dial, and the proxy's own JSON refusal (`connect_timeout` 504, `connect_failed`
-502, `bad_request` 400) without the address, so every answer a client gets has one shape.
+parse, with an HTML page that names the address it tried, over HTTP/1 and HTTP/2 alike. The lean
+master installs both fixes here: a bounded dial, and the proxy's own JSON refusal
+(`connect_timeout` 504, `connect_failed` 502, `bad_request` 400) without the address, so every
+answer a client gets has one shape.
 """
 
 from __future__ import annotations
@@ -15,8 +16,17 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mitmproxy.net.http import http1
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy import http
+from mitmproxy.net.http import http1, status_codes
+from mitmproxy.proxy.events import Event
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.http._events import (
+    ResponseData,
+    ResponseEndOfMessage,
+    ResponseHeaders,
+    ResponseProtocolError,
+)
 
 from proxy.errors import Denial, deny_response
 
@@ -37,12 +47,46 @@ def install(connect_timeout: float) -> None:
     # Only mitmproxy's upstream dials use asyncio.open_connection in this process.
     asyncio.open_connection = bounded
     _http1.make_error_response = error_response
+    _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
+        _http2.Http2Server._handle_event
+    )
 
 
 def error_response(status_code: int, message: str = "") -> bytes:
-    response = deny_response(_denial(status_code, message), host=None, policy=None, request_id="")
+    response = _refusal(status_code, message)
     response.headers["Connection"] = "close"
     return bytes(http1.assemble_response(response))
+
+
+def _refusal(status_code: int, message: str) -> http.Response:
+    return deny_response(_denial(status_code, message), host=None, policy=None, request_id="")
+
+
+_Handler = Callable[[_http2.Http2Server, Event], CommandGenerator[None]]
+
+
+def _json_errors(handle: _Handler) -> _Handler:
+    """mitmproxy's HTTP/2 server answers a stream's failure with its HTML page where it can
+    still send headers (else it resets the stream); send the JSON refusal as a response there
+    instead."""
+
+    @functools.wraps(handle)
+    def handle_event(self: _http2.Http2Server, event: Event) -> CommandGenerator[None]:
+        if (
+            isinstance(event, ResponseProtocolError)
+            and event.code != status_codes.NO_RESPONSE
+            and self.is_open_for_us(event.stream_id)
+            and not self.h2_conn.streams[event.stream_id].state_machine.headers_sent
+        ):
+            response = _refusal(event.code, event.message)
+            stream = event.stream_id
+            yield from handle(self, ResponseHeaders(stream, response, end_stream=False))
+            yield from handle(self, ResponseData(stream, response.raw_content or b""))
+            yield from handle(self, ResponseEndOfMessage(stream))
+        else:
+            yield from handle(self, event)
+
+    return handle_event
 
 
 def _denial(status_code: int, message: str) -> Denial:

@@ -37,6 +37,7 @@ from issuer.token import (
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.security.rawclient import h2_exchange, open_tunnel, proxy_auth, tls_wrap
 
 CANARY = "sk_live_CANARY_4b1d9f2e7c"
 
@@ -336,3 +337,25 @@ def test_two_fixed_credentials_for_one_header_the_later_wins(
     line = tproxy.wait_audit(lambda e: e.get("path") == "/two")
     assert line["overwrote"] == ["x-api-key"]
     assert len(line["injected"]) == 2
+
+
+def test_token_over_http2(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    origin.echo = True
+    target = f"api.test:{origin.port}"
+    token = mint(keys[1], BearerProcessor(), origin.port)
+    sock, head = open_tunnel(tproxy.port, target,
+                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
+    with sock:
+        assert head.status == 200
+        with tls_wrap(sock, "api.test", tproxy.ca, alpn=["h2"]) as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            r = h2_exchange(tls, [(":method", "GET"), (":scheme", "https"),
+                                  (":authority", target), (":path", "/h2"),
+                                  ("proxy-tokenizer", token)])
+    assert r.status == 200, r.body[:300]
+    seen = origin.requests[-1]
+    assert seen.headers["authorization"] == f"Bearer {CANARY}"
+    assert "proxy-tokenizer" not in seen.headers
+    assert CANARY.encode() not in r.body and b"[REDACTED]" in r.body

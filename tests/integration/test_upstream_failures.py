@@ -12,6 +12,7 @@ from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Proxy, free_port, key_digest
 from tests.netns import require_root_net, run
+from tests.security.rawclient import h2_exchange, open_tunnel, proxy_auth, tls_wrap
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ policies:
     allow:
       - host: api.test
         ports: [{dead_port}]
+        methods: [GET]  # decided per request: HTTPS is intercepted
     allow_networks: [127.0.0.1/32]
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
@@ -67,3 +69,19 @@ def test_black_holed_upstream_times_out(
         run("nft", "delete", "table", "ip", table, check=False)
     assert r.status_code == 504
     assert r.json()["reason"] == "connect_timeout"
+
+
+def test_refused_upstream_over_http2_is_the_same_json_502(fproxy: Proxy, dead_port: int) -> None:
+    target = f"api.test:{dead_port}"
+    sock, head = open_tunnel(fproxy.port, target,
+                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
+    with sock:
+        assert head.status == 200
+        with tls_wrap(sock, "api.test", fproxy.ca, alpn=["h2"]) as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            r = h2_exchange(tls, [(":method", "GET"), (":scheme", "https"),
+                                  (":authority", target), (":path", "/")])
+    assert r.status == 502, r.body[:300]
+    assert r.json()["reason"] == "connect_failed"
+    assert r.reason == "connect_failed"
+    assert b"127.0.0.1" not in r.body

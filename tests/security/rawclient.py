@@ -20,12 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
+
 __all__ = [
     "TIMEOUT",
     "LoopbackTrap",
     "NoResponse",
     "RawResponse",
     "exchange",
+    "h2_exchange",
     "open_tunnel",
     "proxy_auth",
     "read_response",
@@ -162,12 +167,66 @@ def _recv(sock: socket.socket, deadline: float, size: int) -> bytes:
         return b""
 
 
-def tls_wrap(sock: socket.socket, sni: str | None, cafile: Path) -> ssl.SSLSocket:
+def tls_wrap(
+    sock: socket.socket, sni: str | None, cafile: Path, *, alpn: Sequence[str] = ()
+) -> ssl.SSLSocket:
     """TLS over an open tunnel with a chosen SNI (None: no SNI extension at all)."""
     context = ssl.create_default_context(cafile=str(cafile))
     # The SNI is the variable under test; the certificate chain is still verified.
     context.check_hostname = False
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
     return context.wrap_socket(sock, server_hostname=sni)
+
+
+def h2_exchange(
+    tls: ssl.SSLSocket, headers: Sequence[tuple[str, str]], body: bytes = b"", *,
+    timeout: float = TIMEOUT,
+) -> RawResponse:
+    """One HTTP/2 request over a TLS socket that negotiated h2. The headers (pseudo-headers
+    first) go out exactly as given: h2's own validation and normalisation are off, so a test can
+    send what a client library would refuse to."""
+    config = h2.config.H2Configuration(
+        client_side=True, header_encoding="utf-8", validate_outbound_headers=False,
+        normalize_outbound_headers=False, validate_inbound_headers=False,
+    )
+    conn = h2.connection.H2Connection(config=config)
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, list(headers), end_stream=not body)
+    if body:
+        conn.send_data(stream, body, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    deadline = time.monotonic() + timeout
+    status, answer, data = 0, {}, b""
+    while len(data) <= _MAX_RESPONSE:
+        chunk = _recv(tls, deadline, 65536)
+        if not chunk:
+            raise NoResponse("the connection closed before the HTTP/2 response ended")
+        for event in conn.receive_data(chunk):
+            if getattr(event, "stream_id", stream) != stream:
+                continue
+            if isinstance(event, h2.events.ResponseReceived):
+                for name, value in event.headers:
+                    key, text = _text(name).lower(), _text(value)
+                    if key == ":status":
+                        status = int(text)
+                    else:
+                        answer[key] = text
+            elif isinstance(event, h2.events.DataReceived):
+                data += event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, stream)
+            elif isinstance(event, h2.events.StreamEnded):
+                return RawResponse(status, answer, data)
+            elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                raise NoResponse(f"HTTP/2 {type(event).__name__}: {event.error_code!r}")
+        if pending := conn.data_to_send():
+            tls.sendall(pending)
+    raise NoResponse("HTTP/2 response larger than the test client reads")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
 class LoopbackTrap:
