@@ -41,7 +41,7 @@ from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
 from proxy.rulesfile import RulesError, load_rules
-from proxy.scrub import Scrubber
+from proxy.scrub import Scrubber, decoder
 from proxy.secrets import SecretBroker, SecretError, open_store
 from proxy.tokenizer import HEADER as TOKEN_HEADER
 from proxy.tokenizer import Tokenizer, TokenRequest
@@ -536,10 +536,36 @@ class Sealgate:
             if (scrubbed := scrubber.fields(fields)) is not fields:
                 response.headers.fields = scrubbed
             if _stream_response(response):
-                response.stream = scrubber.stream()
+                self._stream_scrubbed(flow, response, scrubber)
             # else: buffered, and scrubbed whole in `response`
         else:
             _stream_response(response)
+
+    def _stream_scrubbed(
+        self, flow: http.HTTPFlow, response: http.Response, scrubber: Scrubber
+    ) -> None:
+        """Stream a response through the scrubber; a compressed one is decoded on the way (its
+        framing headers rewritten to match). A coding that cannot be decoded kills the flow: a
+        credential inside it could not be found."""
+        encoding = response.headers.get("content-encoding", "")
+        if encoding.strip().lower() in ("", "identity"):
+            response.stream = scrubber.stream()
+            return
+        decode = decoder(encoding)
+        if decode is None:
+            self._emit(
+                "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
+                reason="encoding_unscrubbable", encoding=encoding[:64],
+            )
+            flow.kill()
+            return
+        del response.headers["content-encoding"]
+        response.headers.pop("content-length", None)
+        if not (response.is_http2 or response.is_http3) and "chunked" not in response.headers.get(
+            "transfer-encoding", ""
+        ).lower():
+            response.headers["transfer-encoding"] = "chunked"
+        response.stream = scrubber.stream(decode)
 
     def response(self, flow: http.HTTPFlow) -> None:
         try:

@@ -6,13 +6,61 @@ credential's base64 form, say). Requests that carry an injected credential ask t
 an identity encoding, so the body can be scrubbed byte for byte: whole when it was buffered, and
 chunk by chunk, with a carry-over of one needle's length, when it streams. The mask has the
 needle's length, so the response keeps its framing.
+
+An upstream may compress anyway. A buffered body is decoded, scrubbed and encoded again by the
+caller; a streamed one is decoded on the fly here (gzip, deflate, br, zstd) and passed on
+decoded, since a secret inside compressed bytes cannot be found by searching them. Any other
+coding cannot be scrubbed, and `decoder` says so with None: the caller must not pass it on.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import brotli
+import zstandard
 
 REDACTED = b"[REDACTED]"
+
+# A mitmproxy stream function. It returns a list, never b"" for "nothing yet": mitmproxy sends
+# each bytes value it gets as a chunk, and an empty chunk ends a chunked HTTP/1 body early.
+Stream = Callable[[bytes], list[bytes]]
+
+
+class Decoder(Protocol):
+    def decompress(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+class _Brotli:
+    def __init__(self) -> None:
+        self._decompressor = brotli.Decompressor()
+
+    def decompress(self, data: bytes) -> bytes:
+        return bytes(self._decompressor.process(data))
+
+    def flush(self) -> bytes:
+        if not self._decompressor.is_finished():
+            raise brotli.error("brotli stream ended early")
+        return b""
+
+
+def decoder(encoding: str) -> Decoder | None:
+    """A streaming decoder for one content-coding; None for one that cannot be scrubbed (an
+    unknown coding, or several stacked)."""
+    match encoding.strip().lower():
+        case "gzip" | "x-gzip" | "deflate":
+            # +32: a gzip or zlib header, whichever comes (deflate is zlib-wrapped on the wire).
+            return zlib.decompressobj(zlib.MAX_WBITS | 32)
+        case "br":
+            return _Brotli()
+        case "zstd":
+            return zstandard.ZstdDecompressor().decompressobj()
+        case _:
+            return None
 
 
 def _mask(needle: bytes) -> bytes:
@@ -48,22 +96,26 @@ class Scrubber:
                 data = data.replace(needle, _mask(needle))
         return data
 
-    def stream(self) -> Callable[[bytes], bytes]:
-        """A mitmproxy stream function. It holds back the last (longest needle - 1) bytes of
-        each chunk, so a needle split across two chunks is still found; b"" flushes."""
+    def stream(self, decode: Decoder | None = None) -> Stream:
+        """A mitmproxy stream function, decoding first if given a decoder. It holds back the
+        last (longest needle - 1) bytes of each chunk, so a needle split across two chunks is
+        still found; b"" (the end) flushes."""
         keep = max(len(n) for n in self.needles) - 1
         carry = b""
 
-        def scrub(chunk: bytes) -> bytes:
+        def scrub(chunk: bytes) -> list[bytes]:
             nonlocal carry
             if not chunk:
-                out, carry = self.data(carry), b""
-                return out
+                tail = decode.flush() if decode is not None else b""
+                out, carry = self.data(carry + tail), b""
+                return [out] if out else []
+            if decode is not None:
+                chunk = decode.decompress(chunk)
             data = self.data(carry + chunk)
             if len(data) <= keep:
                 carry = data
-                return b""
+                return []
             carry = data[len(data) - keep :] if keep else b""
-            return data[: len(data) - keep] if keep else data
+            return [data[: len(data) - keep] if keep else data]
 
         return scrub

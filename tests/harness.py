@@ -127,6 +127,8 @@ class Origin:
     bytes_received: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)
     response_body: bytes = b"hello from origin\n"
+    # When set: the body is sent chunked, one write per item, with no Content-Length.
+    response_chunks: list[bytes] | None = None
     echo: bool = False  # answer with the request's headers and target, like a debug endpoint
 
     def __post_init__(self) -> None:
@@ -161,6 +163,14 @@ class Origin:
                 self.send_response(200)
                 for k, v in origin.response_headers.items():
                     self.send_header(k, v)
+                if origin.response_chunks is not None:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in origin.response_chunks:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -191,6 +201,9 @@ class Origin:
         self._thread.start()
 
     def reset(self) -> None:
+        self.response_headers.clear()
+        self.response_body = b"hello from origin\n"
+        self.response_chunks = None
         with self._lock:
             self.requests.clear()
             self.connections = 0

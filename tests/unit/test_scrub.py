@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
+
+import brotli
+import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.scrub import Scrubber
+from proxy.scrub import Scrubber, decoder
 
 SECRET = "sk_live_0123456789abcdef"
 
@@ -41,6 +47,58 @@ def test_streamed_equals_whole(prefix: bytes, suffix: bytes, cuts: list[int]) ->
     points = sorted({min(c, len(body)) for c in cuts})
     chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
     stream = Scrubber([SECRET]).stream()
-    streamed = b"".join(stream(c) for c in chunks if c) + stream(b"")
+    streamed = b"".join(b"".join(stream(c)) for c in [*[c for c in chunks if c], b""])
     assert streamed == Scrubber([SECRET]).data(body)
     assert SECRET.encode() not in streamed
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=300), cuts=st.lists(st.integers(0, 300), max_size=10))
+def test_streamed_chunks_are_never_empty(body: bytes, cuts: list[int]) -> None:
+    # mitmproxy sends every bytes value as a chunk; an empty one ends a chunked body early.
+    points = sorted({min(c, len(body)) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    stream = Scrubber([SECRET]).stream()
+    out = [piece for c in [*[c for c in chunks if c], b""] for piece in stream(c)]
+    assert all(out)
+    assert b"".join(out) == body
+
+
+def _encode(coding: str, body: bytes) -> bytes:
+    if coding == "gzip":
+        return gzip.compress(body)
+    if coding == "deflate":
+        return zlib.compress(body)
+    if coding == "br":
+        return bytes(brotli.compress(body))
+    return zstandard.ZstdCompressor().compress(body)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd", "X-GZIP"])
+@settings(max_examples=25, deadline=None)
+@given(noise=st.binary(min_size=0, max_size=4000), size=st.integers(1, 700))
+def test_compressed_stream_is_decoded_then_scrubbed(coding: str, noise: bytes, size: int) -> None:
+    body = noise + SECRET.encode() + noise[::-1] + SECRET.encode()
+    encoded = _encode(coding.lower().removeprefix("x-"), body)
+    decode = decoder(coding)
+    assert decode is not None
+    stream = Scrubber([SECRET]).stream(decode)
+    chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
+    out = b"".join(piece for c in [*chunks, b""] for piece in stream(c))
+    assert out == Scrubber([SECRET]).data(body)
+    assert SECRET.encode() not in out
+
+
+@pytest.mark.parametrize("coding", ["compress", "gzip, br", "identity, gzip", "x-custom", ""])
+def test_codings_that_cannot_be_decoded(coding: str) -> None:
+    assert decoder(coding) is None
+
+
+def test_truncated_brotli_is_an_error_not_a_quiet_end() -> None:
+    decode = decoder("br")
+    assert decode is not None
+    stream = Scrubber([SECRET]).stream(decode)
+    encoded = bytes(brotli.compress(SECRET.encode() * 50))
+    stream(encoded[: len(encoded) // 2])
+    with pytest.raises(brotli.error):
+        stream(b"")
