@@ -126,6 +126,15 @@ def proxy(
 
 
 @pytest.fixture()
+def trust(proxy: Proxy, test_ca: OriginCA) -> Path:
+    """The session proxy's CA (intercepted names) and the origins' (names tunnelled blind)."""
+    path = proxy.workdir / "trust.pem"
+    if not path.exists():
+        path.write_text(proxy.ca.read_text() + test_ca.path.read_text())
+    return path
+
+
+@pytest.fixture()
 def origins(origin_http: Origin, origin_https: Origin) -> Iterator[tuple[Origin, Origin]]:
     origin_http.reset()
     origin_https.reset()

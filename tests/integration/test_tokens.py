@@ -40,7 +40,7 @@ from issuer.token import (
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest
-from tests.security.rawclient import h2_exchange, open_tunnel, proxy_auth, tls_wrap
+from tests.security.rawclient import h2_through_tunnel
 
 CANARY = "sk_live_CANARY_4b1d9f2e7c"
 
@@ -348,15 +348,12 @@ def test_token_over_http2(
     origin.echo = True
     target = f"api.test:{origin.port}"
     token = mint(keys[1], BearerProcessor(), origin.port)
-    sock, head = open_tunnel(tproxy.port, target,
-                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
-    with sock:
-        assert head.status == 200
-        with tls_wrap(sock, "api.test", tproxy.ca, alpn=["h2"]) as tls:
-            assert tls.selected_alpn_protocol() == "h2"
-            r = h2_exchange(tls, [(":method", "GET"), (":scheme", "https"),
-                                  (":authority", target), (":path", "/h2"),
-                                  ("proxy-tokenizer", token)])
+    r, alpn = h2_through_tunnel(
+        tproxy.port, target, ("bot-1", KEYS["bot-1"]), tproxy.ca,
+        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", "/h2"),
+         ("proxy-tokenizer", token)],
+    )
+    assert alpn == "h2"
     assert r.status == 200, r.body[:300]
     seen = origin.requests[-1]
     assert seen.headers["authorization"] == f"Bearer {CANARY}"

@@ -12,7 +12,7 @@ from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Proxy, free_port, key_digest
 from tests.netns import require_root_net, run
-from tests.security.rawclient import h2_exchange, open_tunnel, proxy_auth, tls_wrap
+from tests.security.rawclient import h2_through_tunnel
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +73,11 @@ def test_black_holed_upstream_times_out(
 
 def test_refused_upstream_over_http2_is_the_same_json_502(fproxy: Proxy, dead_port: int) -> None:
     target = f"api.test:{dead_port}"
-    sock, head = open_tunnel(fproxy.port, target,
-                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
-    with sock:
-        assert head.status == 200
-        with tls_wrap(sock, "api.test", fproxy.ca, alpn=["h2"]) as tls:
-            assert tls.selected_alpn_protocol() == "h2"
-            r = h2_exchange(tls, [(":method", "GET"), (":scheme", "https"),
-                                  (":authority", target), (":path", "/")])
+    r, alpn = h2_through_tunnel(
+        fproxy.port, target, ("bot-1", KEYS["bot-1"]), fproxy.ca,
+        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", "/")],
+    )
+    assert alpn == "h2"
     assert r.status == 502, r.body[:300]
     assert r.json()["reason"] == "connect_failed"
     assert r.reason == "connect_failed"

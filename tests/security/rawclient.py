@@ -31,6 +31,7 @@ __all__ = [
     "RawResponse",
     "exchange",
     "h2_exchange",
+    "h2_through_tunnel",
     "open_tunnel",
     "proxy_auth",
     "read_response",
@@ -223,6 +224,20 @@ def h2_exchange(
         if pending := conn.data_to_send():
             tls.sendall(pending)
     raise NoResponse("HTTP/2 response larger than the test client reads")
+
+
+def h2_through_tunnel(
+    port: int, target: str, who: tuple[str, str], cafile: Path,
+    headers: Sequence[tuple[str, str]], body: bytes = b"",
+) -> tuple[RawResponse, str | None]:
+    """CONNECT `target` as sandbox `who`, TLS offering only h2 with the target's name as SNI,
+    one request. Returns the response and the protocol the proxy chose."""
+    sock, head = open_tunnel(port, target, [("Proxy-Authorization", proxy_auth(*who))])
+    with sock:
+        if head.status != 200:
+            raise NoResponse(f"CONNECT answered {head.status}: {head.body[:300]!r}")
+        with tls_wrap(sock, target.rpartition(":")[0], cafile, alpn=["h2"]) as tls:
+            return h2_exchange(tls, headers, body), tls.selected_alpn_protocol()
 
 
 def _text(value: str | bytes) -> str:

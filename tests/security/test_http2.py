@@ -17,38 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KEYS
-from tests.harness import Origin, OriginCA, Proxy
-from tests.security.rawclient import (
-    NoResponse,
-    RawResponse,
-    h2_exchange,
-    open_tunnel,
-    proxy_auth,
-    tls_wrap,
-)
+from tests.harness import Origin, Proxy
+from tests.security.rawclient import NoResponse, RawResponse, h2_through_tunnel
 
 SESSION = ("bot-1", KEYS["bot-1"])
 
 
-@pytest.fixture()
-def trust(proxy: Proxy, test_ca: OriginCA) -> Path:
-    path = proxy.workdir / "http2-trust.pem"
-    if not path.exists():
-        path.write_text(proxy.ca.read_text() + test_ca.path.read_text())
-    return path
-
-
 def h2_request(
-    proxy: Proxy, trust: Path, target: str, headers: Sequence[tuple[str, str]],
-    *, who: tuple[str, str] = SESSION, body: bytes = b"",
+    proxy: Proxy, trust: Path, target: str, headers: Sequence[tuple[str, str]]
 ) -> tuple[RawResponse, str | None]:
-    """CONNECT `target`, TLS offering only h2 with the target's name as SNI, one request.
-    Returns the response and the protocol the proxy chose."""
-    sock, head = open_tunnel(proxy.port, target, [("Proxy-Authorization", proxy_auth(*who))])
-    with sock:
-        assert head.status == 200, head.body[:300]
-        with tls_wrap(sock, target.rpartition(":")[0], trust, alpn=["h2"]) as tls:
-            return h2_exchange(tls, headers, body), tls.selected_alpn_protocol()
+    return h2_through_tunnel(proxy.port, target, SESSION, trust, headers)
 
 
 def get(authority: str, path: str, *extra: tuple[str, str]) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, RawListener, key_digest, running_proxy
+from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy
 from tests.security.rawclient import (
     NoResponse,
     RawResponse,
@@ -57,15 +57,6 @@ default_policy: null
 """
     with running_proxy(tmp_path_factory.mktemp("names-agree"), rules, resolver=dns.address) as p:
         yield p
-
-
-@pytest.fixture()
-def bundle(proxy: Proxy, test_ca: OriginCA) -> Path:
-    """The proxy's CA (intercepted names) and the origins' (names tunnelled blind)."""
-    path = proxy.workdir / "names-agree-trust.pem"
-    if not path.exists():
-        path.write_text(proxy.ca.read_text() + test_ca.path.read_text())
-    return path
 
 
 def through_tunnel(
@@ -124,12 +115,12 @@ def expect_denied(response: RawResponse | None, status: int, reason: str) -> Non
     ],
 )
 def test_sni_other_than_connect_target_kills_the_connection(
-    proxy: Proxy, origins: tuple[Origin, Origin], bundle: Path, name: str, sni: str
+    proxy: Proxy, origins: tuple[Origin, Origin], trust: Path, name: str, sni: str
 ) -> None:
     _, https_origin = origins
     authority = f"{name}:{https_origin.port}"
     mark = audit_mark(proxy)
-    response = through_tunnel(proxy, authority, sni, bundle, target="/ok/sni",
+    response = through_tunnel(proxy, authority, sni, trust, target="/ok/sni",
                               host=authority)
     line = wait_new(proxy, mark, lambda e: e["event"] == "tls_denied" and e.get("sni") == sni)
     assert line["reason"] == "sni_mismatch"
@@ -160,13 +151,13 @@ def test_sni_mismatch_dials_nothing(report_proxy: Proxy) -> None:
 
 @pytest.mark.parametrize("sni", ["api.test", "API.Test", "api.test."])
 def test_sni_spelling_of_the_target_is_tunnelled(
-    proxy: Proxy, origins: tuple[Origin, Origin], bundle: Path, sni: str
+    proxy: Proxy, origins: tuple[Origin, Origin], trust: Path, sni: str
 ) -> None:
     """Positive control: the check compares canonical names, and a blind tunnel sees no GET."""
     _, https_origin = origins
     authority = f"api.test:{https_origin.port}"
     mark = audit_mark(proxy)
-    response = through_tunnel(proxy, authority, sni, bundle, target="/blind", host=authority)
+    response = through_tunnel(proxy, authority, sni, trust, target="/blind", host=authority)
     assert response is not None and response.status == 200
     assert [r.path for r in https_origin.requests] == ["/blind"]
     closed = wait_new(
@@ -181,14 +172,14 @@ def test_sni_spelling_of_the_target_is_tunnelled(
     [("api.test:{port}", 200), ("other.test:{port}", 403), ("127.0.0.1:{port}", 403)],
 )
 def test_no_sni_is_intercepted_and_host_checked(
-    proxy: Proxy, origins: tuple[Origin, Origin], bundle: Path, host: str, status: int
+    proxy: Proxy, origins: tuple[Origin, Origin], trust: Path, host: str, status: int
 ) -> None:
     """Without SNI only the Host header says which name is meant: the tunnel is intercepted."""
     _, https_origin = origins
     port = https_origin.port
     mark = audit_mark(proxy)
     response = through_tunnel(
-        proxy, f"api.test:{port}", None, bundle, target="/nosni", host=host.format(port=port)
+        proxy, f"api.test:{port}", None, trust, target="/nosni", host=host.format(port=port)
     )
     if status == 200:
         assert response is not None and response.status == 200
@@ -220,13 +211,13 @@ def test_no_sni_is_intercepted_and_host_checked(
     ],
 )
 def test_inner_host_must_name_the_connect_target(
-    proxy: Proxy, origins: tuple[Origin, Origin], bundle: Path, host: str | None, status: int
+    proxy: Proxy, origins: tuple[Origin, Origin], trust: Path, host: str | None, status: int
 ) -> None:
     http_origin, https_origin = origins
     port = https_origin.port
     inner = None if host is None else host.format(port=port, other=http_origin.port)
     response = through_tunnel(
-        proxy, f"limited.test:{port}", "limited.test", bundle, target="/ok/inner", host=inner
+        proxy, f"limited.test:{port}", "limited.test", trust, target="/ok/inner", host=inner
     )
     if status == 200:
         assert response is not None and response.status == 200, response
@@ -241,7 +232,7 @@ def test_inner_host_must_name_the_connect_target(
                              ("limited.test:{port}", 200)]
 )
 def test_absolute_uri_inside_tunnel_must_name_the_connect_target(
-    proxy: Proxy, origins: tuple[Origin, Origin], bundle: Path, uri_host: str, status: int
+    proxy: Proxy, origins: tuple[Origin, Origin], trust: Path, uri_host: str, status: int
 ) -> None:
     """An origin receiving absolute-form routes on the URI (RFC 9112 3.2.2), not on Host.
 
@@ -251,7 +242,7 @@ def test_absolute_uri_inside_tunnel_must_name_the_connect_target(
     _, https_origin = origins
     port = https_origin.port
     response = through_tunnel(
-        proxy, f"limited.test:{port}", "limited.test", bundle,
+        proxy, f"limited.test:{port}", "limited.test", trust,
         target=f"https://{uri_host.format(port=port)}/ok/abs", host=f"limited.test:{port}",
     )
     if status == 200:
