@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
 
@@ -29,6 +30,7 @@ from issuer.processors import (
     InMemoryRequest,
     PlaceholderProcessor,
     Processor,
+    QueryProcessor,
     RequestInapplicable,
     check_secret,
     inject,
@@ -102,6 +104,10 @@ def credential(
         if isinstance(processor, BasicProcessor):
             # The base64 form decodes to the secret: an echo of it is an echo of the secret.
             needles.append(value)
+    elif isinstance(processor, QueryProcessor):
+        # In the URL the secret is percent-encoded; an echoed URL (a redirect, a 404 page)
+        # carries that form.
+        needles += [quote(secret, safe=""), quote_plus(secret, safe="")]
     return Credential(
         processor, secret, label, target(processor), header, tuple(needles), inapplicable
     )

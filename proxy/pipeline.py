@@ -548,24 +548,35 @@ class Sealgate:
         framing headers rewritten to match). A coding that cannot be decoded kills the flow: a
         credential inside it could not be found."""
         encoding = response.headers.get("content-encoding", "")
-        if encoding.strip().lower() in ("", "identity"):
+        bodiless = flow.request.method == "HEAD" or response.status_code in (204, 304)
+        if encoding.strip().lower() in ("", "identity") or bodiless:
             response.stream = scrubber.stream()
             return
         decode = decoder(encoding)
         if decode is None:
-            self._emit(
-                "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-                reason="encoding_unscrubbable", encoding=encoding[:64],
-            )
-            flow.kill()
+            self._refuse_response(flow, "encoding_unscrubbable")
             return
         del response.headers["content-encoding"]
         response.headers.pop("content-length", None)
-        if not (response.is_http2 or response.is_http3) and "chunked" not in response.headers.get(
+        if response.http_version == "HTTP/1.1" and "chunked" not in response.headers.get(
             "transfer-encoding", ""
         ).lower():
             response.headers["transfer-encoding"] = "chunked"
-        response.stream = scrubber.stream(decode)
+        # (HTTP/1.0 ends the body by closing; HTTP/2 and 3 frame it themselves.)
+        scrub = scrubber.stream(decode)
+
+        def stream(chunk: bytes) -> list[bytes]:
+            try:
+                return scrub(chunk)
+            except Exception:
+                # Corrupt or truncated: what came so far was scrubbed; say why the rest stops.
+                self._emit(
+                    "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
+                    reason="decode_failed", encoding=encoding[:64],
+                )
+                raise
+
+        response.stream = stream
 
     def response(self, flow: http.HTTPFlow) -> None:
         try:
@@ -578,14 +589,35 @@ class Sealgate:
     def _scrub_body(self, flow: http.HTTPFlow) -> None:
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         response = flow.response
-        if scrubber and response is not None and response.raw_content:
-            if any(name.lower() == b"content-encoding" for name, _ in response.headers.fields):
-                # Asked for identity but compressed anyway: scrub what the sandbox will read.
-                decoded = response.get_content(strict=False) or b""
-                if (scrubbed := scrubber.data(decoded)) != decoded:
-                    response.content = scrubbed
-            elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
-                response.raw_content = clean
+        if not scrubber or response is None:
+            return
+        if response.trailers and (
+            (fields := scrubber.fields(response.trailers.fields)) is not response.trailers.fields
+        ):
+            response.trailers.fields = fields
+        if not response.raw_content or response.stream:
+            return
+        if any(name.lower() == b"content-encoding" for name, _ in response.headers.fields):
+            # Asked for identity but compressed anyway: scrub what the sandbox will read.
+            try:
+                decoded = response.get_content(strict=True) or b""
+            except ValueError:
+                # A coding mitmproxy cannot decode (x-gzip, stacked, corrupt): the secret could
+                # be inside and could not be found.
+                self._refuse_response(flow, "encoding_unscrubbable")
+                return
+            if (scrubbed := scrubber.data(decoded)) != decoded:
+                response.content = scrubbed
+        elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
+            response.raw_content = clean
+
+    def _refuse_response(self, flow: http.HTTPFlow, reason: str) -> None:
+        assert flow.response is not None
+        self._emit(
+            "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
+            reason=reason, encoding=flow.response.headers.get("content-encoding", "")[:64],
+        )
+        flow.kill()
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._log_flow(flow, flow.metadata.get(_META))

@@ -32,7 +32,68 @@ Stream = Callable[[bytes], list[bytes]]
 class Decoder(Protocol):
     def decompress(self, data: bytes) -> bytes: ...
 
+    def flush(self) -> bytes:
+        """What is left at the end; raises if the stream ended inside a member."""
+        ...
+
+
+class _Part(Protocol):  # zlib's and zstandard's decompress objects
+    @property
+    def eof(self) -> bool: ...
+
+    @property
+    def unused_data(self) -> bytes: ...
+
+    def decompress(self, data: bytes) -> bytes: ...
+
     def flush(self) -> bytes: ...
+
+
+class _Members:
+    """A stream of concatenated members (gzip members, zstd frames), each decoded by a fresh
+    object, as mitmproxy's own decoders read them."""
+
+    def __init__(self, new: Callable[[], _Part]) -> None:
+        self._new = new
+        self._part = new()
+
+    def decompress(self, data: bytes) -> bytes:
+        out = [self._part.decompress(data)]
+        while self._part.eof and (rest := self._part.unused_data):
+            self._part = self._new()
+            out.append(self._part.decompress(rest))
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        tail = self._part.flush()
+        if not self._part.eof:
+            raise zlib.error("compressed stream ended early")
+        return tail
+
+
+class _Deflate:
+    """`deflate` is zlib-wrapped by the standard and raw in some servers' hands; which one is
+    told by the first two bytes (a zlib header is a multiple of 31, method 8)."""
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._inner: _Members | None = None
+
+    def decompress(self, data: bytes) -> bytes:
+        if self._inner is None:
+            self._head += data
+            if len(self._head) < 2:
+                return b""
+            wrapped = self._head[0] & 0x0F == 8 and int.from_bytes(self._head[:2]) % 31 == 0
+            wbits = zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
+            self._inner = _Members(lambda: zlib.decompressobj(wbits))
+            data, self._head = self._head, b""
+        return self._inner.decompress(data)
+
+    def flush(self) -> bytes:
+        if self._inner is None:
+            raise zlib.error("compressed stream ended early")
+        return self._inner.flush()
 
 
 class _Brotli:
@@ -52,13 +113,14 @@ def decoder(encoding: str) -> Decoder | None:
     """A streaming decoder for one content-coding; None for one that cannot be scrubbed (an
     unknown coding, or several stacked)."""
     match encoding.strip().lower():
-        case "gzip" | "x-gzip" | "deflate":
-            # +32: a gzip or zlib header, whichever comes (deflate is zlib-wrapped on the wire).
-            return zlib.decompressobj(zlib.MAX_WBITS | 32)
+        case "gzip" | "x-gzip":
+            return _Members(lambda: zlib.decompressobj(zlib.MAX_WBITS | 16))
+        case "deflate":
+            return _Deflate()
         case "br":
             return _Brotli()
         case "zstd":
-            return zstandard.ZstdDecompressor().decompressobj()
+            return _Members(lambda: zstandard.ZstdDecompressor().decompressobj())
         case _:
             return None
 

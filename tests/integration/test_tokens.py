@@ -404,3 +404,24 @@ def test_compressed_stream_in_an_unknown_coding_is_refused(
              mint(keys[1], BearerProcessor(), origin.port))
     line = tproxy.wait_audit(lambda e: e.get("event") == "response_refused")
     assert (line["reason"], line["encoding"]) == ("encoding_unscrubbable", "x-secret-sauce")
+
+
+@pytest.mark.parametrize("coding", ["x-gzip", "gzip, gzip", "gzip"])
+def test_buffered_echo_that_cannot_be_decoded_is_refused(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str
+) -> None:
+    """Small enough to buffer, compressed in a way mitmproxy cannot decode (an alias it does
+    not know, stacked codings, a corrupt gzip trailer): the secret inside cannot be found."""
+    body = gzip.compress(b"echo " + CANARY.encode())
+    if coding == "gzip, gzip":
+        body = gzip.compress(body)
+    elif coding == "gzip":
+        body = body[:-8] + b"\0" * 8  # CRC and length wrong
+    origin.response_headers = {"Content-Encoding": coding}
+    origin.response_body = body
+    with pytest.raises(requests.ConnectionError):
+        call(tproxy, f"https://api.test:{origin.port}/small-zip",
+             mint(keys[1], BearerProcessor(), origin.port))
+    line = tproxy.wait_audit(lambda e: e.get("event") == "response_refused"
+                             and e.get("encoding") == coding)
+    assert line["reason"] == "encoding_unscrubbable"

@@ -102,3 +102,36 @@ def test_truncated_brotli_is_an_error_not_a_quiet_end() -> None:
     stream(encoded[: len(encoded) // 2])
     with pytest.raises(brotli.error):
         stream(b"")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "zstd"])
+def test_every_member_of_a_concatenated_stream_is_decoded(coding: str) -> None:
+    first, second = b"one " + SECRET.encode(), b" two " + SECRET.encode()
+    encoded = _encode(coding, first) + _encode(coding, second)
+    decode = decoder(coding)
+    assert decode is not None
+    stream = Scrubber([SECRET]).stream(decode)
+    out = b"".join(piece for c in [encoded[:7], encoded[7:], b""] for piece in stream(c))
+    assert out == Scrubber([SECRET]).data(first + second)
+
+
+def test_raw_deflate_is_decoded_like_wrapped_deflate() -> None:
+    body = b"raw " + SECRET.encode() + b" deflate"
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    raw = packer.compress(body) + packer.flush()
+    decode = decoder("deflate")
+    assert decode is not None
+    stream = Scrubber([SECRET]).stream(decode)
+    out = b"".join(piece for c in [raw[:1], raw[1:], b""] for piece in stream(c))
+    assert out == Scrubber([SECRET]).data(body)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
+def test_truncated_stream_is_an_error_at_the_end(coding: str) -> None:
+    encoded = _encode(coding, SECRET.encode() * 40)
+    decode = decoder(coding)
+    assert decode is not None
+    stream = Scrubber([SECRET]).stream(decode)
+    stream(encoded[: len(encoded) // 2])
+    with pytest.raises((zlib.error, zstandard.ZstdError)):
+        stream(b"")

@@ -758,3 +758,4 @@ def test_generate_never_overwrites(tmp_path: Path) -> None:
     keys.generate(tmp_path)
     assert len(list(tmp_path.glob("*.key"))) == 2
     assert len(keys.Keyring.load(tmp_path)) == 2
+
