@@ -17,7 +17,7 @@ from typing import Final
 
 from mitmproxy import http
 
-from proxy.addresses import AddressPolicy, IPAddress
+from proxy.addresses import IPAddress
 from proxy.errors import Denial
 from proxy.hostname import Host, HostError, denied_name, split_authority
 from proxy.policy import Policy
@@ -47,14 +47,6 @@ class Guard:
         self.resolver = resolver
         self._own_ports = frozenset(port for _, port in listen)
         self._own_hosts = frozenset(_ip_or_none(host) for host, _ in listen) - {None}
-        self._address_policies: dict[tuple[object, ...], AddressPolicy] = {}
-
-    def address_policy(self, policy: Policy) -> AddressPolicy:
-        key = tuple(policy.allow_networks)
-        found = self._address_policies.get(key)
-        if found is None:
-            found = self._address_policies[key] = AddressPolicy(policy.allow_networks)
-        return found
 
     async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
         """Resolve and classify every answer; the first address, if all of them may be reached."""
@@ -69,7 +61,7 @@ class Guard:
             except ResolveError as exc:
                 raise Denial(exc.reason, f"cannot resolve {host.name}") from exc
             addresses, dns_seconds = answer.addresses, answer.duration
-        checker = self.address_policy(policy)
+        checker = policy.addresses
         for address in addresses:
             direct = address.ipv4_mapped if isinstance(address, IPv6Address) else None
             if reason := checker.check(address):

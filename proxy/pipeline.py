@@ -289,11 +289,8 @@ class Sealgate:
             verdict.pin = await self._guard().pin(host, port, policy)
             conn.target = (host, port)
             conn.tunnel = _tunnel(policy, rules)
-        except Denial as denial:
-            self._deny(flow, verdict, denial, conn)
-        except Exception:
-            logger.exception("sealgate: internal error deciding a CONNECT; refused")
-            self._deny(flow, verdict, _internal(), conn)
+        except Exception as exc:
+            self._deny(flow, verdict, _refusal(exc, "deciding a CONNECT"), conn)
         else:
             if verdict.reason is None:  # a report-mode miss keeps its "report"
                 verdict.decision = "allow"
@@ -310,9 +307,7 @@ class Sealgate:
             elif sni is not None and _canonical(sni) != conn.target[0]:
                 raise Denial("sni_mismatch", "TLS SNI does not match the CONNECT target")
         except Exception as exc:
-            denial = exc if isinstance(exc, Denial) else _internal()
-            if not isinstance(exc, Denial):
-                logger.exception("sealgate: internal error checking a ClientHello; refused")
+            denial = _refusal(exc, "checking a ClientHello")
             conn.denied += 1
             conn.blocked = denial
             conn.tunnel = False
@@ -403,13 +398,8 @@ class Sealgate:
                 _stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
             self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
-        except Denial as denial:
-            self._deny(flow, verdict, denial, conn)
-        except Exception:
-            # mitmproxy logs an addon's exception and carries on with the flow: a bug here
-            # must close the door, not open it.
-            logger.exception("sealgate: internal error deciding a request; refused")
-            self._deny(flow, verdict, _internal(), conn)
+        except Exception as exc:
+            self._deny(flow, verdict, _refusal(exc, "deciding a request"), conn)
         else:
             if verdict.reason is None:  # a report-mode miss keeps its "report"
                 verdict.decision = "allow"
@@ -424,9 +414,7 @@ class Sealgate:
                 # Recorded (and the scrubber armed) in requestheaders.
                 put(flow.request, cred)
         except Exception as exc:
-            if not isinstance(exc, Denial):
-                logger.exception("sealgate: internal error signing a request; refused")
-            denial = exc if isinstance(exc, Denial) else _internal()
+            denial = _refusal(exc, "signing a request")
             self._deny(flow, flow.metadata[_META], denial, self._conn(flow.client_conn))
 
     async def _inject(
@@ -492,9 +480,7 @@ class Sealgate:
                 raise conn.blocked
             pin = await self._guard().pin(_canonical(name), port, conn.policy)
         except Exception as exc:
-            denial = exc if isinstance(exc, Denial) else _internal()
-            if not isinstance(exc, Denial):
-                logger.exception("sealgate: internal error checking an upstream dial; refused")
+            denial = _refusal(exc, "checking an upstream dial")
             server.error = f"sealgate: {denial.reason}"
             self._emit(
                 "connect_denied", connection_id=data.client.id, host=name, port=port,
@@ -554,7 +540,8 @@ class Sealgate:
             return
         decode = decoder(encoding)
         if decode is None:
-            self._refuse_response(flow, "encoding_unscrubbable")
+            self._refuse_response(flow, "encoding_unscrubbable", encoding)
+            flow.kill()
             return
         del response.headers["content-encoding"]
         response.headers.pop("content-length", None)
@@ -570,10 +557,7 @@ class Sealgate:
                 return scrub(chunk)
             except Exception:
                 # Corrupt or truncated: what came so far was scrubbed; say why the rest stops.
-                self._emit(
-                    "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-                    reason="decode_failed", encoding=encoding[:64],
-                )
+                self._refuse_response(flow, "decode_failed", encoding)
                 raise
 
         response.stream = stream
@@ -597,27 +581,27 @@ class Sealgate:
             response.trailers.fields = fields
         if not response.raw_content or response.stream:
             return
-        if any(name.lower() == b"content-encoding" for name, _ in response.headers.fields):
+        if encoding := response.headers.get("content-encoding", ""):
             # Asked for identity but compressed anyway: scrub what the sandbox will read.
             try:
                 decoded = response.get_content(strict=True) or b""
             except ValueError:
                 # A coding mitmproxy cannot decode (x-gzip, stacked, corrupt): the secret could
                 # be inside and could not be found.
-                self._refuse_response(flow, "encoding_unscrubbable")
+                self._refuse_response(flow, "encoding_unscrubbable", encoding)
+                flow.kill()
                 return
             if (scrubbed := scrubber.data(decoded)) != decoded:
                 response.content = scrubbed
         elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
             response.raw_content = clean
 
-    def _refuse_response(self, flow: http.HTTPFlow, reason: str) -> None:
-        assert flow.response is not None
+    def _refuse_response(self, flow: http.HTTPFlow, reason: str, encoding: str) -> None:
+        """The audit line for a response that cannot be scrubbed; the caller stops it."""
         self._emit(
             "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-            reason=reason, encoding=flow.response.headers.get("content-encoding", "")[:64],
+            reason=reason, encoding=encoding[:64],
         )
-        flow.kill()
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._log_flow(flow, flow.metadata.get(_META))
@@ -755,7 +739,13 @@ class Sealgate:
         return self.audit
 
 
-def _internal() -> Denial:
+def _refusal(exc: Exception, doing: str) -> Denial:
+    """What a decision hook answers when `exc` escaped it. mitmproxy logs an addon's exception
+    and carries on with the flow, so anything but a Denial is a bug that must close the door:
+    logged with its traceback (on the proxy's stderr, never to the client) and refused."""
+    if isinstance(exc, Denial):
+        return exc
+    logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
     return Denial("internal_error", "the proxy could not decide; refused")
 
 

@@ -20,6 +20,7 @@ from typing import Final, Literal
 from urllib.parse import unquote
 
 from issuer.processors import Processor
+from proxy.addresses import AddressPolicy
 from proxy.hostname import Host
 from proxy.secrets.base import SecretRef
 
@@ -277,6 +278,9 @@ class Policy:
     _exact: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _suffix: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _any: _Indexed = field(init=False, repr=False, compare=False)
+    # The denied-range table with allow_networks opened, built once: the guard asks it for every
+    # address of every request.
+    addresses: AddressPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         exact: dict[str, list[tuple[int, Rule]]] = {}
@@ -292,6 +296,7 @@ class Policy:
         object.__setattr__(self, "_exact", {k: tuple(v) for k, v in exact.items()})
         object.__setattr__(self, "_suffix", {k: tuple(v) for k, v in suffix.items()})
         object.__setattr__(self, "_any", tuple(any_host))
+        object.__setattr__(self, "addresses", AddressPolicy(self.allow_networks))
 
     def _candidates(self, host: Host) -> _Indexed:
         """Rules whose host pattern matches, in file order."""
