@@ -46,6 +46,11 @@ class TokenRequest(NamedTuple):
     path: str
     proxy_authorization: Sequence[str]
 
+    def __repr__(self) -> str:
+        # Proxy-Authorization carries the sandbox's key or a binding's bearer secret.
+        shown = self._replace(proxy_authorization=[f"<{len(self.proxy_authorization)} hidden>"])
+        return f"TokenRequest{tuple.__repr__(shown)}"
+
 
 @dataclass(slots=True)
 class _Opened:
