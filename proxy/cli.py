@@ -36,13 +36,13 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
                    help="state directory: CA, registry, audit log, control socket")
     p.add_argument("--resolver", default=env("SEALGATE_RESOLVER"),
                    help="DNS server HOST:PORT the guard uses (default: system nameservers)")
-    p.add_argument("--workers", type=int, default=int(env("SEALGATE_WORKERS", "1")),
+    p.add_argument("--workers", type=int, default=env("SEALGATE_WORKERS", "1"),
                    help="worker processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
                    help="CA bundle to verify upstream servers with (default: certifi)")
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
     p.add_argument("--connect-timeout", type=float,
-                   default=float(env("SEALGATE_CONNECT_TIMEOUT", "10")),
+                   default=env("SEALGATE_CONNECT_TIMEOUT", "10"),
                    help="seconds an upstream dial may take before 504 connect_timeout")
     p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
                    help="directory of private token keys (<kid>.key); unset: tokens refused")

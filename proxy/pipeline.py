@@ -189,7 +189,10 @@ class Sealgate:
             log_path = None if log_opt == "off" else Path(log_opt or state / "audit.log")
             self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout, batch=True)
         if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
-            resolver = Resolver.from_spec(opts.sealgate_resolver)
+            try:
+                resolver = Resolver.from_spec(opts.sealgate_resolver)
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"sealgate: resolver: {exc}") from exc
             self.guard = Guard(resolver, _listen_endpoints())
         if "ssl_insecure" in updated:
             self._ssl_insecure = bool(opts.ssl_insecure)

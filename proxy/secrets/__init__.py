@@ -59,7 +59,10 @@ def open_store(url: str, **options: OptionValue) -> SecretStore:
     if not sep:
         raise SecretConfigError(f"secret store URL {url!r} has no scheme")
     if scheme == "vault":
-        return VaultStore(VaultConfig.from_url(url, **options))
+        try:
+            return VaultStore(VaultConfig.from_url(url, **options))
+        except ValueError as exc:  # urllib's parsers; SecretConfigError is not one
+            raise SecretConfigError(f"vault store URL is malformed: {exc}") from None
     if options:
         raise SecretConfigError(f"the {scheme} store takes no options, got {', '.join(options)}")
     if scheme == "file":

@@ -14,9 +14,8 @@ from typing import ClassVar, Protocol
 STORES = frozenset({"file", "env", "vault"})
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-_VAULT_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-_FIELD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+# A file secret's name, a Vault path segment, a Vault field.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 class SecretError(Exception):
@@ -71,36 +70,36 @@ class SecretRef:
 
 
 def parse_ref(text: str) -> SecretRef:
-    """Parse and validate a reference; raise SecretConfigError naming what is wrong."""
+    """Parse and validate a reference; raise SecretConfigError naming what is wrong. The
+    messages never quote the reference: a secret pasted where its reference belongs would
+    otherwise travel on into logs and error answers."""
     store, sep, rest = text.partition(":")
     if not sep or store not in STORES:
         raise SecretConfigError(
-            f"secret reference {text!r} must start with one of "
+            f"a secret reference ({len(text)} characters) must start with one of "
             f"{', '.join(sorted(STORES))} followed by ':'"
         )
     path, hashmark, field = rest.partition("#")
     if store == "vault":
-        return _vault_ref(text, path, field if hashmark else None)
+        return _vault_ref(path, field if hashmark else None)
     if hashmark:
-        raise SecretConfigError(f"secret reference {text!r}: '#field' is only valid for vault")
-    pattern = _ENV_NAME if store == "env" else _FILE_NAME
+        raise SecretConfigError("secret reference: '#field' is only valid for vault")
+    pattern = _ENV_NAME if store == "env" else _NAME
     if not pattern.fullmatch(path):
-        raise SecretConfigError(f"secret reference {text!r}: invalid {store} secret name")
+        raise SecretConfigError(f"secret reference: invalid {store} secret name")
     return SecretRef(store, path, None)
 
 
-def _vault_ref(text: str, path: str, field: str | None) -> SecretRef:
+def _vault_ref(path: str, field: str | None) -> SecretRef:
     segments = path.split("/")
-    if len(segments) < 2 or not all(_VAULT_SEGMENT.fullmatch(s) for s in segments):
+    if len(segments) < 2 or not all(_NAME.fullmatch(s) for s in segments):
         raise SecretConfigError(
-            f"secret reference {text!r}: vault path must be mount/path with segments of "
+            "secret reference: vault path must be mount/path with segments of "
             "letters, digits, '_', '.', '-' (no empty or dot-leading segments)"
         )
     kv_location(path)  # raises if a KV v2 path names no secret
-    if field is None or not _FIELD.fullmatch(field):
-        raise SecretConfigError(
-            f"secret reference {text!r}: vault references need an explicit '#field'"
-        )
+    if field is None or not _NAME.fullmatch(field):
+        raise SecretConfigError("secret reference: vault references need an explicit '#field'")
     return SecretRef("vault", path, field)
 
 
@@ -118,7 +117,7 @@ def kv_location(path: str) -> tuple[int, str, str]:
     else:
         version, mount, rest = 1, segments[:1], segments[1:]
     if not rest:
-        raise SecretConfigError(f"vault path {path!r} names a mount but no secret")
+        raise SecretConfigError("vault path names a mount but no secret")
     return version, "/".join(mount), "/".join(rest)
 
 

@@ -296,8 +296,14 @@ class VaultStore:
                 continue
             except TimeoutError:
                 pass
-            async with self._auth_lock:
-                delay = await self._refresh_token()
+            try:
+                async with self._auth_lock:
+                    delay = await self._refresh_token()
+            except Exception as exc:
+                # Anything unforeseen would end renewal for good and let the token lapse. Named
+                # by type only: its text could carry what Vault answered.
+                log.error("vault: token refresh failed (%s); retrying", type(exc).__name__)
+                delay = RETRY_DELAY
             self._relogged.clear()
 
     async def _refresh_token(self) -> float:

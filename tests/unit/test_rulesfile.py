@@ -493,6 +493,22 @@ def test_key_hash_error_never_echoes_the_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "reference",
+    ["{secret}", "file:{secret}#x", "env:{secret}!", "vault:{secret}", "vault:kv/{secret}#f!"],
+)
+def test_secret_reference_error_never_echoes_the_reference(tmp_path: Path, reference: str) -> None:
+    """A secret pasted where its reference belongs must not travel on into logs."""
+    secret = "ghp_CANARY0123456789abcdef"
+    _, err = error_for(
+        tmp_path,
+        "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"
+        f"          - {{secret: '{reference.format(secret=secret)}', as: bearer}}\n",
+    )
+    assert secret not in str(err)
+    assert err.field == "policies.p.allow[0].inject[0].secret"
+
+
+@pytest.mark.parametrize(
     ("text", "line", "fragment"),
     [
         ("version: 1\npolicies:\n  p: &a {}\n  q: *a\n", 3, "anchors and aliases"),
