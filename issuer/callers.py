@@ -24,6 +24,7 @@ import yaml
 
 from issuer import processors as pr
 from issuer import token as tk
+from sealgate.files import read_regular
 
 __all__ = [
     "BINDING_KINDS",
@@ -383,8 +384,7 @@ def _parse(text: str) -> CallerRegistry:
 def load_callers(path: Path) -> CallerRegistry:
     """Read and check a callers file. Raises CallersFileError naming the file and the field."""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(_MAX_FILE_BYTES + 1)
+        data, _ = read_regular(path, _MAX_FILE_BYTES)
     except OSError as exc:
         raise CallersFileError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > _MAX_FILE_BYTES:

@@ -24,6 +24,7 @@ from typing import Final
 from issuer import callers, keys
 from issuer import processors as pr
 from issuer import token as tk
+from sealgate.files import read_regular
 
 _MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
 _UNIT_SECONDS: Final[Mapping[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -92,8 +93,7 @@ def _decode(data: bytes, where: str) -> str:
 
 def _read_file(path: Path, what: str) -> str:
     try:
-        with path.open("rb") as handle:
-            data = handle.read(_MAX_SECRET_BYTES + 3)
+        data, _ = read_regular(path, _MAX_SECRET_BYTES + 2)
     except OSError as exc:
         raise CliError(f"cannot read {what} file {path}: {exc.strerror}") from None
     return _decode(data, f"{what} file {path}")

@@ -20,6 +20,7 @@ from typing import Final
 from nacl.public import PrivateKey
 
 from issuer.token import load_json_object
+from sealgate.files import read_regular
 
 __all__ = [
     "KeyFileError",
@@ -177,13 +178,12 @@ def _read_fields(
 ) -> tuple[str, bytes, datetime]:
     """Read and check one key file: (kid, 32 key bytes, created)."""
     try:
-        with path.open("rb") as handle:
-            if private:
-                # fstat of the open file: the mode checked is the mode of what is read.
-                _check_private_mode(path, os.fstat(handle.fileno()).st_mode)
-            data = handle.read(_MAX_FILE_BYTES + 1)
+        data, st = read_regular(path, _MAX_FILE_BYTES)
     except OSError as exc:
         raise KeyFileError(f"cannot read {path}: {exc.strerror}") from None
+    if private:
+        # The fstat of the opened file: the mode checked is the mode of what was read.
+        _check_private_mode(path, st.st_mode)
     if len(data) > _MAX_FILE_BYTES:
         raise KeyFileError(f"{path} is larger than {_MAX_FILE_BYTES} bytes")
     # Raised outside the except block: decode errors hold the file content (key bytes), which

@@ -37,6 +37,7 @@ from proxy.policy import (
     path_glob_regex,
 )
 from proxy.secrets.base import SecretConfigError, parse_ref
+from sealgate.files import read_regular
 
 __all__ = ["MAX_FILE_BYTES", "RulesError", "load_rules"]
 
@@ -124,8 +125,7 @@ def _rule_files(path: Path) -> list[Path]:
 
 def _read(path: Path) -> str:
     try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        data, _ = read_regular(path, MAX_FILE_BYTES)
     except OSError as exc:
         raise RulesError(path, None, "", f"cannot read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:

@@ -17,6 +17,9 @@ from proxy.secrets.base import (
     SecretRef,
     SecretUnavailable,
 )
+from sealgate.files import read_regular
+
+_MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 
 # Cache entries for file secrets live this long, so an edit is seen within a second
 # even though the broker's cache sits in front of the store.
@@ -76,13 +79,16 @@ class FileStore:
         if FileIdentity.of(st) == self._identity:
             return
         try:
-            with self.path.open("rb") as fh:
-                st = self._checked(lambda: os.fstat(fh.fileno()))
-                text = fh.read().decode("utf-8")
+            data, opened = read_regular(self.path, _MAX_FILE_BYTES)
         except OSError as exc:
             raise SecretUnavailable(
                 f"secrets file {self.path} cannot be read: {exc.strerror}"
             ) from None
+        st = self._checked(lambda: opened)
+        if len(data) > _MAX_FILE_BYTES:
+            raise SecretConfigError(f"secrets file {self.path} is larger than {_MAX_FILE_BYTES}")
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise SecretConfigError(f"secrets file {self.path} is not UTF-8") from None
         self._secrets = self._parse(text)
