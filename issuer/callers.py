@@ -259,6 +259,9 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
     seen: set[object] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
+        if not isinstance(key, str | int | float | bool | None):
+            line = key_node.start_mark.line + 1
+            raise CallersFileError(f"line {line}: a key must be a plain value")
         if key in seen:
             line = key_node.start_mark.line + 1
             raise CallersFileError(f"line {line}: duplicate key {str(key)[:64]!r}")
@@ -373,6 +376,8 @@ def _parse(text: str) -> CallerRegistry:
         raise CallersFileError(f"line {line}: YAML syntax error: {exc.problem}") from None
     except yaml.YAMLError:
         raise CallersFileError("not valid YAML") from None
+    except RecursionError:
+        raise CallersFileError("nested too deeply") from None
     if not isinstance(document, dict) or set(document) != {"callers"}:
         raise CallersFileError("the top level must be a mapping with one key, callers")
     entries = document["callers"]

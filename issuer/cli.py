@@ -404,7 +404,10 @@ def _issuer_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
         )
-        audit = AuditLog(args.audit_log, stdout=args.audit_stdout or args.audit_log is None)
+        try:
+            audit = AuditLog(args.audit_log, stdout=args.audit_stdout or args.audit_log is None)
+        except OSError as exc:
+            raise CliError(f"cannot open the audit log {args.audit_log}: {exc.strerror}") from None
         try:
             issuer = service.Issuer(args.keys, args.callers, audit)
             options = service.ServeOptions(host, port, context, args.reload_interval)

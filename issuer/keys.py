@@ -256,7 +256,14 @@ def _write_new(path: Path, text: str, mode: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)  # the umask may have removed bits we want (0644 for .pub)
-        os.write(fd, text.encode("utf-8"))
+        data = text.encode("utf-8")
+        while data:  # a short write (a full disk) must not leave half a key
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    except OSError:
+        # Created here and not complete: a broken key file would fail every later load.
+        path.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
 

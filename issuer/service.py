@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import ClassVar, Final, TypeVar
 
 from aiohttp import web
 from cryptography import x509
@@ -62,6 +62,7 @@ _REQUIRED_FIELDS: Final = ("secret", "inject", "hosts", "ttl")
 _OPTIONAL_CLAIMS: Final = ("methods", "paths", "binding")
 _AUDIT_FIELDS: Final = ("caller", "remote", "kid", "hosts", "processor", "ttl", "binding", "jti")
 
+_T = TypeVar("_T")
 logger = logging.getLogger("sealgate.issuer")
 
 
@@ -194,13 +195,8 @@ class Issuer:
         state, is logged, and makes /healthz answer 503 until a reload succeeds."""
         self._keys_stamp = _stamp(self.keys_dir, keys.PUBLIC_SUFFIX)
         self._callers_stamp = _stamp(self.callers_path, None)
-        try:
-            loaded = self._load_keys()
-        except keys.KeyFileError as exc:
-            self.problems["keys"] = str(exc)
-            logger.error("issuer: keeping the previous keys (%s): %s", why, exc)
-        else:
-            self.problems.pop("keys", None)
+        loaded = self._attempt("keys", why, self._load_keys, keys.KeyFileError)
+        if loaded is not None:
             if loaded != self.public_keys:
                 logger.info(
                     "issuer: keys reloaded (%s): sealing to %s, %d key(s)",
@@ -209,16 +205,29 @@ class Issuer:
                     len(loaded),
                 )
             self.public_keys = loaded
-        try:
-            registry = cl.load_callers(self.callers_path)
-        except cl.CallersFileError as exc:
-            self.problems["callers"] = str(exc)
-            logger.error("issuer: keeping the previous callers (%s): %s", why, exc)
-        else:
-            self.problems.pop("callers", None)
+        registry = self._attempt(
+            "callers", why, lambda: cl.load_callers(self.callers_path), cl.CallersFileError
+        )
+        if registry is not None:
             self.callers = registry
             self.limiter.forget_except(registry.names)
             logger.info("issuer: callers reloaded (%s): %d caller(s)", why, len(registry))
+
+    def _attempt(
+        self, part: str, why: str, load: Callable[[], _T], expected: type[Exception]
+    ) -> _T | None:
+        """`load()`, or None with the previous state kept, the failure logged and /healthz
+        answering 503 until a reload of `part` succeeds. An `expected` error says what is
+        wrong; anything else is named by type only (its text could quote the file)."""
+        try:
+            loaded = load()
+        except Exception as exc:
+            problem = str(exc) if isinstance(exc, expected) else f"{type(exc).__name__} loading it"
+            self.problems[part] = problem
+            logger.error("issuer: keeping the previous %s (%s): %s", part, why, problem)
+            return None
+        self.problems.pop(part, None)
+        return loaded
 
     def changed(self) -> bool:
         return (

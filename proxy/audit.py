@@ -39,6 +39,7 @@ class AuditLog:
         self.batch = batch
         self._fd: int | None = None
         self._stdout = stdout
+        self._stdout_failed = False
         self._buffer = bytearray()
         self._scheduled = False
         self._failed = False
@@ -52,16 +53,21 @@ class AuditLog:
 
     @property
     def healthy(self) -> bool:
-        return not self._failed
+        return not self._failed and not self._stdout_failed
 
     def emit(self, event: str, **fields: Any) -> None:
         record: MutableMapping[str, Any] = {"ts": self._timestamp(), "event": event}
         record.update(fields)
         record = _drop_forbidden(None, "", record)
         line = str(self._render(None, "", record)) + "\n"
-        if self._stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        if self._stdout and not self._stdout_failed:
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except OSError:
+                # A closed pipe: the copy there is lost from now on, which makes this log
+                # unhealthy (requests refused) rather than an exception inside a hook.
+                self._stdout_failed = True
         if self.path is None:
             return
         if len(self._buffer) > _BUFFER_CAP:

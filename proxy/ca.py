@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -87,8 +88,15 @@ def ensure_ca(confdir: Path, common_name: str = "sealgate egress CA") -> Path:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    # A fresh 0600 temporary name each time (a crash cannot leave one that blocks the next
+    # start), synced before it takes the real name (a power cut cannot leave an empty key).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

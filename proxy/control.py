@@ -52,6 +52,8 @@ def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
             registry.register(request.match_info["address"], sandbox)
         except RegistryError as exc:
             return _error(400, "bad_address", str(exc))
+        except OSError as exc:  # a full or read-only disk: nothing was registered
+            return _error(503, "registry_unavailable", f"cannot write the registry: {exc.strerror}")
         return web.json_response({"address": request.match_info["address"], "sandbox": sandbox})
 
     async def delete_source(request: web.Request) -> web.Response:
@@ -59,6 +61,8 @@ def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
             found = registry.unregister(request.match_info["address"])
         except RegistryError as exc:
             return _error(400, "bad_address", str(exc))
+        except OSError as exc:
+            return _error(503, "registry_unavailable", f"cannot write the registry: {exc.strerror}")
         if not found:
             return _error(404, "not_registered", "no sandbox registered for that address")
         return web.json_response({"removed": request.match_info["address"]})

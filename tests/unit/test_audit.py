@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
+
+import pytest
 
 from proxy.audit import AuditLog
 
@@ -41,3 +45,22 @@ def test_mode_is_owner_only(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     AuditLog(path).close()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_closed_stdout_makes_the_log_unhealthy_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write is EPIPE
+    broken = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", broken)
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, stdout=True)
+    log.emit("request", n=1)
+    log.emit("request", n=2)
+    assert not log.healthy
+    assert [line["n"] for line in lines(path)] == [1, 2]  # the file copy is whole
+    log.close()
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):
+        broken.close()

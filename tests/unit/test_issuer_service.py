@@ -507,6 +507,8 @@ def _entry(**overrides: Any) -> dict[str, Any]:
         ({"callers": {"a": _entry(rate={"per_hour": 5})}}, "per_minute"),
         ({"callers": {"a": _entry(bindings=["sandbox", "tenant"])}}, "'tenant'"),
         ({"callers": {"a": _entry(), "b": _entry()}}, "shares its key"),
+        ("callers:\n  ? [a, b]\n  : {}\n", "a key must be a plain value"),
+        ("callers: " + "[" * 5000, "nested too deeply"),
     ],
 )
 def test_callers_file_errors(tmp_path: Path, document: object, words: str) -> None:
