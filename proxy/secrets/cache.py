@@ -24,6 +24,10 @@ from proxy.secrets.base import (
 
 log = logging.getLogger(__name__)
 
+# A secret the store says does not exist, or may not be read, is asked for again only after
+# this long: every request would otherwise cost a backend round trip and a warning line.
+REFUSED_SECONDS = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
@@ -70,6 +74,7 @@ class SecretCache:
         self._fetch_timeout = fetch_timeout
         self._clock = clock
         self._entries: dict[SecretRef, _Entry] = {}
+        self._refused: dict[SecretRef, tuple[SecretError, float]] = {}
         self._inflight: dict[SecretRef, asyncio.Task[Secret]] = {}
 
     @property
@@ -90,6 +95,11 @@ class SecretCache:
     async def get(self, ref: SecretRef) -> Secret:
         if (secret := self.fresh(ref)) is not None:
             return secret
+        refused = self._refused.get(ref)
+        if refused is not None:
+            if self._clock() < refused[1]:
+                raise refused[0]
+            del self._refused[ref]
         try:
             return await self._wait(ref)
         except SecretUnavailable as exc:
@@ -105,6 +115,7 @@ class SecretCache:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._entries.clear()
+        self._refused.clear()
         await self.store.close()
 
     async def _wait(self, ref: SecretRef) -> Secret:
@@ -130,8 +141,10 @@ class SecretCache:
             secret, suggested = await self.store.fetch(ref)
         except SecretUnavailable:
             raise
-        except SecretError:
+        except SecretError as exc:
+            # Not found, denied, misconfigured: never papered over by a stale copy.
             self._entries.pop(ref, None)
+            self._refused[ref] = (exc, self._clock() + REFUSED_SECONDS)
             raise
         except Exception as exc:
             # An unexpected failure is treated as an outage, named by type only: its

@@ -18,6 +18,7 @@ from proxy.secrets import (
     SecretUnavailable,
     parse_ref,
 )
+from proxy.secrets.cache import REFUSED_SECONDS
 
 REF = parse_ref("vault:kv/data/ci/github#token")
 CANARY = "CANARY-cache-7f3a91"
@@ -170,6 +171,7 @@ def test_denied_or_deleted_is_never_served_stale(error: Exception) -> None:
             await cache.get(REF)
         # Evicted: even a later outage within what would have been grace fails closed.
         store.error = SecretUnavailable("down")
+        clock.now += REFUSED_SECONDS  # past the remembered refusal: the store is asked again
         with pytest.raises(SecretUnavailable):
             await cache.get(REF)
         await cache.close()
@@ -256,3 +258,20 @@ def test_failed_background_refresh_is_logged_and_value_kept(
 def test_bad_settings_are_refused(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         make_cache(ScriptedStore(), Clock(), **kw)
+
+
+def test_a_refusal_is_remembered_briefly_not_asked_per_request() -> None:
+    async def body() -> None:
+        clock, store = Clock(), ScriptedStore("v")
+        cache = make_cache(store, clock)
+        store.error = SecretNotFound("vault has nothing")
+        for _ in range(20):
+            with pytest.raises(SecretNotFound):
+                await cache.get(REF)
+        assert store.fetches == 1
+        store.error = None  # created meanwhile: seen once the refusal has aged out
+        clock.now += REFUSED_SECONDS
+        assert (await cache.get(REF)).reveal() == "v"
+        await cache.close()
+
+    run(body)
