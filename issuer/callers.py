@@ -53,7 +53,7 @@ _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 _DURATION: Final = re.compile(r"(?:\d+[smhd])+|\d+")
 _DURATION_PART: Final = re.compile(r"(\d+)([smhd])")
-_UNIT_SECONDS: Final[Mapping[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+UNIT_SECONDS: Final[Mapping[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENTRY_FIELDS: Final = frozenset(
     {"key_sha256", "mtls_subject", "hosts", "processors", "max_ttl", "rate", "bindings"}
 )
@@ -66,7 +66,7 @@ def parse_duration(text: str) -> int:
         raise ValueError(f"{text[:32]!r} is not a duration like 900, 15m, 1h30m or 1d")
     if text.isdigit():
         return int(text)
-    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+    return sum(int(n) * UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
 
 
 # --- errors -----------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from issuer import token as tk
 from sealgate.files import read_regular
 
 _MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
-_UNIT_SECONDS: Final[Mapping[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEFAULT_TTL: Final = "15m"
 
 # The processor options each --inject kind takes; any other processor option is an error.
@@ -62,7 +61,7 @@ def format_age(seconds: int) -> str:
     remaining = max(0, seconds)
     parts: list[str] = []
     for unit in ("d", "h", "m", "s"):
-        count, remaining = divmod(remaining, _UNIT_SECONDS[unit])
+        count, remaining = divmod(remaining, callers.UNIT_SECONDS[unit])
         if count or parts or unit == "s":
             parts.append(f"{count}{unit}")
     return "".join(parts[:2])
@@ -124,10 +123,6 @@ def _emit_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
-def _timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _run(command: str, body: Callable[[], int]) -> int:
     try:
         return body()
@@ -150,7 +145,7 @@ def _keys_generate(args: argparse.Namespace) -> int:
         entry = keys.generate(args.out)
         info = {
             "kid": entry.kid,
-            "created": _timestamp(entry.created),
+            "created": keys.format_time(entry.created),
             "private_key_file": str(args.out / f"{entry.kid}{keys.PRIVATE_SUFFIX}"),
             "public_key_file": str(args.out / f"{entry.kid}{keys.PUBLIC_SUFFIX}"),
         }
@@ -182,7 +177,7 @@ def _key_rows(directory: Path) -> list[dict[str, object]]:
     return [
         {
             "kid": kid,
-            "created": _timestamp(created[kid]),
+            "created": keys.format_time(created[kid]),
             "age_seconds": int((now - created[kid]).total_seconds()),
             "private": "private" in kinds[kid],
             "public": "public" in kinds[kid],

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from nacl.public import PrivateKey
 
@@ -29,10 +29,12 @@ __all__ = [
     "NoKeysError",
     "PrivateKeyEntry",
     "PublicKeyEntry",
+    "format_time",
     "generate",
     "kid_for",
     "load_private",
     "load_public",
+    "newest_first",
     "newest_public",
     "private_entries",
     "public_entries",
@@ -131,8 +133,7 @@ class Keyring:
     @property
     def kids(self) -> tuple[str, ...]:
         """Key ids, newest key first."""
-        ordered = sorted(self._entries.values(), key=lambda e: (e.created, e.kid), reverse=True)
-        return tuple(entry.kid for entry in ordered)
+        return tuple(entry.kid for entry in newest_first(self._entries.values()))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -152,8 +153,18 @@ class Keyring:
         return cls(entries)
 
 
-def _format_time(moment: datetime) -> str:
+def format_time(moment: datetime) -> str:
+    """UTC to the second, as key files, `keys list` and the issuer's /v1/keys show it."""
     return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+
+
+_Entry = TypeVar("_Entry", "PrivateKeyEntry", "PublicKeyEntry")
+
+
+def newest_first(entries: Iterable[_Entry]) -> list[_Entry]:
+    """Newest key first: by creation time, then the highest kid. The issuer seals to the
+    first."""
+    return sorted(entries, key=lambda entry: (entry.created, entry.kid), reverse=True)
 
 
 def _parse_time(text: str, path: Path) -> datetime:
@@ -248,7 +259,7 @@ def newest_public(directory: Path) -> PublicKeyEntry:
     entries = public_entries(directory)
     if not entries:
         raise NoKeysError(f"no public keys (*{PUBLIC_SUFFIX}) in {directory}")
-    return max(entries, key=lambda entry: (entry.created, entry.kid))
+    return newest_first(entries)[0]
 
 
 def _write_new(path: Path, text: str, mode: int) -> None:
@@ -273,7 +284,7 @@ def _key_file_text(fmt: str, kid: str, created: datetime, key_field: str, key: b
         "{\n"
         f'  "format": "{fmt}",\n'
         f'  "kid": "{kid}",\n'
-        f'  "created": "{_format_time(created)}",\n'
+        f'  "created": "{format_time(created)}",\n'
         f'  "{key_field}": "{key.hex()}"\n'
         "}\n"
     )

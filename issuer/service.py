@@ -24,7 +24,6 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC
 from pathlib import Path
 from typing import ClassVar, Final, TypeVar
 
@@ -135,11 +134,6 @@ class Unavailable(MintRefused):
 # --- state ------------------------------------------------------------------------------------
 
 
-def _newest_first(entries: Sequence[keys.PublicKeyEntry]) -> tuple[keys.PublicKeyEntry, ...]:
-    # The same order as keys.newest_public: creation time, then kid.
-    return tuple(sorted(entries, key=lambda e: (e.created, e.kid), reverse=True))
-
-
 def _stamp(path: Path, suffix: str | None) -> object:
     """What changes when `path` (a file, or the `suffix` files in a directory) changes."""
     try:
@@ -188,7 +182,7 @@ class Issuer:
         entries = keys.public_entries(self.keys_dir)
         if not entries:
             raise keys.NoKeysError(f"no public keys (*{keys.PUBLIC_SUFFIX}) in {self.keys_dir}")
-        return _newest_first(entries)
+        return tuple(keys.newest_first(entries))
 
     def reload(self, why: str) -> None:
         """Re-read the key directory and the callers file. What fails to load keeps its previous
@@ -456,7 +450,7 @@ async def _keys_handler(request: web.Request) -> web.Response:
                 {
                     "format": keys.PUBLIC_FORMAT,
                     "kid": entry.kid,
-                    "created": entry.created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "created": keys.format_time(entry.created),
                     "public_key": entry.public_key.hex(),
                 }
                 for entry in issuer.public_keys

@@ -2,7 +2,9 @@
 
 The issuer seals with this module and the proxy opens, checks and applies with it, so the two
 cannot disagree about a token. The format is written down in docs/token-format.md and pinned by
-tests/vectors/. Order of use at the proxy: `open_token`, `check_binding`, `check_scope`, `apply`.
+tests/vectors/. Order of use: `unseal` and `check_time` (together: `open_token`), then
+`check_binding`, `check_scope`, and `apply` (the proxy applies through `proxy.inject`, which
+works the processor out once per opened token).
 The processors and the injection itself are `issuer.processors`, shared with the proxy's broker;
 their errors are translated here into `TokenError`s.
 
