@@ -59,8 +59,10 @@ class BudgetLedger:
                 "request_too_large",
                 f"request body of {declared_bytes} bytes exceeds {limits.max_request_bytes}",
             )
-        if ledger.bytes_total >= limits.max_total_bytes // self.share:
-            raise Denial("budget_exceeded", "total upload budget used up", retry_after=3600)
+        if ledger.bytes_total >= max(1, limits.max_total_bytes // self.share):
+            # No Retry-After: the total is counted for the life of the proxy process, so
+            # waiting does not help.
+            raise Denial("budget_exceeded", "total upload budget used up for this proxy's lifetime")
         rate = limits.requests_per_second / self.share
         now = self.clock()
         ledger.tokens = min(self._burst(limits), ledger.tokens + (now - ledger.stamp) * rate)
