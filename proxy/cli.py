@@ -136,12 +136,16 @@ async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
             await runner.cleanup()
 
 
+_STOP_SECONDS = 10.0  # how long workers get to finish after SIGTERM
+
+
 async def _supervise(config: ProxyConfig) -> int:
     """Run the control API here and N workers as child processes; stop them all together."""
     from proxy import control
 
     runner = await control.start(_socket(config.state), _registry(config.state), config.rules)
-    argv = [a for a in sys.argv[1:]]
+    # The workers run this same command line (the supervisor only starts from a real one).
+    argv = sys.argv[1:]
     children = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sealgate.cli", *argv, "--worker-index", str(i)
@@ -164,7 +168,12 @@ async def _supervise(config: ProxyConfig) -> int:
     for child in children:
         if child.returncode is None:
             child.send_signal(signal.SIGTERM)
-    await asyncio.gather(*waits)
+    _, stuck = await asyncio.wait(waits, timeout=_STOP_SECONDS)
+    if stuck:  # a worker that ignores SIGTERM must not keep the supervisor (and port) alive
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+        await asyncio.gather(*waits)
     stopper.cancel()
     await runner.cleanup()
     return code
