@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-_RACY_NS = 2_000_000_000
+from sealgate.files import FileIdentity
+
+log = logging.getLogger("sealgate")
+
 
 
 class RegistryError(ValueError):
@@ -39,7 +42,7 @@ def canonical_source(address: str) -> str:
 class SourceRegistry:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileIdentity | None = None
         self._map: dict[str, str] = {}
 
     def lookup(self, address: str) -> str | None:
@@ -71,16 +74,17 @@ class SourceRegistry:
         except FileNotFoundError:
             self._stamp, self._map = None, {}
             return
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        # Racy-git rule: a file changed within the timestamp granularity may change again
-        # without its stamp changing (inodes are recycled), so a fresh file is always re-read.
-        if stamp == self._stamp and time.time_ns() - st.st_mtime_ns > _RACY_NS:
+        stamp = FileIdentity.of(st)
+        if stamp == self._stamp and stamp.settled():
             return
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
             # A registry we cannot read attributes nobody: unattributed traffic falls to the
             # default policy, which denies unless an operator chose otherwise.
+            if stamp != self._stamp:
+                log.error("sealgate: source registry %s unreadable (%s); no source attributed",
+                          self.path, type(exc).__name__)
             self._stamp, self._map = stamp, {}
             return
         sources = data.get("sources", {}) if isinstance(data, dict) else {}

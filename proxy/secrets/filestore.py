@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -17,33 +16,13 @@ from proxy.secrets.base import (
     SecretRef,
     SecretUnavailable,
 )
-from sealgate.files import read_regular
+from sealgate.files import FileIdentity, read_regular
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 
 # Cache entries for file secrets live this long, so an edit is seen within a second
 # even though the broker's cache sits in front of the store.
 FILE_TTL = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """What a cheap stat says about a file's content: any change means re-read it."""
-
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileIdentity:
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def file_identity(path: Path) -> FileIdentity | None:
-    try:
-        return FileIdentity.of(path.stat())
-    except OSError:
-        return None
 
 
 class FileStore:
@@ -76,7 +55,7 @@ class FileStore:
         # A stat per fetch is the cheap check; the file is re-read (and its mode
         # re-checked on the opened descriptor, so a swap cannot slip by) only on change.
         st = self._checked(self.path.stat)
-        if FileIdentity.of(st) == self._identity:
+        if (identity := FileIdentity.of(st)) == self._identity and identity.settled():
             return
         try:
             data, opened = read_regular(self.path, _MAX_FILE_BYTES)

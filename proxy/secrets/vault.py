@@ -34,7 +34,7 @@ from proxy.secrets.base import (
     SecretUnavailable,
     kv_location,
 )
-from proxy.secrets.filestore import FileIdentity, file_identity
+from sealgate.files import FileIdentity, file_identity
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pickle
 from collections.abc import Coroutine
 from pathlib import Path
@@ -296,3 +297,16 @@ def test_broker_sees_file_edits_within_the_file_ttl(tmp_path: Path) -> None:
         await broker.close()
 
     run(body())
+
+
+def test_file_store_sees_a_rewrite_its_stat_cannot_tell_apart(tmp_path: Path) -> None:
+    """Same inode, same size, the mtime set back: only the file's age says to read it again."""
+    path = write_private(tmp_path / "s.yaml", "k: first\n")
+    store = FileStore(path)
+    ref = parse_ref("file:k")
+    before = path.stat()
+    assert run(store.fetch(ref))[0].reveal() == "first"
+    with path.open("r+") as fh:  # in place: the inode stays
+        fh.write("k: secnd\n")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert run(store.fetch(ref))[0].reveal() == "secnd"
