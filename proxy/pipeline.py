@@ -584,7 +584,12 @@ class Sealgate:
             response.trailers.fields = fields
         if not response.raw_content or response.stream:
             return
-        if encoding := response.headers.get("content-encoding", ""):
+        # A scan of the raw fields: mitmproxy's Headers.get raises and catches a KeyError for
+        # the usual absent header, on every injected response.
+        if encoding := next(
+            (v.decode("latin-1") for n, v in response.headers.fields
+             if n.lower() == b"content-encoding"), "",
+        ):
             # Asked for identity but compressed anyway: scrub what the sandbox will read.
             try:
                 decoded = response.get_content(strict=True) or b""
