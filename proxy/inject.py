@@ -42,6 +42,7 @@ from proxy.policy import Policy, Rule
 from proxy.scrub import Scrubber
 
 _IDENTITY = (b"accept-encoding", b"identity")
+_TRAILERS = b"trailers"
 
 
 class FlowRequest:
@@ -155,7 +156,8 @@ def write(
 ) -> list[Credential]:
     """Remove the `strip` headers, then put `credentials` in, in order, overwriting what the
     sandbox sent under the same name (except a placeholder, which replaces only itself). Any
-    credential makes the request ask for an identity encoding, so its response can be scrubbed.
+    credential makes the request ask for an identity encoding and no transfer coding, so its
+    response can be scrubbed.
     Returns the body signatures (`Credential.signs_body`): recorded, but for `put` to write
     once the body is here."""
     fixed: dict[bytes, tuple[bytes, bytes]] = {}
@@ -197,6 +199,11 @@ def _rewrite_headers(
         lower = name.lower()
         if lower in fixed:
             overwrote.add(lower.decode())
+        elif lower == b"te" and identity:
+            # Transfer codings (TE: gzip) would compress the response past the scrubber; only
+            # `trailers` (which gRPC needs) stays.
+            if _TRAILERS in (t.split(b";")[0].strip() for t in value.lower().split(b",")):
+                kept.append((name, _TRAILERS))
         elif lower not in drop:
             kept.append((name, value))
     kept.extend(fixed.values())

@@ -41,7 +41,7 @@ from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
 from proxy.rulesfile import RulesError, load_rules
-from proxy.scrub import Scrubber, decoder
+from proxy.scrub import Scrubber, Undecodable, decode_whole, decoder
 from proxy.secrets import SecretBroker, SecretError, open_store
 from proxy.tokenizer import HEADER as TOKEN_HEADER
 from proxy.tokenizer import Tokenizer, TokenRequest
@@ -521,6 +521,14 @@ class Sealgate:
         guardmod.strip_downstream_headers(response.headers)
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         if scrubber:
+            coding = response.headers.get("transfer-encoding", "").lower().replace(" ", "")
+            if coding not in ("", "chunked", "identity"):
+                # A transfer coding (gzip, chunked): mitmproxy passes the body on coded, and a
+                # credential inside could not be found. Injected requests send no TE asking for
+                # one, so only a misbehaving upstream gets here.
+                self._refuse_response(flow, "encoding_unscrubbable", coding)
+                flow.kill()
+                return
             fields = response.headers.fields
             if (scrubbed := scrubber.fields(fields)) is not fields:
                 response.headers.fields = scrubbed
@@ -546,22 +554,28 @@ class Sealgate:
             self._refuse_response(flow, "encoding_unscrubbable", encoding)
             flow.kill()
             return
-        del response.headers["content-encoding"]
-        response.headers.pop("content-length", None)
+        _decoded(response)
         if response.http_version == "HTTP/1.1" and "chunked" not in response.headers.get(
             "transfer-encoding", ""
         ).lower():
             response.headers["transfer-encoding"] = "chunked"
         # (HTTP/1.0 ends the body by closing; HTTP/2 and 3 frame it themselves.)
         scrub = scrubber.stream(decode)
+        failed = False
 
         def stream(chunk: bytes) -> list[bytes]:
+            nonlocal failed
+            if failed:
+                return []
             try:
                 return scrub(chunk)
-            except Exception:
-                # Corrupt or truncated: what came so far was scrubbed; say why the rest stops.
-                self._refuse_response(flow, "decode_failed", encoding)
-                raise
+            except Undecodable as exc:
+                # Corrupt, cut short or a bomb: what came so far was scrubbed, the rest must
+                # not come, and the client must see that the response broke off.
+                failed = True
+                self._refuse_response(flow, exc.reason, encoding)
+                _cut_off(flow)
+                return []
 
         response.stream = stream
 
@@ -590,17 +604,15 @@ class Sealgate:
             (v.decode("latin-1") for n, v in response.headers.fields
              if n.lower() == b"content-encoding"), "",
         ):
-            # Asked for identity but compressed anyway: scrub what the sandbox will read.
+            # Asked for identity but compressed anyway: passed on decoded, as when streamed.
             try:
-                decoded = response.get_content(strict=True) or b""
-            except ValueError:
-                # A coding mitmproxy cannot decode (x-gzip, stacked, corrupt): the secret could
-                # be inside and could not be found.
-                self._refuse_response(flow, "encoding_unscrubbable", encoding)
+                body = decode_whole(encoding, response.raw_content)
+            except Undecodable as exc:
+                self._refuse_response(flow, exc.reason, encoding)
                 flow.kill()
                 return
-            if (scrubbed := scrubber.data(decoded)) != decoded:
-                response.content = scrubbed
+            _decoded(response)
+            response.content = scrubber.data(body)
         elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
             response.raw_content = clean
 
@@ -817,6 +829,28 @@ def _body_size(response: http.Response | None) -> int:
         return len(response.raw_content)
     length = response.headers.get("content-length", "")
     return int(length) if length.isdigit() else 0
+
+
+def _decoded(response: http.Response) -> None:
+    """The headers of a response passed on decoded."""
+    del response.headers["content-encoding"]
+    response.headers.pop("content-length", None)
+
+
+def _cut_off(flow: http.HTTPFlow) -> None:
+    """Close the client's connection now, in the middle of a streamed response. mitmproxy has
+    no hook for that; raising from a stream function would leave the client waiting for the
+    rest until the idle timeout, and letting the stream end would tell it the body was whole.
+    The writer is closed at once, so not even the end of the chunked body gets out."""
+    flow.kill()
+    server = ctx.master.addons.get("proxyserver")
+    handler = server.connections.get(flow.client_conn.id) if server is not None else None
+    if handler is None:
+        return
+    io = handler.transports.get(handler.client)
+    if io is not None and io.writer is not None:
+        io.writer.close()
+    handler.close_connection(handler.client)
 
 
 def _stream_response(response: http.Response) -> bool:

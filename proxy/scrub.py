@@ -7,10 +7,14 @@ an identity encoding, so the body can be scrubbed byte for byte: whole when it w
 chunk by chunk, with a carry-over of one needle's length, when it streams. The mask has the
 needle's length, so the response keeps its framing.
 
-An upstream may compress anyway. A buffered body is decoded, scrubbed and encoded again by the
-caller; a streamed one is decoded on the fly here (gzip, deflate, br, zstd) and passed on
-decoded, since a secret inside compressed bytes cannot be found by searching them. Any other
-coding cannot be scrubbed, and `decoder` says so with None: the caller must not pass it on.
+An upstream may compress anyway. Then the body is decoded and passed on decoded, since a secret
+inside compressed bytes cannot be found by searching them: whole when buffered, on the fly when
+streamed. Decoding is bounded, because a small compressed body can stand for gigabytes (a
+"compression bomb"): one call decodes at most `DECODED_LIMIT` bytes, and zstd frames may not ask
+for a window over 8 MiB. gzip, deflate and zstd can be decoded that way. brotli cannot: the
+brotli module mitmproxy 11 allows (<= 1.1) has no output limit, and a few bytes of brotli can
+stand for 16 MiB; so `decoder` says None for br, as for an unknown or stacked coding, and the
+caller must not pass such a body on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-import brotli
 import zstandard
 
 REDACTED = b"[REDACTED]"
@@ -29,46 +32,72 @@ REDACTED = b"[REDACTED]"
 Stream = Callable[[bytes], list[bytes]]
 
 
+# Most bytes one decompress call may produce: a buffered body's whole, or what one streamed
+# chunk expands to. A body that needs more is refused, not passed on unscrubbed.
+DECODED_LIMIT = 32 << 20
+# RFC 9659: the zstd content coding uses at most an 8 MiB window; a frame may otherwise declare
+# one of gigabytes, which the decoder would allocate.
+_ZSTD_WINDOW = 8 << 20
+# zstd input is fed in slices this long: a block takes at least 4 bytes and decodes to at most
+# 128 KiB, so one slice stands for at most 8 MiB, and the limit is checked between slices.
+_ZSTD_SLICE = 256
+
+
+class Undecodable(Exception):
+    """A compressed body that cannot be scrubbed: corrupt, cut short, or decoding past
+    `DECODED_LIMIT`. `reason` is the audit reason code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _too_large() -> Undecodable:
+    return Undecodable("decoded_too_large", f"decodes to more than {DECODED_LIMIT} bytes")
+
+
 class Decoder(Protocol):
-    def decompress(self, data: bytes) -> bytes: ...
+    def decompress(self, data: bytes) -> bytes:
+        """The decoded bytes `data` completes; raises Undecodable."""
+        ...
 
     def flush(self) -> bytes:
-        """What is left at the end; raises if the stream ended inside a member."""
+        """What is left at the end; raises Undecodable if the stream ended inside a member."""
         ...
 
 
-class _Part(Protocol):  # zlib's and zstandard's decompress objects
-    @property
-    def eof(self) -> bool: ...
+class _Zlib:
+    """gzip members (or deflate streams) one after another, as mitmproxy's own decoders read
+    them, each call's output bounded with zlib's max_length."""
 
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: bytes) -> bytes: ...
-
-    def flush(self) -> bytes: ...
-
-
-class _Members:
-    """A stream of concatenated members (gzip members, zstd frames), each decoded by a fresh
-    object, as mitmproxy's own decoders read them."""
-
-    def __init__(self, new: Callable[[], _Part]) -> None:
-        self._new = new
-        self._part = new()
+    def __init__(self, wbits: int) -> None:
+        self._wbits = wbits
+        self._part = zlib.decompressobj(wbits)
 
     def decompress(self, data: bytes) -> bytes:
-        out = [self._part.decompress(data)]
-        while self._part.eof and (rest := self._part.unused_data):
-            self._part = self._new()
-            out.append(self._part.decompress(rest))
+        out: list[bytes] = []
+        room = DECODED_LIMIT
+        while data:
+            if self._part.eof:
+                self._part = zlib.decompressobj(self._wbits)
+            try:
+                piece = self._part.decompress(data, room + 1)
+            except zlib.error as exc:
+                raise Undecodable("decode_failed", str(exc)) from None
+            room -= len(piece)
+            if room < 0:
+                raise _too_large()
+            out.append(piece)
+            rest = self._part.unused_data if self._part.eof else self._part.unconsumed_tail
+            if rest == data and not piece:
+                raise Undecodable("decode_failed", "compressed stream makes no progress")
+            data = rest
         return b"".join(out)
 
     def flush(self) -> bytes:
-        tail = self._part.flush()
         if not self._part.eof:
-            raise zlib.error("compressed stream ended early")
-        return tail
+            raise Undecodable("decode_failed", "compressed stream ended early")
+        return b""
 
 
 class _Deflate:
@@ -77,7 +106,7 @@ class _Deflate:
 
     def __init__(self) -> None:
         self._head = b""
-        self._inner: _Members | None = None
+        self._inner: _Zlib | None = None
 
     def decompress(self, data: bytes) -> bytes:
         if self._inner is None:
@@ -85,44 +114,71 @@ class _Deflate:
             if len(self._head) < 2:
                 return b""
             wrapped = self._head[0] & 0x0F == 8 and int.from_bytes(self._head[:2]) % 31 == 0
-            wbits = zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
-            self._inner = _Members(lambda: zlib.decompressobj(wbits))
+            self._inner = _Zlib(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
             data, self._head = self._head, b""
         return self._inner.decompress(data)
 
     def flush(self) -> bytes:
         if self._inner is None:
-            raise zlib.error("compressed stream ended early")
+            raise Undecodable("decode_failed", "compressed stream ended early")
         return self._inner.flush()
 
 
-class _Brotli:
+class _Zstd:
+    """zstd frames one after another, fed in slices so that the output limit holds."""
+
     def __init__(self) -> None:
-        self._decompressor = brotli.Decompressor()
+        self._frame = self._new()
+
+    @staticmethod
+    def _new() -> zstandard.ZstdDecompressionObj:
+        return zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj()
 
     def decompress(self, data: bytes) -> bytes:
-        return bytes(self._decompressor.process(data))
+        out: list[bytes] = []
+        size = at = 0
+        while at < len(data):
+            if self._frame.eof:
+                self._frame = self._new()
+            piece, at = data[at : at + _ZSTD_SLICE], at + _ZSTD_SLICE
+            try:
+                out.append(self._frame.decompress(piece))
+            except zstandard.ZstdError as exc:
+                raise Undecodable("decode_failed", str(exc)) from None
+            size += len(out[-1])
+            if size > DECODED_LIMIT:
+                raise _too_large()
+            if self._frame.eof and self._frame.unused_data:
+                # The next frame began inside this slice.
+                data, at = self._frame.unused_data + data[at:], 0
+        return b"".join(out)
 
     def flush(self) -> bytes:
-        if not self._decompressor.is_finished():
-            raise brotli.error("brotli stream ended early")
+        if not self._frame.eof:
+            raise Undecodable("decode_failed", "compressed stream ended early")
         return b""
 
 
 def decoder(encoding: str) -> Decoder | None:
-    """A streaming decoder for one content-coding; None for one that cannot be scrubbed (an
+    """A bounded decoder for one content-coding; None for one that cannot be scrubbed (br, an
     unknown coding, or several stacked)."""
     match encoding.strip().lower():
         case "gzip" | "x-gzip":
-            return _Members(lambda: zlib.decompressobj(zlib.MAX_WBITS | 16))
+            return _Zlib(zlib.MAX_WBITS | 16)
         case "deflate":
             return _Deflate()
-        case "br":
-            return _Brotli()
         case "zstd":
-            return _Members(lambda: zstandard.ZstdDecompressor().decompressobj())
+            return _Zstd()
         case _:
             return None
+
+
+def decode_whole(encoding: str, body: bytes) -> bytes:
+    """A buffered body, decoded within the same bounds; raises Undecodable."""
+    decode = decoder(encoding)
+    if decode is None:
+        raise Undecodable("encoding_unscrubbable", f"cannot decode {encoding[:64]!r}")
+    return decode.decompress(body) + decode.flush()
 
 
 def _mask(needle: bytes) -> bytes:

@@ -164,7 +164,8 @@ class Origin:
                 for k, v in origin.response_headers.items():
                     self.send_header(k, v)
                 if origin.response_chunks is not None:
-                    self.send_header("Transfer-Encoding", "chunked")
+                    if "Transfer-Encoding" not in origin.response_headers:
+                        self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
                     for chunk in origin.response_chunks:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Callable
 
-import brotli
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.scrub import Scrubber, decoder
+from proxy.scrub import DECODED_LIMIT, Scrubber, Undecodable, decode_whole, decoder
 
 SECRET = "sk_live_0123456789abcdef"
 
@@ -69,12 +69,10 @@ def _encode(coding: str, body: bytes) -> bytes:
         return gzip.compress(body)
     if coding == "deflate":
         return zlib.compress(body)
-    if coding == "br":
-        return bytes(brotli.compress(body))
     return zstandard.ZstdCompressor().compress(body)
 
 
-@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd", "X-GZIP"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd", "X-GZIP"])
 @settings(max_examples=25, deadline=None)
 @given(noise=st.binary(min_size=0, max_size=4000), size=st.integers(1, 700))
 def test_compressed_stream_is_decoded_then_scrubbed(coding: str, noise: bytes, size: int) -> None:
@@ -89,19 +87,13 @@ def test_compressed_stream_is_decoded_then_scrubbed(coding: str, noise: bytes, s
     assert SECRET.encode() not in out
 
 
-@pytest.mark.parametrize("coding", ["compress", "gzip, br", "identity, gzip", "x-custom", ""])
+@pytest.mark.parametrize("coding", ["br", "compress", "gzip, br", "identity, gzip", "x-custom", ""])
 def test_codings_that_cannot_be_decoded(coding: str) -> None:
+    # br among them: brotli <= 1.1 cannot bound its output (see test_bombs_are_stopped).
     assert decoder(coding) is None
-
-
-def test_truncated_brotli_is_an_error_not_a_quiet_end() -> None:
-    decode = decoder("br")
-    assert decode is not None
-    stream = Scrubber([SECRET]).stream(decode)
-    encoded = bytes(brotli.compress(SECRET.encode() * 50))
-    stream(encoded[: len(encoded) // 2])
-    with pytest.raises(brotli.error):
-        stream(b"")
+    with pytest.raises(Undecodable) as caught:
+        decode_whole(coding, b"anything")
+    assert caught.value.reason == "encoding_unscrubbable"
 
 
 @pytest.mark.parametrize("coding", ["gzip", "zstd"])
@@ -113,6 +105,14 @@ def test_every_member_of_a_concatenated_stream_is_decoded(coding: str) -> None:
     stream = Scrubber([SECRET]).stream(decode)
     out = b"".join(piece for c in [encoded[:7], encoded[7:], b""] for piece in stream(c))
     assert out == Scrubber([SECRET]).data(first + second)
+    assert decode_whole(coding, encoded) == first + second
+
+
+def test_a_zstd_frame_starting_inside_a_slice_is_decoded() -> None:
+    # Frames shorter than the 256-byte slices the decoder feeds: several begin in one slice.
+    parts = [bytes([65 + i]) * (10 + i) for i in range(30)]
+    encoded = b"".join(_encode("zstd", part) for part in parts)
+    assert decode_whole("zstd", encoded) == b"".join(parts)
 
 
 def test_raw_deflate_is_decoded_like_wrapped_deflate() -> None:
@@ -133,5 +133,59 @@ def test_truncated_stream_is_an_error_at_the_end(coding: str) -> None:
     assert decode is not None
     stream = Scrubber([SECRET]).stream(decode)
     stream(encoded[: len(encoded) // 2])
-    with pytest.raises((zlib.error, zstandard.ZstdError)):
+    with pytest.raises(Undecodable) as caught:
         stream(b"")
+    assert caught.value.reason == "decode_failed"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
+def test_corrupt_input_is_an_error(coding: str) -> None:
+    encoded = bytearray(_encode(coding, SECRET.encode() * 40))
+    encoded[len(encoded) // 2 :] = b"\xff" * (len(encoded) - len(encoded) // 2)
+    with pytest.raises(Undecodable) as caught:
+        decode_whole(coding, bytes(encoded))
+    assert caught.value.reason == "decode_failed"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
+def test_bombs_are_stopped(coding: str) -> None:
+    """Kilobytes that decode to 64 MiB: refused once past DECODED_LIMIT, whole or as one
+    streamed chunk. Streamed in smaller chunks, each chunk's output stays within the limit (a
+    long download passes, memory stays bounded)."""
+    bomb = _encode(coding, bytes(64 << 20))
+    assert len(bomb) < 100_000
+    for attempt in (lambda: decode_whole(coding, bomb), lambda: _stream(coding)(bomb)):
+        with pytest.raises(Undecodable) as caught:
+            attempt()
+        assert caught.value.reason == "decoded_too_large"
+    stream, total = _stream(coding), 0
+    for at in range(0, len(bomb), 1024):
+        out = stream(bomb[at : at + 1024])
+        assert sum(map(len, out)) <= DECODED_LIMIT
+        total += sum(map(len, out))
+    assert total + sum(map(len, stream(b""))) == 64 << 20
+
+
+def _stream(coding: str) -> Callable[[bytes], list[bytes]]:
+    decode = decoder(coding)
+    assert decode is not None
+    return Scrubber([SECRET]).stream(decode)
+
+
+def test_a_zstd_frame_asking_for_a_huge_window_is_refused() -> None:
+    # A 64 MiB window (RFC 9659 allows 8 MiB for HTTP): the decoder would allocate it.
+    params = zstandard.ZstdCompressionParameters.from_level(
+        19, window_log=26, write_content_size=False
+    )
+    # Compressed as a stream of unknown size, so the frame keeps the window it was given.
+    packer = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    encoded = packer.compress(bytes(range(256)) * 40000) + packer.flush()
+    assert zstandard.get_frame_parameters(encoded).window_size == 64 << 20
+    with pytest.raises(Undecodable) as caught:
+        decode_whole("zstd", encoded)
+    assert caught.value.reason == "decode_failed"
+
+
+def test_a_body_just_inside_the_limit_is_decoded() -> None:
+    body = bytes(DECODED_LIMIT)
+    assert decode_whole("gzip", gzip.compress(body)) == body
