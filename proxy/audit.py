@@ -1,10 +1,15 @@
 """The canonical log: one JSON line per decision and one per closed connection.
 
-Lines go to a file (append-only) and/or stdout. In the proxy they are written once per event-loop
-turn, however many requests finished in it: one write system call for a batch instead of one per
-line. A batch that cannot be written (a full disk, a revoked mount) is kept, bounded, and retried
-with the next one; until it is written the audit log reports itself unhealthy, so the proxy
-refuses new requests rather than forwarding traffic nobody can account for.
+Lines go to a file (append-only) and/or stdout. In the proxy the file is written once per
+event-loop turn, however many requests finished in it: one write system call for a batch instead
+of one per line. A batch that cannot be written (a full disk, a revoked mount) is kept, bounded,
+and retried with the next one; until it is written the audit log reports itself unhealthy, so the
+proxy refuses new requests rather than forwarding traffic nobody can account for.
+
+The stdout copy is written by a thread of its own: stdout is usually a pipe to a log shipper, and
+a reader that stops reading would otherwise stop the event loop, and every request with it. What
+the reader has not taken yet is kept, bounded; past the bound the log is unhealthy (requests
+refused) until the reader catches up. A closed pipe makes it unhealthy for good.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -33,13 +39,70 @@ def _drop_forbidden(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+class _Copy:
+    """Lines written to a file descriptor by a thread of its own, so that a stalled reader
+    stalls only that thread."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self._fd = fd
+        self._cap = cap
+        self._pending = bytearray()
+        self._wake = threading.Condition()
+        self._closing = False
+        self.broken = False  # a write failed: the reader is gone
+        self.dropped = 0  # lines refused while over the cap
+        self._thread = threading.Thread(target=self._run, name="sealgate-audit-copy", daemon=True)
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.broken and len(self._pending) <= self._cap
+
+    def put(self, data: bytes) -> None:
+        with self._wake:
+            if self.broken:
+                return
+            if len(self._pending) > self._cap:
+                self.dropped += 1
+                return
+            self._pending += data
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._closing:
+                    self._wake.wait()
+                if not self._pending:
+                    return
+                data, self._pending = bytes(self._pending), bytearray()
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError:
+                with self._wake:
+                    self.broken = True
+                    self._pending.clear()
+                return
+
+    def close(self, timeout: float) -> None:
+        """Write what is pending, waiting at most `timeout` for a slow reader."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+
 class AuditLog:
-    def __init__(self, path: Path | None, *, stdout: bool = False, batch: bool = False) -> None:
+    def __init__(
+        self, path: Path | None, *, stdout: bool = False, batch: bool = False,
+        copy_cap: int = _BUFFER_CAP,
+    ) -> None:
         self.path = path
         self.batch = batch
         self._fd: int | None = None
-        self._stdout = stdout
-        self._stdout_failed = False
+        self._copy = _Copy(sys.stdout.fileno(), copy_cap) if stdout else None
         self._buffer = bytearray()
         self._scheduled = False
         self._failed = False
@@ -53,27 +116,24 @@ class AuditLog:
 
     @property
     def healthy(self) -> bool:
-        return not self._failed and not self._stdout_failed
+        return not self._failed and (self._copy is None or self._copy.healthy)
 
     def emit(self, event: str, **fields: Any) -> None:
         record: MutableMapping[str, Any] = {"ts": self._timestamp(), "event": event}
         record.update(fields)
         record = _drop_forbidden(None, "", record)
-        line = str(self._render(None, "", record)) + "\n"
-        if self._stdout and not self._stdout_failed:
-            try:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            except OSError:
-                # A closed pipe: the copy there is lost from now on, which makes this log
-                # unhealthy (requests refused) rather than an exception inside a hook.
-                self._stdout_failed = True
+        data = (str(self._render(None, "", record)) + "\n").encode()
+        if self._copy is not None:
+            if self._copy.dropped and self._copy.healthy:
+                dropped, self._copy.dropped = self._copy.dropped, 0
+                self.emit("audit_lines_dropped", sink="stdout", count=dropped)
+            self._copy.put(data)
         if self.path is None:
             return
         if len(self._buffer) > _BUFFER_CAP:
             self.dropped += 1  # counted; the sink has been failing and requests are refused
             return
-        self._buffer += line.encode()
+        self._buffer += data
         if not self.batch:
             self.flush()
         elif not self._scheduled:
@@ -111,7 +171,7 @@ class AuditLog:
             self._failed = False
             if self.dropped:
                 dropped, self.dropped = self.dropped, 0
-                self.emit("audit_lines_dropped", count=dropped)
+                self.emit("audit_lines_dropped", sink="file", count=dropped)
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -123,3 +183,5 @@ class AuditLog:
         if self._buffer:
             self.flush()
         self._close_fd()
+        if self._copy is not None:
+            self._copy.close(timeout=2.0)
