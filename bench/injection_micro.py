@@ -95,7 +95,7 @@ def _write_us(cred: Credential, number: int = 5000, repeat: int = 5) -> float:
         fresh = [_request() for _ in range(number)]
         start = time.perf_counter()
         for request in fresh:
-            write(request, [cred], Injected(), strip=(HEADER,))
+            write(request, [cred], Injected(), strip=(HEADER.encode(),))
         best = min(best, time.perf_counter() - start)
     return best / number * 1e6
 

@@ -79,6 +79,7 @@ __all__ = [
     "redacted_claims",
     "seal",
     "unseal",
+    "validity",
 ]
 
 TOKEN_PREFIX: Final = "sg1"  # noqa: S105 - a format tag, not a credential
@@ -646,12 +647,18 @@ def unseal(token: str, keyring: Keyring) -> Claims:
     return claims
 
 
+def validity(claims: Claims) -> tuple[int, int]:
+    """The Unix seconds [start, end) in which the token may be used, clock skew included."""
+    start = claims.iat if claims.nbf is None else max(claims.iat, claims.nbf)
+    return start - CLOCK_SKEW_SECONDS, claims.exp + CLOCK_SKEW_SECONDS
+
+
 def check_time(claims: Claims, *, now: float | None = None) -> None:
     moment = time.time() if now is None else now
-    if moment - CLOCK_SKEW_SECONDS >= claims.exp:
+    start, end = validity(claims)
+    if moment >= end:
         raise TokenExpired("token has expired")
-    start = claims.iat if claims.nbf is None else max(claims.iat, claims.nbf)
-    if moment + CLOCK_SKEW_SECONDS < start:
+    if moment < start:
         raise TokenExpired("token is not valid yet")
 
 

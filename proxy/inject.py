@@ -15,7 +15,7 @@ injection path those rebuilds were most of its cost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
@@ -152,12 +152,12 @@ def write(
     credentials: Sequence[Credential],
     into: Injected,
     *,
-    strip: Iterable[str] = (),
+    strip: Collection[bytes] = (),
 ) -> list[Credential]:
-    """Remove the `strip` headers, then put `credentials` in, in order, overwriting what the
-    sandbox sent under the same name (except a placeholder, which replaces only itself). Any
-    credential makes the request ask for an identity encoding and no transfer coding, so its
-    response can be scrubbed.
+    """Remove the `strip` headers (names lower case, encoded), then put `credentials` in, in
+    order, overwriting what the sandbox sent under the same name (except a placeholder, which
+    replaces only itself). Any credential makes the request ask for an identity encoding and no
+    transfer coding, so its response can be scrubbed.
     Returns the body signatures (`Credential.signs_body`): recorded, but for `put` to write
     once the body is here."""
     fixed: dict[bytes, tuple[bytes, bytes]] = {}
@@ -172,7 +172,7 @@ def write(
         if cred.key in fixed:
             # One would silently undo the other, whichever went second.
             raise Denial("injection_conflict", f"two credentials write {cred.target}")
-    drop = {name.lower().encode() for name in strip}
+    drop = set(strip)
     if credentials:
         drop.add(_IDENTITY[0])
     if drop:

@@ -52,6 +52,8 @@ _META = "sealgate"
 _SCRUB = "sealgate_scrub"
 _PENDING = "sealgate_pending"
 _STREAM_OVER = 1024 * 1024  # bodies larger than this (or of unknown length) are streamed
+_NONE: frozenset[bytes] = frozenset()
+_TOKEN_KEY = frozenset({TOKEN_HEADER.encode()})  # removed from requests that carry tokens
 _RELOAD_POLL_SECONDS = 1.0
 
 
@@ -434,13 +436,13 @@ class Sealgate:
                 identity.sandbox, policy.name, verdict.host, verdict.port, request.method,
                 verdict.path, facts.proxy_auth or conn.proxy_auth,
             ))
-        injections, strip = (rule.inject, rule.strip) if rule is not None else ((), ())
+        injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
         if credentials or injections:
             self._require_secure(request, rule, policy, verdict.pin)
         if injections:
             credentials += await self._broker().credentials(injections)
         if facts.tokens:
-            strip = (*strip, TOKEN_HEADER)
+            strip = strip | _TOKEN_KEY
         injected = Injected()
         if not credentials and not strip:
             return injected
@@ -521,7 +523,7 @@ class Sealgate:
         guardmod.strip_downstream_headers(response.headers)
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         if scrubber:
-            coding = response.headers.get("transfer-encoding", "").lower().replace(" ", "")
+            coding = _field(response.headers, b"transfer-encoding").lower().replace(" ", "")
             if coding not in ("", "chunked", "identity"):
                 # A transfer coding (gzip, chunked): mitmproxy passes the body on coded, and a
                 # credential inside could not be found. Injected requests send no TE asking for
@@ -598,12 +600,7 @@ class Sealgate:
             response.trailers.fields = fields
         if not response.raw_content or response.stream:
             return
-        # A scan of the raw fields: mitmproxy's Headers.get raises and catches a KeyError for
-        # the usual absent header, on every injected response.
-        if encoding := next(
-            (v.decode("latin-1") for n, v in response.headers.fields
-             if n.lower() == b"content-encoding"), "",
-        ):
+        if encoding := _field(response.headers, b"content-encoding"):
             # Asked for identity but compressed anyway: passed on decoded, as when streamed.
             try:
                 body = decode_whole(encoding, response.raw_content)
@@ -822,6 +819,15 @@ def _stream_request(
         request.stream = True
 
 
+def _field(headers: http.Headers, name: bytes) -> str:
+    """Header `name` (lower case), repeated values joined as one list, as `Headers.get` does
+    (`Content-Encoding: gzip` twice is "gzip, gzip", never just the first); "" if absent. A
+    scan of the raw fields: `Headers.get` raises and catches a KeyError for an absent header,
+    which on the per-request path cost more than the scan."""
+    values = [value for key, value in headers.fields if key.lower() == name]
+    return b", ".join(values).decode("latin-1")
+
+
 def _body_size(response: http.Response | None) -> int:
     if response is None:
         return 0
@@ -855,8 +861,8 @@ def _cut_off(flow: http.HTTPFlow) -> None:
 
 def _stream_response(response: http.Response) -> bool:
     """Stream a response of unknown or large size; True if it will stream."""
-    length = response.headers.get("content-length")
-    if length is None or not length.isdigit() or int(length) > _STREAM_OVER:
+    length = _field(response.headers, b"content-length")
+    if not length.isdigit() or int(length) > _STREAM_OVER:
         response.stream = True
         return True
     return False

@@ -243,11 +243,14 @@ class Rule:
     strip: tuple[str, ...] = ()
     plain_http: bool = False
     _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    # `strip` as `inject.write` compares header names: lower case, encoded.
+    strip_keys: frozenset[bytes] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "_path_re", None if self.paths is None else _compile_paths(self.paths)
         )
+        object.__setattr__(self, "strip_keys", frozenset(n.lower().encode() for n in self.strip))
 
     @property
     def needs_request_inspection(self) -> bool:

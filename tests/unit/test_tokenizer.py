@@ -2,10 +2,87 @@
 
 from __future__ import annotations
 
-from proxy.tokenizer import TokenRequest
+import pytest
+
+from issuer.keys import Keyring, PublicKeyEntry, generate
+from issuer.processors import BearerProcessor
+from issuer.token import CLOCK_SKEW_SECONDS, Claims, HostPattern, TokenExpired, seal
+from proxy import tokenizer as tokenizer_module
+from proxy.tokenizer import Tokenizer, TokenRequest
 
 
 def test_token_request_repr_hides_proxy_authorization() -> None:
     request = TokenRequest("bot-1", "agent", "api.test", 443, "GET", "/", ["Bearer canary-7f3a"])
     assert "canary-7f3a" not in repr(request) and "canary-7f3a" not in str(request)
     assert request.proxy_authorization == ["Bearer canary-7f3a"]  # the value itself is intact
+
+
+# -- the cache of opened tokens ----------------------------------------------------------------
+
+NOW = 1_900_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = float(NOW)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def keyring(tmp_path_factory: pytest.TempPathFactory) -> tuple[Keyring, PublicKeyEntry]:
+    directory = tmp_path_factory.mktemp("keys")
+    public = generate(directory)
+    return Keyring.load(directory), public
+
+
+def _token(public: PublicKeyEntry, jti: str, *, exp: int = NOW + 600) -> str:
+    return seal(Claims(
+        kid=public.kid, secret="cache-canary-1", processor=BearerProcessor(),
+        hosts=(HostPattern("api.test", 443),), exp=exp, iat=NOW, jti=jti,
+    ), public)
+
+
+def test_the_time_window_is_checked_on_every_use_of_a_cached_token(
+    keyring: tuple[Keyring, PublicKeyEntry],
+) -> None:
+    clock = Clock()
+    tokenizer = Tokenizer(keyring[0], clock=clock)
+    token = _token(keyring[1], "w", exp=NOW + 60)
+    assert tokenizer.open(token).jti == "w"
+    clock.now = NOW + 60 + CLOCK_SKEW_SECONDS - 0.001  # the last moment, skew included
+    assert tokenizer.open(token).jti == "w"
+    clock.now += 0.001
+    with pytest.raises(TokenExpired, match="expired"):
+        tokenizer.open(token)
+    clock.now = NOW - CLOCK_SKEW_SECONDS - 1  # before iat, and then some
+    with pytest.raises(TokenExpired, match="not valid yet"):
+        tokenizer.open(token)
+
+
+def test_a_full_cache_drops_expired_tokens_then_the_oldest(
+    keyring: tuple[Keyring, PublicKeyEntry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    tokenizer = Tokenizer(keyring[0], cache_size=2, clock=clock)
+    opened: list[str] = []
+    real_unseal = tokenizer_module.unseal
+
+    def counting_unseal(token: str, ring: Keyring) -> Claims:
+        claims = real_unseal(token, ring)
+        opened.append(claims.jti or "")
+        return claims
+
+    monkeypatch.setattr(tokenizer_module, "unseal", counting_unseal)
+    short, a, b, c = (_token(keyring[1], j, exp=NOW + (10 if j == "short" else 600))
+                      for j in ("short", "a", "b", "c"))
+    for token in (a, short):
+        tokenizer.open(token)
+    clock.now = NOW + 10 + CLOCK_SKEW_SECONDS  # `short` has expired
+    tokenizer.open(b)  # evicts `short`, not the older `a`
+    tokenizer.open(a)
+    tokenizer.open(c)  # evicts the oldest: `a`
+    tokenizer.open(b)
+    tokenizer.open(a)
+    assert opened == ["a", "short", "b", "c", "a"]
