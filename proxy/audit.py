@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import threading
 import time
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 # Field names that must never reach a log line, whatever a caller passes by mistake.
 _FORBIDDEN = frozenset(
@@ -33,10 +31,9 @@ _FORBIDDEN = frozenset(
 _BUFFER_CAP = 64 * 1024 * 1024
 
 
-def _drop_forbidden(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for key in _FORBIDDEN.intersection(event):
-        del event[key]
-    return event
+# One encoder, made once: json.dumps with any option builds a new one per call. Values JSON
+# does not know are written as their repr, never as an error inside a hook.
+_encode = json.JSONEncoder(default=repr).encode
 
 
 class _Copy:
@@ -107,7 +104,6 @@ class AuditLog:
         self._scheduled = False
         self._failed = False
         self.dropped = 0
-        self._render = structlog.processors.JSONRenderer(sort_keys=False)
         self._second = -1
         self._second_text = ""
         if path is not None:
@@ -119,10 +115,9 @@ class AuditLog:
         return not self._failed and (self._copy is None or self._copy.healthy)
 
     def emit(self, event: str, **fields: Any) -> None:
-        record: MutableMapping[str, Any] = {"ts": self._timestamp(), "event": event}
-        record.update(fields)
-        record = _drop_forbidden(None, "", record)
-        data = (str(self._render(None, "", record)) + "\n").encode()
+        if not _FORBIDDEN.isdisjoint(fields):
+            fields = {k: v for k, v in fields.items() if k not in _FORBIDDEN}
+        data = (_encode({"ts": self._timestamp(), "event": event, **fields}) + "\n").encode()
         if self._copy is not None:
             if self._copy.dropped and self._copy.healthy:
                 dropped, self._copy.dropped = self._copy.dropped, 0
