@@ -37,7 +37,7 @@ from proxy.guard import Guard, Pin
 from proxy.hostname import Host, HostError, canonical_host
 from proxy.identity import Identifier, Identity
 from proxy.inject import Credential, Injected, put, require_secure_upstream, write
-from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path
+from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
 from proxy.registry import SourceRegistry
 from proxy.resolver import Resolver
 from proxy.rulesfile import RulesError, load_rules
@@ -293,7 +293,7 @@ class Sealgate:
                 self._policy_miss(policy, verdict, f"{host.name}:{port} is not allowed")
             verdict.pin = await self._guard().pin(host, port, policy)
             conn.target = (host, port)
-            conn.tunnel = _tunnel(policy, rules)
+            conn.tunnel = tunnels(policy, rules)
         except Exception as exc:
             self._deny(flow, verdict, _refusal(exc, "deciding a CONNECT"), conn)
         else:
@@ -351,7 +351,7 @@ class Sealgate:
             raise Denial("not_allowed", f"{host.name}:{port} is not allowed")
         await self._guard().pin(host, port, policy)
         conn.target = (host, port)
-        conn.tunnel = _tunnel(policy, rules)
+        conn.tunnel = tunnels(policy, rules)
 
     def tcp_start(self, flow: Any) -> None:
         """Raw TCP inside a tunnel cannot be inspected or name-checked: refused."""
@@ -764,14 +764,6 @@ def _refusal(exc: Exception, doing: str) -> Denial:
         return exc
     logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
     return Denial("internal_error", "the proxy could not decide; refused")
-
-
-def _tunnel(policy: Policy, rules: tuple[Rule, ...]) -> bool:
-    """Whether a CONNECT can be passed through undecrypted: some rule allows it and no rule
-    (nor a token, which rides in a header) needs to see the requests inside."""
-    return (
-        bool(rules) and not policy.tokens and not any(r.needs_request_inspection for r in rules)
-    )
 
 
 def _canonical(name: str) -> Host:

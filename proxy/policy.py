@@ -301,6 +301,10 @@ class Policy:
         object.__setattr__(self, "_any", tuple(any_host))
         object.__setattr__(self, "addresses", AddressPolicy(self.allow_networks))
 
+    def host_rules(self, host: Host) -> tuple[Rule, ...]:
+        """Rules whose host pattern matches, in file order, whatever their ports."""
+        return tuple(rule for _, rule in self._candidates(host))
+
     def _candidates(self, host: Host) -> _Indexed:
         """Rules whose host pattern matches, in file order."""
         exact = self._exact.get(host.name, ())
@@ -324,7 +328,7 @@ class Policy:
 
     def match_host(self, host: Host, port: int) -> tuple[Rule, ...]:
         """Rules whose host and port match, in file order: could anything here be allowed?"""
-        return tuple(rule for _, rule in self._candidates(host) if port in rule.ports)
+        return tuple(rule for rule in self.host_rules(host) if port in rule.ports)
 
     def match(self, host: Host, port: int, method: str, path: str) -> Rule | None:
         """The first rule (file order) matching host, port, method and path, else None.
@@ -339,6 +343,15 @@ class Policy:
 
 def _index(item: tuple[int, Rule]) -> int:
     return item[0]
+
+
+def tunnels(policy: Policy, rules: tuple[Rule, ...]) -> bool:
+    """Whether a CONNECT matching `rules` (host and port) can be passed through undecrypted:
+    some rule allows it and no rule (nor a token, which rides in a header) needs to see the
+    requests inside."""
+    return (
+        bool(rules) and not policy.tokens and not any(r.needs_request_inspection for r in rules)
+    )
 
 
 @dataclass(frozen=True)

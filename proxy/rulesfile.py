@@ -231,31 +231,21 @@ def _describe(node: Node) -> str:
     )
 
 
-class _Document:
-    """One parsed and validated file; cross-file checks happen in `_Merged`."""
+class YamlFile:
+    """A YAML file read the strict way (no anchors, aliases, tags or duplicate keys), with typed
+    access whose errors name file, line and field. The rules and `rules test` case files."""
 
-    def __init__(self, path: Path, text: str) -> None:
+    def __init__(self, path: Path, text: str | None = None) -> None:
         self.path = path
-        self.warnings: list[RuleWarning] = []
-        self.policies: dict[str, tuple[Policy, _Where]] = {}
-        # sandbox id -> (entry, where the id is, where its policy is named)
-        self.sandboxes: dict[str, tuple[SandboxEntry, _Where, _Where]] = {}
-        self.default_policy: tuple[str, _Where] | None = None
-        root = _compose(path, text)
-        if root is None:
-            raise RulesError(path, None, "", "file is empty; expected a mapping with 'version: 1'")
-        self._top(root)
+        self.root = _compose(path, _read(path) if text is None else text)
 
-    # errors, warnings and typed access
+    # errors and typed access
 
     def _where(self, node: Node) -> _Where:
         return _Where(self.path, _line(node))
 
     def _error(self, node: Node, field: str, message: str) -> RulesError:
         return RulesError(self.path, _line(node), field, message)
-
-    def _warn(self, code: str, node: Node, field: str, message: str) -> None:
-        self.warnings.append(RuleWarning(code, self.path, _line(node), field, message))
 
     def _mapping(self, node: Node, field: str) -> _Entries:
         if not isinstance(node, MappingNode):
@@ -337,6 +327,25 @@ class _Document:
     def _named(self, node: Node, field: str, what: str) -> Iterator[tuple[str, ScalarNode, Node]]:
         for key, (key_node, value) in self._mapping(node, field).items():
             yield self._name(key_node, _join(field, key), what), key_node, value
+
+
+
+class _Document(YamlFile):
+    """One parsed and validated rules file; cross-file checks happen in `_Merged`."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        super().__init__(path, text)
+        self.warnings: list[RuleWarning] = []
+        self.policies: dict[str, tuple[Policy, _Where]] = {}
+        # sandbox id -> (entry, where the id is, where its policy is named)
+        self.sandboxes: dict[str, tuple[SandboxEntry, _Where, _Where]] = {}
+        self.default_policy: tuple[str, _Where] | None = None
+        if self.root is None:
+            raise RulesError(path, None, "", "file is empty; expected a mapping with 'version: 1'")
+        self._top(self.root)
+
+    def _warn(self, code: str, node: Node, field: str, message: str) -> None:
+        self.warnings.append(RuleWarning(code, self.path, _line(node), field, message))
 
     # the document
 

@@ -1,0 +1,111 @@
+"""What a rules change changes, for review: `sealgate rules diff OLD NEW`.
+
+Compared by meaning, not text: rules by what they allow (host, ports, methods, paths, what they
+inject and strip), policies field by field, sandboxes by policy and key. Each change says whether
+it widens what some sandbox may reach, so CI can ask for a second reviewer (`--fail-on-widen`).
+Moving a rule changes which rule decides first, and so which credential goes where; that is
+reported as a change to review, not as wider or narrower.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Any
+
+from proxy.explain import describe
+from proxy.policy import Budgets, Policy, Rule, RuleSet
+
+
+@dataclass(frozen=True)
+class Change:
+    scope: str  # "policy ci", "sandbox bot-1", "default_policy"
+    sign: str  # "+" added, "-" removed, "~" changed
+    what: str
+    widens: bool | None  # True: more access, False: less, None: different, review it
+    where: str = ""  # file:line in the new (or, for removals, the old) rules
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scope": self.scope, "change": {"+": "added", "-": "removed", "~": "changed"}[
+            self.sign], "what": self.what, "widens": self.widens, "where": self.where or None}
+
+
+def diff(old: RuleSet, new: RuleSet) -> list[Change]:
+    changes: list[Change] = []
+    used = _used_policies(new)
+    for name in sorted(old.policies.keys() | new.policies.keys()):
+        before, after = old.policies.get(name), new.policies.get(name)
+        scope = f"policy {name}"
+        if before is None and after is not None:
+            changes.append(Change(scope, "+", f"added, {len(after.rules)} rules", name in used))
+        elif after is None:
+            changes.append(Change(scope, "-", "removed", False))
+        elif before is not None:
+            changes += _policy(scope, before, after)
+    for sid in sorted(old.sandboxes.keys() | new.sandboxes.keys()):
+        was, now = old.sandboxes.get(sid), new.sandboxes.get(sid)
+        scope = f"sandbox {sid}"
+        if was is None and now is not None:
+            changes.append(Change(scope, "+", f"added, policy {now.policy}", True))
+        elif now is None:
+            changes.append(Change(scope, "-", "removed", False))
+        elif was is not None:
+            if was.policy != now.policy:
+                changes.append(Change(scope, "~", f"policy {was.policy} -> {now.policy}", None))
+            if was.key_sha256 != now.key_sha256:
+                changes.append(Change(scope, "~", "key changed", None))
+    if old.default_policy != new.default_policy:
+        changes.append(Change(
+            "default_policy", "~", f"{old.default_policy} -> {new.default_policy}",
+            None if old.default_policy and new.default_policy else new.default_policy is not None,
+        ))
+    return changes
+
+
+def _used_policies(rules: RuleSet) -> set[str]:
+    used = {entry.policy for entry in rules.sandboxes.values()}
+    return used | ({rules.default_policy} if rules.default_policy else set())
+
+
+def _policy(scope: str, before: Policy, after: Policy) -> list[Change]:
+    changes = []
+    if before.mode != after.mode:
+        changes.append(Change(scope, "~", f"mode {before.mode} -> {after.mode}",
+                              after.mode == "report"))
+    if before.tokens != after.tokens:
+        changes.append(Change(scope, "~", f"tokens {before.tokens} -> {after.tokens}".lower(),
+                              after.tokens))
+    nets_before, nets_after = set(before.allow_networks), set(after.allow_networks)
+    for net in sorted(nets_after - nets_before, key=str):
+        changes.append(Change(scope, "+", f"allow_networks {net}", True))
+    for net in sorted(nets_before - nets_after, key=str):
+        changes.append(Change(scope, "-", f"allow_networks {net}", False))
+    for budget in fields(Budgets):
+        was, now = getattr(before.budgets, budget.name), getattr(after.budgets, budget.name)
+        if was != now:
+            changes.append(Change(scope, "~", f"budgets.{budget.name} {was} -> {now}", now > was))
+    return changes + _rules(scope, before.rules, after.rules)
+
+
+def _rules(scope: str, before: tuple[Rule, ...], after: tuple[Rule, ...]) -> list[Change]:
+    came, gone = Counter(after) - Counter(before), Counter(before) - Counter(after)
+    changes = [Change(scope, "+", f"allow {describe(r)}", True, r.source)
+               for r in _only(after, came)]
+    changes += [Change(scope, "-", f"allow {describe(r)}", False, r.source)
+                for r in _only(before, gone)]
+    common = Counter(before) & Counter(after)
+    if _only(before, common) != _only(after, common):
+        changes.append(Change(scope, "~", "rules reordered: the first match decides, and "
+                              "brings its credentials", None))
+    return changes
+
+
+def _only(rules: tuple[Rule, ...], wanted: Counter[Rule]) -> list[Rule]:
+    """`rules` in order, keeping each only as often as `wanted` counts it."""
+    left = Counter(wanted)
+    kept = []
+    for rule in rules:
+        if left[rule] > 0:
+            left[rule] -= 1
+            kept.append(rule)
+    return kept

@@ -1,0 +1,202 @@
+"""`sealgate rules`: check, explain, test and diff rules files, as CI and reviewers use them.
+
+Exit codes: 0 fine; 1 the answer is no (rules invalid, a case failed, a request denied, a change
+widens access under --fail-on-widen); 2 the question was wrong (usage, an unknown sandbox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.cli import SubParsers
+from proxy.explain import ExplainError, Explanation, describe, explain, injects
+from proxy.policy import RuleSet, RuleWarning
+from proxy.rulesdiff import diff
+from proxy.rulesfile import RulesError, load_rules
+from proxy.rulestest import load_cases, run_case
+
+
+def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("rules", help="check, explain, test and diff rules files")
+    rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    check = rs.add_parser("check", help="load rules as the proxy would; list warnings")
+    check.add_argument("paths", nargs="+", metavar="RULES", type=Path,
+                       help="rules file or directory (each checked on its own)")
+    check.add_argument("--strict", action="store_true", help="warnings fail the check too")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=_check)
+
+    ex = rs.add_parser("explain", help="what the rules decide for one request, and why")
+    ex.add_argument("rules", type=Path, metavar="RULES")
+    who = ex.add_mutually_exclusive_group()
+    who.add_argument("--sandbox", help="as this sandbox (default: unidentified traffic)")
+    who.add_argument("--policy", help="under this policy")
+    ex.add_argument("method", metavar="METHOD")
+    ex.add_argument("url", metavar="URL")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=_explain)
+
+    test = rs.add_parser("test", help="run rules test cases (see docs/rules.md)")
+    test.add_argument("rules", type=Path, metavar="RULES")
+    test.add_argument("cases", nargs="+", type=Path, metavar="CASES")
+    test.add_argument("--json", action="store_true")
+    test.set_defaults(func=_test)
+
+    d = rs.add_parser("diff", help="what changes between two versions of the rules")
+    d.add_argument("old", type=Path, metavar="OLD")
+    d.add_argument("new", type=Path, metavar="NEW")
+    d.add_argument("--fail-on-widen", action="store_true",
+                   help="exit 1 if any change gives some sandbox more access")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=_diff)
+
+
+def _load(path: Path) -> RuleSet | None:
+    """The rules, or None after printing why not."""
+    try:
+        return load_rules(path)
+    except RulesError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return None
+
+
+# -- check ------------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    reports = [_check_one(path) for path in args.paths]
+    failed = any(r["error"] or (args.strict and r["warnings"]) for r in reports)
+    if args.json:
+        print(json.dumps({"ok": not failed, "results": reports}, indent=2))
+        return 1 if failed else 0
+    for report in reports:
+        if report["error"]:
+            print(f"invalid  {report['error']['text']}")
+            continue
+        counts = report["counts"]
+        print(f"ok       {report['path']}: {counts['policies']} policies, {counts['rules']} "
+              f"rules, {counts['sandboxes']} sandboxes, default_policy "
+              f"{report['default_policy'] or 'none'}")
+        for warning in report["warnings"]:
+            print(f"warning  {warning['text']}  [{warning['code']}]")
+    return 1 if failed else 0
+
+
+def _check_one(path: Path) -> dict[str, Any]:
+    try:
+        rules = load_rules(path)
+    except RulesError as exc:
+        error = {"file": str(exc.path), "line": exc.line, "field": exc.field,
+                 "message": exc.message, "text": str(exc)}
+        return {"path": str(path), "error": error, "warnings": []}
+    return {
+        "path": str(path), "error": None,
+        "warnings": [_warning(w) for w in rules.warnings],
+        "default_policy": rules.default_policy,
+        "counts": {"policies": len(rules.policies), "sandboxes": len(rules.sandboxes),
+                   "rules": sum(len(p.rules) for p in rules.policies.values())},
+    }
+
+
+def _warning(w: RuleWarning) -> dict[str, Any]:
+    return {"code": w.code, "file": str(w.path), "line": w.line, "field": w.field,
+            "message": w.message, "text": str(w)}
+
+
+# -- explain ----------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    rules = _load(args.rules)
+    if rules is None:
+        return 2
+    try:
+        result = explain(rules, args.method, args.url, sandbox=args.sandbox, policy=args.policy)
+    except ExplainError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print("\n".join(_explanation_lines(result)))
+    return 1 if result.decision == "deny" else 0
+
+
+def _explanation_lines(r: Explanation) -> list[str]:
+    who = f"sandbox {r.sandbox} -> " if r.sandbox else ""
+    lines = [f"request   {r.method} {r.url}"]
+    if r.policy:
+        lines.append(f"policy    {who}{r.policy} ({r.mode})")
+    if r.host is not None:
+        lines.append(f"target    {r.host}:{r.port}{r.path or ''}")
+    if r.rule is not None:
+        lines.append(f"rule      {r.rule.source}: {describe(r.rule)}")
+        lines += [f"inject    {i}" for i in injects(r.rule)]
+    for miss in r.misses:
+        lines.append(f"no match  {miss.rule.source}: {miss.why}")
+    if r.tunnel is not None:
+        lines.append("tls       " + ("passed through, not decrypted" if r.tunnel else
+                                     "intercepted: requests inside are checked one by one"))
+    lines += [f"note      {note}" for note in r.notes]
+    verdict = r.decision.upper()
+    lines.append(f"decision  {verdict}" + (f" {r.reason}: {r.detail}" if r.reason else ""))
+    return lines
+
+
+# -- test -------------------------------------------------------------------------------------
+
+
+def _test(args: argparse.Namespace) -> int:
+    rules = _load(args.rules)
+    if rules is None:
+        return 2
+    outcomes = []
+    for path in args.cases:
+        try:
+            cases = load_cases(path)
+        except RulesError as exc:
+            print(f"sealgate: {exc}", file=sys.stderr)
+            return 2
+        outcomes += [run_case(rules, case) for case in cases]
+    failed = [o for o in outcomes if not o.passed]
+    if args.json:
+        print(json.dumps({"passed": len(outcomes) - len(failed), "failed": len(failed),
+                          "cases": [o.to_json() for o in outcomes]}, indent=2))
+    else:
+        for o in outcomes:
+            print(f"{'PASS' if o.passed else 'FAIL'}  {o.case.name}  ({o.case.where})")
+            for failure in o.failures:
+                print(f"      {failure}")
+        print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+# -- diff -------------------------------------------------------------------------------------
+
+
+def _diff(args: argparse.Namespace) -> int:
+    old, new = _load(args.old), _load(args.new)
+    if old is None or new is None:
+        return 2
+    changes = diff(old, new)
+    widening = [c for c in changes if c.widens]
+    if args.json:
+        print(json.dumps({"changes": [c.to_json() for c in changes],
+                          "widens": len(widening)}, indent=2))
+    else:
+        scope = None
+        for c in changes:
+            if c.scope != scope:
+                scope = c.scope
+                print(scope)
+            tag = {True: "  [widens]", False: "", None: "  [review]"}[c.widens]
+            where = f"  ({c.where})" if c.where else ""
+            print(f"  {c.sign} {c.what}{where}{tag}")
+        print(f"{len(changes)} changes, {len(widening)} widen access" if changes
+              else "no changes in meaning")
+    return 1 if args.fail_on_widen and widening else 0
