@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from proxy.registry import SourceRegistry
 
@@ -191,26 +191,19 @@ def _run_ca(args: argparse.Namespace) -> int:
 
 
 def _run_sources(args: argparse.Namespace) -> int:
-    import aiohttp
+    from proxy.control import ControlError, call
 
-    async def call() -> tuple[int, Any]:
-        connector = aiohttp.UnixConnector(path=str(_socket(Path(args.state))))
-        async with aiohttp.ClientSession(connector=connector) as session:
-            base = "http://sealgate/v1/sources"
-            if args.action == "list":
-                response = await session.get(base)
-            elif args.action == "add":
-                response = await session.put(
-                    f"{base}/{args.address}", json={"sandbox": args.sandbox}
-                )
-            else:
-                response = await session.delete(f"{base}/{args.address}")
-            return response.status, await response.json()
-
+    base = "/v1/sources"
     try:
-        status, body = asyncio.run(call())
-    except (OSError, aiohttp.ClientError) as exc:
-        print(f"sealgate: control API unreachable: {exc}", file=sys.stderr)
+        if args.action == "list":
+            status, body = call(_socket(Path(args.state)), "GET", base)
+        elif args.action == "add":
+            status, body = call(_socket(Path(args.state)), "PUT", f"{base}/{args.address}",
+                                {"sandbox": args.sandbox})
+        else:
+            status, body = call(_socket(Path(args.state)), "DELETE", f"{base}/{args.address}")
+    except ControlError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(body))

@@ -13,9 +13,12 @@ Sandbox ids are checked against the rules in force at the time of the call.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -95,3 +98,42 @@ async def start(socket_path: Path, registry: SourceRegistry, rules_path: Path) -
     finally:
         os.umask(old)
     return runner
+
+
+class ControlError(OSError):
+    """The control API could not be reached, or did not answer in JSON."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("sealgate", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self._path))
+
+
+def call(
+    socket_path: Path, method: str, path: str, body: dict[str, Any] | None = None,
+    *, timeout: float = 10.0,
+) -> tuple[int, dict[str, Any]]:
+    """One request to the control API: (status, JSON body). Raises ControlError."""
+    conn = _UnixConnection(socket_path, timeout)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        status, raw = response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise ControlError(f"control API at {socket_path} unreachable: {exc}") from None
+    finally:
+        conn.close()
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise ControlError(f"control API answered {status} without JSON") from None
+    if not isinstance(answer, dict):
+        raise ControlError(f"control API answered {status} with {type(answer).__name__}")
+    return status, answer

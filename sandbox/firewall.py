@@ -1,0 +1,101 @@
+"""The rules that make the proxy a sandbox's only way out, in the host's nftables.
+
+One table per sandbox (`inet sealgate_<n>`), loaded and removed in one transaction each, so a
+sandbox is never half-filtered. For packets from the sandbox's link:
+
+- the source must be the sandbox's own address (it cannot pose as another sandbox, whose
+  address the proxy identifies it by); IPv6 is dropped outright;
+- TCP to the gateway's proxy ports is accepted; any other TCP connection is redirected to the
+  proxy's transparent port, where the proxy names the destination by SNI or Host and decides
+  like any other request; everything else (UDP, DNS, QUIC, ICMP, other ports of the gateway or
+  the host) is dropped;
+- nothing is forwarded to or from the link, whatever the host's ip_forward says.
+
+A shared table (`inet sealgate`) keeps the gateway address itself off every interface but
+loopback and the sandbox links: it sits on `lo`, and a host with the weak-host model would
+otherwise answer it from any network.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Collection
+
+from sandbox.network import Link, Plan
+
+SHARED_TABLE = "sealgate"
+
+
+class FirewallError(RuntimeError):
+    """nft refused the rules; the sandbox must not start."""
+
+
+def table_name(link: Link) -> str:
+    return f"sealgate_{link.index}"
+
+
+def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: int | None) -> str:
+    """The table for one sandbox, as `nft -f` reads it."""
+    ports = ", ".join(str(p) for p in sorted({*proxy_ports, *_opt(transparent_port)}))
+    dev, gw = f'"{link.host_if}"', link.gateway
+    capture = (
+        f"    iifname {dev} ip daddr != {gw} meta l4proto tcp dnat ip to {gw}:{transparent_port}\n"
+        if transparent_port is not None else ""
+    )
+    return (
+        f"table inet {table_name(link)} {{\n"
+        "  chain prerouting {\n"
+        "    type nat hook prerouting priority dstnat - 10; policy accept;\n"
+        f"{capture}"
+        "  }\n"
+        "  chain input {\n"
+        "    type filter hook input priority filter - 10; policy accept;\n"
+        f"    iifname {dev} meta nfproto ipv6 drop\n"
+        f"    iifname {dev} ip saddr != {link.sandbox_ip} drop\n"
+        f"    iifname {dev} ct state established,related accept\n"
+        f"    iifname {dev} ip daddr {gw} tcp dport {{ {ports} }} ct state new accept\n"
+        f"    iifname {dev} drop\n"
+        "  }\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority filter - 10; policy accept;\n"
+        f"    iifname {dev} drop\n"
+        f"    oifname {dev} drop\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def shared_rules(plan: Plan) -> str:
+    return (
+        f"table inet {SHARED_TABLE} {{\n"
+        "  chain input {\n"
+        "    type filter hook input priority filter - 10; policy accept;\n"
+        f'    ip daddr {plan.gateway} iifname != "lo" iifname != "sgh*" drop\n'
+        "  }\n"
+        "}\n"
+    )
+
+
+def _opt(port: int | None) -> tuple[int, ...]:
+    return () if port is None else (port,)
+
+
+def load(rules: str, replace: str | None = None) -> None:
+    """Load `rules` in one transaction, first deleting table `replace` if it exists."""
+    text = rules
+    if replace is not None:
+        # `add` then `delete` empties an existing table and tolerates a missing one.
+        text = f"add table inet {replace}\ndelete table inet {replace}\n{rules}"
+    _nft(["-f", "-"], text)
+
+
+def remove(table: str) -> None:
+    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=20,
+                   check=False)
+
+
+def _nft(args: list[str], stdin: str) -> None:
+    done = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
+                          timeout=20, check=False)
+    if done.returncode != 0:
+        raise FirewallError(f"nft: {done.stderr.strip() or done.returncode}")

@@ -1,0 +1,148 @@
+"""A sandbox's network: its own namespace, one veth link to the host, and no way out but the
+proxy.
+
+Every sandbox gets a /30 of the sandbox range: the host end of its link is .1, the sandbox .2,
+and its default route points at the host. The proxy listens on the *gateway*, one address on
+the host's loopback interface that every sandbox reaches over its own link, so the proxy needs
+neither a listener per sandbox nor a wildcard bind. What may cross the link is decided by
+nftables in the host's namespace (`sandbox.firewall`), where nothing inside the sandbox can
+change it: the namespace belongs to the host's user namespace, so even a process that were
+root inside holds no capability over it. IPv6 is switched off on both ends of the link (a veth
+gets a link-local IPv6 address otherwise, a second way to the host).
+
+Namespaces are `sg-<n>` and links `sgh<n>` (host) / `sgn<n>` (sandbox); the lowest free `n` is
+taken under a lock, so concurrent runs never collide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+DEFAULT_RANGE = IPv4Network("10.200.0.0/16")
+DEFAULT_GATEWAY = IPv4Address("10.200.255.254")
+RUN_DIR = Path("/run/sealgate")
+_NETNS_DIR = Path("/run/netns")
+
+
+class NetworkError(RuntimeError):
+    """The sandbox network could not be set up; nothing of it is left behind."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where sandboxes live: their address range and the gateway the proxy listens on."""
+
+    range: IPv4Network = DEFAULT_RANGE
+    gateway: IPv4Address = DEFAULT_GATEWAY
+
+    def __post_init__(self) -> None:
+        if self.range.prefixlen > 28:
+            raise NetworkError(f"sandbox range {self.range} is too small; use a /28 or wider")
+
+    @cached_property
+    def links(self) -> list[IPv4Network]:
+        """The /30 links sandboxes get, in order; never the one holding the gateway."""
+        return [net for net in self.range.subnets(new_prefix=30) if self.gateway not in net]
+
+
+@dataclass(frozen=True)
+class Link:
+    index: int
+    netns: str
+    host_if: str
+    sandbox_if: str
+    host_ip: IPv4Address
+    sandbox_ip: IPv4Address
+    gateway: IPv4Address
+
+
+def ip(*args: str) -> None:
+    """Run iproute2; a failure is a NetworkError naming the command and what ip said."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=False)
+    if done.returncode != 0:
+        raise NetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+
+
+def ensure_gateway(plan: Plan) -> None:
+    """Put the gateway address on the host's loopback (once; the proxy binds it)."""
+    done = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "lo"], capture_output=True,
+                          text=True, timeout=20, check=False)
+    if f" {plan.gateway}/32 " not in done.stdout:
+        ip("addr", "add", f"{plan.gateway}/32", "dev", "lo")
+
+
+def remove_gateway(plan: Plan) -> None:
+    subprocess.run(["ip", "addr", "del", f"{plan.gateway}/32", "dev", "lo"], capture_output=True,
+                   timeout=20, check=False)
+
+
+@contextmanager
+def _lock() -> Iterator[None]:
+    RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(RUN_DIR / "network.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def create(plan: Plan) -> Link:
+    """A new namespace and link, at the lowest free index; torn down again if any step fails."""
+    with _lock():
+        index = next((i for i in range(len(plan.links)) if not _exists(i)), None)
+        if index is None:
+            raise NetworkError(f"all {len(plan.links)} sandbox links of {plan.range} are in use")
+        link = _link(plan, index)
+        try:
+            _build(link)
+        except NetworkError:
+            destroy(link)
+            raise
+    return link
+
+
+def _exists(index: int) -> bool:
+    return (_NETNS_DIR / f"sg-{index}").exists() or Path(f"/sys/class/net/sgh{index}").exists()
+
+
+def _link(plan: Plan, index: int) -> Link:
+    net = plan.links[index]
+    return Link(index, f"sg-{index}", f"sgh{index}", f"sgn{index}", net[1], net[2], plan.gateway)
+
+
+def _build(link: Link) -> None:
+    ip("netns", "add", link.netns)
+    ip("link", "add", link.host_if, "type", "veth", "peer", "name", link.sandbox_if)
+    ip("link", "set", link.sandbox_if, "netns", link.netns)
+    _ipv6_off(link.host_if, None)
+    _ipv6_off(link.sandbox_if, link.netns)
+    ip("addr", "add", f"{link.host_ip}/30", "dev", link.host_if)
+    ip("link", "set", link.host_if, "up")
+    ip("-n", link.netns, "addr", "add", f"{link.sandbox_ip}/30", "dev", link.sandbox_if)
+    ip("-n", link.netns, "link", "set", link.sandbox_if, "up")
+    ip("-n", link.netns, "link", "set", "lo", "up")
+    ip("-n", link.netns, "route", "add", "default", "via", str(link.host_ip))
+
+
+def _ipv6_off(interface: str, netns: str | None) -> None:
+    """Before the link comes up, so it never gets a link-local address."""
+    keys = [f"net.ipv6.conf.{interface}.disable_ipv6=1"]
+    if netns is not None:
+        keys += ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+    prefix = ["ip", "netns", "exec", netns] if netns is not None else []
+    done = subprocess.run([*prefix, "sysctl", "-q", "-w", *keys], capture_output=True,
+                          text=True, timeout=20, check=False)
+    if done.returncode != 0 and os.path.exists("/proc/sys/net/ipv6"):
+        raise NetworkError(f"cannot switch IPv6 off on {interface}: {done.stderr.strip()}")
+
+
+def destroy(link: Link) -> None:
+    """Remove the link and the namespace; whatever is already gone is fine."""
+    for args in (["link", "del", link.host_if], ["netns", "del", link.netns]):
+        subprocess.run(["ip", *args], capture_output=True, timeout=20, check=False)
