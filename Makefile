@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sealgate-installed
-# Debian packages the runtime and the tests use: iproute2/nftables/iptables for the
-# namespace and transparent-mode tests; squid/wrk only for the benchmark (see `make bench`).
-DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl
+# Debian packages the runtime and the tests use: iproute2/nftables/iptables for sandbox
+# networks and transparent mode, bubblewrap (and util-linux's setpriv) for sandboxes;
+# squid/wrk only for the benchmark (see `make bench`).
+DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl bubblewrap util-linux
 DEB_BENCH := squid wrk nginx-light hey
 
 .PHONY: run test lint unit deps bench clean

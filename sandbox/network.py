@@ -86,7 +86,9 @@ def remove_gateway(plan: Plan) -> None:
 
 @contextmanager
 def _lock() -> Iterator[None]:
-    RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    # Traversable, not listable: a sandbox's user reads its CA bundle from a run directory here.
+    RUN_DIR.chmod(0o711)
     with open(RUN_DIR / "network.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield

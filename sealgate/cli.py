@@ -11,7 +11,7 @@ from sealgate import __version__
 
 # Each module exposes `register(subparsers)` and sets `func=handler` (handler(args) -> exit code)
 # on the parsers it adds, so a part's commands live next to the code they drive.
-_COMMAND_MODULES = ("proxy.cli", "proxy.rulestool", "issuer.cli")
+_COMMAND_MODULES = ("proxy.cli", "proxy.rulestool", "issuer.cli", "sandbox.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -266,6 +266,7 @@ class Proxy:
         upstream_ca: Path | None = None,
         extra_args: list[str] | None = None,
         transparent_host: str | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         self.workdir = workdir
         self.upstream_ca = upstream_ca
@@ -279,7 +280,7 @@ class Proxy:
         self.transparent_port = free_port() if transparent_host else None
         args = [
             *SEALGATE, "proxy",
-            "--listen", f"127.0.0.1:{self.port}",
+            "--listen", f"{listen_host}:{self.port}",
             "--rules", str(self.rules),
             "--state", str(self.state),
         ]

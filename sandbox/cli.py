@@ -1,0 +1,102 @@
+"""`sealgate sandbox setup | run | teardown`: the runtime around the proxy (root only)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from proxy.cli import SubParsers
+from sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
+from sandbox.runtime import Run, SandboxError, run, setup, teardown
+
+
+def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sandbox", help="run commands whose only way out is the proxy (root)")
+    ps = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def plan_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--range", type=IPv4Network, default=DEFAULT_RANGE,
+                            help=f"addresses for sandbox links (default {DEFAULT_RANGE})")
+        parser.add_argument("--gateway", type=IPv4Address, default=DEFAULT_GATEWAY,
+                            help=f"the proxy's address for sandboxes (default {DEFAULT_GATEWAY})")
+
+    s = ps.add_parser("setup", help="put the gateway address in place (before the proxy binds "
+                                    "it) and guard it")
+    plan_args(s)
+    s.set_defaults(func=_setup)
+    t = ps.add_parser("teardown", help="remove the gateway address and its guard")
+    plan_args(t)
+    t.set_defaults(func=_teardown)
+
+    r = ps.add_parser("run", help="run a command in a new sandbox")
+    plan_args(r)
+    r.add_argument("--sandbox", required=True, help="the sandbox id the rules name")
+    r.add_argument("--state", type=Path, default=Path(os.environ.get("SEALGATE_STATE", "var")),
+                   help="the proxy's state directory (control socket, CA)")
+    r.add_argument("--proxy-port", type=int, default=3128,
+                   help="the proxy's explicit listener on the gateway (default 3128)")
+    r.add_argument("--transparent-port", type=int, default=None,
+                   help="the proxy's transparent listener on the gateway: other TCP goes there")
+    r.add_argument("--workspace", type=Path, help="a directory mounted read-write at /workspace")
+    r.add_argument("--uid", type=int, default=65534, help="user id to run as (default nobody)")
+    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an extra environment variable (repeatable); the host's are not passed")
+    r.add_argument("command", nargs="+", metavar="-- COMMAND")
+    r.set_defaults(func=_run)
+
+
+def _root() -> str | None:
+    return None if os.geteuid() == 0 else "sealgate sandbox needs root (network namespaces, " \
+        "nftables)"
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    return Plan(range=args.range, gateway=args.gateway)
+
+
+def _setup(args: argparse.Namespace) -> int:
+    return _guarded(args, lambda: setup(_plan(args)))
+
+
+def _teardown(args: argparse.Namespace) -> int:
+    return _guarded(args, lambda: teardown(_plan(args)))
+
+
+def _guarded(args: argparse.Namespace, action: Callable[[], None]) -> int:
+    if problem := _root():
+        print(problem, file=sys.stderr)
+        return 2
+    try:
+        action()
+    except RuntimeError as exc:  # NetworkError, FirewallError, SandboxError
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if problem := _root():
+        print(problem, file=sys.stderr)
+        return 2
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            print(f"sealgate: --env wants NAME=VALUE, got {name!r}", file=sys.stderr)
+            return 2
+        env[name] = value
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    spec = Run(
+        sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
+        transparent_port=args.transparent_port, plan=_plan(args), workspace=args.workspace,
+        uid=args.uid, gid=args.uid, env=env,
+    )
+    try:
+        return run(spec)
+    except (SandboxError, NetworkError) as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 125

@@ -1,0 +1,178 @@
+"""One sandboxed run, start to finish: `sealgate sandbox run`.
+
+Order matters and every step is undone on the way out, whatever happened:
+
+1. the seccomp filter is built first: on a machine without one nothing is created at all;
+2. the network (namespace and link) and its firewall table; the proxy learns the sandbox's
+   address through its control API, which is how it knows whose requests these are (no proxy
+   password needs to be inside the sandbox);
+3. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read;
+4. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N);
+5. teardown: the address is unregistered, the namespace deleted before its firewall table, so
+   nothing is ever left in it unfiltered, and the run's files removed.
+
+SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from proxy.ca import ca_paths
+from proxy.control import ControlError, call
+from sandbox import firewall, network, seccomp
+from sandbox.launch import NOBODY, Launch, argv, environment
+from sandbox.network import Link, Plan
+
+SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started; everything created for it has been removed."""
+
+
+@dataclass(frozen=True)
+class Run:
+    sandbox: str
+    command: Sequence[str]
+    state: Path  # the proxy's state directory: its control socket and CA
+    proxy_port: int
+    transparent_port: int | None = None
+    plan: Plan = field(default_factory=Plan)
+    workspace: Path | None = None
+    uid: int = NOBODY
+    gid: int = NOBODY
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def setup(plan: Plan) -> None:
+    """What every sandbox shares, once per host: the gateway address and its guard table.
+    The proxy's listeners on the gateway need this before they can bind."""
+    network.ensure_gateway(plan)
+    firewall.load(firewall.shared_rules(plan), replace=firewall.SHARED_TABLE)
+
+
+def teardown(plan: Plan) -> None:
+    firewall.remove(firewall.SHARED_TABLE)
+    network.remove_gateway(plan)
+
+
+def run(spec: Run) -> int:
+    """Run the command in a new sandbox; its exit status. Raises SandboxError."""
+    try:
+        program = seccomp.program()
+    except seccomp.SeccompUnsupported as exc:
+        raise SandboxError(str(exc)) from None
+    proxy_ca = ca_paths(spec.state / "ca")[1]
+    if not proxy_ca.is_file():
+        raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
+    with contextlib.ExitStack() as undo:
+        link = _network(spec, undo)
+        _register(spec, link, undo)
+        files = Path(tempfile.mkdtemp(prefix=f"run-{link.index}-", dir=network.RUN_DIR))
+        undo.callback(shutil.rmtree, files, ignore_errors=True)
+        bundle, ca = _trust(files, proxy_ca)
+        read_end = _pipe_with(program, undo)
+        launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, read_end,
+                        spec.workspace, spec.uid, spec.gid, spec.env)
+        code = _supervise(launch)
+    return code
+
+
+def _network(spec: Run, undo: contextlib.ExitStack) -> Link:
+    try:
+        link = network.create(spec.plan)
+    except network.NetworkError as exc:
+        raise SandboxError(str(exc)) from None
+    table = firewall.table_name(link)
+
+    def remove() -> None:
+        network.destroy(link)
+        firewall.remove(table)
+
+    undo.callback(remove)
+    rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port)
+    try:
+        firewall.load(rules, replace=table)
+    except firewall.FirewallError as exc:
+        raise SandboxError(str(exc)) from None
+    return link
+
+
+def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:
+    sock = spec.state / "control.sock"
+    path = f"/v1/sources/{link.sandbox_ip}"
+    try:
+        status, body = call(sock, "PUT", path, {"sandbox": spec.sandbox})
+    except ControlError as exc:
+        raise SandboxError(f"{exc}: is the proxy running with --state {spec.state}?") from None
+    if status != 200:
+        raise SandboxError(f"the proxy refused sandbox {spec.sandbox!r}: {body.get('error')}: "
+                           f"{body.get('detail')}")
+    undo.callback(_unregister, sock, path)
+
+
+def _unregister(sock: Path, path: str) -> None:
+    with contextlib.suppress(ControlError):
+        call(sock, "DELETE", path)
+
+
+def _trust(directory: Path, proxy_ca: Path) -> tuple[Path, Path]:
+    """The proxy's CA, and system roots plus it, where the sandbox's user can read them (the
+    proxy's state directory is closed to it)."""
+    directory.chmod(0o755)
+    ca = directory / "proxy-ca.pem"
+    ca.write_text(proxy_ca.read_text())
+    bundle = directory / "ca-bundle.pem"
+    roots = SYSTEM_BUNDLE.read_text() if SYSTEM_BUNDLE.is_file() else ""
+    bundle.write_text(roots.rstrip("\n") + "\n" + ca.read_text())
+    for path in (ca, bundle):
+        path.chmod(0o644)
+    return bundle, ca
+
+
+def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
+    """A pipe holding `data` whose read end the sandbox inherits (bubblewrap reads it once)."""
+    read_end, write_end = os.pipe()
+    undo.callback(os.close, read_end)
+    try:
+        os.write(write_end, data)  # a few hundred bytes: never blocks on a pipe
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def _supervise(launch: Launch) -> int:
+    proc = subprocess.Popen(argv(launch), env=environment(launch), pass_fds=(launch.seccomp_fd,))
+    with _stopping(proc) as stopped:
+        code = proc.wait()
+    if stopped:
+        return 128 + stopped[0]
+    return 128 - code if code < 0 else code
+
+
+@contextlib.contextmanager
+def _stopping(proc: subprocess.Popen[bytes]) -> Iterator[list[int]]:
+    """While the sandbox runs, a stop signal kills it (and with it its PID namespace)."""
+    stopped: list[int] = []
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        stopped.append(signum)
+        proc.kill()
+
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP}
+    try:
+        yield stopped
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
