@@ -1,0 +1,73 @@
+"""The sandbox runtime's pure parts: address plan, firewall text, launch line, seccomp program.
+(tests/integration/test_sandbox.py runs them for real.)"""
+
+from __future__ import annotations
+
+import struct
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+import pytest
+
+from sandbox.firewall import sandbox_rules, shared_rules
+from sandbox.launch import Launch, argv, environment
+from sandbox.network import Link, NetworkError, Plan
+from sandbox.seccomp import SeccompUnsupported, program
+
+LINK = Link(3, "sg-3", "sgh3", "sgn3", IPv4Address("10.200.0.13"), IPv4Address("10.200.0.14"),
+            IPv4Address("10.200.255.254"))
+
+
+def test_the_gateway_never_falls_inside_a_sandbox_link() -> None:
+    plan = Plan()
+    assert plan.links[0] == IPv4Network("10.200.0.0/30")
+    assert all(plan.gateway not in net for net in plan.links)
+    assert len(plan.links) == 2**14 - 1
+    with pytest.raises(NetworkError, match="too small"):
+        Plan(range=IPv4Network("10.200.0.0/30"))
+
+
+def test_firewall_pins_the_source_and_opens_only_the_proxy() -> None:
+    rules = sandbox_rules(LINK, [3128], 3129)
+    assert 'iifname "sgh3" ip saddr != 10.200.0.14 drop' in rules
+    assert 'iifname "sgh3" meta nfproto ipv6 drop' in rules
+    assert "ip daddr 10.200.255.254 tcp dport { 3128, 3129 } ct state new accept" in rules
+    assert "dnat ip to 10.200.255.254:3129" in rules
+    assert rules.index("ct state new accept") < rules.index('    iifname "sgh3" drop')
+    assert 'oifname "sgh3" drop' in rules
+    assert "dnat" not in sandbox_rules(LINK, [3128], None)  # no transparent port: no capture
+    assert 'iifname != "lo" iifname != "sgh*" drop' in shared_rules(Plan())
+
+
+def test_launch_line_carries_no_environment_and_drops_everything(tmp_path: Path) -> None:
+    launch = Launch(LINK, ["curl", "https://x.example/"], 3128, tmp_path / "b.pem",
+                    tmp_path / "ca.pem", 9, env={"API_TOKEN": "tok-canary-77"})
+    line = argv(launch)
+    assert "tok-canary-77" not in " ".join(line)  # values travel in the environment only
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                 "--new-session"):
+        assert flag in line
+    assert line[line.index("--cap-drop") + 1] == "ALL"
+    assert line[:4] == ["ip", "netns", "exec", "sg-3"]
+    assert "--reuid=65534" in line and "--share-net" in line
+    assert line[line.index("--seccomp") + 1] == "9"
+    assert line[-3:] == ["--", "curl", "https://x.example/"]
+    env = environment(launch)
+    assert env["HTTPS_PROXY"] == "http://10.200.255.254:3128"
+    assert env["API_TOKEN"] == "tok-canary-77"
+    assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+def test_seccomp_program_checks_the_architecture_first() -> None:
+    code = program("x86_64")
+    assert len(code) % 8 == 0 and len(code) // 8 < 256
+    first = [struct.unpack("<HBBI", code[i:i + 8]) for i in range(0, 24, 8)]
+    assert first == [(0x20, 0, 0, 4), (0x15, 1, 0, 0xC000003E), (0x06, 0, 0, 0x80000000)]
+    # Every jump lands inside the program.
+    instructions = [struct.unpack("<HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+    for at, (op, jt, jf, _) in enumerate(instructions):
+        if op & 0x07 == 0x05:  # BPF_JMP
+            assert at + 1 + max(jt, jf) < len(instructions)
+    assert instructions[-1] == (0x06, 0, 0, 0x7FFF0000)
+    with pytest.raises(SeccompUnsupported, match="aarch64"):
+        program("aarch64")
