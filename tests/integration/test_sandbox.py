@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,9 @@ def gateway() -> Iterator[None]:
     require_root_net()
     if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
         pytest.skip("needs bubblewrap and setpriv (Debian: bubblewrap, util-linux)")
+    # Inside, only the host's /usr is visible: the probes use Debian's python3 and curl.
+    if not (Path("/usr/bin/python3").exists() and Path("/usr/bin/curl").exists()):
+        pytest.skip("needs /usr/bin/python3 and /usr/bin/curl for the probes inside")
     done = sealgate("sandbox", "setup", *PLAN)
     assert done.returncode == 0, done.stderr
     yield
