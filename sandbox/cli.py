@@ -10,6 +10,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from proxy.cli import SubParsers
+from sandbox.cgroup import CgroupError, Limits, parse_size
 from sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 from sandbox.runtime import Run, SandboxError, run, setup, teardown
 
@@ -43,6 +44,12 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
                    help="the proxy's transparent listener on the gateway: other TCP goes there")
     r.add_argument("--workspace", type=Path, help="a directory mounted read-write at /workspace")
     r.add_argument("--uid", type=int, default=65534, help="user id to run as (default nobody)")
+    r.add_argument("--pids", type=int, default=Limits.pids,
+                   help=f"most processes and threads at once (default {Limits.pids})")
+    r.add_argument("--memory", default="4G",
+                   help="most memory, swap included: 512M, 4G, ... (default 4G)")
+    r.add_argument("--cpus", type=float, default=Limits.cpus,
+                   help=f"CPU time in cores, 0 for no quota (default {Limits.cpus})")
     r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="an extra environment variable (repeatable); the host's are not passed")
     r.add_argument("command", nargs="+", metavar="-- COMMAND")
@@ -90,10 +97,15 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         env[name] = value
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        limits = Limits(args.pids, parse_size(args.memory), args.cpus or None)
+    except CgroupError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 2
     spec = Run(
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
         transparent_port=args.transparent_port, plan=_plan(args), workspace=args.workspace,
-        uid=args.uid, gid=args.uid, env=env,
+        uid=args.uid, gid=args.uid, env=env, limits=limits,
     )
     try:
         return run(spec)

@@ -6,10 +6,13 @@ Order matters and every step is undone on the way out, whatever happened:
 2. the network (namespace and link) and its firewall table; the proxy learns the sandbox's
    address through its control API, which is how it knows whose requests these are (no proxy
    password needs to be inside the sandbox);
-3. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read;
-4. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N);
-5. teardown: the address is unregistered, the namespace deleted before its firewall table, so
-   nothing is ever left in it unfiltered, and the run's files removed.
+3. the cgroups with the run's limits (`sandbox.cgroup`), which the first process joins before
+   it executes anything;
+4. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read;
+5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N);
+6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
+   unregistered, the namespace deleted before its firewall table, so nothing is ever left in
+   it unfiltered, and the run's files removed.
 
 SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run.
 """
@@ -30,6 +33,7 @@ from types import FrameType
 from proxy.ca import ca_paths
 from proxy.control import ControlError, call
 from sandbox import firewall, network, seccomp
+from sandbox.cgroup import CgroupError, Group, Limits
 from sandbox.launch import NOBODY, Launch, argv, environment
 from sandbox.network import Link, Plan
 
@@ -53,6 +57,7 @@ class Run:
     uid: int = NOBODY
     gid: int = NOBODY
     env: Mapping[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
 
 
 def setup(plan: Plan) -> None:
@@ -79,13 +84,18 @@ def run(spec: Run) -> int:
     with contextlib.ExitStack() as undo:
         link = _network(spec, undo)
         _register(spec, link, undo)
+        try:
+            group = Group(f"run-{link.index}-{os.getpid()}", spec.limits)
+        except CgroupError as exc:
+            raise SandboxError(str(exc)) from None
+        undo.callback(group.remove)
         files = Path(tempfile.mkdtemp(prefix=f"run-{link.index}-", dir=network.RUN_DIR))
         undo.callback(shutil.rmtree, files, ignore_errors=True)
         bundle, ca = _trust(files, proxy_ca)
         read_end = _pipe_with(program, undo)
         launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, read_end,
                         spec.workspace, spec.uid, spec.gid, spec.env)
-        code = _supervise(launch)
+        code = _supervise(launch, group)
     return code
 
 
@@ -152,8 +162,14 @@ def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
     return read_end
 
 
-def _supervise(launch: Launch) -> int:
-    proc = subprocess.Popen(argv(launch), env=environment(launch), pass_fds=(launch.seccomp_fd,))
+def _supervise(launch: Launch, group: Group) -> int:
+    try:
+        # preexec_fn is unsafe only beside other threads; the runtime has none.
+        proc = subprocess.Popen(argv(launch), env=environment(launch),
+                                pass_fds=(launch.seccomp_fd,),
+                                preexec_fn=group.join)  # noqa: PLW1509
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxError(f"cannot start the sandbox: {exc}") from None
     with _stopping(proc) as stopped:
         code = proc.wait()
     if stopped:

@@ -71,17 +71,21 @@ sandboxes:
     p.stop()
 
 
-def run(p: Proxy, *command: str, sandbox: str = "box-1") -> subprocess.CompletedProcess[str]:
+def run(
+    p: Proxy, *command: str, sandbox: str = "box-1", limits: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return sealgate("sandbox", "run", *PLAN, "--sandbox", sandbox, "--state", str(p.state),
                     "--proxy-port", str(p.port), "--transparent-port", str(p.transparent_port),
-                    "--", *command)
+                    *limits, "--", *command)
 
 
 def leftovers() -> list[str]:
     netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return ([n for n in netns.split() if n.startswith("sg-")]
+    groups = [*Path("/sys/fs/cgroup").glob("*/sealgate/run-*"),
+              *Path("/sys/fs/cgroup").glob("sealgate/run-*")]
+    return ([str(g) for g in groups] + [n for n in netns.split() if n.startswith("sg-")]
             + [t for t in tables.split() if t.startswith("sealgate_")]
             + [w.rstrip(":@") for w in links.split() if w.startswith("sgh") and
                w.rstrip(":").split("@")[0][3:].isdigit()])
@@ -159,3 +163,41 @@ def test_an_unknown_sandbox_is_refused_before_anything_runs(sproxy: Proxy) -> No
     assert done.returncode == 125
     assert "unknown_sandbox" in done.stderr
     assert leftovers() == []
+
+
+def test_a_fork_bomb_hits_the_process_limit(sproxy: Proxy) -> None:
+    bomb = """
+import os, time
+children = 0
+for _ in range(400):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+    except BlockingIOError:
+        break
+print(children)
+"""
+    done = run(sproxy, "python3", "-c", bomb, limits=("--pids", "48"))
+    assert done.returncode == 0, done.stderr
+    assert 0 < int(done.stdout) < 48
+    assert leftovers() == []  # the sleeping children went with the sandbox
+
+
+def test_memory_beyond_the_limit_is_not_granted(sproxy: Proxy) -> None:
+    hog = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); print('allocated')"
+    done = run(sproxy, "python3", "-c", hog, limits=("--memory", "64M"))
+    assert "allocated" not in done.stdout
+    assert done.returncode != 0
+
+
+@pytest.mark.parametrize(("flag", "value", "error"), [
+    ("--memory", "lots", "not a size"), ("--pids", "2", "at least 8"),
+    ("--cpus", "5000", "between 0.01 and 1024"),
+])
+def test_bad_limits_are_refused_before_anything_starts(
+    sproxy: Proxy, flag: str, value: str, error: str
+) -> None:
+    done = run(sproxy, "true", limits=(flag, value))
+    assert (done.returncode, error in done.stderr) == (2, True), done.stderr

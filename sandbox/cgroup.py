@@ -1,0 +1,135 @@
+"""Resource limits for a sandbox, against fork bombs, memory exhaustion and miners: a cgroup per
+run with a cap on processes, memory (swap included) and CPU time.
+
+cgroup v2 (one tree, `/sys/fs/cgroup/sealgate/<run>`) where the host has it, as Debian 12 does by
+default; on hybrid hosts whose controllers are still mounted as v1 hierarchies, one group per
+controller (`/sys/fs/cgroup/<controller>/sealgate/<run>`). The process joins its groups before
+it executes anything, so nothing it starts is ever outside them; at the end every process left
+in them is killed and the groups are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+_PARENT = "sealgate"
+_PERIOD_US = 100_000
+_KILL_ROUNDS = 50  # x 20 ms: a group that will not empty is left for the next reconcile
+
+
+class CgroupError(RuntimeError):
+    """The limits could not be put in place; the sandbox must not start without them."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    pids: int = 1024
+    memory: int = 4 << 30  # bytes, swap included
+    cpus: float | None = 1.0  # cores of CPU time; None: no quota
+
+    def __post_init__(self) -> None:
+        if self.pids < 8:
+            raise CgroupError("--pids must be at least 8 (the sandbox's own helpers need some)")
+        if self.memory < 16 << 20:
+            raise CgroupError("--memory must be at least 16M")
+        if self.cpus is not None and not 0.01 <= self.cpus <= 1024:
+            raise CgroupError("--cpus must be between 0.01 and 1024")
+
+
+def parse_size(text: str) -> int:
+    """`512M`, `2G`, `1048576`: bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    number, unit = text[:-1], units.get(text[-1:].lower())
+    if unit is None:
+        number, unit = text, 1
+    if not number.isdigit():
+        raise CgroupError(f"not a size: {text[:32]!r} (write 512M, 2G or a byte count)")
+    return int(number) * unit
+
+
+class Group:
+    """The run's groups: created with their limits, joined by the sandbox's first process."""
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.dirs: list[Path] = []
+        try:
+            if (ROOT / "cgroup.controllers").exists():
+                self._v2(name, limits)
+            else:
+                self._v1(name, limits)
+        except OSError as exc:
+            self.remove()
+            raise CgroupError(f"cannot set resource limits: {exc}") from None
+
+    def _v2(self, name: str, limits: Limits) -> None:
+        parent = ROOT / _PARENT
+        parent.mkdir(exist_ok=True)
+        available = (ROOT / "cgroup.controllers").read_text().split()
+        missing = {"pids", "memory", "cpu"} - set(available)
+        if missing:
+            raise CgroupError(f"cgroup v2 lacks controllers: {', '.join(sorted(missing))}")
+        for level in (ROOT, parent):
+            (level / "cgroup.subtree_control").write_text("+pids +memory +cpu")
+        group = parent / name
+        group.mkdir()
+        self.dirs.append(group)
+        (group / "pids.max").write_text(str(limits.pids))
+        (group / "memory.max").write_text(str(limits.memory))
+        (group / "memory.swap.max").write_text("0")
+        if limits.cpus is not None:
+            (group / "cpu.max").write_text(f"{int(limits.cpus * _PERIOD_US)} {_PERIOD_US}")
+
+    def _v1(self, name: str, limits: Limits) -> None:
+        settings: dict[str, dict[str, str]] = {
+            "pids": {"pids.max": str(limits.pids)},
+            "memory": {"memory.limit_in_bytes": str(limits.memory)},
+        }
+        if limits.cpus is not None:
+            settings["cpu"] = {"cpu.cfs_period_us": str(_PERIOD_US),
+                               "cpu.cfs_quota_us": str(int(limits.cpus * _PERIOD_US))}
+        for controller, values in settings.items():
+            if not (ROOT / controller).is_dir():
+                raise CgroupError(f"no cgroup v1 {controller} hierarchy at {ROOT / controller}")
+            group = ROOT / controller / _PARENT / name
+            group.mkdir(parents=True)
+            self.dirs.append(group)
+            for file, value in values.items():
+                (group / file).write_text(value)
+        memsw = ROOT / "memory" / _PARENT / name / "memory.memsw.limit_in_bytes"
+        if memsw.exists():  # swap accounting on: swap counts against the limit too
+            memsw.write_text(str(limits.memory))
+
+    def join(self) -> None:
+        """Move the calling process in (run in the child, before it executes anything)."""
+        pid = str(os.getpid())
+        for group in self.dirs:
+            (group / "cgroup.procs").write_text(pid)
+
+    def _members(self) -> Iterator[int]:
+        for group in self.dirs:
+            try:
+                text = (group / "cgroup.procs").read_text()
+            except OSError:
+                continue
+            yield from (int(p) for p in text.split())
+
+    def remove(self) -> None:
+        """Kill whatever is left in the groups, then remove them."""
+        for _ in range(_KILL_ROUNDS):
+            members = set(self._members())
+            if not members:
+                break
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        for group in reversed(self.dirs):
+            with contextlib.suppress(OSError):  # still busy: left for the operator to see
+                group.rmdir()
