@@ -352,6 +352,9 @@ class Sealgate:
         await self._guard().pin(host, port, policy)
         conn.target = (host, port)
         conn.tunnel = tunnels(policy, rules)
+        # The upstream is the name that was checked, never the address the sandbox dialed: a
+        # passed-through connection would otherwise carry an allowed SNI to any address.
+        server.address = (host.name, port)
 
     def tcp_start(self, flow: Any) -> None:
         """Raw TCP inside a tunnel cannot be inspected or name-checked: refused."""
@@ -483,7 +486,11 @@ class Sealgate:
                 raise Denial("not_allowed", "no authorised request on this connection")
             if conn.blocked is not None:
                 raise conn.blocked
-            pin = await self._guard().pin(_canonical(name), port, conn.policy)
+            host = _canonical(name)
+            if conn.target is not None and conn.target != (host, port):
+                # Inside a tunnel every dial goes to its one checked destination.
+                raise Denial("name_mismatch", "upstream differs from the tunnel's destination")
+            pin = await self._guard().pin(host, port, conn.policy)
         except Exception as exc:
             denial = _refusal(exc, "checking an upstream dial")
             server.error = f"sealgate: {denial.reason}"

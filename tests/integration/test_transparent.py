@@ -118,3 +118,21 @@ def test_sni_outside_policy_is_refused(
     assert not out.stdout.endswith("200")
     assert https_origin.untouched()
     tproxy.wait_audit(lambda e: e["event"] == "tls_denied" and e["reason"] == "not_allowed")
+
+
+def test_passed_through_tls_goes_to_the_sni_name_not_the_dialed_address(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin], test_ca: OriginCA
+) -> None:
+    """api.test has no method or path rule, so its TLS is passed through undecrypted. The
+    sandbox dials the host side of its link with SNI api.test: the proxy must connect to what
+    api.test resolves to (the origin), never to the address the sandbox chose (which could be
+    any server of the attacker's with an allowed name in the SNI)."""
+    _, https_origin = origins
+    assert sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1").returncode == 0
+    out = curl(
+        sandbox_ns, "--cacert", str(test_ca.path),
+        "--resolve", f"api.test:{https_origin.port}:{sandbox_ns.host_ip}",
+        f"https://api.test:{https_origin.port}/passed-through",
+    )
+    assert out.stdout.endswith("200"), out
+    assert https_origin.requests[-1].path == "/passed-through"
