@@ -11,9 +11,10 @@ sandbox is never half-filtered. For packets from the sandbox's link:
   the host) is dropped;
 - nothing is forwarded to or from the link, whatever the host's ip_forward says.
 
-A shared table (`inet sealgate`) keeps the gateway address itself off every interface but
-loopback and the sandbox links: it sits on `lo`, and a host with the weak-host model would
-otherwise answer it from any network.
+A table per gateway (`inet sealgate_gw_<address>`, loaded by `sealgate sandbox setup`) keeps the
+gateway address itself off every interface but loopback and the sandbox links (it sits on `lo`,
+and a host with the weak-host model would otherwise answer it from any network), and is a floor
+under every sandbox of its range should a sandbox's own table ever be missing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import subprocess
 from collections.abc import Collection
 
 from sandbox.network import Link, Plan
-
-SHARED_TABLE = "sealgate"
 
 
 class FirewallError(RuntimeError):
@@ -65,12 +64,28 @@ def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: in
     )
 
 
+def shared_table(plan: Plan) -> str:
+    return "sealgate_gw_" + str(plan.gateway).replace(".", "_")
+
+
 def shared_rules(plan: Plan) -> str:
+    """The gateway's guard, and a floor under every sandbox link should its own table ever be
+    missing: from a sandbox link nothing but IPv4 to the gateway, nothing forwarded."""
+    gw = plan.gateway
     return (
-        f"table inet {SHARED_TABLE} {{\n"
+        f"table inet {shared_table(plan)} {{\n"
         "  chain input {\n"
         "    type filter hook input priority filter - 10; policy accept;\n"
-        f'    ip daddr {plan.gateway} iifname != "lo" iifname != "sgh*" drop\n'
+        f'    ip daddr {gw} iifname != "lo" iifname != "sgh*" drop\n'
+        # Only sandboxes come from the sandbox range, and never over loopback.
+        f'    iifname "lo" ip saddr {plan.range} ip saddr != {gw} drop\n'
+        '    iifname "sgh*" meta nfproto ipv6 drop\n'
+        f'    iifname "sgh*" ip saddr {plan.range} ip daddr != {gw} drop\n'
+        "  }\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority filter - 10; policy accept;\n"
+        '    iifname "sgh*" drop\n'
+        '    oifname "sgh*" drop\n'
         "  }\n"
         "}\n"
     )
@@ -87,6 +102,12 @@ def load(rules: str, replace: str | None = None) -> None:
         # `add` then `delete` empties an existing table and tolerates a missing one.
         text = f"add table inet {replace}\ndelete table inet {replace}\n{rules}"
     _nft(["-f", "-"], text)
+
+
+def exists(table: str) -> bool:
+    done = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True,
+                          timeout=20, check=False)
+    return done.returncode == 0
 
 
 def remove(table: str) -> None:

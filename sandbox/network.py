@@ -85,7 +85,9 @@ def remove_gateway(plan: Plan) -> None:
 
 
 @contextmanager
-def _lock() -> Iterator[None]:
+def lock() -> Iterator[None]:
+    """Held while a link is taken and its firewall loaded, and while both are removed: an index
+    is never reused while anything of its last holder is left."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     # Traversable, not listable: a sandbox's user reads its CA bundle from a run directory here.
     RUN_DIR.chmod(0o711)
@@ -95,17 +97,17 @@ def _lock() -> Iterator[None]:
 
 
 def create(plan: Plan) -> Link:
-    """A new namespace and link, at the lowest free index; torn down again if any step fails."""
-    with _lock():
-        index = next((i for i in range(len(plan.links)) if not _exists(i)), None)
-        if index is None:
-            raise NetworkError(f"all {len(plan.links)} sandbox links of {plan.range} are in use")
-        link = _link(plan, index)
-        try:
-            _build(link)
-        except NetworkError:
-            destroy(link)
-            raise
+    """A new namespace and link at the lowest free index (hold `lock()`); torn down again if
+    any step fails."""
+    index = next((i for i in range(len(plan.links)) if not _exists(i)), None)
+    if index is None:
+        raise NetworkError(f"all {len(plan.links)} sandbox links of {plan.range} are in use")
+    link = _link(plan, index)
+    try:
+        _build(link)
+    except BaseException:
+        destroy(link)
+        raise
     return link
 
 

@@ -64,11 +64,11 @@ def setup(plan: Plan) -> None:
     """What every sandbox shares, once per host: the gateway address and its guard table.
     The proxy's listeners on the gateway need this before they can bind."""
     network.ensure_gateway(plan)
-    firewall.load(firewall.shared_rules(plan), replace=firewall.SHARED_TABLE)
+    firewall.load(firewall.shared_rules(plan), replace=firewall.shared_table(plan))
 
 
 def teardown(plan: Plan) -> None:
-    firewall.remove(firewall.SHARED_TABLE)
+    firewall.remove(firewall.shared_table(plan))
     network.remove_gateway(plan)
 
 
@@ -100,22 +100,26 @@ def run(spec: Run) -> int:
 
 
 def _network(spec: Run, undo: contextlib.ExitStack) -> Link:
-    try:
-        link = network.create(spec.plan)
-    except network.NetworkError as exc:
-        raise SandboxError(str(exc)) from None
-    table = firewall.table_name(link)
+    if not firewall.exists(firewall.shared_table(spec.plan)):
+        raise SandboxError("the sandbox gateway is not set up: run 'sealgate sandbox setup'")
+    with network.lock():
+        try:
+            link = network.create(spec.plan)
+        except network.NetworkError as exc:
+            raise SandboxError(str(exc)) from None
+        table = firewall.table_name(link)
 
-    def remove() -> None:
-        network.destroy(link)
-        firewall.remove(table)
+        def remove() -> None:
+            with network.lock():
+                network.destroy(link)
+                firewall.remove(table)
 
-    undo.callback(remove)
-    rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port)
-    try:
-        firewall.load(rules, replace=table)
-    except firewall.FirewallError as exc:
-        raise SandboxError(str(exc)) from None
+        undo.callback(remove)
+        rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port)
+        try:
+            firewall.load(rules, replace=table)
+        except firewall.FirewallError as exc:
+            raise SandboxError(str(exc)) from None
     return link
 
 

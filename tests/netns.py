@@ -49,8 +49,8 @@ def netns() -> Iterator[Netns]:
     octets = base.split(".")
     host_ip = ".".join([*octets[:3], str(int(octets[3]) + 1)])
     ns_ip = ".".join([*octets[:3], str(int(octets[3]) + 2)])
-    ns = Netns(name=f"sgt-{tag}", host_if=f"sgh{tag}", host_ip=host_ip, ns_ip=ns_ip)
-    peer = f"sgn{tag}"
+    ns = Netns(name=f"sgt-{tag}", host_if=f"tsh{tag}", host_ip=host_ip, ns_ip=ns_ip)
+    peer = f"tsn{tag}"
     try:
         run("ip", "netns", "add", ns.name)
         run("ip", "link", "add", ns.host_if, "type", "veth", "peer", "name", peer)

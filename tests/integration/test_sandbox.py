@@ -86,7 +86,7 @@ def leftovers() -> list[str]:
     groups = [*Path("/sys/fs/cgroup").glob("*/sealgate/run-*"),
               *Path("/sys/fs/cgroup").glob("sealgate/run-*")]
     return ([str(g) for g in groups] + [n for n in netns.split() if n.startswith("sg-")]
-            + [t for t in tables.split() if t.startswith("sealgate_")]
+            + [t for t in tables.split() if t.startswith("sealgate_") and "_gw_" not in t]
             + [w.rstrip(":@") for w in links.split() if w.startswith("sgh") and
                w.rstrip(":").split("@")[0][3:].isdigit()])
 
@@ -117,11 +117,20 @@ def udp():
     s.sendto(query, ("{GATEWAY}", 53))
     try: s.recv(512); return "answer"
     except OSError as e: return type(e).__name__
-print(tcp("{GATEWAY}", 22), udp(), open("/proc/sys/net/ipv6/conf/all/disable_ipv6").read().strip())
+def spoofed(port):
+    # Posing as another sandbox: IP_FREEBIND needs no privilege to bind a foreign address (the
+    # kernel then finds no route from it; the host's table would drop it anyway).
+    s = socket.socket(); s.setsockopt(socket.SOL_IP, 15, 1); s.settimeout(2)
+    s.bind(("10.215.0.6", 0))
+    try:
+        s.connect(("{GATEWAY}", port)); return "open"
+    except OSError: return "refused"
+print(tcp("{GATEWAY}", 22), udp(), open("/proc/sys/net/ipv6/conf/all/disable_ipv6").read().strip(),
+      spoofed({sproxy.port}), tcp("{GATEWAY}", {sproxy.port}))
 """
     done = run(sproxy, "python3", "-c", probe)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["TimeoutError", "TimeoutError", "1"]
+    assert done.stdout.split() == ["TimeoutError", "TimeoutError", "1", "refused", "open"]
     # Any other TCP destination is captured and decided by the proxy: refused here.
     direct = run(sproxy, "curl", "-sS", "-m", "10", "--noproxy", "*", "-o", "/dev/null", "-w",
                  "%{http_code}", "http://169.254.169.254/latest/meta-data/")
@@ -201,3 +210,11 @@ def test_bad_limits_are_refused_before_anything_starts(
 ) -> None:
     done = run(sproxy, "true", limits=(flag, value))
     assert (done.returncode, error in done.stderr) == (2, True), done.stderr
+
+
+def test_no_sandbox_without_the_gateway_set_up(sproxy: Proxy) -> None:
+    other = ["--range", "10.216.0.0/16", "--gateway", "10.216.255.254"]
+    done = sealgate("sandbox", "run", *other, "--sandbox", "box-1", "--state", str(sproxy.state),
+                    "--", "true")
+    assert done.returncode == 125
+    assert "sealgate sandbox setup" in done.stderr
