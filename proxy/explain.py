@@ -102,15 +102,24 @@ def explain(
     except HostError as exc:
         return _deny(result, exc.reason, str(exc))
     result.host, result.port = host.name, port
-    try:
-        path = normalize_path((parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
-    except PathError as exc:
-        return _deny(result, exc.reason, str(exc))
-    result.path = path
-    if parts.scheme == "https":
-        result.tunnel = tunnels(chosen, chosen.match_host(host, port))
-    rule = result.rule = chosen.match(host, port, method, path)
+    host_port_rules = chosen.match_host(host, port)
+    if parts.scheme == "https" and tunnels(chosen, host_port_rules):
+        # Passed through undecrypted: the proxy never sees the method or the path.
+        result.tunnel = True
+        rule = result.rule = host_port_rules[0]
+        result.notes.append("TLS passes through undecrypted: method and path are not seen")
+    else:
+        result.tunnel = False if parts.scheme == "https" else None
+        try:
+            path = normalize_path(
+                (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            )
+        except PathError as exc:
+            return _deny(result, exc.reason, str(exc))
+        result.path = path
+        rule = result.rule = chosen.match(host, port, method, path)
     if rule is None:
+        path = result.path or ""
         result.misses = _misses(chosen.host_rules(host), port, method, path)
         detail = f"{method} {host.name}:{port}{path} is not allowed"
         if chosen.mode == "enforce":

@@ -2,7 +2,9 @@
 
 Compared by meaning, not text: rules by what they allow (host, ports, methods, paths, what they
 inject and strip), policies field by field, sandboxes by policy and key. Each change says whether
-it widens what some sandbox may reach, so CI can ask for a second reviewer (`--fail-on-widen`).
+it widens what some sandbox may reach, narrows it, or changes it in a way a person must judge
+(a sandbox moved to another policy, rules reordered, a host's TLS no longer inspected), so CI can
+ask for a second reviewer (`--fail-on-widen` fails on the first and the last kind).
 Moving a rule changes which rule decides first, and so which credential goes where; that is
 reported as a change to review, not as wider or narrower.
 """
@@ -73,8 +75,9 @@ def _policy(scope: str, before: Policy, after: Policy) -> list[Change]:
         changes.append(Change(scope, "~", f"mode {before.mode} -> {after.mode}",
                               after.mode == "report"))
     if before.tokens != after.tokens:
+        # Off can pass hosts through undecrypted that were intercepted: fewer checks, not less.
         changes.append(Change(scope, "~", f"tokens {before.tokens} -> {after.tokens}".lower(),
-                              after.tokens))
+                              True if after.tokens else None))
     nets_before, nets_after = set(before.allow_networks), set(after.allow_networks)
     for net in sorted(nets_after - nets_before, key=str):
         changes.append(Change(scope, "+", f"allow_networks {net}", True))
@@ -91,13 +94,27 @@ def _rules(scope: str, before: tuple[Rule, ...], after: tuple[Rule, ...]) -> lis
     came, gone = Counter(after) - Counter(before), Counter(before) - Counter(after)
     changes = [Change(scope, "+", f"allow {describe(r)}", True, r.source)
                for r in _only(after, came)]
-    changes += [Change(scope, "-", f"allow {describe(r)}", False, r.source)
+    changes += [Change(scope, "-", f"allow {describe(r)}", _removal(r, after), r.source)
                 for r in _only(before, gone)]
     common = Counter(before) & Counter(after)
     if _only(before, common) != _only(after, common):
         changes.append(Change(scope, "~", "rules reordered: the first match decides, and "
                               "brings its credentials", None))
     return changes
+
+
+def _removal(rule: Rule, after: tuple[Rule, ...]) -> bool | None:
+    """A removed rule narrows, unless what is left for its host changes more than that: a
+    rule there that injects may now decide requests this one decided (its credential goes
+    further), or no rule there needs to see requests any more (TLS passes through
+    undecrypted, without the Host and path checks)."""
+    same = [r for r in after if r.host == rule.host]
+    if any(r.inject for r in same):
+        return None
+    if rule.needs_request_inspection and same and \
+            not any(r.needs_request_inspection for r in same):
+        return None
+    return False
 
 
 def _only(rules: tuple[Rule, ...], wanted: Counter[Rule]) -> list[Rule]:

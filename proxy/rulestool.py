@@ -51,7 +51,8 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
     d.add_argument("old", type=Path, metavar="OLD")
     d.add_argument("new", type=Path, metavar="NEW")
     d.add_argument("--fail-on-widen", action="store_true",
-                   help="exit 1 if any change gives some sandbox more access")
+                   help="exit 1 if any change gives some sandbox more access, or may (the "
+                        "[review] changes)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=_diff)
 
@@ -184,10 +185,10 @@ def _diff(args: argparse.Namespace) -> int:
     if old is None or new is None:
         return 2
     changes = diff(old, new)
-    widening = [c for c in changes if c.widens]
+    widening = [c for c in changes if c.widens is not False]
     if args.json:
         print(json.dumps({"changes": [c.to_json() for c in changes],
-                          "widens": len(widening)}, indent=2))
+                          "widens_or_review": len(widening)}, indent=2))
     else:
         scope = None
         for c in changes:
@@ -197,6 +198,6 @@ def _diff(args: argparse.Namespace) -> int:
             tag = {True: "  [widens]", False: "", None: "  [review]"}[c.widens]
             where = f"  ({c.where})" if c.where else ""
             print(f"  {c.sign} {c.what}{where}{tag}")
-        print(f"{len(changes)} changes, {len(widening)} widen access" if changes
+        print(f"{len(changes)} changes, {len(widening)} widen or may widen access" if changes
               else "no changes in meaning")
     return 1 if args.fail_on_widen and widening else 0

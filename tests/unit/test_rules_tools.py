@@ -80,6 +80,8 @@ def rules(tmp_path: Path) -> RuleSet:
     ("GET", "https://api.example.com/v2/users", "deny", "not_allowed", None),
     ("GET", "https://a.b.cdn.example.com/x.js", "allow", None, "*.cdn.example.com"),
     ("GET", "https://cdn.example.com/x.js", "deny", "not_allowed", None),  # not the apex
+    # Passed through undecrypted: the proxy never sees this path, so it cannot refuse it.
+    ("GET", "https://a.cdn.example.com/a//b", "allow", None, "*.cdn.example.com"),
     ("GET", "https://anything.example.org:8080/", "allow", None, "*"),
     ("GET", "http://localhost/", "deny", "localhost_name", "localhost"),
     # `*` never matches an IP literal: only a rule naming the address does.
@@ -208,7 +210,8 @@ def test_diff_reports_meaning_and_direction(tmp_path: Path, rules: RuleSet) -> N
         ("policy ci", "-", "allow_networks 10.1.2.0/24", False),
         ("policy ci", "+", "allow api.example.com; ports 443; methods DELETE,GET; paths /v1/**",
          True),
-        ("policy ci", "-", "allow api.example.com; ports 443; methods GET; paths /v1/**", False),
+        # Another rule for the host injects: it may now decide requests this one decided.
+        ("policy ci", "-", "allow api.example.com; ports 443; methods GET; paths /v1/**", None),
         ("policy watcher", "~", "mode report -> enforce", False),
         ("sandbox new-1", "~", "policy watcher -> ci", None),
         ("sandbox new-1", "~", "key changed", None),
@@ -263,9 +266,12 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     out = sealgate("diff", str(good), str(wider))
     assert out.returncode == 0
     assert out.stdout.splitlines() == ["policy watcher", "  ~ tokens false -> true  [widens]",
-                                       "1 changes, 1 widen access"]
+                                       "1 changes, 1 widen or may widen access"]
     assert sealgate("diff", "--fail-on-widen", str(good), str(wider)).returncode == 1
-    assert sealgate("diff", "--fail-on-widen", str(wider), str(good)).returncode == 0
+    narrower = write(tmp_path, "narrower.yaml",
+                     RULES.replace('      - host: "*"\n        ports: [8080]\n', ""))
+    out = sealgate("diff", "--fail-on-widen", str(good), str(narrower))
+    assert out.returncode == 0, out.stdout
     assert sealgate("diff", str(good), str(bad)).returncode == 2
 
 
@@ -277,3 +283,27 @@ def test_the_shipped_rules_pass_their_checks_and_cases(rules_file: str, cases_fi
     assert sealgate("check", "--strict", rules_file).returncode == 0
     out = sealgate("test", rules_file, cases_file)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_diff_marks_what_may_widen_for_review(tmp_path: Path, rules: RuleSet) -> None:
+    # A sandbox moved to another policy, tokens switched off: --fail-on-widen fails on both.
+    moved = RULES.replace('new-1: {policy: watcher', 'new-1: {policy: ci')
+    changes = diff(rules, load_rules(write(tmp_path, "moved.yaml", moved)))
+    assert [(c.what, c.widens) for c in changes] == [("policy watcher -> ci", None)]
+    tokens_on = RULES.replace("  ci:\n    mode: enforce",
+                              "  ci:\n    mode: enforce\n    tokens: true")
+    on, off = (load_rules(write(tmp_path, f"{n}.yaml", t)) for n, t in (("on", tokens_on),
+                                                                        ("off", RULES)))
+    assert [c.widens for c in diff(off, on)] == [True]
+    assert [c.widens for c in diff(on, off)] == [None]
+    # Removing the only rule of a host that needed inspection, where another rule stays: the
+    # host's TLS would pass through undecrypted.
+    before = RULES.replace('      - host: "*.cdn.example.com"\n        ports: [443]\n',
+                           '      - host: "*.cdn.example.com"\n        ports: [443]\n'
+                           '      - host: "*.cdn.example.com"\n        ports: [443]\n'
+                           '        methods: [GET]\n')
+    changes = diff(load_rules(write(tmp_path, "before.yaml", before)), rules)
+    assert [(c.sign, c.widens) for c in changes] == [("-", None)]
+    path = str(write(tmp_path, "moved2.yaml", moved))
+    assert sealgate("diff", "--fail-on-widen", str(write(tmp_path, "r.yaml", RULES)),
+                    path).returncode == 1
