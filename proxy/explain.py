@@ -103,6 +103,7 @@ def explain(
         return _deny(result, exc.reason, str(exc))
     result.host, result.port = host.name, port
     host_port_rules = chosen.match_host(host, port)
+    rule: Rule | None
     if parts.scheme == "https" and tunnels(chosen, host_port_rules):
         # Passed through undecrypted: the proxy never sees the method or the path.
         result.tunnel = True
