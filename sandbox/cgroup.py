@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup")
 _PARENT = "sealgate"
 _PERIOD_US = 100_000
-_KILL_ROUNDS = 50  # x 20 ms: a group that will not empty is left for the next reconcile
+_KILL_ROUNDS = 50  # x 20 ms: a group that will not empty is left in place for an operator
 
 
 class CgroupError(RuntimeError):
@@ -67,6 +67,9 @@ class Group:
         except OSError as exc:
             self.remove()
             raise CgroupError(f"cannot set resource limits: {exc}") from None
+        except CgroupError:
+            self.remove()
+            raise
 
     def _v2(self, name: str, limits: Limits) -> None:
         parent = ROOT / _PARENT

@@ -50,8 +50,10 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
                    help="most memory, swap included: 512M, 4G, ... (default 4G)")
     r.add_argument("--cpus", type=float, default=Limits.cpus,
                    help=f"CPU time in cores, 0 for no quota (default {Limits.cpus})")
-    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="an extra environment variable (repeatable); the host's are not passed")
+    r.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="an extra environment variable (repeatable): NAME passes the caller's "
+                        "value (never shown by ps), NAME=VALUE sets one (visible to ps: not for "
+                        "secrets); nothing else of the caller's environment is passed")
     r.add_argument("command", nargs="+", metavar="-- COMMAND")
     r.set_defaults(func=_run)
 
@@ -92,19 +94,23 @@ def _run(args: argparse.Namespace) -> int:
     env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
-        if not sep or not name:
-            print(f"sealgate: --env wants NAME=VALUE, got {name!r}", file=sys.stderr)
+        if not sep:
+            value = os.environ.get(name, "")
+        # The launch's own root programs inherit this environment: no loader variables.
+        if not name or name.startswith("LD_") or name == "PATH":
+            print(f"sealgate: --env {name[:40]!r} is not allowed", file=sys.stderr)
             return 2
         env[name] = value
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         limits = Limits(args.pids, parse_size(args.memory), args.cpus or None)
-    except CgroupError as exc:
+        plan = _plan(args)
+    except (CgroupError, NetworkError) as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 2
     spec = Run(
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
-        transparent_port=args.transparent_port, plan=_plan(args), workspace=args.workspace,
+        transparent_port=args.transparent_port, plan=plan, workspace=args.workspace,
         uid=args.uid, gid=args.uid, env=env, limits=limits,
     )
     try:

@@ -20,6 +20,7 @@ namespace, as an unprivileged user.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # where Debian-style clients look
 PROXY_CA = "/run/sealgate/proxy-ca.pem"
+_HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_DIRS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Variables that point clients at a CA bundle; all get the bundle with the proxy's CA in it.
@@ -70,10 +72,19 @@ def environment(launch: Launch) -> dict[str, str]:
     return env
 
 
+def tool(name: str) -> str:
+    """A host program the launch runs as root, found in the system directories only: never
+    through a PATH the sandbox's environment (which these programs inherit) could set."""
+    found = shutil.which(name, path=_HOST_PATH)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found in {_HOST_PATH}")
+    return found
+
+
 def argv(launch: Launch) -> list[str]:
-    args = ["ip", "netns", "exec", launch.link.netns,
-            "setpriv", f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
-            "--", "bwrap",
+    args = [tool("ip"), "netns", "exec", launch.link.netns,
+            tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
+            "--", tool("bwrap"),
             "--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
             "--cap-drop", "ALL",
             "--die-with-parent", "--new-session"]

@@ -14,7 +14,8 @@ Order matters and every step is undone on the way out, whatever happened:
    unregistered, the namespace deleted before its firewall table, so nothing is ever left in
    it unfiltered, and the run's files removed.
 
-SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run.
+SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run;
+during set-up they abort it, and during teardown they are ignored, so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from proxy.ca import ca_paths
 from proxy.control import ControlError, call
@@ -74,6 +76,8 @@ def teardown(plan: Plan) -> None:
 
 def run(spec: Run) -> int:
     """Run the command in a new sandbox; its exit status. Raises SandboxError."""
+    if spec.uid == 0 or spec.gid == 0:
+        raise SandboxError("a sandbox never runs as root (uid or gid 0)")
     try:
         program = seccomp.program()
     except seccomp.SeccompUnsupported as exc:
@@ -81,21 +85,29 @@ def run(spec: Run) -> int:
     proxy_ca = ca_paths(spec.state / "ca")[1]
     if not proxy_ca.is_file():
         raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
-    with contextlib.ExitStack() as undo:
-        link = _network(spec, undo)
-        _register(spec, link, undo)
+    with _signals() as stop:
         try:
-            group = Group(f"run-{link.index}-{os.getpid()}", spec.limits)
-        except CgroupError as exc:
-            raise SandboxError(str(exc)) from None
-        undo.callback(group.remove)
-        files = Path(tempfile.mkdtemp(prefix=f"run-{link.index}-", dir=network.RUN_DIR))
-        undo.callback(shutil.rmtree, files, ignore_errors=True)
-        bundle, ca = _trust(files, proxy_ca)
-        read_end = _pipe_with(program, undo)
-        launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, read_end,
-                        spec.workspace, spec.uid, spec.gid, spec.env)
-        code = _supervise(launch, group)
+            with _Undo() as undo:
+                link = _network(spec, undo)
+                _register(spec, link, undo)
+                try:
+                    group = Group(f"run-{link.index}-{os.getpid()}", spec.limits)
+                except CgroupError as exc:
+                    raise SandboxError(str(exc)) from None
+                undo.callback(group.remove)
+                try:
+                    files = Path(tempfile.mkdtemp(prefix=f"run-{link.index}-",
+                                                  dir=network.RUN_DIR))
+                    undo.callback(shutil.rmtree, files, ignore_errors=True)
+                    bundle, ca = _trust(files, proxy_ca)
+                except OSError as exc:
+                    raise SandboxError(f"cannot write the run's CA bundle: {exc}") from None
+                read_end = _pipe_with(program, undo)
+                launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, read_end,
+                                spec.workspace, spec.uid, spec.gid, spec.env)
+                code = _supervise(launch, group, stop)
+        except _Stopped as exc:
+            return 128 + exc.signum
     return code
 
 
@@ -166,33 +178,64 @@ def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
     return read_end
 
 
-def _supervise(launch: Launch, group: Group) -> int:
+def _supervise(launch: Launch, group: Group, stop: _Stop) -> int:
     try:
-        # preexec_fn is unsafe only beside other threads; the runtime has none.
+        # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
+        # other threads; the runtime has none.
         proc = subprocess.Popen(argv(launch), env=environment(launch),
                                 pass_fds=(launch.seccomp_fd,),
                                 preexec_fn=group.join)  # noqa: PLW1509
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None
-    with _stopping(proc) as stopped:
+    stop.sandbox = proc
+    try:
         code = proc.wait()
-    if stopped:
-        return 128 + stopped[0]
+    finally:
+        stop.sandbox = None
+    if stop.signum is not None:
+        return 128 + stop.signum
     return 128 - code if code < 0 else code
 
 
+class _Undo(contextlib.ExitStack):
+    """The run's teardown, which no stop signal may cut short."""
+
+    def __exit__(self, *exc: Any) -> bool:
+        for sig in _STOP:
+            signal.signal(sig, signal.SIG_IGN)
+        return bool(super().__exit__(*exc))
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+class _Stop:
+    """What a stop signal does: before the sandbox runs it aborts the set-up (which is then
+    undone); while it runs it kills the sandbox, whose PID namespace dies with it. Further
+    signals are ignored from then on, and during any teardown (`_Undo`)."""
+
+    def __init__(self) -> None:
+        self.sandbox: subprocess.Popen[bytes] | None = None
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _: FrameType | None) -> None:
+        for sig in _STOP:
+            signal.signal(sig, signal.SIG_IGN)
+        self.signum = signum
+        if self.sandbox is None:
+            raise _Stopped(signum)
+        self.sandbox.kill()
+
+
 @contextlib.contextmanager
-def _stopping(proc: subprocess.Popen[bytes]) -> Iterator[list[int]]:
-    """While the sandbox runs, a stop signal kills it (and with it its PID namespace)."""
-    stopped: list[int] = []
-
-    def stop(signum: int, _: FrameType | None) -> None:
-        stopped.append(signum)
-        proc.kill()
-
+def _signals() -> Iterator[_Stop]:
+    stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in _STOP}
     try:
-        yield stopped
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

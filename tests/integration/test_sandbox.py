@@ -9,7 +9,9 @@ of the caller's environment, and leaves nothing behind.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,3 +220,38 @@ def test_no_sandbox_without_the_gateway_set_up(sproxy: Proxy) -> None:
                     "--", "true")
     assert done.returncode == 125
     assert "sealgate sandbox setup" in done.stderr
+
+
+def test_env_passes_only_what_is_named_and_never_root(sproxy: Proxy) -> None:
+    done = sealgate("sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(sproxy.state),
+                    "--proxy-port", str(sproxy.port), "--env", "CANARY_SECRET", "--env",
+                    "MODE=ci", "--", "sh", "-c", 'echo "$CANARY_SECRET $MODE"')
+    assert done.stdout == f"{CANARY} ci\n", done.stderr  # named: passed, by value from env
+    for bad in (["--env", "LD_PRELOAD=/tmp/x.so"], ["--env", "PATH=/tmp"], ["--uid", "0"]):
+        done = sealgate("sandbox", "run", *PLAN, "--sandbox", "box-1", "--state",
+                        str(sproxy.state), *bad, "--", "true")
+        assert done.returncode in (2, 125), (bad, done.stderr)
+    assert leftovers() == []
+
+
+def test_sigterm_ends_the_sandbox_and_leaves_nothing(sproxy: Proxy) -> None:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    proc = subprocess.Popen(
+        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(sproxy.state),
+         "--proxy-port", str(sproxy.port), "--", "sleep", "60"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(200):  # the sandbox is up once its process runs in the namespace
+            pids = subprocess.run(["ip", "netns", "pids", "sg-0"], capture_output=True,
+                                  text=True).stdout.split()
+            if pids:
+                break
+            time.sleep(0.05)
+        assert pids, "the sandbox did not start"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert leftovers() == []

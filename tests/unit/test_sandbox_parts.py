@@ -48,7 +48,7 @@ def test_launch_line_carries_no_environment_and_drops_everything(tmp_path: Path)
                  "--new-session"):
         assert flag in line
     assert line[line.index("--cap-drop") + 1] == "ALL"
-    assert line[:4] == ["ip", "netns", "exec", "sg-3"]
+    assert line[1:4] == ["netns", "exec", "sg-3"] and line[0].endswith("/ip")
     assert "--reuid=65534" in line and "--share-net" in line
     assert line[line.index("--seccomp") + 1] == "9"
     assert line[-3:] == ["--", "curl", "https://x.example/"]
@@ -71,3 +71,42 @@ def test_seccomp_program_checks_the_architecture_first() -> None:
     assert instructions[-1] == (0x06, 0, 0, 0x7FFF0000)
     with pytest.raises(SeccompUnsupported, match="aarch64"):
         program("aarch64")
+
+
+def _decide(code: bytes, nr: int, *args: int, arch: int = 0xC000003E) -> int:
+    """Run the filter on one system call, as the kernel would (the opcodes it uses)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    program = [struct.unpack("<HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+    acc, pc = 0, 0
+    for _ in range(len(program)):
+        op, jt, jf, k = program[pc]
+        if op == 0x20:
+            acc, pc = struct.unpack_from("<I", data, k)[0], pc + 1
+        elif op == 0x06:
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += 1 + (jt if taken else jf)
+    raise AssertionError("fell off the program")
+
+
+@pytest.mark.parametrize(("nr", "args", "arch", "verdict"), [
+    (0, (), 0xC000003E, 0x7FFF0000),  # read
+    (0, (), 0x40000003, 0x80000000),  # i386: killed
+    (0x40000000, (), 0xC000003E, 0x80000000),  # x32: killed
+    (425, (), 0xC000003E, 0x00050001),  # io_uring_setup: EPERM
+    (438, (), 0xC000003E, 0x00050001),  # pidfd_getfd: EPERM
+    (500, (), 0xC000003E, 0x00050026),  # unknown future call: ENOSYS
+    (435, (), 0xC000003E, 0x00050026),  # clone3: ENOSYS, libc falls back to clone
+    (56, (0x10000000 | 17,), 0xC000003E, 0x00050001),  # clone(CLONE_NEWUSER)
+    (56, (0x003D0F00,), 0xC000003E, 0x7FFF0000),  # clone for a thread
+    (41, (16,), 0xC000003E, 0x00050061),  # socket(AF_NETLINK): EAFNOSUPPORT
+    (41, (2,), 0xC000003E, 0x7FFF0000),  # socket(AF_INET)
+    (41, ((1 << 32) | 2,), 0xC000003E, 0x7FFF0000),  # the kernel reads an int
+    (16, (0, 0x5412), 0xC000003E, 0x00050001),  # ioctl(TIOCSTI)
+    (16, (0, (1 << 32) | 0x5412), 0xC000003E, 0x00050001),  # cmd is an unsigned int
+    (16, (0, 0x541C), 0xC000003E, 0x00050001),  # TIOCLINUX
+    (16, (0, 0x5401), 0xC000003E, 0x7FFF0000),  # TCGETS
+])
+def test_seccomp_decisions(nr: int, args: tuple[int, ...], arch: int, verdict: int) -> None:
+    assert _decide(program("x86_64"), nr, *args, arch=arch) == verdict
