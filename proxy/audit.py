@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -38,12 +39,13 @@ _encode = json.JSONEncoder(default=repr).encode
 
 class _Copy:
     """Lines written to a file descriptor by a thread of its own, so that a stalled reader
-    stalls only that thread."""
+    stalls only that thread. The cap counts what waits and what is being written."""
 
     def __init__(self, fd: int, cap: int) -> None:
         self._fd = fd
         self._cap = cap
         self._pending = bytearray()
+        self._writing = 0  # bytes of the batch the thread is writing now
         self._wake = threading.Condition()
         self._closing = False
         self.broken = False  # a write failed: the reader is gone
@@ -53,13 +55,13 @@ class _Copy:
 
     @property
     def healthy(self) -> bool:
-        return not self.broken and len(self._pending) <= self._cap
+        return not self.broken and len(self._pending) + self._writing <= self._cap
 
     def put(self, data: bytes) -> None:
         with self._wake:
             if self.broken:
                 return
-            if len(self._pending) > self._cap:
+            if len(self._pending) + self._writing > self._cap:
                 self.dropped += 1
                 return
             self._pending += data
@@ -72,16 +74,26 @@ class _Copy:
                     self._wake.wait()
                 if not self._pending:
                     return
-                data, self._pending = bytes(self._pending), bytearray()
+                # Handed over, not copied: the event loop waits for this lock.
+                batch, self._pending = self._pending, bytearray()
+                self._writing = len(batch)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+                self._write(memoryview(batch))
             except OSError:
                 with self._wake:
                     self.broken = True
                     self._pending.clear()
                 return
+            finally:
+                self._writing = 0
+
+    def _write(self, view: memoryview) -> None:
+        while view:
+            try:
+                view = view[os.write(self._fd, view) :]
+            except BlockingIOError:
+                # A stdout left non-blocking by whoever started us: a full pipe means wait.
+                select.select([], [self._fd], [])
 
     def close(self, timeout: float) -> None:
         """Write what is pending, waiting at most `timeout` for a slow reader."""

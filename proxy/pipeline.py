@@ -607,7 +607,8 @@ class Sealgate:
             response.trailers.fields = fields
         if not response.raw_content or response.stream:
             return
-        if encoding := _field(response.headers, b"content-encoding"):
+        encoding = _field(response.headers, b"content-encoding")
+        if encoding.strip().lower() not in ("", "identity"):
             # Asked for identity but compressed anyway: passed on decoded, as when streamed.
             try:
                 body = decode_whole(encoding, response.raw_content)

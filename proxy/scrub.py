@@ -73,8 +73,10 @@ class _Zlib:
     def __init__(self, wbits: int) -> None:
         self._wbits = wbits
         self._part = zlib.decompressobj(wbits)
+        self._seen = False
 
     def decompress(self, data: bytes) -> bytes:
+        self._seen = self._seen or bool(data)
         out: list[bytes] = []
         room = DECODED_LIMIT
         while data:
@@ -95,7 +97,8 @@ class _Zlib:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        if not self._part.eof:
+        # An empty body holds nothing to find, whatever coding it claims.
+        if self._seen and not self._part.eof:
             raise Undecodable("decode_failed", "compressed stream ended early")
         return b""
 
@@ -120,7 +123,9 @@ class _Deflate:
 
     def flush(self) -> bytes:
         if self._inner is None:
-            raise Undecodable("decode_failed", "compressed stream ended early")
+            if self._head:
+                raise Undecodable("decode_failed", "compressed stream ended early")
+            return b""
         return self._inner.flush()
 
 
@@ -129,12 +134,14 @@ class _Zstd:
 
     def __init__(self) -> None:
         self._frame = self._new()
+        self._seen = False
 
     @staticmethod
     def _new() -> zstandard.ZstdDecompressionObj:
         return zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj()
 
     def decompress(self, data: bytes) -> bytes:
+        self._seen = self._seen or bool(data)
         out: list[bytes] = []
         size = at = 0
         while at < len(data):
@@ -154,7 +161,7 @@ class _Zstd:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        if not self._frame.eof:
+        if self._seen and not self._frame.eof:
             raise Undecodable("decode_failed", "compressed stream ended early")
         return b""
 

@@ -427,6 +427,22 @@ def test_small_compressed_echo_is_passed_on_decoded_and_scrubbed(
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["buffered", "streamed"])
+def test_identity_named_as_a_coding_is_scrubbed_as_it_is(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, chunked: bool
+) -> None:
+    body = b"echo " + CANARY.encode()
+    origin.response_headers = {"Content-Encoding": "identity"}
+    if chunked:
+        origin.response_chunks = [body[:7], body[7:]]
+    else:
+        origin.response_body = body
+    r = call(tproxy, f"https://api.test:{origin.port}/identity/{chunked}",
+             mint(keys[1], BearerProcessor(), origin.port))
+    assert r.status_code == 200
+    assert r.content == body.replace(CANARY.encode(), (b"[REDACTED]" * 3)[: len(CANARY)])
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["buffered", "streamed"])
 @pytest.mark.parametrize("coding", ["x-secret-sauce", "br", "gzip, gzip", "gzip\ngzip"])
 def test_echo_in_a_coding_that_cannot_be_decoded_is_refused(
     tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str,

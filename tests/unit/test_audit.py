@@ -85,13 +85,16 @@ def test_a_closed_stdout_makes_the_log_unhealthy_not_a_crash(
         log.close()
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 def test_a_stalled_stdout_reader_does_not_stall_the_proxy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocking: bool
 ) -> None:
     """A log shipper that stops reading: emitting never blocks; past the cap the log is
     unhealthy (requests refused), and healthy again once the reader catches up, with a line
-    counting what the copy missed meanwhile."""
-    with stdout_pipe(monkeypatch) as (read_end, _):
+    counting what the copy missed meanwhile. A stdout left non-blocking by whoever started
+    the proxy is waited on, not taken for a dead reader."""
+    with stdout_pipe(monkeypatch) as (read_end, write_end):
+        os.set_blocking(write_end, blocking)
         path = tmp_path / "audit.log"
         log = AuditLog(path, stdout=True, copy_cap=16 * 1024)
         pad = "x" * 1000

@@ -189,3 +189,9 @@ def test_a_zstd_frame_asking_for_a_huge_window_is_refused() -> None:
 def test_a_body_just_inside_the_limit_is_decoded() -> None:
     body = bytes(DECODED_LIMIT)
     assert decode_whole("gzip", gzip.compress(body)) == body
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
+def test_an_empty_body_in_any_coding_holds_nothing_to_find(coding: str) -> None:
+    assert _stream(coding)(b"") == []
+    assert decode_whole(coding, b"") == b""
