@@ -5,16 +5,18 @@ sandbox is never half-filtered. For packets from the sandbox's link:
 
 - the source must be the sandbox's own address (it cannot pose as another sandbox, whose
   address the proxy identifies it by); IPv6 is dropped outright;
-- TCP to the gateway's proxy ports is accepted; any other TCP connection is redirected to the
-  proxy's transparent port, where the proxy names the destination by SNI or Host and decides
-  like any other request; everything else (UDP, DNS, QUIC, ICMP, other ports of the gateway or
-  the host) is dropped;
+- TCP to the gateway's proxy ports is accepted, and DNS to the host end of the link (the
+  sandbox's own name server, `sandbox.dns`, which forwards nothing); any other TCP connection
+  is redirected to the proxy's transparent port, where the proxy names the destination by SNI
+  or Host and decides like any other request; everything else (other UDP, QUIC, ICMP, other
+  ports of the gateway or the host) is dropped;
 - nothing is forwarded to or from the link, whatever the host's ip_forward says.
 
 A table per gateway (`inet sealgate_gw_<address>`, loaded by `sealgate sandbox setup`) keeps the
 gateway address itself off every interface but loopback and the sandbox links (it sits on `lo`,
 and a host with the weak-host model would otherwise answer it from any network), and is a floor
-under every sandbox of its range should a sandbox's own table ever be missing.
+under every sandbox of its range should a sandbox's own table ever be missing (the gateway, or
+DNS to a link's host end, and nothing else).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: in
         f"    iifname {dev} ip saddr != {link.sandbox_ip} drop\n"
         f"    iifname {dev} ct state established,related accept\n"
         f"    iifname {dev} ip daddr {gw} tcp dport {{ {ports} }} ct state new accept\n"
+        f"    iifname {dev} ip daddr {link.host_ip} udp dport 53 accept\n"
         f"    iifname {dev} drop\n"
         "  }\n"
         "  chain forward {\n"
@@ -80,7 +83,10 @@ def shared_rules(plan: Plan) -> str:
         # Only sandboxes come from the sandbox range, and never over loopback.
         f'    iifname "lo" ip saddr {plan.range} ip saddr != {gw} drop\n'
         '    iifname "sgh*" meta nfproto ipv6 drop\n'
-        f'    iifname "sgh*" ip saddr {plan.range} ip daddr != {gw} drop\n'
+        # To the gateway (the proxy), or DNS to the host ends of links (the sandboxes' names).
+        f'    iifname "sgh*" ip daddr != {plan.range} drop\n'
+        f'    iifname "sgh*" ip daddr != {gw} meta l4proto != udp drop\n'
+        f'    iifname "sgh*" ip daddr != {gw} udp dport != 53 drop\n'
         "  }\n"
         "  chain forward {\n"
         "    type filter hook forward priority filter - 10; policy accept;\n"

@@ -8,7 +8,8 @@ namespace, as an unprivileged user.
   sandbox's), no capabilities, no nested user namespaces, a new session (no keystrokes pushed
   into the caller's terminal), and dies with its parent;
 - the filesystem is the host's system directories read-only (/usr, /etc and the /bin, /sbin,
-  /lib links), fresh /proc, /dev and empty tmpfs on /tmp, /run and the home directory, and
+  /lib links; /etc/resolv.conf names the sandbox's own name server), fresh /proc, /dev and
+  empty tmpfs on /tmp, /run and the home directory, and
   the workspace, if given, read-write at /workspace. Nothing else of the host is visible: not
   the proxy's state, not other users' files, not /run's sockets;
 - the environment is built from nothing (`environment`, handed to the process, never on a
@@ -47,6 +48,7 @@ class Launch:
     proxy_port: int
     bundle: Path  # system roots plus the proxy's CA, on the host
     proxy_ca: Path
+    resolv_conf: Path  # names the sandbox's own name server
     seccomp_fd: int
     workspace: Path | None = None
     uid: int = NOBODY
@@ -98,7 +100,8 @@ def argv(launch: Launch) -> list[str]:
     # The sandbox's own empty /tmp, not the host's.
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",  # noqa: S108
              "--tmpfs", "/home", "--dir", HOME,
-             "--ro-bind", str(launch.bundle), BUNDLE, "--ro-bind", str(launch.proxy_ca), PROXY_CA]
+             "--ro-bind", str(launch.bundle), BUNDLE, "--ro-bind", str(launch.proxy_ca), PROXY_CA,
+             "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
     chdir = HOME
     if launch.workspace is not None:
         args += ["--bind", str(launch.workspace), WORKSPACE]

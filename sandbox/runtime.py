@@ -8,7 +8,8 @@ Order matters and every step is undone on the way out, whatever happened:
    password needs to be inside the sandbox);
 3. the cgroups with the run's limits (`sandbox.cgroup`), which the first process joins before
    it executes anything;
-4. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read;
+4. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read, and
+   its name server (`sandbox.dns`) bound on the host end of its link;
 5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N);
 6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
    unregistered, the namespace deleted before its firewall table, so nothing is ever left in
@@ -36,6 +37,7 @@ from proxy.ca import ca_paths
 from proxy.control import ControlError, call
 from sandbox import firewall, network, seccomp
 from sandbox.cgroup import CgroupError, Group, Limits
+from sandbox.dns import FakeDns
 from sandbox.launch import NOBODY, Launch, argv, environment
 from sandbox.network import Link, Plan
 
@@ -100,12 +102,15 @@ def run(spec: Run) -> int:
                                                   dir=network.RUN_DIR))
                     undo.callback(shutil.rmtree, files, ignore_errors=True)
                     bundle, ca = _trust(files, proxy_ca)
+                    resolv = _resolv_conf(files, link)
+                    names = FakeDns(link.host_ip, link.host_ip)
                 except OSError as exc:
-                    raise SandboxError(f"cannot write the run's CA bundle: {exc}") from None
+                    raise SandboxError(f"cannot prepare the run: {exc}") from None
+                undo.callback(names.close)
                 read_end = _pipe_with(program, undo)
-                launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, read_end,
-                                spec.workspace, spec.uid, spec.gid, spec.env)
-                code = _supervise(launch, group, stop)
+                launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, resolv,
+                                read_end, spec.workspace, spec.uid, spec.gid, spec.env)
+                code = _supervise(launch, group, stop, names)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
@@ -167,6 +172,13 @@ def _trust(directory: Path, proxy_ca: Path) -> tuple[Path, Path]:
     return bundle, ca
 
 
+def _resolv_conf(directory: Path, link: Link) -> Path:
+    path = directory / "resolv.conf"
+    path.write_text(f"nameserver {link.host_ip}\noptions timeout:2 attempts:2\n")
+    path.chmod(0o644)
+    return path
+
+
 def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
     """A pipe holding `data` whose read end the sandbox inherits (bubblewrap reads it once)."""
     read_end, write_end = os.pipe()
@@ -178,7 +190,7 @@ def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
     return read_end
 
 
-def _supervise(launch: Launch, group: Group, stop: _Stop) -> int:
+def _supervise(launch: Launch, group: Group, stop: _Stop, names: FakeDns) -> int:
     try:
         # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
         # other threads; the runtime has none.
@@ -187,6 +199,8 @@ def _supervise(launch: Launch, group: Group, stop: _Stop) -> int:
                                 preexec_fn=group.join)  # noqa: PLW1509
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None
+    # Served from now on: no thread may run while preexec_fn does, in the forked child.
+    names.start()
     stop.sandbox = proc
     try:
         code = proc.wait()

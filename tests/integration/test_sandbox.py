@@ -255,3 +255,19 @@ def test_sigterm_ends_the_sandbox_and_leaves_nothing(sproxy: Proxy) -> None:
         proc.kill()
         proc.wait()
     assert leftovers() == []
+
+
+def test_clients_that_ignore_the_proxy_variables_get_there_by_name(
+    sproxy: Proxy, origin_https: Origin
+) -> None:
+    """Every name resolves to the link; TCP there goes to the proxy's transparent listener,
+    which names the destination by SNI and decides as for any request."""
+    origin_https.reset()
+    done = run(sproxy, "curl", "-sS", "-m", "10", "--noproxy", "*",
+               f"https://api.test:{origin_https.port}/by-name")
+    assert done.returncode == 0, done.stderr
+    assert [r.path for r in origin_https.requests] == ["/by-name"]
+    refused = run(sproxy, "curl", "-sS", "-m", "10", "--noproxy", "*", "-o", "/dev/null",
+                  "-w", "%{http_code}", f"https://elsewhere.test:{origin_https.port}/")
+    assert refused.returncode != 0 or refused.stdout != "200"
+    assert origin_https.requests[-1].path == "/by-name"

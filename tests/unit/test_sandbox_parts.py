@@ -41,7 +41,8 @@ def test_firewall_pins_the_source_and_opens_only_the_proxy() -> None:
 
 def test_launch_line_carries_no_environment_and_drops_everything(tmp_path: Path) -> None:
     launch = Launch(LINK, ["curl", "https://x.example/"], 3128, tmp_path / "b.pem",
-                    tmp_path / "ca.pem", 9, env={"API_TOKEN": "tok-canary-77"})
+                    tmp_path / "ca.pem", tmp_path / "resolv.conf", 9,
+                    env={"API_TOKEN": "tok-canary-77"})
     line = argv(launch)
     assert "tok-canary-77" not in " ".join(line)  # values travel in the environment only
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
@@ -110,3 +111,22 @@ def _decide(code: bytes, nr: int, *args: int, arch: int = 0xC000003E) -> int:
 ])
 def test_seccomp_decisions(nr: int, args: tuple[int, ...], arch: int, verdict: int) -> None:
     assert _decide(program("x86_64"), nr, *args, arch=arch) == verdict
+
+
+def test_the_sandbox_name_server_answers_every_name_with_the_link() -> None:
+    from dnslib import DNSRecord
+
+    from sandbox.dns import FakeDns
+
+    names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))
+    try:
+        for qtype, answers in (("A", ["10.200.0.13"]), ("AAAA", []), ("TXT", [])):
+            reply = DNSRecord.parse(names.answer(bytes(
+                DNSRecord.question("exfil.attacker.example", qtype).pack())) or b"")
+            assert [str(rr.rdata) for rr in reply.rr] == answers
+            assert reply.header.rcode == 0
+        assert names.answer(b"\x00garbage") is None
+        response = DNSRecord.question("x.example").reply()
+        assert names.answer(bytes(response.pack())) is None  # not a query
+    finally:
+        names.close()

@@ -1,0 +1,73 @@
+"""The sandbox's name server: every name is the proxy, and nothing is ever forwarded.
+
+Clients that ignore the proxy variables resolve a name and connect to the answer. Every A
+query is answered with the host end of the sandbox's link, whose TCP the firewall hands to the
+proxy's transparent listener, where the SNI or Host header names the destination and the proxy
+decides, resolving the real name itself. AAAA and every other type get an empty answer (IPv6
+is off), so a query carries nothing out (no DNS tunnel) and learns nothing in.
+
+One UDP socket on the host end of the link, bound before the sandbox starts (queries sent
+before the serving thread runs wait in the socket), served by one thread until the run ends.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from ipaddress import IPv4Address
+
+from dnslib import QTYPE, RCODE, RR, A, DNSRecord
+
+_TTL = 60
+_MAX_QUERY = 512
+_POLL_SECONDS = 0.2
+
+
+class FakeDns:
+    def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
+        self._answer = str(answer)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((str(bind), 53))
+        self._sock.settimeout(_POLL_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2 * _POLL_SECONDS + 1)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                packet, peer = self._sock.recvfrom(_MAX_QUERY)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            reply = self.answer(packet)
+            if reply is not None:
+                try:
+                    self._sock.sendto(reply, peer)
+                except OSError:
+                    continue
+
+    def answer(self, packet: bytes) -> bytes | None:
+        """The reply to one query; None for what is not a query (never answered)."""
+        try:
+            query = DNSRecord.parse(packet)
+        except Exception:  # dnslib raises assorted errors on hostile input
+            return None
+        if query.header.qr or len(query.questions) != 1:
+            return None
+        reply = query.reply()
+        question = query.q
+        if question.qtype == QTYPE.A:
+            reply.add_answer(RR(question.qname, QTYPE.A, rdata=A(self._answer), ttl=_TTL))
+        reply.header.rcode = RCODE.NOERROR
+        return bytes(reply.pack())
