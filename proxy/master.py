@@ -90,6 +90,10 @@ class StartupReport:
                          f"{rules.default_policy or 'deny everything'}")
             for warning in rules.warnings:
                 lines.append(f"    warning  {warning}")
+        guard = sealgate.guard if sealgate is not None else None
+        if guard is not None:
+            servers = ", ".join(f"{host}:{port}" for host, port in guard.resolver.servers)
+            lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
         lines.append(f"  CA         {self.config.confdir / 'mitmproxy-ca-cert.pem'}")
         lines.append(f"  audit log  {self.config.state / 'audit.log'}")
         print("\n".join(lines), file=sys.stderr, flush=True)

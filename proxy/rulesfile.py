@@ -36,7 +36,7 @@ from proxy.policy import (
     format_location,
     path_glob_regex,
 )
-from proxy.secrets.base import SecretConfigError, parse_ref
+from proxy.secrets.base import SecretConfigError, SecretRef, parse_ref
 from sealgate.files import read_regular
 
 __all__ = ["MAX_FILE_BYTES", "RulesError", "load_rules"]
@@ -73,6 +73,7 @@ _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
 _POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets")
 _RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http")
 _INJECT_KEYS: Final = ("secret", "as")
+_VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
 _SANDBOX_KEYS: Final = ("policy", "key_sha256")
 _BUDGET_INTS: Final = {  # field -> minimum
     "burst": 1,
@@ -478,7 +479,7 @@ class _Document(YamlFile):
         self._expect_keys(entries, node, field, _INJECT_KEYS, required=_INJECT_KEYS)
         secret_node = entries["secret"][1]
         try:
-            ref = parse_ref(self._string(secret_node, f"{field}.secret"))
+            ref = self._secret_ref(secret_node, f"{field}.secret")
         except SecretConfigError as exc:
             raise self._error(secret_node, f"{field}.secret", str(exc)) from None
         as_node = entries["as"][1]
@@ -497,6 +498,18 @@ class _Document(YamlFile):
         except InjectionError as exc:
             raise self._error(as_node, as_field, str(exc)) from None
         return Injection(ref, processor)
+
+    def _secret_ref(self, node: Node, field: str) -> SecretRef:
+        """`vault:kv/data/ci/github#token` (any store), or Vault's split form
+        `{mount: kv, path: ci/github, field: token, kv_version: 2}`."""
+        if not isinstance(node, MappingNode):
+            return parse_ref(self._string(node, field))
+        entries = self._mapping(node, field)
+        self._expect_keys(entries, node, field, _VAULT_KEYS, required=_VAULT_KEYS[:3])
+        mount, path, key = (self._string(entries[k][1], _join(field, k)) for k in _VAULT_KEYS[:3])
+        version = entries.get("kv_version")
+        kv = 2 if version is None else self._int(version[1], f"{field}.kv_version", 1, 2)
+        return SecretRef.vault(mount, path, key, kv_version=kv)
 
     def _one_writer_each(self, inject: tuple[Injection, ...], node: Node, field: str) -> None:
         # Two credentials for one header (or parameter): one would undo the other on every

@@ -731,3 +731,30 @@ def test_empty_directory_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RulesError, match=r"no \*\.yaml or \*\.yml files") as info:
         load_rules(tmp_path)
     assert info.value.line is None
+
+
+def test_vault_secret_in_split_form(tmp_path: Path) -> None:
+    rules = load_rules(write(tmp_path, (
+        "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"
+        "          - secret: {mount: kv, path: ci/github, field: token}\n            as: bearer\n"
+        "          - secret: {mount: secret, path: app, field: k, kv_version: 1}\n"
+        "            as: {type: header, header: X-Key, format: '{secret}'}\n"
+    )))
+    refs = [str(i.secret) for i in rules.policies["p"].rules[0].inject]
+    assert refs == ["vault:kv/data/ci/github#token", "vault:secret/app#k"]
+
+
+@pytest.mark.parametrize(("secret", "field", "fragment"), [
+    ("{mount: kv, path: a}", "inject[0].secret.field", "required key is missing"),
+    ("{mount: kv, path: a, field: f, kv_version: 3}", "inject[0].secret.kv_version",
+     "out of range 1-2"),
+    ("{mount: kv, path: a, field: f, engine: kv}", "inject[0].secret.engine", "unknown key"),
+])
+def test_vault_split_form_errors(tmp_path: Path, secret: str, field: str, fragment: str) -> None:
+    _, err = error_for(
+        tmp_path,
+        "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"
+        f"          - {{secret: {secret}, as: bearer}}\n",
+    )
+    assert err.field == f"policies.p.allow[0].{field}"
+    assert fragment in err.message
