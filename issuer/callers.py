@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Final, assert_never
 
 import yaml
 
+from issuer import jsonfields
 from issuer import processors as pr
 from issuer import token as tk
 from sealgate.files import read_regular
@@ -334,12 +335,11 @@ def _caller(name: object, entry: object) -> Caller:
     where = f"callers.{name}"
     if not isinstance(entry, dict):
         raise CallersFileError(f"{where} must be a mapping")
-    unknown = sorted(str(key)[:40] for key in set(entry) - _ENTRY_FIELDS)
-    if unknown:
-        raise CallersFileError(f"{where}: unknown field(s) {', '.join(unknown[:5])}")
-    missing = sorted(_REQUIRED_FIELDS - set(entry))
-    if missing:
-        raise CallersFileError(f"{where}: missing field(s) {', '.join(missing)}")
+    problem = jsonfields.unknown(entry, _ENTRY_FIELDS) or jsonfields.missing(
+        entry, _REQUIRED_FIELDS
+    )
+    if problem:
+        raise CallersFileError(f"{where}: {problem}")
     key_sha256: bytes | None = None
     if "key_sha256" in entry:
         digest = entry["key_sha256"]

@@ -17,8 +17,11 @@ import hmac
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import ClassVar, Final, Protocol, assert_never
+
+from issuer import jsonfields
 
 __all__ = [
     "MAX_SECRET_LENGTH",
@@ -266,14 +269,10 @@ def processor_from_object(value: object) -> Processor:
     cls = PROCESSOR_TYPES.get(kind)
     if cls is None:
         raise ProcessorInvalid(f"unknown processor type {kind[:40]!r}")
-    spec = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(value) - {"type", *spec})
-    if unknown:
-        shown = ", ".join(repr(str(name)[:40]) for name in unknown[:5])
-        raise ProcessorInvalid(f"{kind} processor: unknown field(s) {shown}")
-    missing = sorted(name for name, f in spec.items() if f.default is MISSING and name not in value)
-    if missing:
-        raise ProcessorInvalid(f"{kind} processor: missing field(s) {', '.join(missing)}")
+    spec = {f.name: f for f in dataclass_fields(cls)}
+    required = [name for name, f in spec.items() if f.default is MISSING]
+    if problem := jsonfields.unknown(value, {"type", *spec}) or jsonfields.missing(value, required):
+        raise ProcessorInvalid(f"{kind} processor: {problem}")
     arguments: dict[str, str] = {}
     for name in spec:
         if name in value:
@@ -287,7 +286,7 @@ def processor_from_object(value: object) -> Processor:
 def processor_to_object(processor: Processor) -> dict[str, object]:
     """The JSON form `processor_from_object` reads; unset optional fields are left out."""
     obj: dict[str, object] = {"type": processor.kind}
-    for spec in fields(processor):
+    for spec in dataclass_fields(processor):
         value = getattr(processor, spec.name)
         if value is not None:
             obj[spec.name] = value

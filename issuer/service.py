@@ -31,7 +31,7 @@ from aiohttp import web
 from cryptography import x509
 
 from issuer import callers as cl
-from issuer import keys
+from issuer import jsonfields, keys
 from issuer import token as tk
 from proxy.audit import AuditLog
 
@@ -314,13 +314,10 @@ def _parse_body(data: bytes) -> dict[str, object]:
         problem = f"body is not a valid JSON object: {exc}"
     if problem:
         raise BadJson(problem)
-    unknown = sorted(set(obj) - _BODY_FIELDS)
-    if unknown:
-        shown = ", ".join(repr(name[:40]) for name in unknown[:5])
-        raise UnknownField(f"unknown field(s) {shown}; allowed: {', '.join(sorted(_BODY_FIELDS))}")
-    missing = [name for name in _REQUIRED_FIELDS if name not in obj]
-    if missing:
-        raise MissingField(f"missing field(s) {', '.join(missing)}")
+    if unknown := jsonfields.unknown(obj, _BODY_FIELDS):
+        raise UnknownField(f"{unknown}; allowed: {', '.join(sorted(_BODY_FIELDS))}")
+    if missing := jsonfields.missing(obj, _REQUIRED_FIELDS):
+        raise MissingField(missing)
     return obj
 
 

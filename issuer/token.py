@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar, Final, assert_never
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
+from issuer import jsonfields
 from issuer.processors import (
     MutableRequest,
     Processor,
@@ -439,13 +440,8 @@ _REQUIRED_CLAIMS: Final = frozenset(
 def _only_fields(
     obj: Mapping[str, object], allowed: frozenset[str], required: frozenset[str], where: str
 ) -> None:
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        shown = ", ".join(_show(name) for name in unknown[:5])
-        raise TokenMalformed(f"{where}: unknown field(s) {shown}")
-    missing = sorted(required - set(obj))
-    if missing:
-        raise TokenMalformed(f"{where}: missing field(s) {', '.join(missing)}")
+    if problem := jsonfields.unknown(obj, allowed) or jsonfields.missing(obj, required):
+        raise TokenMalformed(f"{where}: {problem}")
 
 
 def _string(value: object, what: str) -> str:

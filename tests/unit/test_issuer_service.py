@@ -494,7 +494,7 @@ def _entry(**overrides: Any) -> dict[str, Any]:
         ({"callers": {}}, "non-empty"),
         ({"callers": {"a": _entry()}, "extra": 1}, "top level"),
         ({"callers": {"a b": _entry()}}, "caller name"),
-        ({"callers": {"a": _entry(extra=1)}}, "unknown field(s) extra"),
+        ({"callers": {"a": _entry(extra=1)}}, "unknown field(s) 'extra'"),
         ({"callers": {"a": _entry(hosts=...)}}, "missing field(s) hosts"),
         ({"callers": {"a": _entry(key_sha256="AB" * 32)}}, "key_sha256"),
         ({"callers": {"a": _entry(key_sha256=...)}}, "key_sha256 or mtls_subject"),
