@@ -200,9 +200,6 @@ class CallerRegistry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._callers)
 
-    def get(self, name: str) -> Caller | None:
-        return self._callers.get(name)
-
     def by_api_key(self, api_key: str) -> Caller | None:
         """The caller whose key digest matches. Every entry is compared, in constant time, so
         the time taken says nothing about which entry (if any) came close."""

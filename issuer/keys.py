@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -137,9 +137,6 @@ class Keyring:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __iter__(self) -> Iterator[PrivateKeyEntry]:
-        return iter(self._entries.values())
 
     def __repr__(self) -> str:
         return f"Keyring(kids={list(self.kids)!r})"
