@@ -6,8 +6,11 @@ proxy's transparent listener, where the SNI or Host header names the destination
 decides, resolving the real name itself. AAAA and every other type get an empty answer (IPv6
 is off), so a query carries nothing out (no DNS tunnel) and learns nothing in.
 
-One UDP socket on the host end of the link, bound before the sandbox starts (queries sent
-before the serving thread runs wait in the socket), served by one thread until the run ends.
+One UDP socket on the host end of the link, on a port of the kernel's choosing (a name server of
+the host's own may hold port 53 on every address; the sandbox's firewall table sends its port
+53 here), bound before the sandbox starts (queries sent before the serving thread runs wait in
+the socket), served by one thread until the run ends. The table also limits the query rate:
+this thread runs in the runtime, outside the sandbox's CPU limit.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ class FakeDns:
     def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
         self._answer = str(answer)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind((str(bind), 53))
+        self._sock.bind((str(bind), 0))
         self._sock.settimeout(_POLL_SECONDS)
+        self.port: int = self._sock.getsockname()[1]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
                                         daemon=True)
@@ -58,16 +62,17 @@ class FakeDns:
                     continue
 
     def answer(self, packet: bytes) -> bytes | None:
-        """The reply to one query; None for what is not a query (never answered)."""
+        """The reply to one query; None for what is not a query, or what dnslib cannot parse
+        or pack back (it accepts some names it then refuses to write): never answered."""
         try:
             query = DNSRecord.parse(packet)
+            if query.header.qr or len(query.questions) != 1:
+                return None
+            reply = query.reply()
+            question = query.q
+            if question.qtype == QTYPE.A:
+                reply.add_answer(RR(question.qname, QTYPE.A, rdata=A(self._answer), ttl=_TTL))
+            reply.header.rcode = RCODE.NOERROR
+            return bytes(reply.pack())
         except Exception:  # dnslib raises assorted errors on hostile input
             return None
-        if query.header.qr or len(query.questions) != 1:
-            return None
-        reply = query.reply()
-        question = query.q
-        if question.qtype == QTYPE.A:
-            reply.add_answer(RR(question.qname, QTYPE.A, rdata=A(self._answer), ttl=_TTL))
-        reply.header.rcode = RCODE.NOERROR
-        return bytes(reply.pack())

@@ -21,10 +21,13 @@ DNS to a link's host end, and nothing else).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Collection
 
 from sandbox.network import Link, Plan
+
+_DNS_RATE = "50/second burst 100 packets"
 
 
 class FirewallError(RuntimeError):
@@ -35,10 +38,12 @@ def table_name(link: Link) -> str:
     return f"sealgate_{link.index}"
 
 
-def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: int | None) -> str:
+def sandbox_rules(
+    link: Link, proxy_ports: Collection[int], transparent_port: int | None, dns_port: int
+) -> str:
     """The table for one sandbox, as `nft -f` reads it."""
     ports = ", ".join(str(p) for p in sorted({*proxy_ports, *_opt(transparent_port)}))
-    dev, gw = f'"{link.host_if}"', link.gateway
+    dev, gw, end = f'"{link.host_if}"', link.gateway, link.host_ip
     capture = (
         f"    iifname {dev} ip daddr != {gw} meta l4proto tcp dnat ip to {gw}:{transparent_port}\n"
         if transparent_port is not None else ""
@@ -47,6 +52,7 @@ def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: in
         f"table inet {table_name(link)} {{\n"
         "  chain prerouting {\n"
         "    type nat hook prerouting priority dstnat - 10; policy accept;\n"
+        f"    iifname {dev} ip daddr {end} udp dport 53 dnat ip to {end}:{dns_port}\n"
         f"{capture}"
         "  }\n"
         "  chain input {\n"
@@ -55,7 +61,10 @@ def sandbox_rules(link: Link, proxy_ports: Collection[int], transparent_port: in
         f"    iifname {dev} ip saddr != {link.sandbox_ip} drop\n"
         f"    iifname {dev} ct state established,related accept\n"
         f"    iifname {dev} ip daddr {gw} tcp dport {{ {ports} }} ct state new accept\n"
-        f"    iifname {dev} ip daddr {link.host_ip} udp dport 53 accept\n"
+        f"    iifname {dev} ip daddr {end} udp dport {dns_port} "
+        f"limit rate {_DNS_RATE} accept\n"
+        # Refused at once rather than left to time out: clients fail fast and say why.
+        f"    iifname {dev} meta l4proto tcp reject with tcp reset\n"
         f"    iifname {dev} drop\n"
         "  }\n"
         "  chain forward {\n"
@@ -72,26 +81,30 @@ def shared_table(plan: Plan) -> str:
 
 
 def shared_rules(plan: Plan) -> str:
-    """The gateway's guard, and a floor under every sandbox link should its own table ever be
-    missing: from a sandbox link nothing but IPv4 to the gateway, nothing forwarded."""
-    gw = plan.gateway
+    """The gateway's guard, and a floor under every sandbox of the range should a sandbox's own
+    table ever be missing: TCP to the gateway, DNS to a link's host end, nothing else, nothing
+    forwarded. Scoped by the range's source addresses, so gateways of other ranges on the same
+    host are not affected."""
+    gw, net, links = plan.gateway, plan.range, '"sgh*"'
     return (
         f"table inet {shared_table(plan)} {{\n"
         "  chain input {\n"
         "    type filter hook input priority filter - 10; policy accept;\n"
-        f'    ip daddr {gw} iifname != "lo" iifname != "sgh*" drop\n'
-        # Only sandboxes come from the sandbox range, and never over loopback.
-        f'    iifname "lo" ip saddr {plan.range} ip saddr != {gw} drop\n'
-        '    iifname "sgh*" meta nfproto ipv6 drop\n'
-        # To the gateway (the proxy), or DNS to the host ends of links (the sandboxes' names).
-        f'    iifname "sgh*" ip daddr != {plan.range} drop\n'
-        f'    iifname "sgh*" ip daddr != {gw} meta l4proto != udp drop\n'
-        f'    iifname "sgh*" ip daddr != {gw} udp dport != 53 drop\n'
+        f'    ip daddr {gw} iifname != "lo" iifname != {links} drop\n'
+        # Only sandboxes come from the range, and never over loopback.
+        f'    iifname "lo" ip saddr {net} ip saddr != {gw} drop\n'
+        f"    iifname {links} meta nfproto ipv6 drop\n"
+        f"    iifname {links} ip saddr {net} ip daddr != {net} drop\n"
+        f"    iifname {links} ip saddr {net} ip daddr {gw} meta l4proto != tcp drop\n"
+        f"    iifname {links} ip saddr {net} ip daddr != {gw} meta l4proto != udp drop\n"
+        # DNS only; the sandbox's table has moved it to its name server's port by now.
+        f"    iifname {links} ip saddr {net} ip daddr != {gw} meta l4proto udp "
+        "ct original proto-dst != 53 drop\n"
         "  }\n"
         "  chain forward {\n"
         "    type filter hook forward priority filter - 10; policy accept;\n"
-        '    iifname "sgh*" drop\n'
-        '    oifname "sgh*" drop\n'
+        f"    iifname {links} drop\n"
+        f"    oifname {links} drop\n"
         "  }\n"
         "}\n"
     )
@@ -117,12 +130,16 @@ def exists(table: str) -> bool:
 
 
 def remove(table: str) -> None:
-    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=20,
-                   check=False)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True,
+                       timeout=20, check=False)
 
 
 def _nft(args: list[str], stdin: str) -> None:
-    done = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
-                          timeout=20, check=False)
+    try:
+        done = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
+                              timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        raise FirewallError("nft did not answer within 20 s") from None
     if done.returncode != 0:
         raise FirewallError(f"nft: {done.stderr.strip() or done.returncode}")

@@ -16,9 +16,11 @@ taken under a lock, so concurrent runs never collide.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ DEFAULT_RANGE = IPv4Network("10.200.0.0/16")
 DEFAULT_GATEWAY = IPv4Address("10.200.255.254")
 RUN_DIR = Path("/run/sealgate")
 _NETNS_DIR = Path("/run/netns")
+_LOCK_SECONDS = 30
 
 
 class NetworkError(RuntimeError):
@@ -66,7 +69,11 @@ class Link:
 
 def ip(*args: str) -> None:
     """Run iproute2; a failure is a NetworkError naming the command and what ip said."""
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=False)
+    try:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise NetworkError(f"ip {' '.join(args)} did not finish within 20 s") from None
     if done.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
@@ -92,7 +99,16 @@ def lock() -> Iterator[None]:
     # Traversable, not listable: a sandbox's user reads its CA bundle from a run directory here.
     RUN_DIR.chmod(0o711)
     with open(RUN_DIR / "network.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        deadline = time.monotonic() + _LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise NetworkError(f"{RUN_DIR / 'network.lock'} held for over "
+                                       f"{_LOCK_SECONDS} s by another run") from None
+                time.sleep(0.05)
         yield
 
 
@@ -149,4 +165,5 @@ def _ipv6_off(interface: str, netns: str | None) -> None:
 def destroy(link: Link) -> None:
     """Remove the link and the namespace; whatever is already gone is fine."""
     for args in (["link", "del", link.host_if], ["netns", "del", link.netns]):
-        subprocess.run(["ip", *args], capture_output=True, timeout=20, check=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(["ip", *args], capture_output=True, timeout=20, check=False)

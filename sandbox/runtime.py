@@ -16,7 +16,7 @@ Order matters and every step is undone on the way out, whatever happened:
    it unfiltered, and the run's files removed.
 
 SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run;
-during set-up they abort it, and during teardown they are ignored, so nothing is left behind.
+during set-up they stop it at the next step, and teardown always runs to its end.
 """
 
 from __future__ import annotations
@@ -89,9 +89,11 @@ def run(spec: Run) -> int:
         raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
     with _signals() as stop:
         try:
-            with _Undo() as undo:
-                link = _network(spec, undo)
+            with contextlib.ExitStack() as undo:
+                link, names = _network(spec, undo)
+                stop.check()
                 _register(spec, link, undo)
+                stop.check()
                 try:
                     group = Group(f"run-{link.index}-{os.getpid()}", spec.limits)
                 except CgroupError as exc:
@@ -103,41 +105,54 @@ def run(spec: Run) -> int:
                     undo.callback(shutil.rmtree, files, ignore_errors=True)
                     bundle, ca = _trust(files, proxy_ca)
                     resolv = _resolv_conf(files, link)
-                    names = FakeDns(link.host_ip, link.host_ip)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
-                undo.callback(names.close)
                 read_end = _pipe_with(program, undo)
                 launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, resolv,
                                 read_end, spec.workspace, spec.uid, spec.gid, spec.env)
+                stop.check()
                 code = _supervise(launch, group, stop, names)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
 
 
-def _network(spec: Run, undo: contextlib.ExitStack) -> Link:
+def _network(spec: Run, undo: contextlib.ExitStack) -> tuple[Link, FakeDns]:
+    """The link, its name server and its firewall table, taken under the links' lock."""
     if not firewall.exists(firewall.shared_table(spec.plan)):
         raise SandboxError("the sandbox gateway is not set up: run 'sealgate sandbox setup'")
-    with network.lock():
-        try:
+    try:
+        with network.lock():
             link = network.create(spec.plan)
-        except network.NetworkError as exc:
-            raise SandboxError(str(exc)) from None
-        table = firewall.table_name(link)
+            table = firewall.table_name(link)
 
-        def remove() -> None:
-            with network.lock():
-                network.destroy(link)
-                firewall.remove(table)
+            def remove() -> None:
+                try:
+                    with network.lock():
+                        _remove_link(link, table)
+                except network.NetworkError:  # a stuck lock holder: remove it all the same
+                    _remove_link(link, table)
 
-        undo.callback(remove)
-        rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port)
-        try:
+            undo.callback(remove)
+            try:
+                names = FakeDns(link.host_ip, link.host_ip)
+            except OSError as exc:
+                raise SandboxError(f"cannot start the sandbox's name server: {exc}") from None
+            undo.callback(names.close)
+            rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port,
+                                           names.port)
             firewall.load(rules, replace=table)
-        except firewall.FirewallError as exc:
-            raise SandboxError(str(exc)) from None
-    return link
+    except (network.NetworkError, firewall.FirewallError) as exc:
+        raise SandboxError(str(exc)) from None
+    return link, names
+
+
+def _remove_link(link: Link, table: str) -> None:
+    # The namespace first, then its table: nothing is ever left in it unfiltered.
+    try:
+        network.destroy(link)
+    finally:
+        firewall.remove(table)
 
 
 def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:
@@ -193,31 +208,21 @@ def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
 def _supervise(launch: Launch, group: Group, stop: _Stop, names: FakeDns) -> int:
     try:
         # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
-        # other threads; the runtime has none.
+        # other threads: the name server's starts below, once the child has executed.
         proc = subprocess.Popen(argv(launch), env=environment(launch),
                                 pass_fds=(launch.seccomp_fd,),
                                 preexec_fn=group.join)  # noqa: PLW1509
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None
-    # Served from now on: no thread may run while preexec_fn does, in the forked child.
-    names.start()
     stop.sandbox = proc
-    try:
-        code = proc.wait()
-    finally:
-        stop.sandbox = None
+    if stop.signum is not None:  # arrived while it was being started
+        proc.kill()
+    names.start()
+    code = proc.wait()
+    stop.sandbox = None
     if stop.signum is not None:
         return 128 + stop.signum
     return 128 - code if code < 0 else code
-
-
-class _Undo(contextlib.ExitStack):
-    """The run's teardown, which no stop signal may cut short."""
-
-    def __exit__(self, *exc: Any) -> bool:
-        for sig in _STOP:
-            signal.signal(sig, signal.SIG_IGN)
-        return bool(super().__exit__(*exc))
 
 
 class _Stopped(Exception):
@@ -227,29 +232,35 @@ class _Stopped(Exception):
 
 
 class _Stop:
-    """What a stop signal does: before the sandbox runs it aborts the set-up (which is then
-    undone); while it runs it kills the sandbox, whose PID namespace dies with it. Further
-    signals are ignored from then on, and during any teardown (`_Undo`)."""
+    """A stop signal is only recorded, and kills the sandbox if it runs (its PID namespace
+    dies with it). The set-up looks at it between steps (`check`) and unwinds from there:
+    never an exception from inside a handler, which could land where an undo is not yet
+    registered or cut a teardown short."""
 
     def __init__(self) -> None:
         self.sandbox: subprocess.Popen[bytes] | None = None
         self.signum: int | None = None
 
     def __call__(self, signum: int, _: FrameType | None) -> None:
-        for sig in _STOP:
-            signal.signal(sig, signal.SIG_IGN)
-        self.signum = signum
-        if self.sandbox is None:
-            raise _Stopped(signum)
-        self.sandbox.kill()
+        if self.signum is None:
+            self.signum = signum
+        if self.sandbox is not None:
+            self.sandbox.kill()
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise _Stopped(self.signum)
 
 
 @contextlib.contextmanager
 def _signals() -> Iterator[_Stop]:
     stop = _Stop()
-    previous = {sig: signal.signal(sig, stop) for sig in _STOP}
+    previous: dict[int, Any] = {}
     try:
+        for sig in _STOP:
+            previous[sig] = signal.signal(sig, stop)
         yield stop
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # SIGINT last: a Ctrl-C then cannot leave the others ours.
+        for signum in sorted(previous, key=lambda s: s == signal.SIGINT):
+            signal.signal(signum, previous[signum])

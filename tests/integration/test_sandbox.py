@@ -132,7 +132,7 @@ print(tcp("{GATEWAY}", 22), udp(), open("/proc/sys/net/ipv6/conf/all/disable_ipv
 """
     done = run(sproxy, "python3", "-c", probe)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["TimeoutError", "TimeoutError", "1", "refused", "open"]
+    assert done.stdout.split() == ["ConnectionRefusedError", "TimeoutError", "1", "refused", "open"]
     # Any other TCP destination is captured and decided by the proxy: refused here.
     direct = run(sproxy, "curl", "-sS", "-m", "10", "--noproxy", "*", "-o", "/dev/null", "-w",
                  "%{http_code}", "http://169.254.169.254/latest/meta-data/")

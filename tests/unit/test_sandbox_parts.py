@@ -28,14 +28,16 @@ def test_the_gateway_never_falls_inside_a_sandbox_link() -> None:
 
 
 def test_firewall_pins_the_source_and_opens_only_the_proxy() -> None:
-    rules = sandbox_rules(LINK, [3128], 3129)
+    rules = sandbox_rules(LINK, [3128], 3129, 40053)
     assert 'iifname "sgh3" ip saddr != 10.200.0.14 drop' in rules
     assert 'iifname "sgh3" meta nfproto ipv6 drop' in rules
     assert "ip daddr 10.200.255.254 tcp dport { 3128, 3129 } ct state new accept" in rules
     assert "dnat ip to 10.200.255.254:3129" in rules
-    assert rules.index("ct state new accept") < rules.index('    iifname "sgh3" drop')
+    assert rules.index("ct state new accept") < rules.index("reject with tcp reset") < \
+        rules.index('    iifname "sgh3" drop')
     assert 'oifname "sgh3" drop' in rules
-    assert "dnat" not in sandbox_rules(LINK, [3128], None)  # no transparent port: no capture
+    assert "dnat ip to 10.200.0.13:40053" in rules  # the sandbox's port 53, to its name server
+    assert "tcp dnat" not in sandbox_rules(LINK, [3128], None, 40053)  # no transparent port
     assert 'iifname != "lo" iifname != "sgh*" drop' in shared_rules(Plan())
 
 
@@ -126,6 +128,11 @@ def test_the_sandbox_name_server_answers_every_name_with_the_link() -> None:
             assert [str(rr.rdata) for rr in reply.rr] == answers
             assert reply.header.rcode == 0
         assert names.answer(b"\x00garbage") is None
+        # A 64-byte label dnslib parses but refuses to pack: no answer, and no exception (one
+        # would end the serving thread: no names for the rest of the run).
+        long_label = b"\x12\x34\x01\x00\x00\x01" + bytes(6) + b"\x40" + b"a" * 64 + \
+            b"\x00\x00\x01\x00\x01"
+        assert names.answer(long_label) is None
         response = DNSRecord.question("x.example").reply()
         assert names.answer(bytes(response.pack())) is None  # not a query
     finally:
