@@ -148,9 +148,11 @@ policies:
 sandboxes: {{}}
 default_policy: null
 """)
-    rule = load_rules(rules_file).policies["bench"].rules[0]
+    rules = load_rules(rules_file)
+    rule = rules.policies["bench"].rules[0]
     cache = SecretBroker([store])
     broker = Broker(cache)
+    broker.check(rules)  # as the proxy does on every (re)load
     await cache.get(hit)
     figures = {
         "secret_get_hit_us": await _aper_op(lambda: cache.get(hit), 20000),

@@ -27,17 +27,21 @@ class Broker:
         # By the identity of the rule entry (it is kept in the value, so the id stays its own):
         # hashing a frozen dataclass per request costs more than the lookup it serves.
         self._worked_out: dict[int, tuple[Injection, Secret, Credential]] = {}
+        # The rule entries of the rules in force: a request that was waiting for its secret
+        # across a reload must not bring back the credential of an entry that is gone.
+        self._named: dict[int, Injection] = {}
 
     def check(self, rules: RuleSet) -> None:
         """Every secret a rule names must have a store; raises SecretConfigError. Credentials
         of injections the new rules no longer name are forgotten."""
-        named = set()
+        named = {}
         for policy in rules.policies.values():
             for rule in policy.rules:
                 for injection in rule.inject:
                     self.secrets.check(injection.secret)
-                    named.add(id(injection))
-        for gone in self._worked_out.keys() - named:
+                    named[id(injection)] = injection
+        self._named = named
+        for gone in self._worked_out.keys() - named.keys():
             del self._worked_out[gone]
 
     async def credentials(self, injections: Sequence[Injection]) -> list[Credential]:
@@ -67,7 +71,8 @@ class Broker:
                 )
             except InjectionError as exc:
                 raise Denial(exc.reason, str(exc)) from None
-            self._worked_out[id(injection)] = (injection, secret, cred)
+            if self._named.get(id(injection)) is injection:
+                self._worked_out[id(injection)] = (injection, secret, cred)
             found.append(cred)
         return found
 

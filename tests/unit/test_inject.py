@@ -24,3 +24,4 @@ def test_query_credential_scrubs_the_percent_encoded_form_too() -> None:
     cred = credential(QueryProcessor(param="key"), "q/s+e=c d", "broker:x")
     assert cred.header is None and cred.target == "?key"
     assert {"q/s+e=c d", "q%2Fs%2Be%3Dc%20d", "q%2Fs%2Be%3Dc+d"} <= set(cred.needles)
+
