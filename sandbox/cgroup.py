@@ -109,6 +109,15 @@ class Group:
         if memsw.exists():  # swap accounting on: swap counts against the limit too
             memsw.write_text(str(limits.memory))
 
+    @classmethod
+    def left_by(cls, name: str) -> Group:
+        """The groups a run of that name created, to remove after it died without doing so."""
+        group = cls.__new__(cls)
+        group.dirs = [d for d in (ROOT / _PARENT / name,
+                                  *(c / _PARENT / name for c in ROOT.iterdir() if c.is_dir()))
+                      if d.is_dir()]
+        return group
+
     def join(self) -> None:
         """Move the calling process in (run in the child, before it executes anything)."""
         pid = str(os.getpid())

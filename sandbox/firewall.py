@@ -35,7 +35,11 @@ class FirewallError(RuntimeError):
 
 
 def table_name(link: Link) -> str:
-    return f"sealgate_{link.index}"
+    return table_name_for(link.index)
+
+
+def table_name_for(index: int) -> str:
+    return f"sealgate_{index}"
 
 
 def sandbox_rules(

@@ -122,7 +122,7 @@ def create(plan: Plan) -> Link:
     try:
         _build(link)
     except BaseException:
-        destroy(link)
+        destroy(index)
         raise
     return link
 
@@ -162,8 +162,8 @@ def _ipv6_off(interface: str, netns: str | None) -> None:
         raise NetworkError(f"cannot switch IPv6 off on {interface}: {done.stderr.strip()}")
 
 
-def destroy(link: Link) -> None:
-    """Remove the link and the namespace; whatever is already gone is fine."""
-    for args in (["link", "del", link.host_if], ["netns", "del", link.netns]):
+def destroy(index: int) -> None:
+    """Remove link `index` and its namespace; whatever is already gone is fine."""
+    for args in (["link", "del", f"sgh{index}"], ["netns", "del", f"sg-{index}"]):
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(["ip", *args], capture_output=True, timeout=20, check=False)

@@ -15,6 +15,9 @@ Order matters and every step is undone on the way out, whatever happened:
    unregistered, the namespace deleted before its firewall table, so nothing is ever left in
    it unfiltered, and the run's files removed.
 
+While it holds a link a run keeps a lease on it (`sandbox.lease`); the next run cleans up after
+any whose process died without its teardown (SIGKILL, the OOM killer).
+
 SIGINT, SIGTERM and SIGHUP end the sandbox (its PID namespace dies with it) and then the run;
 during set-up they stop it at the next step, and teardown always runs to its end.
 """
@@ -35,7 +38,7 @@ from typing import Any
 
 from proxy.ca import ca_paths
 from proxy.control import ControlError, call
-from sandbox import firewall, network, seccomp
+from sandbox import firewall, lease, network, seccomp
 from sandbox.cgroup import CgroupError, Group, Limits
 from sandbox.dns import FakeDns
 from sandbox.launch import NOBODY, Launch, argv, environment
@@ -123,17 +126,20 @@ def _network(spec: Run, undo: contextlib.ExitStack) -> tuple[Link, FakeDns]:
         raise SandboxError("the sandbox gateway is not set up: run 'sealgate sandbox setup'")
     try:
         with network.lock():
+            for left in lease.stale():
+                _clean_up_after(left)
             link = network.create(spec.plan)
             table = firewall.table_name(link)
 
             def remove() -> None:
                 try:
                     with network.lock():
-                        _remove_link(link, table)
+                        _remove_link(link.index, table)
                 except network.NetworkError:  # a stuck lock holder: remove it all the same
-                    _remove_link(link, table)
+                    _remove_link(link.index, table)
 
             undo.callback(remove)
+            lease.take(link.index, spec.state, str(link.sandbox_ip))
             try:
                 names = FakeDns(link.host_ip, link.host_ip)
             except OSError as exc:
@@ -147,12 +153,25 @@ def _network(spec: Run, undo: contextlib.ExitStack) -> tuple[Link, FakeDns]:
     return link, names
 
 
-def _remove_link(link: Link, table: str) -> None:
-    # The namespace first, then its table: nothing is ever left in it unfiltered.
+def _remove_link(index: int, table: str) -> None:
+    # The namespace first, then its table: nothing is ever left in it unfiltered. The lease
+    # goes last, once nothing of the run is left.
     try:
-        network.destroy(link)
+        network.destroy(index)
     finally:
         firewall.remove(table)
+    lease.release(index)
+
+
+def _clean_up_after(left: lease.Lease) -> None:
+    """Everything a run that died without its teardown left: its cgroups (and any process in
+    them), its registration with the proxy, its files, its link, namespace and table."""
+    Group.left_by(f"run-{left.index}-{left.pid}").remove()
+    if left.state:
+        _unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
+    for files in network.RUN_DIR.glob(f"run-{left.index}-*"):
+        shutil.rmtree(files, ignore_errors=True)
+    _remove_link(left.index, firewall.table_name_for(left.index))
 
 
 def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:

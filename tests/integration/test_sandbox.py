@@ -271,3 +271,30 @@ def test_clients_that_ignore_the_proxy_variables_get_there_by_name(
                   "-w", "%{http_code}", f"https://elsewhere.test:{origin_https.port}/")
     assert refused.returncode != 0 or refused.stdout != "200"
     assert origin_https.requests[-1].path == "/by-name"
+
+
+def test_the_next_run_cleans_up_after_one_killed_outright(sproxy: Proxy) -> None:
+    """SIGKILL leaves the runtime no teardown: its sandbox dies with it (die-with-parent), but
+    the namespace, link, table, cgroups, registration and files stay, until the next run."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    proc = subprocess.Popen(
+        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(sproxy.state),
+         "--proxy-port", str(sproxy.port), "--", "sleep", "60"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            if subprocess.run(["ip", "netns", "pids", "sg-0"], capture_output=True,
+                              text=True).stdout.split():
+                break
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert leftovers() != []
+    assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1]["sources"] != {}
+    assert run(sproxy, "true").returncode == 0
+    assert leftovers() == []
+    assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1] == {"sources": {}}
