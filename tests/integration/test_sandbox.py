@@ -8,6 +8,7 @@ of the caller's environment, and leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -234,26 +235,33 @@ def test_env_passes_only_what_is_named_and_never_root(sproxy: Proxy) -> None:
     assert leftovers() == []
 
 
-def test_sigterm_ends_the_sandbox_and_leaves_nothing(sproxy: Proxy) -> None:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+@contextlib.contextmanager
+def sleeping_sandbox(p: Proxy) -> Iterator[subprocess.Popen[bytes]]:
+    """`sealgate sandbox run -- sleep 60`, once its sandbox runs; killed on the way out."""
     proc = subprocess.Popen(
-        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(sproxy.state),
-         "--proxy-port", str(sproxy.port), "--", "sleep", "60"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
+         "--proxy-port", str(p.port), "--", "sleep", "60"],
+        cwd=ROOT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        for _ in range(200):  # the sandbox is up once its process runs in the namespace
-            pids = subprocess.run(["ip", "netns", "pids", "sg-0"], capture_output=True,
-                                  text=True).stdout.split()
-            if pids:
+        for _ in range(200):  # up once a process runs in the namespace
+            if subprocess.run(["ip", "netns", "pids", "sg-0"], capture_output=True,
+                              text=True).stdout.split():
                 break
             time.sleep(0.05)
-        assert pids, "the sandbox did not start"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        else:
+            raise AssertionError("the sandbox did not start")
+        yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigterm_ends_the_sandbox_and_leaves_nothing(sproxy: Proxy) -> None:
+    with sleeping_sandbox(sproxy) as proc:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert leftovers() == []
 
 
@@ -276,23 +284,9 @@ def test_clients_that_ignore_the_proxy_variables_get_there_by_name(
 def test_the_next_run_cleans_up_after_one_killed_outright(sproxy: Proxy) -> None:
     """SIGKILL leaves the runtime no teardown: its sandbox dies with it (die-with-parent), but
     the namespace, link, table, cgroups, registration and files stay, until the next run."""
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    proc = subprocess.Popen(
-        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(sproxy.state),
-         "--proxy-port", str(sproxy.port), "--", "sleep", "60"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            if subprocess.run(["ip", "netns", "pids", "sg-0"], capture_output=True,
-                              text=True).stdout.split():
-                break
-            time.sleep(0.05)
+    with sleeping_sandbox(sproxy) as proc:
         proc.kill()
         proc.wait(timeout=30)
-    finally:
-        proc.kill()
-        proc.wait()
     assert leftovers() != []
     assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1]["sources"] != {}
     assert run(sproxy, "true").returncode == 0
