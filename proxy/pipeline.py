@@ -553,9 +553,9 @@ class Sealgate:
         """Stream a response through the scrubber; a compressed one is decoded on the way (its
         framing headers rewritten to match). A coding that cannot be decoded kills the flow: a
         credential inside it could not be found."""
-        encoding = response.headers.get("content-encoding", "")
+        encoding = _content_coding(response)
         bodiless = flow.request.method == "HEAD" or response.status_code in (204, 304)
-        if encoding.strip().lower() in ("", "identity") or bodiless:
+        if not encoding or bodiless:
             response.stream = scrubber.stream()
             return
         decode = decoder(encoding)
@@ -564,8 +564,8 @@ class Sealgate:
             flow.kill()
             return
         _decoded(response)
-        if response.http_version == "HTTP/1.1" and "chunked" not in response.headers.get(
-            "transfer-encoding", ""
+        if response.http_version == "HTTP/1.1" and "chunked" not in _field(
+            response.headers, b"transfer-encoding"
         ).lower():
             response.headers["transfer-encoding"] = "chunked"
         # (HTTP/1.0 ends the body by closing; HTTP/2 and 3 frame it themselves.)
@@ -607,8 +607,7 @@ class Sealgate:
             response.trailers.fields = fields
         if not response.raw_content or response.stream:
             return
-        encoding = _field(response.headers, b"content-encoding")
-        if encoding.strip().lower() not in ("", "identity"):
+        if encoding := _content_coding(response):
             # Asked for identity but compressed anyway: passed on decoded, as when streamed.
             try:
                 body = decode_whole(encoding, response.raw_content)
@@ -828,12 +827,18 @@ def _field(headers: http.Headers, name: bytes) -> str:
     return b", ".join(values).decode("latin-1")
 
 
+def _content_coding(response: http.Response) -> str:
+    """The response's content coding as sent, or "" for none (`identity` is none)."""
+    encoding = _field(response.headers, b"content-encoding")
+    return "" if encoding.strip().lower() in ("", "identity") else encoding
+
+
 def _body_size(response: http.Response | None) -> int:
     if response is None:
         return 0
     if response.raw_content is not None:
         return len(response.raw_content)
-    length = response.headers.get("content-length", "")
+    length = _field(response.headers, b"content-length")
     return int(length) if length.isdigit() else 0
 
 
