@@ -57,19 +57,25 @@ def parse_size(text: str) -> int:
 class Group:
     """The run's groups: created with their limits, joined by the sandbox's first process."""
 
-    def __init__(self, name: str, limits: Limits) -> None:
-        self.dirs: list[Path] = []
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> Group:
+        """New groups with the limits; nothing left behind if that fails."""
+        group = cls([])
         try:
             if (ROOT / "cgroup.controllers").exists():
-                self._v2(name, limits)
+                group._v2(name, limits)
             else:
-                self._v1(name, limits)
+                group._v1(name, limits)
         except OSError as exc:
-            self.remove()
+            group.remove()
             raise CgroupError(f"cannot set resource limits: {exc}") from None
         except CgroupError:
-            self.remove()
+            group.remove()
             raise
+        return group
 
     def _v2(self, name: str, limits: Limits) -> None:
         parent = ROOT / _PARENT
@@ -112,11 +118,12 @@ class Group:
     @classmethod
     def left_by(cls, name: str) -> Group:
         """The groups a run of that name created, to remove after it died without doing so."""
-        group = cls.__new__(cls)
-        group.dirs = [d for d in (ROOT / _PARENT / name,
-                                  *(c / _PARENT / name for c in ROOT.iterdir() if c.is_dir()))
-                      if d.is_dir()]
-        return group
+        try:
+            controllers = list(ROOT.iterdir())  # v1: one hierarchy each
+        except OSError:
+            controllers = []
+        places = [ROOT / _PARENT / name, *(c / _PARENT / name for c in controllers)]
+        return cls([d for d in places if d.is_dir()])
 
     def join(self) -> None:
         """Move the calling process in (run in the child, before it executes anything)."""

@@ -68,14 +68,14 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    return _guarded(args, lambda: setup(_plan(args)))
+    return _guarded(lambda: setup(_plan(args)))
 
 
 def _teardown(args: argparse.Namespace) -> int:
-    return _guarded(args, lambda: teardown(_plan(args)))
+    return _guarded(lambda: teardown(_plan(args)))
 
 
-def _guarded(args: argparse.Namespace, action: Callable[[], None]) -> int:
+def _guarded(action: Callable[[], None]) -> int:
     if problem := _root():
         print(problem, file=sys.stderr)
         return 2

@@ -124,26 +124,23 @@ def load(rules: str, replace: str | None = None) -> None:
     if replace is not None:
         # `add` then `delete` empties an existing table and tolerates a missing one.
         text = f"add table inet {replace}\ndelete table inet {replace}\n{rules}"
-    _nft(["-f", "-"], text)
+    done = _nft(["-f", "-"], text)
+    if done.returncode != 0:
+        raise FirewallError(f"nft: {done.stderr.strip() or done.returncode}")
 
 
 def exists(table: str) -> bool:
-    done = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True,
-                          timeout=20, check=False)
-    return done.returncode == 0
+    return _nft(["list", "table", "inet", table]).returncode == 0
 
 
 def remove(table: str) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True,
-                       timeout=20, check=False)
+    with contextlib.suppress(FirewallError):
+        _nft(["delete", "table", "inet", table])
 
 
-def _nft(args: list[str], stdin: str) -> None:
+def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        done = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
+        return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
                               timeout=20, check=False)
     except subprocess.TimeoutExpired:
         raise FirewallError("nft did not answer within 20 s") from None
-    if done.returncode != 0:
-        raise FirewallError(f"nft: {done.stderr.strip() or done.returncode}")

@@ -67,28 +67,29 @@ class Link:
     gateway: IPv4Address
 
 
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        raise NetworkError(f"{' '.join(argv)} did not finish within 20 s") from None
+
+
 def ip(*args: str) -> None:
     """Run iproute2; a failure is a NetworkError naming the command and what ip said."""
-    try:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise NetworkError(f"ip {' '.join(args)} did not finish within 20 s") from None
+    done = _run(["ip", *args])
     if done.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
 
 
 def ensure_gateway(plan: Plan) -> None:
     """Put the gateway address on the host's loopback (once; the proxy binds it)."""
-    done = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "lo"], capture_output=True,
-                          text=True, timeout=20, check=False)
-    if f" {plan.gateway}/32 " not in done.stdout:
+    if f" {plan.gateway}/32 " not in _run(["ip", "-4", "-o", "addr", "show", "dev", "lo"]).stdout:
         ip("addr", "add", f"{plan.gateway}/32", "dev", "lo")
 
 
 def remove_gateway(plan: Plan) -> None:
-    subprocess.run(["ip", "addr", "del", f"{plan.gateway}/32", "dev", "lo"], capture_output=True,
-                   timeout=20, check=False)
+    with contextlib.suppress(NetworkError):
+        _run(["ip", "addr", "del", f"{plan.gateway}/32", "dev", "lo"])
 
 
 @contextmanager
@@ -156,8 +157,7 @@ def _ipv6_off(interface: str, netns: str | None) -> None:
     if netns is not None:
         keys += ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
     prefix = ["ip", "netns", "exec", netns] if netns is not None else []
-    done = subprocess.run([*prefix, "sysctl", "-q", "-w", *keys], capture_output=True,
-                          text=True, timeout=20, check=False)
+    done = _run([*prefix, "sysctl", "-q", "-w", *keys])
     if done.returncode != 0 and os.path.exists("/proc/sys/net/ipv6"):
         raise NetworkError(f"cannot switch IPv6 off on {interface}: {done.stderr.strip()}")
 
@@ -165,5 +165,5 @@ def _ipv6_off(interface: str, netns: str | None) -> None:
 def destroy(index: int) -> None:
     """Remove link `index` and its namespace; whatever is already gone is fine."""
     for args in (["link", "del", f"sgh{index}"], ["netns", "del", f"sg-{index}"]):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(["ip", *args], capture_output=True, timeout=20, check=False)
+        with contextlib.suppress(NetworkError):
+            _run(["ip", *args])

@@ -98,7 +98,7 @@ def run(spec: Run) -> int:
                 _register(spec, link, undo)
                 stop.check()
                 try:
-                    group = Group(f"run-{link.index}-{os.getpid()}", spec.limits)
+                    group = Group.create(f"run-{link.index}-{os.getpid()}", spec.limits)
                 except CgroupError as exc:
                     raise SandboxError(str(exc)) from None
                 undo.callback(group.remove)
