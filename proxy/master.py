@@ -121,6 +121,8 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
         # Lazy: nothing is dialed before a request has been authorised, and a transparent
         # connection is not dialed before its SNI is known.
         "connection_strategy": "lazy",
+        # No raw relay after a protocol switch either (the pipeline refuses such a 101 too).
+        "rawtcp": False,
         "sealgate_rules": str(config.rules),
         "sealgate_state": str(config.state),
         "sealgate_resolver": config.resolver,

@@ -24,11 +24,12 @@ from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.addonmanager import Loader
-from mitmproxy.proxy import mode_specs, server_hooks
+from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from issuer.keys import KeyFileError, Keyring
 from issuer.token import TokenError
 from proxy import guard as guardmod
+from proxy import layers
 from proxy.audit import AuditLog
 from proxy.broker import Broker
 from proxy.budget import BudgetLedger
@@ -356,13 +357,11 @@ class Sealgate:
         # passed-through connection would otherwise carry an allowed SNI to any address.
         server.address = (host.name, port)
 
-    def tcp_start(self, flow: Any) -> None:
-        """Raw TCP inside a tunnel cannot be inspected or name-checked: refused."""
-        self._conn(flow.client_conn).denied += 1
-        flow.kill()
-        self._emit(
-            "tcp_denied", connection_id=flow.client_conn.id, reason="protocol_not_allowed"
-        )
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        replaced = layers.confine(nextlayer)
+        if replaced is not None:
+            client = nextlayer.context.client
+            self._emit("protocol_confined", connection_id=client.id, replaced=replaced)
 
     # -- requests: the main path ----------------------------------------------------------
 
@@ -527,6 +526,12 @@ class Sealgate:
         response = flow.response
         if response is None or verdict is None or verdict.decision == "deny":
             return
+        if response.status_code == 101 and not _websocket_switch(flow.request, response):
+            # What follows another protocol switch would be relayed raw, past every rule.
+            upgrade = _field(response.headers, b"upgrade")
+            self._refuse_response(flow, "protocol_not_allowed", upgrade=upgrade[:64])
+            flow.kill()
+            return
         guardmod.strip_downstream_headers(response.headers)
         scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
         if scrubber:
@@ -535,7 +540,7 @@ class Sealgate:
                 # A transfer coding (gzip, chunked): mitmproxy passes the body on coded, and a
                 # credential inside could not be found. Injected requests send no TE asking for
                 # one, so only a misbehaving upstream gets here.
-                self._refuse_response(flow, "encoding_unscrubbable", coding)
+                self._refuse_response(flow, "encoding_unscrubbable", encoding=coding)
                 flow.kill()
                 return
             fields = response.headers.fields
@@ -560,7 +565,7 @@ class Sealgate:
             return
         decode = decoder(encoding)
         if decode is None:
-            self._refuse_response(flow, "encoding_unscrubbable", encoding)
+            self._refuse_response(flow, "encoding_unscrubbable", encoding=encoding[:64])
             flow.kill()
             return
         _decoded(response)
@@ -582,7 +587,7 @@ class Sealgate:
                 # Corrupt, cut short or a bomb: what came so far was scrubbed, the rest must
                 # not come, and the client must see that the response broke off.
                 failed = True
-                self._refuse_response(flow, exc.reason, encoding)
+                self._refuse_response(flow, exc.reason, encoding=encoding[:64])
                 _cut_off(flow)
                 return []
 
@@ -612,7 +617,7 @@ class Sealgate:
             try:
                 body = decode_whole(encoding, response.raw_content)
             except Undecodable as exc:
-                self._refuse_response(flow, exc.reason, encoding)
+                self._refuse_response(flow, exc.reason, encoding=encoding[:64])
                 flow.kill()
                 return
             _decoded(response)
@@ -620,11 +625,11 @@ class Sealgate:
         elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
             response.raw_content = clean
 
-    def _refuse_response(self, flow: http.HTTPFlow, reason: str, encoding: str) -> None:
-        """The audit line for a response that cannot be scrubbed; the caller stops it."""
+    def _refuse_response(self, flow: http.HTTPFlow, reason: str, **detail: str) -> None:
+        """The audit line for a response that cannot be passed on; the caller stops it."""
         self._emit(
             "response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-            reason=reason, encoding=encoding[:64],
+            reason=reason, **detail,
         )
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -825,6 +830,14 @@ def _field(headers: http.Headers, name: bytes) -> str:
     which on the per-request path cost more than the scan."""
     values = [value for key, value in headers.fields if key.lower() == name]
     return b", ".join(values).decode("latin-1")
+
+
+def _websocket_switch(request: http.Request, response: http.Response) -> bool:
+    """A 101 that mitmproxy turns into its WebSocket layer (the same test it applies)."""
+    return (
+        _field(response.headers, b"upgrade").strip().lower() == "websocket"
+        and _field(request.headers, b"sec-websocket-version").strip() == "13"
+    )
 
 
 def _content_coding(response: http.Response) -> str:

@@ -338,22 +338,3 @@ def test_proxy_own_listen_port_is_a_loop(report_proxy: Proxy, form: str, host: s
     arrived = [e for e in report_proxy.audit()[mark:] if e.get("sandbox") != REPORT[0]
                and e["event"] == "request"]
     assert not arrived, f"the proxy connected to itself: {arrived}"
-
-
-def test_raw_tcp_inside_a_tunnel_is_refused(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
-    """Neither TLS nor HTTP: nothing to check a name in, so nothing is forwarded."""
-    import contextlib
-
-    _, https_origin = origins
-    sock, response = open_tunnel(
-        proxy.port, f"api.test:{https_origin.port}",
-        [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))],
-    )
-    with sock:
-        assert response.status == 200
-        sock.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-        sock.settimeout(5)
-        with contextlib.suppress(ConnectionResetError, TimeoutError):
-            assert sock.recv(100) == b""
-    proxy.wait_audit(lambda e: e["event"] == "tcp_denied")
-    assert https_origin.untouched()
