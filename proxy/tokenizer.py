@@ -31,7 +31,8 @@ from issuer.token import (
 from proxy.inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
-_MAX_TOKENS = 8
+_MAX_TOKENS = 8  # per request, all Proxy-Tokenizer fields together
+_OWS = " \t"  # RFC 9110 optional whitespace: nothing else is trimmed off a token
 _SWEEP_SECONDS = 1.0
 
 
@@ -113,8 +114,14 @@ class Tokenizer:
         self, header_values: Sequence[str], request: TokenRequest
     ) -> list[Credential]:
         """Every token in every `Proxy-Tokenizer` value, in order; all must pass. Returns what
-        each one injects."""
-        tokens = [t.strip() for value in header_values for t in value.split(",") if t.strip()]
+        each one injects.
+
+        The one reading of the header's list (docs/token-format.md §10): the values of every
+        field, each split on `,`, each element stripped of SP and HTAB and then opened as a
+        token. An empty element is not skipped: it is the empty token, `token_malformed` as
+        the `empty` vector says, so a header that lost its token is refused rather than the
+        request forwarded without a credential."""
+        tokens = [t.strip(_OWS) for value in header_values for t in value.split(",")]
         if len(tokens) > _MAX_TOKENS:
             raise TokenMalformed(f"at most {_MAX_TOKENS} tokens per request")
         granted = []

@@ -42,7 +42,15 @@ from issuer.token import (
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest
-from tests.security.rawclient import h2_through_tunnel
+from tests.security.rawclient import (
+    RawResponse,
+    h2_through_tunnel,
+    open_tunnel,
+    proxy_auth,
+    read_response,
+    request_bytes,
+    tls_wrap,
+)
 
 CANARY = "sk_live_CANARY_4b1d9f2e7c"
 
@@ -110,6 +118,24 @@ def call(proxy: Proxy, url: str, token: str | list[str], sandbox: str = "bot-1",
     for t in tokens:
         prepared.headers["Proxy-Tokenizer"] = t  # requests folds repeats; one is enough here
     return session.send(prepared, timeout=10)
+
+
+def raw_call(
+    proxy: Proxy, port: int, target: str, headers: list[tuple[str, str]], sandbox: str = "bot-1"
+) -> RawResponse:
+    """One HTTP/1.1 request to api.test:`port`, its request line and header fields exactly as
+    given (requests would requote the target and fold repeated fields)."""
+    authority = f"api.test:{port}"
+    sock, head = open_tunnel(
+        proxy.port, authority, [("Proxy-Authorization", proxy_auth(sandbox, KEYS[sandbox]))]
+    )
+    with sock:
+        assert head.status == 200, head.body[:300]
+        with tls_wrap(sock, "api.test", proxy.ca) as tls:
+            tls.sendall(request_bytes(
+                "GET", target, [("Host", authority), *headers, ("Connection", "close")]
+            ))
+            return read_response(tls)
 
 
 @pytest.fixture()
@@ -526,3 +552,43 @@ def test_response_in_a_transfer_coding_is_refused(
              mint(keys[1], BearerProcessor(), origin.port))
     line = refused(tproxy, "/te")
     assert (line["reason"], line["encoding"]) == ("encoding_unscrubbable", "gzip,chunked")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [[""], [" , "], ["{t},"], ["{t}", ""], [", ".join(["{t}"] * 9)]],
+    ids=["empty", "commas", "trailing-comma", "empty-second-field", "nine-tokens"],
+)
+def test_a_tokenizer_header_without_a_token_in_every_element_is_refused(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, fields: list[str]
+) -> None:
+    """A present Proxy-Tokenizer header is read as a list of tokens, even when empty: an
+    element that holds none is `token_malformed`, never a request forwarded without its
+    credential."""
+    token = mint(keys[1], BearerProcessor(), origin.port)
+    r = raw_call(tproxy, origin.port, "/list",
+                 [("Proxy-Tokenizer", f.format(t=token)) for f in fields])
+    assert (r.status, r.reason) == (400, "token_malformed"), r.body[:300]
+    assert origin.untouched()
+
+
+def test_policy_without_tokens_refuses_even_an_empty_tokenizer_header(
+    tproxy: Proxy, origin: Origin
+) -> None:
+    r = raw_call(tproxy, origin.port, "/empty", [("Proxy-Tokenizer", "")], sandbox="closed-1")
+    assert (r.status, r.reason) == (403, "tokens_not_allowed"), r.body[:300]
+    assert origin.untouched()
+
+
+def test_tokens_in_two_tokenizer_fields_are_all_applied(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    a = mint(keys[1], HeaderProcessor(header="X-A", format="{secret}"), origin.port)
+    b = mint(keys[1], HeaderProcessor(header="X-B", format="{secret}"), origin.port)
+    r = raw_call(tproxy, origin.port, "/fields",
+                 [("Proxy-Tokenizer", f" {a}\t"), ("Proxy-Tokenizer", b)])
+    assert r.status == 200, r.body[:300]
+    seen = origin.requests[-1]
+    assert (seen.values("x-a"), seen.values("x-b")) == ([CANARY], [CANARY])
+    assert seen.values("proxy-tokenizer") == []
+

@@ -6,7 +6,14 @@ import pytest
 
 from issuer.keys import Keyring, PublicKeyEntry, generate
 from issuer.processors import BearerProcessor
-from issuer.token import CLOCK_SKEW_SECONDS, Claims, HostPattern, TokenExpired, seal
+from issuer.token import (
+    CLOCK_SKEW_SECONDS,
+    Claims,
+    HostPattern,
+    TokenExpired,
+    TokenMalformed,
+    seal,
+)
 from proxy import tokenizer as tokenizer_module
 from proxy.tokenizer import Tokenizer, TokenRequest
 
@@ -86,3 +93,52 @@ def test_a_full_cache_drops_expired_tokens_then_the_oldest(
     tokenizer.open(b)
     tokenizer.open(a)
     assert opened == ["a", "short", "b", "c", "a"]
+
+
+# -- the Proxy-Tokenizer header: a list of tokens ----------------------------------------------
+
+REQUEST = TokenRequest(None, None, "api.test", 443, "GET", "/", [])
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [""],
+        ["  "],
+        [" , "],
+        ["{t},"],
+        [",{t}"],
+        ["{t}, ,{u}"],
+        ["{t}", ""],
+        ["{t}\n"],  # only SP and HTAB surround an element
+        ["{t}\xa0"],
+        [", ".join(["{t}"] * 5), ", ".join(["{u}"] * 4)],  # 9 across two fields
+    ],
+    ids=["empty", "blank", "comma-only", "trailing-comma", "leading-comma", "empty-between",
+         "empty-second-field", "newline", "nbsp", "nine-tokens"],
+)
+def test_a_header_element_that_is_not_a_token_is_token_malformed(
+    keyring: tuple[Keyring, PublicKeyEntry], values: list[str]
+) -> None:
+    tokenizer = Tokenizer(keyring[0], clock=Clock())
+    t, u = _token(keyring[1], "t"), _token(keyring[1], "u")
+    with pytest.raises(TokenMalformed):
+        tokenizer.authorise([v.format(t=t, u=u) for v in values], REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("values", "jtis"),
+    [
+        ([" {t}\t,\t{u} "], "tu"),
+        (["{u}", "{t}"], "ut"),
+        ([", ".join(["{t}"] * 4), ", ".join(["{u}"] * 4)], "ttttuuuu"),
+    ],
+    ids=["whitespace-around", "two-fields", "eight-tokens"],
+)
+def test_every_token_of_every_field_is_granted_in_order(
+    keyring: tuple[Keyring, PublicKeyEntry], values: list[str], jtis: str
+) -> None:
+    tokenizer = Tokenizer(keyring[0], clock=Clock())
+    t, u = _token(keyring[1], "t"), _token(keyring[1], "u")
+    granted = tokenizer.authorise([v.format(t=t, u=u) for v in values], REQUEST)
+    assert [cred.label.rpartition(":")[2] for cred in granted] == list(jtis)
