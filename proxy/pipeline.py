@@ -123,6 +123,13 @@ class Sealgate:
             "DNS server (HOST:PORT) the guard resolves with; default: the system's nameservers.",
         )
         loader.add_option(
+            "sealgate_sandbox_networks",
+            Sequence[str],
+            list(guardmod.DEFAULT_SANDBOX_NETWORKS),
+            "Sandbox address ranges (CIDR), never reachable through the proxy whatever a "
+            "policy's allow_networks say; default the sandbox runtime's.",
+        )
+        loader.add_option(
             "sealgate_audit_log",
             str | None,  # type: ignore[arg-type]
             None,
@@ -191,12 +198,16 @@ class Sealgate:
             log_opt = opts.sealgate_audit_log
             log_path = None if log_opt == "off" else Path(log_opt or state / "audit.log")
             self.audit = AuditLog(log_path, stdout=opts.sealgate_audit_stdout, batch=True)
-        if {"sealgate_resolver", "mode", "listen_host", "listen_port"} & updated:
+        if {"sealgate_resolver", "sealgate_sandbox_networks", "mode", "listen_host",
+                "listen_port"} & updated:
             try:
                 resolver = Resolver.from_spec(opts.sealgate_resolver)
             except ValueError as exc:
                 raise exceptions.OptionsError(f"sealgate: resolver: {exc}") from exc
-            self.guard = Guard(resolver, _listen_endpoints())
+            try:
+                self.guard = Guard(resolver, _listen_endpoints(), opts.sealgate_sandbox_networks)
+            except (ValueError, OSError) as exc:
+                raise exceptions.OptionsError(f"sealgate: guard: {exc}") from exc
         if "ssl_insecure" in updated:
             self._ssl_insecure = bool(opts.ssl_insecure)
         if "sealgate_workers" in updated:
@@ -624,6 +635,24 @@ class Sealgate:
             response.content = scrubber.data(body)
         elif (clean := scrubber.data(response.raw_content)) != response.raw_content:
             response.raw_content = clean
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """A message from an upstream that was sent a credential is scrubbed like a body.
+        mitmproxy hands over whole messages (fragments joined, permessage-deflate undone) and
+        keeps the framing of one whose length did not change, which masking never changes."""
+        scrubber: Scrubber | None = flow.metadata.get(_SCRUB)
+        if not scrubber or flow.websocket is None:
+            return
+        message = flow.websocket.messages[-1]
+        if message.from_client:
+            return
+        try:
+            if (clean := scrubber.data(message.content)) != message.content:
+                message.content = clean
+        except Exception:
+            logger.exception("sealgate: internal error scrubbing a WebSocket message; dropped")
+            message.drop()
+            flow.kill()
 
     def _refuse_response(self, flow: http.HTTPFlow, reason: str, **detail: str) -> None:
         """The audit line for a response that cannot be passed on; the caller stops it."""

@@ -4,7 +4,8 @@ sandbox (debug endpoints, error pages and request-echo services all do).
 The needles are the secret itself and every header value the injection produced (a Basic
 credential's base64 form, say). Requests that carry an injected credential ask the upstream for
 an identity encoding, so the body can be scrubbed byte for byte: whole when it was buffered, and
-chunk by chunk, with a carry-over of one needle's length, when it streams. The mask has the
+chunk by chunk when it streams, each chunk passed on at once but for a tail that could be the
+start of a needle (server-sent events and token streams must not wait for the next chunk). The mask has the
 needle's length, so the response keeps its framing.
 
 An upstream may compress anyway. Then the body is decoded and passed on decoded, since a secret
@@ -221,11 +222,28 @@ class Scrubber:
                 data = data.replace(needle, _mask(needle))
         return data
 
+    def held(self, data: bytes) -> int:
+        """How many bytes at the end of `data` could be the start of a needle the next chunk
+        completes: the longest suffix that is a proper prefix of a needle. Nearly always 0, so
+        a stream is held back only where a secret might be split, never by a fixed amount (an
+        event stream's closing blank line must go out with its event)."""
+        longest = 0
+        for needle in self.needles:
+            first = needle[:1]
+            # Only positions that could start a longer hold than found so far are tried.
+            at = data.find(first, max(len(data) - len(needle) + 1, 0))
+            while 0 <= at < len(data) - longest:
+                if needle.startswith(data[at:]):
+                    longest = len(data) - at
+                    break
+                at = data.find(first, at + 1)
+        return longest
+
     def stream(self, decode: Decoder | None = None) -> Stream:
-        """A mitmproxy stream function, decoding first if given a decoder. It holds back the
-        last (longest needle - 1) bytes of each chunk, so a needle split across two chunks is
-        still found; b"" (the end) flushes."""
-        keep = max(len(n) for n in self.needles) - 1
+        """A mitmproxy stream function, decoding first if given a decoder. Each chunk goes out
+        scrubbed at once, but for a tail that could begin a needle (`held`), which waits for
+        the next chunk so that a needle split across two is still found; b"" (the end)
+        flushes."""
         carry = b""
 
         def scrub(chunk: bytes) -> list[bytes]:
@@ -237,10 +255,8 @@ class Scrubber:
             if decode is not None:
                 chunk = decode.decompress(chunk)
             data = self.data(carry + chunk)
-            if len(data) <= keep:
-                carry = data
-                return []
-            carry = data[len(data) - keep :] if keep else b""
-            return [data[: len(data) - keep] if keep else data]
+            keep = self.held(data)
+            carry = data[len(data) - keep :]
+            return [data[: len(data) - keep]] if keep < len(data) else []
 
         return scrub

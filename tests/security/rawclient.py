@@ -16,7 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ class RawResponse:
     status: int
     headers: dict[str, str]  # names lower-cased; a repeated header keeps its last value
     body: bytes
+    trailers: dict[str, str] = field(default_factory=dict)  # HTTP/2 only, as headers
 
     def json(self) -> dict[str, Any]:
         data = json.loads(self.body)
@@ -199,7 +200,7 @@ def h2_exchange(
         conn.send_data(stream, body, end_stream=True)
     tls.sendall(conn.data_to_send())
     deadline = time.monotonic() + timeout
-    status, answer, data = 0, {}, b""
+    status, answer, data, trailers = 0, {}, b"", {}
     while len(data) <= _MAX_RESPONSE:
         chunk = _recv(tls, deadline, 65536)
         if not chunk:
@@ -214,11 +215,13 @@ def h2_exchange(
                         status = int(text)
                     else:
                         answer[key] = text
+            elif isinstance(event, h2.events.TrailersReceived):
+                trailers = {_text(k).lower(): _text(v) for k, v in event.headers}
             elif isinstance(event, h2.events.DataReceived):
                 data += event.data
                 conn.acknowledge_received_data(event.flow_controlled_length, stream)
             elif isinstance(event, h2.events.StreamEnded):
-                return RawResponse(status, answer, data)
+                return RawResponse(status, answer, data, trailers)
             elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
                 raise NoResponse(f"HTTP/2 {type(event).__name__}: {event.error_code!r}")
         if pending := conn.data_to_send():

@@ -52,6 +52,50 @@ def test_streamed_equals_whole(prefix: bytes, suffix: bytes, cuts: list[int]) ->
     assert SECRET.encode() not in streamed
 
 
+NEEDLES = [SECRET, "Basic c2stbGl2ZQ==", "aaab"]
+_pieces = st.one_of(
+    st.binary(max_size=12),
+    st.sampled_from(NEEDLES).flatmap(lambda n: st.integers(1, len(n)).map(lambda k: n[:k])).map(
+        str.encode
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(_pieces, max_size=12), cuts=st.lists(st.integers(0, 300), max_size=10))
+def test_needle_prefixes_anywhere_stream_as_whole(pieces: list[bytes], cuts: list[int]) -> None:
+    """Bodies made of needles' beginnings (and whole needles), cut anywhere: the stream holds
+    back only what could still become a needle, and ends equal to the whole body scrubbed."""
+    body = b"".join(pieces)
+    points = sorted({min(c, len(body)) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    stream = Scrubber(NEEDLES).stream()
+    streamed = b"".join(b"".join(stream(c)) for c in [*[c for c in chunks if c], b""])
+    assert streamed == Scrubber(NEEDLES).data(body)
+
+
+@pytest.mark.parametrize(
+    ("data", "held"),
+    [
+        (b"data: {}\n\n", 0),  # an event's closing blank line is never held
+        (b"data: sk_li", 5),
+        (b"xx sk_live_0123456789abcde", len(SECRET) - 1),
+        (b"s", 1),
+        (b"aaaa", 3),  # "aaa" could begin "aaab"
+        (b"", 0),
+    ],
+)
+def test_only_a_tail_that_could_begin_a_needle_is_held(data: bytes, held: int) -> None:
+    assert Scrubber(NEEDLES).held(data) == held
+
+
+def test_each_event_goes_out_with_its_chunk() -> None:
+    stream = Scrubber([SECRET]).stream()
+    for event in (b"data: one\n\n", b"data: two\n\n"):
+        assert stream(event) == [event]
+    assert stream(b"") == []
+
+
 @settings(max_examples=200, deadline=None)
 @given(body=st.binary(max_size=300), cuts=st.lists(st.integers(0, 300), max_size=10))
 def test_streamed_chunks_are_never_empty(body: bytes, cuts: list[int]) -> None:
