@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import ClassVar, Final, Protocol, assert_never
+from urllib.parse import quote, unquote_to_bytes
 
 from issuer import jsonfields
 
@@ -40,9 +41,11 @@ __all__ = [
     "RequestInapplicable",
     "SecretInvalid",
     "check_secret",
+    "has_query_param",
     "inject",
     "processor_from_object",
     "processor_to_object",
+    "set_query_param",
     "target",
 ]
 
@@ -97,7 +100,8 @@ class SecretInvalid(InjectionError):
 
 
 class RequestInapplicable(InjectionError):
-    """The request lacks what the processor needs (the placeholder it replaces)."""
+    """The request lacks what the processor needs (the placeholder it replaces), or is one it
+    cannot write to unambiguously (a query in a target with a `#`)."""
 
     reason = "request_inapplicable"
 
@@ -179,7 +183,8 @@ class BasicProcessor:
 
 @dataclass(frozen=True)
 class QueryProcessor:
-    """Sets query parameter `<param>=<secret>`, replacing any the request had."""
+    """Sets query parameter `<param>=<secret>`, replacing any the request had
+    (`set_query_param`)."""
 
     kind: ClassVar[str] = "query"
     header_secret: ClassVar[bool] = False
@@ -313,17 +318,19 @@ def check_secret(processor: Processor, secret: str) -> None:
 
 
 class MutableRequest(Protocol):
-    """The part of an HTTP request `inject` touches. Header names are case-insensitive; query
-    names and values are decoded text (the implementation percent-encodes); the body is the
-    exact bytes that will be forwarded."""
+    """The part of an HTTP request `inject` touches. Header names are case-insensitive; the
+    path is the raw request target (path, then `?` and the query if there is one), exactly as
+    it goes on the request line, nothing decoded; the body is the exact bytes that will be
+    forwarded."""
 
     def get_header_values(self, name: str) -> list[str]: ...
 
     def set_header_values(self, name: str, values: Sequence[str]) -> None:
         """Replace every value of `name` with `values` (an empty sequence removes the header)."""
 
-    def set_query_values(self, name: str, values: Sequence[str]) -> None:
-        """Replace every occurrence of query parameter `name` with `values`."""
+    def get_path(self) -> str: ...
+
+    def set_path(self, path: str) -> None: ...
 
     def get_body(self) -> bytes: ...
 
@@ -331,10 +338,10 @@ class MutableRequest(Protocol):
 @dataclass
 class InMemoryRequest:
     """A plain `MutableRequest`, the reference for tests and vectors. Not for logging: after
-    `inject` it holds the secret, so headers and query are kept out of repr."""
+    `inject` it holds the secret, so headers and path are kept out of repr."""
 
     headers: list[tuple[str, str]] = field(default_factory=list, repr=False)
-    query: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    path: str = field(default="/", repr=False)
     body: bytes = field(default=b"", repr=False)
 
     def get_header_values(self, name: str) -> list[str]:
@@ -346,12 +353,51 @@ class InMemoryRequest:
         self.headers = [(k, v) for k, v in self.headers if k.lower() != wanted]
         self.headers.extend((name, value) for value in values)
 
-    def set_query_values(self, name: str, values: Sequence[str]) -> None:
-        self.query = [(k, v) for k, v in self.query if k != name]
-        self.query.extend((name, value) for value in values)
+    def get_path(self) -> str:
+        return self.path
+
+    def set_path(self, path: str) -> None:
+        self.path = path
 
     def get_body(self) -> bytes:
         return self.body
+
+
+def _query_elements(path: str) -> tuple[str, list[str]]:
+    """The part of request target `path` before its query, and the query's `&`-separated
+    elements, raw ([] when there is no query or an empty one)."""
+    if "#" in path:
+        # Not allowed in a request target; servers disagree on whether it ends the query, so
+        # where the parameter would land is anyone's guess.
+        raise RequestInapplicable("the request target contains '#'")
+    before, _, query = path.partition("?")
+    return before, query.split("&") if query else []
+
+
+def _named(element: str, param: str) -> bool:
+    """Whether a raw query element is parameter `param`: its name, percent-decoded, is exactly
+    `param`. Decoded, because a server that decodes names would read `api%5Fkey` as a second
+    `api_key` the sandbox chose."""
+    name = element.partition("=")[0]
+    return unquote_to_bytes(name.encode("utf-8", "surrogateescape")) == param.encode("ascii")
+
+
+def has_query_param(path: str, param: str) -> bool:
+    """Whether request target `path` carries query parameter `param` (as `_named` compares)."""
+    return any(_named(element, param) for element in _query_elements(path)[1])
+
+
+def set_query_param(path: str, param: str, value: str) -> str:
+    """Request target `path` with every `param` element of its query removed and
+    `param=<value, percent-encoded as UTF-8>` appended last. Every other element keeps its
+    exact text, empty ones included: pre-signed URLs sign those bytes. Raises
+    RequestInapplicable for a target with a `#`."""
+    before, elements = _query_elements(path)
+    kept = [element for element in elements if not _named(element, param)]
+    # safe="": `&`, `=`, `+`, `/` and `#` in a secret stay data; a space is %20, never `+`,
+    # which only form decoders read as a space.
+    kept.append(f"{param}={quote(value, safe='')}")
+    return f"{before}?{'&'.join(kept)}"
 
 
 def _signature(key: str, message: bytes, encoding: str) -> str:
@@ -385,7 +431,7 @@ def inject(processor: Processor, secret: str, request: MutableRequest) -> None:
                 "Authorization", [f"Basic {base64.b64encode(pair).decode('ascii')}"]
             )
         case QueryProcessor(param=param):
-            request.set_query_values(param, [secret])
+            request.set_path(set_query_param(request.get_path(), param, secret))
         case HmacProcessor(header=header, format=fmt, encoding=encoding, message=message):
             signed = request.get_body() if message is None else message.encode("utf-8")
             value = fmt.replace("{signature}", _signature(secret, signed, encoding))

@@ -33,6 +33,7 @@ from issuer.processors import (
     QueryProcessor,
     RequestInapplicable,
     check_secret,
+    has_query_param,
     inject,
     target,
 )
@@ -57,8 +58,12 @@ class FlowRequest:
     def set_header_values(self, name: str, values: Sequence[str]) -> None:
         self.request.headers.set_all(name, list(values))
 
-    def set_query_values(self, name: str, values: Sequence[str]) -> None:
-        self.request.query.set_all(name, list(values))
+    def get_path(self) -> str:
+        return self.request.path
+
+    def set_path(self, path: str) -> None:
+        # Raw: mitmproxy's `query` view would decode and re-encode every other parameter.
+        self.request.path = path
 
     def get_body(self) -> bytes:
         return self.request.raw_content or b""
@@ -106,8 +111,9 @@ def credential(
             # The base64 form decodes to the secret: an echo of it is an echo of the secret.
             needles.append(value)
     elif isinstance(processor, QueryProcessor):
-        # In the URL the secret is percent-encoded; an echoed URL (a redirect, a 404 page)
-        # carries that form.
+        # In the URL the secret is percent-encoded as `set_query_param` writes it (quote); an
+        # echoed URL (a redirect, a 404 page) carries that form, or the one a server that
+        # re-encodes it as a form writes (quote_plus).
         needles += [quote(secret, safe=""), quote_plus(secret, safe="")]
     return Credential(
         processor, secret, label, target(processor), header, tuple(needles), inapplicable
@@ -216,14 +222,22 @@ def _rewrite_headers(
 def put(request: http.Request, cred: Credential, into: Injected | None = None) -> None:
     """Write one credential whose value depends on the request (a query parameter, a
     placeholder's replacement, a signature) through its processor."""
-    name = cred.target
-    if into is not None and not isinstance(cred.processor, PlaceholderProcessor):
-        present = name[1:] in request.query if name.startswith("?") else name in request.headers
-        if present:
-            into.overwrote.append(name)
     try:
+        if into is not None and _present(request, cred):
+            into.overwrote.append(cred.target)
         inject(cred.processor, cred.secret, FlowRequest(request))
     except RequestInapplicable as exc:
         raise Denial(cred.inapplicable, str(exc)) from None
     except InjectionError as exc:
         raise Denial(exc.reason, str(exc)) from None
+
+
+def _present(request: http.Request, cred: Credential) -> bool:
+    """Whether the sandbox sent what `cred` overwrites (a placeholder replaces only itself)."""
+    match cred.processor:
+        case QueryProcessor(param=param):
+            return has_query_param(request.path, param)
+        case PlaceholderProcessor():
+            return False
+        case _:
+            return cred.target in request.headers

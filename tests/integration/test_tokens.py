@@ -592,3 +592,32 @@ def test_tokens_in_two_tokenizer_fields_are_all_applied(
     assert (seen.values("x-a"), seen.values("x-b")) == ([CANARY], [CANARY])
     assert seen.values("proxy-tokenizer") == []
 
+
+@pytest.mark.parametrize(
+    ("target", "forwarded", "overwrote"),
+    [
+        ("/q/1?api_key=dummy&q=1&api_key=x&API_KEY=keep&z=a%20b",
+         "/q/1?q=1&API_KEY=keep&z=a%20b&api_key={s}", ["?api_key"]),
+        ("/q/2?X-Amz-Signature=ab%2Fc&X-Amz-Date=20250101T000000Z&a=b+c&&api%5Fkey=2",
+         "/q/2?X-Amz-Signature=ab%2Fc&X-Amz-Date=20250101T000000Z&a=b+c&&api_key={s}",
+         ["?api_key"]),
+        ("/q/3?", "/q/3?api_key={s}", []),
+        ("/q/4", "/q/4?api_key={s}", []),
+    ],
+    ids=["issue-9", "presigned", "question-mark-only", "no-query"],
+)
+def test_query_token_rewrites_only_its_parameter_on_the_wire(
+    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, target: str,
+    forwarded: str, overwrote: list[str],
+) -> None:
+    """The request line the origin reads: every other parameter byte for byte as the sandbox
+    sent it, the secret percent-encoded in the one parameter, appended last."""
+    secret = f"{CANARY} /&=+ü"
+    token = mint(keys[1], QueryProcessor(param="api_key"), origin.port, secret=secret)
+    r = raw_call(tproxy, origin.port, target, [("Proxy-Tokenizer", token)])
+    assert r.status == 200, r.body[:300]
+    encoded = f"{CANARY}%20%2F%26%3D%2B%C3%BC"
+    assert origin.requests[-1].path.encode("latin-1") == forwarded.format(s=encoded).encode()
+    path = target.partition("?")[0]
+    line = tproxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == path)
+    assert line["overwrote"] == (overwrote or None)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
+from mitmproxy import http
 
 from issuer.keys import Keyring, PublicKeyEntry, generate
 from issuer.processors import BearerProcessor
@@ -10,12 +14,16 @@ from issuer.token import (
     CLOCK_SKEW_SECONDS,
     Claims,
     HostPattern,
+    TokenError,
     TokenExpired,
     TokenMalformed,
     seal,
 )
 from proxy import tokenizer as tokenizer_module
+from proxy.errors import Denial
+from proxy.inject import Injected, put, write
 from proxy.tokenizer import Tokenizer, TokenRequest
+from tests.vectors import generate as vectors
 
 
 def test_token_request_repr_hides_proxy_authorization() -> None:
@@ -142,3 +150,54 @@ def test_every_token_of_every_field_is_granted_in_order(
     t, u = _token(keyring[1], "t"), _token(keyring[1], "u")
     granted = tokenizer.authorise([v.format(t=t, u=u) for v in values], REQUEST)
     assert [cred.label.rpartition(":")[2] for cred in granted] == list(jtis)
+
+
+# -- the proxy against the test vectors --------------------------------------------------------
+
+VECTORS: dict[str, Any] = json.loads(vectors.VECTORS_PATH.read_text(encoding="utf-8"))
+
+
+def _through_the_proxy(vector: dict[str, Any]) -> dict[str, object]:
+    """A vector's token as the one element of a Proxy-Tokenizer header, then injected into a
+    mitmproxy request the way the pipeline does (`write`, then `put` for a body signature).
+    The vector's path goes to the tokenizer as it is: the guard, which refuses some paths
+    before any token is read, is not under test here."""
+    req, ctx = vector["request"], vector["context"]
+    tokenizer = Tokenizer(Keyring(vectors.KEYRING_ENTRIES), clock=lambda: vectors.NOW)
+    flow = http.Request(
+        req["host"], req["port"], req["method"].encode(), b"https", b"", req["path"].encode(),
+        b"HTTP/1.1", http.Headers([(k.encode(), v.encode()) for k, v in req["headers"]]),
+        req["body"].encode(), None, 0.0, None,
+    )
+    try:
+        granted = tokenizer.authorise([vector["token"]], TokenRequest(
+            ctx["sandbox_id"], ctx["policy"], req["host"], req["port"], req["method"],
+            req["path"], ctx["proxy_authorization"],
+        ))
+        assert len(granted) == 1, f"one token in the header, {len(granted)} credentials"
+        for cred in write(flow, granted, Injected()):
+            put(flow, cred)
+    except (TokenError, Denial) as exc:
+        return {"error": {"reason": exc.reason, "status": exc.status}}
+    return {"expected": {
+        "headers": vectors.normalise_headers(
+            [(k.decode(), v.decode()) for k, v in flow.headers.fields]
+        ),
+        "path": flow.path,
+        "body": flow.content.decode() if flow.content else "",
+    }}
+
+
+@pytest.mark.parametrize("vector", VECTORS["valid"], ids=lambda v: v["name"])
+def test_the_proxy_injects_each_valid_vector_as_it_says(vector: dict[str, Any]) -> None:
+    expected = vector["expected"]
+    # Every injected request asks for an identity encoding, so its response can be scrubbed.
+    headers = vectors.normalise_headers(
+        [(k, v) for k, v in expected["headers"]] + [("accept-encoding", "identity")]
+    )
+    assert _through_the_proxy(vector) == {"expected": {**expected, "headers": headers}}
+
+
+@pytest.mark.parametrize("vector", VECTORS["invalid"], ids=lambda v: v["name"])
+def test_the_proxy_refuses_each_invalid_vector_as_it_says(vector: dict[str, Any]) -> None:
+    assert _through_the_proxy(vector) == {"error": vector["error"]}

@@ -13,7 +13,8 @@ Evaluation of a vector (what `evaluate` does, and what another implementation mu
 open the token at `now` with the vector keys, then check the binding against `context`, then the
 scope against the request's host/port/method/path, then apply the processor to the request. A
 valid vector lists the request as it must look afterwards; an invalid one the error's reason and
-HTTP status. Header lists compare with names lower-cased, sorted stably by name.
+HTTP status. Header lists compare with names lower-cased, sorted stably by name; the path (the
+raw request target, query included) compares as exact text.
 """
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ class Request:
     method: str = "GET"
     host: str = "api.example.com"
     port: int = 443
-    path: str = "/v1/items"
-    query: list[tuple[str, str]] = field(default_factory=list)
+    path: str = "/v1/items"  # the raw request target: path and query, as on the request line
     headers: list[tuple[str, str]] = field(default_factory=lambda: [("Accept", "*/*")])
     body: str = ""
 
@@ -81,7 +81,6 @@ class Request:
             "host": self.host,
             "port": self.port,
             "path": self.path,
-            "query": [list(pair) for pair in self.query],
             "headers": [list(pair) for pair in self.headers],
             "body": self.body,
         }
@@ -167,7 +166,7 @@ def evaluate(
         body = request["body"]
         assert isinstance(body, str)
         target = pr.InMemoryRequest(
-            headers=_pairs(request["headers"]), query=_pairs(request["query"]), body=body.encode()
+            headers=_pairs(request["headers"]), path=path, body=body.encode()
         )
         tk.apply(claims, target)
     except tk.TokenError as exc:
@@ -175,7 +174,7 @@ def evaluate(
     return {
         "expected": {
             "headers": normalise_headers(target.headers),
-            "query": [list(pair) for pair in target.query],
+            "path": target.path,
             "body": target.body.decode(),
         }
     }
@@ -199,6 +198,7 @@ def valid_cases() -> list[Case]:
     placeholder_request = Request(
         headers=[("Authorization", "Bearer sg-placeholder"), ("Accept", "*/*")]
     )
+    query_api_key = {"type": "query", "param": "api_key"}
     return [
         Case(
             "bearer",
@@ -236,9 +236,34 @@ def valid_cases() -> list[Case]:
         ),
         Case(
             "query",
-            "query replaces every api_key parameter and keeps the others",
-            _claims(processor={"type": "query", "param": "api_key"}),
-            request=Request(query=[("api_key", "dummy"), ("q", "1"), ("api_key", "x")]),
+            "query removes every api_key parameter, keeps the others byte for byte (API_KEY is "
+            "another name, %20 stays %20) and appends api_key last",
+            _claims(processor=query_api_key),
+            request=Request(path="/v1/items?api_key=dummy&q=1&api_key=x&API_KEY=keep&z=a%20b"),
+        ),
+        Case(
+            "query-encoded-secret",
+            "the secret is percent-encoded as UTF-8, a space as %20; / & = + are data",
+            _claims(processor=query_api_key, secret="s k/&=+ü✓"),
+            request=Request(path="/v1/items?a=b+c"),
+        ),
+        Case(
+            "query-encoded-name",
+            "names compare percent-decoded: api%5Fkey and a bare api_key are api_key; empty "
+            "elements and names that merely contain api_key stay",
+            _claims(processor=query_api_key),
+            request=Request(path="/v1/items?api%5Fkey=smuggled&&api_key&xapi_key=1&api_key2=2&"),
+        ),
+        Case(
+            "query-none",
+            "a target without a query gets one",
+            _claims(processor=query_api_key),
+        ),
+        Case(
+            "query-empty",
+            "a target with '?' and nothing after it",
+            _claims(processor=query_api_key),
+            request=Request(path="/v1/items?"),
         ),
         Case(
             "hmac-body-hex",
@@ -571,6 +596,12 @@ def invalid_cases() -> list[Case]:
             "encoded dot segments never match a prefix",
             _claims(paths=["/v1/charges"]),
             request=Request(path="/v1/charges/%2e%2e/admin"),
+        ),
+        Case(
+            "query-fragment",
+            "a '#' in the request target: where the query ends is ambiguous",
+            _claims(processor={"type": "query", "param": "api_key"}),
+            request=Request(path="/v1/items?a=1#api_key=x"),
         ),
         Case(
             "placeholder-missing",
