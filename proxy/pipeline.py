@@ -300,6 +300,13 @@ class Sealgate:
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
             verdict.host, verdict.port = host.name, port
             policy = self._admit_connection(conn, identity, verdict)
+            if TOKEN_HEADER in flow.request.headers:
+                # A token applies to one request; nothing on a CONNECT reaches the requests
+                # inside, and inside a tunnel passed through the proxy sees none of them.
+                raise Denial(
+                    "tokens_not_allowed",
+                    "a sealed token goes on each request inside the tunnel, not on the CONNECT",
+                )
             rules = policy.match_host(host, port)
             if not rules:
                 self._policy_miss(policy, verdict, f"{host.name}:{port} is not allowed")

@@ -423,6 +423,14 @@ class _Document(YamlFile):
             if "budgets" in entries
             else Budgets()
         )
+        if tokens and (blind := sum(not r.needs_request_inspection for r in rules)):
+            # Tokens ride in request headers, so a policy that accepts them passes nothing
+            # through; a client pinning a host's certificate would fail there.
+            self._warn(
+                "tokens_intercept", entries["tokens"][1], f"{field}.tokens",
+                f"tokens: true intercepts the {blind} rule(s) that alone would pass TLS through "
+                "undecrypted (a token inside a blind tunnel could not be seen)",
+            )
         return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets)
 
     def _rule(self, node: Node, field: str) -> Rule:

@@ -147,6 +147,21 @@ def test_a_tunnel_passed_through_relays_only_tls(
     assert (tls_origin.connections, tls_origin.bytes_received) == (0, 0)
 
 
+@pytest.mark.parametrize("host", ["strict.test", "blind.test"])
+def test_a_token_on_the_connect_is_refused(
+    sproxy: Proxy, tls_origin: RawListener, clean: None, host: str
+) -> None:
+    """Inside a tunnel passed through (blind.test) the proxy could not see a token at all; on
+    the CONNECT it can, and a token there would reach no request: refused, nothing dialed."""
+    sock, response = open_tunnel(
+        sproxy.port, f"{host}:{tls_origin.port}",
+        [("Proxy-Authorization", proxy_auth("strict-1", KEY)), ("Proxy-Tokenizer", "")],
+    )
+    sock.close()
+    assert (response.status, response.reason) == (403, "tokens_not_allowed")
+    assert (tls_origin.connections, tls_origin.bytes_received) == (0, 0)
+
+
 def test_split_method_inside_intercepted_tls_reaches_nothing(
     sproxy: Proxy, tls_origin: RawListener, clean: None
 ) -> None:

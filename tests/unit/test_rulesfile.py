@@ -65,7 +65,8 @@ def test_full_file(tmp_path: Path) -> None:
     path = write(tmp_path, FULL)
     rules = load_rules(path)
     assert rules.sources == (path,)
-    assert rules.warnings == ()
+    # *.pythonhosted.org alone would pass through; tokens: true intercepts it.
+    assert [w.code for w in rules.warnings] == ["tokens_intercept"]
     assert rules.default_policy == "empty"
     ci = rules.policies["ci-bot"]
     assert (ci.name, ci.mode, ci.tokens) == ("ci-bot", "report", True)
@@ -588,6 +589,7 @@ WARNINGS = [
     ("allow_networks: [169.254.169.254/32]", "metadata_network", 4, "policies.p.allow_networks"),
     ("allow_networks: ['fd00:ec2::/64']", "metadata_network", 4, "policies.p.allow_networks"),
     ("allow_networks: ['::ffff:0:0/96']", "metadata_network", 4, "policies.p.allow_networks"),
+    ("tokens: true\nallow:\n  - {host: a.com}", "tokens_intercept", 4, "policies.p.tokens"),
 ]
 
 
