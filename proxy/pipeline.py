@@ -469,8 +469,10 @@ class Sealgate:
         if signed := write(request, credentials, injected, strip=strip):
             # The signature covers the exact body: buffer it (declared, so bounded by the
             # request budget) and sign in the `request` hook.
-            if facts.length is None:
-                raise Denial("length_required", "a signed body needs a Content-Length")
+            if facts.chunked and facts.length is None:
+                # Neither buffered without a bound nor signed before it has all come: refused.
+                # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
+                raise Denial("length_required", "a signed chunked body needs a Content-Length")
             request.stream = False
             flow.metadata[_PENDING] = signed
         if injected.needles:

@@ -3,11 +3,14 @@ overwrite and placeholder behaviour, plain-HTTP refusal, Vault down within and p
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
@@ -86,6 +89,12 @@ policies:
             as: bearer
       - host: api.test
         ports: [{s}]
+        paths: ["/signed/**"]
+        inject:
+          - secret: file:stripe_key
+            as: {{type: hmac-sha256, header: X-Signature, format: "s={{signature}}", encoding: hex}}
+      - host: api.test
+        ports: [{s}]
         paths: ["/missing/**"]
         inject:
           - secret: vault:kv/data/ci/nothere#token
@@ -155,7 +164,7 @@ def test_basic_and_query_forms(bproxy: Proxy, origin: Origin) -> None:
     assert origin.requests[-1].headers["authorization"] == expected
     assert session.get(f"https://api.test:{origin.port}/query/x?key=mine&a=1",
                        timeout=10).status_code == 200
-    assert origin.requests[-1].path == f"/query/x?key={FILE_CANARY}&a=1"
+    assert origin.requests[-1].path == f"/query/x?a=1&key={FILE_CANARY}"
 
 
 def test_echo_is_scrubbed(bproxy: Proxy, origin: Origin) -> None:
@@ -207,3 +216,30 @@ def test_vault_down_within_then_past_grace(
         assert origin.untouched()
     finally:
         vault.down = False
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "POST"])
+def test_a_body_signature_without_a_body_signs_the_empty_body(
+    bproxy: Proxy, origin: Origin, method: str
+) -> None:
+    """No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3): signed as
+    such, not refused with 411."""
+    request = requests.Request(method, f"https://api.test:{origin.port}/signed/{method}")
+    prepared = client(bproxy).prepare_request(request)
+    prepared.headers.pop("Content-Length", None)
+    r = client(bproxy).send(prepared, timeout=10)
+    assert r.status_code == 200, r.text
+    seen = origin.requests[-1]
+    assert "content-length" not in seen.headers or seen.headers["content-length"] == "0"
+    empty = hmac.new(FILE_CANARY.encode(), b"", hashlib.sha256).hexdigest()
+    assert seen.headers["x-signature"] == f"s={empty}"
+
+
+def test_a_body_signature_over_a_chunked_body_is_refused(bproxy: Proxy, origin: Origin) -> None:
+    """A chunked body's length is unknown until its end: it is neither buffered without bound
+    nor signed early, but refused (docs/rules.md)."""
+    r = client(bproxy).post(f"https://api.test:{origin.port}/signed/chunked",
+                            data=iter([b"part one", b"part two"]), timeout=10)
+    assert r.status_code == 411
+    assert r.headers["x-sealgate-error"] == "length_required"
+    assert not origin.requests
