@@ -517,9 +517,21 @@ def test_streamed_echo_that_fails_to_decode_cuts_the_client_off(
     """Part of the body went out when the rest turns out corrupt (or a chunk decodes past the
     limit): the client's connection is closed at once, without the end of the chunked body,
     so it sees a broken response instead of waiting, or of taking a cut one as whole."""
-    good = gzip.compress(b"first part " + CANARY.encode() + os.urandom(4096))
-    rest = b"\xff" * 64 if broken == "corrupt" else gzip.compress(bytes(64 << 20))
-    origin.response_headers = {"Content-Encoding": "gzip"}
+    first = b"first part " + CANARY.encode() + os.urandom(4096)
+    if broken == "corrupt":
+        coding, good, rest = "gzip", gzip.compress(first), b"\xff" * 64
+    else:
+        # The limit holds per decoding call, so the bomb must arrive in one read: 64 MiB of
+        # zstd in 2 KiB does (a gzip bomb needs 64 KiB, which TLS records may split into
+        # pieces each within the limit: the test once passed the whole body as allowed).
+        params = zstandard.ZstdCompressionParameters.from_level(
+            19, window_log=20, write_content_size=False
+        )
+        zstd = zstandard.ZstdCompressor(compression_params=params)
+        coding, good = "zstd", zstd.compress(first)
+        rest = zstd.compress(bytes(64 << 20))
+        assert len(rest) < 4096
+    origin.response_headers = {"Content-Encoding": coding}
     origin.response_chunks = [good, rest]
     started = time.monotonic()
     with pytest.raises((requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
