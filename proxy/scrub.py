@@ -5,8 +5,8 @@ The needles are the secret itself and every header value the injection produced 
 credential's base64 form, say). Requests that carry an injected credential ask the upstream for
 an identity encoding, so the body can be scrubbed byte for byte: whole when it was buffered, and
 chunk by chunk when it streams, each chunk passed on at once but for a tail that could be the
-start of a needle (server-sent events and token streams must not wait for the next chunk). The mask has the
-needle's length, so the response keeps its framing.
+start of a needle (server-sent events and token streams must not wait for the next chunk). The
+mask has the needle's length, so the response keeps its framing.
 
 An upstream may compress anyway. Then the body is decoded and passed on decoded, since a secret
 inside compressed bytes cannot be found by searching them: whole when buffered, on the fly when
