@@ -2,10 +2,18 @@
 
 The session proxy enforces `SESSION_RULES`; tests that need other rules start their own proxy.
 Loopback is opened to the `ci` policy the way a user opens an internal range: allow_networks.
+
+The whole session runs in a network namespace of its own with only `lo` (tests.netns), entered
+here at import, before pytest or a fixture starts a thread. If that cannot be done the session
+stops: the suite asks proxies to reach denied addresses, and with a broken guard they would
+really dial them through the host's default route. Name lookups go to the tests' stub
+(tests.dnsstub); a proxy started without `--resolver` gets SEALGATE_RESOLVER, port 9 of the
+namespace's own loopback, where nothing answers, never the host's name server.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +22,24 @@ import requests
 
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.netns import IsolationError, isolate_session
+
+try:
+    ISOLATION = isolate_session()
+except IsolationError as _exc:
+    pytest.exit(
+        f"sealgate tests: {_exc}. The suite runs in a network namespace of its own so that a "
+        "broken guard reaches nothing; run it as root, or where unprivileged user namespaces "
+        "are allowed (sysctl kernel.unprivileged_userns_clone=1, "
+        "kernel.apparmor_restrict_unprivileged_userns=0).",
+        returncode=4,
+    )
+os.environ["SEALGATE_RESOLVER"] = "127.0.0.1:9"
+
+
+def pytest_report_header() -> str:
+    return f"network: a namespace of the session's own, only lo ({ISOLATION})"
+
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
 

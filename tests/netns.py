@@ -1,20 +1,128 @@
-"""Test hosts in network namespaces the tests create (and always remove) themselves.
+"""The test session's own network namespace, and test hosts in namespaces the tests create.
 
-A namespace gets one veth pair to the host, a /30 of its own from 10.213.0.0/16, and no other
-route: nothing in it can reach anything but the host side of its own link.
+`isolate_session` (called by conftest at import, before any thread exists) moves the pytest
+process into a fresh network namespace holding only `lo`. Every proxy, origin, sandbox and
+namespace a test starts inherits it, so a broken guard that dials a denied address for real
+finds no route off the machine (and no host listener, no host name server): the test fails and
+nothing leaves. As root that is unshare(CLONE_NEWNET); otherwise a user namespace mapping only
+the caller's own uid and gid comes with it, so root-only tests still skip.
+
+A test namespace gets one veth pair to the session's, a /30 of its own from 10.213.0.0/16, and
+no other route: nothing in it can reach anything but the host side of its own link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
+import ipaddress
 import os
 import secrets
 import shutil
+import socket
+import struct
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+_T = TypeVar("_T")
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ_FLAGS = struct.Struct("16sH22x")  # struct ifreq: name, then ifr_flags in the union
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class IsolationError(RuntimeError):
+    """The session could not be given a network namespace of its own."""
+
+
+def _libc_call(name: str, *args: int) -> None:
+    if getattr(_LIBC, name)(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)}")
+
+
+def interfaces() -> list[str]:
+    """The network interfaces of the calling thread's namespace."""
+    return [name for _, name in socket.if_nameindex()]
+
+
+def netns_inode(pid: int | str = "self") -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = _IFREQ_FLAGS.pack(b"lo", 0)
+        _, flags = _IFREQ_FLAGS.unpack(fcntl.ioctl(sock, _SIOCGIFFLAGS, request))
+        if not flags & _IFF_UP:
+            fcntl.ioctl(sock, _SIOCSIFFLAGS, _IFREQ_FLAGS.pack(b"lo", flags | _IFF_UP))
+
+
+def isolate_session() -> str:
+    """Put this process in a network namespace with only `lo` (up); say how it was done.
+
+    A namespace that already has only `lo` (`unshare -n`, a network-less container) is kept.
+    """
+    how = "already isolated"
+    if interfaces() != ["lo"]:
+        # Only the calling thread changes namespace; a thread started earlier would stay outside.
+        threads = len(os.listdir("/proc/self/task"))
+        if threads != 1:
+            raise IsolationError(f"{threads} threads are already running")
+        uid, gid = os.geteuid(), os.getegid()
+        try:
+            if uid == 0:
+                _libc_call("unshare", _CLONE_NEWNET)
+                how = "unshare(CLONE_NEWNET)"
+            else:
+                _libc_call("unshare", _CLONE_NEWUSER | _CLONE_NEWNET)
+                Path("/proc/self/setgroups").write_text("deny")
+                Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+                Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+                how = f"unshare(CLONE_NEWUSER|CLONE_NEWNET), uid {uid} mapped to itself"
+        except OSError as exc:
+            raise IsolationError(f"cannot create a network namespace: {exc}") from exc
+    try:
+        _loopback_up()
+    except OSError as exc:
+        raise IsolationError(f"cannot bring lo up in the session's namespace: {exc}") from exc
+    if interfaces() != ["lo"]:
+        raise IsolationError(f"the session's namespace has interfaces {interfaces()}")
+    return how
+
+
+def in_netns(name: str, make: Callable[[], _T]) -> _T:
+    """`make()` run on a thread inside namespace `name`: the sockets it creates belong there
+    (and keep belonging there, whichever thread uses them), nothing else leaves this one."""
+    result: list[_T] = []
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with open(f"/run/netns/{name}") as fd:
+                _libc_call("setns", fd.fileno(), _CLONE_NEWNET)
+            result.append(make())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=enter, name=f"in-{name}")
+    thread.start()
+    thread.join(timeout=20)
+    if errors:
+        raise errors[0]
+    if not result:
+        raise TimeoutError(f"nothing made inside {name} within 20 s")
+    return result[0]
 
 
 def require_root_net() -> None:
@@ -41,14 +149,13 @@ class Netns:
 
 
 @contextlib.contextmanager
-def netns() -> Iterator[Netns]:
+def netns(link: str | None = None) -> Iterator[Netns]:
+    """A namespace; `link` (a /30) chooses its link's addresses instead of 10.213.0.0/16."""
     require_root_net()
     tag = secrets.token_hex(3)
     index = int(tag, 16) % 16000
-    base = f"10.213.{index // 64}.{(index % 64) * 4}"
-    octets = base.split(".")
-    host_ip = ".".join([*octets[:3], str(int(octets[3]) + 1)])
-    ns_ip = ".".join([*octets[:3], str(int(octets[3]) + 2)])
+    net = ipaddress.IPv4Network(link or f"10.213.{index // 64}.{(index % 64) * 4}/30")
+    host_ip, ns_ip = str(net[1]), str(net[2])
     ns = Netns(name=f"sgt-{tag}", host_if=f"tsh{tag}", host_ip=host_ip, ns_ip=ns_ip)
     peer = f"tsn{tag}"
     try:
