@@ -23,10 +23,12 @@ from typing import Final
 
 __all__ = [
     "DENIED_RANGES",
+    "METADATA",
     "METADATA_ADDRESSES",
     "AddressPolicy",
     "DeniedRange",
     "IPAddress",
+    "IPNetwork",
     "classify",
     "embedded_ipv4",
 ]

@@ -36,6 +36,9 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
                    help="state directory: CA, registry, audit log, control socket")
     p.add_argument("--resolver", default=env("SEALGATE_RESOLVER"),
                    help="DNS server HOST:PORT the guard uses (default: system nameservers)")
+    p.add_argument("--sandbox-network", action="append", default=[], metavar="CIDR",
+                   help="sandbox range never connected to, whatever allow_networks say; "
+                        "repeatable (default 10.200.0.0/16, the sandbox runtime's)")
     p.add_argument("--workers", type=int, default=env("SEALGATE_WORKERS", "1"),
                    help="worker processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
@@ -91,7 +94,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         connect_timeout=args.connect_timeout,
         token_keys=Path(args.token_keys) if args.token_keys else None,
         secret_stores=tuple(args.secret_store),
-        extra=tuple(args.set),
+        # An option of the addon only: mitmproxy collects repeated values of a list option.
+        extra=(*(f"sealgate_sandbox_networks={n}" for n in args.sandbox_network), *args.set),
     )
 
 

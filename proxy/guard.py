@@ -5,6 +5,10 @@ refuses the request if *any* answer falls in a denied range (a public name that 
 is an attack, not a misconfiguration), and hands back the one address it checked. The addon pins
 the upstream connection to that address in `server_connect`, so nothing resolves twice and a
 rebinding answer has no window to slip through; every new upstream connection is checked again.
+
+An answer is judged by the policy's address table (proxy.addresses) and by what it is on this
+host (proxy.hostaddr): the host's own addresses and the sandbox networks, like the metadata
+addresses, are refused whatever the policy's allow_networks say.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from typing import Final
 
 from mitmproxy import http
 
-from proxy.addresses import IPAddress
+from proxy.addresses import METADATA, IPAddress
 from proxy.errors import Denial
+from proxy.hostaddr import DEFAULT_SANDBOX_NETWORKS, HostAddresses, LocalRoutes, parse_networks
 from proxy.hostname import Host, HostError, denied_name, split_authority
 from proxy.policy import Policy
 from proxy.resolver import ResolveError, Resolver
 
+__all__ = [
+    "DEFAULT_SANDBOX_NETWORKS",
+    "Guard",
+    "Pin",
+    "parse_target",
+    "request_target",
+    "strip_downstream_headers",
+    "strip_upstream_headers",
+]
 # Headers a sandbox must not be able to send upstream: its proxy credentials, forwarding claims
 # that upstreams (and cloud metadata services) trust, and our own control headers.
 _STRIP_UP_EXACT: Final = ("proxy-authorization", "proxy-connection", "forwarded", "x-real-ip")
@@ -43,10 +57,19 @@ class Pin:
 
 
 class Guard:
-    def __init__(self, resolver: Resolver, listen: Iterable[tuple[str, int]] = ()) -> None:
+    def __init__(
+        self,
+        resolver: Resolver,
+        listen: Iterable[tuple[str, int]] = (),
+        sandbox_networks: Iterable[str] = DEFAULT_SANDBOX_NETWORKS,
+    ) -> None:
+        """ValueError: a sandbox network is not a CIDR. OSError: the kernel cannot be asked
+        which addresses are this host's (no netlink here)."""
         self.resolver = resolver
+        self.sandbox_networks = parse_networks(sandbox_networks)
         self._own_ports = frozenset(port for _, port in listen)
         self._own_hosts = frozenset(_ip_or_none(host) for host, _ in listen) - {None}
+        self._host = HostAddresses(LocalRoutes(), self.sandbox_networks)
 
     async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
         """Resolve and classify every answer; the first address, if all of them may be reached."""
@@ -62,9 +85,15 @@ class Guard:
                 raise Denial(exc.reason, f"cannot resolve {host.name}") from exc
             addresses, dns_seconds = answer.addresses, answer.duration
         checker = policy.addresses
+        host_check = self._host.check
         for address in addresses:
             direct = address.ipv4_mapped if isinstance(address, IPv6Address) else None
-            if reason := checker.check(address):
+            reason = checker.check(address)
+            if reason != METADATA:
+                # An OSError (the kernel could not be asked) refuses the request as an internal
+                # error: unknown is not "not local".
+                reason = host_check(address) or reason
+            if reason:
                 # The address itself stays in the audit log, not in the answer: the sandbox must
                 # not get an oracle for what internal names resolve to.
                 raise Denial(reason, f"{host.name} resolves to a denied address ({reason})")
