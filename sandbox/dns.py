@@ -9,14 +9,18 @@ is off), so a query carries nothing out (no DNS tunnel) and learns nothing in.
 One UDP socket on the host end of the link, on a port of the kernel's choosing (a name server of
 the host's own may hold port 53 on every address; the sandbox's firewall table sends its port
 53 here), bound before the sandbox starts (queries sent before the serving thread runs wait in
-the socket), served by one thread until the run ends. The table also limits the query rate:
-this thread runs in the runtime, outside the sandbox's CPU limit.
+the socket), served by one thread until the run ends. That thread runs in the runtime, outside
+the sandbox's CPU limit, so its work is bounded twice: the sandbox's table lets at most `RATE`
+queries a second (`BURST` at once) reach the socket, and the server itself reads no more than
+that (`_Bucket`), even were the table to let more through: the rest wait in the socket's
+buffer, and the kernel drops what does not fit.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from ipaddress import IPv4Address
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
@@ -24,6 +28,26 @@ from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 _TTL = 60
 _MAX_QUERY = 512
 _POLL_SECONDS = 0.2
+RATE = 50  # queries a second, per sandbox
+BURST = 100
+
+
+class _Bucket:
+    """Tokens for `RATE` queries a second, at most `BURST` saved up."""
+
+    def __init__(self) -> None:
+        self._tokens = float(BURST)
+        self._stamp = time.monotonic()
+
+    def wait(self) -> float:
+        """Seconds until a query may be read (0: now)."""
+        now = time.monotonic()
+        self._tokens = min(BURST, self._tokens + (now - self._stamp) * RATE)
+        self._stamp = now
+        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / RATE
+
+    def spend(self) -> None:
+        self._tokens -= 1
 
 
 class FakeDns:
@@ -34,6 +58,7 @@ class FakeDns:
         self._sock.settimeout(_POLL_SECONDS)
         self.port: int = self._sock.getsockname()[1]
         self._stop = threading.Event()
+        self._bucket = _Bucket()
         self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
                                         daemon=True)
 
@@ -48,12 +73,17 @@ class FakeDns:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
+            # Not even read before a token is there: a flood costs this thread nothing more.
+            if (delay := self._bucket.wait()) > 0:
+                self._stop.wait(delay)
+                continue
             try:
                 packet, peer = self._sock.recvfrom(_MAX_QUERY)
             except TimeoutError:
                 continue
             except OSError:
                 return
+            self._bucket.spend()
             reply = self.answer(packet)
             if reply is not None:
                 try:

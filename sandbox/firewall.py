@@ -6,7 +6,8 @@ sandbox is never half-filtered. For packets from the sandbox's link:
 - the source must be the sandbox's own address (it cannot pose as another sandbox, whose
   address the proxy identifies it by); IPv6 is dropped outright;
 - TCP to the gateway's proxy ports is accepted, and DNS to the host end of the link (the
-  sandbox's own name server, `sandbox.dns`, which forwards nothing); any other TCP connection
+  sandbox's own name server, `sandbox.dns`, which forwards nothing), at most `dns.RATE`
+  packets a second however many sockets send them; any other TCP connection
   is redirected to the proxy's transparent port, where the proxy names the destination by SNI
   or Host and decides like any other request; everything else (other UDP, QUIC, ICMP, other
   ports of the gateway or the host) is dropped;
@@ -25,9 +26,11 @@ import contextlib
 import subprocess
 from collections.abc import Collection
 
+from sandbox import dns
 from sandbox.network import Link, Plan
 
-_DNS_RATE = "50/second burst 100 packets"
+# One limit for every query of the sandbox, whatever its sockets and ports.
+_DNS_RATE = f"{dns.RATE}/second burst {dns.BURST} packets"
 
 
 class FirewallError(RuntimeError):
@@ -63,10 +66,12 @@ def sandbox_rules(
         "    type filter hook input priority filter - 10; policy accept;\n"
         f"    iifname {dev} meta nfproto ipv6 drop\n"
         f"    iifname {dev} ip saddr != {link.sandbox_ip} drop\n"
+        # Before conntrack's verdict: a query on a socket that keeps its port is "established"
+        # from its second packet on, and would pass unlimited.
+        f"    iifname {dev} ip daddr {end} udp dport {dns_port} limit rate over {_DNS_RATE} drop\n"
+        f"    iifname {dev} ip daddr {end} udp dport {dns_port} accept\n"
         f"    iifname {dev} ct state established,related accept\n"
         f"    iifname {dev} ip daddr {gw} tcp dport {{ {ports} }} ct state new accept\n"
-        f"    iifname {dev} ip daddr {end} udp dport {dns_port} "
-        f"limit rate {_DNS_RATE} accept\n"
         # Refused at once rather than left to time out: clients fail fast and say why.
         f"    iifname {dev} meta l4proto tcp reject with tcp reset\n"
         f"    iifname {dev} drop\n"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -136,4 +137,37 @@ def test_the_sandbox_name_server_answers_every_name_with_the_link() -> None:
         response = DNSRecord.question("x.example").reply()
         assert names.answer(bytes(response.pack())) is None  # not a query
     finally:
+        names.close()
+
+
+def test_the_name_server_reads_no_more_than_its_rate_whatever_gets_through() -> None:
+    """Its own bound, with no firewall in front (as if the sandbox's table let a flood by):
+    one socket sending as fast as it can gets no more answers than the rate allows."""
+    import socket
+    import time
+
+    from dnslib import DNSRecord
+
+    from sandbox.dns import BURST, RATE, FakeDns
+
+    names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        names.start()
+        client.setblocking(False)
+        query = bytes(DNSRecord.question("flood.example").pack())
+        window, answers, sent = 1.0, 0, 0
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                client.sendto(query, ("127.0.0.1", names.port))
+                sent += 1
+            with contextlib.suppress(OSError):
+                while client.recv(512):
+                    answers += 1
+        allowed = BURST + RATE * window
+        assert sent > 10 * allowed
+        assert RATE <= answers <= allowed * 1.25, (sent, answers)
+    finally:
+        client.close()
         names.close()
