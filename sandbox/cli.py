@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
@@ -50,12 +52,26 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
                    help="most memory, swap included: 512M, 4G, ... (default 4G)")
     r.add_argument("--cpus", type=float, default=Limits.cpus,
                    help=f"CPU time in cores, 0 for no quota (default {Limits.cpus})")
+    r.add_argument("--timeout", type=parse_duration, default="10m", metavar="DURATION",
+                   help="wall-clock time the command may run, then it and everything it started "
+                        "are killed and the exit status is 124: 30s, 10m, 2h, seconds; 0 for "
+                        "none (default 10m)")
     r.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="an extra environment variable (repeatable): NAME passes the caller's "
                         "value (never shown by ps), NAME=VALUE sets one (visible to ps: not for "
                         "secrets); nothing else of the caller's environment is passed")
     r.add_argument("command", nargs="+", metavar="-- COMMAND")
     r.set_defaults(func=_run)
+
+
+def parse_duration(text: str) -> float | None:
+    """`30s`, `10m`, `2h`, `1.5` (seconds): seconds; `0` for no limit (None)."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", text.strip(), re.ASCII)
+    seconds = float(found[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[found[2]] if found else -1
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"not a duration: {text[:32]!r} (write 30s, 10m, 2h or "
+                                         "seconds; 0 for none)")
+    return seconds or None
 
 
 def _root() -> str | None:
@@ -111,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     spec = Run(
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
         transparent_port=args.transparent_port, plan=plan, workspace=args.workspace,
-        uid=args.uid, gid=args.uid, env=env, limits=limits,
+        uid=args.uid, gid=args.uid, env=env, limits=limits, timeout=args.timeout,
     )
     try:
         return run(spec)

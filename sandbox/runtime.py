@@ -10,7 +10,8 @@ Order matters and every step is undone on the way out, whatever happened:
    it executes anything;
 4. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read, and
    its name server (`sandbox.dns`) bound on the host end of its link;
-5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N);
+5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N), or
+   124 once it has run past its time limit: then it is killed with everything it started;
 6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
    unregistered, the namespace deleted before its firewall table, so nothing is ever left in
    it unfiltered, and the run's files removed.
@@ -29,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from sandbox.network import Link, Plan
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TIMED_OUT = 124  # as timeout(1) says it
 
 
 class SandboxError(RuntimeError):
@@ -65,6 +68,7 @@ class Run:
     gid: int = NOBODY
     env: Mapping[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    timeout: float | None = 600.0  # seconds the command may run; None: no limit
 
 
 def setup(plan: Plan) -> None:
@@ -114,7 +118,7 @@ def run(spec: Run) -> int:
                 launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, resolv,
                                 read_end, spec.workspace, spec.uid, spec.gid, spec.env)
                 stop.check()
-                code = _supervise(launch, group, stop, names)
+                code = _supervise(launch, group, stop, names, timeout=spec.timeout)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
@@ -224,7 +228,9 @@ def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
     return read_end
 
 
-def _supervise(launch: Launch, group: Group, stop: _Stop, names: FakeDns) -> int:
+def _supervise(
+    launch: Launch, group: Group, stop: _Stop, names: FakeDns, *, timeout: float | None
+) -> int:
     try:
         # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
         # other threads: the name server's starts below, once the child has executed.
@@ -237,7 +243,17 @@ def _supervise(launch: Launch, group: Group, stop: _Stop, names: FakeDns) -> int
     if stop.signum is not None:  # arrived while it was being started
         proc.kill()
     names.start()
-    code = proc.wait()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        # Its PID namespace dies with it, and teardown empties its cgroups: nothing it
+        # started, in whatever session or process group, outlives it.
+        proc.kill()
+        proc.wait()
+        stop.sandbox = None
+        print(f"sealgate: the command ran past its time limit ({timeout:g} s) and was killed",
+              file=sys.stderr)
+        return TIMED_OUT
     stop.sandbox = None
     if stop.signum is not None:
         return 128 + stop.signum

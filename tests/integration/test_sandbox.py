@@ -206,7 +206,7 @@ def test_memory_beyond_the_limit_is_not_granted(sproxy: Proxy) -> None:
 
 @pytest.mark.parametrize(("flag", "value", "error"), [
     ("--memory", "lots", "not a size"), ("--pids", "2", "at least 8"),
-    ("--cpus", "5000", "between 0.01 and 1024"),
+    ("--cpus", "5000", "between 0.01 and 1024"), ("--timeout", "1d", "not a duration"),
 ])
 def test_bad_limits_are_refused_before_anything_starts(
     sproxy: Proxy, flag: str, value: str, error: str

@@ -1,10 +1,18 @@
-"""Limits a hostile command cannot talk its way past: the rate of its name server's answers.
+"""Limits a hostile command cannot talk its way past: the wall clock (`--timeout`) and the rate
+of its name server's answers.
 """
 
 from __future__ import annotations
 
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
 import pytest
 
+from proxy.control import call
 from sandbox.dns import BURST, RATE
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
@@ -12,6 +20,59 @@ from tests.integration import test_sandbox as base
 pytestmark = pytest.mark.root
 
 gateway, sproxy = base.gateway, base.sproxy  # this module's own sandbox gateway and proxy
+
+# Ignores every stop signal and leaves a grandchild in a session of its own, which would write
+# to the workspace once the time limit has passed.
+OUTLIVER = r"""
+import os, signal, time
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(AFTER)
+        open("/workspace/outlived", "w").close()
+    os._exit(0)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def survivors(marker: str) -> list[str]:
+    """Host processes whose command line holds `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                found.append(proc.name)
+        except OSError:  # not a process, or gone
+            continue
+    return found
+
+
+def test_the_time_limit_kills_the_whole_tree_and_says_124(sproxy: Proxy) -> None:
+    marker = f"# outliver-{secrets.token_hex(4)}"
+    after = 3.0
+    workspace = Path(tempfile.mkdtemp(prefix="sg-timeout-", dir="/tmp"))
+    try:
+        workspace.chmod(0o777)
+        started = time.monotonic()
+        done = base.run(sproxy, "python3", "-c", OUTLIVER.replace("AFTER", str(after)) + marker,
+                        limits=("--timeout", "1s", "--workspace", str(workspace)))
+        took = time.monotonic() - started
+        assert done.returncode == 124, done.stderr
+        assert done.stdout == "started\n"
+        assert "time limit" in done.stderr and "Traceback" not in done.stderr
+        assert took < 20  # not the 60 s the command asked for
+        assert survivors(marker) == []
+        assert base.leftovers() == []
+        assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1] == {"sources": {}}
+        # Past the moment the grandchild would have written, had anything of the tree lived.
+        time.sleep(max(0.0, started + after + 1 - time.monotonic()))
+        assert list(workspace.iterdir()) == []
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+
 
 # One socket, one source port, as fast as it can send: conntrack sees one established flow.
 FLOOD = r"""

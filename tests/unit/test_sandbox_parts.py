@@ -1,8 +1,10 @@
-"""The sandbox runtime's pure parts: address plan, firewall text, launch line, seccomp program.
+"""The sandbox runtime's pure parts: address plan, firewall text, launch line, durations,
+seccomp program.
 (tests/integration/test_sandbox.py runs them for real.)"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import struct
 from ipaddress import IPv4Address, IPv4Network
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.cli import parse_duration
 from sandbox.firewall import sandbox_rules, shared_rules
 from sandbox.launch import Launch, argv, environment
 from sandbox.network import Link, NetworkError, Plan
@@ -60,6 +63,19 @@ def test_launch_line_carries_no_environment_and_drops_everything(tmp_path: Path)
     assert env["HTTPS_PROXY"] == "http://10.200.255.254:3128"
     assert env["API_TOKEN"] == "tok-canary-77"
     assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30), ("10m", 600), ("2h", 7200), ("1.5", 1.5), ("0", None), ("0s", None),
+])
+def test_durations(text: str, seconds: float | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "-1", "1d", "1e3", "inf", "nan", "1.", "9" * 400])
+def test_not_durations(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        parse_duration(text)
 
 
 def test_seccomp_program_checks_the_architecture_first() -> None:
