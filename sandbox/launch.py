@@ -8,10 +8,13 @@ namespace, as an unprivileged user.
   sandbox's), no capabilities, no nested user namespaces, a new session (no keystrokes pushed
   into the caller's terminal), and dies with its parent;
 - the filesystem is the host's system directories read-only (/usr, /etc and the /bin, /sbin,
-  /lib links; /etc/resolv.conf names the sandbox's own name server), fresh /proc, /dev and
-  empty tmpfs on /tmp, /run and the home directory, and
+  /lib links), fresh /proc, /dev and empty tmpfs on /tmp, /run and the home directory, and
   the workspace, if given, read-write at /workspace. Nothing else of the host is visible: not
   the proxy's state, not other users' files, not /run's sockets;
+- what the sandbox reads in place of host files (`staged`: the CA bundle, its resolv.conf, a
+  neutral host name, an empty /proc/cmdline) is handed to bubblewrap by content, through file
+  descriptors, and so are bubblewrap's own arguments: no host path of the run shows in the
+  sandbox's mount table, nor on the command line of its PID 1 (bubblewrap), which it can read;
 - the environment is built from nothing (`environment`, handed to the process, never on a
   command line where `ps` would show it): PATH, HOME, LANG, the proxy for HTTP(S), and the
   trust-store variables that make common clients trust the proxy's CA;
@@ -21,6 +24,7 @@ namespace, as an unprivileged user.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # where Debian-style clients look
 PROXY_CA = "/run/sealgate/proxy-ca.pem"
+HOSTNAME = "sandbox"
 _HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_DIRS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -46,14 +51,34 @@ class Launch:
     link: Link
     command: Sequence[str]
     proxy_port: int
-    bundle: Path  # system roots plus the proxy's CA, on the host
-    proxy_ca: Path
-    resolv_conf: Path  # names the sandbox's own name server
+    files: Mapping[str, int]  # a path in the sandbox -> a descriptor to read its content from
     seccomp_fd: int
     workspace: Path | None = None
     uid: int = NOBODY
     gid: int = NOBODY
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables, given explicitly
+
+
+def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
+    """What the sandbox reads in place of host files, by its path there: the trust store
+    (system roots plus the proxy's CA), its own name server, and nothing about the host."""
+    files = {
+        BUNDLE: bundle,
+        PROXY_CA: proxy_ca,
+        "/etc/resolv.conf": f"nameserver {link.host_ip}\noptions timeout:2 attempts:2\n".encode(),
+        "/proc/cmdline": b"",  # the host's boot line: its kernel, devices, sometimes secrets
+    }
+    neutral = {
+        "/etc/hostname": f"{HOSTNAME}\n",
+        "/etc/mailname": f"{HOSTNAME}\n",
+        "/etc/hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n",
+        "/etc/machine-id": secrets.token_hex(16) + "\n",  # a host's lasting identity otherwise
+    }
+    # Only over files the host has (a new mount point would have to be made in its /etc), and
+    # never through a link, which could lead the mount anywhere.
+    files.update({path: text.encode() for path, text in neutral.items()
+                  if os.path.isfile(path) and not os.path.islink(path)})
+    return files
 
 
 def environment(launch: Launch) -> dict[str, str]:
@@ -83,13 +108,16 @@ def tool(name: str) -> str:
     return found
 
 
-def argv(launch: Launch) -> list[str]:
-    args = [tool("ip"), "netns", "exec", launch.link.netns,
+def argv(launch: Launch, args_fd: int) -> list[str]:
+    """The host's command line: bubblewrap's arguments (`bwrap_args`) are read from `args_fd`."""
+    return [tool("ip"), "netns", "exec", launch.link.netns,
             tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
-            "--", tool("bwrap"),
-            "--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
-            "--cap-drop", "ALL",
-            "--die-with-parent", "--new-session"]
+            "--", tool("bwrap"), "--args", str(args_fd), "--", *launch.command]
+
+
+def bwrap_args(launch: Launch) -> list[str]:
+    args = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
+            "--hostname", HOSTNAME, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     for path in _SYSTEM_DIRS:
         args += ["--ro-bind", path, path]
     for path in _SYSTEM_LINKS:
@@ -99,12 +127,12 @@ def argv(launch: Launch) -> list[str]:
             args += ["--ro-bind", path, path]
     # The sandbox's own empty /tmp, not the host's.
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",  # noqa: S108
-             "--tmpfs", "/home", "--dir", HOME,
-             "--ro-bind", str(launch.bundle), BUNDLE, "--ro-bind", str(launch.proxy_ca), PROXY_CA,
-             "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
+             "--tmpfs", "/home", "--dir", HOME]
+    for path, fd in launch.files.items():  # over /proc and /etc, so after them
+        args += ["--perms", "0444", "--ro-bind-data", str(fd), path]
     chdir = HOME
     if launch.workspace is not None:
         args += ["--bind", str(launch.workspace), WORKSPACE]
         chdir = WORKSPACE
-    args += ["--chdir", chdir, "--seccomp", str(launch.seccomp_fd), "--", *launch.command]
+    args += ["--chdir", chdir, "--seccomp", str(launch.seccomp_fd)]
     return args

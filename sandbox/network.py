@@ -97,8 +97,8 @@ def lock() -> Iterator[None]:
     """Held while a link is taken and its firewall loaded, and while both are removed: an index
     is never reused while anything of its last holder is left."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    # Traversable, not listable: a sandbox's user reads its CA bundle from a run directory here.
-    RUN_DIR.chmod(0o711)
+    # Leases and the lock: nothing here is for a sandbox's user (its files come in memory).
+    RUN_DIR.chmod(0o700)
     with open(RUN_DIR / "network.lock", "a") as fh:
         deadline = time.monotonic() + _LOCK_SECONDS
         while True:

@@ -8,13 +8,14 @@ Order matters and every step is undone on the way out, whatever happened:
    password needs to be inside the sandbox);
 3. the cgroups with the run's limits (`sandbox.cgroup`), which the first process joins before
    it executes anything;
-4. the CA bundle (system roots plus the proxy's CA) is written for the sandbox to read, and
-   its name server (`sandbox.dns`) bound on the host end of its link;
+4. its name server (`sandbox.dns`) is bound on the host end of its link; the CA bundle (system
+   roots plus the proxy's CA) and the sandbox's other files are handed over in memory
+   (`launch.staged`), never written where the host's paths would show;
 5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N), or
    124 once it has run past its time limit: then it is killed with everything it started;
 6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
-   unregistered, the namespace deleted before its firewall table, so nothing is ever left in
-   it unfiltered, and the run's files removed.
+   unregistered, and the namespace deleted before its firewall table, so nothing is ever left
+   in it unfiltered.
 
 While it holds a link a run keeps a lease on it (`sandbox.lease`); the next run cleans up after
 any whose process died without its teardown (SIGKILL, the OOM killer).
@@ -27,11 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from proxy.control import ControlError, call
 from sandbox import firewall, lease, network, seccomp
 from sandbox.cgroup import CgroupError, Group, Limits
 from sandbox.dns import FakeDns
-from sandbox.launch import NOBODY, Launch, argv, environment
+from sandbox.launch import NOBODY, Launch, argv, bwrap_args, environment, staged
 from sandbox.network import Link, Plan
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -107,18 +106,18 @@ def run(spec: Run) -> int:
                     raise SandboxError(str(exc)) from None
                 undo.callback(group.remove)
                 try:
-                    files = Path(tempfile.mkdtemp(prefix=f"run-{link.index}-",
-                                                  dir=network.RUN_DIR))
-                    undo.callback(shutil.rmtree, files, ignore_errors=True)
-                    bundle, ca = _trust(files, proxy_ca)
-                    resolv = _resolv_conf(files, link)
+                    bundle, ca = _trust(proxy_ca)
+                    files = {path: _memfd(data, undo)
+                             for path, data in staged(link, bundle, ca).items()}
+                    launch = Launch(link, spec.command, spec.proxy_port, files,
+                                    _memfd(program, undo), spec.workspace, spec.uid, spec.gid,
+                                    spec.env)
+                    args_fd = _memfd(b"".join(os.fsencode(a) + b"\0"
+                                              for a in bwrap_args(launch)), undo)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
-                read_end = _pipe_with(program, undo)
-                launch = Launch(link, spec.command, spec.proxy_port, bundle, ca, resolv,
-                                read_end, spec.workspace, spec.uid, spec.gid, spec.env)
                 stop.check()
-                code = _supervise(launch, group, stop, names, timeout=spec.timeout)
+                code = _supervise(launch, args_fd, group, stop, names, timeout=spec.timeout)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
@@ -169,12 +168,10 @@ def _remove_link(index: int, table: str) -> None:
 
 def _clean_up_after(left: lease.Lease) -> None:
     """Everything a run that died without its teardown left: its cgroups (and any process in
-    them), its registration with the proxy, its files, its link, namespace and table."""
+    them), its registration with the proxy, its link, namespace and table."""
     Group.left_by(f"run-{left.index}-{left.pid}").remove()
     if left.state:
         _unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
-    for files in network.RUN_DIR.glob(f"run-{left.index}-*"):
-        shutil.rmtree(files, ignore_errors=True)
     _remove_link(left.index, firewall.table_name_for(left.index))
 
 
@@ -196,46 +193,35 @@ def _unregister(sock: Path, path: str) -> None:
         call(sock, "DELETE", path)
 
 
-def _trust(directory: Path, proxy_ca: Path) -> tuple[Path, Path]:
-    """The proxy's CA, and system roots plus it, where the sandbox's user can read them (the
-    proxy's state directory is closed to it)."""
-    directory.chmod(0o755)
-    ca = directory / "proxy-ca.pem"
-    ca.write_text(proxy_ca.read_text())
-    bundle = directory / "ca-bundle.pem"
-    roots = SYSTEM_BUNDLE.read_text() if SYSTEM_BUNDLE.is_file() else ""
-    bundle.write_text(roots.rstrip("\n") + "\n" + ca.read_text())
-    for path in (ca, bundle):
-        path.chmod(0o644)
-    return bundle, ca
+def _trust(proxy_ca: Path) -> tuple[bytes, bytes]:
+    """System roots plus the proxy's CA, and the CA alone: copies for the sandbox (the proxy's
+    state directory is closed to it)."""
+    ca = proxy_ca.read_bytes()
+    roots = SYSTEM_BUNDLE.read_bytes() if SYSTEM_BUNDLE.is_file() else b""
+    return roots.rstrip(b"\n") + b"\n" + ca, ca
 
 
-def _resolv_conf(directory: Path, link: Link) -> Path:
-    path = directory / "resolv.conf"
-    path.write_text(f"nameserver {link.host_ip}\noptions timeout:2 attempts:2\n")
-    path.chmod(0o644)
-    return path
-
-
-def _pipe_with(data: bytes, undo: contextlib.ExitStack) -> int:
-    """A pipe holding `data` whose read end the sandbox inherits (bubblewrap reads it once)."""
-    read_end, write_end = os.pipe()
-    undo.callback(os.close, read_end)
-    try:
-        os.write(write_end, data)  # a few hundred bytes: never blocks on a pipe
-    finally:
-        os.close(write_end)
-    return read_end
+def _memfd(data: bytes, undo: contextlib.ExitStack) -> int:
+    """A descriptor holding `data`, which the sandbox's bubblewrap reads once: in memory, under
+    no path of the host's."""
+    fd = os.memfd_create("sealgate")
+    undo.callback(os.close, fd)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _supervise(
-    launch: Launch, group: Group, stop: _Stop, names: FakeDns, *, timeout: float | None
+    launch: Launch, args_fd: int, group: Group, stop: _Stop, names: FakeDns, *,
+    timeout: float | None,
 ) -> int:
     try:
         # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
         # other threads: the name server's starts below, once the child has executed.
-        proc = subprocess.Popen(argv(launch), env=environment(launch),
-                                pass_fds=(launch.seccomp_fd,),
+        proc = subprocess.Popen(argv(launch, args_fd), env=environment(launch),
+                                pass_fds=(args_fd, launch.seccomp_fd, *launch.files.values()),
                                 preexec_fn=group.join)  # noqa: PLW1509
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None

@@ -1,5 +1,5 @@
-"""The sandbox runtime's pure parts: address plan, firewall text, launch line, durations,
-seccomp program.
+"""The sandbox runtime's pure parts: address plan, firewall text, launch line, staged files,
+durations, seccomp program.
 (tests/integration/test_sandbox.py runs them for real.)"""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from sandbox.cli import parse_duration
 from sandbox.firewall import sandbox_rules, shared_rules
-from sandbox.launch import Launch, argv, environment
+from sandbox.launch import Launch, argv, bwrap_args, environment, staged
 from sandbox.network import Link, NetworkError, Plan
 from sandbox.seccomp import SeccompUnsupported, program
 
@@ -45,24 +45,44 @@ def test_firewall_pins_the_source_and_opens_only_the_proxy() -> None:
     assert 'iifname != "lo" iifname != "sgh*" drop' in shared_rules(Plan())
 
 
-def test_launch_line_carries_no_environment_and_drops_everything(tmp_path: Path) -> None:
-    launch = Launch(LINK, ["curl", "https://x.example/"], 3128, tmp_path / "b.pem",
-                    tmp_path / "ca.pem", tmp_path / "resolv.conf", 9,
+def test_launch_line_carries_no_environment_and_drops_everything() -> None:
+    launch = Launch(LINK, ["curl", "https://x.example/"], 3128,
+                    {"/etc/ssl/certs/ca-certificates.crt": 11, "/proc/cmdline": 12}, 9,
                     env={"API_TOKEN": "tok-canary-77"})
-    line = argv(launch)
-    assert "tok-canary-77" not in " ".join(line)  # values travel in the environment only
-    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                 "--new-session"):
-        assert flag in line
-    assert line[line.index("--cap-drop") + 1] == "ALL"
+    line, args = argv(launch, 10), bwrap_args(launch)
+    assert "tok-canary-77" not in " ".join(line + args)  # values travel in the environment only
+    # bubblewrap reads its arguments from a descriptor: its command line, which the sandbox
+    # can read as PID 1's, says nothing of the host's paths.
+    assert line[-5:] == ["--args", "10", "--", "curl", "https://x.example/"]
     assert line[1:4] == ["netns", "exec", "sg-3"] and line[0].endswith("/ip")
-    assert "--reuid=65534" in line and "--share-net" in line
-    assert line[line.index("--seccomp") + 1] == "9"
-    assert line[-3:] == ["--", "curl", "https://x.example/"]
+    assert "--reuid=65534" in line
+    for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                 "--new-session", "--share-net"):
+        assert flag in args
+    assert args[args.index("--cap-drop") + 1] == "ALL"
+    assert args[args.index("--hostname") + 1] == "sandbox"
+    assert args[args.index("--seccomp") + 1] == "9"
+    data = [args[i + 1:i + 3] for i, a in enumerate(args) if a == "--ro-bind-data"]
+    assert data == [["11", "/etc/ssl/certs/ca-certificates.crt"], ["12", "/proc/cmdline"]]
+    assert args.index("--proc") < args.index("--ro-bind-data")  # over the fresh /proc
     env = environment(launch)
     assert env["HTTPS_PROXY"] == "http://10.200.255.254:3128"
     assert env["API_TOKEN"] == "tok-canary-77"
     assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
+def test_staged_files_say_nothing_of_the_host() -> None:
+    files = staged(LINK, b"roots+ca", b"ca")
+    assert files["/etc/resolv.conf"].startswith(b"nameserver 10.200.0.13\n")
+    assert files["/proc/cmdline"] == b""
+    assert files["/etc/ssl/certs/ca-certificates.crt"] == b"roots+ca"
+    if Path("/etc/hostname").is_file():
+        assert files["/etc/hostname"] == b"sandbox\n"
+    if Path("/etc/machine-id").is_file():
+        assert files["/etc/machine-id"] != Path("/etc/machine-id").read_bytes()
+    # Never a mount point the host's /etc lacks.
+    for path in files.keys() & {"/etc/hostname", "/etc/mailname", "/etc/hosts", "/etc/machine-id"}:
+        assert Path(path).is_file()
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
