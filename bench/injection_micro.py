@@ -29,15 +29,15 @@ sys.path.insert(0, str(ROOT))  # proxy, issuer, tests when run as a script
 from mitmproxy import http  # noqa: E402
 from services import pinned  # noqa: E402
 
-from issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
-from issuer.processors import BearerProcessor  # noqa: E402
-from issuer.token import Claims, HostPattern, SandboxBinding, open_token, seal  # noqa: E402
-from proxy.broker import Broker  # noqa: E402
-from proxy.inject import Credential, Injected, credential, write  # noqa: E402
-from proxy.rulesfile import load_rules  # noqa: E402
-from proxy.scrub import Scrubber  # noqa: E402
-from proxy.secrets import SecretBroker, SecretRef, open_store, parse_ref  # noqa: E402
-from proxy.tokenizer import HEADER, Tokenizer, TokenRequest  # noqa: E402
+from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
+from sealgate.issuer.processors import BearerProcessor  # noqa: E402
+from sealgate.issuer.token import Claims, HostPattern, SandboxBinding, open_token, seal  # noqa: E402
+from sealgate.proxy.credentials.broker import Broker  # noqa: E402
+from sealgate.proxy.credentials.inject import Credential, Injected, credential, write  # noqa: E402
+from sealgate.proxy.credentials.scrub import Scrubber  # noqa: E402
+from sealgate.proxy.credentials.secrets import SecretBroker, SecretRef, open_store, parse_ref  # noqa: E402
+from sealgate.proxy.credentials.tokenizer import HEADER, Tokenizer, TokenRequest  # noqa: E402
+from sealgate.proxy.policy.rulesfile import load_rules  # noqa: E402
 from tests.vaultfake import VaultFake  # noqa: E402
 
 HOST, PORT, PATH = "api.bench", 443, "/v1/items"

@@ -65,9 +65,9 @@ from services import (
 )
 from session import bench_session, parse_options, run_meta
 
-from issuer.keys import generate
-from issuer.processors import BearerProcessor
-from issuer.token import Claims, HostPattern, SandboxBinding, seal
+from sealgate.issuer.keys import generate
+from sealgate.issuer.processors import BearerProcessor
+from sealgate.issuer.token import Claims, HostPattern, SandboxBinding, seal
 
 SCRIPT = "injection_overhead"
 TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid
@@ -85,13 +85,13 @@ LANES = {
 # does whenever something was), at c=16 only.
 MITM_LANES = {
     "mitmdump": "stock mitmdump -q, response buffered",
-    "mitmdump-scrub": "stock mitmdump -q, response streamed through `proxy.scrub.Scrubber`",
+    "mitmdump-scrub": "stock mitmdump -q, response streamed through sealgate's `Scrubber`",
 }
 # lane -> the lane it is compared with
 BASES = {"token": "guard", "broker": "guard", "mitmdump-scrub": "mitmdump"}
 SCRUB_ADDON = """import sys
 sys.path.insert(0, {root!r})
-from proxy.scrub import Scrubber
+from sealgate.proxy.credentials.scrub import Scrubber
 
 
 def responseheaders(flow):
@@ -260,7 +260,7 @@ MICRO_LABELS = {
     "tokenizer_open_cached_us": "`Tokenizer.open`, the same token again (cache hit)",
     "tokenizer_authorise_cached_us": "`Tokenizer.authorise`, cached token: open + sandbox "
                                      "binding + host/method/path scope",
-    "write_bearer_us": "`proxy.inject.write`, a bearer credential into a mitmproxy request "
+    "write_bearer_us": "`inject.write`, a bearer credential into a mitmproxy request "
                        "(token header stripped, identity encoding asked for)",
     "scrub_1k_response_us": "response scrubber over a buffered 1 KiB body (set up + search)",
     "secret_get_hit_us": "`SecretBroker.get`, file store, cache hit",
@@ -337,7 +337,7 @@ def _attribution(results: list[Result], micro: dict[str, float] | str) -> list[s
              "Extra proxy CPU per request at c=16, within rounds, against the parts of the "
              "injection path measured alone by `bench/injection_micro.py`, and against one "
              "design choice in stock mitmdump: an addon that streams each response through "
-             "`proxy.scrub.Scrubber` against mitmdump passing the buffered response on.", "",
+             "sealgate's `Scrubber` against mitmdump passing the buffered response on.", "",
              "| configuration | req/s ratio | extra CPU µs/request | parts measured alone, µs |",
              "|---|---|---|---|"]
     parts = {

@@ -22,10 +22,10 @@ from typing import Any, ClassVar, Final, assert_never
 
 import yaml
 
-from issuer import jsonfields
-from issuer import processors as pr
-from issuer import token as tk
 from sealgate.files import read_regular
+from sealgate.issuer import jsonfields
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
 
 __all__ = [
     "BINDING_KINDS",

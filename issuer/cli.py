@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from issuer import callers, keys
-from issuer import processors as pr
-from issuer import token as tk
 from sealgate.files import read_regular
+from sealgate.issuer import callers, keys
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
 
 _MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
 DEFAULT_TTL: Final = "15m"
@@ -375,8 +375,8 @@ def _is_loopback(host: str) -> bool:
 def _issuer_serve(args: argparse.Namespace) -> int:
     def body() -> int:
         # Imported here: aiohttp is needed by this command only, not by every `sealgate` run.
-        from issuer import service
-        from proxy.audit import AuditLog
+        from sealgate.audit import AuditLog
+        from sealgate.issuer import service
 
         host, port = parse_listen(args.listen)
         if (args.tls_cert is None) != (args.tls_key is None):

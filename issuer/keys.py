@@ -19,8 +19,8 @@ from typing import Final, TypeVar
 
 from nacl.public import PrivateKey
 
-from issuer.token import load_json_object
 from sealgate.files import read_regular
+from sealgate.issuer.token import load_json_object
 
 __all__ = [
     "KeyFileError",

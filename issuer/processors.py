@@ -22,7 +22,7 @@ from dataclasses import fields as dataclass_fields
 from typing import ClassVar, Final, Protocol, assert_never
 from urllib.parse import quote, unquote_to_bytes
 
-from issuer import jsonfields
+from sealgate.issuer import jsonfields
 
 __all__ = [
     "MAX_SECRET_LENGTH",

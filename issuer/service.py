@@ -30,10 +30,10 @@ from typing import ClassVar, Final, TypeVar
 from aiohttp import web
 from cryptography import x509
 
-from issuer import callers as cl
-from issuer import jsonfields, keys
-from issuer import token as tk
-from proxy.audit import AuditLog
+from sealgate.audit import AuditLog
+from sealgate.issuer import callers as cl
+from sealgate.issuer import jsonfields, keys
+from sealgate.issuer import token as tk
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -3,7 +3,7 @@
 The issuer seals with this module and the proxy opens, checks and applies with it, so the two
 cannot disagree about a token. The format is written down in docs/token-format.md and pinned by
 tests/vectors/. Order of use: `unseal` and `check_time` (together: `open_token`), then
-`check_binding`, `check_scope`, and `apply` (the proxy applies through `proxy.inject`, which
+`check_binding`, `check_scope`, and `apply` (the proxy applies through `inject.py`, which
 works the processor out once per opened token).
 The processors and the injection itself are `issuer.processors`, shared with the proxy's broker;
 their errors are translated here into `TokenError`s.
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, ClassVar, Final, assert_never
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
-from issuer import jsonfields
-from issuer.processors import (
+from sealgate.issuer import jsonfields
+from sealgate.issuer.processors import (
     MutableRequest,
     Processor,
     ProcessorInvalid,
@@ -43,7 +43,7 @@ from issuer.processors import (
 )
 
 if TYPE_CHECKING:
-    from issuer.keys import Keyring, PublicKeyEntry
+    from sealgate.issuer.keys import Keyring, PublicKeyEntry
 
 __all__ = [
     "CLAIMS_VERSION",

@@ -6,6 +6,6 @@ What `sealgate proxy` adds around the addon is not here: the bounded upstream di
 error pages (proxy/upstream.py), workers, and the lean master's speed.
 """
 
-from proxy.pipeline import Sealgate
+from sealgate.proxy.pipeline import Sealgate
 
 addons = [Sealgate()]

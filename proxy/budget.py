@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.errors import Denial
-from proxy.policy import Budgets
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.policy.model import Budgets
 
 
 @dataclass(slots=True)

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.registry import SourceRegistry
+from sealgate.proxy.registry import SourceRegistry
 
 if TYPE_CHECKING:
-    from proxy.master import ProxyConfig
+    from sealgate.proxy.master import ProxyConfig
 
 SubParsers = argparse._SubParsersAction
 
@@ -77,7 +77,7 @@ def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
-    from proxy.master import ProxyConfig
+    from sealgate.proxy.master import ProxyConfig
 
     for item in args.set:
         if "=" not in item:
@@ -102,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
-    from proxy.master import prepare
+    from sealgate.proxy.master import prepare
 
     config = config_from_args(args)
     if args.worker_index is None:
@@ -125,8 +125,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
-    from proxy import control
-    from proxy.master import serve
+    from sealgate.proxy import control
+    from sealgate.proxy.master import serve
 
     runner = None
     if worker is None:  # a single process also answers the control API
@@ -145,7 +145,7 @@ _STOP_SECONDS = 10.0  # how long workers get to finish after SIGTERM
 
 async def _supervise(config: ProxyConfig) -> int:
     """Run the control API here and N workers as child processes; stop them all together."""
-    from proxy import control
+    from sealgate.proxy import control
 
     runner = await control.start(_socket(config.state), _registry(config.state), config.rules)
     # The workers run this same command line (the supervisor only starts from a real one).
@@ -184,7 +184,7 @@ async def _supervise(config: ProxyConfig) -> int:
 
 
 def _run_ca(args: argparse.Namespace) -> int:
-    from proxy.ca import ensure_ca
+    from sealgate.proxy.ca import ensure_ca
 
     cert = ensure_ca(Path(args.state) / "ca")
     if args.print_pem:
@@ -195,7 +195,7 @@ def _run_ca(args: argparse.Namespace) -> int:
 
 
 def _run_sources(args: argparse.Namespace) -> int:
-    from proxy.control import ControlError, call
+    from sealgate.proxy.control import ControlError, call
 
     base = "/v1/sources"
     try:

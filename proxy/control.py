@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.registry import RegistryError, SourceRegistry
-from proxy.rulesfile import RulesError, load_rules
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
+from sealgate.proxy.registry import RegistryError, SourceRegistry
 
 _MAX_BODY = 4096
 

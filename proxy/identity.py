@@ -16,9 +16,9 @@ import hmac
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.errors import Denial
-from proxy.policy import RuleSet
-from proxy.registry import SourceRegistry
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.policy.model import RuleSet
+from sealgate.proxy.registry import SourceRegistry
 
 Via = Literal["proxy-auth", "source", "default"]
 

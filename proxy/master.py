@@ -25,9 +25,9 @@ from typing import Any
 from mitmproxy import addonmanager, ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
-from proxy import speedups, upstream
-from proxy.ca import ensure_ca
-from proxy.pipeline import Sealgate
+from sealgate.proxy import speedups, upstream
+from sealgate.proxy.ca import ensure_ca
+from sealgate.proxy.pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,

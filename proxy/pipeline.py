@@ -26,26 +26,32 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
-from issuer.keys import KeyFileError, Keyring
-from issuer.token import TokenError
-from proxy import guard as guardmod
-from proxy import layers
-from proxy.audit import AuditLog
-from proxy.broker import Broker
-from proxy.budget import BudgetLedger
-from proxy.errors import Denial, deny_response
-from proxy.guard import Guard, Pin
-from proxy.hostname import Host, HostError, canonical_host
-from proxy.identity import Identifier, Identity
-from proxy.inject import Credential, Injected, put, require_secure_upstream, write
-from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
-from proxy.registry import SourceRegistry
-from proxy.resolver import Resolver
-from proxy.rulesfile import RulesError, load_rules
-from proxy.scrub import Scrubber, Undecodable, decode_whole, decoder
-from proxy.secrets import SecretBroker, SecretError, open_store
-from proxy.tokenizer import HEADER as TOKEN_HEADER
-from proxy.tokenizer import Tokenizer, TokenRequest
+from sealgate.audit import AuditLog
+from sealgate.hostname import Host, HostError, canonical_host
+from sealgate.issuer.keys import KeyFileError, Keyring
+from sealgate.issuer.token import TokenError
+from sealgate.proxy import layers
+from sealgate.proxy.budget import BudgetLedger
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.inject import (
+    Credential,
+    Injected,
+    put,
+    require_secure_upstream,
+    write,
+)
+from sealgate.proxy.credentials.scrub import Scrubber, Undecodable, decode_whole, decoder
+from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, open_store
+from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
+from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.errors import Denial, deny_response
+from sealgate.proxy.identity import Identifier, Identity
+from sealgate.proxy.net import guard as guardmod
+from sealgate.proxy.net.guard import Guard, Pin
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
+from sealgate.proxy.registry import SourceRegistry
 
 logger = logging.getLogger("sealgate")
 

@@ -28,7 +28,7 @@ from mitmproxy.proxy.layers.http._events import (
     ResponseProtocolError,
 )
 
-from proxy.errors import Denial, deny_response
+from sealgate.proxy.errors import Denial, deny_response
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 

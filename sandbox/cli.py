@@ -11,10 +11,10 @@ from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from proxy.cli import SubParsers
-from sandbox.cgroup import CgroupError, Limits, parse_size
-from sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
-from sandbox.runtime import Run, SandboxError, run, setup, teardown
+from sealgate.proxy.cli import SubParsers
+from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
+from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
+from sealgate.sandbox.runtime import Run, SandboxError, run, setup, teardown
 
 
 def register(sub: SubParsers[argparse.ArgumentParser]) -> None:

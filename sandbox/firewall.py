@@ -26,8 +26,8 @@ import contextlib
 import subprocess
 from collections.abc import Collection
 
-from sandbox import dns
-from sandbox.network import Link, Plan
+from sealgate.sandbox import dns
+from sealgate.sandbox.network import Link, Plan
 
 # One limit for every query of the sandbox, whatever its sockets and ports.
 _DNS_RATE = f"{dns.RATE}/second burst {dns.BURST} packets"

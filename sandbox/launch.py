@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.network import Link
+from sealgate.sandbox.network import Link
 
 NOBODY = 65534
 WORKSPACE = "/workspace"

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sandbox.network import RUN_DIR
+from sealgate.sandbox.network import RUN_DIR
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from proxy.ca import ca_paths
-from proxy.control import ControlError, call
-from sandbox import firewall, lease, network, seccomp
-from sandbox.cgroup import CgroupError, Group, Limits
-from sandbox.dns import FakeDns
-from sandbox.launch import NOBODY, Launch, argv, bwrap_args, environment, staged
-from sandbox.network import Link, Plan
+from sealgate.proxy.ca import ca_paths
+from sealgate.proxy.control import ControlError, call
+from sealgate.sandbox import firewall, lease, network, seccomp
+from sealgate.sandbox.cgroup import CgroupError, Group, Limits
+from sealgate.sandbox.dns import FakeDns
+from sealgate.sandbox.launch import NOBODY, Launch, argv, bwrap_args, environment, staged
+from sealgate.sandbox.network import Link, Plan
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from sealgate import __version__
+from sealgate.issuer import cli as issuer_cli
+from sealgate.proxy import cli as proxy_cli
+from sealgate.proxy.policy import cli as rules_cli
+from sealgate.sandbox import cli as sandbox_cli
 
 # Each module exposes `register(subparsers)` and sets `func=handler` (handler(args) -> exit code)
 # on the parsers it adds, so a part's commands live next to the code they drive.
-_COMMAND_MODULES = ("proxy.cli", "proxy.rulestool", "issuer.cli", "sandbox.cli")
+_COMMAND_MODULES = (proxy_cli, rules_cli, issuer_cli, sandbox_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sealgate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in _COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 

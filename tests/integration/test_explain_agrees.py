@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.explain import explain
-from proxy.rulesfile import load_rules
+from sealgate.proxy.policy.explain import explain
+from sealgate.proxy.policy.rulesfile import load_rules
 from tests.conftest import client
 from tests.harness import Origin, Proxy
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.control import call
+from sealgate.proxy.control import call
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest
 

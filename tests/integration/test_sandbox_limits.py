@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.control import call
-from sandbox.dns import BURST, RATE
+from sealgate.proxy.control import call
+from sealgate.sandbox.dns import BURST, RATE
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
 

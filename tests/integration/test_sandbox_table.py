@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from sandbox.dns import BURST, RATE
-from sandbox.firewall import sandbox_rules
-from sandbox.network import Link
+from sealgate.sandbox.dns import BURST, RATE
+from sealgate.sandbox.firewall import sandbox_rules
+from sealgate.sandbox.network import Link
 from tests.netns import require_root_net, run
 
 pytestmark = pytest.mark.root

@@ -22,8 +22,8 @@ import pytest
 import requests
 import zstandard
 
-from issuer.keys import PublicKeyEntry, generate
-from issuer.processors import (
+from sealgate.issuer.keys import PublicKeyEntry, generate
+from sealgate.issuer.processors import (
     BasicProcessor,
     BearerProcessor,
     HeaderProcessor,
@@ -32,7 +32,7 @@ from issuer.processors import (
     Processor,
     QueryProcessor,
 )
-from issuer.token import (
+from sealgate.issuer.token import (
     AuthDigestBinding,
     Claims,
     HostPattern,

@@ -7,7 +7,8 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_add
 
 import pytest
 
-from proxy.addresses import (
+from sealgate.hostname import canonical_host
+from sealgate.proxy.net.addresses import (
     DENIED_RANGES,
     METADATA_ADDRESSES,
     AddressPolicy,
@@ -15,7 +16,6 @@ from proxy.addresses import (
     classify,
     embedded_ipv4,
 )
-from proxy.hostname import canonical_host
 
 # (address, reason): first and last address of each range, and the neighbours just outside.
 BOUNDARIES: list[tuple[str, str | None]] = [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.audit import AuditLog
+from sealgate.audit import AuditLog
 
 
 def lines(path: Path) -> list[dict[str, object]]:

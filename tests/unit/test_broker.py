@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from proxy.broker import Broker
-from proxy.rulesfile import load_rules
-from proxy.secrets import SecretBroker
-from proxy.secrets.filestore import FileStore
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.secrets import SecretBroker
+from sealgate.proxy.credentials.secrets.filestore import FileStore
+from sealgate.proxy.policy.rulesfile import load_rules
 
 RULES = (
     "version: 1\npolicies:\n  p:\n    allow:\n      - host: a.test\n        inject:\n"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from issuer.callers import CallersFileError, load_callers
-from issuer.keys import KeyFileError, Keyring
-from proxy.rulesfile import RulesError, load_rules
-from proxy.secrets import SecretRef, SecretUnavailable, open_store
 from sealgate.files import read_regular
+from sealgate.issuer.callers import CallersFileError, load_callers
+from sealgate.issuer.keys import KeyFileError, Keyring
+from sealgate.proxy.credentials.secrets import SecretRef, SecretUnavailable, open_store
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 
 @pytest.fixture()

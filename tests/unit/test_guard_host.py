@@ -1,4 +1,4 @@
-"""proxy.hostaddr against the real kernel of the session's namespace (tests.netns)."""
+"""sealgate.proxy.net.hostaddr against the real kernel of the session's namespace (tests.netns)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.hostaddr import (
+from sealgate.proxy.net.hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
     HOST_ADDRESS,
     SANDBOX_NETWORK,
@@ -18,7 +18,7 @@ from proxy.hostaddr import (
     LocalRoutes,
     parse_networks,
 )
-from sandbox.network import DEFAULT_RANGE
+from sealgate.sandbox.network import DEFAULT_RANGE
 from tests.netns import require_root_net, run
 
 

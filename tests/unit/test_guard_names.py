@@ -1,4 +1,4 @@
-"""`proxy.guard.request_target` on HTTP/2 requests built directly: the `host` header beside
+"""`guard.request_target` on HTTP/2 requests built directly: the `host` header beside
 `:authority` is a name like any other. (Through the proxy, mitmproxy's HTTP/2 library already
 ends such a connection before any hook; tests/security/test_http2.py covers that path.)"""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from mitmproxy import http
 
-from proxy.errors import Denial
-from proxy.guard import request_target
-from proxy.hostname import canonical_host
+from sealgate.hostname import canonical_host
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.net.guard import request_target
 
 TUNNEL = (canonical_host("limited.test"), 8443)
 

@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from proxy.hostname import Host, HostError, canonical_host, denied_name, split_authority
+from sealgate.hostname import Host, HostError, canonical_host, denied_name, split_authority
 
 ACCEPTED: list[tuple[str, str, IPv4Address | IPv6Address | None]] = [
     # E: case, one trailing dot, UTS-46 mapping to the A-label

@@ -1,4 +1,4 @@
-"""Credentials worked out once (proxy/inject.py): what they write and what an echo looks like."""
+"""Credentials worked out once (credentials/inject.py): what they write, what an echo looks like."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import base64
 import pytest
 from mitmproxy import http
 
-from issuer.processors import BasicProcessor, BearerProcessor, QueryProcessor
-from proxy.errors import Denial
-from proxy.inject import Injected, credential, put
+from sealgate.issuer.processors import BasicProcessor, BearerProcessor, QueryProcessor
+from sealgate.proxy.credentials.inject import Injected, credential, put
+from sealgate.proxy.errors import Denial
 
 
 def test_fixed_header_credentials_carry_their_header() -> None:

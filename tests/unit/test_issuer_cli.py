@@ -23,9 +23,9 @@ from unittest.mock import patch
 
 import pytest
 
-from issuer import cli, keys
-from issuer import processors as pr
-from issuer import token as tk
+from sealgate.issuer import cli, keys
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"

@@ -28,10 +28,10 @@ import requests
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from issuer import callers as cl
-from issuer import keys, service
-from issuer import token as tk
-from proxy.audit import AuditLog
+from sealgate.audit import AuditLog
+from sealgate.issuer import callers as cl
+from sealgate.issuer import keys, service
+from sealgate.issuer import token as tk
 from tests.harness import OriginCA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -642,7 +642,7 @@ def test_serve_refuses_unsafe_options(
 ) -> None:
     import argparse
 
-    from issuer import cli
+    from sealgate.issuer import cli
 
     parser = argparse.ArgumentParser(prog="sealgate")
     cli.register(parser.add_subparsers(dest="command"))

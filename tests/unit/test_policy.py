@@ -1,4 +1,4 @@
-"""Compiled policy matching, path normalisation and path globs (proxy/policy.py)."""
+"""Compiled policy matching, path normalisation and path globs (proxy/policy/model.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.hostname import canonical_host
-from proxy.policy import (
+from sealgate.hostname import canonical_host
+from sealgate.proxy.policy.model import (
     Budgets,
     PathError,
     PathPatternError,

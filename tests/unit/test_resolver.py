@@ -15,7 +15,7 @@ from typing import Unpack
 import pytest
 from dnslib import QTYPE, RR, DNSRecord
 
-from proxy.resolver import Answer, ResolveError, Resolver, ResolverOptions
+from sealgate.proxy.net.resolver import Answer, ResolveError, Resolver, ResolverOptions
 from tests.dnsstub import StubDNS
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.explain import ExplainError, explain
-from proxy.policy import RuleSet
-from proxy.rulesdiff import diff
-from proxy.rulesfile import RulesError, load_rules
-from proxy.rulestest import load_cases, run_case
+from sealgate.proxy.policy.cases import load_cases, run_case
+from sealgate.proxy.policy.diff import diff
+from sealgate.proxy.policy.explain import ExplainError, explain
+from sealgate.proxy.policy.model import RuleSet
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.harness import ROOT, SEALGATE
 
 KEY = "0" * 63 + "1"

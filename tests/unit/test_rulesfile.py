@@ -1,4 +1,4 @@
-"""Loading and validating rules files (proxy/rulesfile.py)."""
+"""Loading and validating rules files (proxy/policy/rulesfile.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.hostname import canonical_host
-from proxy.policy import Budgets
-from proxy.rulesfile import MAX_FILE_BYTES, RulesError, load_rules
+from sealgate.hostname import canonical_host
+from sealgate.proxy.policy.model import Budgets
+from sealgate.proxy.policy.rulesfile import MAX_FILE_BYTES, RulesError, load_rules
 
 REPO = Path(__file__).resolve().parents[2]
 HEX = "ab" * 32

@@ -11,7 +11,13 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.scrub import DECODED_LIMIT, Scrubber, Undecodable, decode_whole, decoder
+from sealgate.proxy.credentials.scrub import (
+    DECODED_LIMIT,
+    Scrubber,
+    Undecodable,
+    decode_whole,
+    decoder,
+)
 
 SECRET = "sk_live_0123456789abcdef"
 

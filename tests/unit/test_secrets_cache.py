@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from proxy.secrets import (
+from sealgate.proxy.credentials.secrets import (
     Secret,
     SecretCache,
     SecretDenied,
@@ -18,7 +18,7 @@ from proxy.secrets import (
     SecretUnavailable,
     parse_ref,
 )
-from proxy.secrets.cache import REFUSED_SECONDS
+from sealgate.proxy.credentials.secrets.cache import REFUSED_SECONDS
 
 REF = parse_ref("vault:kv/data/ci/github#token")
 CANARY = "CANARY-cache-7f3a91"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.secrets import (
+from sealgate.proxy.credentials.secrets import (
     EnvStore,
     FileStore,
     Secret,

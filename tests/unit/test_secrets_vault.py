@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.secrets import (
+from sealgate.proxy.credentials.secrets import (
     SecretBroker,
     SecretDenied,
     SecretError,

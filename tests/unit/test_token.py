@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
-from issuer import keys
-from issuer import processors as pr
-from issuer import token as tk
+from sealgate.issuer import keys
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
 from tests.vectors import generate as vectors
 
 NOW = 1_700_000_000

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.public import PrivateKey, SealedBox
 
-from issuer import keys
-from issuer import processors as pr
-from issuer import token as tk
+from sealgate.issuer import keys
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
 from tests.vectors import generate as vectors
 
 KEY_A = vectors.KEY_A

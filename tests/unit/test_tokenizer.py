@@ -1,4 +1,4 @@
-"""The proxy side of sealed tokens (proxy/tokenizer.py), in process."""
+"""The proxy side of sealed tokens (proxy/credentials/tokenizer.py), in process."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from mitmproxy import http
 
-from issuer.keys import Keyring, PublicKeyEntry, generate
-from issuer.processors import BearerProcessor
-from issuer.token import (
+from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
+from sealgate.issuer.processors import BearerProcessor
+from sealgate.issuer.token import (
     CLOCK_SKEW_SECONDS,
     Claims,
     HostPattern,
@@ -19,10 +19,10 @@ from issuer.token import (
     TokenMalformed,
     seal,
 )
-from proxy import tokenizer as tokenizer_module
-from proxy.errors import Denial
-from proxy.inject import Injected, put, write
-from proxy.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.credentials import tokenizer as tokenizer_module
+from sealgate.proxy.credentials.inject import Injected, put, write
+from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.errors import Denial
 from tests.vectors import generate as vectors
 
 

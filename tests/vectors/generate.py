@@ -34,9 +34,9 @@ import nacl.encoding
 import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
-from issuer import processors as pr
-from issuer import token as tk
-from issuer.keys import Keyring, PrivateKeyEntry
+from sealgate.issuer import processors as pr
+from sealgate.issuer import token as tk
+from sealgate.issuer.keys import Keyring, PrivateKeyEntry
 
 VECTORS_PATH: Final = Path(__file__).with_name("vectors.json")
 NOW: Final = 1_700_000_000

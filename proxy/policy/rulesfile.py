@@ -19,10 +19,12 @@ from typing import Final
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from issuer.processors import InjectionError, processor_from_object, target
-from proxy.addresses import METADATA_ADDRESSES
-from proxy.hostname import Host, HostError, canonical_host, denied_name
-from proxy.policy import (
+from sealgate.files import read_regular
+from sealgate.hostname import Host, HostError, canonical_host, denied_name
+from sealgate.issuer.processors import InjectionError, processor_from_object, target
+from sealgate.proxy.credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
+from sealgate.proxy.net.addresses import METADATA_ADDRESSES
+from sealgate.proxy.policy.model import (
     ANY_HOST,
     Budgets,
     Injection,
@@ -36,8 +38,6 @@ from proxy.policy import (
     format_location,
     path_glob_regex,
 )
-from proxy.secrets.base import SecretConfigError, SecretRef, parse_ref
-from sealgate.files import read_regular
 
 __all__ = ["MAX_FILE_BYTES", "RulesError", "load_rules"]
 

@@ -24,7 +24,8 @@ import hvac
 import hvac.exceptions
 import requests
 
-from proxy.secrets.base import (
+from sealgate.files import FileIdentity, file_identity
+from sealgate.proxy.credentials.secrets.base import (
     Secret,
     SecretConfigError,
     SecretDenied,
@@ -34,7 +35,6 @@ from proxy.secrets.base import (
     SecretUnavailable,
     kv_location,
 )
-from sealgate.files import FileIdentity, file_identity
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import unquote
 
-from issuer.processors import Processor
-from proxy.addresses import AddressPolicy
-from proxy.hostname import Host
-from proxy.secrets.base import SecretRef
+from sealgate.hostname import Host
+from sealgate.issuer.processors import Processor
+from sealgate.proxy.credentials.secrets.base import SecretRef
+from sealgate.proxy.net.addresses import AddressPolicy
 
 __all__ = [
     "ANY_HOST",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from proxy.secrets.base import (
+from sealgate.proxy.credentials.secrets.base import (
     Secret,
     SecretConfigError,
     SecretDenied,
@@ -22,10 +22,10 @@ from proxy.secrets.base import (
     SecretUnavailable,
     parse_ref,
 )
-from proxy.secrets.cache import SecretCache
-from proxy.secrets.envstore import EnvStore
-from proxy.secrets.filestore import FileStore
-from proxy.secrets.vault import OptionValue, VaultConfig, VaultStore
+from sealgate.proxy.credentials.secrets.cache import SecretCache
+from sealgate.proxy.credentials.secrets.envstore import EnvStore
+from sealgate.proxy.credentials.secrets.filestore import FileStore
+from sealgate.proxy.credentials.secrets.vault import OptionValue, VaultConfig, VaultStore
 
 __all__ = [
     "EnvStore",

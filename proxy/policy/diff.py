@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any
 
-from proxy.explain import describe
-from proxy.policy import Budgets, Policy, Rule, RuleSet
+from sealgate.proxy.policy.explain import describe
+from sealgate.proxy.policy.model import Budgets, Policy, Rule, RuleSet
 
 
 @dataclass(frozen=True)

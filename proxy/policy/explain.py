@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from proxy.addresses import IPAddress
-from proxy.hostname import HostError, denied_name, split_authority
-from proxy.policy import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
+from sealgate.hostname import HostError, denied_name, split_authority
+from sealgate.proxy.net.addresses import IPAddress
+from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
 
 Decision = Literal["allow", "deny", "report"]
 _SCHEMES = {"http": 80, "https": 443}

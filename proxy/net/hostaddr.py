@@ -1,6 +1,6 @@
 """The proxy host's own addresses and the sandbox networks: never reachable through the proxy.
 
-The denied-address table (proxy.addresses) judges an address alone, and a policy's
+The denied-address table (sealgate.proxy.net.addresses) judges an address alone, and a policy's
 allow_networks can open most of it. Two denials depend on the machine instead, and nothing opens
 them, exactly as nothing opens the metadata addresses:
 
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Final
 
-from proxy.addresses import IPAddress, IPNetwork, embedded_ipv4
+from sealgate.proxy.net.addresses import IPAddress, IPNetwork, embedded_ipv4
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proxy.cli import SubParsers
-from proxy.explain import ExplainError, Explanation, describe, explain, injects
-from proxy.policy import RuleSet, RuleWarning
-from proxy.rulesdiff import diff
-from proxy.rulesfile import RulesError, load_rules
-from proxy.rulestest import load_cases, run_case
+from sealgate.proxy.cli import SubParsers
+from sealgate.proxy.policy.cases import load_cases, run_case
+from sealgate.proxy.policy.diff import diff
+from sealgate.proxy.policy.explain import ExplainError, Explanation, describe, explain, injects
+from sealgate.proxy.policy.model import RuleSet, RuleWarning
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 
 def register(sub: SubParsers[argparse.ArgumentParser]) -> None:

@@ -12,7 +12,12 @@ import os
 import re
 from collections.abc import Mapping
 
-from proxy.secrets.base import Secret, SecretConfigError, SecretNotFound, SecretRef
+from sealgate.proxy.credentials.secrets.base import (
+    Secret,
+    SecretConfigError,
+    SecretNotFound,
+    SecretRef,
+)
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

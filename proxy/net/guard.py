@@ -6,8 +6,8 @@ is an attack, not a misconfiguration), and hands back the one address it checked
 the upstream connection to that address in `server_connect`, so nothing resolves twice and a
 rebinding answer has no window to slip through; every new upstream connection is checked again.
 
-An answer is judged by the policy's address table (proxy.addresses) and by what it is on this
-host (proxy.hostaddr): the host's own addresses and the sandbox networks, like the metadata
+An answer is judged by the policy's address table (net.addresses) and by what it is on this
+host (net.hostaddr): the host's own addresses and the sandbox networks, like the metadata
 addresses, are refused whatever the policy's allow_networks say.
 """
 
@@ -21,12 +21,17 @@ from typing import Final
 
 from mitmproxy import http
 
-from proxy.addresses import METADATA, IPAddress
-from proxy.errors import Denial
-from proxy.hostaddr import DEFAULT_SANDBOX_NETWORKS, HostAddresses, LocalRoutes, parse_networks
-from proxy.hostname import Host, HostError, denied_name, split_authority
-from proxy.policy import Policy
-from proxy.resolver import ResolveError, Resolver
+from sealgate.hostname import Host, HostError, denied_name, split_authority
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.net.addresses import METADATA, IPAddress
+from sealgate.proxy.net.hostaddr import (
+    DEFAULT_SANDBOX_NETWORKS,
+    HostAddresses,
+    LocalRoutes,
+    parse_networks,
+)
+from sealgate.proxy.net.resolver import ResolveError, Resolver
+from sealgate.proxy.policy.model import Policy
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",

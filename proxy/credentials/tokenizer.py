@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from issuer.keys import Keyring
-from issuer.token import (
+from sealgate.issuer.keys import Keyring
+from sealgate.issuer.token import (
     Claims,
     TokenInapplicable,
     TokenMalformed,
@@ -28,7 +28,7 @@ from issuer.token import (
     unseal,
     validity,
 )
-from proxy.inject import Credential, credential
+from sealgate.proxy.credentials.inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
 _MAX_TOKENS = 8  # per request, all Proxy-Tokenizer fields together

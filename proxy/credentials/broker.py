@@ -2,8 +2,8 @@
 
 The sandbox sends its request with no credential, or with a placeholder an SDK insists on; the
 rule that allowed the request names the secrets and how they go in. Lookups go through the
-secret stores' cache (`proxy.secrets`): a store that is down serves from cache within its grace,
-then fails closed, and a request whose credential cannot be had is refused with 503
+secret stores' cache (`credentials.secrets`): a store that is down serves from cache within
+its grace, then fails closed, and a request whose credential cannot be had is refused with 503
 `secret_unavailable`, never forwarded without it.
 
 The credential worked out from a secret is kept per rule entry for as long as the cache hands
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from issuer.processors import InjectionError
-from proxy.errors import Denial
-from proxy.inject import Credential, credential
-from proxy.policy import Injection, RuleSet
-from proxy.secrets import Secret, SecretBroker, SecretError
+from sealgate.issuer.processors import InjectionError
+from sealgate.proxy.credentials.inject import Credential, credential
+from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.policy.model import Injection, RuleSet
 
 
 class Broker:

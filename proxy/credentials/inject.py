@@ -21,7 +21,7 @@ from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
 
-from issuer.processors import (
+from sealgate.issuer.processors import (
     BasicProcessor,
     BearerProcessor,
     HeaderProcessor,
@@ -37,10 +37,10 @@ from issuer.processors import (
     inject,
     target,
 )
-from proxy.errors import Denial
-from proxy.guard import Pin
-from proxy.policy import Policy, Rule
-from proxy.scrub import Scrubber
+from sealgate.proxy.credentials.scrub import Scrubber
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.net.guard import Pin
+from sealgate.proxy.policy.model import Policy, Rule
 
 _IDENTITY = (b"accept-encoding", b"identity")
 _TRAILERS = b"trailers"

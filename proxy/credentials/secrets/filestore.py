@@ -9,14 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from proxy.secrets.base import (
+from sealgate.files import FileIdentity, read_regular
+from sealgate.proxy.credentials.secrets.base import (
     Secret,
     SecretConfigError,
     SecretNotFound,
     SecretRef,
     SecretUnavailable,
 )
-from sealgate.files import FileIdentity, read_regular
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 

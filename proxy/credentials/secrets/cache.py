@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.secrets.base import (
+from sealgate.proxy.credentials.secrets.base import (
     Secret,
     SecretError,
     SecretRef,

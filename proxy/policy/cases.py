@@ -14,7 +14,7 @@ A case names a request, who sends it, and the decision the rules must come to:
         expect: deny
         reason: metadata              # optional: the proxy's reason code
 
-Cases are decided by `proxy.explain`, so what they cannot see (a name's DNS answers, budgets,
+Cases are decided by `policy.explain`, so what they cannot see (a name's DNS answers, budgets,
 sealed tokens) they cannot test.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from yaml.nodes import Node
 
-from proxy.explain import ExplainError, Explanation, explain
-from proxy.policy import RuleSet
-from proxy.rulesfile import RulesError, YamlFile
+from sealgate.proxy.policy.explain import ExplainError, Explanation, explain
+from sealgate.proxy.policy.model import RuleSet
+from sealgate.proxy.policy.rulesfile import RulesError, YamlFile
 
 _DECISIONS = ("allow", "deny", "report")
 _KEYS = ("name", "sandbox", "policy", "request", "expect", "reason", "rule")
