@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import Budgets
+from sealgate.reasons import Reason
 
 
 @dataclass(slots=True)
@@ -55,21 +56,24 @@ class BudgetLedger:
         """
         ledger = self._ledger(key, limits)
         if declared_bytes is not None and declared_bytes > limits.max_request_bytes:
-            raise Denial(
-                "request_too_large",
+            raise Denial(Reason.REQUEST_TOO_LARGE,
                 f"request body of {declared_bytes} bytes exceeds {limits.max_request_bytes}",
             )
         if ledger.bytes_total >= max(1, limits.max_total_bytes // self.share):
             # No Retry-After: the total is counted for the life of the proxy process, so
             # waiting does not help.
-            raise Denial("budget_exceeded", "total upload budget used up for this proxy's lifetime")
+            raise Denial(
+                Reason.BUDGET_EXCEEDED, "total upload budget used up for this proxy's lifetime"
+            )
         rate = limits.requests_per_second / self.share
         now = self.clock()
         ledger.tokens = min(self._burst(limits), ledger.tokens + (now - ledger.stamp) * rate)
         ledger.stamp = now
         if ledger.tokens < 1.0:
             wait = (1.0 - ledger.tokens) / rate if rate > 0 else 3600.0
-            raise Denial("budget_exceeded", "request rate over budget", retry_after=math.ceil(wait))
+            raise Denial(
+                Reason.BUDGET_EXCEEDED, "request rate over budget", retry_after=math.ceil(wait)
+            )
         ledger.tokens -= 1.0
         if declared_bytes:
             ledger.bytes_total += declared_bytes
@@ -84,7 +88,7 @@ class BudgetLedger:
     def open_connection(self, key: str, limits: Budgets) -> None:
         ledger = self._ledger(key, limits)
         if ledger.connections >= max(1, limits.max_connections // self.share):
-            raise Denial("budget_exceeded", "too many concurrent connections", retry_after=1)
+            raise Denial(Reason.BUDGET_EXCEEDED, "too many concurrent connections", retry_after=1)
         ledger.connections += 1
 
     def close_connection(self, key: str) -> None:

@@ -19,6 +19,7 @@ from typing import Literal
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import RuleSet
 from sealgate.proxy.registry import SourceRegistry
+from sealgate.reasons import Reason
 
 Via = Literal["proxy-auth", "source", "default"]
 
@@ -62,15 +63,15 @@ class Identifier:
         try:
             decoded = base64.b64decode(param.strip(), validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError) as exc:
-            raise Denial("identity_invalid", "Proxy-Authorization is not valid Basic") from exc
+            raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization is not valid Basic") from exc
         sandbox_id, sep, key = decoded.partition(":")
         if not sep:
-            raise Denial("identity_invalid", "Proxy-Authorization needs id:key")
+            raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization needs id:key")
         entry = self.rules.sandboxes.get(sandbox_id)
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
         if not hmac.compare_digest(digest, expected) or entry is None or not key:
-            raise Denial("identity_invalid", "unknown sandbox or wrong key")
+            raise Denial(Reason.IDENTITY_INVALID, "unknown sandbox or wrong key")
         return Identity(sandbox_id, entry.policy, "proxy-auth")
 
     def from_source(self, address: str) -> Identity | None:

@@ -52,6 +52,7 @@ from sealgate.proxy.net.resolver import Resolver
 from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from sealgate.proxy.registry import SourceRegistry
+from sealgate.reasons import Reason
 
 logger = logging.getLogger("sealgate")
 
@@ -309,8 +310,7 @@ class Sealgate:
             if TOKEN_HEADER in flow.request.headers:
                 # A token applies to one request; nothing on a CONNECT reaches the requests
                 # inside, and inside a tunnel passed through the proxy sees none of them.
-                raise Denial(
-                    "tokens_not_allowed",
+                raise Denial(Reason.TOKENS_NOT_ALLOWED,
                     "a sealed token goes on each request inside the tunnel, not on the CONNECT",
                 )
             rules = policy.match_host(host, port)
@@ -335,7 +335,7 @@ class Sealgate:
             if conn.target is None:
                 await self._transparent_tls_target(data, conn, sni)
             elif sni is not None and _canonical(sni) != conn.target[0]:
-                raise Denial("sni_mismatch", "TLS SNI does not match the CONNECT target")
+                raise Denial(Reason.SNI_MISMATCH, "TLS SNI does not match the CONNECT target")
         except Exception as exc:
             denial = _refusal(exc, "checking a ClientHello")
             conn.denied += 1
@@ -373,7 +373,7 @@ class Sealgate:
         policy = self._admit_connection(conn, identity, verdict)
         rules = policy.match_host(host, port)
         if not rules and policy.mode == "enforce":
-            raise Denial("not_allowed", f"{host.name}:{port} is not allowed")
+            raise Denial(Reason.NOT_ALLOWED, f"{host.name}:{port} is not allowed")
         await self._guard().pin(host, port, policy)
         conn.target = (host, port)
         conn.tunnel = tunnels(policy, rules)
@@ -428,7 +428,7 @@ class Sealgate:
             if not flow.metadata.get(_PENDING):
                 _stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
-            self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
+            self._deny(flow, verdict, Denial(Reason.of(exc.reason), str(exc)), conn)
         except Exception as exc:
             self._deny(flow, verdict, _refusal(exc, "deciding a request"), conn)
         else:
@@ -478,7 +478,7 @@ class Sealgate:
             if facts.chunked and facts.length is None:
                 # Neither buffered without a bound nor signed before it has all come: refused.
                 # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
-                raise Denial("length_required", "a signed chunked body needs a Content-Length")
+                raise Denial(Reason.LENGTH_REQUIRED, "a signed chunked body needs a Content-Length")
             request.stream = False
             flow.metadata[_PENDING] = signed
         if injected.needles:
@@ -489,11 +489,11 @@ class Sealgate:
         self, policy: Policy, tokens: list[str], request: TokenRequest
     ) -> list[Credential]:
         if not policy.tokens:
-            raise Denial("tokens_not_allowed", f"policy {policy.name} does not accept tokens")
+            raise Denial(Reason.TOKENS_NOT_ALLOWED, f"policy {policy.name} does not accept tokens")
         try:
             return self._tokenizer().authorise(tokens, request)
         except TokenError as exc:
-            raise Denial(exc.reason, str(exc)) from None
+            raise Denial(Reason.of(exc.reason), str(exc)) from None
 
     def _require_secure(
         self, request: http.Request, rule: Rule | None, policy: Policy, pin: Pin
@@ -508,13 +508,13 @@ class Sealgate:
         name, port = str(server.address[0]), int(server.address[1])
         try:
             if conn is None or conn.policy is None:
-                raise Denial("not_allowed", "no authorised request on this connection")
+                raise Denial(Reason.NOT_ALLOWED, "no authorised request on this connection")
             if conn.blocked is not None:
                 raise conn.blocked
             host = _canonical(name)
             if conn.target is not None and conn.target != (host, port):
                 # Inside a tunnel every dial goes to its one checked destination.
-                raise Denial("name_mismatch", "upstream differs from the tunnel's destination")
+                raise Denial(Reason.NAME_MISMATCH, "upstream differs from the tunnel's destination")
             pin = await self._guard().pin(host, port, conn.policy)
         except Exception as exc:
             denial = _refusal(exc, "checking an upstream dial")
@@ -700,14 +700,14 @@ class Sealgate:
         verdict.identity = identity
         rules = self._rules()
         if not self._audit().healthy:
-            raise Denial("audit_unavailable", "the audit log cannot be written")
+            raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
         if identity.policy is None:
             if identity.via == "default":
-                raise Denial("identity_required", "authenticate with Proxy-Authorization")
-            raise Denial("not_allowed", "this sandbox has no policy")
+                raise Denial(Reason.IDENTITY_REQUIRED, "authenticate with Proxy-Authorization")
+            raise Denial(Reason.NOT_ALLOWED, "this sandbox has no policy")
         policy = rules.policies.get(identity.policy)
         if policy is None:  # the rules were reloaded without it
-            raise Denial("not_allowed", "this sandbox's policy no longer exists")
+            raise Denial(Reason.NOT_ALLOWED, "this sandbox's policy no longer exists")
         verdict.policy = policy.name
         key = identity.sandbox or f"default:{policy.name}"
         if conn.budget_key != key:
@@ -721,7 +721,7 @@ class Sealgate:
 
     def _policy_miss(self, policy: Policy, verdict: Verdict, detail: str) -> None:
         if policy.mode == "enforce":
-            raise Denial("not_allowed", detail)
+            raise Denial(Reason.NOT_ALLOWED, detail)
         verdict.decision, verdict.reason = "report", "not_allowed"
 
     def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
@@ -783,32 +783,32 @@ class Sealgate:
 
     def _rules(self) -> RuleSet:
         if self.rules is None:
-            raise Denial("rules_unavailable", "no rules loaded")
+            raise Denial(Reason.RULES_UNAVAILABLE, "no rules loaded")
         return self.rules
 
     def _identifier(self) -> Identifier:
         if self.identifier is None:
-            raise Denial("rules_unavailable", "no rules loaded")
+            raise Denial(Reason.RULES_UNAVAILABLE, "no rules loaded")
         return self.identifier
 
     def _broker(self) -> Broker:
         if self.broker is None:
-            raise Denial("secret_unavailable", "no secret stores are configured")
+            raise Denial(Reason.SECRET_UNAVAILABLE, "no secret stores are configured")
         return self.broker
 
     def _tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise Denial("token_invalid", "this proxy holds no token keys")
+            raise Denial(Reason.TOKEN_INVALID, "this proxy holds no token keys")
         return self.tokenizer
 
     def _guard(self) -> Guard:
         if self.guard is None:
-            raise Denial("rules_unavailable", "the guard is not configured")
+            raise Denial(Reason.RULES_UNAVAILABLE, "the guard is not configured")
         return self.guard
 
     def _audit(self) -> AuditLog:
         if self.audit is None:
-            raise Denial("audit_unavailable", "the audit log is not configured")
+            raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log is not configured")
         return self.audit
 
 
@@ -819,14 +819,14 @@ def _refusal(exc: Exception, doing: str) -> Denial:
     if isinstance(exc, Denial):
         return exc
     logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
-    return Denial("internal_error", "the proxy could not decide; refused")
+    return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
 
 
 def _canonical(name: str) -> Host:
     try:
         return canonical_host(f"[{name}]" if ":" in name else name)
     except HostError as exc:
-        raise Denial(exc.reason, str(exc)) from exc
+        raise Denial(Reason.of(exc.reason), str(exc)) from exc
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from mitmproxy.proxy.layers.http._events import (
 )
 
 from sealgate.proxy.errors import Denial, deny_response
+from sealgate.reasons import Reason
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 
@@ -92,10 +93,10 @@ def _json_errors(handle: _Handler) -> _Handler:
 def _denial(status_code: int, message: str) -> Denial:
     if own := _OWN_REASON.search(message):
         # A dial the guard refused (a rebinding answer, say): its reason, not a generic one.
-        return Denial(own.group(1), "the upstream connection was refused by the guard")
+        return Denial(Reason.of(own.group(1)), "the upstream connection was refused by the guard")
     if "timed out" in message.lower():
-        return Denial("connect_timeout", "the upstream did not answer in time")
+        return Denial(Reason.CONNECT_TIMEOUT, "the upstream did not answer in time")
     if status_code >= 500:
-        return Denial("connect_failed", "the upstream could not be reached")
+        return Denial(Reason.CONNECT_FAILED, "the upstream could not be reached")
     # The client's own malformed input: telling it what was wrong is safe and useful.
-    return Denial("bad_request", message[:200])
+    return Denial(Reason.BAD_REQUEST, message[:200])

@@ -19,6 +19,7 @@ from sealgate.proxy.credentials.inject import Credential, credential
 from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import Injection, RuleSet
+from sealgate.reasons import Reason
 
 
 class Broker:
@@ -57,8 +58,7 @@ class Broker:
                     secret = await self.secrets.get(injection.secret)
                 except SecretError as exc:
                     # The reason names the failure class; the detail names no value.
-                    raise Denial(
-                        "secret_unavailable",
+                    raise Denial(Reason.SECRET_UNAVAILABLE,
                         f"a credential for this request is unavailable ({exc.reason})",
                     ) from None
             known = self._worked_out.get(id(injection))
@@ -70,7 +70,7 @@ class Broker:
                     injection.processor, secret.reveal(), f"broker:{injection.secret}"
                 )
             except InjectionError as exc:
-                raise Denial(exc.reason, str(exc)) from None
+                raise Denial(Reason.of(exc.reason), str(exc)) from None
             if self._named.get(id(injection)) is injection:
                 self._worked_out[id(injection)] = (injection, secret, cred)
             found.append(cred)

@@ -41,6 +41,7 @@ from sealgate.proxy.credentials.scrub import Scrubber
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.net.guard import Pin
 from sealgate.proxy.policy.model import Policy, Rule
+from sealgate.reasons import Reason
 
 _IDENTITY = (b"accept-encoding", b"identity")
 _TRAILERS = b"trailers"
@@ -150,7 +151,7 @@ def require_secure_upstream(
         and any(pin.address in net for net in policy.allow_networks)
     ):
         return
-    raise Denial("insecure_upstream", "credentials are only injected over verified TLS")
+    raise Denial(Reason.INSECURE_UPSTREAM, "credentials are only injected over verified TLS")
 
 
 def write(
@@ -177,7 +178,7 @@ def write(
     for cred in dynamic:
         if cred.key in fixed:
             # One would silently undo the other, whichever went second.
-            raise Denial("injection_conflict", f"two credentials write {cred.target}")
+            raise Denial(Reason.INJECTION_CONFLICT, f"two credentials write {cred.target}")
     drop = set(strip)
     if credentials:
         drop.add(_IDENTITY[0])
@@ -227,9 +228,9 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
             into.overwrote.append(cred.target)
         inject(cred.processor, cred.secret, FlowRequest(request))
     except RequestInapplicable as exc:
-        raise Denial(cred.inapplicable, str(exc)) from None
+        raise Denial(Reason.of(cred.inapplicable), str(exc)) from None
     except InjectionError as exc:
-        raise Denial(exc.reason, str(exc)) from None
+        raise Denial(Reason.of(exc.reason), str(exc)) from None
 
 
 def _present(request: http.Request, cred: Credential) -> bool:

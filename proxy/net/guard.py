@@ -32,6 +32,7 @@ from sealgate.proxy.net.hostaddr import (
 )
 from sealgate.proxy.net.resolver import ResolveError, Resolver
 from sealgate.proxy.policy.model import Policy
+from sealgate.reasons import Reason
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",
@@ -79,7 +80,7 @@ class Guard:
     async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
         """Resolve and classify every answer; the first address, if all of them may be reached."""
         if reason := denied_name(host):
-            raise Denial(reason, f"{host.name} is never reachable through this proxy")
+            raise Denial(Reason.of(reason), f"{host.name} is never reachable through this proxy")
         if host.ip is not None:
             addresses: tuple[IPAddress, ...] = (host.ip,)
             dns_seconds = 0.0
@@ -87,7 +88,7 @@ class Guard:
             try:
                 answer = await self.resolver.resolve(host.name)
             except ResolveError as exc:
-                raise Denial(exc.reason, f"cannot resolve {host.name}") from exc
+                raise Denial(Reason.of(exc.reason), f"cannot resolve {host.name}") from exc
             addresses, dns_seconds = answer.addresses, answer.duration
         checker = policy.addresses
         host_check = self._host.check
@@ -101,10 +102,12 @@ class Guard:
             if reason:
                 # The address itself stays in the audit log, not in the answer: the sandbox must
                 # not get an oracle for what internal names resolve to.
-                raise Denial(reason, f"{host.name} resolves to a denied address ({reason})")
+                raise Denial(
+                    Reason.of(reason), f"{host.name} resolves to a denied address ({reason})"
+                )
             dialed = direct or address
             if port in self._own_ports and (dialed.is_loopback or dialed in self._own_hosts):
-                raise Denial("proxy_loop", "requests to the proxy itself are refused")
+                raise Denial(Reason.PROXY_LOOP, "requests to the proxy itself are refused")
         return Pin(host, port, addresses[0], dns_seconds)
 
 
@@ -112,7 +115,7 @@ def parse_target(authority: str, default_port: int) -> tuple[Host, int]:
     try:
         return split_authority(authority, default_port)
     except HostError as exc:
-        raise Denial(exc.reason, str(exc)) from exc
+        raise Denial(Reason.of(exc.reason), str(exc)) from exc
 
 
 def request_target(
@@ -128,7 +131,7 @@ def request_target(
     what mitmproxy dials is what was checked.
     """
     if request.scheme not in _SCHEMES:
-        raise Denial("scheme_invalid", f"scheme {request.scheme!r} is not proxied")
+        raise Denial(Reason.SCHEME_INVALID, f"scheme {request.scheme!r} is not proxied")
     default_port = 443 if request.scheme == "https" else 80
     header = request.host_header
     # Inside a tunnel and in transparent mode mitmproxy forwards an absolute-form target as it
@@ -141,24 +144,26 @@ def request_target(
         # A missing port means the tunnel's: the dial goes there regardless.
         for name in (header, uri, also):
             if name is not None and parse_target(name, tunnel[1]) != tunnel:
-                raise Denial("name_mismatch", "the request names another host than the CONNECT")
+                raise Denial(
+                    Reason.NAME_MISMATCH, "the request names another host than the CONNECT"
+                )
         return tunnel
     if transparent:
         if header is None:
-            raise Denial("bad_request", "a transparent request needs a Host header")
+            raise Denial(Reason.BAD_REQUEST, "a transparent request needs a Host header")
         host, port = parse_target(header, request.port)
         for name in (uri, also):
             if name is not None and parse_target(name, request.port) != (host, port):
-                raise Denial("name_mismatch", "the request URI and Host header disagree")
+                raise Denial(Reason.NAME_MISMATCH, "the request URI and Host header disagree")
         return host, request.port
     # mitmproxy has parsed the request-target before any hook and kept no raw form of it
     # (`:0` and `:0080` come out as 80), so the Host header, which HTTP/1.1 requires anyway
     # (RFC 9112 3.2), is the spelling that gets checked, and the URI must agree with it.
     uri_host, uri_port = parse_target(_authority(request.host, request.port), default_port)
     if header is None:
-        raise Denial("bad_request", "a Host header is required")
+        raise Denial(Reason.BAD_REQUEST, "a Host header is required")
     if parse_target(header, default_port) != (uri_host, uri_port):
-        raise Denial("name_mismatch", "Host header does not match the request URI")
+        raise Denial(Reason.NAME_MISMATCH, "Host header does not match the request URI")
     return uri_host, uri_port
 
 
