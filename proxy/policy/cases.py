@@ -27,8 +27,8 @@ from typing import Any
 from yaml.nodes import Node
 
 from sealgate.proxy.policy.explain import ExplainError, Explanation, explain
-from sealgate.proxy.policy.model import RuleSet
-from sealgate.proxy.policy.rulesfile import RulesError, YamlFile
+from sealgate.proxy.policy.model import RulesError, RuleSet
+from sealgate.yamlfile import YamlFile
 
 _DECISIONS = ("allow", "deny", "report")
 _KEYS = ("name", "sandbox", "policy", "request", "expect", "reason", "rule")
@@ -68,31 +68,33 @@ class Outcome:
 
 
 class _CaseFile(YamlFile):
+    error_type = RulesError
+
     def cases(self) -> list[Case]:
         if self.root is None:
             raise RulesError(self.path, None, "", "file is empty; expected 'cases:'")
-        top = self._mapping(self.root, "")
-        self._expect_keys(top, self.root, "", ("cases",), ("cases",))
-        items = self._list(top["cases"][1], "cases")
+        top = self.mapping(self.root, "")
+        self.expect_keys(top, self.root, "", ("cases",), ("cases",))
+        items = self.sequence(top["cases"][1], "cases")
         if not items:
-            raise self._error(top["cases"][1], "cases", "no cases")
+            raise self.error(top["cases"][1], "cases", "no cases")
         return [self._case(node, f"cases[{i}]") for i, node in enumerate(items)]
 
     def _case(self, node: Node, field: str) -> Case:
-        entries = self._mapping(node, field)
-        self._expect_keys(entries, node, field, _KEYS, ("name", "request", "expect"))
-        text = {key: self._string(value, f"{field}.{key}") for key, (_, value) in entries.items()}
+        entries = self.mapping(node, field)
+        self.expect_keys(entries, node, field, _KEYS, ("name", "request", "expect"))
+        text = {key: self.string(value, f"{field}.{key}") for key, (_, value) in entries.items()}
         method, _, url = text["request"].strip().partition(" ")
         if not method or not url.strip():
-            raise self._error(entries["request"][1], f"{field}.request",
-                              "write the method, a space and the URL: GET https://host/path")
+            raise self.error(entries["request"][1], f"{field}.request",
+                             "write the method, a space and the URL: GET https://host/path")
         if text["expect"] not in _DECISIONS:
-            raise self._error(entries["expect"][1], f"{field}.expect",
-                              f"expected one of: {', '.join(_DECISIONS)}")
+            raise self.error(entries["expect"][1], f"{field}.expect",
+                             f"expected one of: {', '.join(_DECISIONS)}")
         if "sandbox" in text and "policy" in text:
-            raise self._error(node, field, "give a sandbox or a policy, not both")
+            raise self.error(node, field, "give a sandbox or a policy, not both")
         return Case(
-            name=text["name"], where=str(self._where(node)), method=method, url=url.strip(),
+            name=text["name"], where=str(self.where(node)), method=method, url=url.strip(),
             expect=text["expect"], sandbox=text.get("sandbox"), policy=text.get("policy"),
             reason=text.get("reason"), rule=text.get("rule"),
         )

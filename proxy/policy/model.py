@@ -23,6 +23,7 @@ from sealgate.hostname import Host
 from sealgate.issuer.processors import Processor
 from sealgate.proxy.credentials.secrets.base import SecretRef
 from sealgate.proxy.net.addresses import AddressPolicy
+from sealgate.yamlfile import YamlFileError, format_location
 
 __all__ = [
     "ANY_HOST",
@@ -34,8 +35,8 @@ __all__ = [
     "Rule",
     "RuleSet",
     "RuleWarning",
+    "RulesError",
     "SandboxEntry",
-    "format_location",
     "normalize_path",
     "path_glob_regex",
 ]
@@ -57,10 +58,11 @@ class PathPatternError(ValueError):
     reason = "path_pattern_invalid"
 
 
-def format_location(path: Path, line: int | None, field: str, message: str) -> str:
-    """`file:line: field: message`, the shape of every rules error and warning."""
-    where = f"{path}:{line}" if line is not None else str(path)
-    return f"{where}: {field}: {message}" if field else f"{where}: {message}"
+class RulesError(YamlFileError):
+    """A rules file (or `rules test` case file) we refuse to load. `str()` is
+    `file:line: field: message`."""
+
+    reason = "rules_invalid"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,81 @@
+"""A rule's `inject` list: which secret, from which store, goes where in the request.
+
+    inject:
+      - secret: vault:kv/data/ci/github#token      # any store's reference, or Vault's split form
+        as: bearer                                 # or the processor's JSON form, as a mapping
+      - secret: {mount: kv, path: ci/stripe, field: key, kv_version: 2}
+        as: {type: placeholder, header: X-Api-Key, placeholder: sg-placeholder-stripe}
+
+The processor vocabulary is the one sealed tokens carry (docs/token-format.md), so a brokered
+credential and a sealed one are put into requests by the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from sealgate.issuer.processors import InjectionError, processor_from_object, target
+from sealgate.proxy.credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
+from sealgate.proxy.policy.model import Injection
+from sealgate.yamlfile import YamlFile, join
+
+__all__ = ["injections"]
+
+_INJECT_KEYS: Final = ("secret", "as")
+_VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
+
+
+def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:
+    """The `inject` list at `node`; at most one credential writes each header or parameter."""
+    inject = tuple(
+        _injection(doc, item, f"{field}[{i}]") for i, item in enumerate(doc.sequence(node, field))
+    )
+    # Two credentials for one header (or parameter): one would undo the other on every
+    # request, or make the proxy refuse it (injection_conflict).
+    first: dict[str, int] = {}
+    for i, injection in enumerate(inject):
+        written = target(injection.processor)
+        if written in first:
+            raise doc.error(node, field, f"[{first[written]}] and [{i}] both write {written}")
+        first[written] = i
+    return inject
+
+
+def _injection(doc: YamlFile, node: Node, field: str) -> Injection:
+    entries = doc.mapping(node, field)
+    doc.expect_keys(entries, node, field, _INJECT_KEYS, required=_INJECT_KEYS)
+    secret_node = entries["secret"][1]
+    try:
+        ref = _secret_ref(doc, secret_node, f"{field}.secret")
+    except SecretConfigError as exc:
+        raise doc.error(secret_node, f"{field}.secret", str(exc)) from None
+    as_node = entries["as"][1]
+    as_field = f"{field}.as"
+    # `as: bearer` is short for `as: {type: bearer}`.
+    if isinstance(as_node, ScalarNode):
+        spec: dict[str, str] = {"type": doc.string(as_node, as_field)}
+    else:
+        spec = {
+            key: doc.string(value, f"{as_field}.{key}")
+            for key, (_, value) in doc.mapping(as_node, as_field).items()
+        }
+    try:
+        processor = processor_from_object(spec)
+    except InjectionError as exc:
+        raise doc.error(as_node, as_field, str(exc)) from None
+    return Injection(ref, processor)
+
+
+def _secret_ref(doc: YamlFile, node: Node, field: str) -> SecretRef:
+    """`vault:kv/data/ci/github#token` (any store), or Vault's split form
+    `{mount: kv, path: ci/github, field: token, kv_version: 2}`."""
+    if not isinstance(node, MappingNode):
+        return parse_ref(doc.string(node, field))
+    entries = doc.mapping(node, field)
+    doc.expect_keys(entries, node, field, _VAULT_KEYS, required=_VAULT_KEYS[:3])
+    mount, path, key = (doc.string(entries[k][1], join(field, k)) for k in _VAULT_KEYS[:3])
+    version = entries.get("kv_version")
+    kv = 2 if version is None else doc.integer(version[1], f"{field}.kv_version", 1, 2)
+    return SecretRef.vault(mount, path, key, kv_version=kv)
