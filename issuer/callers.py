@@ -18,14 +18,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Final, assert_never
+from typing import ClassVar, Final, assert_never
 
-import yaml
-
-from sealgate.files import read_regular
 from sealgate.issuer import jsonfields
 from sealgate.issuer import processors as pr
 from sealgate.issuer import token as tk
+from sealgate.yamlfile import YamlFile, YamlFileError
 
 __all__ = [
     "BINDING_KINDS",
@@ -49,7 +47,6 @@ __all__ = [
 BINDING_KINDS: Final = ("none", "sandbox", "policy", "auth-digest")
 DEFAULT_PER_MINUTE: Final = 60
 _MAX_PER_MINUTE: Final = 100_000
-_MAX_FILE_BYTES: Final = 1 << 20
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 _DURATION: Final = re.compile(r"(?:\d+[smhd])+|\d+")
@@ -248,30 +245,6 @@ class RateLimiter:
 # --- the file ---------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys: a second entry for a caller would
-    otherwise silently replace the first."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if not isinstance(key, str | int | float | bool | None):
-            line = key_node.start_mark.line + 1
-            raise CallersFileError(f"line {line}: a key must be a plain value")
-        if key in seen:
-            line = key_node.start_mark.line + 1
-            raise CallersFileError(f"line {line}: duplicate key {str(key)[:64]!r}")
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
-)
-
-
 def _strings(value: object, where: str, *, non_empty: bool = True) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise CallersFileError(f"{where} must be a list of strings")
@@ -364,17 +337,7 @@ def _caller(name: object, entry: object) -> Caller:
     )
 
 
-def _parse(text: str) -> CallerRegistry:
-    try:
-        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except yaml.MarkedYAMLError as exc:
-        # The parser's words and position only, never its snippet of the file.
-        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else "?"
-        raise CallersFileError(f"line {line}: YAML syntax error: {exc.problem}") from None
-    except yaml.YAMLError:
-        raise CallersFileError("not valid YAML") from None
-    except RecursionError:
-        raise CallersFileError("nested too deeply") from None
+def _parse(document: object) -> CallerRegistry:
     if not isinstance(document, dict) or set(document) != {"callers"}:
         raise CallersFileError("the top level must be a mapping with one key, callers")
     entries = document["callers"]
@@ -384,18 +347,15 @@ def _parse(text: str) -> CallerRegistry:
 
 
 def load_callers(path: Path) -> CallerRegistry:
-    """Read and check a callers file. Raises CallersFileError naming the file and the field."""
+    """Read and check a callers file. Raises CallersFileError naming the file and the field.
+
+    The YAML is read as strictly as rules files are (sealgate.yamlfile): anchors, aliases, tags
+    and duplicate keys are errors, so what a reviewer reads under a caller is all it gets."""
     try:
-        data, _ = read_regular(path, _MAX_FILE_BYTES)
-    except OSError as exc:
-        raise CallersFileError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > _MAX_FILE_BYTES:
-        raise CallersFileError(f"{path} is larger than {_MAX_FILE_BYTES} bytes")
+        document = YamlFile(path).data()
+    except YamlFileError as exc:
+        raise CallersFileError(str(exc)) from None
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CallersFileError(f"{path} is not UTF-8") from None
-    try:
-        return _parse(text)
+        return _parse(document)
     except CallersFileError as exc:
         raise CallersFileError(f"{path}: {exc}") from None

@@ -491,7 +491,7 @@ def _entry(**overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("document", "words"),
     [
-        ("callers:\n  a: {}\n  a: {}\n", "duplicate key 'a'"),
+        ("callers:\n  a: {}\n  a: {}\n", "callers.a: duplicate key (first at line 2)"),
         ({"callers": {}}, "non-empty"),
         ({"callers": {"a": _entry()}, "extra": 1}, "top level"),
         ({"callers": {"a b": _entry()}}, "caller name"),
@@ -508,8 +508,8 @@ def _entry(**overrides: Any) -> dict[str, Any]:
         ({"callers": {"a": _entry(rate={"per_hour": 5})}}, "per_minute"),
         ({"callers": {"a": _entry(bindings=["sandbox", "tenant"])}}, "'tenant'"),
         ({"callers": {"a": _entry(), "b": _entry()}}, "shares its key"),
-        ("callers:\n  ? [a, b]\n  : {}\n", "a key must be a plain value"),
-        ("callers: " + "[" * 5000, "nested too deeply"),
+        ("callers:\n  ? [a, b]\n  : {}\n", "keys must be plain strings"),
+        ("callers: " + "[" * 5000, "nested deeper than 32 levels"),
     ],
 )
 def test_callers_file_errors(tmp_path: Path, document: object, words: str) -> None:
