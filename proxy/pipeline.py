@@ -28,8 +28,8 @@ from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.audit import AuditLog
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.issuer.token import TokenError
+from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.proxy import layers
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.credentials.broker import Broker
@@ -37,7 +37,6 @@ from sealgate.proxy.credentials.inject import (
     Credential,
     Injected,
     put,
-    require_secure_upstream,
     write,
 )
 from sealgate.proxy.credentials.scrub import Scrubber, Undecodable, decode_whole, decoder
@@ -49,7 +48,8 @@ from sealgate.proxy.identity import Identifier, Identity
 from sealgate.proxy.net import guard as guardmod
 from sealgate.proxy.net.guard import Guard, Pin
 from sealgate.proxy.net.resolver import Resolver
-from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path, tunnels
+from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
+from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from sealgate.proxy.registry import SourceRegistry
 from sealgate.reasons import Reason
@@ -306,19 +306,12 @@ class Sealgate:
             identity = self._identify(conn.proxy_auth, conn, flow.client_conn)
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
             verdict.host, verdict.port = host.name, port
-            policy = self._admit_connection(conn, identity, verdict)
-            if TOKEN_HEADER in flow.request.headers:
-                # A token applies to one request; nothing on a CONNECT reaches the requests
-                # inside, and inside a tunnel passed through the proxy sees none of them.
-                raise Denial(Reason.TOKENS_NOT_ALLOWED,
-                    "a sealed token goes on each request inside the tunnel, not on the CONNECT",
-                )
-            rules = policy.match_host(host, port)
-            if not rules:
-                self._policy_miss(policy, verdict, f"{host.name}:{port} is not allowed")
+            self._admit(conn, verdict, identity)
+            tokens = TOKEN_HEADER in flow.request.headers
+            decision, policy = self._decide(verdict, Question(identity, host, port, tokens=tokens))
             verdict.pin = await self._guard().pin(host, port, policy)
             conn.target = (host, port)
-            conn.tunnel = tunnels(policy, rules)
+            conn.tunnel = decision.tunnel
         except Exception as exc:
             self._deny(flow, verdict, _refusal(exc, "deciding a CONNECT"), conn)
         else:
@@ -370,13 +363,11 @@ class Sealgate:
         port = server.address[1]
         identity = self._identify([], conn, data.context.client)
         verdict = Verdict(started=time.monotonic(), host=host.name, port=port)
-        policy = self._admit_connection(conn, identity, verdict)
-        rules = policy.match_host(host, port)
-        if not rules and policy.mode == "enforce":
-            raise Denial(Reason.NOT_ALLOWED, f"{host.name}:{port} is not allowed")
+        self._admit(conn, verdict, identity)
+        decision, policy = self._decide(verdict, Question(identity, host, port))
         await self._guard().pin(host, port, policy)
         conn.target = (host, port)
-        conn.tunnel = tunnels(policy, rules)
+        conn.tunnel = decision.tunnel
         # The upstream is the name that was checked, never the address the sandbox dialed: a
         # passed-through connection would otherwise carry an allowed SNI to any address.
         server.address = (host.name, port)
@@ -401,29 +392,29 @@ class Sealgate:
             facts = _RequestFacts.of(request.headers)
             # identify
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
-            policy = self._admit_connection(conn, identity, verdict)
+            self._admit(conn, verdict, identity)
             # guard: the names agree and are well-formed
             transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
             host, port = guardmod.request_target(request, conn.target, transparent)
             verdict.host, verdict.port = host.name, port
             verdict.path = normalize_path(request.path)
             # authorise
-            rule = policy.match(host, port, request.method, verdict.path)
-            if rule is None:
-                detail = f"{request.method} {host.name}:{port}{verdict.path} is not allowed"
-                self._policy_miss(policy, verdict, detail)
-            else:
-                verdict.rule = rule.source
+            decision, policy = self._decide(verdict, Question(
+                identity, host, port, "https" if request.scheme == "https" else "http",
+                request.method, verdict.path, bool(facts.tokens), self._ssl_insecure,
+            ))
             # budget
             budget_key = conn.budget_key or ""
             self.budgets.admit_request(budget_key, policy.budgets, facts.length)
-            # guard: addresses, pinned
+            # guard: addresses, pinned; credentials over plain HTTP only to allow_networks
             verdict.pin = await self._guard().pin(host, port, policy)
+            if (secured := decision.secure_for(verdict.pin.address)) is not decision:
+                raise _denial(secured)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
-            injected = await self._inject(flow, facts, conn, policy, rule)
+            injected = await self._inject(flow, facts, conn, policy, decision.rule)
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(_PENDING):
                 _stream_request(request, facts, self.budgets.meter(budget_key))
@@ -458,13 +449,11 @@ class Sealgate:
         if facts.tokens:
             identity = verdict.identity
             assert identity and verdict.host and verdict.port and verdict.path
-            credentials += self._token_credentials(policy, facts.tokens, TokenRequest(
+            credentials += self._token_credentials(facts.tokens, TokenRequest(
                 identity.sandbox, policy.name, verdict.host, verdict.port, request.method,
                 verdict.path, facts.proxy_auth or conn.proxy_auth,
             ))
         injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
-        if credentials or injections:
-            self._require_secure(request, rule, policy, verdict.pin)
         if injections:
             credentials += await self._broker().credentials(injections)
         if facts.tokens:
@@ -485,20 +474,11 @@ class Sealgate:
             flow.metadata[_SCRUB] = injected.scrubber()
         return injected
 
-    def _token_credentials(
-        self, policy: Policy, tokens: list[str], request: TokenRequest
-    ) -> list[Credential]:
-        if not policy.tokens:
-            raise Denial(Reason.TOKENS_NOT_ALLOWED, f"policy {policy.name} does not accept tokens")
+    def _token_credentials(self, tokens: list[str], request: TokenRequest) -> list[Credential]:
         try:
             return self._tokenizer().authorise(tokens, request)
         except TokenError as exc:
             raise Denial(Reason.of(exc.reason), str(exc)) from None
-
-    def _require_secure(
-        self, request: http.Request, rule: Rule | None, policy: Policy, pin: Pin
-    ) -> None:
-        require_secure_upstream(request, rule, policy, pin, self._ssl_insecure)
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """Every upstream dial, keep-alive or pre-dial alike, goes to an address we checked."""
@@ -696,18 +676,15 @@ class Sealgate:
         by_source = identifier.from_source(str(client.peername[0]))
         return by_source if by_source is not None else identifier.default()
 
-    def _admit_connection(self, conn: Conn, identity: Identity, verdict: Verdict) -> Policy:
+    def _admit(self, conn: Conn, verdict: Verdict, identity: Identity) -> None:
+        """The identity's policy (step 1 of `decide`, asked first so that an unidentified
+        client learns nothing but 407), and its connection counted against its budget."""
         verdict.identity = identity
-        rules = self._rules()
         if not self._audit().healthy:
             raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
-        if identity.policy is None:
-            if identity.via == "default":
-                raise Denial(Reason.IDENTITY_REQUIRED, "authenticate with Proxy-Authorization")
-            raise Denial(Reason.NOT_ALLOWED, "this sandbox has no policy")
-        policy = rules.policies.get(identity.policy)
-        if policy is None:  # the rules were reloaded without it
-            raise Denial(Reason.NOT_ALLOWED, "this sandbox's policy no longer exists")
+        policy = policy_for(self._rules(), identity)
+        if isinstance(policy, Decision):
+            raise _denial(policy)
         verdict.policy = policy.name
         key = identity.sandbox or f"default:{policy.name}"
         if conn.budget_key != key:
@@ -717,12 +694,17 @@ class Sealgate:
             self.budgets.open_connection(key, policy.budgets)
             conn.budget_key = key
         conn.identity, conn.policy = identity, policy
-        return policy
 
-    def _policy_miss(self, policy: Policy, verdict: Verdict, detail: str) -> None:
-        if policy.mode == "enforce":
-            raise Denial(Reason.NOT_ALLOWED, detail)
-        verdict.decision, verdict.reason = "report", "not_allowed"
+    def _decide(self, verdict: Verdict, question: Question) -> tuple[Decision, Policy]:
+        """`decide`, its answer written on the verdict; raises the Denial of a refusal."""
+        decision = decide(self._rules(), question)
+        if decision.rule is not None:
+            verdict.rule = decision.rule.source
+        if decision.verdict == "deny" or decision.policy is None:
+            raise _denial(decision)
+        if decision.verdict == "report":
+            verdict.decision, verdict.reason = "report", decision.reason
+        return decision, decision.policy
 
     def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
@@ -820,6 +802,10 @@ def _refusal(exc: Exception, doing: str) -> Denial:
         return exc
     logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
     return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
+
+
+def _denial(decision: Decision) -> Denial:
+    return Denial(decision.reason or Reason.INTERNAL_ERROR, decision.detail)
 
 
 def _canonical(name: str) -> Host:

@@ -39,8 +39,6 @@ from sealgate.issuer.processors import (
 )
 from sealgate.proxy.credentials.scrub import Scrubber
 from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.guard import Pin
-from sealgate.proxy.policy.model import Policy, Rule
 from sealgate.reasons import Reason
 
 _IDENTITY = (b"accept-encoding", b"identity")
@@ -135,23 +133,6 @@ class Injected:
 
     def scrubber(self) -> Scrubber:
         return Scrubber(self.needles)
-
-
-def require_secure_upstream(
-    request: http.Request, rule: Rule | None, policy: Policy, pin: Pin, ssl_insecure: bool
-) -> None:
-    """Credentials travel only over TLS whose certificate was verified, or, where a rule says
-    `plain_http`, to an address inside the policy's allow_networks (an internal API)."""
-    if request.scheme == "https" and not ssl_insecure:
-        return
-    if (
-        request.scheme == "http"
-        and rule is not None
-        and rule.plain_http
-        and any(pin.address in net for net in policy.allow_networks)
-    ):
-        return
-    raise Denial(Reason.INSECURE_UPSTREAM, "credentials are only injected over verified TLS")
 
 
 def write(
