@@ -87,11 +87,13 @@ def injects(rule: Rule) -> list[str]:
 
 def explain(
     rules: RuleSet, method: str, url: str, *, sandbox: str | None = None,
-    policy: str | None = None,
+    policy: str | None = None, tokens: bool = False, connect_tokens: bool = False,
 ) -> Explanation:
     """Decide `method url` for a sandbox, a policy, or (neither given) unidentified traffic:
     the proxy's own `decide`, asked what the proxy asks, in its order (for https, the tunnel
-    first, then the request inside it unless the tunnel is passed through)."""
+    first, then the request inside it unless the tunnel is passed through). `tokens`: the
+    request carries `Proxy-Tokenizer` (whether the tokens would open is not modelled);
+    `connect_tokens`: the CONNECT does."""
     result = Explanation(method, url)
     identity = _identity(rules, result, sandbox, policy)
     parts = urlsplit(url)
@@ -105,7 +107,7 @@ def explain(
     result.host, result.port = host.name, port
     decision: Decision | None = None
     if parts.scheme == "https":
-        decision = decide(rules, Question(identity, host, port))
+        decision = decide(rules, Question(identity, host, port, tokens=connect_tokens))
         result.tunnel = decision.tunnel
         if decision.tunnel:
             result.rule = decision.host_rules[0]
@@ -119,7 +121,7 @@ def explain(
             return _deny(result, Reason.of(exc.reason), str(exc))
         result.path = path
         scheme: Scheme = "https" if parts.scheme == "https" else "http"
-        decision = decide(rules, Question(identity, host, port, scheme, method, path))
+        decision = decide(rules, Question(identity, host, port, scheme, method, path, tokens))
         result.rule = decision.rule
     result.decision, result.reason, result.detail = (
         decision.verdict, decision.reason, decision.detail
