@@ -11,14 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
-from dataclasses import dataclass
 from pathlib import Path
-
-# Timestamps are only as fine as the filesystem's clock tick: a file rewritten twice within it,
-# at the same size, on a recycled inode, looks unchanged (git's "racy" files). A file changed
-# this recently is read again rather than trusted by its identity.
-_RACY_NS = 2_000_000_000
 
 
 def read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
@@ -39,27 +32,3 @@ def read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
         return b"".join(chunks), st
     finally:
         os.close(fd)
-
-
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """What a cheap stat says about a file's content: any change means read it again."""
-
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileIdentity:
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def settled(self) -> bool:
-        """Old enough that an unchanged identity means unchanged content."""
-        return time.time_ns() - self.mtime_ns > _RACY_NS
-
-
-def file_identity(path: Path) -> FileIdentity | None:
-    try:
-        return FileIdentity.of(path.stat())
-    except OSError:
-        return None

@@ -17,7 +17,17 @@ from typing import Final, NoReturn
 
 import idna
 
-__all__ = ["Host", "HostError", "canonical_host", "denied_name", "split_authority"]
+__all__ = [
+    "WILDCARD",
+    "Host",
+    "HostError",
+    "HostPattern",
+    "canonical_host",
+    "canonical_name",
+    "denied_name",
+    "parse_host_pattern",
+    "split_authority",
+]
 
 # Longer raw input is refused before any parsing: a valid host is at most 253 octets, and UTS-46
 # "ignored" code points (soft hyphens, zero-width spaces) must not let a megabyte of padding
@@ -37,6 +47,10 @@ _NUMERIC_LABEL: Final = re.compile(r"[0-9]+|0x[0-9a-f]*")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # 0-255, no leading zeros
 _DOTTED_QUAD: Final = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}")
 _PORT: Final = re.compile(r"[1-9][0-9]{0,4}")
+# What an IPv6 address written without brackets may look like; anything else is left to the
+# authority grammar (which then names the ':' it finds).
+_BARE_IPV6: Final = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
+WILDCARD: Final = "*."
 # The only code points UTS-46 maps to "@" (U+FE6B small, U+FF20 fullwidth): checked before
 # anything echoes the input, because text with an at-sign may carry credentials.
 _AT_SIGNS: Final = ("@", "\ufe6b", "\uff20")
@@ -157,6 +171,45 @@ def split_authority(authority: str, default_port: int | None = None) -> tuple[Ho
     if not 0 < port <= 65535:
         raise HostError("port_invalid", f"port {port} for {host.name!r} is outside 1-65535")
     return host, port
+
+
+def canonical_name(raw: str) -> Host:
+    """`canonical_host` for a host written on its own rather than in an authority (a rule's or a
+    token's host pattern, a `Host.name` passed on): with no port to tell it from, an IPv6
+    address may go without brackets."""
+    return canonical_host(f"[{raw}]" if _BARE_IPV6.fullmatch(raw) else raw)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """A destination pattern, the one meaning that rules and sealed tokens share: `host` alone,
+    or with `wildcard` every name strictly below it at any depth (`*.example.com` matches
+    `a.example.com` and `a.b.example.com`, never `example.com` or `badexample.com`). An IP
+    literal matches only itself."""
+
+    host: Host
+    wildcard: bool = False
+
+    def matches(self, host: Host) -> bool:
+        # No address's text ends in "." + a suffix: a suffix never ends in a numeric label.
+        if self.wildcard:
+            return host.name.endswith("." + self.host.name)
+        return host.name == self.host.name
+
+    def __str__(self) -> str:
+        return WILDCARD + self.host.name if self.wildcard else self.host.name
+
+
+def parse_host_pattern(raw: str) -> HostPattern:
+    """`name` or `*.name`, canonicalised as `canonical_name` reads a host, or an IP literal."""
+    wildcard = raw.startswith(WILDCARD)
+    body = raw[len(WILDCARD) :] if wildcard else raw
+    if "*" in body:
+        raise HostError("host_invalid_char", "'*' is only allowed as a leading '*.'")
+    host = canonical_name(body)
+    if wildcard and host.ip is not None:
+        raise HostError("host_invalid_char", "a wildcard cannot cover an IP address")
+    return HostPattern(host, wildcard)
 
 
 # Names that never identify an external service. The apex of each suffix is denied too.

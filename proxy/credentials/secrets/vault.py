@@ -24,7 +24,6 @@ import hvac
 import hvac.exceptions
 import requests
 
-from sealgate.files import FileIdentity, file_identity
 from sealgate.proxy.credentials.secrets.base import (
     Secret,
     SecretConfigError,
@@ -35,6 +34,7 @@ from sealgate.proxy.credentials.secrets.base import (
     SecretUnavailable,
     kv_location,
 )
+from sealgate.watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class VaultStore:
         )
         self._auth_lock = asyncio.Lock()
         self._generation = 0  # bumped on each login, to collapse concurrent re-logins
-        self._token_identity: FileIdentity | None = None
+        self._token_file = Watch(() if config.token_file is None else (config.token_file,))
         self._lease = 0.0
         self._renewable = False
         self._relogged = asyncio.Event()
@@ -227,11 +227,23 @@ class VaultStore:
 
     def _token_file_changed(self) -> bool:
         path = self.config.token_file
-        return (
-            self.config.auth == "token"
-            and path is not None
-            and (file_identity(path) != self._token_identity)
-        )
+        if self.config.auth != "token" or path is None:
+            return False
+        now = self._token_file.now()
+        if not self._token_file.changed(now):
+            return False
+        if now != self._token_file.seen:
+            return True
+        # Unchanged to a stat, but written too recently for that to mean unchanged content:
+        # what the file holds decides, not another login (the first fetches after a token is
+        # written would all log in again).
+        try:
+            same = _read_credential(path, "token file") == self._client.token
+        except SecretError:
+            return True  # the login says why
+        if same:
+            self._token_file.mark(now)
+        return not same
 
     async def _token_rejected(self) -> bool:
         try:
@@ -246,10 +258,10 @@ class VaultStore:
         client = self._client
         if cfg.auth == "token":
             assert cfg.token_file is not None  # guaranteed by VaultConfig
-            identity = file_identity(cfg.token_file)
+            seen = self._token_file.now()
             client.token = _read_credential(cfg.token_file, "token file")
             info = await self._call("token lookup", client.auth.token.lookup_self)
-            self._token_identity = identity
+            self._token_file.mark(seen)
             ttl, renewable = _dig(info, "data", "ttl"), _dig(info, "data", "renewable")
         else:
             if cfg.auth == "approle":

@@ -1,0 +1,75 @@
+"""Host patterns (sealgate/hostname.py): the one grammar and meaning of `name` / `*.name` that
+rules and sealed tokens share."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address, IPv6Address
+
+import pytest
+
+from sealgate.hostname import Host, HostError, canonical_name, parse_host_pattern
+from sealgate.proxy.policy.targets import TargetError, host_pattern
+
+
+@pytest.mark.parametrize(
+    ("raw", "host", "wildcard"),
+    [
+        ("example.com", Host("example.com"), False),
+        ("*.example.com", Host("example.com"), True),
+        ("Example.COM.", Host("example.com"), False),
+        ("*.bücher.example", Host("xn--bcher-kva.example"), True),
+        ("10.0.0.1", Host("10.0.0.1", IPv4Address("10.0.0.1")), False),
+        ("2001:DB8:0::1", Host("2001:db8::1", IPv6Address("2001:db8::1")), False),
+        ("[2001:db8::1]", Host("2001:db8::1", IPv6Address("2001:db8::1")), False),
+    ],
+)
+def test_parse(raw: str, host: Host, wildcard: bool) -> None:
+    pattern = parse_host_pattern(raw)
+    assert (pattern.host, pattern.wildcard) == (host, wildcard)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["", "*", "*.", "*.*.example.com", "a.*.example.com", "*example.com", "*.10.0.0.1",
+     "*.2001:db8::1", "127.1", "exa mple.com", "example.com:443", "fe80::1%eth0", "user@host"],
+)
+def test_refused(raw: str) -> None:
+    with pytest.raises(HostError):
+        parse_host_pattern(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "host", "ok"),
+    [
+        ("api.example.com", "api.example.com", True),
+        ("api.example.com", "API.example.com.", True),
+        ("api.example.com", "x.api.example.com", False),
+        ("api.example.com", "evilapi.example.com", False),
+        ("*.example.com", "a.example.com", True),
+        ("*.example.com", "a.b.example.com", True),
+        ("*.example.com", "example.com", False),
+        ("*.example.com", "badexample.com", False),
+        ("10.0.0.1", "10.0.0.1", True),
+        ("10.0.0.1", "10.0.0.2", False),
+        ("2001:db8::1", "[2001:db8:0::1]", True),
+        ("*.in-addr.arpa", "1.0.0.10.in-addr.arpa", True),
+    ],
+)
+def test_matches(raw: str, host: str, ok: bool) -> None:
+    assert parse_host_pattern(raw).matches(canonical_name(host)) is ok
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["api.example.com", "*.example.com", "API.Example.com.", "*.bücher.example", "10.0.0.1",
+     "2001:DB8::1", "[2001:db8::1]", "*.com", "-a.example.com", "*.*.example.com", "*.10.0.0.1",
+     "127.1", "exa mple.com", "xn--zz.example"],
+)
+def test_rules_read_a_pattern_as_the_shared_grammar_does(raw: str) -> None:
+    try:
+        shared = str(parse_host_pattern(raw))
+    except HostError:
+        with pytest.raises(TargetError):
+            host_pattern(raw)
+        return
+    assert host_pattern(raw)[0] == shared
