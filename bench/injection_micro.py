@@ -7,7 +7,7 @@
 end in their unit: `_us` is microseconds per operation (best of several passes), `_ms`
 milliseconds. Secret-store misses are timed one by one and given as p50 and p99, because a
 miss is a request to a backend, not a loop of pure Python: the Vault misses go over real HTTP on
-loopback to `tests.vaultfake.VaultFake`, whose server thread runs on `--server-cpu`.
+loopback to bench/fakes.py's `Vault`, whose server thread runs on `--server-cpu`.
 """
 
 from __future__ import annotations
@@ -24,21 +24,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # proxy, issuer, tests when run as a script
+sys.path.insert(0, str(ROOT))  # this checkout's sealgate, not whichever one is installed
 
+from fakes import Vault  # noqa: E402
 from mitmproxy import http  # noqa: E402
 from services import pinned  # noqa: E402
 
+from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
 from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
 from sealgate.issuer.processors import BearerProcessor  # noqa: E402
-from sealgate.issuer.token import Claims, HostPattern, SandboxBinding, open_token, seal  # noqa: E402
 from sealgate.proxy.credentials.broker import Broker  # noqa: E402
 from sealgate.proxy.credentials.inject import Credential, Injected, credential, write  # noqa: E402
 from sealgate.proxy.credentials.scrub import Scrubber  # noqa: E402
 from sealgate.proxy.credentials.secrets import SecretBroker, SecretRef, open_store, parse_ref  # noqa: E402
 from sealgate.proxy.credentials.tokenizer import HEADER, Tokenizer, TokenRequest  # noqa: E402
 from sealgate.proxy.policy.rulesfile import load_rules  # noqa: E402
-from tests.vaultfake import VaultFake  # noqa: E402
 
 HOST, PORT, PATH = "api.bench", 443, "/v1/items"
 SANDBOX = "bench-1"
@@ -107,21 +107,20 @@ def token_figures(work: Path) -> dict[str, float]:
     fresh = [_mint(public, f"cold-{i}") for i in range(COLD_TOKENS)]
     check = TokenRequest(SANDBOX, "bench", HOST, PORT, "GET", PATH, ["Basic eDp5"])
     warm = Tokenizer(keyring)
-    warm.open(token)
+    (granted,) = warm.authorise([token], check)
 
-    def open_fresh() -> None:
+    def authorise_fresh() -> None:
         # A new cache each pass, so every one of the distinct tokens is a miss.
         tokenizer = Tokenizer(keyring)
         for t in fresh:
-            tokenizer.open(t)
+            tokenizer.authorise([t], check)
 
-    secret = warm.open(token).secret
+    secret = granted.secret
     bearer = credential(BearerProcessor(), secret, "token:x")
     return {
-        "open_token_cold_us": _per_op(lambda: [open_token(t, keyring) for t in fresh], 1,
-                                      repeat=3) / COLD_TOKENS,
-        "tokenizer_open_cold_us": _per_op(open_fresh, 1, repeat=3) / COLD_TOKENS,
-        "tokenizer_open_cached_us": _per_op(lambda: warm.open(token), 20000),
+        "unseal_cold_us": _per_op(lambda: [unseal(t, keyring) for t in fresh], 1,
+                                  repeat=3) / COLD_TOKENS,
+        "tokenizer_authorise_cold_us": _per_op(authorise_fresh, 1, repeat=3) / COLD_TOKENS,
         "tokenizer_authorise_cached_us": _per_op(lambda: warm.authorise([token], check), 20000),
         "write_bearer_us": _write_us(bearer),
         "scrub_1k_response_us": _per_op(lambda: Scrubber([secret]).data(BODY), 20000),
@@ -174,9 +173,9 @@ default_policy: null
     return figures
 
 
-async def _vault_figures(vault: VaultFake, work: Path) -> dict[str, float]:
+async def _vault_figures(vault: Vault, work: Path) -> dict[str, float]:
     token_file = work / "vault-token"
-    token_file.write_text(vault.add_token(paths=["kv/data/bench/*"]))
+    token_file.write_text(vault.add_token("kv/data/bench/"))
     token_file.chmod(0o600)
     store = open_store(f"vault:{vault.url}?auth=token&token_file={token_file}")
     cache = SecretBroker([store])
@@ -204,13 +203,12 @@ def run(cpu: int | None = None, server_cpu: int | None = None) -> dict[str, floa
     fake Vault's server thread; None leaves a thread where the scheduler puts it."""
     with tempfile.TemporaryDirectory(prefix="sealgate-injection-micro-") as tmp:
         work = Path(tmp)
-        vault = VaultFake()
+        vault = Vault()
         with pinned(server_cpu):
             vault.start()  # its thread keeps this affinity
         try:
-            vault.add_kv_mount("kv", version=2)
             for name in [f"warm-{i}" for i in range(5)] + [f"s-{i}" for i in range(MISSES)]:
-                vault.put(f"kv/bench/{name}", {"token": f"vault-{secrets.token_hex(16)}"})
+                vault.put("kv", f"bench/{name}", {"token": f"vault-{secrets.token_hex(16)}"})
             with pinned(cpu):
                 figures = token_figures(work)
                 figures |= asyncio.run(_file_figures(work))

@@ -65,9 +65,9 @@ from services import (
 )
 from session import bench_session, parse_options, run_meta
 
+from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
 from sealgate.issuer.keys import generate
 from sealgate.issuer.processors import BearerProcessor
-from sealgate.issuer.token import Claims, HostPattern, SandboxBinding, seal
 
 SCRIPT = "injection_overhead"
 TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid
@@ -254,12 +254,11 @@ def _us(values: list[float]) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 MICRO_LABELS = {
-    "open_token_cold_us": "`issuer.token.open_token`, a fresh token (X25519 unseal + claims "
-                          "parse + time check)",
-    "tokenizer_open_cold_us": "`Tokenizer.open`, a token not yet in its cache",
-    "tokenizer_open_cached_us": "`Tokenizer.open`, the same token again (cache hit)",
-    "tokenizer_authorise_cached_us": "`Tokenizer.authorise`, cached token: open + sandbox "
-                                     "binding + host/method/path scope",
+    "unseal_cold_us": "`sealgate.issuer.unseal`, a fresh token (X25519 unseal + claims parse)",
+    "tokenizer_authorise_cold_us": "`Tokenizer.authorise`, a token not yet in its cache (unseal "
+                                   "+ time window + sandbox binding + host/method/path scope)",
+    "tokenizer_authorise_cached_us": "`Tokenizer.authorise`, the same token and request again "
+                                     "(cache hit: time window, request compared with the last)",
     "write_bearer_us": "`inject.write`, a bearer credential into a mitmproxy request "
                        "(token header stripped, identity encoding asked for)",
     "scrub_1k_response_us": "response scrubber over a buffered 1 KiB body (set up + search)",
@@ -401,10 +400,11 @@ def _micro_section(micro: dict[str, float] | str) -> list[str]:
     for name, value in micro.items():
         unit = "ms" if name.endswith("_ms") else "µs"
         lines.append(f"| {MICRO_LABELS.get(name, name)} | {value:,.2f} {unit} |")
-    cold, cached = micro.get("tokenizer_open_cold_us"), micro.get("tokenizer_open_cached_us")
+    cold = micro.get("tokenizer_authorise_cold_us")
+    cached = micro.get("tokenizer_authorise_cached_us")
     if cold and cached:
         lines += ["", f"The tokenizer's cache makes a repeated token {cold / cached:,.0f}x "
-                  "cheaper to open than a fresh one."]
+                  "cheaper to authorise than a fresh one."]
     return lines
 
 

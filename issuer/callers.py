@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final, assert_never
 
+from sealgate import issuer as tk
 from sealgate.issuer import jsonfields
 from sealgate.issuer import processors as pr
-from sealgate.issuer import token as tk
 from sealgate.yamlfile import YamlFile, YamlFileError
 
 __all__ = [

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from sealgate import issuer as tk
 from sealgate.files import read_regular
 from sealgate.issuer import callers, keys
 from sealgate.issuer import processors as pr
-from sealgate.issuer import token as tk
 
 _MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
 DEFAULT_TTL: Final = "15m"

@@ -20,7 +20,7 @@ from typing import Final, TypeVar
 from nacl.public import PrivateKey
 
 from sealgate.files import read_regular
-from sealgate.issuer.token import load_json_object
+from sealgate.issuer.jsonfields import load_json_object
 
 __all__ = [
     "KeyFileError",

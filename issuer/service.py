@@ -30,10 +30,10 @@ from typing import ClassVar, Final, TypeVar
 from aiohttp import web
 from cryptography import x509
 
+from sealgate import issuer as tk
 from sealgate.audit import AuditLog
 from sealgate.issuer import callers as cl
 from sealgate.issuer import jsonfields, keys
-from sealgate.issuer import token as tk
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -307,7 +307,7 @@ def _parse_body(data: bytes) -> dict[str, object]:
     # (and so the secret) and must not ride along as __context__.
     problem = ""
     try:
-        obj = tk.load_json_object(data.decode("utf-8"))
+        obj = jsonfields.load_json_object(data.decode("utf-8"))
     except UnicodeDecodeError:
         problem = "body is not UTF-8"
     except ValueError as exc:
@@ -363,7 +363,7 @@ def _scrub(text: str, secret: object) -> str:
 
 def _secret_of(body: bytes) -> object:
     try:
-        return tk.load_json_object(body.decode("utf-8")).get("secret")
+        return jsonfields.load_json_object(body.decode("utf-8")).get("secret")
     except ValueError:
         return None
 

@@ -1,12 +1,11 @@
 """The sealed-token wire format: ``sg1.<kid>.<base64url(sealed box of the claims JSON)>``.
 
-The issuer seals with this module and the proxy opens, checks and applies with it, so the two
-cannot disagree about a token. The format is written down in docs/token-format.md and pinned by
-tests/vectors/. Order of use: `unseal` and `check_time` (together: `open_token`), then
-`check_binding`, `check_scope`, and `apply` (the proxy applies through `inject.py`, which
-works the processor out once per opened token).
-The processors and the injection itself are `issuer.processors`, shared with the proxy's broker;
-their errors are translated here into `TokenError`s.
+The issuer seals with this module and the proxy opens with it, so the two cannot disagree about a
+token. The format is written down in docs/token-format.md and pinned by tests/vectors/. This
+module is the format: the claims and their rules, their JSON, the envelope, `seal` and `unseal`.
+It is built on `issuer.scope` (host patterns, path prefixes) and `issuer.processors` (shared
+with the proxy's broker; their errors are reported here as `TokenMalformed`); the checks of
+opened claims against a request (time, binding, scope) are `issuer.checks`.
 
 Secrets: `Claims.secret` is left out of reprs, and no error raised here quotes it or chains an
 exception that holds the plaintext. Errors about other fields may quote them, shortened.
@@ -16,39 +15,30 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 import re
-import time
-import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import TYPE_CHECKING, ClassVar, Final, assert_never
+from typing import Final
 
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
-from sealgate.issuer import jsonfields
+from sealgate.issuer.errors import TokenInvalid, TokenMalformed
+from sealgate.issuer.jsonfields import load_json_object, missing, show, unknown
+from sealgate.issuer.keys import Keyring, PublicKeyEntry
 from sealgate.issuer.processors import (
-    MutableRequest,
     Processor,
     ProcessorInvalid,
-    RequestInapplicable,
     SecretInvalid,
     check_secret,
-    inject,
     processor_from_object,
     processor_to_object,
 )
-
-if TYPE_CHECKING:
-    from sealgate.issuer.keys import Keyring, PublicKeyEntry
+from sealgate.issuer.scope import HostPattern, check_path_prefix
 
 __all__ = [
     "CLAIMS_VERSION",
-    "CLOCK_SKEW_SECONDS",
-    "DEFAULT_PORT",
     "MAX_LIFETIME_SECONDS",
     "MAX_TOKEN_LENGTH",
     "TOKEN_PREFIX",
@@ -59,39 +49,21 @@ __all__ = [
     "HostPattern",
     "PolicyBinding",
     "SandboxBinding",
-    "TokenBinding",
-    "TokenError",
-    "TokenExpired",
-    "TokenInapplicable",
-    "TokenInvalid",
-    "TokenMalformed",
-    "TokenScope",
-    "apply",
-    "check_binding",
-    "check_scope",
-    "check_time",
     "claims_from_object",
-    "claims_from_plaintext",
     "encode_claims",
     "format_token",
-    "load_json_object",
-    "open_token",
     "parse_envelope",
     "redacted_claims",
     "seal",
     "unseal",
-    "validity",
 ]
 
 TOKEN_PREFIX: Final = "sg1"  # noqa: S105 - a format tag, not a credential
 CLAIMS_VERSION: Final = 1
 MAX_TOKEN_LENGTH: Final = 8192
-# Clocks of the issuer and the proxy may disagree by this much in either direction.
-CLOCK_SKEW_SECONDS: Final = 30
 # Enforced at use as well as at mint: anyone holding a public key can seal a token, so the
 # proxy cannot rely on the issuer's cap alone.
 MAX_LIFETIME_SECONDS: Final = 24 * 3600
-DEFAULT_PORT: Final = 443
 # crypto_box_seal adds an ephemeral X25519 public key (32) and a Poly1305 tag (16).
 SEAL_OVERHEAD: Final = 48
 REDACTED: Final = "[redacted]"
@@ -102,108 +74,8 @@ _VISIBLE: Final = re.compile(r"[\x21-\x7e]+")
 _METHOD: Final = re.compile(r"[A-Z]{1,20}")
 _JTI: Final = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 _HEX_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
-_LABEL: Final = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
-_NUMERIC_LABEL: Final = re.compile(r"[0-9]+|0x[0-9a-f]*")
-_PORT: Final = re.compile(r"[1-9][0-9]{0,4}")
 _MAX_INT: Final = 2**53
 _MAX_LIST: Final = 32
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-class TokenError(Exception):
-    """Why a token was refused. `reason` is the machine code, `status` the HTTP status to answer."""
-
-    reason: ClassVar[str] = "token_error"
-    status: ClassVar[int] = 400
-
-
-class TokenMalformed(TokenError):
-    """Bad prefix, shape, base64, size, JSON, schema, unknown field or unknown processor."""
-
-    reason = "token_malformed"
-    status = 400
-
-
-class TokenInvalid(TokenError):
-    """Unknown kid, decryption failure, or the sealed kid differs from the visible one."""
-
-    reason = "token_invalid"
-    status = 400
-
-
-class TokenExpired(TokenError):
-    """Outside the validity window: past `exp`, or before `nbf`/`iat` (with clock skew)."""
-
-    reason = "token_expired"
-    status = 401
-
-
-class TokenScope(TokenError):
-    """The request's host, port, method or path is outside what the token allows."""
-
-    reason = "token_scope"
-    status = 403
-
-
-class TokenBinding(TokenError):
-    """The token's binding (sandbox, policy or proxy bearer secret) is not met."""
-
-    reason = "token_binding"
-    status = 407
-
-
-class TokenInapplicable(TokenError):
-    """The request lacks what the processor needs (the placeholder it replaces)."""
-
-    reason = "token_inapplicable"
-    status = 400
-
-
-def _show(value: str, limit: int = 40) -> str:
-    """A short repr of a non-secret value for an error message."""
-    return repr(value if len(value) <= limit else value[:limit] + "...")
-
-
-# --- strict JSON ------------------------------------------------------------------------------
-
-
-def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    obj: dict[str, object] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"duplicate key {_show(key)}")
-        obj[key] = value
-    return obj
-
-
-def _reject_float(_text: str) -> object:
-    raise ValueError("numbers must be integers")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 16:
-        raise ValueError("integer has too many digits")
-    return int(text)
-
-
-def load_json_object(text: str) -> dict[str, object]:
-    """Parse a JSON object strictly: duplicate keys, floats, NaN/Infinity and huge integers are
-    errors (ValueError). Error messages carry positions, never content."""
-    try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_unique_pairs,
-            parse_float=_reject_float,
-            parse_int=_bounded_int,
-            parse_constant=_reject_float,
-        )
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise ValueError("top level must be a JSON object")
-    return value
 
 
 # --- bindings ---------------------------------------------------------------------------------
@@ -254,97 +126,6 @@ _BINDING_TYPES: Final[Mapping[str, type[Binding]]] = {
 }
 
 
-# --- hosts ------------------------------------------------------------------------------------
-
-
-def _host_error(text: str, why: str) -> TokenMalformed:
-    return TokenMalformed(f"host pattern {_show(text, 80)}: {why}")
-
-
-def _check_dns_name(name: str, text: str) -> None:
-    labels = name.split(".")
-    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise _host_error(text, "not a lowercase DNS name (use the xn-- form for IDNs)")
-    if _NUMERIC_LABEL.fullmatch(labels[-1]):
-        raise _host_error(text, "numeric names must be canonical dotted-quad IPv4 addresses")
-
-
-@dataclass(frozen=True)
-class HostPattern:
-    """One allowed destination: an exact host, or with `wildcard` any host strictly below it
-    (`*.example.com` matches `a.example.com` and `a.b.example.com`, not `example.com`), on one
-    port (443 unless the pattern names another). Hosts are compared lowercase."""
-
-    host: str
-    port: int = DEFAULT_PORT
-    wildcard: bool = False
-
-    def __post_init__(self) -> None:
-        # Checked here, not only in `parse`, so that a pattern built directly cannot be sealed
-        # into a token the proxy would then refuse (or read differently).
-        if not 1 <= self.port <= 65535:
-            raise _host_error(str(self), "port must be 1-65535")
-        try:
-            address: IPv4Address | IPv6Address | None = ip_address(self.host)
-        except ValueError:
-            address = None
-        if address is not None:
-            if self.wildcard:
-                raise _host_error(str(self), "a wildcard needs a DNS name, not an address")
-            if str(address) != self.host or "%" in self.host:
-                raise _host_error(str(self), "IP addresses must be canonical, without zone id")
-            return
-        _check_dns_name(self.host, str(self))
-        if self.wildcard and "." not in self.host:
-            raise _host_error(str(self), "a wildcard needs at least two labels after '*.'")
-
-    @classmethod
-    def parse(cls, text: str) -> HostPattern:
-        """Parse `name`, `*.name`, `a.b.c.d` or `[v6]`, each optionally with `:port`."""
-        if len(text) > 300 or not text.isascii():
-            raise _host_error(text, "must be at most 300 ASCII characters")
-        lowered = text.lower()
-        port = DEFAULT_PORT
-        if lowered.startswith("["):
-            inner, close, rest = lowered[1:].partition("]")
-            if not close or (rest and not rest.startswith(":")):
-                raise _host_error(text, "bracketed IPv6 must be [address] or [address]:port")
-            try:
-                address = IPv6Address(inner)
-            except ValueError:
-                raise _host_error(text, "not an IPv6 address") from None
-            if address.scope_id is not None:
-                raise _host_error(text, "IPv6 zone ids are not allowed")
-            if rest:
-                port = _parse_port(rest[1:], text)
-            return cls(address.compressed, port)
-        if lowered.count(":") > 1:
-            raise _host_error(text, "IPv6 addresses must be in brackets")
-        name, colon, port_text = lowered.partition(":")
-        if colon:
-            port = _parse_port(port_text, text)
-        wildcard = name.startswith("*.")
-        return cls(name[2:] if wildcard else name, port, wildcard)
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        text = f"*.{host}" if self.wildcard else host
-        return text if self.port == DEFAULT_PORT else f"{text}:{self.port}"
-
-    def matches(self, host: str, port: int) -> bool:
-        if port != self.port:
-            return False
-        if self.wildcard:
-            return host.endswith("." + self.host)
-        return host == self.host
-
-
-def _parse_port(text: str, pattern: str) -> int:
-    if not _PORT.fullmatch(text) or int(text) > 65535:
-        raise _host_error(pattern, "port must be 1-65535 in plain decimal")
-    return int(text)
-
-
 # --- claims -----------------------------------------------------------------------------------
 
 
@@ -383,7 +164,7 @@ class Claims:
             if not 1 <= len(self.paths) <= _MAX_LIST:
                 raise TokenMalformed(f"paths, if present, must list 1-{_MAX_LIST} prefixes")
             for prefix in self.paths:
-                _check_path_prefix(prefix)
+                check_path_prefix(prefix)
         self._check_times()
         if self.jti is not None and not _JTI.fullmatch(self.jti):
             raise TokenMalformed("jti must be 1-128 characters from A-Z a-z 0-9 . _ ~ : -")
@@ -405,30 +186,6 @@ class Claims:
             raise TokenMalformed(f"exp - iat exceeds the {MAX_LIFETIME_SECONDS} s lifetime cap")
 
 
-def _check_path_prefix(prefix: str) -> None:
-    if (
-        not prefix.startswith("/")
-        or len(prefix) > 1024
-        or not _VISIBLE.fullmatch(prefix)
-        or any(char in prefix for char in "?#\\")
-        or _has_dot_segment(prefix)
-    ):
-        raise TokenMalformed(
-            "paths must be 1-1024 visible ASCII characters starting with '/', "
-            "without '?', '#', '\\' or dot segments"
-        )
-
-
-def _has_dot_segment(path: str) -> bool:
-    """True if some server might read a segment as `.`/`..` or split it further: plain or
-    percent-encoded dots, encoded slashes or backslashes, and `..;x` (Java path parameters)."""
-    for segment in path.split("/"):
-        decoded = urllib.parse.unquote(segment)
-        if decoded.partition(";")[0] in (".", "..") or "/" in decoded or "\\" in decoded:
-            return True
-    return False
-
-
 # --- claims <-> JSON --------------------------------------------------------------------------
 
 _CLAIM_FIELDS: Final = frozenset(f.name for f in fields(Claims))
@@ -440,7 +197,7 @@ _REQUIRED_CLAIMS: Final = frozenset(
 def _only_fields(
     obj: Mapping[str, object], allowed: frozenset[str], required: frozenset[str], where: str
 ) -> None:
-    if problem := jsonfields.unknown(obj, allowed) or jsonfields.missing(obj, required):
+    if problem := unknown(obj, allowed) or missing(obj, required):
         raise TokenMalformed(f"{where}: {problem}")
 
 
@@ -483,7 +240,7 @@ def _binding_from_json(value: object) -> Binding:
     ((name, inner),) = obj.items()
     cls = _BINDING_TYPES.get(name)
     if cls is None:
-        raise TokenMalformed(f"unknown binding {_show(name)}")
+        raise TokenMalformed(f"unknown binding {show(name)}")
     return cls(_string(inner, f"binding: {name}"))
 
 
@@ -552,7 +309,7 @@ def redacted_claims(claims: Claims) -> dict[str, object]:
     return _claims_to_object(claims, REDACTED)
 
 
-def claims_from_plaintext(plaintext: bytes) -> Claims:
+def _claims_from_plaintext(plaintext: bytes) -> Claims:
     # The error is raised outside the except block so that no decode error, which holds the
     # plaintext (and so the secret), rides along as __context__.
     problem = ""
@@ -637,127 +394,7 @@ def unseal(token: str, keyring: Keyring) -> Claims:
         plaintext = SealedBox(PrivateKey(entry.private_key)).decrypt(envelope.sealed)
     except CryptoError:
         raise TokenInvalid("token does not decrypt under its key (tampered or wrong key)") from None
-    claims = claims_from_plaintext(plaintext)
+    claims = _claims_from_plaintext(plaintext)
     if claims.kid != envelope.kid:
         raise TokenInvalid("sealed kid differs from the visible kid")
     return claims
-
-
-def validity(claims: Claims) -> tuple[int, int]:
-    """The Unix seconds [start, end) in which the token may be used, clock skew included."""
-    start = claims.iat if claims.nbf is None else max(claims.iat, claims.nbf)
-    return start - CLOCK_SKEW_SECONDS, claims.exp + CLOCK_SKEW_SECONDS
-
-
-def check_time(claims: Claims, *, now: float | None = None) -> None:
-    moment = time.time() if now is None else now
-    start, end = validity(claims)
-    if moment >= end:
-        raise TokenExpired("token has expired")
-    if moment < start:
-        raise TokenExpired("token is not valid yet")
-
-
-def open_token(token: str, keyring: Keyring, *, now: float | None = None) -> Claims:
-    """`unseal` plus the time window. Raises a TokenError subclass, nothing else."""
-    claims = unseal(token, keyring)
-    check_time(claims, now=now)
-    return claims
-
-
-# --- use --------------------------------------------------------------------------------------
-
-
-def _canonical_request_host(host: str) -> str:
-    name = host.lower()
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    if name.endswith("."):
-        name = name[:-1]
-    if ":" in name:
-        try:
-            return IPv6Address(name).compressed
-        except ValueError:
-            return name
-    return name
-
-
-def _path_allowed(prefixes: Sequence[str], target: str) -> bool:
-    path = target.partition("?")[0].partition("#")[0]
-    if not path.startswith("/") or "\\" in path or _has_dot_segment(path):
-        # The upstream may normalise these into a path the prefix never allowed.
-        return False
-    return any(
-        path == prefix or path.startswith(prefix if prefix.endswith("/") else prefix + "/")
-        for prefix in prefixes
-    )
-
-
-def check_scope(claims: Claims, host: str, port: int, method: str, path: str) -> None:
-    """Raise TokenScope unless host:port, method and path are all inside the token.
-
-    Path prefixes match whole segments (`/v1/charges` allows `/v1/charges/ch_1`, not
-    `/v1/chargesX`), and a path with dot segments or encoded slashes never matches."""
-    name = _canonical_request_host(host)
-    if not any(pattern.matches(name, port) for pattern in claims.hosts):
-        raise TokenScope(f"host {_show(name, 80)} port {port} is not allowed by this token")
-    if claims.methods is not None and method not in claims.methods:
-        raise TokenScope(f"method {_show(method, 20)} is not allowed by this token")
-    if claims.paths is not None and not _path_allowed(claims.paths, path):
-        raise TokenScope(f"path {_show(path, 80)} is not allowed by this token")
-
-
-def _bearer_credentials(values: Sequence[str]) -> list[str]:
-    found = []
-    for value in values:
-        scheme, _, credential = value.strip().partition(" ")
-        if scheme.lower() == "bearer" and credential.strip():
-            found.append(credential.strip())
-    return found
-
-
-def check_binding(
-    claims: Claims,
-    *,
-    sandbox_id: str | None,
-    policy: str | None,
-    proxy_authorization: Sequence[str],
-) -> None:
-    """Raise TokenBinding unless the request meets the token's binding (if any).
-
-    For an auth digest binding, any one `Proxy-Authorization: Bearer` value whose SHA-256 matches
-    is enough; other schemes (the proxy's own Basic identity) are ignored."""
-    binding = claims.binding
-    match binding:
-        case None:
-            return
-        case SandboxBinding(sandbox=bound):
-            if sandbox_id is None or not hmac.compare_digest(
-                sandbox_id.encode("utf-8"), bound.encode("utf-8")
-            ):
-                raise TokenBinding("token is bound to another sandbox")
-        case PolicyBinding(policy=bound):
-            if policy is None or not hmac.compare_digest(
-                policy.encode("utf-8"), bound.encode("utf-8")
-            ):
-                raise TokenBinding("token is bound to another policy")
-        case AuthDigestBinding(auth_sha256=digest):
-            expected = bytes.fromhex(digest)
-            matched = False
-            for credential in _bearer_credentials(proxy_authorization):
-                actual = hashlib.sha256(credential.encode("utf-8")).digest()
-                matched |= hmac.compare_digest(actual, expected)
-            if not matched:
-                raise TokenBinding(
-                    "token needs Proxy-Authorization: Bearer with the secret it was bound to"
-                )
-        case _:
-            assert_never(binding)
-
-
-def apply(claims: Claims, request: MutableRequest) -> None:
-    """Inject the secret into `request` as the token's processor says. Raises TokenInapplicable."""
-    try:
-        inject(claims.processor, claims.secret, request)
-    except RequestInapplicable as exc:
-        raise TokenInapplicable(str(exc)) from None

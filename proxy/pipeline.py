@@ -28,7 +28,7 @@ from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.audit import AuditLog
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.issuer.token import TokenError
+from sealgate.issuer import TokenError
 from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.proxy import layers
 from sealgate.proxy.budget import BudgetLedger

@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sealgate.issuer.keys import Keyring
-from sealgate.issuer.token import (
+from sealgate.issuer import (
     Claims,
     TokenInapplicable,
     TokenMalformed,
@@ -28,6 +27,7 @@ from sealgate.issuer.token import (
     unseal,
     validity,
 )
+from sealgate.issuer.keys import Keyring
 from sealgate.proxy.credentials.inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
@@ -75,11 +75,8 @@ class Tokenizer:
         self._opened: dict[str, _Opened] = {}
         self._next_sweep = 0.0
 
-    def open(self, token: str) -> Claims:
-        """Decrypt (or recall) a token and check its time window. Raises TokenError."""
-        return self._open(token).claims
-
     def _open(self, token: str) -> _Opened:
+        """Decrypt (or recall) a token and check its time window. Raises TokenError."""
         opened = self._opened.get(token)
         if opened is None:
             claims = unseal(token, self.keyring)

@@ -22,6 +22,13 @@ import pytest
 import requests
 import zstandard
 
+from sealgate.issuer import (
+    AuthDigestBinding,
+    Claims,
+    HostPattern,
+    SandboxBinding,
+    seal,
+)
 from sealgate.issuer.keys import PublicKeyEntry, generate
 from sealgate.issuer.processors import (
     BasicProcessor,
@@ -31,13 +38,6 @@ from sealgate.issuer.processors import (
     PlaceholderProcessor,
     Processor,
     QueryProcessor,
-)
-from sealgate.issuer.token import (
-    AuthDigestBinding,
-    Claims,
-    HostPattern,
-    SandboxBinding,
-    seal,
 )
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS

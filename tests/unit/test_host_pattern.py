@@ -7,6 +7,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
+from sealgate import issuer as tk
 from sealgate.hostname import Host, HostError, canonical_name, parse_host_pattern
 from sealgate.proxy.policy.targets import TargetError, host_pattern
 
@@ -73,3 +74,15 @@ def test_rules_read_a_pattern_as_the_shared_grammar_does(raw: str) -> None:
             host_pattern(raw)
         return
     assert host_pattern(raw)[0] == shared
+
+
+@pytest.mark.parametrize(
+    "raw", ["api.example.com", "*.example.com", "[2001:db8::1]:8443", "10.0.0.1:80"]
+)
+def test_a_token_pattern_means_what_the_shared_one_means(raw: str) -> None:
+    token = tk.HostPattern.parse(raw)
+    shared = parse_host_pattern(raw.rpartition(":")[0] if raw.endswith(("]:8443", ":80")) else raw)
+    for host in ("api.example.com", "a.b.example.com", "example.com", "2001:db8::1", "10.0.0.1"):
+        assert token.matches(canonical_name(host), token.port) is shared.matches(
+            canonical_name(host)
+        )

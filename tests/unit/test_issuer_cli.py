@@ -23,9 +23,9 @@ from unittest.mock import patch
 
 import pytest
 
+from sealgate import issuer as tk
 from sealgate.issuer import cli, keys
 from sealgate.issuer import processors as pr
-from sealgate.issuer import token as tk
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
@@ -89,7 +89,9 @@ def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _open(token: str, key_dir: Path) -> tk.Claims:
-    return tk.open_token(token, keys.Keyring.load(key_dir))
+    claims = tk.unseal(token, keys.Keyring.load(key_dir))
+    tk.check_time(claims)
+    return claims
 
 
 def test_keys_generate_and_list(tmp_path: Path) -> None:
@@ -185,7 +187,7 @@ def test_mint_each_processor(
     assert claims.secret == CANARY
     assert claims.processor.kind == kind
     request = pr.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
-    tk.apply(claims, request)
+    pr.inject(claims.processor, claims.secret, request)
     assert callable(check) and check(request)
 
 

@@ -28,10 +28,10 @@ import requests
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from sealgate import issuer as tk
 from sealgate.audit import AuditLog
 from sealgate.issuer import callers as cl
 from sealgate.issuer import keys, service
-from sealgate.issuer import token as tk
 from tests.harness import OriginCA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,8 @@ def test_mint_opens_with_the_proxy_key_and_has_the_requested_claims(
     status, reply, headers = run(scenario)
     assert status == 200, reply
     assert headers["Cache-Control"] == "no-store"
-    claims = tk.open_token(reply["token"], env.keyring)
+    claims = tk.unseal(reply["token"], env.keyring)
+    tk.check_time(claims)
     assert claims.secret == CANARY
     assert claims.kid == reply["kid"] == env.issuer.current_key.kid
     assert [str(h) for h in claims.hosts] == ["api.github.com", "x.stripe.com", "*.stripe.com"]
@@ -463,7 +464,7 @@ def test_mtls_client_certificate_authenticates(env: Env, tmp_path: Path) -> None
 
     mtls, stranger, anonymous, api_key, both = run(scenario)
     assert mtls[0] == 200
-    assert tk.open_token(mtls[1]["token"], env.keyring).secret == CANARY
+    assert tk.unseal(mtls[1]["token"], env.keyring).secret == CANARY
     assert stranger[0] == anonymous[0] == 401
     assert api_key[0] == 403 and api_key[1]["error"] == "host_not_permitted"  # ci, not mtls
     assert both[0] == 401  # two credentials naming different callers
@@ -604,7 +605,7 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:
             headers={"Authorization": f"Bearer {API_KEYS['ci']}"},
         )
         assert reply.status_code == 200, reply.text
-        assert tk.open_token(reply.json()["token"], env.keyring).secret == CANARY
+        assert tk.unseal(reply.json()["token"], env.keyring).secret == CANARY
         newer = env.add_key()
         assert _http("GET", f"{url}/v1/keys").json()["current"] != newer.kid  # not polled
         proc.send_signal(signal.SIGHUP)

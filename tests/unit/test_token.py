@@ -1,4 +1,5 @@
-"""The sealed-token format (issuer/token.py) and proxy keys (issuer/keys.py)."""
+"""The sealed-token API (sealgate.issuer: the format, its scope and checks) and proxy keys
+(issuer/keys.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from typing import Any
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
+from sealgate import issuer as tk
 from sealgate.issuer import keys
 from sealgate.issuer import processors as pr
-from sealgate.issuer import token as tk
 from tests.vectors import generate as vectors
 
 NOW = 1_700_000_000
@@ -69,14 +70,14 @@ def request(**headers: str) -> pr.InMemoryRequest:
     return pr.InMemoryRequest(headers=list(headers.items()))
 
 
-# --- round trips through apply ----------------------------------------------------------------
+# --- round trips through the processor --------------------------------------------------------
 
 
 def _roundtrip(processor: pr.Processor, target: pr.InMemoryRequest, secret: str = CANARY) -> None:
     claims = make_claims(processor=processor, secret=secret)
-    opened = tk.open_token(mint(claims), KEYRING, now=NOW)
+    opened = tk.unseal(mint(claims), KEYRING)
     assert opened == claims
-    tk.apply(opened, target)
+    pr.inject(opened.processor, opened.secret, target)
 
 
 def test_bearer_replaces_authorization() -> None:
@@ -140,13 +141,11 @@ def test_placeholder_replaced_in_every_value() -> None:
 
 
 def test_placeholder_missing_is_inapplicable() -> None:
-    claims = make_claims(
-        processor=pr.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder")
-    )
+    # The proxy answers this token_inapplicable for a token (test_tokenizer, the vectors).
+    processor = pr.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder")
     target = request(Authorization="Bearer something-else")
-    with pytest.raises(tk.TokenInapplicable) as info:
-        tk.apply(claims, target)
-    assert info.value.reason == "token_inapplicable" and info.value.status == 400
+    with pytest.raises(pr.RequestInapplicable):
+        pr.inject(processor, CANARY, target)
     assert target.get_header_values("authorization") == ["Bearer something-else"]
 
 
@@ -198,7 +197,7 @@ def test_every_claim_round_trips() -> None:
         jti="abc-123",
         binding=tk.AuthDigestBinding.of_secret("bearer"),
     )
-    assert tk.open_token(mint(claims), KEYRING, now=NOW) == claims
+    assert tk.unseal(mint(claims), KEYRING) == claims
 
 
 def test_token_shape_and_key_rotation() -> None:
@@ -206,7 +205,7 @@ def test_token_shape_and_key_rotation() -> None:
     prefix, kid, body = token.split(".")
     assert (prefix, kid) == ("sg1", KEY_B.kid)
     assert "=" not in body
-    assert tk.open_token(token, KEYRING, now=NOW).kid == KEY_B.kid
+    assert tk.unseal(token, KEYRING).kid == KEY_B.kid
     assert KEYRING.kids == (KEY_B.kid, KEY_A.kid)  # newest first
 
 
@@ -246,7 +245,7 @@ def test_every_sealed_byte_flip_is_invalid() -> None:
         sealed = bytearray(envelope.sealed)
         sealed[index] ^= 0x01
         with pytest.raises(tk.TokenInvalid):
-            tk.open_token(tk.format_token(envelope.kid, bytes(sealed)), KEYRING, now=NOW)
+            tk.unseal(tk.format_token(envelope.kid, bytes(sealed)), KEYRING)
 
 
 def test_every_character_change_is_refused() -> None:
@@ -255,30 +254,30 @@ def test_every_character_change_is_refused() -> None:
         replacement = "B" if token[index] == "A" else "A"
         changed = token[:index] + replacement + token[index + 1 :]
         with pytest.raises((tk.TokenInvalid, tk.TokenMalformed)):
-            tk.open_token(changed, KEYRING, now=NOW)
+            tk.unseal(changed, KEYRING)
 
 
 def test_every_truncation_is_refused() -> None:
     token = mint()
     for length in range(len(token)):
         with pytest.raises((tk.TokenInvalid, tk.TokenMalformed)):
-            tk.open_token(token[:length], KEYRING, now=NOW)
+            tk.unseal(token[:length], KEYRING)
 
 
 def test_unknown_kid_and_wrong_key() -> None:
     only_a = keys.Keyring([KEY_A])
     with pytest.raises(tk.TokenInvalid, match="unknown key id"):
-        tk.open_token(mint(make_claims(kid=KEY_B.kid), key=KEY_B), only_a, now=NOW)
+        tk.unseal(mint(make_claims(kid=KEY_B.kid), key=KEY_B), only_a)
     sealed_to_b = tk.parse_envelope(mint(make_claims(kid=KEY_B.kid), key=KEY_B)).sealed
     with pytest.raises(tk.TokenInvalid, match="does not decrypt"):
-        tk.open_token(tk.format_token(KEY_A.kid, sealed_to_b), KEYRING, now=NOW)
+        tk.unseal(tk.format_token(KEY_A.kid, sealed_to_b), KEYRING)
 
 
 def test_inner_kid_must_match_visible_kid() -> None:
     plaintext = tk.encode_claims(make_claims(kid=KEY_B.kid))
     sealed = SealedBox(PrivateKey(KEY_A.private_key).public_key).encrypt(plaintext)
     with pytest.raises(tk.TokenInvalid, match="differs"):
-        tk.open_token(tk.format_token(KEY_A.kid, sealed), KEYRING, now=NOW)
+        tk.unseal(tk.format_token(KEY_A.kid, sealed), KEYRING)
 
 
 @pytest.mark.parametrize(
@@ -300,7 +299,7 @@ def test_inner_kid_must_match_visible_kid() -> None:
 )
 def test_malformed_envelopes(token: str) -> None:
     with pytest.raises(tk.TokenMalformed):
-        tk.open_token(token, KEYRING, now=NOW)
+        tk.unseal(token, KEYRING)
 
 
 @pytest.mark.parametrize(
@@ -352,7 +351,7 @@ def test_malformed_envelopes(token: str) -> None:
 )
 def test_schema_violations_are_malformed(obj: dict[str, Any]) -> None:
     with pytest.raises(tk.TokenMalformed):
-        tk.open_token(seal_object(obj), KEYRING, now=NOW)
+        tk.unseal(seal_object(obj), KEYRING)
 
 
 @pytest.mark.parametrize(
@@ -372,7 +371,7 @@ def test_schema_violations_are_malformed(obj: dict[str, Any]) -> None:
 def test_bad_json_is_malformed(plaintext: bytes) -> None:
     sealed = SealedBox(PrivateKey(KEY_A.private_key).public_key).encrypt(plaintext)
     with pytest.raises(tk.TokenMalformed):
-        tk.open_token(tk.format_token(KEY_A.kid, sealed), KEYRING, now=NOW)
+        tk.unseal(tk.format_token(KEY_A.kid, sealed), KEYRING)
 
 
 def test_non_canonical_base64_is_malformed() -> None:
@@ -398,19 +397,19 @@ SKEW = tk.CLOCK_SKEW_SECONDS
     ],
 )
 def test_time_window(now: int, nbf: int | None, ok: bool) -> None:
-    token = mint(make_claims(nbf=nbf))
+    claims = tk.unseal(mint(make_claims(nbf=nbf)), KEYRING)
     if ok:
-        tk.open_token(token, KEYRING, now=now)
+        tk.check_time(claims, now=now)
     else:
         with pytest.raises(tk.TokenExpired) as info:
-            tk.open_token(token, KEYRING, now=now)
+            tk.check_time(claims, now=now)
         assert (info.value.reason, info.value.status) == ("token_expired", 401)
 
 
 def test_lifetime_cap_is_enforced_at_use() -> None:
     obj = claims_json(iat=NOW, exp=NOW + tk.MAX_LIFETIME_SECONDS + 1)
     with pytest.raises(tk.TokenMalformed, match="lifetime"):
-        tk.open_token(seal_object(obj), KEYRING, now=NOW)
+        tk.unseal(seal_object(obj), KEYRING)
 
 
 # --- scope ------------------------------------------------------------------------------------
@@ -559,7 +558,7 @@ def test_canary_absent_from_reprs() -> None:
     assert tk.redacted_claims(claims)["secret"] == "[redacted]"
     assert CANARY not in json.dumps(tk.redacted_claims(claims))
     target = request(Authorization="x")
-    tk.apply(claims, target)
+    pr.inject(claims.processor, claims.secret, target)
     assert CANARY not in repr(target)
     assert KEY_A.private_key.hex() not in repr(KEY_A) and "private_key" not in repr(KEY_A)
     assert KEY_A.kid in repr(KEYRING)
@@ -578,7 +577,8 @@ def test_canary_absent_from_reprs() -> None:
 )
 def test_canary_absent_from_errors(obj: dict[str, Any]) -> None:
     with pytest.raises(tk.TokenError) as info:
-        claims = tk.open_token(seal_object(obj), KEYRING, now=NOW)
+        claims = tk.unseal(seal_object(obj), KEYRING)
+        tk.check_time(claims, now=NOW)
         tk.check_scope(claims, "other.example.com", 443, "GET", "/")
     for error in _chain(info.value):
         assert CANARY not in str(error) and CANARY not in repr(error)
@@ -589,7 +589,7 @@ def test_duplicate_secret_key_error_is_clean() -> None:
     plaintext = tk.encode_claims(make_claims())[:-1] + f',"secret":"{CANARY}x"}}'.encode()
     sealed = SealedBox(PrivateKey(KEY_A.private_key).public_key).encrypt(plaintext)
     with pytest.raises(tk.TokenMalformed, match="duplicate") as info:
-        tk.open_token(tk.format_token(KEY_A.kid, sealed), KEYRING, now=NOW)
+        tk.unseal(tk.format_token(KEY_A.kid, sealed), KEYRING)
     assert info.value.__context__ is None and info.value.__cause__ is None
     assert CANARY not in str(info.value)
 
@@ -598,7 +598,7 @@ def test_json_error_does_not_chain_the_plaintext() -> None:
     plaintext = f'{{"secret":"{CANARY}",'.encode()
     sealed = SealedBox(PrivateKey(KEY_A.private_key).public_key).encrypt(plaintext)
     with pytest.raises(tk.TokenMalformed) as info:
-        tk.open_token(tk.format_token(KEY_A.kid, sealed), KEYRING, now=NOW)
+        tk.unseal(tk.format_token(KEY_A.kid, sealed), KEYRING)
     assert info.value.__context__ is None
 
 
@@ -699,7 +699,7 @@ def test_generate_and_load(tmp_path: Path) -> None:
     assert entry is not None and entry.public() == public
     assert keys.newest_public(out) == public
     claims = make_claims(kid=public.kid)
-    assert tk.open_token(tk.seal(claims, public), keyring, now=NOW) == claims
+    assert tk.unseal(tk.seal(claims, public), keyring) == claims
     assert set(json.loads(private_path.read_text())) == {"format", "kid", "created", "private_key"}
 
 
@@ -711,7 +711,7 @@ def test_newest_public_and_rotation(tmp_path: Path) -> None:
     assert keyring.kids == (new.kid, old.kid)
     for public in (old, new):
         claims = make_claims(kid=public.kid)
-        assert tk.open_token(tk.seal(claims, public), keyring, now=NOW) == claims
+        assert tk.unseal(tk.seal(claims, public), keyring) == claims
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644])
@@ -768,7 +768,7 @@ def test_generate_on_a_full_disk_leaves_no_key_file(tmp_path: Path) -> None:
     script = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from issuer import keys\n"
+        "from sealgate.issuer import keys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
         "try:\n"

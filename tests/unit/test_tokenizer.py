@@ -8,9 +8,7 @@ from typing import Any
 import pytest
 from mitmproxy import http
 
-from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
-from sealgate.issuer.token import (
+from sealgate.issuer import (
     CLOCK_SKEW_SECONDS,
     Claims,
     HostPattern,
@@ -19,6 +17,8 @@ from sealgate.issuer.token import (
     TokenMalformed,
     seal,
 )
+from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
+from sealgate.issuer.processors import BearerProcessor
 from sealgate.proxy.credentials import tokenizer as tokenizer_module
 from sealgate.proxy.credentials.inject import Injected, put, write
 from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
@@ -52,11 +52,20 @@ def keyring(tmp_path_factory: pytest.TempPathFactory) -> tuple[Keyring, PublicKe
     return Keyring.load(directory), public
 
 
+REQUEST = TokenRequest(None, None, "api.test", 443, "GET", "/", [])
+
+
 def _token(public: PublicKeyEntry, jti: str, *, exp: int = NOW + 600) -> str:
     return seal(Claims(
         kid=public.kid, secret="cache-canary-1", processor=BearerProcessor(),
         hosts=(HostPattern("api.test", 443),), exp=exp, iat=NOW, jti=jti,
     ), public)
+
+
+def _use(tokenizer: Tokenizer, token: str) -> str:
+    """The jti of what `token` grants a request inside its scope."""
+    (granted,) = tokenizer.authorise([token], REQUEST)
+    return granted.label.rpartition(":")[2]
 
 
 def test_the_time_window_is_checked_on_every_use_of_a_cached_token(
@@ -65,15 +74,15 @@ def test_the_time_window_is_checked_on_every_use_of_a_cached_token(
     clock = Clock()
     tokenizer = Tokenizer(keyring[0], clock=clock)
     token = _token(keyring[1], "w", exp=NOW + 60)
-    assert tokenizer.open(token).jti == "w"
+    assert _use(tokenizer, token) == "w"
     clock.now = NOW + 60 + CLOCK_SKEW_SECONDS - 0.001  # the last moment, skew included
-    assert tokenizer.open(token).jti == "w"
+    assert _use(tokenizer, token) == "w"
     clock.now += 0.001
     with pytest.raises(TokenExpired, match="expired"):
-        tokenizer.open(token)
+        _use(tokenizer, token)
     clock.now = NOW - CLOCK_SKEW_SECONDS - 1  # before iat, and then some
     with pytest.raises(TokenExpired, match="not valid yet"):
-        tokenizer.open(token)
+        _use(tokenizer, token)
 
 
 def test_a_full_cache_drops_expired_tokens_then_the_oldest(
@@ -93,19 +102,17 @@ def test_a_full_cache_drops_expired_tokens_then_the_oldest(
     short, a, b, c = (_token(keyring[1], j, exp=NOW + (10 if j == "short" else 600))
                       for j in ("short", "a", "b", "c"))
     for token in (a, short):
-        tokenizer.open(token)
+        _use(tokenizer, token)
     clock.now = NOW + 10 + CLOCK_SKEW_SECONDS  # `short` has expired
-    tokenizer.open(b)  # evicts `short`, not the older `a`
-    tokenizer.open(a)
-    tokenizer.open(c)  # evicts the oldest: `a`
-    tokenizer.open(b)
-    tokenizer.open(a)
+    _use(tokenizer, b)  # evicts `short`, not the older `a`
+    _use(tokenizer, a)
+    _use(tokenizer, c)  # evicts the oldest: `a`
+    _use(tokenizer, b)
+    _use(tokenizer, a)
     assert opened == ["a", "short", "b", "c", "a"]
 
 
 # -- the Proxy-Tokenizer header: a list of tokens ----------------------------------------------
-
-REQUEST = TokenRequest(None, None, "api.test", 443, "GET", "/", [])
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,8 @@ import nacl.encoding
 import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
+from sealgate import issuer as tk
 from sealgate.issuer import processors as pr
-from sealgate.issuer import token as tk
 from sealgate.issuer.keys import Keyring, PrivateKeyEntry
 
 VECTORS_PATH: Final = Path(__file__).with_name("vectors.json")
@@ -152,7 +152,8 @@ def evaluate(
 ) -> dict[str, object]:
     """Run one vector: the request after injection, or the error. Shapes as in vectors.json."""
     try:
-        claims = tk.open_token(token, keyring, now=NOW)
+        claims = tk.unseal(token, keyring)
+        tk.check_time(claims, now=NOW)
         auth = context["proxy_authorization"]
         assert isinstance(auth, list)
         sandbox_id, policy = context["sandbox_id"], context["policy"]
@@ -168,7 +169,11 @@ def evaluate(
         target = pr.InMemoryRequest(
             headers=_pairs(request["headers"]), path=path, body=body.encode()
         )
-        tk.apply(claims, target)
+        try:
+            pr.inject(claims.processor, claims.secret, target)
+        except pr.RequestInapplicable as exc:
+            # §4: a request a token's processor cannot apply to is the token's failure.
+            raise tk.TokenInapplicable(str(exc)) from None
     except tk.TokenError as exc:
         return {"error": {"reason": exc.reason, "status": exc.status}}
     return {
