@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sealgate.hostport import parse_hostport
 from sealgate.proxy.registry import SourceRegistry
 
 if TYPE_CHECKING:
@@ -83,8 +84,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         if "=" not in item:
             raise SystemExit(f"sealgate: --set needs OPTION=VALUE, got {item!r}")
     return ProxyConfig(
-        listen=_parse_hostport(args.listen),
-        transparent=_parse_hostport(args.transparent) if args.transparent else None,
+        listen=_listen_address(args.listen),
+        transparent=_listen_address(args.transparent) if args.transparent else None,
         rules=Path(args.rules),
         state=Path(args.state),
         resolver=args.resolver,
@@ -229,8 +230,12 @@ def _registry(state: Path) -> SourceRegistry:
     return SourceRegistry(state / "registry.json")
 
 
-def _parse_hostport(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SystemExit(f"sealgate: expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+def _listen_address(text: str) -> tuple[str, int]:
+    """`--listen` / `--transparent`: a port is required, the host defaults to loopback."""
+    try:
+        host, port = parse_hostport(text)
+        if port == 0:
+            raise ValueError("a listener needs a port")
+    except ValueError:
+        raise SystemExit(f"sealgate: expected HOST:PORT, got {text!r}") from None
+    return host or "127.0.0.1", port

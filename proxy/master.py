@@ -25,6 +25,7 @@ from typing import Any
 from mitmproxy import addonmanager, ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
+from sealgate.hostport import format_hostport
 from sealgate.proxy import speedups, upstream
 from sealgate.proxy.ca import ensure_ca
 from sealgate.proxy.pipeline import Sealgate
@@ -56,9 +57,9 @@ class ProxyConfig:
         return self.state / "ca"
 
     def modes(self) -> list[str]:
-        modes = [f"regular@{_hostport(self.listen)}"]
+        modes = [f"regular@{format_hostport(*self.listen)}"]
         if self.transparent is not None:
-            modes.append(f"transparent@{_hostport(self.transparent)}")
+            modes.append(f"transparent@{format_hostport(*self.transparent)}")
         return modes
 
 
@@ -92,7 +93,7 @@ class StartupReport:
                 lines.append(f"    warning  {warning}")
         guard = sealgate.guard if sealgate is not None else None
         if guard is not None:
-            servers = ", ".join(f"{host}:{port}" for host, port in guard.resolver.servers)
+            servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
             lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
         lines.append(f"  CA         {self.config.confdir / 'mitmproxy-ca-cert.pem'}")
         lines.append(f"  audit log  {self.config.state / 'audit.log'}")
@@ -173,8 +174,3 @@ def prepare(config: ProxyConfig) -> Path:
     """State directory and CA, before any worker starts (workers must not race to create them)."""
     config.state.mkdir(parents=True, exist_ok=True, mode=0o700)
     return ensure_ca(config.confdir)
-
-
-def _hostport(address: tuple[str, int]) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sealgate.hostport import format_hostport
 from sealgate.sandbox.network import Link
 
 NOBODY = 65534
@@ -82,7 +83,7 @@ def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
 
 
 def environment(launch: Launch) -> dict[str, str]:
-    proxy = f"http://{launch.link.gateway}:{launch.proxy_port}"
+    proxy = f"http://{format_hostport(str(launch.link.gateway), launch.proxy_port)}"
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": HOME,

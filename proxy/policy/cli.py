@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sealgate.hostport import format_hostport
 from sealgate.proxy.cli import SubParsers
 from sealgate.proxy.policy.cases import load_cases, run_case
 from sealgate.proxy.policy.diff import diff
@@ -133,8 +134,8 @@ def _explanation_lines(r: Explanation) -> list[str]:
     lines = [f"request   {r.method} {r.url}"]
     if r.policy:
         lines.append(f"policy    {who}{r.policy} ({r.mode})")
-    if r.host is not None:
-        lines.append(f"target    {r.host}:{r.port}{r.path or ''}")
+    if r.host is not None and r.port is not None:
+        lines.append(f"target    {format_hostport(r.host, r.port)}{r.path or ''}")
     if r.rule is not None:
         lines.append(f"rule      {r.rule.source}: {describe(r.rule)}")
         lines += [f"inject    {i}" for i in injects(r.rule)]
