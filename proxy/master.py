@@ -78,7 +78,7 @@ class StartupReport:
         rules = sealgate.rules if sealgate is not None else None
         lines = ["sealgate proxy ready"]
         for address in ps.listen_addrs():
-            lines.append(f"  listening  {address[0]}:{address[1]}")
+            lines.append(f"  listening  {format_hostport(address[0], address[1])}")
         for mode in self.config.modes():
             lines.append(f"  mode       {mode}")
         if self.config.workers > 1:
