@@ -376,7 +376,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
     def body() -> int:
         # Imported here: aiohttp is needed by this command only, not by every `sealgate` run.
         from sealgate.audit import AuditLog
-        from sealgate.issuer import service
+        from sealgate.issuer import service, webapp
 
         host, port = parse_listen(args.listen)
         if (args.tls_cert is None) != (args.tls_key is None):
@@ -393,7 +393,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
         context = None
         if args.tls_cert is not None:
             try:
-                context = service.tls_context(args.tls_cert, args.tls_key, args.client_ca)
+                context = webapp.tls_context(args.tls_cert, args.tls_key, args.client_ca)
             except (OSError, ValueError) as exc:
                 raise CliError(f"cannot load the TLS files: {exc}") from None
         logging.basicConfig(
@@ -405,8 +405,8 @@ def _issuer_serve(args: argparse.Namespace) -> int:
             raise CliError(f"cannot open the audit log {args.audit_log}: {exc.strerror}") from None
         try:
             issuer = service.Issuer(args.keys, args.callers, audit)
-            options = service.ServeOptions(host, port, context, args.reload_interval)
-            asyncio.run(service.serve(issuer, options))
+            options = webapp.ServeOptions(host, port, context, args.reload_interval)
+            asyncio.run(webapp.serve(issuer, options))
         except OSError as exc:
             raise CliError(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
         finally:

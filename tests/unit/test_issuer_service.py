@@ -1,5 +1,6 @@
-"""The issuer service (issuer/service.py, issuer/callers.py): the real aiohttp app on 127.0.0.1,
-real key files, a real callers file and a real audit log; one end-to-end `sealgate issuer serve`.
+"""The issuer service (issuer/service.py, webapp.py, mintrequest.py, callers.py): the real
+aiohttp app on 127.0.0.1, real key files, a real callers file and a real audit log; one
+end-to-end `sealgate issuer serve`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sealgate import issuer as tk
 from sealgate.audit import AuditLog
 from sealgate.issuer import callers as cl
-from sealgate.issuer import keys, service
+from sealgate.issuer import keys, service, webapp
 from tests.harness import OriginCA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +132,7 @@ def run(factory: Callable[[], Awaitable[T]]) -> T:
 
 @contextlib.asynccontextmanager
 async def serving(env: Env, *, reload_interval: float = 0) -> AsyncIterator[Client]:
-    app = service.make_app(env.issuer, reload_interval=reload_interval)
+    app = webapp.make_app(env.issuer, reload_interval=reload_interval)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         yield client
 
@@ -357,7 +358,7 @@ def test_bad_requests_are_400_and_name_the_problem(
 
 
 def test_body_cap(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    oversize = json.dumps(body(paths=["/" + "a" * service.MAX_BODY_BYTES])).encode()
+    oversize = json.dumps(body(paths=["/" + "a" * webapp.MAX_BODY_BYTES])).encode()
 
     async def scenario() -> tuple[int, dict[str, Any], Any]:
         async with serving(env) as client:
@@ -430,7 +431,7 @@ def test_mtls_client_certificate_authenticates(env: Env, tmp_path: Path) -> None
     server_cert, server_key = ca.issue("127.0.0.1")
     client_cert, client_key = ca.issue("ci-mtls")
     stranger_cert, stranger_key = ca.issue("someone-else")
-    server_context = service.tls_context(server_cert, server_key, ca.path)
+    server_context = webapp.tls_context(server_cert, server_key, ca.path)
 
     def client_context(cert: Path | None, key: Path | None) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(ca.path))
@@ -439,7 +440,7 @@ def test_mtls_client_certificate_authenticates(env: Env, tmp_path: Path) -> None
         return context
 
     async def scenario() -> list[tuple[int, dict[str, Any]]]:
-        server = TestServer(service.make_app(env.issuer, reload_interval=0), host="127.0.0.1")
+        server = TestServer(webapp.make_app(env.issuer, reload_interval=0), host="127.0.0.1")
         await server.start_server(ssl=server_context)
         results = []
         try:

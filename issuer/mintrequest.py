@@ -1,0 +1,170 @@
+"""A mint request (docs/issuer.md): the body a caller POSTs, read into claims the token module
+validates, and every reason a mint is refused.
+
+Nothing here quotes the secret or the API key: messages about other fields go through `scrub`
+in case a caller pasted the secret where it does not belong.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from typing import ClassVar, Final
+
+from sealgate import issuer as tk
+from sealgate.issuer import callers as cl
+from sealgate.issuer import jsonfields
+
+__all__ = [
+    "BadJson",
+    "BodyTooLarge",
+    "InvalidRequest",
+    "MintRefused",
+    "MissingField",
+    "RateLimited",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownField",
+    "claims_for",
+    "parse_body",
+    "scrub",
+    "secret_of",
+]
+
+_REALM: Final = 'Bearer realm="sealgate-issuer"'
+_BODY_FIELDS: Final = frozenset({"secret", "inject", "hosts", "methods", "paths", "ttl", "binding"})
+_REQUIRED_FIELDS: Final = ("secret", "inject", "hosts", "ttl")
+_OPTIONAL_CLAIMS: Final = ("methods", "paths", "binding")
+
+
+class MintRefused(Exception):
+    """Why a mint request was refused. `reason` is the machine code, `status` the HTTP status.
+    Messages never contain the secret or the API key."""
+
+    reason: ClassVar[str] = "mint_refused"
+    status: ClassVar[int] = 400
+
+    def headers(self) -> Mapping[str, str]:
+        return {}
+
+
+class Unauthenticated(MintRefused):
+    reason = "unauthenticated"
+    status = 401
+
+    def headers(self) -> Mapping[str, str]:
+        return {"WWW-Authenticate": _REALM}
+
+
+class RateLimited(MintRefused):
+    reason = "rate_limited"
+    status = 429
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"rate limit reached; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class BodyTooLarge(MintRefused):
+    reason = "body_too_large"
+    status = 413
+
+
+class BadJson(MintRefused):
+    """Not UTF-8, not JSON, or not a JSON object (strict: no duplicate keys, no floats)."""
+
+    reason = "bad_json"
+
+
+class UnknownField(MintRefused):
+    reason = "unknown_field"
+
+
+class MissingField(MintRefused):
+    reason = "missing_field"
+
+
+class InvalidRequest(MintRefused):
+    """A field's value breaks the token format's rules (the token module's own message)."""
+
+    reason = "invalid_request"
+
+
+class Unavailable(MintRefused):
+    """The audit log cannot be written: no token is issued that nobody could account for."""
+
+    reason = "audit_unavailable"
+    status = 503
+
+
+# --- the body ---------------------------------------------------------------------------------
+
+
+def parse_body(data: bytes) -> dict[str, object]:
+    # Errors are raised outside the except blocks: a JSON decode error holds the whole document
+    # (and so the secret) and must not ride along as __context__.
+    problem = ""
+    try:
+        obj = jsonfields.load_json_object(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        problem = "body is not UTF-8"
+    except ValueError as exc:
+        problem = f"body is not a valid JSON object: {exc}"
+    if problem:
+        raise BadJson(problem)
+    if unknown := jsonfields.unknown(obj, _BODY_FIELDS):
+        raise UnknownField(f"{unknown}; allowed: {', '.join(sorted(_BODY_FIELDS))}")
+    if missing := jsonfields.missing(obj, _REQUIRED_FIELDS):
+        raise MissingField(missing)
+    return obj
+
+
+def _ttl(value: object) -> int:
+    if isinstance(value, str):
+        try:
+            return cl.parse_duration(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"ttl: {exc}") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidRequest('ttl must be a duration like "15m" or a number of seconds')
+
+
+def claims_for(request: Mapping[str, object], kid: str, now: int) -> tk.Claims:
+    ttl = _ttl(request["ttl"])
+    if ttl <= 0:
+        raise InvalidRequest("ttl must be more than 0")
+    obj: dict[str, object] = {
+        "version": tk.CLAIMS_VERSION,
+        "kid": kid,
+        "secret": request["secret"],
+        "processor": request["inject"],
+        "hosts": request["hosts"],
+        "exp": now + ttl,
+        "iat": now,
+        "jti": secrets.token_urlsafe(12),
+    }
+    obj.update((name, request[name]) for name in _OPTIONAL_CLAIMS if name in request)
+    try:
+        return tk.claims_from_object(obj)
+    except tk.TokenMalformed as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def scrub(text: str, secret: object) -> str:
+    """Defence in depth: a secret pasted into another field would otherwise come back in the
+    message or audit line about that field (lowercased, if it went in as a host name)."""
+    if isinstance(secret, str) and len(secret) >= 4:
+        return re.sub(re.escape(secret), "[redacted]", text, flags=re.IGNORECASE)
+    return text
+
+
+def secret_of(body: bytes) -> object:
+    try:
+        return jsonfields.load_json_object(body.decode("utf-8")).get("secret")
+    except ValueError:
+        return None

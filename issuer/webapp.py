@@ -1,0 +1,207 @@
+"""`sealgate issuer serve`: the token issuer as an HTTP service (aiohttp).
+
+    POST /v1/tokens   mint a token (callers authenticate; limits per docs/issuer.md)
+    GET  /v1/keys     the public keys tokens are sealed to, newest first
+    GET  /healthz     200 when keys, callers and the audit log are all in order, else 503
+
+What a mint does is `service.Issuer`'s; this module is the routes, TLS and serving. Every mint
+attempt is one audit line, without the secret, the API key or the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from aiohttp import web
+from cryptography import x509
+
+from sealgate import issuer as tk
+from sealgate.issuer import callers as cl
+from sealgate.issuer import keys
+from sealgate.issuer.mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
+from sealgate.issuer.service import Issuer
+
+__all__ = ["MAX_BODY_BYTES", "ServeOptions", "make_app", "serve", "tls_context"]
+
+MAX_BODY_BYTES: Final = 64 * 1024
+_AUDIT_FIELDS: Final = ("caller", "remote", "kid", "hosts", "processor", "ttl", "binding", "jti")
+_ISSUER_KEY: Final = web.AppKey("issuer", Issuer)
+
+logger = logging.getLogger("sealgate.issuer")
+
+
+def _error(
+    status: int, reason: str, detail: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.json_response(
+        {"error": reason, "detail": detail},
+        status=status,
+        headers={"Cache-Control": "no-store", **(headers or {})},
+    )
+
+
+def _peer_subject(request: web.Request) -> str | None:
+    """The verified client certificate's subject (RFC 4514), if the client presented one."""
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+
+
+async def _read_body(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(f"body is larger than {MAX_BODY_BYTES} bytes") from None
+
+
+async def _mint_handler(request: web.Request) -> web.Response:
+    issuer = request.app[_ISSUER_KEY]
+    # Every line has the same fields; those not known when a request is refused stay null.
+    record: dict[str, object] = dict.fromkeys(_AUDIT_FIELDS)
+    record["remote"] = request.remote
+    body = b""
+    try:
+        caller = issuer.authenticate(
+            request.headers.getall("Authorization", []), _peer_subject(request)
+        )
+        record["caller"] = caller.name
+        body = await _read_body(request)
+        token, claims = issuer.mint(caller, body, record)
+    except (MintRefused, cl.NotPermitted) as exc:
+        detail = scrub(str(exc), secret_of(body))
+        headers = exc.headers() if isinstance(exc, MintRefused) else None
+        issuer.audit.emit("mint", **record, outcome="refused", reason=exc.reason)
+        return _error(exc.status, exc.reason, detail, headers)
+    except Exception as exc:
+        # The type only: an unexpected exception's text might hold request content.
+        logger.error("issuer: mint failed with %s", type(exc).__name__)
+        issuer.audit.emit("mint", **record, outcome="error", reason="internal_error")
+        return _error(500, "internal_error", "the issuer failed; see its log")
+    issuer.audit.emit("mint", **record, outcome="issued", reason=None)
+    if not issuer.audit.healthy:
+        # The line did not reach the file: withhold the token rather than issue it unrecorded.
+        return _error(503, Unavailable.reason, "the audit log cannot be written; not minting")
+    return web.json_response(
+        {
+            "token": token,
+            "kid": claims.kid,
+            "exp": claims.exp,
+            "claims": tk.redacted_claims(claims),
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def _keys_handler(request: web.Request) -> web.Response:
+    issuer = request.app[_ISSUER_KEY]
+    return web.json_response(
+        {
+            "current": issuer.current_key.kid,
+            "keys": [
+                {
+                    "format": keys.PUBLIC_FORMAT,
+                    "kid": entry.kid,
+                    "created": keys.format_time(entry.created),
+                    "public_key": entry.public_key.hex(),
+                }
+                for entry in issuer.public_keys
+            ],
+        }
+    )
+
+
+async def _health_handler(request: web.Request) -> web.Response:
+    issuer = request.app[_ISSUER_KEY]
+    problems = dict(issuer.problems)
+    if not issuer.audit.healthy:
+        problems["audit"] = "the audit log cannot be written"
+    return web.json_response(
+        {
+            "ok": not problems,
+            "kid": issuer.current_key.kid,
+            "keys": len(issuer.public_keys),
+            "callers": len(issuer.callers),
+            "problems": problems,
+        },
+        status=200 if not problems else 503,
+    )
+
+
+def make_app(issuer: Issuer, *, reload_interval: float = 2.0) -> web.Application:
+    """The aiohttp application. With `reload_interval` > 0 it polls the key directory and the
+    callers file that often and reloads on change."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[_ISSUER_KEY] = issuer
+    app.router.add_post("/v1/tokens", _mint_handler)
+    app.router.add_get("/v1/keys", _keys_handler)
+    app.router.add_get("/healthz", _health_handler)
+    if reload_interval > 0:
+
+        async def watcher(_: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(issuer.watch(reload_interval))
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(watcher)
+    return app
+
+
+def tls_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
+    """Server TLS; with `client_ca`, client certificates are requested and, when presented,
+    must chain to it (callers without one can still use an API key)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+    reload_interval: float = 2.0
+
+
+async def serve(issuer: Issuer, options: ServeOptions) -> None:
+    """Serve until SIGINT or SIGTERM; SIGHUP reloads keys and callers."""
+    runner = web.AppRunner(
+        make_app(issuer, reload_interval=options.reload_interval), access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=options.ssl_context)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, issuer.reload, "SIGHUP")
+    scheme = "https" if options.ssl_context is not None else "http"
+    for address in runner.addresses:
+        host, port = address[:2]
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        logger.info("issuer: listening on %s://%s", scheme, shown)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
