@@ -1,11 +1,13 @@
-"""Why a sealed token is refused: one class per reason code of docs/token-format.md §7.
+"""Why a sealed token is refused: one class per reason of docs/token-format.md §7.
 
-Messages never quote the secret; other fields they may quote, shortened (`jsonfields.show`).
+Each carries its `Reason` (sealgate.reasons), and so the status the proxy answers with; the
+issuer reports them as its own refusals. Messages never quote the secret; other fields they may
+quote, shortened (`jsonfields.show`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
     "TokenBinding",
@@ -18,51 +20,41 @@ __all__ = [
 ]
 
 
-class TokenError(Exception):
-    """Why a token was refused. `reason` is the machine code, `status` the HTTP status to answer."""
-
-    reason: ClassVar[str] = "token_error"
-    status: ClassVar[int] = 400
+class TokenError(SealgateError):
+    """Why a token was refused: one of the subclasses, each with its reason."""
 
 
 class TokenMalformed(TokenError):
     """Bad prefix, shape, base64, size, JSON, schema, unknown field or unknown processor."""
 
-    reason = "token_malformed"
-    status = 400
+    reason = Reason.TOKEN_MALFORMED
 
 
 class TokenInvalid(TokenError):
     """Unknown kid, decryption failure, or the sealed kid differs from the visible one."""
 
-    reason = "token_invalid"
-    status = 400
+    reason = Reason.TOKEN_INVALID
 
 
 class TokenExpired(TokenError):
     """Outside the validity window: past `exp`, or before `nbf`/`iat` (with clock skew)."""
 
-    reason = "token_expired"
-    status = 401
+    reason = Reason.TOKEN_EXPIRED
 
 
 class TokenScope(TokenError):
     """The request's host, port, method or path is outside what the token allows."""
 
-    reason = "token_scope"
-    status = 403
+    reason = Reason.TOKEN_SCOPE
 
 
 class TokenBinding(TokenError):
     """The token's binding (sandbox, policy or proxy bearer secret) is not met."""
 
-    reason = "token_binding"
-    status = 407
+    reason = Reason.TOKEN_BINDING
 
 
 class TokenInapplicable(TokenError):
     """The request lacks what the processor needs (the placeholder it replaces)."""
 
-    reason = "token_inapplicable"
-    status = 400
-
+    reason = Reason.TOKEN_INAPPLICABLE

@@ -185,7 +185,7 @@ def _through_the_proxy(vector: dict[str, Any]) -> dict[str, object]:
         for cred in write(flow, granted, Injected()):
             put(flow, cred)
     except (TokenError, Denial) as exc:
-        return {"error": {"reason": exc.reason, "status": exc.status}}
+        return {"error": {"reason": exc.reason, "status": exc.reason.status}}
     return {"expected": {
         "headers": vectors.normalise_headers(
             [(k.decode(), v.decode()) for k, v in flow.headers.fields]

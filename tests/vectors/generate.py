@@ -175,7 +175,7 @@ def evaluate(
             # §4: a request a token's processor cannot apply to is the token's failure.
             raise tk.TokenInapplicable(str(exc)) from None
     except tk.TokenError as exc:
-        return {"error": {"reason": exc.reason, "status": exc.status}}
+        return {"error": {"reason": exc.reason, "status": exc.reason.status}}
     return {
         "expected": {
             "headers": normalise_headers(target.headers),
