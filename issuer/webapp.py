@@ -24,6 +24,7 @@ from aiohttp import web
 from cryptography import x509
 
 from sealgate import issuer as tk
+from sealgate.hostport import format_hostport
 from sealgate.issuer import callers as cl
 from sealgate.issuer import keys
 from sealgate.issuer.mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
@@ -196,9 +197,7 @@ async def serve(issuer: Issuer, options: ServeOptions) -> None:
     loop.add_signal_handler(signal.SIGHUP, issuer.reload, "SIGHUP")
     scheme = "https" if options.ssl_context is not None else "http"
     for address in runner.addresses:
-        host, port = address[:2]
-        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        logger.info("issuer: listening on %s://%s", scheme, shown)
+        logger.info("issuer: listening on %s://%s", scheme, format_hostport(*address[:2]))
     try:
         await stop.wait()
     finally:
