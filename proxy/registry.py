@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from sealgate.watch import Watch
+from sealgate.watch import Snapshot
 
 log = logging.getLogger("sealgate")
 
@@ -42,7 +42,7 @@ def canonical_source(address: str) -> str:
 class SourceRegistry:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._watch = Watch((path,))
+        self._seen = Snapshot.unread((path,))
         self._map: dict[str, str] = {}
 
     def lookup(self, address: str) -> str | None:
@@ -69,29 +69,29 @@ class SourceRegistry:
         return found
 
     def _refresh(self) -> None:
-        now = self._watch.now()
-        if not self._watch.changed(now):
+        now = self._seen.now()
+        if not self._seen.changed(now):
             return
         if now == (None,):
             # No registry (yet), or none we can stat: nobody is attributed.
             self._map = {}
-            self._watch.mark(now)
+            self._seen = self._seen.retake(now)
             return
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             # A registry we cannot read attributes nobody: unattributed traffic falls to the
             # default policy, which denies unless an operator chose otherwise.
-            if now != self._watch.seen:
+            if now != self._seen.identities:
                 log.error("sealgate: source registry %s unreadable (%s); no source attributed",
                           self.path, type(exc).__name__)
             self._map = {}
-            self._watch.mark(now)
+            self._seen = self._seen.retake(now)
             return
         sources = data.get("sources", {}) if isinstance(data, dict) else {}
         valid = isinstance(sources, dict)
         self._map = {str(k): str(v) for k, v in sources.items()} if valid else {}
-        self._watch.mark(now)
+        self._seen = self._seen.retake(now)
 
     def _write(self, entries: Mapping[str, str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -17,11 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FileIdentity", "Watch"]
+__all__ = ["FileIdentity", "Snapshot"]
 
 # Coarser than any timestamp granularity a Linux filesystem has (FAT's is 2 s); a file changed
 # this recently is read again rather than trusted by its identity.
 _RACY_NS = 2_000_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
@@ -43,41 +44,54 @@ class FileIdentity:
 Identities = tuple[FileIdentity | None, ...]
 
 
-class Watch:
-    """Whether any of some paths may have changed since they were last read.
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What some paths looked like to a stat when they were read, and so whether to read them
+    again. A value: after a read, take a new one (`retake`).
 
-    `changed()` before reading, `mark()` after a read that succeeded. A path that cannot be
-    stat'ed (missing, say) has the identity None, so its appearing is a change too.
+    A path that cannot be stat'ed (missing, say) has the identity None, so its appearing is a
+    change too. `identities` is None for paths not read yet, which always count as changed.
     """
 
-    def __init__(self, paths: Iterable[Path]) -> None:
-        self.paths = tuple(dict.fromkeys(paths))
-        self._seen: Identities | None = None
-        self._trusted = False
+    paths: tuple[Path, ...]
+    identities: Identities | None = None
+    # Every identity was old enough when taken to vouch for the content read.
+    trusted: bool = False
+
+    @classmethod
+    def unread(cls, paths: Iterable[Path]) -> Snapshot:
+        return cls(tuple(dict.fromkeys(paths)))
+
+    @classmethod
+    def take(
+        cls, paths: Iterable[Path], identities: Sequence[FileIdentity | None] | None = None
+    ) -> Snapshot:
+        """The paths as read: `identities` stat'ed before or while reading them (the fstat of
+        the opened file is exact), or by default as they are now. Taken after the read, it
+        misses only a replacement in between by a file whose mtime is already old (`cp -p`)."""
+        unique = tuple(dict.fromkeys(paths))
+        seen = _now(unique) if identities is None else tuple(identities)
+        return cls(unique, seen, all(one is None or one.settled() for one in seen))
+
+    def retake(self, identities: Sequence[FileIdentity | None] | None = None) -> Snapshot:
+        """The same paths, read again."""
+        return Snapshot.take(self.paths, identities)
 
     def now(self) -> Identities:
         """Each path's identity as a stat sees it now."""
-        return tuple(_identity(path) for path in self.paths)
-
-    @property
-    def seen(self) -> Identities | None:
-        """The identities of the last `mark`; None before the first."""
-        return self._seen
+        return _now(self.paths)
 
     def changed(self, now: Sequence[FileIdentity | None] | None = None) -> bool:
-        """Whether to read again: an identity differs from the last `mark`, or was too recent
-        then to vouch for the content; always before the first `mark`. `now` is this instant's
-        identities when the caller has stat'ed already."""
-        if not self._trusted:
+        """Whether to read again: an identity differs from this snapshot's, or was too recent
+        when taken to vouch for the content. `now` is this instant's identities when the
+        caller has stat'ed already."""
+        if not self.trusted:
             return True
-        return (self.now() if now is None else tuple(now)) != self._seen
+        return (self.now() if now is None else tuple(now)) != self.identities
 
-    def mark(self, seen: Sequence[FileIdentity | None] | None = None) -> None:
-        """Record what was read: the identities stat'ed before or while reading it (the fstat of
-        the opened file is exact), or by default as they are now. Marking after the read misses
-        only a replacement, in between, by a file whose mtime is already old (`cp -p`)."""
-        self._seen = self.now() if seen is None else tuple(seen)
-        self._trusted = all(identity is None or identity.settled() for identity in self._seen)
+
+def _now(paths: tuple[Path, ...]) -> Identities:
+    return tuple(_identity(path) for path in paths)
 
 
 def _identity(path: Path) -> FileIdentity | None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from sealgate.proxy.credentials.secrets import VaultConfig, VaultStore, parse_ref
+from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.proxy.registry import SourceRegistry
-from sealgate.watch import FileIdentity, Watch
+from sealgate.watch import FileIdentity, Snapshot
 from tests.vaultfake import VaultFake
 
 READ = "kv/data/ci/github"
@@ -40,26 +41,23 @@ def test_a_settled_file_is_unchanged_until_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_text("one")
     age(path)
-    watch = Watch((path,))
-    assert watch.changed()  # nothing read yet
-    watch.mark()
-    assert not watch.changed()
+    assert Snapshot.unread((path,)).changed()
+    seen = Snapshot.take((path,))
+    assert not seen.changed()
     path.write_text("three")
-    assert watch.changed()
+    assert seen.changed()
 
 
 def test_a_file_rewritten_within_the_mtime_tick_is_seen(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_text("first")
-    watch = Watch((path,))
-    watch.mark()  # read just after it was written: the identity cannot vouch for it
+    seen = Snapshot.take((path,))  # read just after it was written: it cannot vouch for it
     rewrite_in_the_same_tick(path, "secnd")
-    assert watch.changed()
-    # Still changed on every check until a read made once the mtime has settled.
-    assert watch.changed()
+    assert seen.changed()
+    # Read again while the mtime is still recent: still no vouching.
+    assert seen.retake().changed()
     age(path)
-    watch.mark()
-    assert not watch.changed()
+    assert not seen.retake().changed()
 
 
 def test_settling_alone_does_not_vouch_for_a_recent_read(
@@ -70,59 +68,59 @@ def test_settling_alone_does_not_vouch_for_a_recent_read(
     # at read time would keep the first content for good.)
     path = tmp_path / "f"
     path.write_text("first")
-    watch = Watch((path,))
-    watch.mark()
+    seen = Snapshot.take((path,))
     rewrite_in_the_same_tick(path, "secnd")
     later = time.time_ns() + 60 * 10**9
     monkeypatch.setattr(time, "time_ns", lambda: later)
-    assert watch.changed()
-    watch.mark()
-    assert not watch.changed()
+    assert seen.changed()
+    assert not seen.retake().changed()
 
 
-def test_marking_what_was_read(tmp_path: Path) -> None:
+def test_taken_with_what_was_read(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_text("one")
     age(path)
-    watch = Watch((path,))
     read = FileIdentity.of(path.stat())
-    path.write_text("two!")  # replaced after our read, before we marked
+    path.write_text("two!")  # replaced after our read, before the snapshot
     age(path)
-    watch.mark((read,))
-    assert watch.changed()
-    assert watch.seen == (read,)
+    seen = Snapshot.take((path,), (read,))
+    assert seen.identities == (read,) and seen.trusted
+    assert seen.changed()
 
 
-def test_a_directory_and_its_files(tmp_path: Path) -> None:
+def test_a_rules_directory_and_its_files(tmp_path: Path) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()
-    (rules / "a.yaml").write_text("a")
-    files = [rules / "a.yaml"]
-    age(rules, *files)
-    watch = Watch((rules, *files))
-    watch.mark()
-    assert not watch.changed()
+    (rules / "a.yaml").write_text("version: 1\n")
+    age(rules, rules / "a.yaml")
+    seen = Snapshot.take((rules, *load_rules(rules).sources))
+    assert seen.paths == (rules, rules / "a.yaml")
+    assert not seen.changed()
     # Adding a file changes the directory's mtime.
-    (rules / "b.yaml").write_text("b")
-    assert watch.changed()
+    (rules / "b.yaml").write_text("version: 1\n")
+    assert seen.changed()
     (rules / "b.yaml").unlink()
     age(rules)
-    watch.mark()
-    assert not watch.changed()
+    seen = seen.retake()
+    assert not seen.changed()
     # An edit in place does not touch the directory: the file's own identity says it.
-    (rules / "a.yaml").write_text("aa")
-    assert watch.changed()
+    (rules / "a.yaml").write_text("version: 1 \n")
+    assert seen.changed()
+
+
+def test_a_rules_file_is_watched_once(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("version: 1\n")
+    assert Snapshot.take((path, *load_rules(path).sources)).paths == (path,)
 
 
 def test_a_missing_path_appearing_is_a_change(tmp_path: Path) -> None:
     path = tmp_path / "later"
-    watch = Watch((path, path))
-    assert watch.paths == (path,)
-    watch.mark()
-    assert watch.seen == (None,)
-    assert not watch.changed()
+    seen = Snapshot.take((path,))
+    assert seen.identities == (None,)
+    assert not seen.changed()
     path.write_text("x")
-    assert watch.changed()
+    assert seen.changed()
 
 
 def test_source_registry_sees_a_rewrite_its_stat_cannot_tell_apart(tmp_path: Path) -> None:

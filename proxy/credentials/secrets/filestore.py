@@ -17,7 +17,7 @@ from sealgate.proxy.credentials.secrets.base import (
     SecretRef,
     SecretUnavailable,
 )
-from sealgate.watch import FileIdentity, Watch
+from sealgate.watch import FileIdentity, Snapshot
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 
@@ -37,7 +37,7 @@ class FileStore:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._watch = Watch((self.path,))
+        self._seen = Snapshot.unread((self.path,))
         self._secrets: dict[str, str] = {}
 
     async def fetch(self, ref: SecretRef) -> tuple[Secret, float]:
@@ -56,7 +56,7 @@ class FileStore:
         # A stat per fetch is the cheap check; the file is re-read (and its mode
         # re-checked on the opened descriptor, so a swap cannot slip by) only on change.
         st = self._checked(self.path.stat)
-        if not self._watch.changed((FileIdentity.of(st),)):
+        if not self._seen.changed((FileIdentity.of(st),)):
             return
         try:
             data, opened = read_regular(self.path, _MAX_FILE_BYTES)
@@ -72,7 +72,7 @@ class FileStore:
         except UnicodeDecodeError:
             raise SecretConfigError(f"secrets file {self.path} is not UTF-8") from None
         self._secrets = self._parse(text)
-        self._watch.mark((FileIdentity.of(st),))
+        self._seen = self._seen.retake((FileIdentity.of(st),))
 
     def _checked(self, do_stat: Callable[[], os.stat_result]) -> os.stat_result:
         try:

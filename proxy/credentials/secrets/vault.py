@@ -34,7 +34,7 @@ from sealgate.proxy.credentials.secrets.base import (
     SecretUnavailable,
     kv_location,
 )
-from sealgate.watch import Watch
+from sealgate.watch import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ class VaultStore:
         )
         self._auth_lock = asyncio.Lock()
         self._generation = 0  # bumped on each login, to collapse concurrent re-logins
-        self._token_file = Watch(() if config.token_file is None else (config.token_file,))
+        # The token file as the current login read it.
+        self._token_seen = Snapshot.unread(p for p in (config.token_file,) if p is not None)
         self._lease = 0.0
         self._renewable = False
         self._relogged = asyncio.Event()
@@ -229,10 +230,10 @@ class VaultStore:
         path = self.config.token_file
         if self.config.auth != "token" or path is None:
             return False
-        now = self._token_file.now()
-        if not self._token_file.changed(now):
+        now = self._token_seen.now()
+        if not self._token_seen.changed(now):
             return False
-        if now != self._token_file.seen:
+        if now != self._token_seen.identities:
             return True
         # Unchanged to a stat, but written too recently for that to mean unchanged content:
         # what the file holds decides, not another login (the first fetches after a token is
@@ -242,7 +243,7 @@ class VaultStore:
         except SecretError:
             return True  # the login says why
         if same:
-            self._token_file.mark(now)
+            self._token_seen = self._token_seen.retake(now)
         return not same
 
     async def _token_rejected(self) -> bool:
@@ -258,10 +259,10 @@ class VaultStore:
         client = self._client
         if cfg.auth == "token":
             assert cfg.token_file is not None  # guaranteed by VaultConfig
-            seen = self._token_file.now()
+            seen = self._token_seen.now()
             client.token = _read_credential(cfg.token_file, "token file")
             info = await self._call("token lookup", client.auth.token.lookup_self)
-            self._token_file.mark(seen)
+            self._token_seen = self._token_seen.retake(seen)
             ttl, renewable = _dig(info, "data", "ttl"), _dig(info, "data", "renewable")
         else:
             if cfg.auth == "approle":
