@@ -20,7 +20,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.* as a script
+# This checkout's sealgate, not whichever one is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from report import (
     cpu_cells,

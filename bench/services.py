@@ -3,7 +3,7 @@
 Each starts in its own process group on 127.0.0.1 and a free port, its output in a log file
 in the run's work directory; `Services.stop_all` ends every group that was started. Proxies go
 on `PROXY_CPU`, the origin and load generator on `LOAD_CPU` (`taskset`), when the machine has
-two CPUs to pin to. The scripts add the repository root to `sys.path` before importing this.
+two CPUs to pin to. The stand-ins (CA, stub DNS) are bench/fakes.py.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fakes import OriginCA, StubDNS, free_port
 from loadgen import Target
-
-from tests.dnsstub import StubDNS
-from tests.harness import OriginCA, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGIN_NAME = "origin.bench"  # sealgate resolves it through the stub DNS server
