@@ -268,8 +268,8 @@ MICRO_LABELS = {
                                  "(lookup + the credential worked out before)",
     "file_miss_p50_us": "`SecretBroker.get`, file store, miss (stat + lookup), p50",
     "file_miss_p99_us": "`SecretBroker.get`, file store, miss, p99",
-    "vault_miss_p50_ms": "`SecretBroker.get`, Vault miss over HTTP to VaultFake, p50",
-    "vault_miss_p99_ms": "`SecretBroker.get`, Vault miss over HTTP to VaultFake, p99",
+    "vault_miss_p50_ms": "`SecretBroker.get`, Vault miss over HTTP to bench/fakes.py, p50",
+    "vault_miss_p99_ms": "`SecretBroker.get`, Vault miss over HTTP to bench/fakes.py, p99",
 }
 
 
