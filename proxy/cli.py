@@ -10,21 +10,18 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sealgate.clikit import Commands
 from sealgate.hostport import parse_hostport
-from sealgate.proxy.registry import SourceRegistry
 
 if TYPE_CHECKING:
     from sealgate.proxy.master import ProxyConfig
 
-SubParsers = argparse._SubParsersAction
 
-
-def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     p = sub.add_parser("proxy", help="run the egress proxy")
     env = os.environ.get
     p.add_argument("--listen", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
@@ -103,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
+    from sealgate.proxy import supervisor
     from sealgate.proxy.master import prepare
 
     config = config_from_args(args)
@@ -110,8 +108,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
         prepare(config)
     try:
         if config.workers > 1 and args.worker_index is None:
-            return asyncio.run(_supervise(config))
-        return asyncio.run(_serve_one(config, args.worker_index))
+            return asyncio.run(supervisor.supervise(config))
+        return asyncio.run(supervisor.serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
         # mitmproxy rolls a failed option update back, re-running configure on the defaults;
         # an error there would mask the one that matters, which is the first in the chain.
@@ -123,65 +121,6 @@ def _run_proxy(args: argparse.Namespace) -> int:
             seen = seen.__context__
         print(first, file=sys.stderr)
         return 2
-
-
-async def _serve_one(config: ProxyConfig, worker: int | None) -> int:
-    from sealgate.proxy import control
-    from sealgate.proxy.master import serve
-
-    runner = None
-    if worker is None:  # a single process also answers the control API
-        runner = await control.start(
-            _socket(config.state), _registry(config.state), config.rules
-        )
-    try:
-        return await serve(config, worker)
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-
-
-_STOP_SECONDS = 10.0  # how long workers get to finish after SIGTERM
-
-
-async def _supervise(config: ProxyConfig) -> int:
-    """Run the control API here and N workers as child processes; stop them all together."""
-    from sealgate.proxy import control
-
-    runner = await control.start(_socket(config.state), _registry(config.state), config.rules)
-    # The workers run this same command line (the supervisor only starts from a real one).
-    argv = sys.argv[1:]
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sealgate.cli", *argv, "--worker-index", str(i)
-        )
-        for i in range(config.workers)
-    ]
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    def forward_hup() -> None:
-        for child in children:
-            child.send_signal(signal.SIGHUP)
-
-    loop.add_signal_handler(signal.SIGHUP, forward_hup)
-    waits = [asyncio.ensure_future(c.wait()) for c in children]
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
-    code = 0 if stop.is_set() else 1  # a worker that dies on its own is a failure
-    for child in children:
-        if child.returncode is None:
-            child.send_signal(signal.SIGTERM)
-    _, stuck = await asyncio.wait(waits, timeout=_STOP_SECONDS)
-    if stuck:  # a worker that ignores SIGTERM must not keep the supervisor (and port) alive
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-        await asyncio.gather(*waits)
-    stopper.cancel()
-    await runner.cleanup()
-    return code
 
 
 def _run_ca(args: argparse.Namespace) -> int:
@@ -196,17 +135,17 @@ def _run_ca(args: argparse.Namespace) -> int:
 
 
 def _run_sources(args: argparse.Namespace) -> int:
-    from sealgate.proxy.control import ControlError, call
+    from sealgate.proxy.control import ControlError, call, socket_path
 
     base = "/v1/sources"
     try:
         if args.action == "list":
-            status, body = call(_socket(Path(args.state)), "GET", base)
+            status, body = call(socket_path(Path(args.state)), "GET", base)
         elif args.action == "add":
-            status, body = call(_socket(Path(args.state)), "PUT", f"{base}/{args.address}",
+            status, body = call(socket_path(Path(args.state)), "PUT", f"{base}/{args.address}",
                                 {"sandbox": args.sandbox})
         else:
-            status, body = call(_socket(Path(args.state)), "DELETE", f"{base}/{args.address}")
+            status, body = call(socket_path(Path(args.state)), "DELETE", f"{base}/{args.address}")
     except ControlError as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 1
@@ -220,14 +159,6 @@ def _run_sources(args: argparse.Namespace) -> int:
     else:
         print("ok")
     return 0 if status < 400 else 1
-
-
-def _socket(state: Path) -> Path:
-    return state / "control.sock"
-
-
-def _registry(state: Path) -> SourceRegistry:
-    return SourceRegistry(state / "registry.json")
 
 
 def _listen_address(text: str) -> tuple[str, int]:

@@ -85,6 +85,11 @@ def _error(status: int, reason: str, detail: str) -> web.Response:
     )
 
 
+def socket_path(state: Path) -> Path:
+    """Where the control API listens, in the proxy's state directory."""
+    return state / "control.sock"
+
+
 async def start(socket_path: Path, registry: SourceRegistry, rules_path: Path) -> web.AppRunner:
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if socket_path.exists():

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from sealgate.proxy.cli import SubParsers
+from sealgate.clikit import Commands
 from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
 from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 from sealgate.sandbox.runtime import Run, SandboxError, run, setup, teardown
 
 
-def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     p = sub.add_parser("sandbox", help="run commands whose only way out is the proxy (root)")
     ps = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 

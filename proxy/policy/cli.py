@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport
-from sealgate.proxy.cli import SubParsers
 from sealgate.proxy.policy.cases import load_cases, run_case
 from sealgate.proxy.policy.diff import diff
 from sealgate.proxy.policy.explain import ExplainError, Explanation, describe, explain, injects
@@ -21,7 +21,7 @@ from sealgate.proxy.policy.model import RuleSet, RuleWarning
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 
-def register(sub: SubParsers[argparse.ArgumentParser]) -> None:
+def register(sub: Commands) -> None:
     p = sub.add_parser("rules", help="check, explain, test and diff rules files")
     rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
