@@ -1,0 +1,112 @@
+"""What the pipeline keeps per connection and per request, and how it reads a request's headers.
+
+A `Conn` lives for one client connection, a `Verdict` for one request (on the flow's metadata
+under `META`, until its audit line is written). Both are plain records: the decisions are made
+in `policy.decide`, the hooks only write down what was decided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from mitmproxy import http
+
+from sealgate.hostname import Host
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.identity import Identity
+from sealgate.proxy.net.guard import Pin
+from sealgate.proxy.policy.model import Policy
+from sealgate.reasons import Reason
+
+# Keys of a flow's metadata.
+META: Final = "sealgate"  # the Verdict
+SCRUB: Final = "sealgate_scrub"  # the Scrubber of a request that carried a credential
+PENDING: Final = "sealgate_pending"  # body signatures to write once the body is here
+
+STREAM_OVER: Final = 1024 * 1024  # bodies larger than this (or of unknown length) are streamed
+
+
+@dataclass(slots=True)
+class Conn:
+    """What a client connection has established so far."""
+
+    opened: float = field(default_factory=time.monotonic)
+    identity: Identity | None = None
+    policy: Policy | None = None
+    budget_key: str | None = None
+    target: tuple[Host, int] | None = None  # the CONNECT authority, or a transparent SNI
+    tunnel: bool = False  # forwarded without interception
+    # A refusal decided during the TLS handshake. mitmproxy cannot drop a connection from
+    # tls_clienthello, so the connection is intercepted and every request on it gets this.
+    blocked: Denial | None = None
+    proxy_auth: list[str] = field(default_factory=list)  # the CONNECT's, for token bindings
+    requests: int = 0
+    denied: int = 0
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One request's decision, carried on the flow until the audit line is written."""
+
+    started: float
+    identity: Identity | None = None
+    policy: str | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    decision: str = "deny"
+    reason: Reason | None = None
+    rule: str | None = None
+    pin: Pin | None = None
+    injected: list[str] = field(default_factory=list)
+    overwrote: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RequestFacts:
+    """The few request headers the path needs, found in one pass over the raw fields: mitmproxy's
+    Headers lookups re-scan and re-decode on every call."""
+
+    proxy_auth: list[str]
+    tokens: list[str]
+    length: int | None  # a declared Content-Length
+    chunked: bool
+
+    @classmethod
+    def of(cls, headers: http.Headers) -> RequestFacts:
+        facts = cls([], [], None, False)
+        for raw_name, raw_value in headers.fields:
+            name = raw_name.lower()
+            if name == b"proxy-authorization":
+                facts.proxy_auth.append(raw_value.decode("latin-1"))
+            elif name == b"proxy-tokenizer":
+                facts.tokens.append(raw_value.decode("latin-1"))
+            elif name == b"content-length" and raw_value.isdigit():
+                facts.length = int(raw_value)
+            elif name == b"transfer-encoding":
+                facts.chunked = True
+        return facts
+
+
+def stream_request(
+    request: http.Request, facts: RequestFacts, meter: Callable[[bytes], bytes]
+) -> None:
+    """Large or unknown-length bodies stream instead of buffering (a sandbox must not fill the
+    proxy's memory); unknown lengths count against the byte budget as they pass. Deciding here
+    costs one comparison, where mitmproxy's stream_large_bodies re-derives each body's size."""
+    if facts.length is None and facts.chunked:
+        request.stream = meter
+    elif facts.length is not None and facts.length > STREAM_OVER:
+        request.stream = True
+
+
+def header(headers: http.Headers, name: bytes) -> str:
+    """Header `name` (lower case), repeated values joined as one list, as `Headers.get` does
+    (`Content-Encoding: gzip` twice is "gzip, gzip", never just the first); "" if absent. A
+    scan of the raw fields: `Headers.get` raises and catches a KeyError for an absent header,
+    which on the per-request path cost more than the scan."""
+    values = [value for key, value in headers.fields if key.lower() == name]
+    return b", ".join(values).decode("latin-1")

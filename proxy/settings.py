@@ -1,0 +1,218 @@
+"""The addon's options, and what they configure: one immutable `Settings`, swapped whole.
+
+mitmproxy calls `configure` with the names of the options that changed; `configure` builds the
+parts those options feed and returns a new `Settings`, so a hook sees either the old
+configuration or the new one, never half of each, and a change that fails (a broken rules file,
+an unreadable key) leaves the one in force untouched. A reload (SIGHUP, or a rules file that
+changed) goes the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import exceptions
+from mitmproxy.addonmanager import Loader
+from mitmproxy.proxy import mode_specs
+
+from sealgate.audit import AuditLog
+from sealgate.issuer.keys import KeyFileError, Keyring
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, open_store
+from sealgate.proxy.credentials.tokenizer import Tokenizer
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.identity import Identifier
+from sealgate.proxy.net import guard as guardmod
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.model import RuleSet
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
+from sealgate.proxy.registry import SourceRegistry
+
+logger = logging.getLogger("sealgate")
+
+_STORE_OPTIONS = {"sealgate_secret_stores", "sealgate_state", "sealgate_secret_ttl",
+                  "sealgate_secret_grace"}
+_RULES_OPTIONS = {"sealgate_rules", "sealgate_secret_stores", "sealgate_state"}
+_AUDIT_OPTIONS = {"sealgate_state", "sealgate_audit_log", "sealgate_audit_stdout"}
+_GUARD_OPTIONS = {"sealgate_resolver", "sealgate_sandbox_networks", "mode", "listen_host",
+                  "listen_port"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    rules: RuleSet
+    rules_stamp: tuple[float, ...]  # the rules path and files as loaded: a change means reload
+    identifier: Identifier
+    broker: Broker
+    tokenizer: Tokenizer | None  # None: this proxy holds no token keys, tokens are refused
+    audit: AuditLog
+    guard: Guard
+    ssl_insecure: bool  # mitmproxy's option: upstream certificates are not verified
+
+
+def add_options(loader: Loader) -> None:
+    loader.add_option("sealgate_rules", str, "rules", "Rules file or directory.")
+    loader.add_option("sealgate_state", str, "var", "State directory: source registry, audit log.")
+    loader.add_option(
+        "sealgate_resolver",
+        str | None,  # type: ignore[arg-type]
+        None,
+        "DNS server (HOST:PORT) the guard resolves with; default: the system's nameservers.",
+    )
+    loader.add_option(
+        "sealgate_sandbox_networks",
+        Sequence[str],
+        list(guardmod.DEFAULT_SANDBOX_NETWORKS),
+        "Sandbox address ranges (CIDR), never reachable through the proxy whatever a "
+        "policy's allow_networks say; default the sandbox runtime's.",
+    )
+    loader.add_option(
+        "sealgate_audit_log",
+        str | None,  # type: ignore[arg-type]
+        None,
+        "Audit log file; default <state>/audit.log. 'off' disables the file sink.",
+    )
+    loader.add_option("sealgate_audit_stdout", bool, False, "Also write audit lines to stdout.")
+    loader.add_option(
+        "sealgate_workers", int, 1, "Worker processes sharing the listen port (budget share)."
+    )
+    loader.add_option(
+        "sealgate_token_keys",
+        str | None,  # type: ignore[arg-type]
+        None,
+        "Directory of the proxy's private token keys (<kid>.key); unset: tokens refused.",
+    )
+    loader.add_option(
+        "sealgate_secret_stores",
+        Sequence[str],
+        [],
+        "Secret store URLs for brokered credentials (file:PATH, env:, vault:https://…); "
+        "default file:<state>/secrets.yaml.",
+    )
+    loader.add_option("sealgate_secret_ttl", int, 300, "Seconds a fetched secret is reused.")
+    loader.add_option(
+        "sealgate_secret_grace",
+        int,
+        30,
+        "Seconds a cached secret may still be used while its store is unreachable; "
+        "past it requests fail closed with 503 secret_unavailable.",
+    )
+
+
+def configure(current: Settings | None, updated: set[str], opts: Any) -> Settings:
+    """The settings `updated` options call for; raises OptionsError, leaving `current` as is.
+    The audit log a change replaces is closed once the new settings are in place (`retire`)."""
+    broker = _broker(opts) if current is None or _STORE_OPTIONS & updated else current.broker
+    tokenizer = (
+        _tokenizer(opts) if current is None or "sealgate_token_keys" in updated
+        else current.tokenizer
+    )
+    if current is None or _RULES_OPTIONS & updated:
+        try:
+            rules, stamp, identifier = load(opts, broker)
+        except RulesError as exc:
+            raise exceptions.OptionsError(f"sealgate: cannot load rules: {exc}") from exc
+    else:
+        rules, stamp, identifier = current.rules, current.rules_stamp, current.identifier
+    audit = _audit(opts) if current is None or _AUDIT_OPTIONS & updated else current.audit
+    guard = _guard(opts) if current is None or _GUARD_OPTIONS & updated else current.guard
+    return Settings(rules, stamp, identifier, broker, tokenizer, audit, guard,
+                    bool(opts.ssl_insecure))
+
+
+def retire(old: Settings | None, new: Settings) -> None:
+    """Close what `old` held that `new` no longer uses."""
+    if old is not None and old.audit is not new.audit:
+        old.audit.close()
+
+
+def reload(current: Settings, opts: Any) -> Settings:
+    """Rules and token keys read again. A broken rules file raises RulesError (the caller keeps
+    `current`); unreadable keys keep the previous ones, with the reason on stderr."""
+    tokenizer = current.tokenizer
+    if opts.sealgate_token_keys:
+        try:
+            tokenizer = Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
+        except KeyFileError as exc:
+            logger.error("sealgate: token keys reload failed, keeping the previous: %s", exc)
+    rules, stamp, identifier = load(opts, current.broker)
+    return replace(current, rules=rules, rules_stamp=stamp, identifier=identifier,
+                   tokenizer=tokenizer)
+
+
+def load(opts: Any, broker: Broker) -> tuple[RuleSet, tuple[float, ...], Identifier]:
+    path = Path(opts.sealgate_rules)
+    rules = load_rules(path)
+    try:
+        broker.check(rules)
+    except (SecretError, Denial) as exc:
+        raise RulesError(path, None, "inject", f"secret reference: {exc}") from None
+    registry = SourceRegistry(Path(opts.sealgate_state) / "registry.json")
+    for warning in rules.warnings:
+        logger.warning("sealgate: rules warning: %s", warning)
+    return rules, rules_stamp(path, rules), Identifier(rules, registry)
+
+
+def rules_stamp(path: Path, rules: RuleSet) -> tuple[float, ...]:
+    # The rules path itself too: a file added to a rules directory changes its mtime.
+    stamps: list[float] = []
+    for one in (path, *rules.sources):
+        try:
+            stamps.append(os.stat(one).st_mtime)
+        except OSError:
+            stamps.append(-1.0)
+    return tuple(stamps)
+
+
+def _broker(opts: Any) -> Broker:
+    default_store = f"file:{Path(opts.sealgate_state) / 'secrets.yaml'}"
+    urls = opts.sealgate_secret_stores or [default_store]
+    try:
+        stores = [open_store(url) for url in urls]
+    except SecretError as exc:
+        raise exceptions.OptionsError(f"sealgate: secret stores: {exc}") from exc
+    return Broker(
+        SecretBroker(stores, ttl=opts.sealgate_secret_ttl, stale_grace=opts.sealgate_secret_grace)
+    )
+
+
+def _tokenizer(opts: Any) -> Tokenizer | None:
+    if not opts.sealgate_token_keys:
+        return None
+    try:
+        return Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
+    except KeyFileError as exc:
+        raise exceptions.OptionsError(f"sealgate: token keys: {exc}") from exc
+
+
+def _audit(opts: Any) -> AuditLog:
+    log_opt = opts.sealgate_audit_log
+    path = None if log_opt == "off" else Path(log_opt or Path(opts.sealgate_state) / "audit.log")
+    return AuditLog(path, stdout=opts.sealgate_audit_stdout, batch=True)
+
+
+def _guard(opts: Any) -> Guard:
+    try:
+        resolver = Resolver.from_spec(opts.sealgate_resolver)
+    except ValueError as exc:
+        raise exceptions.OptionsError(f"sealgate: resolver: {exc}") from exc
+    try:
+        return Guard(resolver, _listen_endpoints(opts), opts.sealgate_sandbox_networks)
+    except (ValueError, OSError) as exc:
+        raise exceptions.OptionsError(f"sealgate: guard: {exc}") from exc
+
+
+def _listen_endpoints(opts: Any) -> list[tuple[str, int]]:
+    endpoints = []
+    for spec in opts.mode:
+        mode = mode_specs.ProxyMode.parse(spec)
+        port = mode.listen_port(opts.listen_port)
+        if port is not None:
+            endpoints.append((mode.listen_host(opts.listen_host) or "0.0.0.0", port))  # noqa: S104
+    return endpoints
