@@ -25,7 +25,7 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.issuer.token import TokenError
+from sealgate.issuer import TokenError
 from sealgate.proxy import layers, responses, settings
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
