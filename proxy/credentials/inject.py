@@ -1,11 +1,11 @@
 """Putting credentials into a request: the one step both the broker and the tokenizer end in.
 
 The processors themselves (bearer, header, basic, query, hmac-sha256, placeholder) live in
-`issuer.processors`, shared with the sealed-token format. This module works a secret and its
-processor out once into a `Credential` (checked, labelled, and for the processors that write one
-fixed header, that header ready to send), writes credentials into mitmproxy's request, refuses to
-send them anywhere they could be read on the way, and remembers what was injected so the
-response can be scrubbed of it.
+`issuer.processors` and `issuer.injection`, shared with the sealed-token format. This module works a
+secret and its processor out once into a `Credential` (checked, labelled, and for the processors
+that write one fixed header, that header ready to send), writes credentials into mitmproxy's
+request, refuses to send them anywhere they could be read on the way, and remembers what was
+injected so the response can be scrubbed of it.
 
 Fixed headers (bearer, header, basic) go in with one pass over the request's header fields,
 together with the headers that must not be forwarded and the identity encoding that keeps the
@@ -21,20 +21,18 @@ from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
 
+from sealgate.issuer.injection import InMemoryRequest, has_query_param, inject
 from sealgate.issuer.processors import (
     BasicProcessor,
     BearerProcessor,
     HeaderProcessor,
     HmacProcessor,
     InjectionError,
-    InMemoryRequest,
     PlaceholderProcessor,
     Processor,
     QueryProcessor,
     RequestInapplicable,
     check_secret,
-    has_query_param,
-    inject,
     target,
 )
 from sealgate.proxy.credentials.scrub import Scrubber
@@ -46,7 +44,7 @@ _TRAILERS = b"trailers"
 
 
 class FlowRequest:
-    """`issuer.processors.MutableRequest` over a mitmproxy request."""
+    """`issuer.injection.MutableRequest` over a mitmproxy request."""
 
     def __init__(self, request: http.Request) -> None:
         self.request = request

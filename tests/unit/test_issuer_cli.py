@@ -25,7 +25,7 @@ import pytest
 
 from sealgate import issuer as tk
 from sealgate.issuer import cli, keys
-from sealgate.issuer import processors as pr
+from sealgate.issuer import injection as ij
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
@@ -186,8 +186,8 @@ def test_mint_each_processor(
     claims = _open(token, key_dir)
     assert claims.secret == CANARY
     assert claims.processor.kind == kind
-    request = pr.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
-    pr.inject(claims.processor, claims.secret, request)
+    request = ij.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
+    ij.inject(claims.processor, claims.secret, request)
     assert callable(check) and check(request)
 
 

@@ -20,6 +20,7 @@ import pytest
 from nacl.public import PrivateKey, SealedBox
 
 from sealgate import issuer as tk
+from sealgate.issuer import injection as ij
 from sealgate.issuer import keys
 from sealgate.issuer import processors as pr
 from tests.vectors import generate as vectors
@@ -66,18 +67,18 @@ def claims_json(**overrides: Any) -> dict[str, Any]:
     return obj
 
 
-def request(**headers: str) -> pr.InMemoryRequest:
-    return pr.InMemoryRequest(headers=list(headers.items()))
+def request(**headers: str) -> ij.InMemoryRequest:
+    return ij.InMemoryRequest(headers=list(headers.items()))
 
 
 # --- round trips through the processor --------------------------------------------------------
 
 
-def _roundtrip(processor: pr.Processor, target: pr.InMemoryRequest, secret: str = CANARY) -> None:
+def _roundtrip(processor: pr.Processor, target: ij.InMemoryRequest, secret: str = CANARY) -> None:
     claims = make_claims(processor=processor, secret=secret)
     opened = tk.unseal(mint(claims), KEYRING)
     assert opened == claims
-    pr.inject(opened.processor, opened.secret, target)
+    ij.inject(opened.processor, opened.secret, target)
 
 
 def test_bearer_replaces_authorization() -> None:
@@ -101,14 +102,14 @@ def test_basic_processor() -> None:
 
 
 def test_query_processor_replaces_every_occurrence() -> None:
-    target = pr.InMemoryRequest(path="/v1?key=a&q=1&key=b")
+    target = ij.InMemoryRequest(path="/v1?key=a&q=1&key=b")
     _roundtrip(pr.QueryProcessor(param="key"), target, secret="välue with space")
     assert target.path == "/v1?q=1&key=v%C3%A4lue%20with%20space"
 
 
 def test_hmac_over_body_leaves_body_unchanged() -> None:
     body = b'{"amount": 100}\r\n'
-    target = pr.InMemoryRequest(body=body)
+    target = ij.InMemoryRequest(body=body)
     processor = pr.HmacProcessor(header="X-Sig", format="v1={signature}", encoding="hex")
     _roundtrip(processor, target)
     expected = hmac.new(CANARY.encode(), body, hashlib.sha256).hexdigest()
@@ -117,7 +118,7 @@ def test_hmac_over_body_leaves_body_unchanged() -> None:
 
 
 def test_hmac_over_message_base64() -> None:
-    target = pr.InMemoryRequest(body=b"ignored")
+    target = ij.InMemoryRequest(body=b"ignored")
     processor = pr.HmacProcessor(
         header="Authorization", format="HMAC {signature}", encoding="base64", message="GET /"
     )
@@ -145,7 +146,7 @@ def test_placeholder_missing_is_inapplicable() -> None:
     processor = pr.PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder")
     target = request(Authorization="Bearer something-else")
     with pytest.raises(pr.RequestInapplicable):
-        pr.inject(processor, CANARY, target)
+        ij.inject(processor, CANARY, target)
     assert target.get_header_values("authorization") == ["Bearer something-else"]
 
 
@@ -153,7 +154,7 @@ def test_inject_refuses_a_secret_that_could_split_a_header() -> None:
     # The broker calls `inject` with secrets no Claims ever checked.
     target = request(Authorization="x")
     with pytest.raises(pr.SecretInvalid) as info:
-        pr.inject(pr.BearerProcessor(), f"{CANARY}\r\nX-Evil: 1", target)
+        ij.inject(pr.BearerProcessor(), f"{CANARY}\r\nX-Evil: 1", target)
     assert CANARY not in str(info.value) and info.value.reason == "secret_invalid"
     assert target.get_header_values("authorization") == ["x"]
 
@@ -558,7 +559,7 @@ def test_canary_absent_from_reprs() -> None:
     assert tk.redacted_claims(claims)["secret"] == "[redacted]"
     assert CANARY not in json.dumps(tk.redacted_claims(claims))
     target = request(Authorization="x")
-    pr.inject(claims.processor, claims.secret, target)
+    ij.inject(claims.processor, claims.secret, target)
     assert CANARY not in repr(target)
     assert KEY_A.private_key.hex() not in repr(KEY_A) and "private_key" not in repr(KEY_A)
     assert KEY_A.kid in repr(KEYRING)

@@ -13,6 +13,7 @@ from nacl.public import PrivateKey, SealedBox
 
 from sealgate import issuer as tk
 from sealgate.hostname import canonical_name
+from sealgate.issuer import injection as ij
 from sealgate.issuer import keys
 from sealgate.issuer import processors as pr
 from tests.vectors import generate as vectors
@@ -223,10 +224,10 @@ def test_valid_claims_round_trip(claims: tk.Claims) -> None:
     method = claims.methods[0] if claims.methods else "GET"
     path = claims.paths[0] if claims.paths else "/"
     tk.check_scope(opened, host, pattern.port, method, path)
-    request = pr.InMemoryRequest(headers=[("Authorization", "none")])
+    request = ij.InMemoryRequest(headers=[("Authorization", "none")])
     if isinstance(claims.processor, pr.PlaceholderProcessor):
         request.set_header_values(claims.processor.header, [claims.processor.placeholder])
-    pr.inject(opened.processor, opened.secret, request)
+    ij.inject(opened.processor, opened.secret, request)
 
 
 @SETTINGS

@@ -35,6 +35,7 @@ import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
 from sealgate import issuer as tk
+from sealgate.issuer import injection as ij
 from sealgate.issuer import processors as pr
 from sealgate.issuer.keys import Keyring, PrivateKeyEntry
 
@@ -166,11 +167,11 @@ def evaluate(
         tk.check_scope(claims, host, port, method, path)
         body = request["body"]
         assert isinstance(body, str)
-        target = pr.InMemoryRequest(
+        target = ij.InMemoryRequest(
             headers=_pairs(request["headers"]), path=path, body=body.encode()
         )
         try:
-            pr.inject(claims.processor, claims.secret, target)
+            ij.inject(claims.processor, claims.secret, target)
         except pr.RequestInapplicable as exc:
             # §4: a request a token's processor cannot apply to is the token's failure.
             raise tk.TokenInapplicable(str(exc)) from None
