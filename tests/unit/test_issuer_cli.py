@@ -24,7 +24,7 @@ from unittest.mock import patch
 import pytest
 
 from sealgate import issuer as tk
-from sealgate.issuer import cli, keys
+from sealgate.issuer import cli, clibase, keys, servecli
 from sealgate.issuer import injection as ij
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -396,14 +396,29 @@ def test_secret_is_not_an_argument() -> None:
     ("text", "seconds"), [("900", 900), ("15m", 900), ("1h30m", 5400), ("1d", 86400)]
 )
 def test_parse_duration(text: str, seconds: int) -> None:
-    assert cli.parse_duration(text) == seconds
+    assert clibase.parse_duration(text) == seconds
 
 
 def test_format_age() -> None:
-    assert [cli.format_age(s) for s in (0, 59, 61, 3700, 90000)] == [
+    assert [clibase.format_age(s) for s in (0, 59, 61, 3700, 90000)] == [
         "0s",
         "59s",
         "1m1s",
         "1h1m",
         "1d1h",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:8090", ("127.0.0.1", 8090)), ("[::1]:0", ("::1", 0)),
+     ("localhost:443", ("localhost", 443))],
+)
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert servecli.parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", [":8090", "127.0.0.1", "127.0.0.1:65536", "h:²", "h:-1", ""])
+def test_parse_listen_refuses(text: str) -> None:
+    with pytest.raises(clibase.CliError, match="is not HOST:PORT"):
+        servecli.parse_listen(text)

@@ -1,0 +1,205 @@
+"""`sealgate mint`: seal a secret into a token (docs/token-format.md §9)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from sealgate import issuer as tk
+from sealgate.clikit import Commands
+from sealgate.issuer import keys
+from sealgate.issuer import processors as pr
+from sealgate.issuer.clibase import CliError, emit_json, parse_duration, read_source, run
+
+__all__ = ["DEFAULT_TTL", "add_mint"]
+
+DEFAULT_TTL: Final = "15m"
+
+# The processor options each --inject kind takes; any other processor option is an error.
+_PROCESSOR_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
+    "bearer": frozenset(),
+    "header": frozenset({"header_name", "format"}),
+    "basic": frozenset({"username"}),
+    "query": frozenset({"param"}),
+    "hmac-sha256": frozenset({"header_name", "format", "hmac_message", "hmac_encoding"}),
+    "placeholder": frozenset({"header_name", "placeholder"}),
+}
+_ALL_PROCESSOR_OPTIONS: Final = frozenset().union(*_PROCESSOR_OPTIONS.values())
+
+
+def _processor(args: argparse.Namespace) -> pr.Processor:
+    kind: str = args.inject
+    given = {name for name in _ALL_PROCESSOR_OPTIONS if getattr(args, name) is not None}
+    stray = sorted(given - _PROCESSOR_OPTIONS[kind])
+    if stray:
+        flags = ", ".join("--" + name.replace("_", "-") for name in stray)
+        raise CliError(f"--inject {kind} does not take {flags}")
+
+    def need(name: str) -> str:
+        value: str | None = getattr(args, name)
+        if value is None:
+            raise CliError(f"--inject {kind} needs --{name.replace('_', '-')}")
+        return value
+
+    match kind:
+        case "bearer":
+            return pr.BearerProcessor()
+        case "header":
+            return pr.HeaderProcessor(header=need("header_name"), format=args.format or "{secret}")
+        case "basic":
+            return pr.BasicProcessor(username=need("username"))
+        case "query":
+            return pr.QueryProcessor(param=need("param"))
+        case "hmac-sha256":
+            return pr.HmacProcessor(
+                header=need("header_name"),
+                format=args.format or "{signature}",
+                encoding=args.hmac_encoding or "hex",
+                message=args.hmac_message,
+            )
+        case "placeholder":
+            return pr.PlaceholderProcessor(
+                header=args.header_name or "Authorization", placeholder=need("placeholder")
+            )
+    raise CliError(f"unknown processor {kind!r}")
+
+
+def _binding(args: argparse.Namespace) -> tk.Binding | None:
+    if args.bind_sandbox is not None:
+        return tk.SandboxBinding(args.bind_sandbox)
+    if args.bind_policy is not None:
+        return tk.PolicyBinding(args.bind_policy)
+    auth = read_source(
+        args.auth_digest_of_stdin,
+        args.auth_digest_of_file,
+        args.auth_digest_of_env,
+        "proxy bearer secret",
+    )
+    return None if auth is None else tk.AuthDigestBinding.of_secret(auth)
+
+
+def _load_sealing_key(path: Path) -> keys.PublicKeyEntry:
+    return keys.newest_public(path) if path.is_dir() else keys.load_public(path)
+
+
+def _mint(args: argparse.Namespace) -> int:
+    def body() -> int:
+        if args.secret_stdin and args.auth_digest_of_stdin:
+            raise CliError("the secret and the proxy bearer secret cannot both come from stdin")
+        max_ttl = parse_duration(args.max_ttl)
+        if max_ttl > tk.MAX_LIFETIME_SECONDS:
+            raise CliError("--max-ttl cannot exceed 24h")
+        ttl = parse_duration(args.ttl)
+        if not 0 < ttl <= max_ttl:
+            raise CliError(f"--ttl must be more than 0 and at most the cap ({args.max_ttl})")
+        hosts = tuple(tk.HostPattern.parse(host) for host in args.host)
+        processor = _processor(args)
+        public = _load_sealing_key(args.key)
+        binding = _binding(args)
+        secret = read_source(args.secret_stdin, args.secret_file, args.secret_env, "secret")
+        if secret is None:
+            raise CliError("give the secret with --secret-stdin, --secret-file or --secret-env")
+        now = int(time.time())
+        claims = tk.Claims(
+            kid=public.kid,
+            secret=secret,
+            processor=processor,
+            hosts=hosts,
+            methods=tuple(m.upper() for m in args.method) if args.method else None,
+            paths=tuple(args.path) if args.path else None,
+            exp=now + ttl,
+            iat=now,
+            jti=args.jti or secrets.token_urlsafe(12),
+            binding=binding,
+        )
+        sealed = tk.seal(claims, public)
+        if args.json:
+            emit_json({"token": sealed, "claims": tk.redacted_claims(claims)})
+        else:
+            sys.stdout.write(sealed + "\n")
+        return 0
+
+    return run("mint", body)
+
+
+def add_mint(sub: Commands) -> None:
+    mint = sub.add_parser(
+        "mint",
+        help="seal a secret into a token",
+        description="Seal a secret into a token. The secret is read from stdin, a file or an "
+        "environment variable, never from the command line.",
+    )
+    mint.add_argument(
+        "--key",
+        type=Path,
+        required=True,
+        help="a .pub file, or a directory of them (the newest is used)",
+    )
+    mint.add_argument(
+        "--inject",
+        required=True,
+        choices=sorted(_PROCESSOR_OPTIONS),
+        help="how the proxy puts the secret into the request",
+    )
+    mint.add_argument(
+        "--host",
+        action="append",
+        required=True,
+        help="allowed host: name, *.domain, IP, [IPv6]; optional :port (default 443); repeatable",
+    )
+    mint.add_argument("--ttl", default=DEFAULT_TTL, help=f"lifetime (default {DEFAULT_TTL})")
+    mint.add_argument("--max-ttl", default="24h", help="refuse a --ttl above this (max 24h)")
+    mint.add_argument("--method", action="append", help="allowed HTTP method; repeatable")
+    mint.add_argument("--path", action="append", help="allowed path prefix; repeatable")
+    mint.add_argument("--jti", help="token id (default: random)")
+    source = mint.add_mutually_exclusive_group()
+    source.add_argument("--secret-stdin", action="store_true", help="read the secret from stdin")
+    source.add_argument("--secret-file", type=Path, help="read the secret from a file")
+    source.add_argument("--secret-env", metavar="NAME", help="read the secret from $NAME")
+    proc = mint.add_argument_group("processor options")
+    proc.add_argument(
+        "--header-name", help="header (header, hmac-sha256, placeholder [default Authorization])"
+    )
+    proc.add_argument(
+        "--format",
+        help="header value template: {secret} for header (default "
+        "'{secret}'), {signature} for hmac-sha256 (default '{signature}')",
+    )
+    proc.add_argument("--username", help="basic: the username")
+    proc.add_argument("--param", help="query: the parameter name")
+    proc.add_argument("--hmac-message", help="hmac-sha256: sign this instead of the body")
+    proc.add_argument(
+        "--hmac-encoding",
+        choices=("hex", "base64"),
+        help="hmac-sha256: signature encoding (default hex)",
+    )
+    proc.add_argument("--placeholder", help="placeholder: the text to replace")
+    bind = mint.add_mutually_exclusive_group()
+    bind.add_argument("--bind-sandbox", metavar="ID", help="only this sandbox may use it")
+    bind.add_argument("--bind-policy", metavar="POLICY", help="only this policy may use it")
+    bind.add_argument(
+        "--auth-digest-of-stdin",
+        action="store_true",
+        help="read a proxy bearer secret from stdin and require it "
+        "(Proxy-Authorization: Bearer) at use",
+    )
+    bind.add_argument(
+        "--auth-digest-of-file",
+        type=Path,
+        metavar="PATH",
+        help="as --auth-digest-of-stdin, reading the file",
+    )
+    bind.add_argument(
+        "--auth-digest-of-env", metavar="NAME", help="as --auth-digest-of-stdin, reading $NAME"
+    )
+    mint.add_argument(
+        "--json",
+        action="store_true",
+        help="print the token and its claims (secret redacted) as JSON",
+    )
+    mint.set_defaults(func=_mint)
