@@ -20,6 +20,7 @@ from dataclasses import fields as dataclass_fields
 from typing import ClassVar, Final
 
 from sealgate.issuer import jsonfields
+from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
     "MAX_SECRET_LENGTH",
@@ -69,33 +70,29 @@ _DISALLOWED_CATEGORIES: Final = frozenset({"Cc", "Cs", "Zl", "Zp"})
 # --- errors -----------------------------------------------------------------------------------
 
 
-class InjectionError(Exception):
-    """Why a secret cannot be injected. `reason` is the machine code, `status` the HTTP status to
-    answer when the processor or request came from the client."""
-
-    reason: ClassVar[str] = "injection_error"
-    status: ClassVar[int] = 400
+class InjectionError(SealgateError):
+    """Why a secret cannot be injected: one of the subclasses, each with its reason."""
 
 
 class ProcessorInvalid(InjectionError):
     """A processor's settings break its rules: unknown type or field, a header a processor may
     not set, a format without its slot, and so on."""
 
-    reason = "processor_invalid"
+    reason = Reason.PROCESSOR_INVALID
 
 
 class SecretInvalid(InjectionError):
     """The processor cannot carry this secret (empty, too long, or characters that could end or
     split a header). The message never quotes the secret."""
 
-    reason = "secret_invalid"
+    reason = Reason.SECRET_INVALID
 
 
 class RequestInapplicable(InjectionError):
     """The request lacks what the processor needs (the placeholder it replaces), or is one it
     cannot write to unambiguously (a query in a target with a `#`)."""
 
-    reason = "request_inapplicable"
+    reason = Reason.REQUEST_INAPPLICABLE
 
 
 # --- text rules -------------------------------------------------------------------------------
