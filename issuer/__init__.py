@@ -3,7 +3,9 @@
 The token API that the issuer and the proxy share is this package's namespace, whichever module
 each name lives in: the format (`token`), what its scope is written in (`scope`), the checks of
 an opened token against a request (`checks`) and why a token is refused (`errors`). Proxy keys
-are `sealgate.issuer.keys`, the processors `sealgate.issuer.processors`.
+are `sealgate.issuer.keys`, the processors `sealgate.issuer.processors` and putting one into a
+request `sealgate.issuer.injection`. The issuer's own callers, service and commands use this
+namespace too; the modules it gathers never import it, so it sits above them.
 """
 
 from sealgate.issuer.checks import (
