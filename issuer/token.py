@@ -46,7 +46,6 @@ __all__ = [
     "Binding",
     "Claims",
     "Envelope",
-    "HostPattern",
     "PolicyBinding",
     "SandboxBinding",
     "claims_from_object",
