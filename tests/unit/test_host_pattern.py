@@ -86,3 +86,20 @@ def test_a_token_pattern_means_what_the_shared_one_means(raw: str) -> None:
         assert token.matches(canonical_name(host), token.port) is shared.matches(
             canonical_name(host)
         )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["example.com.", "-a.example.com", "a-.example.com", "*.com", "xn--zz.example",
+     "bücher.example", "2001:db8::1", "[fe80::1%eth0]", "*.[2001:db8::1]", "example.com:0443"],
+)
+def test_a_token_asks_more_of_the_spelling(raw: str) -> None:
+    with pytest.raises(tk.TokenMalformed):
+        tk.HostPattern.parse(raw)
+
+
+def test_a_token_pattern_built_directly_is_checked_as_parsed() -> None:
+    for host, wildcard in (("Example.com", False), ("example.com.", False), ("com", True)):
+        with pytest.raises(tk.TokenMalformed):
+            tk.HostPattern(host, 443, wildcard)
+    assert str(tk.HostPattern("2001:db8::1", 8443)) == "[2001:db8::1]:8443"
