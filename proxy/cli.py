@@ -100,10 +100,19 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
+    from sealgate.proxy import mitm
+
+    config = config_from_args(args)
+    try:
+        # Before anything starts: a mitmproxy the patches were not made for is refused here,
+        # not found out by each worker.
+        mitm.require_tested()
+    except mitm.MitmproxyMismatch as exc:
+        print(exc, file=sys.stderr)
+        return 2
     from sealgate.proxy import supervisor
     from sealgate.proxy.master import prepare
 
-    config = config_from_args(args)
     if args.worker_index is None:
         prepare(config)
     try:

@@ -1,9 +1,9 @@
 """The lean mitmproxy master `sealgate proxy` runs, and its worker processes.
 
 mitmdump loads about 37 addons and every flow event walks all of them twice; a credential proxy
-needs six (core, proxy server, next layer, TLS config, error check, ours), which measured about
-twice the throughput here. Dropping mitmdump's defaults drops `block` too, so the listen address
-defaults to loopback and exposing it is an explicit choice.
+needs six (core, proxy server, next layer, TLS config, error check, ours): the measurements are in
+docs/performance.md, "Why the lean master". Dropping mitmdump's defaults drops `block` too, so
+the listen address defaults to loopback and exposing it is an explicit choice.
 
 Several workers share one listen port through SO_REUSEPORT, the kernel spreading connections
 across them. Everything they must agree on lives outside them: rules and the source registry are
@@ -13,7 +13,6 @@ files every worker watches, and budgets are split evenly (see proxy.budget).
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import signal
@@ -22,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import addonmanager, ctx, master, options
+from mitmproxy import ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
 from sealgate.hostport import format_hostport
-from sealgate.proxy import speedups, upstream
+from sealgate.proxy import mitm
 from sealgate.proxy.ca import ensure_ca
 from sealgate.proxy.pipeline import Sealgate
 
@@ -75,8 +74,7 @@ class StartupReport:
             return
         ps = ctx.master.addons.get("proxyserver")
         sealgate = ctx.master.addons.get("sealgate")
-        state = sealgate.settings if sealgate is not None else None
-        rules = state.rules if state is not None else None
+        rules = sealgate.rules if sealgate is not None else None
         lines = ["sealgate proxy ready"]
         for address in ps.listen_addrs():
             lines.append(f"  listening  {format_hostport(address[0], address[1])}")
@@ -92,7 +90,7 @@ class StartupReport:
                          f"{rules.default_policy or 'deny everything'}")
             for warning in rules.warnings:
                 lines.append(f"    warning  {warning}")
-        guard = state.guard if state is not None else None
+        guard = sealgate.guard if sealgate is not None else None
         if guard is not None:
             servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
             lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
@@ -142,12 +140,8 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
 
 
 async def serve(config: ProxyConfig, worker: int | None = None) -> int:
-    if config.workers > 1:
-        # mitmproxy binds with asyncio.start_server and no reuse_port; the workers need it.
-        original = asyncio.start_server
-        asyncio.start_server = functools.partial(original, reuse_port=True)
-    upstream.install(config.connect_timeout)
-    speedups.install()
+    # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
+    mitm.install(config.connect_timeout, reuse_port=config.workers > 1)
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the
@@ -164,10 +158,8 @@ def _settle(m: master.Master) -> None:
     for name in _STARTUP_ONLY:
         if (addon := m.addons.get(name)) is not None:
             m.addons.remove(addon)
-    # After each flow event mitmproxy walks the chain once more with an `update` event, which
-    # only UIs handle. With no addon handling it, that second walk is pure cost.
-    if not any(callable(getattr(a, "update", None)) for a in addonmanager.traverse(m.addons.chain)):
-        m.addons.handle_lifecycle = m.addons.trigger_event  # type: ignore[method-assign]
+    # The second walk of the chain after every flow event is pure cost when no UI listens.
+    mitm.skip_update_walk(m.addons)
     gc.freeze()
 
 

@@ -1,34 +1,26 @@
-"""Per-request work mitmproxy does for its developers, which the lean master leaves out.
+"""Replacements for per-request conveniences mitmproxy has for its own developers.
 
-Profiling the proxy under keep-alive HTTPS load (py-spy, guard-only traffic) put three of
-mitmproxy's own conveniences among the largest single costs of a request:
-
-- every `Request` and `Response` built type-checks each of its fields against its annotation
-  (`MessageData.__post_init__`, on only `if __debug__`, i.e. unless Python runs with -O). The
-  values come from mitmproxy's own parser; running the whole proxy with -O would also drop the
-  asserts mitmproxy and sealgate rely on, so only this check goes.
-- every hook task is tagged for debugging, which reads `os.environ` each time.
-- every flow, and every HTTP stream's server placeholder, gets `str(uuid.uuid4())`: a system
-  call and a UUID object per id. The ids here are as random and as unique (122 random bits from
-  `os.urandom`, same format), drawn from a buffer refilled every 256 ids. They must stay random:
-  a denial shows the sandbox its request id, and a counter would tell it how much traffic other
-  sandboxes send.
+The lean master (proxy/mitm.py installs them) leaves out what profiling found among the largest
+costs of a request; docs/performance.md, "Why the lean master", has the measurements. Nothing
+here imports mitmproxy: these are the plain functions put in its place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import types
 from typing import Any
-
-from mitmproxy import connection, flow, http
-from mitmproxy.utils import asyncio_utils
 
 _IDS_PER_FILL = 256
 
 
-class _RandomIds:
+class RandomIds:
+    """`uuid.uuid4()` as text, without a system call and a UUID object per id.
+
+    The ids stay random (122 random bits from `os.urandom`, the same format): a denial shows the
+    sandbox its request id, and a counter would tell it how much traffic other sandboxes send.
+    """
+
     def __init__(self) -> None:
         self._hex = ""
         self._at = 0
@@ -41,16 +33,6 @@ class _RandomIds:
         return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
-def _name_task(
-    task: asyncio.Task[Any], *, name: str, client: tuple[Any, ...] | None = None
-) -> None:
+def name_task(task: asyncio.Task[Any], *, name: str, client: tuple[Any, ...] | None = None) -> None:
+    """mitmproxy's task tagging without the `os.environ` read it does for every hook task."""
     task.set_name(name)
-
-
-def install() -> None:
-    http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
-    asyncio_utils.set_task_debug_info = _name_task
-    # What flow.py and connection.py call `uuid`; uuid4() is all they use of it.
-    ids = types.SimpleNamespace(uuid4=_RandomIds().uuid4)
-    for module in (flow, connection):
-        vars(module)["uuid"] = ids

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import uuid
 
-from sealgate.proxy.speedups import _RandomIds
+from sealgate.proxy.speedups import RandomIds
 
 
 def test_ids_are_random_version_4_uuids_across_refills() -> None:
-    ids = _RandomIds()
+    ids = RandomIds()
     drawn = [ids.uuid4() for _ in range(1000)]  # several refills of the 256-id buffer
     assert len(set(drawn)) == len(drawn)
     for text in drawn:
@@ -18,6 +18,6 @@ def test_ids_are_random_version_4_uuids_across_refills() -> None:
 
 def test_ids_are_not_a_sequence() -> None:
     # A denial shows the sandbox its request id: consecutive ids must share no more than chance.
-    ids = _RandomIds()
+    ids = RandomIds()
     a, b = ids.uuid4(), ids.uuid4()
     assert sum(x == y for x, y in zip(a.replace("-", ""), b.replace("-", ""), strict=True)) < 12

@@ -1,0 +1,169 @@
+"""Everything sealgate does to mitmproxy's insides, in one place, for the version it was tested on.
+
+mitmproxy's addon API (hooks, flows, options) is public and sealgate uses it everywhere. What is
+here goes past it: module globals and methods replaced, private attributes read. Each patch is
+scoped to mitmproxy's own modules (a namespace of its own where mitmproxy calls asyncio, never
+`asyncio` itself), and each symbol it relies on is checked before anything is patched: a
+mitmproxy that moved one refuses to start (`require_tested`), naming it, rather than run with a
+patch silently missing (an HTML error page naming the address dialed, an unbounded dial).
+pyproject.toml pins the tested version; tests/unit/test_mitm.py runs the same checks.
+
+The patches, and why:
+
+- upstream dials bounded, upstream failures answered as JSON (proxy/upstream.py);
+- several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
+- per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
+  `update` walk of the addon chain after every flow event, which only UIs handle;
+- what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
+  streamed response, the listen endpoints, a pinned connection's name given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mitmproxy import addonmanager, connection, ctx, flow, http
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy import mode_servers, mode_specs, server
+from mitmproxy.proxy.events import Event
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.http._events import (
+    ResponseData,
+    ResponseEndOfMessage,
+    ResponseHeaders,
+    ResponseProtocolError,
+)
+from mitmproxy.utils import asyncio_utils
+
+from sealgate.proxy import speedups, upstream
+from sealgate.proxy.mitmcheck import mismatches
+
+TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
+
+
+class MitmproxyMismatch(RuntimeError):
+    """The installed mitmproxy is not shaped the way the patches here expect."""
+
+
+def require_tested() -> None:
+    """Raise MitmproxyMismatch, naming every symbol gone or changed, unless all are as tested."""
+    if problems := mismatches():
+        raise MitmproxyMismatch(
+            f"sealgate: mitmproxy is not as tested ({TESTED}.x); refusing to run with these "
+            "patches missing:\n  " + "\n  ".join(problems)
+        )
+
+
+def install(connect_timeout: float, *, reuse_port: bool) -> None:
+    """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
+    would wrap the HTTP/2 handler twice)."""
+    if _http1.make_error_response is upstream.error_response:
+        raise RuntimeError("sealgate.proxy.mitm.install: already installed in this process")
+    require_tested()
+    _scoped_asyncio(server, open_connection=upstream.bounded(asyncio.open_connection,
+                                                             connect_timeout))
+    if reuse_port:
+        _scoped_asyncio(
+            mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
+        )
+    _http1.make_error_response = upstream.error_response
+    _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
+        _http2.Http2Server._handle_event
+    )
+    # Type-checks every field of every Request and Response against its annotation (only
+    # `if __debug__`); the values come from mitmproxy's own parser. Running everything with -O
+    # would drop the asserts mitmproxy and sealgate rely on too, so only this check goes.
+    http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
+    asyncio_utils.set_task_debug_info = speedups.name_task
+    # What flow.py and connection.py call `uuid`; uuid4() is all they use of it (checked).
+    ids = types.SimpleNamespace(uuid4=speedups.RandomIds().uuid4)
+    for module in (flow, connection):
+        vars(module)["uuid"] = ids
+
+
+def _scoped_asyncio(module: types.ModuleType, **replaced: Callable[..., Any]) -> None:
+    """Give `module` an asyncio of its own with `replaced` swapped in: the rest of the process
+    (the guard's resolver, the control API) keeps the real functions."""
+    scoped = types.ModuleType(f"asyncio (as {module.__name__} sees it)")
+    vars(scoped).update(vars(asyncio))
+    vars(scoped).update(replaced)
+    vars(module)["asyncio"] = scoped
+
+
+_Handler = Callable[[_http2.Http2Server, Event], CommandGenerator[None]]
+
+
+def _json_errors(handle: _Handler) -> _Handler:
+    """mitmproxy's HTTP/2 server answers a stream's failure with its HTML page where it can
+    still send headers (else it resets the stream); send the JSON refusal as a response there
+    instead."""
+
+    @functools.wraps(handle)
+    def handle_event(self: _http2.Http2Server, event: Event) -> CommandGenerator[None]:
+        if (
+            isinstance(event, ResponseProtocolError)
+            and event.code != status_codes.NO_RESPONSE
+            and self.is_open_for_us(event.stream_id)
+            and not self.h2_conn.streams[event.stream_id].state_machine.headers_sent
+        ):
+            response = upstream.refusal(event.code, event.message)
+            stream = event.stream_id
+            yield from handle(self, ResponseHeaders(stream, response, end_stream=False))
+            yield from handle(self, ResponseData(stream, response.raw_content or b""))
+            yield from handle(self, ResponseEndOfMessage(stream))
+        else:
+            yield from handle(self, event)
+
+    return handle_event
+
+
+def skip_update_walk(addons: addonmanager.AddonManager) -> bool:
+    """After each flow event mitmproxy walks the addon chain once more with an `update` event,
+    which only UIs handle. With no addon handling it, send lifecycle events straight to the
+    chain; True if it did."""
+    if any(callable(getattr(a, "update", None)) for a in addonmanager.traverse(addons.chain)):
+        return False
+    addons.handle_lifecycle = addons.trigger_event  # type: ignore[method-assign]
+    return True
+
+
+def cut_off(flow: http.HTTPFlow) -> None:
+    """Close the client's connection now, in the middle of a streamed response. mitmproxy has
+    no hook for that; raising from a stream function would leave the client waiting for the
+    rest until the idle timeout, and letting the stream end would tell it the body was whole.
+    The writer is closed at once, so not even the end of the chunked body gets out."""
+    flow.kill()
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+    if handler is None:
+        return
+    io = handler.transports.get(handler.client)
+    if io is not None and io.writer is not None:
+        io.writer.close()
+    handler.close_connection(handler.client)
+
+
+def listen_endpoints(
+    modes: Sequence[str], listen_host: str, listen_port: int | None
+) -> list[tuple[str, int]]:
+    """(host, port) of every listener the `mode` option asks for; unspecified hosts as
+    0.0.0.0. Pass ctx.options.mode, .listen_host, .listen_port."""
+    endpoints = []
+    for spec in modes:
+        mode = mode_specs.ProxyMode.parse(spec)
+        port = mode.listen_port(listen_port)
+        if port is not None:
+            endpoints.append((mode.listen_host(listen_host) or "0.0.0.0", port))  # noqa: S104
+    return endpoints
+
+
+def restore_address(server_conn: connection.Server, address: tuple[str, int]) -> None:
+    """Give a connection dialed to a pinned IP back the address it was asked for: mitmproxy
+    matches reusable upstream connections by address, and refuses a change on an open
+    connection through `Server.__setattr__`, which this steps around."""
+    object.__setattr__(server_conn, "address", address)

@@ -1,0 +1,203 @@
+"""The shape of every mitmproxy internal proxy/mitm.py patches or reads, checked.
+
+A check names the symbol and says what was expected: that it exists, its parameters (names,
+kinds, which have defaults), that the code meant to call a replaced global still calls it by
+that name, that an attribute read from an instance is still set in `__init__`. It runs at
+start-up (a few milliseconds) and in tests/unit/test_mitm.py. proxy/layers.py's reach into the
+layer stack is checked here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import h2.connection
+import h2.stream
+from mitmproxy import addonmanager, connection, flow, http
+from mitmproxy.addons import proxyserver
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
+from mitmproxy.proxy.layers import HttpLayer
+from mitmproxy.proxy.layers.http import HTTPMode, _events, _http1, _http2
+from mitmproxy.utils import asyncio_utils
+
+
+class _Changed(Exception):
+    pass
+
+
+_CHECKS: list[tuple[str, Callable[[], None]]] = []
+
+
+def _checks(symbol: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    def register(check: Callable[[], None]) -> Callable[[], None]:
+        _CHECKS.append((symbol, check))
+        return check
+
+    return register
+
+
+def mismatches() -> list[str]:
+    """One line per symbol that is gone or changed shape; empty when all are as tested."""
+    found = []
+    for symbol, check in _CHECKS:
+        try:
+            check()
+        except _Changed as exc:
+            found.append(f"{symbol}: {exc}")
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            found.append(f"{symbol}: gone or changed ({type(exc).__name__}: {exc})")
+    return found
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Changed(what)
+
+
+def _params(fn: Callable[..., Any], expected: str) -> None:
+    """`expected` as `(a, b=, *, c=)`: names, kinds, and which have a default."""
+    parts, star = [], False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name + ("=" if p.default is not p.empty else ""))
+    found = f"({', '.join(parts)})"
+    _expect(found == expected, f"expected parameters {expected}, found {found}")
+
+
+def _names(fn: Callable[..., Any], *names: str) -> None:
+    """`fn`'s own code reads (or sets, as attributes) every one of `names`."""
+    missing = set(names) - set(fn.__code__.co_names)
+    _expect(not missing, f"no longer uses {', '.join(sorted(missing))}")
+
+
+def _fields(cls: type, *names: str) -> None:
+    found = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in found]
+    _expect(not missing, f"dataclass fields {missing} gone (has {found})")
+
+
+def _coroutine(fn: Callable[..., Any]) -> None:
+    _expect(inspect.iscoroutinefunction(fn), "is no longer a coroutine function")
+
+
+# -- patched: upstream dials, error pages, listening sockets -------------------------------------
+
+
+@_checks("mitmproxy.proxy.server.asyncio.open_connection")
+def _server_dials() -> None:
+    _expect(isinstance(vars(server).get("asyncio"), type(asyncio)), "module has no `asyncio`")
+    _names(server.ConnectionHandler.open_connection, "asyncio", "open_connection")
+
+
+@_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")
+def _servers_bind() -> None:
+    _expect(isinstance(vars(mode_servers).get("asyncio"), type(asyncio)), "module has no `asyncio`")
+    _names(mode_servers.AsyncioServerInstance.listen, "asyncio", "start_server")
+
+
+@_checks("mitmproxy.proxy.layers.http._http1.make_error_response")
+def _http1_errors() -> None:
+    _params(_http1.make_error_response, "(status_code, message=)")
+    _names(_http1.Http1Server.send, "make_error_response")
+    _names(_http1.Http1Server.read_headers, "make_error_response")
+
+
+@_checks("mitmproxy.proxy.layers.http._http2.Http2Server._handle_event")
+def _http2_errors() -> None:
+    _expect("_handle_event" in vars(_http2.Http2Server), "no longer defined on Http2Server")
+    _params(_http2.Http2Server._handle_event, "(self, event)")
+    _params(_http2.Http2Server.is_open_for_us, "(self, stream_id)")
+    _names(_http2.Http2Connection.__init__, "h2_conn")
+    _names(h2.connection.H2Connection.__init__, "streams")
+    _expect(hasattr(h2.stream.H2StreamStateMachine(1), "headers_sent"),
+            "h2's H2StreamStateMachine has no headers_sent")
+    _fields(_events.ResponseProtocolError, "stream_id", "message", "code")
+    _fields(_events.ResponseHeaders, "stream_id", "response", "end_stream")
+    _fields(_events.ResponseData, "stream_id", "data")
+    _fields(_events.ResponseEndOfMessage, "stream_id")
+    _expect(isinstance(status_codes.NO_RESPONSE, int), "status_codes.NO_RESPONSE gone")
+
+
+# -- patched: per-request conveniences ----------------------------------------------------------
+
+
+@_checks("mitmproxy.http.MessageData.__post_init__")
+def _type_checks() -> None:
+    if not __debug__:  # under -O mitmproxy defines none: nothing to leave out
+        return
+    _expect("__post_init__" in vars(http.MessageData), "no longer defined on MessageData")
+    _params(http.MessageData.__post_init__, "(self)")
+    for cls in (http.RequestData, http.ResponseData):
+        _expect("__post_init__" not in vars(cls), f"{cls.__name__} defines its own")
+
+
+@_checks("mitmproxy.utils.asyncio_utils.set_task_debug_info")
+def _task_names() -> None:
+    _params(asyncio_utils.set_task_debug_info, "(task, *, name, client=)")
+    _names(asyncio_utils.create_task, "set_task_debug_info")
+    _names(asyncio_utils.set_current_task_debug_info, "set_task_debug_info")
+
+
+@_checks("mitmproxy.flow.uuid, mitmproxy.connection.uuid")
+def _ids() -> None:
+    for module in (flow, connection):
+        ids = vars(module).get("uuid")
+        # The uuid module, or (once installed) what stands in for it.
+        _expect(ids is uuid or callable(getattr(ids, "uuid4", None)),
+                f"{module.__name__} has no `uuid` module global")
+        try:
+            source = inspect.getsource(module)
+        except OSError:
+            raise _Changed(f"{module.__name__}: no source to check what it uses of uuid") from None
+        used = set(re.findall(r"\buuid\.(\w+)", source)) - {"uuid4"}
+        _expect(not used, f"{module.__name__} also uses uuid.{', uuid.'.join(sorted(used))}")
+
+
+@_checks("mitmproxy.addonmanager.AddonManager.handle_lifecycle")
+def _update_walk() -> None:
+    manager = addonmanager.AddonManager
+    for fn in (manager.handle_lifecycle, manager.trigger_event):
+        _params(fn, "(self, event)")
+        _coroutine(fn)
+    _names(manager.handle_lifecycle, "trigger_event", "UpdateHook")
+    _names(manager.__init__, "chain")
+
+
+# -- read: what the pipeline and proxy/layers.py need -------------------------------------------
+
+
+@_checks("mitmproxy.addons.proxyserver.Proxyserver.connections")
+def _connections() -> None:
+    _names(proxyserver.Proxyserver.__init__, "connections")
+    _names(server.ConnectionHandler.__init__, "client", "transports")
+    _params(server.ConnectionHandler.close_connection, "(self, connection, half_close=)")
+    _fields(server.ConnectionIO, "writer")
+
+
+@_checks("mitmproxy.connection.Server.address")
+def _server_address() -> None:
+    _fields(connection.Server, "address")
+
+
+@_checks("mitmproxy.proxy.mode_specs.ProxyMode")
+def _modes() -> None:
+    _params(mode_specs.ProxyMode.parse, "(spec)")
+    _params(mode_specs.ProxyMode.listen_host, "(self, default=)")
+    _params(mode_specs.ProxyMode.listen_port, "(self, default=)")
+
+
+@_checks("mitmproxy.proxy.context.Context.layers")
+def _layer_stack() -> None:
+    _names(context.Context.__init__, "layers")
+    _names(layer.NextLayer.__init__, "context", "layer")
+    _params(HttpLayer, "(context, mode)")
+    _expect(isinstance(HTTPMode.transparent, HTTPMode), "HTTPMode.transparent gone")
