@@ -1,0 +1,253 @@
+"""The import graph of sealgate.*, read from the source (AST, nothing executed).
+
+No cycles; nothing in the packages imports tests/ or bench/; no file anywhere imports the old
+top-level names `proxy`, `issuer`, `sandbox` (installed, they would be someone else's); and
+imports point downward only: the base modules in sealgate/ (files, hostname, audit, ...) import
+no part, issuer imports neither proxy nor sandbox, proxy does not import sandbox. sealgate.cli is
+the top and may import everything. Lazy imports (inside functions) and TYPE_CHECKING ones count:
+they are dependencies all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("proxy", "issuer", "sandbox")
+# Which part may not import which (sealgate.X -> forbidden prefixes); the base is every module
+# directly in sealgate/ but the CLI.
+FORBIDDEN = {
+    "sealgate.issuer": ("sealgate.proxy", "sealgate.sandbox"),
+    "sealgate.proxy": ("sealgate.sandbox",),
+}
+BASE_MAY_NOT = tuple(f"sealgate.{part}" for part in PARTS)
+TOP = "sealgate.cli"
+
+Graph = dict[str, set[str]]
+
+
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """Module name -> file for every .py under root/package (symlinked folders followed)."""
+    found: dict[str, Path] = {}
+    for directory, dirs, files in os.walk(root / package, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        base = Path(directory).relative_to(root).parts
+        for name in files:
+            if name.endswith(".py"):
+                stem = name[:-3]
+                parts = base if stem == "__init__" else (*base, stem)
+                found[".".join(parts)] = Path(directory) / name
+    return found
+
+
+def _imports(path: Path, module: str) -> Iterator[tuple[str, tuple[str, ...], int]]:
+    """(imported module, names taken from it, line) for every import statement in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, (), node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:  # relative: from the package, one level up per extra dot
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*anchor, target] if target else anchor)
+            yield target, tuple(alias.name for alias in node.names), node.lineno
+
+
+def graph(root: Path) -> tuple[Graph, dict[tuple[str, str], int]]:
+    """sealgate.* module -> the sealgate.* modules it imports; and the line of each edge."""
+    modules = _modules(root, "sealgate")
+    edges: Graph = {name: set() for name in modules}
+    lines: dict[tuple[str, str], int] = {}
+    for name, path in modules.items():
+        for target, names, line in _imports(path, name):
+            # `from a import b` imports module a.b when there is one, else a name of a.
+            hits = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+            if len(hits) < len(names) or not names:
+                hits.append(target)
+            for hit in hits:
+                if hit in modules and hit != name:
+                    edges[name].add(hit)
+                    lines.setdefault((name, hit), line)
+    return edges, lines
+
+
+def cycles(edges: Graph) -> list[list[str]]:
+    """Every strongly connected set of more than one module, each as one cycle through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members: set[str] = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                members.add(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                found.append(_one_cycle(edges, members))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _one_cycle(edges: Graph, members: set[str]) -> list[str]:
+    """A path from the first member back to itself, inside `members` (breadth first)."""
+    start = min(members)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(edges[node] & members):
+            if nxt == start:
+                return [*paths[node], start]
+            if nxt not in paths:
+                paths[nxt] = [*paths[node], nxt]
+                queue.append(nxt)
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected set has one
+
+
+def _describe(cycle: list[str], lines: dict[tuple[str, str], int]) -> str:
+    steps = [f"{a} (line {lines[(a, b)]})" for a, b in itertools.pairwise(cycle)]
+    return " -> ".join([*steps, cycle[-1]])
+
+
+def wrong_way(edges: Graph, lines: dict[tuple[str, str], int]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        part = next((p for p in BASE_MAY_NOT if module == p or module.startswith(p + ".")), None)
+        if part is not None:
+            forbidden = FORBIDDEN.get(part, ())
+        elif module != TOP:  # a base module in sealgate/, or sealgate/__init__
+            forbidden = BASE_MAY_NOT
+        else:
+            forbidden = ()
+        for target in sorted(targets):
+            if target.startswith(tuple(f + "." for f in forbidden) + forbidden):
+                bad.append(f"{module} imports {target} (line {lines[(module, target)]})")
+    return bad
+
+
+def outside_imports(root: Path, package: str, refused: tuple[str, ...]) -> list[str]:
+    """Imports in root/package whose top-level name is one of `refused`."""
+    bad = []
+    for name, path in sorted(_modules(root, package).items()):
+        for target, _, line in _imports(path, name):
+            if target.split(".")[0] in refused:
+                bad.append(f"{path.relative_to(root)}:{line} imports {target}")
+    return bad
+
+
+# -- the tree as it is ------------------------------------------------------------------------
+
+
+def test_no_import_cycles() -> None:
+    edges, lines = graph(ROOT)
+    found = [_describe(cycle, lines) for cycle in cycles(edges)]
+    assert not found, "import cycles:\n  " + "\n  ".join(found)
+
+
+def test_imports_point_downward() -> None:
+    edges, lines = graph(ROOT)
+    bad = wrong_way(edges, lines)
+    assert not bad, "wrong-way imports:\n  " + "\n  ".join(bad)
+
+
+def test_packages_import_neither_tests_nor_bench() -> None:
+    bad = outside_imports(ROOT, "sealgate", ("tests", "bench"))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_imports_the_old_top_level_names() -> None:
+    bad = [b for top in ("sealgate", "tests", "bench") for b in outside_imports(ROOT, top, PARTS)]
+    assert not bad, "import sealgate.proxy, sealgate.issuer, sealgate.sandbox:\n" + "\n".join(bad)
+
+
+def test_bench_does_not_import_tests() -> None:
+    bad = outside_imports(ROOT, "bench", ("tests",))
+    assert not bad, "\n".join(bad)
+
+
+def test_every_module_is_seen() -> None:
+    # The walk follows sealgate/'s symlinks: the parts are in the graph, not only the base.
+    edges, _ = graph(ROOT)
+    for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.keys",
+                   "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver"):
+        assert module in edges
+    assert "sealgate.proxy.pipeline" in edges["sealgate.proxy.master"]
+
+
+# -- the checks themselves, on planted trees --------------------------------------------------
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_planted_cycle_is_found_and_listed(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "sealgate/__init__.py": "",
+        "sealgate/proxy/__init__.py": "",
+        "sealgate/proxy/a.py": "from sealgate.proxy import b\n",
+        "sealgate/proxy/b.py": "def f():\n    from . import c\n",  # lazy, relative
+        "sealgate/proxy/c.py": "import sealgate.proxy.a\n",
+        "sealgate/proxy/d.py": "from sealgate.proxy.a import x\n",  # into it, not part of it
+    })
+    edges, lines = graph(root)
+    [cycle] = cycles(edges)
+    assert cycle == ["sealgate.proxy.a", "sealgate.proxy.b", "sealgate.proxy.c",
+                     "sealgate.proxy.a"]
+    assert _describe(cycle, lines) == (
+        "sealgate.proxy.a (line 1) -> sealgate.proxy.b (line 2) -> sealgate.proxy.c (line 1) "
+        "-> sealgate.proxy.a"
+    )
+
+
+def test_planted_wrong_way_and_outside_imports_are_found(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "sealgate/__init__.py": "",
+        "sealgate/files.py": "from sealgate.proxy import x\n",
+        "sealgate/cli.py": "from sealgate.sandbox import y\n",  # the top: allowed
+        "sealgate/issuer/__init__.py": "from sealgate.issuer.keys import k\n",  # its own: fine
+        "sealgate/issuer/keys.py": "import sealgate.proxy.x\nfrom tests.harness import free_port\n",
+        "sealgate/proxy/__init__.py": "",
+        "sealgate/proxy/x.py": "from sealgate.sandbox import y\nfrom proxy import old\n",
+        "sealgate/sandbox/__init__.py": "",
+        "sealgate/sandbox/y.py": "from sealgate.proxy import x\n",  # sandbox may use proxy
+    })
+    edges, lines = graph(root)
+    assert wrong_way(edges, lines) == [
+        "sealgate.files imports sealgate.proxy.x (line 1)",
+        "sealgate.issuer.keys imports sealgate.proxy.x (line 1)",
+        "sealgate.proxy.x imports sealgate.sandbox.y (line 1)",
+    ]
+    assert outside_imports(root, "sealgate", ("tests", "bench")) == [
+        "sealgate/issuer/keys.py:2 imports tests.harness"
+    ]
+    assert outside_imports(root, "sealgate", PARTS) == ["sealgate/proxy/x.py:2 imports proxy"]
