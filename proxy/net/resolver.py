@@ -23,6 +23,17 @@ Choices worth knowing:
   stream is connected to the server, so a mismatch there is ``dns_error``.
 * CNAME chains are followed only inside the answer section (depth 8); no extra
   queries are made, so a reply cannot steer the client to other servers.
+
+Why the wire exchange is written here and not dnspython's `asyncquery` (judged for
+issue 10; dnspython 2.7 measured in place of `_ask`, the rest of this module kept):
+dnspython matches replies as this does (id, question, source; 35 of the 36
+tests in tests/unit/test_resolver.py pass with it, spoofed replies included),
+but it would be a second DNS library, not a replacement: dnslib stays for the
+sandbox's name server (sandbox/dns.py) and the tests' stub. It does not report
+an ICMP "port unreachable", so a server that is down costs each try its whole
+timeout (`dns_timeout`) instead of failing at once (`dns_error`), the one test
+that fails. And a cold query costs about 1.8 times this one (UDP 360 against
+200 µs, TCP 520 against 290 µs, on loopback). It would save about 100 lines.
 """
 
 from __future__ import annotations
