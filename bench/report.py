@@ -218,8 +218,21 @@ def publish(
     chart = docs / f"{stem}.png"
     draw(chart)
     document = docs / f"{stem}.md"
-    document.write_text(render(chart))
+    document.write_text(render(chart).rstrip("\n") + "\n" + _hand_written(document))
     return f"wrote {document} and {chart}"
+
+
+# The line from which a document is written by hand; publish() keeps it and what follows.
+HAND_WRITTEN = "<!-- Written by hand from here on: kept when the benchmark rewrites the file. -->"
+
+
+def _hand_written(document: Path) -> str:
+    try:
+        text = document.read_text()
+    except FileNotFoundError:
+        return ""
+    at = text.find(HAND_WRITTEN)
+    return "" if at < 0 else "\n" + text[at:]
 
 
 # -- charts -----------------------------------------------------------------------------------
