@@ -73,12 +73,19 @@ class RequestFacts:
     proxy_auth: list[str]
     tokens: list[str]
     length: int | None  # a declared Content-Length
-    chunked: bool
+    chunked: bool  # a body of unknown length: chunked, or HTTP/2 and 3 without Content-Length
+    # CR, LF or NUL in the method, the target or a field. HTTP/2 does not refuse them in values,
+    # mitmproxy writes them verbatim into the HTTP/1 request it makes of an HTTP/2 one, and
+    # HTTP/1 parsers split on a bare CR: a second request, carrying the injected credential,
+    # would reach the origin past every rule.
+    malformed: bool
 
     @classmethod
-    def of(cls, headers: http.Headers) -> RequestFacts:
-        facts = cls([], [], None, False)
-        for raw_name, raw_value in headers.fields:
+    def of(cls, request: http.Request) -> RequestFacts:
+        facts = cls([], [], None, False, _unsafe(request.data.method) or _unsafe(request.data.path))
+        for raw_name, raw_value in request.headers.fields:
+            if _unsafe(raw_value) or _unsafe(raw_name):
+                facts.malformed = True
             name = raw_name.lower()
             if name == b"proxy-authorization":
                 facts.proxy_auth.append(raw_value.decode("latin-1"))
@@ -88,7 +95,19 @@ class RequestFacts:
                 facts.length = int(raw_value)
             elif name == b"transfer-encoding":
                 facts.chunked = True
+        if facts.length is None and (request.is_http2 or request.is_http3):
+            # Frames carry the body, with no length unless the client declared one.
+            facts.chunked = True
         return facts
+
+
+def unsafe_fields(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
+    """Whether any field name or value holds CR, LF or NUL."""
+    return any(_unsafe(name) or _unsafe(value) for name, value in fields)
+
+
+def _unsafe(raw: bytes) -> bool:
+    return b"\r" in raw or b"\n" in raw or b"\0" in raw
 
 
 def stream_request(

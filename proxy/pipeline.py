@@ -41,6 +41,7 @@ from sealgate.proxy.flowstate import (
     RequestFacts,
     Verdict,
     stream_request,
+    unsafe_fields,
 )
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.net import guard as guardmod
@@ -219,7 +220,7 @@ class Sealgate:
         try:
             if conn.blocked is not None:
                 raise conn.blocked
-            facts = RequestFacts.of(request.headers)
+            facts = RequestFacts.of(request)
             # identify
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
             self._admit(conn, verdict, identity)
@@ -228,6 +229,8 @@ class Sealgate:
             host, port = guardmod.request_target(request, conn.target, transparent)
             verdict.host, verdict.port = host.name, port
             verdict.path = normalize_path(request.path)
+            if facts.malformed:  # after the names, whose own reasons are more precise
+                raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
             # decide
             decision, policy = self._decide(verdict, Question(
                 identity, host, port, "https" if request.scheme == "https" else "http",
@@ -257,17 +260,25 @@ class Sealgate:
                 verdict.decision = "allow"
 
     def request(self, flow: http.HTTPFlow) -> None:
-        """Signatures over the body, once the whole body is here."""
+        """Trailers checked like headers, and signatures over the body, once the whole body is
+        here."""
         signed: list[Credential] | None = flow.metadata.pop(PENDING, None)
-        if not signed or flow.response is not None:
+        if flow.response is not None:
             return
         try:
-            for cred in signed:
+            if (trailers := flow.request.trailers) is not None:
+                if unsafe_fields(trailers.fields):
+                    raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in a trailer")
+                guardmod.strip_upstream_headers(trailers)
+            for cred in signed or ():
                 # Recorded (and the scrubber armed) in requestheaders.
                 put(flow.request, cred)
         except Exception as exc:
-            denial = _refusal(exc, "signing a request")
+            denial = _refusal(exc, "finishing a request")
             self._deny(flow, flow.metadata[META], denial, self._conn(flow.client_conn))
+            if flow.request.stream:
+                # The body went out already; killed, the rest of it (trailers) does not.
+                flow.kill()
 
     async def _inject(
         self, flow: http.HTTPFlow, facts: RequestFacts, conn: Conn, policy: Policy,

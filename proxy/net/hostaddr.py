@@ -141,9 +141,11 @@ class HostAddresses:
         """None, HOST_ADDRESS or SANDBOX_NETWORK. OSError when the kernel cannot be asked."""
         mapped = address.ipv4_mapped if isinstance(address, IPv6Address) else None
         dialed = mapped or address  # what connect() is given for a mapped address
-        if not (dialed.is_loopback or dialed.is_unspecified) and self._routes.delivered_here(
-            dialed
-        ):
+        if dialed.is_unspecified:
+            # connect() turns 0.0.0.0 and :: into the host itself, loopback services included,
+            # which an allow_networks entry for 0.0.0.0/8 must not open.
+            return HOST_ADDRESS
+        if not dialed.is_loopback and self._routes.delivered_here(dialed):
             return HOST_ADDRESS
         inner = embedded_ipv4(dialed) if isinstance(dialed, IPv6Address) else None
         for candidate in (dialed, inner):

@@ -52,8 +52,10 @@ def test_route_lookup(routes: LocalRoutes, address: str, local: bool) -> None:
     [
         ("127.0.0.1", None),  # loopback: left to the table and allow_networks
         ("::ffff:127.0.0.1", None),
-        ("0.0.0.0", None),  # connect() makes it loopback: likewise
-        ("::", None),
+        # connect() makes it the host itself: never opened, unlike loopback (review F8)
+        ("0.0.0.0", HOST_ADDRESS),
+        ("::", HOST_ADDRESS),
+        ("::ffff:0.0.0.0", HOST_ADDRESS),
         ("10.200.0.2", SANDBOX_NETWORK),
         ("10.200.255.253", SANDBOX_NETWORK),
         ("::ffff:10.200.0.2", SANDBOX_NETWORK),
