@@ -8,11 +8,10 @@ when the file is checked rather than when a request fails.
 
 from __future__ import annotations
 
-import re
 from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_network
 from typing import Final
 
-from sealgate.hostname import Host, HostError, canonical_host, denied_name
+from sealgate.hostname import Host, HostError, canonical_name, denied_name
 from sealgate.proxy.net.addresses import METADATA_ADDRESSES
 from sealgate.proxy.policy.model import ANY_HOST
 from sealgate.yamlfile import show
@@ -22,7 +21,6 @@ __all__ = ["Lint", "TargetError", "host_pattern", "network"]
 # (code, message): see docs/rules.md for the codes.
 Lint = tuple[str, str]
 
-_BARE_IPV6: Final = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
 # For a warning only: the address layer refuses these whatever allow_networks says.
 _METADATA_FORMS: Final = (
     *METADATA_ADDRESSES,
@@ -43,10 +41,8 @@ def host_pattern(raw: str) -> tuple[str, list[Lint]]:
     body = raw[2:] if wildcard else raw
     if "*" in body:
         raise TargetError("'*' is only allowed alone or as a leading '*.'")
-    # canonical_host reads authorities, where IPv6 is bracketed; rules may omit the brackets.
-    text = f"[{body}]" if _BARE_IPV6.fullmatch(body) else body
     try:
-        host = canonical_host(text)
+        host = canonical_name(body)  # rules may write an IPv6 address without brackets
     except HostError as exc:
         # Not echoed: a pasted URL may carry userinfo. hostname.py words its errors safely.
         raise TargetError(f"invalid host: {exc}") from None
