@@ -53,6 +53,14 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
     fields = response.headers.fields
     if (scrubbed := scrubber.fields(fields)) is not fields:
         response.headers.fields = scrubbed
+    names = b"\n".join(name for name, _ in scrubbed)
+    if scrubber.data(names) != names:
+        # A name cannot be masked into a valid one: such a field is dropped.
+        response.headers.fields = tuple((n, v) for n, v in scrubbed if scrubber.data(n) == n)
+    if response.data.reason and (reason := scrubber.data(response.data.reason)) != (
+        response.data.reason
+    ):
+        response.data.reason = reason
     if _stream_if_large(response):
         _stream_scrubbed(flow, response, scrubber, emit)
     # else: buffered, and scrubbed whole in on_response

@@ -91,6 +91,8 @@ class EchoOrigin:
             auth = headers.get("authorization", "")
             if path == "/headers":
                 self._headers(sock, auth)
+            elif path == "/status":
+                self._status(sock, auth)
             elif path == "/sse":
                 self._sse(sock, auth)
             elif path.startswith("/ws"):
@@ -102,6 +104,15 @@ class EchoOrigin:
         sock.sendall(
             f"HTTP/1.1 200 OK\r\nX-Echo: {auth}\r\nWWW-Authenticate: {auth}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        )
+
+    @staticmethod
+    def _status(sock: ssl.SSLSocket, auth: str) -> None:
+        """The credential in the reason phrase and in a header's name."""
+        secret = auth.removeprefix("Bearer ")
+        sock.sendall(
+            f"HTTP/1.1 401 {auth}\r\nX-{secret}: 1\r\nX-Kept: yes\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
         )
 
     @staticmethod

@@ -101,6 +101,22 @@ def test_an_echo_in_response_headers_is_masked(eproxy: Proxy, origin: EchoOrigin
     assert response.headers["www-authenticate"].startswith("Bearer [REDACTED]")
 
 
+def test_an_echo_in_the_reason_phrase_or_a_header_name_does_not_reach_the_client(
+    eproxy: Proxy, origin: EchoOrigin
+) -> None:
+    with connect(eproxy, origin) as sock:
+        get(sock, "/status")
+        sock.settimeout(5)
+        raw = b""
+        while b"\r\n\r\n" not in raw and len(raw) < 65536:
+            if not (chunk := sock.recv(65536)):
+                break
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 401 Bearer [REDACTED]"), raw
+    assert SECRET.encode() not in raw
+    assert b"x-kept: yes" in raw.lower()
+
+
 def test_an_echo_in_response_trailers_is_masked(eproxy: Proxy, origin: EchoOrigin) -> None:
     """Over HTTP/2 (mitmproxy implements HTTP/1 trailers not at all: such a response breaks
     off, which leaks nothing): the trailer is scrubbed like a header."""
