@@ -74,7 +74,8 @@ class StartupReport:
             return
         ps = ctx.master.addons.get("proxyserver")
         sealgate = ctx.master.addons.get("sealgate")
-        rules = sealgate.rules if sealgate is not None else None
+        state = sealgate.settings if sealgate is not None else None
+        rules = state.rules if state is not None else None
         lines = ["sealgate proxy ready"]
         for address in ps.listen_addrs():
             lines.append(f"  listening  {format_hostport(address[0], address[1])}")
@@ -90,7 +91,7 @@ class StartupReport:
                          f"{rules.default_policy or 'deny everything'}")
             for warning in rules.warnings:
                 lines.append(f"    warning  {warning}")
-        guard = sealgate.guard if sealgate is not None else None
+        guard = state.guard if state is not None else None
         if guard is not None:
             servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
             lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
