@@ -12,6 +12,7 @@ from typing import Any
 from mitmproxy import http
 
 from sealgate.hostname import Host
+from sealgate.hostport import format_hostport
 from sealgate.proxy.credentials.scrub import Scrubber
 from sealgate.proxy.flowstate import SCRUB, Conn, Verdict, header
 
@@ -65,7 +66,7 @@ def connection_line(connection_id: str, conn: Conn) -> dict[str, Any]:
 
 
 def target_text(target: tuple[Host, int] | None) -> str | None:
-    return None if target is None else f"{target[0].name}:{target[1]}"
+    return None if target is None else format_hostport(target[0].name, target[1])
 
 
 def _body_size(response: http.Response | None) -> int:

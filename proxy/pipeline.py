@@ -109,10 +109,7 @@ class Sealgate:
         while True:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
             state = self.settings
-            path = ctx.options.sealgate_rules
-            if state is not None and (
-                settings.rules_stamp(path, state.rules) != state.rules_stamp
-            ):
+            if state is not None and state.rules_seen.changed():
                 self.reload()
 
     # -- connections ----------------------------------------------------------------------

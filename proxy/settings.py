@@ -10,7 +10,6 @@ changed) goes the same way.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from sealgate.proxy.net.resolver import Resolver
 from sealgate.proxy.policy.model import RuleSet
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from sealgate.proxy.registry import SourceRegistry
+from sealgate.watch import Snapshot
 
 logger = logging.getLogger("sealgate")
 
@@ -47,7 +47,9 @@ _GUARD_OPTIONS = {"sealgate_resolver", "sealgate_sandbox_networks", "mode", "lis
 @dataclass(frozen=True)
 class Settings:
     rules: RuleSet
-    rules_stamp: tuple[float, ...]  # the rules path and files as loaded: a change means reload
+    # The rules path and files as they were when loaded (a file added to a rules directory
+    # changes the directory): a change means reload.
+    rules_seen: Snapshot
     identifier: Identifier
     broker: Broker
     tokenizer: Tokenizer | None  # None: this proxy holds no token keys, tokens are refused
@@ -115,14 +117,14 @@ def configure(current: Settings | None, updated: set[str], opts: Any) -> Setting
     )
     if current is None or _RULES_OPTIONS & updated:
         try:
-            rules, stamp, identifier = load(opts, broker)
+            rules, seen, identifier = load(opts, broker)
         except RulesError as exc:
             raise exceptions.OptionsError(f"sealgate: cannot load rules: {exc}") from exc
     else:
-        rules, stamp, identifier = current.rules, current.rules_stamp, current.identifier
+        rules, seen, identifier = current.rules, current.rules_seen, current.identifier
     audit = _audit(opts) if current is None or _AUDIT_OPTIONS & updated else current.audit
     guard = _guard(opts) if current is None or _GUARD_OPTIONS & updated else current.guard
-    return Settings(rules, stamp, identifier, broker, tokenizer, audit, guard,
+    return Settings(rules, seen, identifier, broker, tokenizer, audit, guard,
                     bool(opts.ssl_insecure))
 
 
@@ -141,12 +143,12 @@ def reload(current: Settings, opts: Any) -> Settings:
             tokenizer = Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
         except KeyFileError as exc:
             logger.error("sealgate: token keys reload failed, keeping the previous: %s", exc)
-    rules, stamp, identifier = load(opts, current.broker)
-    return replace(current, rules=rules, rules_stamp=stamp, identifier=identifier,
+    rules, seen, identifier = load(opts, current.broker)
+    return replace(current, rules=rules, rules_seen=seen, identifier=identifier,
                    tokenizer=tokenizer)
 
 
-def load(opts: Any, broker: Broker) -> tuple[RuleSet, tuple[float, ...], Identifier]:
+def load(opts: Any, broker: Broker) -> tuple[RuleSet, Snapshot, Identifier]:
     path = Path(opts.sealgate_rules)
     rules = load_rules(path)
     try:
@@ -156,18 +158,7 @@ def load(opts: Any, broker: Broker) -> tuple[RuleSet, tuple[float, ...], Identif
     registry = SourceRegistry(Path(opts.sealgate_state) / "registry.json")
     for warning in rules.warnings:
         logger.warning("sealgate: rules warning: %s", warning)
-    return rules, rules_stamp(path, rules), Identifier(rules, registry)
-
-
-def rules_stamp(path: Path, rules: RuleSet) -> tuple[float, ...]:
-    # The rules path itself too: a file added to a rules directory changes its mtime.
-    stamps: list[float] = []
-    for one in (path, *rules.sources):
-        try:
-            stamps.append(os.stat(one).st_mtime)
-        except OSError:
-            stamps.append(-1.0)
-    return tuple(stamps)
+    return rules, Snapshot.take((path, *rules.sources)), Identifier(rules, registry)
 
 
 def _broker(opts: Any) -> Broker:

@@ -22,6 +22,7 @@ from typing import Final
 from mitmproxy import http
 
 from sealgate.hostname import Host, HostError, denied_name, split_authority
+from sealgate.hostport import format_hostport
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.net.addresses import METADATA, IPAddress
 from sealgate.proxy.net.hostaddr import (
@@ -159,16 +160,12 @@ def request_target(
     # mitmproxy has parsed the request-target before any hook and kept no raw form of it
     # (`:0` and `:0080` come out as 80), so the Host header, which HTTP/1.1 requires anyway
     # (RFC 9112 3.2), is the spelling that gets checked, and the URI must agree with it.
-    uri_host, uri_port = parse_target(_authority(request.host, request.port), default_port)
+    uri_host, uri_port = parse_target(format_hostport(request.host, request.port), default_port)
     if header is None:
         raise Denial(Reason.BAD_REQUEST, "a Host header is required")
     if parse_target(header, default_port) != (uri_host, uri_port):
         raise Denial(Reason.NAME_MISMATCH, "Host header does not match the request URI")
     return uri_host, uri_port
-
-
-def _authority(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def strip_upstream_headers(headers: http.Headers) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sealgate.hostname import Host, denied_name
+from sealgate.hostport import format_hostport
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.net.addresses import IPAddress
 from sealgate.proxy.policy.model import Policy, Rule, RuleSet, tunnels
@@ -95,11 +96,11 @@ def decide(rules: RuleSet, question: Question) -> Decision:
     rule = None
     if q.method is None:
         matched = bool(host_rules)
-        where = f"{q.host.name}:{q.port}"
+        where = format_hostport(q.host.name, q.port)
     else:
         rule = policy.match(q.host, q.port, q.method, q.path or "/")
         matched = rule is not None
-        where = f"{q.method} {q.host.name}:{q.port}{q.path or '/'}"
+        where = f"{q.method} {format_hostport(q.host.name, q.port)}{q.path or '/'}"
     verdict: Verdict = "allow"
     reason: Reason | None = None
     if not matched:
