@@ -33,6 +33,8 @@ from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
+    HttpEvent,
+    RequestHeaders,
     ResponseData,
     ResponseEndOfMessage,
     ResponseHeaders,
@@ -74,6 +76,9 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
     _http1.make_error_response = upstream.error_response
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
+    )
+    _http1.Http1Client.send = _framed_for_http1(  # type: ignore[method-assign, assignment]
+        _http1.Http1Client.send
     )
     # Type-checks every field of every Request and Response against its annotation (only
     # `if __debug__`); the values come from mitmproxy's own parser. Running everything with -O
@@ -122,6 +127,29 @@ def _json_errors(handle: _Handler) -> _Handler:
     return handle_event
 
 
+_Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
+
+
+def _framed_for_http1(send: _Send) -> _Send:
+    """mitmproxy writes an HTTP/2 or 3 request into HTTP/1 with the body that follows unframed
+    when the client declared no Content-Length, so the origin reads the body's bytes as the
+    next request (carrying, from sealgate, the credential of the one that was allowed). A body
+    of unknown length goes chunked, as RFC 9112 has an intermediary frame it."""
+
+    @functools.wraps(send)
+    def framed(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
+        if isinstance(event, RequestHeaders) and not event.end_stream:
+            request = event.request
+            if (request.is_http2 or request.is_http3) and not (
+                "content-length" in request.headers or "transfer-encoding" in request.headers
+            ):
+                # Set on the request itself: mitmproxy decides each chunk's framing from it.
+                request.headers["transfer-encoding"] = "chunked"
+        yield from send(self, event)
+
+    return framed
+
+
 def skip_update_walk(addons: addonmanager.AddonManager) -> bool:
     """After each flow event mitmproxy walks the addon chain once more with an `update` event,
     which only UIs handle. With no addon handling it, send lifecycle events straight to the
@@ -158,7 +186,9 @@ def listen_endpoints(
         mode = mode_specs.ProxyMode.parse(spec)
         port = mode.listen_port(listen_port)
         if port is not None:
-            endpoints.append((mode.listen_host(listen_host) or "0.0.0.0", port))  # noqa: S104
+            # mitmproxy keeps an IPv6 host's brackets; the guard compares bare addresses.
+            host = (mode.listen_host(listen_host) or "0.0.0.0").strip("[]")  # noqa: S104
+            endpoints.append((host, port))
     return endpoints
 
 

@@ -111,6 +111,14 @@ def _http1_errors() -> None:
     _names(_http1.Http1Server.read_headers, "make_error_response")
 
 
+@_checks("mitmproxy.proxy.layers.http._http1.Http1Client.send")
+def _http1_framing() -> None:
+    _params(_http1.Http1Client.send, "(self, event)")
+    # Each chunk's framing is read from the request the headers event carried.
+    _names(_http1.Http1Client.send, "request", "headers", "get", "is_http2", "is_http3")
+    _fields(_events.RequestHeaders, "stream_id", "request", "end_stream")
+
+
 @_checks("mitmproxy.proxy.layers.http._http2.Http2Server._handle_event")
 def _http2_errors() -> None:
     _expect("_handle_event" in vars(_http2.Http2Server), "no longer defined on Http2Server")

@@ -26,7 +26,7 @@ from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.issuer import TokenError
-from sealgate.proxy import layers, responses, settings
+from sealgate.proxy import layers, mitm, responses, settings
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
@@ -357,7 +357,7 @@ class Sealgate:
         # its name so keep-alive reuse keeps working although we dialed the pinned IP.
         original = self._pinned.pop(data.server.id, None)
         if original is not None:
-            object.__setattr__(data.server, "address", original)
+            mitm.restore_address(data.server, original)
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._pinned.pop(data.server.id, None)

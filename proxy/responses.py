@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from mitmproxy import ctx, http
+from mitmproxy import http
 
+from sealgate.proxy import mitm
 from sealgate.proxy.credentials.scrub import Scrubber, Undecodable, decode_whole, decoder
 from sealgate.proxy.flowstate import META, SCRUB, STREAM_OVER, header
 from sealgate.proxy.net import guard
@@ -145,7 +146,7 @@ def _stream_scrubbed(
             failed = True
             emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
                  reason=Reason.of(exc.reason), encoding=encoding[:64])
-            _cut_off(flow)
+            mitm.cut_off(flow)
             return []
 
     response.stream = stream
@@ -185,19 +186,3 @@ def _stream_if_large(response: http.Response) -> bool:
         response.stream = True
         return True
     return False
-
-
-def _cut_off(flow: http.HTTPFlow) -> None:
-    """Close the client's connection now, in the middle of a streamed response. mitmproxy has
-    no hook for that; raising from a stream function would leave the client waiting for the
-    rest until the idle timeout, and letting the stream end would tell it the body was whole.
-    The writer is closed at once, so not even the end of the chunked body gets out."""
-    flow.kill()
-    server = ctx.master.addons.get("proxyserver")
-    handler = server.connections.get(flow.client_conn.id) if server is not None else None
-    if handler is None:
-        return
-    io = handler.transports.get(handler.client)
-    if io is not None and io.writer is not None:
-        io.writer.close()
-    handler.close_connection(handler.client)

@@ -17,10 +17,10 @@ from typing import Any
 
 from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
-from mitmproxy.proxy import mode_specs
 
 from sealgate.audit import AuditLog
 from sealgate.issuer.keys import KeyFileError, Keyring
+from sealgate.proxy import mitm
 from sealgate.proxy.credentials.broker import Broker
 from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, open_store
 from sealgate.proxy.credentials.tokenizer import Tokenizer
@@ -194,16 +194,7 @@ def _guard(opts: Any) -> Guard:
     except ValueError as exc:
         raise exceptions.OptionsError(f"sealgate: resolver: {exc}") from exc
     try:
-        return Guard(resolver, _listen_endpoints(opts), opts.sealgate_sandbox_networks)
+        endpoints = mitm.listen_endpoints(opts.mode, opts.listen_host, opts.listen_port)
+        return Guard(resolver, endpoints, opts.sealgate_sandbox_networks)
     except (ValueError, OSError) as exc:
         raise exceptions.OptionsError(f"sealgate: guard: {exc}") from exc
-
-
-def _listen_endpoints(opts: Any) -> list[tuple[str, int]]:
-    endpoints = []
-    for spec in opts.mode:
-        mode = mode_specs.ProxyMode.parse(spec)
-        port = mode.listen_port(opts.listen_port)
-        if port is not None:
-            endpoints.append((mode.listen_host(opts.listen_host) or "0.0.0.0", port))  # noqa: S104
-    return endpoints

@@ -190,7 +190,6 @@ def test_a_bare_cr_in_an_http1_field_is_refused(
     assert origin.received == [], origin.data
 
 
-@pytest.mark.xfail(strict=True, reason="mitmproxy writes it unframed; the framing patch is next")
 def test_an_http2_body_without_a_length_is_framed_for_http1(
     sproxy: Proxy, origin: RecordingOrigin, clean: None
 ) -> None:
