@@ -152,21 +152,28 @@ class Reason(StrEnum):
         "decoded_too_large", 502, "a response chunk decoding past the bomb limit",
     )
     # -- secret stores, keys, rules (configuration) ----------------------------------------
+    SECRET_ERROR = ("secret_error", 503, "a secret store failure (the base of the secret codes)")
     SECRET_NOT_FOUND = ("secret_not_found", 503, "the store has no such secret")
     SECRET_DENIED = ("secret_denied", 503, "the store refuses the proxy's credentials")
     SECRET_CONFIG = ("secret_config", 500, "a secret store's configuration is unusable")
     KEY_FILE_PERMISSIONS = ("key_file_permissions", 500, "a private key file others can read")
+    KEY_FILE_INVALID = ("key_file_invalid", 500, "a key file or key directory that cannot be used")
     NO_KEYS = ("no_keys", 500, "a key directory without keys")
     RULES_INVALID = ("rules_invalid", 500, "a rules file that does not load")
     PATH_PATTERN_INVALID = ("path_pattern_invalid", 500, "a rule's path pattern that cannot match")
+    CALLERS_FILE_INVALID = ("callers_file_invalid", 500, "a callers file that does not load")
     # -- the issuer service ----------------------------------------------------------------
+    MINT_REFUSED = ("mint_refused", 400, "a mint request refused (the base of the issuer's codes)")
     UNAUTHENTICATED = ("unauthenticated", 401, "no or a wrong caller key")
     RATE_LIMITED = ("rate_limited", 429, "the caller's minting rate is spent")
     BODY_TOO_LARGE = ("body_too_large", 413, "a mint request over the size limit")
-    BAD_JSON = ("bad_json", 400, "a mint request that is not a JSON object")
+    BAD_JSON = ("bad_json", 400, "a mint or registration body that is not a JSON object")
     UNKNOWN_FIELD = ("unknown_field", 400, "a field the mint request does not have")
     MISSING_FIELD = ("missing_field", 400, "a required field missing")
     INVALID_REQUEST = ("invalid_request", 400, "a mint request whose values break its rules")
+    NOT_PERMITTED = (
+        "not_permitted", 403, "a mint outside the caller's entry (the base of the five below)",
+    )
     HOST_NOT_PERMITTED = ("host_not_permitted", 403, "a host the caller may not mint for")
     PROCESSOR_NOT_PERMITTED = (
         "processor_not_permitted", 403, "a processor the caller may not mint",
@@ -174,6 +181,16 @@ class Reason(StrEnum):
     TTL_TOO_LONG = ("ttl_too_long", 403, "a lifetime over the caller's maximum")
     BINDING_REQUIRED = ("binding_required", 403, "the caller must bind its tokens")
     BINDING_NOT_PERMITTED = ("binding_not_permitted", 403, "a binding the caller may not give")
+    # -- the control API (sandbox registration, a local socket) ----------------------------
+    UNKNOWN_SANDBOX = ("unknown_sandbox", 404, "a sandbox the rules do not name")
+    BAD_ADDRESS = ("bad_address", 400, "a source address that is not an IP address")
+    REGISTRY_UNAVAILABLE = ("registry_unavailable", 503, "the source registry cannot be written")
+    NOT_REGISTERED = ("not_registered", 404, "no sandbox is registered for that address")
+    # -- the sandbox runtime (exits with a message; never an HTTP answer) ------------------
+    SANDBOX_FAILED = (
+        "sandbox_failed", 500,
+        "a sandbox could not be set up or started (network, firewall, cgroup, seccomp)",
+    )
 
 
 _BY_CODE: dict[str, Reason] = {member.value: member for member in Reason}
