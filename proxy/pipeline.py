@@ -249,7 +249,7 @@ class Sealgate:
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
-            self._deny(flow, verdict, Denial(Reason.of(exc.reason), str(exc)), conn)
+            self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
         except Exception as exc:
             self._deny(flow, verdict, _refusal(exc, "deciding a request"), conn)
         else:
@@ -319,7 +319,7 @@ class Sealgate:
         try:
             return tokenizer.authorise(tokens, request)
         except TokenError as exc:
-            raise Denial(Reason.of(exc.reason), str(exc)) from None
+            raise Denial(exc.reason, str(exc)) from None
 
     # -- upstream connections -------------------------------------------------------------
 
@@ -480,4 +480,4 @@ def _canonical(name: str) -> Host:
     try:
         return canonical_host(f"[{name}]" if ":" in name else name)
     except HostError as exc:
-        raise Denial(Reason.of(exc.reason), str(exc)) from exc
+        raise Denial(exc.reason, str(exc)) from exc

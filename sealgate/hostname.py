@@ -17,6 +17,8 @@ from typing import Final, NoReturn
 
 import idna
 
+from sealgate.reasons import Reason, SealgateError
+
 __all__ = [
     "WILDCARD",
     "Host",
@@ -57,17 +59,17 @@ _AT_SIGNS: Final = ("@", "\ufe6b", "\uff20")
 _SHOW_MAX: Final = 100
 
 
-class HostError(ValueError):
-    """A host or authority we refuse to interpret. `reason` is the machine code.
+class HostError(SealgateError, ValueError):
+    """A host or authority we refuse to interpret; `reason` says why (a `host_*` code or
+    `port_invalid`, all answered 400).
 
     The message names what is wrong. It echoes the input only where that cannot leak a secret:
     never for userinfo, and for a bad character only the text before it (so a path or query
     pasted into the host is not repeated).
     """
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message, reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +87,11 @@ class Host:
 def canonical_host(raw: str) -> Host:
     """Canonicalise a host as written in an authority (no port; IPv6 literals bracketed)."""
     if not raw:
-        raise HostError("host_empty", "host is empty")
+        raise HostError(Reason.HOST_EMPTY, "host is empty")
     if any(sign in raw for sign in _AT_SIGNS):
         raise _userinfo()
     if len(raw) > _MAX_RAW:
-        raise HostError("host_too_long", f"host is {len(raw)} characters long")
+        raise HostError(Reason.HOST_TOO_LONG, f"host is {len(raw)} characters long")
     if raw[0] == "[":
         return _bracketed(raw)
     if raw.isascii():
@@ -101,25 +103,25 @@ def canonical_host(raw: str) -> Host:
     if text.endswith("."):
         text = text[:-1]
     if not text:
-        raise HostError("host_empty", "host is empty")
+        raise HostError(Reason.HOST_EMPTY, "host is empty")
     labels = text.split(".")
     if "" in labels:
-        raise HostError("host_empty_label", f"host {_show(raw)} has an empty label")
+        raise HostError(Reason.HOST_EMPTY_LABEL, f"host {_show(raw)} has an empty label")
     if len(text) > _MAX_NAME or any(len(label) > _MAX_LABEL for label in labels):
         raise HostError(
-            "host_too_long",
+            Reason.HOST_TOO_LONG,
             f"host {_show(raw)} exceeds {_MAX_NAME} octets or has a label over {_MAX_LABEL}",
         )
     # Only "xn--" labels are held to IDNA. Other ASCII labels get no hyphen-position rules: real
     # names such as "rr3---sn-abc.googlevideo.com" break them, and DNS only needs LDH (plus "_",
     # as in SRV-style names), which the character check has enforced.
     if raw.isascii() and "xn--" in text and not all(map(_is_a_label, labels)):
-        raise HostError("host_idna", f"host {_show(raw)} has an invalid IDNA A-label")
+        raise HostError(Reason.HOST_IDNA, f"host {_show(raw)} has an invalid IDNA A-label")
     if _NUMERIC_LABEL.fullmatch(labels[-1]):
         if _DOTTED_QUAD.fullmatch(text):
             return Host(text, IPv4Address(bytes(map(int, labels))))
         raise HostError(
-            "host_numeric",
+            Reason.HOST_NUMERIC,
             f"host {_show(raw)} is a numeric address that is not a canonical dotted quad",
         )
     return Host(text)
@@ -139,37 +141,38 @@ def split_authority(authority: str, default_port: int | None = None) -> tuple[Ho
     if authority.startswith("["):
         close = authority.find("]")
         if close < 0:
-            raise HostError("host_invalid_char", "IPv6 literal has no closing ']'")
+            raise HostError(Reason.HOST_INVALID_CHAR, "IPv6 literal has no closing ']'")
         host_text, rest = authority[: close + 1], authority[close + 1 :]
         if not rest:
             port_text = None
         elif rest[0] == ":":
             port_text = rest[1:]
         else:
-            raise HostError("host_invalid_char", "unexpected text after ']' in the authority")
+            raise HostError(Reason.HOST_INVALID_CHAR, "unexpected text after ']' in the authority")
     else:
         colons = authority.count(":")
         if colons > 1:
             raise HostError(
-                "host_ipv6_unbracketed", "authority has several ':'; IPv6 literals need brackets"
+                Reason.HOST_IPV6_UNBRACKETED,
+                "authority has several ':'; IPv6 literals need brackets",
             )
         host_text, sep, port_text_found = authority.partition(":")
         port_text = port_text_found if sep else None
     host = canonical_host(host_text)
     if port_text is None:
         if default_port is None:
-            raise HostError("port_invalid", f"no port for {host.name!r} and no default")
+            raise HostError(Reason.PORT_INVALID, f"no port for {host.name!r} and no default")
         port = default_port
     elif _PORT.fullmatch(port_text):
         port = int(port_text)
     else:
         # Not echoed: whatever follows the host may be a path or query carrying a token.
         raise HostError(
-            "port_invalid",
+            Reason.PORT_INVALID,
             f"port for {host.name!r} must be decimal digits without sign or leading zeros",
         )
     if not 0 < port <= 65535:
-        raise HostError("port_invalid", f"port {port} for {host.name!r} is outside 1-65535")
+        raise HostError(Reason.PORT_INVALID, f"port {port} for {host.name!r} is outside 1-65535")
     return host, port
 
 
@@ -205,10 +208,10 @@ def parse_host_pattern(raw: str) -> HostPattern:
     wildcard = raw.startswith(WILDCARD)
     body = raw[len(WILDCARD) :] if wildcard else raw
     if "*" in body:
-        raise HostError("host_invalid_char", "'*' is only allowed as a leading '*.'")
+        raise HostError(Reason.HOST_INVALID_CHAR, "'*' is only allowed as a leading '*.'")
     host = canonical_name(body)
     if wildcard and host.ip is not None:
-        raise HostError("host_invalid_char", "a wildcard cannot cover an IP address")
+        raise HostError(Reason.HOST_INVALID_CHAR, "a wildcard cannot cover an IP address")
     return HostPattern(host, wildcard)
 
 
@@ -236,8 +239,8 @@ _INTERNAL_ZONES: Final = (
 _INTERNAL_SUFFIXES: Final = tuple("." + zone for zone in _INTERNAL_ZONES)
 
 
-def denied_name(host: Host) -> str | None:
-    """The reason code if `host` is a name that is never allowed, else None.
+def denied_name(host: Host) -> Reason | None:
+    """The reason if `host` is a name that is never allowed, else None.
 
     - `metadata_name`: cloud metadata services (AWS, GCP, Tencent); these stay denied even where
       a policy is otherwise permissive.
@@ -258,19 +261,19 @@ def denied_name(host: Host) -> str | None:
         return None
     name = host.name
     if name in _METADATA_NAMES or name.endswith(_METADATA_SUFFIXES):
-        return "metadata_name"
+        return Reason.METADATA_NAME
     if name in _LOCALHOST_NAMES or name.endswith(_LOCALHOST_SUFFIXES):
-        return "localhost_name"
+        return Reason.LOCALHOST_NAME
     if name in _INTERNAL_ZONES or name.endswith(_INTERNAL_SUFFIXES):
-        return "internal_name"
+        return Reason.INTERNAL_NAME
     if "." not in name:
-        return "single_label"
+        return Reason.SINGLE_LABEL
     return None
 
 
 def _bracketed(raw: str) -> Host:
     if not raw.endswith("]"):
-        raise HostError("host_invalid_char", "IPv6 literal has no closing ']'")
+        raise HostError(Reason.HOST_INVALID_CHAR, "IPv6 literal has no closing ']'")
     inner = raw[1:-1]
     bad = _BAD_IN_BRACKETS.search(inner)
     if bad:
@@ -280,7 +283,7 @@ def _bracketed(raw: str) -> Host:
     except ValueError:
         # `[1.2.3.4]` and `[example.com]` land here: brackets hold IPv6 and nothing else.
         raise HostError(
-            "host_invalid_char", f"{_show(raw)} is not a valid bracketed IPv6 literal"
+            Reason.HOST_INVALID_CHAR, f"{_show(raw)} is not a valid bracketed IPv6 literal"
         ) from None
     return Host(ip.compressed, ip)
 
@@ -302,10 +305,10 @@ def _to_ascii(raw: str) -> str:
         _check_chars(text)
         labels = text.split(".")
         if not all(map(_is_a_label, labels)):
-            raise HostError("host_idna", f"host {_show(raw)} has an invalid IDNA A-label")
+            raise HostError(Reason.HOST_IDNA, f"host {_show(raw)} has an invalid IDNA A-label")
         return ".".join([_encode(label) for label in labels])
     except UnicodeError as err:  # IDNAError and Punycode codec errors alike
-        raise HostError("host_idna", f"host {_show(raw)} is not a valid IDNA name") from err
+        raise HostError(Reason.HOST_IDNA, f"host {_show(raw)} is not a valid IDNA name") from err
 
 
 def _encode(label: str) -> str:
@@ -338,14 +341,14 @@ def _reject_char(text: str, index: int) -> NoReturn:
     after = f"after {_show(text[:index])}" if index else "at the start"
     if char == ":":
         raise HostError(
-            "host_ipv6_unbracketed", f"host has ':' {after}; IPv6 literals must be bracketed"
+            Reason.HOST_IPV6_UNBRACKETED, f"host has ':' {after}; IPv6 literals must be bracketed"
         )
     what = "a zone id marker '%'" if char == "%" else repr(char)
-    raise HostError("host_invalid_char", f"host has {what} {after}")
+    raise HostError(Reason.HOST_INVALID_CHAR, f"host has {what} {after}")
 
 
 def _userinfo() -> HostError:
-    return HostError("host_userinfo", "userinfo ('@') is not allowed in a host or authority")
+    return HostError(Reason.HOST_USERINFO, "userinfo ('@') is not allowed in a host or authority")
 
 
 def _show(text: str) -> str:

@@ -70,7 +70,7 @@ class Broker:
                     injection.processor, secret.reveal(), f"broker:{injection.secret}"
                 )
             except InjectionError as exc:
-                raise Denial(Reason.of(exc.reason), str(exc)) from None
+                raise Denial(exc.reason, str(exc)) from None
             if self._named.get(id(injection)) is injection:
                 self._worked_out[id(injection)] = (injection, secret, cred)
             found.append(cred)

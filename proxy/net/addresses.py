@@ -21,9 +21,10 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from types import MappingProxyType
 from typing import Final
 
+from sealgate.reasons import Reason
+
 __all__ = [
     "DENIED_RANGES",
-    "METADATA",
     "METADATA_ADDRESSES",
     "AddressPolicy",
     "DeniedRange",
@@ -36,17 +37,16 @@ __all__ = [
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
 
-METADATA: Final = "metadata"
 
 
 @dataclass(frozen=True, slots=True)
 class DeniedRange:
     network: IPNetwork
-    reason: str
+    reason: Reason
     source: str
 
 
-def _r(cidr: str, reason: str, source: str) -> DeniedRange:
+def _r(cidr: str, reason: Reason, source: str) -> DeniedRange:
     network: IPNetwork = IPv6Network(cidr) if ":" in cidr else IPv4Network(cidr)
     return DeniedRange(network, reason, source)
 
@@ -56,49 +56,49 @@ _V6SP = "IANA IPv6 special-purpose"
 
 # Where ranges nest, the most specific one gives the reason.
 DENIED_RANGES: Final[tuple[DeniedRange, ...]] = (
-    _r("0.0.0.0/8", "this_network", _V4SP),  # 0.0.0.0 reaches localhost on Linux
-    _r("10.0.0.0/8", "private", _V4SP),
-    _r("100.64.0.0/10", "cgnat", _V4SP),
-    _r("127.0.0.0/8", "loopback", _V4SP),
-    _r("169.254.0.0/16", "link_local", _V4SP),
-    _r("172.16.0.0/12", "private", _V4SP),
-    _r("192.0.0.0/24", "ietf_protocol", _V4SP),  # includes OCI classic 192.0.0.192
-    _r("192.0.2.0/24", "documentation", _V4SP),
-    _r("192.31.196.0/24", "as112", _V4SP),
-    _r("192.52.193.0/24", "amt", _V4SP),
-    _r("192.88.99.0/24", "6to4_relay", _V4SP),
-    _r("192.168.0.0/16", "private", _V4SP),
-    _r("192.175.48.0/24", "as112", _V4SP),
-    _r("198.18.0.0/15", "benchmarking", _V4SP),
-    _r("198.51.100.0/24", "documentation", _V4SP),
-    _r("203.0.113.0/24", "documentation", _V4SP),
-    _r("224.0.0.0/4", "multicast", "RFC 5771"),
-    _r("240.0.0.0/4", "reserved", _V4SP),
-    _r("255.255.255.255/32", "broadcast", _V4SP),
+    _r("0.0.0.0/8", Reason.THIS_NETWORK, _V4SP),  # 0.0.0.0 reaches localhost on Linux
+    _r("10.0.0.0/8", Reason.PRIVATE, _V4SP),
+    _r("100.64.0.0/10", Reason.CGNAT, _V4SP),
+    _r("127.0.0.0/8", Reason.LOOPBACK, _V4SP),
+    _r("169.254.0.0/16", Reason.LINK_LOCAL, _V4SP),
+    _r("172.16.0.0/12", Reason.PRIVATE, _V4SP),
+    _r("192.0.0.0/24", Reason.IETF_PROTOCOL, _V4SP),  # includes OCI classic 192.0.0.192
+    _r("192.0.2.0/24", Reason.DOCUMENTATION, _V4SP),
+    _r("192.31.196.0/24", Reason.AS112, _V4SP),
+    _r("192.52.193.0/24", Reason.AMT, _V4SP),
+    _r("192.88.99.0/24", Reason.SIX_TO_FOUR_RELAY, _V4SP),
+    _r("192.168.0.0/16", Reason.PRIVATE, _V4SP),
+    _r("192.175.48.0/24", Reason.AS112, _V4SP),
+    _r("198.18.0.0/15", Reason.BENCHMARKING, _V4SP),
+    _r("198.51.100.0/24", Reason.DOCUMENTATION, _V4SP),
+    _r("203.0.113.0/24", Reason.DOCUMENTATION, _V4SP),
+    _r("224.0.0.0/4", Reason.MULTICAST, "RFC 5771"),
+    _r("240.0.0.0/4", Reason.RESERVED, _V4SP),
+    _r("255.255.255.255/32", Reason.BROADCAST, _V4SP),
     # IPv6: only global unicast 2000::/3 is reachable, minus the holes below.
-    _r("::/3", "ipv6_not_global_unicast", "RFC 4291"),
-    _r("4000::/2", "ipv6_not_global_unicast", "RFC 4291"),
-    _r("8000::/1", "ipv6_not_global_unicast", "RFC 4291"),
-    _r("::/128", "unspecified", _V6SP),  # like 0.0.0.0, reaches localhost
-    _r("::1/128", "loopback", _V6SP),
-    _r("::/96", "ipv4_compatible", "RFC 4291 (deprecated)"),  # embedded v4 decoded
-    _r("::ffff:0:0/96", "ipv4_mapped", _V6SP),  # embedded v4 decoded; public v4 allowed
-    _r("::ffff:0:0:0/96", "ipv4_translated", "RFC 2765"),  # embedded v4 decoded
-    _r("64:ff9b::/96", "nat64", _V6SP),  # embedded v4 decoded; public v4 allowed
-    _r("64:ff9b:1::/48", "nat64", _V6SP),  # local-use; embedded v4 decoded; public allowed
-    _r("100::/64", "discard", _V6SP),
-    _r("100:0:0:1::/64", "discard", "RFC 9780 dummy prefix"),
-    _r("2001::/23", "ietf_protocol", _V6SP),
-    _r("2001::/32", "ietf_protocol", _V6SP),  # Teredo; both embedded v4s decoded
-    _r("2001:db8::/32", "documentation", _V6SP),
-    _r("2002::/16", "6to4", _V6SP),  # embedded v4 decoded
-    _r("2620:4f:8000::/48", "as112", _V6SP),
-    _r("3fff::/20", "documentation", _V6SP),
-    _r("5f00::/16", "srv6_sid", _V6SP),
-    _r("fc00::/7", "unique_local", _V6SP),
-    _r("fe80::/10", "link_local", _V6SP),
-    _r("fec0::/10", "site_local", "RFC 3879 (deprecated)"),
-    _r("ff00::/8", "multicast", "RFC 4291"),
+    _r("::/3", Reason.IPV6_NOT_GLOBAL_UNICAST, "RFC 4291"),
+    _r("4000::/2", Reason.IPV6_NOT_GLOBAL_UNICAST, "RFC 4291"),
+    _r("8000::/1", Reason.IPV6_NOT_GLOBAL_UNICAST, "RFC 4291"),
+    _r("::/128", Reason.UNSPECIFIED, _V6SP),  # like 0.0.0.0, reaches localhost
+    _r("::1/128", Reason.LOOPBACK, _V6SP),
+    _r("::/96", Reason.IPV4_COMPATIBLE, "RFC 4291 (deprecated)"),  # embedded v4 decoded
+    _r("::ffff:0:0/96", Reason.IPV4_MAPPED, _V6SP),  # embedded v4 decoded; public v4 allowed
+    _r("::ffff:0:0:0/96", Reason.IPV4_TRANSLATED, "RFC 2765"),  # embedded v4 decoded
+    _r("64:ff9b::/96", Reason.NAT64, _V6SP),  # embedded v4 decoded; public v4 allowed
+    _r("64:ff9b:1::/48", Reason.NAT64, _V6SP),  # local-use; embedded v4 decoded; public allowed
+    _r("100::/64", Reason.DISCARD, _V6SP),
+    _r("100:0:0:1::/64", Reason.DISCARD, "RFC 9780 dummy prefix"),
+    _r("2001::/23", Reason.IETF_PROTOCOL, _V6SP),
+    _r("2001::/32", Reason.IETF_PROTOCOL, _V6SP),  # Teredo; both embedded v4s decoded
+    _r("2001:db8::/32", Reason.DOCUMENTATION, _V6SP),
+    _r("2002::/16", Reason.SIX_TO_FOUR, _V6SP),  # embedded v4 decoded
+    _r("2620:4f:8000::/48", Reason.AS112, _V6SP),
+    _r("3fff::/20", Reason.DOCUMENTATION, _V6SP),
+    _r("5f00::/16", Reason.SRV6_SID, _V6SP),
+    _r("fc00::/7", Reason.UNIQUE_LOCAL, _V6SP),
+    _r("fe80::/10", Reason.LINK_LOCAL, _V6SP),
+    _r("fec0::/10", Reason.SITE_LOCAL, "RFC 3879 (deprecated)"),
+    _r("ff00::/8", Reason.MULTICAST, "RFC 4291"),
 )
 
 # Denied with reason "metadata" even inside allow_networks, in every embedded spelling.
@@ -175,7 +175,7 @@ class _Table:
     """A partition of one address family into intervals: `starts[i]` up to `starts[i+1]-1`."""
 
     starts: list[int]
-    reasons: list[str | None]
+    reasons: list[Reason | None]
     embeds: list[_Embed | None]
 
     def index(self, n: int) -> int:
@@ -183,13 +183,13 @@ class _Table:
 
 
 def _build(version: int) -> _Table:
-    entries: list[tuple[IPNetwork, str | None, _Embed | None]] = [
+    entries: list[tuple[IPNetwork, Reason | None, _Embed | None]] = [
         (r.network, r.reason, _EMBEDDINGS.get(r.network))
         for r in DENIED_RANGES
         if r.network.version == version
     ]
     entries += [
-        (IPv4Network(ip) if ip.version == 4 else IPv6Network(ip), METADATA, None)
+        (IPv4Network(ip) if ip.version == 4 else IPv6Network(ip), Reason.METADATA, None)
         for ip in METADATA_ADDRESSES
         if ip.version == version
     ]
@@ -220,18 +220,18 @@ _V4: Final = _build(4)
 _V6: Final = _build(6)
 
 
-def _v4_reason(n: int) -> str | None:
+def _v4_reason(n: int) -> Reason | None:
     return _V4.reasons[_V4.index(n)]
 
 
-def _v6_reason(n: int) -> str | None:
+def _v6_reason(n: int) -> Reason | None:
     i = _V6.index(n)
     embed = _V6.embeds[i]
     if embed is None:
         return _V6.reasons[i]
     inner = [_v4_reason(v4) for v4 in _DECODERS[embed](n)]
-    if METADATA in inner:
-        return METADATA
+    if Reason.METADATA in inner:
+        return Reason.METADATA
     for reason in inner:
         if reason is not None:
             return reason
@@ -250,8 +250,8 @@ def embedded_ipv4(ip: IPv6Address) -> IPv4Address | None:
     return None if embed is None else IPv4Address(_DECODERS[embed](n)[0])
 
 
-def classify(ip: IPAddress) -> str | None:
-    """None if `ip` may be connected to, else the reason code it is denied for."""
+def classify(ip: IPAddress) -> Reason | None:
+    """None if `ip` may be connected to, else the reason it is denied for."""
     if ip.version == 4:
         return _v4_reason(int(ip))
     return _v6_reason(int(ip))
@@ -296,11 +296,11 @@ class AddressPolicy:
         self._v4 = _merge(v4)
         self._v6 = _merge(v6)
 
-    def check(self, ip: IPAddress) -> str | None:
-        """None if the proxy may connect to `ip`, else the reason code."""
+    def check(self, ip: IPAddress) -> Reason | None:
+        """None if the proxy may connect to `ip`, else the reason."""
         n = int(ip)
         reason = _v4_reason(n) if ip.version == 4 else _v6_reason(n)
-        if reason is None or reason == METADATA:
+        if reason is None or reason == Reason.METADATA:
             return reason
         if ip.version == 4:
             return None if _contains(self._v4, n) else reason

@@ -24,7 +24,7 @@ from mitmproxy import http
 from sealgate.hostname import Host, HostError, denied_name, split_authority
 from sealgate.hostport import format_hostport
 from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.addresses import METADATA, IPAddress
+from sealgate.proxy.net.addresses import IPAddress
 from sealgate.proxy.net.hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
     HostAddresses,
@@ -81,7 +81,7 @@ class Guard:
     async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
         """Resolve and classify every answer; the first address, if all of them may be reached."""
         if reason := denied_name(host):
-            raise Denial(Reason.of(reason), f"{host.name} is never reachable through this proxy")
+            raise Denial(reason, f"{host.name} is never reachable through this proxy")
         if host.ip is not None:
             addresses: tuple[IPAddress, ...] = (host.ip,)
             dns_seconds = 0.0
@@ -89,23 +89,21 @@ class Guard:
             try:
                 answer = await self.resolver.resolve(host.name)
             except ResolveError as exc:
-                raise Denial(Reason.of(exc.reason), f"cannot resolve {host.name}") from exc
+                raise Denial(exc.reason, f"cannot resolve {host.name}") from exc
             addresses, dns_seconds = answer.addresses, answer.duration
         checker = policy.addresses
         host_check = self._host.check
         for address in addresses:
             direct = address.ipv4_mapped if isinstance(address, IPv6Address) else None
             reason = checker.check(address)
-            if reason != METADATA:
+            if reason is not Reason.METADATA:
                 # An OSError (the kernel could not be asked) refuses the request as an internal
                 # error: unknown is not "not local".
                 reason = host_check(address) or reason
             if reason:
                 # The address itself stays in the audit log, not in the answer: the sandbox must
                 # not get an oracle for what internal names resolve to.
-                raise Denial(
-                    Reason.of(reason), f"{host.name} resolves to a denied address ({reason})"
-                )
+                raise Denial(reason, f"{host.name} resolves to a denied address ({reason})")
             dialed = direct or address
             if port in self._own_ports and (dialed.is_loopback or dialed in self._own_hosts):
                 raise Denial(Reason.PROXY_LOOP, "requests to the proxy itself are refused")
@@ -116,7 +114,7 @@ def parse_target(authority: str, default_port: int) -> tuple[Host, int]:
     try:
         return split_authority(authority, default_port)
     except HostError as exc:
-        raise Denial(Reason.of(exc.reason), str(exc)) from exc
+        raise Denial(exc.reason, str(exc)) from exc
 
 
 def request_target(

@@ -27,18 +27,15 @@ from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Final
 
 from sealgate.proxy.net.addresses import IPAddress, IPNetwork, embedded_ipv4
+from sealgate.reasons import Reason
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",
-    "HOST_ADDRESS",
-    "SANDBOX_NETWORK",
     "HostAddresses",
     "LocalRoutes",
     "parse_networks",
 ]
 
-HOST_ADDRESS: Final = "host_address"
-SANDBOX_NETWORK: Final = "sandbox_network"
 # sandbox.network.DEFAULT_RANGE (the proxy does not import the runtime; a test keeps them equal).
 DEFAULT_SANDBOX_NETWORKS: Final = ("10.200.0.0/16",)
 
@@ -137,20 +134,20 @@ class HostAddresses:
             (net.version, int(net[0]), int(net[-1])) for net in sandbox_networks
         )
 
-    def check(self, address: IPAddress) -> str | None:
-        """None, HOST_ADDRESS or SANDBOX_NETWORK. OSError when the kernel cannot be asked."""
+    def check(self, address: IPAddress) -> Reason | None:
+        """None, host_address or sandbox_network. OSError when the kernel cannot be asked."""
         mapped = address.ipv4_mapped if isinstance(address, IPv6Address) else None
         dialed = mapped or address  # what connect() is given for a mapped address
         if dialed.is_unspecified:
             # connect() turns 0.0.0.0 and :: into the host itself, loopback services included,
             # which an allow_networks entry for 0.0.0.0/8 must not open.
-            return HOST_ADDRESS
+            return Reason.HOST_ADDRESS
         if not dialed.is_loopback and self._routes.delivered_here(dialed):
-            return HOST_ADDRESS
+            return Reason.HOST_ADDRESS
         inner = embedded_ipv4(dialed) if isinstance(dialed, IPv6Address) else None
         for candidate in (dialed, inner):
             if candidate is not None and self._in_sandbox(candidate):
-                return SANDBOX_NETWORK
+                return Reason.SANDBOX_NETWORK
         return None
 
     def _in_sandbox(self, ip: IPv4Address | IPv6Address) -> bool:

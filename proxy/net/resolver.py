@@ -53,12 +53,9 @@ from typing import Final, TypedDict, Unpack
 
 from dnslib import QTYPE, RCODE, RR, DNSHeader, DNSLabel, DNSQuestion, DNSRecord
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from sealgate.reasons import Reason, SealgateError
 
-DNS_NXDOMAIN: Final = "dns_nxdomain"
-DNS_NO_ANSWER: Final = "dns_no_answer"
-DNS_TIMEOUT: Final = "dns_timeout"
-DNS_ERROR: Final = "dns_error"
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _CNAME_DEPTH: Final = 8
 _CLASS_IN: Final = 1
@@ -67,12 +64,12 @@ _MAX_LABEL: Final = 63
 _LABEL_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
-class ResolveError(Exception):
-    """A lookup failed; ``reason`` is one of the ``DNS_*`` codes."""
+class ResolveError(SealgateError):
+    """A lookup failed; ``reason`` is one of the ``dns_*`` reasons (nxdomain, no_answer,
+    timeout, error)."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message, reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +138,7 @@ class _Found:
 
 @dataclass(frozen=True, slots=True)
 class _Negative:
-    reason: str
+    reason: Reason
     message: str
     expires: float
 
@@ -156,7 +153,7 @@ def _check_name(name: str) -> str:
         or not set(key) <= _LABEL_CHARS | {"."}
     ):
         # Fail closed as a DNS error: the guard turns it into a refusal, never an escape.
-        raise ResolveError(DNS_ERROR, f"not a canonical host name: {name[:100]!r}")
+        raise ResolveError(Reason.DNS_ERROR, f"not a canonical host name: {name[:100]!r}")
     return key
 
 
@@ -208,7 +205,7 @@ def _extract(reply: DNSRecord, name: str, qtype: int) -> _Found:
             return _Found((), 0.0)
         ttls.append(cnames[0].ttl)
         current = _label_key(cnames[0].rdata.label)
-    raise ResolveError(DNS_ERROR, f"DNS lookup for {name!r} failed: CNAME chain too long")
+    raise ResolveError(Reason.DNS_ERROR, f"DNS lookup for {name!r} failed: CNAME chain too long")
 
 
 def _address(rr: RR, qtype: int, name: str) -> IPAddress:
@@ -217,7 +214,7 @@ def _address(rr: RR, qtype: int, name: str) -> IPAddress:
         return kind(str(rr.rdata))
     except ValueError:
         raise ResolveError(
-            DNS_ERROR, f"DNS lookup for {name!r} failed: malformed address record"
+            Reason.DNS_ERROR, f"DNS lookup for {name!r} failed: malformed address record"
         ) from None
 
 
@@ -242,7 +239,9 @@ class _UDPExchange(asyncio.DatagramProtocol):
         # ICMP unreachable on the connected socket: no server on that address.
         if not self.reply.done():
             self.reply.set_exception(
-                ResolveError(DNS_ERROR, f"DNS lookup for {self._name!r} failed: server unreachable")
+                ResolveError(
+                    Reason.DNS_ERROR, f"DNS lookup for {self._name!r} failed: server unreachable"
+                )
             )
 
 
@@ -292,13 +291,15 @@ async def _ask_tcp(server: _Server, name: str, qtype: int) -> DNSRecord:
         data = await reader.readexactly(length)
     except asyncio.IncompleteReadError:
         raise ResolveError(
-            DNS_ERROR, f"DNS lookup for {name!r} failed: TCP reply cut short"
+            Reason.DNS_ERROR, f"DNS lookup for {name!r} failed: TCP reply cut short"
         ) from None
     finally:
         writer.close()
     reply = _match_response(data, qid, name, qtype)
     if reply is None:
-        raise ResolveError(DNS_ERROR, f"DNS lookup for {name!r} failed: mismatched TCP reply")
+        raise ResolveError(
+            Reason.DNS_ERROR, f"DNS lookup for {name!r} failed: mismatched TCP reply"
+        )
     return reply
 
 
@@ -437,14 +438,18 @@ class Resolver:
             answer = Answer(name, addresses, now + lifetime, now - started)
             self._cache_put(name, replace(answer, duration=0.0))
             return answer
-        transient = [e for e in failed if e.reason != DNS_NXDOMAIN]
+        transient = [e for e in failed if e.reason != Reason.DNS_NXDOMAIN]
         if transient:
-            worst = DNS_ERROR if any(e.reason == DNS_ERROR for e in transient) else DNS_TIMEOUT
+            worst = (
+                Reason.DNS_ERROR
+                if any(e.reason == Reason.DNS_ERROR for e in transient)
+                else Reason.DNS_TIMEOUT
+            )
             raise next(e for e in transient if e.reason == worst)
         if len(failed) == len(outcomes):
-            reason, message = DNS_NXDOMAIN, f"DNS lookup for {name!r} failed: no such name"
+            reason, message = Reason.DNS_NXDOMAIN, f"DNS lookup for {name!r} failed: no such name"
         else:
-            reason, message = DNS_NO_ANSWER, f"DNS lookup for {name!r} returned no addresses"
+            reason, message = Reason.DNS_NO_ANSWER, f"DNS lookup for {name!r} returned no addresses"
         self._cache_put(name, _Negative(reason, message, now + self._negative_ttl))
         raise ResolveError(reason, message)
 
@@ -467,15 +472,15 @@ class Resolver:
                         continue
                 if rcode == RCODE.NXDOMAIN:
                     return ResolveError(
-                        DNS_NXDOMAIN, f"DNS lookup for {name!r} failed: no such name"
+                        Reason.DNS_NXDOMAIN, f"DNS lookup for {name!r} failed: no such name"
                     )
                 errors.append(
                     ResolveError(
-                        DNS_ERROR,
+                        Reason.DNS_ERROR,
                         f"DNS lookup for {name!r} failed: server answered {RCODE.get(rcode)}",
                     )
                 )
-        return next((e for e in errors if e.reason == DNS_ERROR), errors[-1])
+        return next((e for e in errors if e.reason == Reason.DNS_ERROR), errors[-1])
 
     async def _ask(self, server: _Server, name: str, qtype: int) -> DNSRecord:
         try:
@@ -485,10 +490,10 @@ class Resolver:
                     reply = await _ask_tcp(server, name, qtype)
                 return reply
         except TimeoutError:
-            raise ResolveError(DNS_TIMEOUT, f"DNS lookup for {name!r} timed out") from None
+            raise ResolveError(Reason.DNS_TIMEOUT, f"DNS lookup for {name!r} timed out") from None
         except OSError:
             raise ResolveError(
-                DNS_ERROR, f"DNS lookup for {name!r} failed: network error"
+                Reason.DNS_ERROR, f"DNS lookup for {name!r} failed: network error"
             ) from None
 
 

@@ -109,10 +109,10 @@ def decide(rules: RuleSet, question: Question) -> Decision:
         verdict, reason = "report", Reason.NOT_ALLOWED
     # From here a refusal still names the rule that matched: the rule was not the problem.
     if name_reason := denied_name(q.host):
-        return _deny(policy, Reason.of(name_reason),
+        return _deny(policy, name_reason,
                      f"{q.host.name} is never reachable through this proxy", host_rules, rule)
     if q.host.ip is not None and (ip_reason := policy.addresses.check(q.host.ip)):
-        return _deny(policy, Reason.of(ip_reason),
+        return _deny(policy, ip_reason,
                      f"{q.host.ip} is in a denied range ({ip_reason})", host_rules, rule)
     if q.tokens and q.method is None:
         # A token applies to one request; inside a tunnel passed through none is seen.

@@ -103,7 +103,7 @@ def explain(
     try:
         host, port = split_authority(parts.netloc, default_port)
     except HostError as exc:
-        return _deny(result, Reason.of(exc.reason), str(exc))
+        return _deny(result, exc.reason, str(exc))
     result.host, result.port = host.name, port
     decision: Decision | None = None
     if parts.scheme == "https":
@@ -118,7 +118,7 @@ def explain(
                 (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             )
         except PathError as exc:
-            return _deny(result, Reason.of(exc.reason), str(exc))
+            return _deny(result, exc.reason, str(exc))
         result.path = path
         scheme: Scheme = "https" if parts.scheme == "https" else "http"
         decision = decide(rules, Question(identity, host, port, scheme, method, path, tokens))

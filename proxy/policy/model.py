@@ -23,6 +23,7 @@ from sealgate.hostname import Host
 from sealgate.issuer.processors import Processor
 from sealgate.proxy.credentials.secrets.base import SecretRef
 from sealgate.proxy.net.addresses import AddressPolicy
+from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFileError, format_location
 
 __all__ = [
@@ -46,23 +47,24 @@ ANY_HOST: Final = "*"
 _WILDCARD_PREFIX: Final = "*."
 
 
-class PathError(ValueError):
+class PathError(SealgateError, ValueError):
     """A request path we refuse to match against path rules (`reason` is always path_invalid)."""
 
-    reason = "path_invalid"
+    reason = Reason.PATH_INVALID
 
 
-class PathPatternError(ValueError):
+class PathPatternError(SealgateError, ValueError):
     """A path glob in a rule that is malformed or could never match a normalised path."""
 
-    reason = "path_pattern_invalid"
+    reason = Reason.PATH_PATTERN_INVALID
 
 
-class RulesError(YamlFileError):
+class RulesError(YamlFileError, SealgateError):
     """A rules file (or `rules test` case file) we refuse to load. `str()` is
-    `file:line: field: message`."""
+    `file:line: field: message`. (The YAML reader's error names no reason of its own: each
+    kind of file that reads it names one.)"""
 
-    reason = "rules_invalid"
+    reason = Reason.RULES_INVALID
 
 
 @dataclass(frozen=True, slots=True)

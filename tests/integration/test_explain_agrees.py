@@ -31,7 +31,6 @@ import sealgate.proxy.policy.decide as decide_module
 from sealgate.hostname import canonical_host, denied_name
 from sealgate.proxy.net.addresses import (
     DENIED_RANGES,
-    METADATA,
     METADATA_ADDRESSES,
     IPNetwork,
     classify,
@@ -243,9 +242,9 @@ CASES = DECISION_CASES + NAME_CASES + ADDRESS_CASES
 # -- what the code can answer -----------------------------------------------------------------
 
 
-def _decide_reasons() -> set[str]:
-    """Every `Reason.MEMBER` decide.py names (policy_for, decide, Decision.secure_for)."""
-    tree = ast.parse(inspect.getsource(decide_module))
+def _named_reasons(source: Any) -> set[str]:
+    """Every `Reason.MEMBER` the source of a module or function names."""
+    tree = ast.parse(inspect.getsource(source))
     return {
         Reason[node.attr].value
         for node in ast.walk(tree)
@@ -254,15 +253,14 @@ def _decide_reasons() -> set[str]:
     }
 
 
+def _decide_reasons() -> set[str]:
+    """Every `Reason.MEMBER` decide.py names (policy_for, decide, Decision.secure_for)."""
+    return _named_reasons(decide_module)
+
+
 def _name_reasons() -> set[str]:
-    """Every code `denied_name` returns."""
-    tree = ast.parse(inspect.getsource(denied_name))
-    return {
-        node.value.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    }
+    """Every reason `denied_name` returns."""
+    return _named_reasons(denied_name)
 
 
 def _judged_as_embedded(network: IPNetwork) -> bool:
@@ -278,7 +276,7 @@ def _address_classes() -> set[tuple[str, int]]:
     """(reason, address family) for every class of the denied table that can be answered."""
     classes = {(r.reason, r.network.version) for r in DENIED_RANGES
                if not _judged_as_embedded(r.network)}
-    return classes | {(METADATA, ip.version) for ip in METADATA_ADDRESSES}
+    return classes | {(Reason.METADATA, ip.version) for ip in METADATA_ADDRESSES}
 
 
 def test_every_reason_has_a_case() -> None:

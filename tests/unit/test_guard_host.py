@@ -12,12 +12,11 @@ import pytest
 
 from sealgate.proxy.net.hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
-    HOST_ADDRESS,
-    SANDBOX_NETWORK,
     HostAddresses,
     LocalRoutes,
     parse_networks,
 )
+from sealgate.reasons import Reason
 from sealgate.sandbox.network import DEFAULT_RANGE
 from tests.netns import require_root_net, run
 
@@ -53,14 +52,14 @@ def test_route_lookup(routes: LocalRoutes, address: str, local: bool) -> None:
         ("127.0.0.1", None),  # loopback: left to the table and allow_networks
         ("::ffff:127.0.0.1", None),
         # connect() makes it the host itself: never opened, unlike loopback (review F8)
-        ("0.0.0.0", HOST_ADDRESS),
-        ("::", HOST_ADDRESS),
-        ("::ffff:0.0.0.0", HOST_ADDRESS),
-        ("10.200.0.2", SANDBOX_NETWORK),
-        ("10.200.255.253", SANDBOX_NETWORK),
-        ("::ffff:10.200.0.2", SANDBOX_NETWORK),
-        ("64:ff9b::ac8:2", SANDBOX_NETWORK),  # NAT64 of 10.200.0.2
-        ("2002:ac8:2::1", SANDBOX_NETWORK),  # 6to4
+        ("0.0.0.0", Reason.HOST_ADDRESS),
+        ("::", Reason.HOST_ADDRESS),
+        ("::ffff:0.0.0.0", Reason.HOST_ADDRESS),
+        ("10.200.0.2", Reason.SANDBOX_NETWORK),
+        ("10.200.255.253", Reason.SANDBOX_NETWORK),
+        ("::ffff:10.200.0.2", Reason.SANDBOX_NETWORK),
+        ("64:ff9b::ac8:2", Reason.SANDBOX_NETWORK),  # NAT64 of 10.200.0.2
+        ("2002:ac8:2::1", Reason.SANDBOX_NETWORK),  # 6to4
         ("10.201.0.2", None),
         ("10.199.255.255", None),
         ("93.184.216.34", None),
@@ -72,8 +71,8 @@ def test_check(routes: LocalRoutes, address: str, reason: str | None) -> None:
 
 def test_configured_networks_replace_the_default(routes: LocalRoutes) -> None:
     custom = host(routes, "10.215.0.0/16", "fd99::/16")
-    assert custom.check(ip_address("10.215.3.2")) == SANDBOX_NETWORK
-    assert custom.check(ip_address("fd99::2")) == SANDBOX_NETWORK
+    assert custom.check(ip_address("10.215.3.2")) == Reason.SANDBOX_NETWORK
+    assert custom.check(ip_address("fd99::2")) == Reason.SANDBOX_NETWORK
     assert custom.check(ip_address("10.200.0.2")) is None
 
 
@@ -104,9 +103,9 @@ def test_addresses_added_later_and_local_ranges_are_the_hosts(routes: LocalRoute
     run("ip", "addr", "add", f"{added}/32", "dev", "lo")
     run("ip", "route", "add", "local", anyip, "dev", "lo")
     try:
-        assert checker.check(ip_address(added)) == HOST_ADDRESS
-        assert checker.check(ip_address("10.214.251.77")) == HOST_ADDRESS
-        assert checker.check(ip_address(f"::ffff:{added}")) == HOST_ADDRESS
+        assert checker.check(ip_address(added)) == Reason.HOST_ADDRESS
+        assert checker.check(ip_address("10.214.251.77")) == Reason.HOST_ADDRESS
+        assert checker.check(ip_address(f"::ffff:{added}")) == Reason.HOST_ADDRESS
         with _sysctl("net.ipv4.ip_nonlocal_bind", "1"), socket.socket() as sock:
             sock.bind((foreign, 0))
             assert checker.check(ip_address(foreign)) is None
