@@ -9,7 +9,9 @@ from __future__ import annotations
 import hmac
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
+
+from sealgate.reasons import Reason, SealgateError
 
 STORES = frozenset({"file", "env", "vault"})
 
@@ -18,30 +20,31 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
-class SecretError(Exception):
-    """Base of every secret-store failure; `reason` is the machine-readable code."""
+class SecretError(SealgateError):
+    """Base of every secret-store failure; `reason` says which (a request that needs the
+    secret is refused with secret_unavailable whichever it is)."""
 
-    reason: ClassVar[str] = "secret_error"
+    reason = Reason.SECRET_ERROR
 
 
 class SecretNotFound(SecretError):
-    reason = "secret_not_found"
+    reason = Reason.SECRET_NOT_FOUND
 
 
 class SecretUnavailable(SecretError):
     """The backend is down, sealed or too slow, and no cached value is within grace."""
 
-    reason = "secret_unavailable"
+    reason = Reason.SECRET_UNAVAILABLE
 
 
 class SecretDenied(SecretError):
-    reason = "secret_denied"
+    reason = Reason.SECRET_DENIED
 
 
 class SecretConfigError(SecretError):
     """A bad store URL, reference or option, or an unsafe secrets file."""
 
-    reason = "secret_config"
+    reason = Reason.SECRET_CONFIG
 
 
 @dataclass(frozen=True, slots=True)
