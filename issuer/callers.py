@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final, assert_never
+from typing import Final, assert_never
 
 from sealgate import issuer as tk
 from sealgate.issuer import jsonfields
 from sealgate.issuer import processors as pr
+from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFile, YamlFileError
 
 __all__ = [
@@ -70,37 +71,37 @@ def parse_duration(text: str) -> int:
 # --- errors -----------------------------------------------------------------------------------
 
 
-class CallersFileError(Exception):
+class CallersFileError(SealgateError):
     """A callers file we refuse to load. The message names the file and the caller/field."""
 
-    reason: ClassVar[str] = "callers_file_invalid"
+    reason = Reason.CALLERS_FILE_INVALID
 
 
-class NotPermitted(Exception):
-    """A mint request outside what the caller's entry allows. `reason` is the machine code."""
+class NotPermitted(SealgateError):
+    """A mint request outside what the caller's entry allows: one of the subclasses, each with
+    its reason (all answered 403)."""
 
-    reason: ClassVar[str] = "not_permitted"
-    status: ClassVar[int] = 403
+    reason = Reason.NOT_PERMITTED
 
 
 class HostNotPermitted(NotPermitted):
-    reason = "host_not_permitted"
+    reason = Reason.HOST_NOT_PERMITTED
 
 
 class ProcessorNotPermitted(NotPermitted):
-    reason = "processor_not_permitted"
+    reason = Reason.PROCESSOR_NOT_PERMITTED
 
 
 class TtlTooLong(NotPermitted):
-    reason = "ttl_too_long"
+    reason = Reason.TTL_TOO_LONG
 
 
 class BindingRequired(NotPermitted):
-    reason = "binding_required"
+    reason = Reason.BINDING_REQUIRED
 
 
 class BindingNotPermitted(NotPermitted):
-    reason = "binding_not_permitted"
+    reason = Reason.BINDING_NOT_PERMITTED
 
 
 # --- limits -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from nacl.public import PrivateKey
 
 from sealgate.files import read_regular
 from sealgate.issuer.jsonfields import load_json_object
+from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
     "KeyFileError",
@@ -53,18 +54,18 @@ _HEX_KEY: Final = re.compile(r"[0-9a-f]{64}")
 _TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
 
 
-class KeyFileError(Exception):
+class KeyFileError(SealgateError):
     """A key file or key directory we refuse to use. The message names the file, never key bytes."""
 
-    reason: str = "key_file_invalid"
+    reason = Reason.KEY_FILE_INVALID
 
 
 class KeyPermissionError(KeyFileError):
-    reason = "key_file_permissions"
+    reason = Reason.KEY_FILE_PERMISSIONS
 
 
 class NoKeysError(KeyFileError):
-    reason = "no_keys"
+    reason = Reason.NO_KEYS
 
 
 def kid_for(public_key: bytes) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping
-from typing import ClassVar, Final
+from typing import Final
 
 from sealgate import issuer as tk
 from sealgate.issuer import callers as cl
 from sealgate.issuer import jsonfields
+from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
     "BadJson",
@@ -38,28 +39,25 @@ _REQUIRED_FIELDS: Final = ("secret", "inject", "hosts", "ttl")
 _OPTIONAL_CLAIMS: Final = ("methods", "paths", "binding")
 
 
-class MintRefused(Exception):
-    """Why a mint request was refused. `reason` is the machine code, `status` the HTTP status.
-    Messages never contain the secret or the API key."""
+class MintRefused(SealgateError):
+    """Why a mint request was refused: one of the subclasses, each with its reason (whose
+    `.status` the issuer answers with). Messages never contain the secret or the API key."""
 
-    reason: ClassVar[str] = "mint_refused"
-    status: ClassVar[int] = 400
+    reason = Reason.MINT_REFUSED
 
     def headers(self) -> Mapping[str, str]:
         return {}
 
 
 class Unauthenticated(MintRefused):
-    reason = "unauthenticated"
-    status = 401
+    reason = Reason.UNAUTHENTICATED
 
     def headers(self) -> Mapping[str, str]:
         return {"WWW-Authenticate": _REALM}
 
 
 class RateLimited(MintRefused):
-    reason = "rate_limited"
-    status = 429
+    reason = Reason.RATE_LIMITED
 
     def __init__(self, retry_after: int) -> None:
         super().__init__(f"rate limit reached; retry in {retry_after} s")
@@ -70,35 +68,33 @@ class RateLimited(MintRefused):
 
 
 class BodyTooLarge(MintRefused):
-    reason = "body_too_large"
-    status = 413
+    reason = Reason.BODY_TOO_LARGE
 
 
 class BadJson(MintRefused):
     """Not UTF-8, not JSON, or not a JSON object (strict: no duplicate keys, no floats)."""
 
-    reason = "bad_json"
+    reason = Reason.BAD_JSON
 
 
 class UnknownField(MintRefused):
-    reason = "unknown_field"
+    reason = Reason.UNKNOWN_FIELD
 
 
 class MissingField(MintRefused):
-    reason = "missing_field"
+    reason = Reason.MISSING_FIELD
 
 
 class InvalidRequest(MintRefused):
     """A field's value breaks the token format's rules (the token module's own message)."""
 
-    reason = "invalid_request"
+    reason = Reason.INVALID_REQUEST
 
 
 class Unavailable(MintRefused):
     """The audit log cannot be written: no token is issued that nobody could account for."""
 
-    reason = "audit_unavailable"
-    status = 503
+    reason = Reason.AUDIT_UNAVAILABLE
 
 
 # --- the body ---------------------------------------------------------------------------------

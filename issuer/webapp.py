@@ -29,6 +29,7 @@ from sealgate.issuer import callers as cl
 from sealgate.issuer import keys
 from sealgate.issuer.mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
 from sealgate.issuer.service import Issuer
+from sealgate.reasons import Reason
 
 __all__ = ["MAX_BODY_BYTES", "ServeOptions", "make_app", "serve", "tls_context"]
 
@@ -40,11 +41,11 @@ logger = logging.getLogger("sealgate.issuer")
 
 
 def _error(
-    status: int, reason: str, detail: str, headers: Mapping[str, str] | None = None
+    reason: Reason, detail: str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     return web.json_response(
         {"error": reason, "detail": detail},
-        status=status,
+        status=reason.status,
         headers={"Cache-Control": "no-store", **(headers or {})},
     )
 
@@ -85,16 +86,16 @@ async def _mint_handler(request: web.Request) -> web.Response:
         detail = scrub(str(exc), secret_of(body))
         headers = exc.headers() if isinstance(exc, MintRefused) else None
         issuer.audit.emit("mint", **record, outcome="refused", reason=exc.reason)
-        return _error(exc.status, exc.reason, detail, headers)
+        return _error(exc.reason, detail, headers)
     except Exception as exc:
         # The type only: an unexpected exception's text might hold request content.
         logger.error("issuer: mint failed with %s", type(exc).__name__)
-        issuer.audit.emit("mint", **record, outcome="error", reason="internal_error")
-        return _error(500, "internal_error", "the issuer failed; see its log")
+        issuer.audit.emit("mint", **record, outcome="error", reason=Reason.INTERNAL_ERROR)
+        return _error(Reason.INTERNAL_ERROR, "the issuer failed; see its log")
     issuer.audit.emit("mint", **record, outcome="issued", reason=None)
     if not issuer.audit.healthy:
         # The line did not reach the file: withhold the token rather than issue it unrecorded.
-        return _error(503, Unavailable.reason, "the audit log cannot be written; not minting")
+        return _error(Unavailable.reason, "the audit log cannot be written; not minting")
     return web.json_response(
         {
             "token": token,
