@@ -18,14 +18,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sealgate.reasons import Reason, SealgateError
+
 ROOT = Path("/sys/fs/cgroup")
 _PARENT = "sealgate"
 _PERIOD_US = 100_000
 _KILL_ROUNDS = 50  # x 20 ms: a group that will not empty is left in place for an operator
 
 
-class CgroupError(RuntimeError):
+class CgroupError(SealgateError, RuntimeError):
     """The limits could not be put in place; the sandbox must not start without them."""
+
+    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import contextlib
 import subprocess
 from collections.abc import Collection
 
+from sealgate.reasons import Reason, SealgateError
 from sealgate.sandbox import dns
 from sealgate.sandbox.network import Link, Plan
 
@@ -33,8 +34,10 @@ from sealgate.sandbox.network import Link, Plan
 _DNS_RATE = f"{dns.RATE}/second burst {dns.BURST} packets"
 
 
-class FirewallError(RuntimeError):
+class FirewallError(SealgateError, RuntimeError):
     """nft refused the rules; the sandbox must not start."""
+
+    reason = Reason.SANDBOX_FAILED
 
 
 def table_name(link: Link) -> str:

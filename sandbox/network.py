@@ -28,6 +28,8 @@ from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from sealgate.reasons import Reason, SealgateError
+
 DEFAULT_RANGE = IPv4Network("10.200.0.0/16")
 DEFAULT_GATEWAY = IPv4Address("10.200.255.254")
 RUN_DIR = Path("/run/sealgate")
@@ -35,8 +37,10 @@ _NETNS_DIR = Path("/run/netns")
 _LOCK_SECONDS = 30
 
 
-class NetworkError(RuntimeError):
+class NetworkError(SealgateError, RuntimeError):
     """The sandbox network could not be set up; nothing of it is left behind."""
+
+    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 
 from sealgate.proxy.ca import ca_paths
 from sealgate.proxy.control import ControlError, call
+from sealgate.reasons import Reason, SealgateError
 from sealgate.sandbox import firewall, lease, network, seccomp
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
 from sealgate.sandbox.dns import FakeDns
@@ -50,8 +51,10 @@ _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TIMED_OUT = 124  # as timeout(1) says it
 
 
-class SandboxError(RuntimeError):
+class SandboxError(SealgateError, RuntimeError):
     """The sandbox could not be started; everything created for it has been removed."""
+
+    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ import platform
 import struct
 from typing import Final
 
+from sealgate.reasons import Reason, SealgateError
+
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
 _NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
 # BPF opcodes (linux/filter.h, linux/bpf_common.h)
@@ -71,8 +73,10 @@ _FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
 Instruction = tuple[int, int, int, int]  # code, jt, jf, k
 
 
-class SeccompUnsupported(RuntimeError):
+class SeccompUnsupported(SealgateError, RuntimeError):
     """No filter for this machine's architecture: the sandbox must not start."""
+
+    reason = Reason.SANDBOX_FAILED
 
 
 def program(machine: str | None = None) -> bytes:
