@@ -24,6 +24,7 @@ from aiohttp import web
 
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from sealgate.proxy.registry import RegistryError, SourceRegistry
+from sealgate.reasons import Reason
 
 _MAX_BODY = 4096
 
@@ -41,33 +42,33 @@ def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
         try:
             body = await request.json()
         except (ValueError, web.HTTPRequestEntityTooLarge):
-            return _error(400, "bad_json", "body must be JSON: {\"sandbox\": \"<id>\"}")
+            return _error(Reason.BAD_JSON, "body must be JSON: {\"sandbox\": \"<id>\"}")
         sandbox = body.get("sandbox") if isinstance(body, dict) else None
         if not isinstance(sandbox, str):
-            return _error(400, "bad_request", "field 'sandbox' (string) is required")
+            return _error(Reason.BAD_REQUEST, "field 'sandbox' (string) is required")
         try:
             known = load_rules(rules_path).sandboxes
         except RulesError as exc:
-            return _error(503, "rules_unavailable", str(exc))
+            return _error(Reason.RULES_UNAVAILABLE, str(exc))
         if sandbox not in known:
-            return _error(404, "unknown_sandbox", f"no sandbox {sandbox[:64]!r} in the rules")
+            return _error(Reason.UNKNOWN_SANDBOX, f"no sandbox {sandbox[:64]!r} in the rules")
         try:
             registry.register(request.match_info["address"], sandbox)
         except RegistryError as exc:
-            return _error(400, "bad_address", str(exc))
+            return _error(exc.reason, str(exc))
         except OSError as exc:  # a full or read-only disk: nothing was registered
-            return _error(503, "registry_unavailable", f"cannot write the registry: {exc.strerror}")
+            return _error(Reason.REGISTRY_UNAVAILABLE, f"cannot write the registry: {exc.strerror}")
         return web.json_response({"address": request.match_info["address"], "sandbox": sandbox})
 
     async def delete_source(request: web.Request) -> web.Response:
         try:
             found = registry.unregister(request.match_info["address"])
         except RegistryError as exc:
-            return _error(400, "bad_address", str(exc))
+            return _error(exc.reason, str(exc))
         except OSError as exc:
-            return _error(503, "registry_unavailable", f"cannot write the registry: {exc.strerror}")
+            return _error(Reason.REGISTRY_UNAVAILABLE, f"cannot write the registry: {exc.strerror}")
         if not found:
-            return _error(404, "not_registered", "no sandbox registered for that address")
+            return _error(Reason.NOT_REGISTERED, "no sandbox registered for that address")
         return web.json_response({"removed": request.match_info["address"]})
 
     app.router.add_get("/v1/health", health)
@@ -77,9 +78,9 @@ def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
     return app
 
 
-def _error(status: int, reason: str, detail: str) -> web.Response:
+def _error(reason: Reason, detail: str) -> web.Response:
     return web.Response(
-        status=status,
+        status=reason.status,
         text=json.dumps({"error": reason, "detail": detail}),
         content_type="application/json",
     )

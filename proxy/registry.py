@@ -18,14 +18,17 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from sealgate.reasons import Reason, SealgateError
 from sealgate.watch import Snapshot
 
 log = logging.getLogger("sealgate")
 
 
 
-class RegistryError(ValueError):
-    """A registration that cannot be accepted (bad address, bad id)."""
+class RegistryError(SealgateError, ValueError):
+    """A registration that cannot be accepted: its address is not an IP address."""
+
+    reason = Reason.BAD_ADDRESS
 
 
 def canonical_source(address: str) -> str:
