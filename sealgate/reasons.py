@@ -127,6 +127,11 @@ class Reason(StrEnum):
     SECRET_INVALID = ("secret_invalid", 400, "a secret its processor cannot carry")
     PROCESSOR_INVALID = ("processor_invalid", 400, "processor settings that break its rules")
     LENGTH_REQUIRED = ("length_required", 411, "a body signature over a chunked body")
+    CREDENTIALS_TOO_LARGE = (
+        "credentials_too_large", 400,
+        "a request's credentials (sealed tokens and brokered secrets together) over the "
+        "scrubber's limits: too many or too long forms to look for in the response",
+    )
     # -- budgets ---------------------------------------------------------------------------
     REQUEST_TOO_LARGE = ("request_too_large", 413, "a body over the policy's per-request bytes")
     BUDGET_EXCEEDED = ("budget_exceeded", 429, "a rate, connection or byte budget is spent")

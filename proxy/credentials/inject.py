@@ -42,6 +42,18 @@ from sealgate.reasons import Reason
 _IDENTITY = (b"accept-encoding", b"identity")
 _TRAILERS = b"trailers"
 
+# What one request's credentials may give the response scrubber to look for: the forms of its
+# secrets (each secret, its percent-encoded or base64 forms), the distinct ones of 4 bytes or
+# more. A real request carries a few credentials of up to a few hundred characters, each with
+# at most three forms: some ten needles, a few KiB. The count leaves room for the 8 tokens a
+# request may carry, three forms each, with brokered credentials besides; the bytes for any one
+# secret of the longest a processor takes, 4096 ASCII characters (as a query parameter that
+# needs escaping throughout, its three forms are 28 KiB), not for several such, nor for a
+# 4096-character non-ASCII query secret. Past either the request is refused, since scrubbing a
+# response costs the proxy's one event loop time in proportion to the needles.
+MAX_NEEDLES = 32
+MAX_NEEDLE_BYTES = 32 << 10
+
 
 class FlowRequest:
     """`issuer.injection.MutableRequest` over a mitmproxy request."""
@@ -105,8 +117,10 @@ def credential(
         ((name, value),) = written.headers
         header = (name.encode("ascii"), value.encode("utf-8", "surrogateescape"))
         if isinstance(processor, BasicProcessor):
-            # The base64 form decodes to the secret: an echo of it is an echo of the secret.
-            needles.append(value)
+            # The base64 form decodes to the secret: an echo of it is an echo of the secret,
+            # with the scheme or alone (an origin that returns the credential it decoded
+            # from, or the token part of the header).
+            needles += [value, value.removeprefix("Basic ")]
     elif isinstance(processor, QueryProcessor):
         # In the URL the secret is percent-encoded as `set_query_param` writes it (quote); an
         # echoed URL (a redirect, a 404 page) carries that form, or the one a server that
@@ -130,7 +144,18 @@ class Injected:
         self.needles.extend(cred.needles)
 
     def scrubber(self) -> Scrubber:
-        return Scrubber(self.needles)
+        """The response scrubber for what went in; a Denial (`credentials_too_large`) past
+        `MAX_NEEDLES` or `MAX_NEEDLE_BYTES`. A sandbox that may send sealed tokens chooses
+        needles (anyone with the proxy's public key can mint a token)."""
+        scrubber = Scrubber(self.needles)
+        size = sum(map(len, scrubber.needles))
+        if len(scrubber.needles) > MAX_NEEDLES or size > MAX_NEEDLE_BYTES:
+            raise Denial(
+                Reason.CREDENTIALS_TOO_LARGE,
+                f"the request's credentials make {len(scrubber.needles)} forms to scrub, "
+                f"{size} bytes (at most {MAX_NEEDLES}, {MAX_NEEDLE_BYTES} bytes)",
+            )
+        return scrubber
 
 
 def write(

@@ -8,8 +8,15 @@ import pytest
 from mitmproxy import http
 
 from sealgate.issuer.processors import BasicProcessor, BearerProcessor, QueryProcessor
-from sealgate.proxy.credentials.inject import Injected, credential, put
+from sealgate.proxy.credentials.inject import (
+    MAX_NEEDLE_BYTES,
+    MAX_NEEDLES,
+    Injected,
+    credential,
+    put,
+)
 from sealgate.proxy.errors import Denial
+from sealgate.reasons import Reason
 
 
 def test_fixed_header_credentials_carry_their_header() -> None:
@@ -21,13 +28,75 @@ def test_fixed_header_credentials_carry_their_header() -> None:
 def test_basic_credential_scrubs_the_base64_form_too() -> None:
     cred = credential(BasicProcessor(username="ci"), "pw-secret-value", "broker:x")
     encoded = base64.b64encode(b"ci:pw-secret-value").decode()
-    assert {"pw-secret-value", f"Basic {encoded}"} <= set(cred.needles)
+    assert {"pw-secret-value", f"Basic {encoded}", encoded} <= set(cred.needles)
+
+
+def test_basic_credentials_base64_alone_is_masked() -> None:
+    # The review's F6: an origin that returns just the token part of the header (what it
+    # decoded the user from, say) handed the credential back; docs/rules.md says its base64
+    # form is masked.
+    cred = credential(BasicProcessor(username="u"), "pw-SECRET-0123456789", "broker:x")
+    injected = Injected()
+    injected.record(cred)
+    body = b'{"credential": "dTpwdy1TRUNSRVQtMDEyMzQ1Njc4OQ=="}'
+    out = injected.scrubber().data(body)
+    assert b"dTpwdy1TRUNSRVQtMDEyMzQ1Njc4OQ" not in out and b"[REDACTED]" in out
+    assert len(out) == len(body)
 
 
 def test_query_credential_scrubs_the_percent_encoded_form_too() -> None:
     cred = credential(QueryProcessor(param="key"), "q/s+e=c d", "broker:x")
     assert cred.header is None and cred.target == "?key"
     assert {"q/s+e=c d", "q%2Fs%2Be%3Dc%20d", "q%2Fs%2Be%3Dc+d"} <= set(cred.needles)
+
+
+# -- how much a request may give the scrubber to look for (the review's F5) ---------------------
+
+
+def _injected(*creds: tuple[object, str]) -> Injected:
+    injected = Injected()
+    for i, (processor, secret) in enumerate(creds):
+        injected.record(credential(processor, secret, f"token:{i}"))  # type: ignore[arg-type]
+    return injected
+
+
+def test_the_review_s_decoy_tokens_are_refused() -> None:
+    # 8 self-minted query tokens, 'a' * 2047 + ' ' + 2048 bytes each: 24 needles, 96 KiB.
+    injected = _injected(
+        *((QueryProcessor(param="k"), "a" * 2047 + " " + chr(65 + i) * 2048) for i in range(8))
+    )
+    with pytest.raises(Denial) as info:
+        injected.scrubber()
+    assert info.value.reason == "credentials_too_large"
+    assert Reason.CREDENTIALS_TOO_LARGE.status == 400
+
+
+def test_too_many_forms_are_refused() -> None:
+    secrets = [f"sk-{i:04d}-" + "x" * 20 for i in range(MAX_NEEDLES + 1)]
+    assert _injected(*((BearerProcessor(), s) for s in secrets[:MAX_NEEDLES])).scrubber()
+    with pytest.raises(Denial) as info:
+        _injected(*((BearerProcessor(), s) for s in secrets)).scrubber()
+    assert info.value.reason == "credentials_too_large"
+
+
+@pytest.mark.parametrize(
+    "creds",
+    [
+        # The longest secret a processor takes, 4096 characters, each of its forms: as a query
+        # parameter needing escaping throughout (3 forms, 28 KiB), as Basic with the longest
+        # username, as a bearer.
+        [(QueryProcessor(param="k"), "/+" * 2048)],
+        [(BasicProcessor(username="u" * 256), "p" * 4096)],
+        [(BearerProcessor(), "t" * 4096), (QueryProcessor(param="k"), "q" * 4096)],
+        # The 8 tokens a request may carry, three forms each, of a realistic length.
+        [(QueryProcessor(param=f"k{i}"), f"s/{i} " + "v" * 300) for i in range(8)],
+    ],
+    ids=["query-4096-escaped", "basic-4096", "bearer-and-query-4096", "8-query-tokens"],
+)
+def test_real_credential_sets_are_within_the_limits(creds: list[tuple[object, str]]) -> None:
+    scrubber = _injected(*creds).scrubber()
+    assert len(scrubber.needles) <= MAX_NEEDLES
+    assert sum(map(len, scrubber.needles)) <= MAX_NEEDLE_BYTES
 
 
 

@@ -1,0 +1,130 @@
+"""The outside review's attacks on response scrubbing, through the real proxy.
+
+F4: a sandbox that may send sealed tokens mints one (anyone with the proxy's public key can)
+whose secret is the text around an echo of a real credential, the real secret's public
+beginning included, and pads its request so that the text is there: needles replaced one after
+another, longest first, let the decoy take the real secret's beginning, and the rest of the
+secret went out. F5: the needles of one request are bounded (`credentials_too_large`). F6: a
+Basic credential's base64 form, alone, is masked too.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from sealgate.issuer import Claims, HostPattern, seal
+from sealgate.issuer.keys import PublicKeyEntry, generate
+from sealgate.issuer.processors import BasicProcessor, BearerProcessor, Processor, QueryProcessor
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, OriginCA, Proxy, key_digest
+
+REAL = "sk-live-SECRET-0123456789abcdef"
+UNKNOWN = "SECRET-0123456789abcdef"  # the part of REAL a sandbox does not know
+
+
+@pytest.fixture(scope="module")
+def public(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
+    directory = tmp_path_factory.mktemp("token-keys")
+    return directory, generate(directory)
+
+
+@pytest.fixture(scope="module")
+def aproxy(
+    tmp_path_factory: pytest.TempPathFactory, public: tuple[Path, PublicKeyEntry],
+    origin_https: Origin, dns: StubDNS, test_ca: OriginCA,
+) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  agent:
+    tokens: true
+    allow:
+      - host: api.test
+        ports: [{origin_https.port}]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: null
+"""
+    proxy = Proxy(
+        tmp_path_factory.mktemp("scrub-attacks"), rules, resolver=dns.address,
+        upstream_ca=test_ca.path, extra_args=["--token-keys", str(public[0])],
+    )
+    yield proxy
+    proxy.stop()
+    assert UNKNOWN not in proxy.audit_text() + proxy.stderr()
+
+
+@pytest.fixture()
+def origin(origin_https: Origin) -> Iterator[Origin]:
+    origin_https.reset()
+    yield origin_https
+    origin_https.echo = False
+    origin_https.reset()
+
+
+def mint(public: PublicKeyEntry, processor: Processor, port: int, secret: str) -> str:
+    now = int(time.time())
+    claims = Claims(
+        kid=public.kid, secret=secret, processor=processor,
+        hosts=(HostPattern("api.test", port),), exp=now + 300, iat=now,
+    )
+    return seal(claims, public)
+
+
+def call(proxy: Proxy, url: str, tokens: list[str], headers: dict[str, str] | None = None
+         ) -> requests.Response:
+    prepared = requests.Request("GET", url, headers=headers or {}).prepare()
+    prepared.headers["Proxy-Tokenizer"] = ", ".join(tokens)
+    return client(proxy).send(prepared, timeout=10)
+
+
+def test_a_decoy_token_around_an_echo_does_not_unmask_the_secret(
+    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    origin.echo = True  # the request's headers, as JSON, in the order they came
+    real = mint(public[1], BearerProcessor(), origin.port, REAL)
+    decoy = mint(public[1], QueryProcessor(param="q"), origin.port,
+                 "P" * 40 + '", "Authorization": "Bearer sk-live-')
+    r = call(aproxy, f"https://api.test:{origin.port}/echo", [real, decoy],
+             headers={"X-Pad": "P" * 64})
+    assert r.status_code == 200, r.text
+    # The echo came, with the pad and the credential next to each other, and all of it from
+    # the decoy's text to the secret's end is masked.
+    assert '"X-Pad": "' + "P" * 24 + "[REDACTED]" in r.text
+    assert UNKNOWN not in r.text and "0123456789abcdef" not in r.text
+    assert origin.requests[-1].headers["authorization"] == f"Bearer {REAL}"
+
+
+def test_a_basic_credentials_base64_alone_is_masked(
+    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    encoded = base64.b64encode(f"u:{REAL}".encode())
+    origin.response_body = b'{"seen": "' + encoded + b'"}'
+    r = call(aproxy, f"https://api.test:{origin.port}/basic",
+             [mint(public[1], BasicProcessor(username="u"), origin.port, REAL)])
+    assert r.status_code == 200, r.text
+    assert encoded not in r.content and b"[REDACTED]" in r.content
+    assert len(r.content) == len(origin.response_body)
+
+
+def test_too_many_or_too_long_forms_to_scrub_are_refused(
+    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+) -> None:
+    # The review's F5 decoys: 8 query tokens whose secrets make 24 needles, 96 KiB.
+    tokens = [
+        mint(public[1], QueryProcessor(param=f"k{i}"), origin.port,
+             "a" * 2047 + " " + chr(65 + i) * 2048)
+        for i in range(8)
+    ]
+    r = call(aproxy, f"https://api.test:{origin.port}/dos", tokens)
+    assert r.status_code == 400, r.text
+    assert r.json()["reason"] == "credentials_too_large"
+    assert origin.untouched()
