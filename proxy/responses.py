@@ -83,7 +83,7 @@ def on_response(flow: http.HTTPFlow, emit: Emit) -> None:
         try:
             body = decode_whole(encoding, response.raw_content)
         except Undecodable as exc:
-            _refuse(flow, emit, Reason.of(exc.reason), encoding=encoding[:64])
+            _refuse(flow, emit, exc.reason, encoding=encoding[:64])
             return
         _decoded(response)
         response.content = scrubber.data(body)
@@ -145,7 +145,7 @@ def _stream_scrubbed(
             # come, and the client must see that the response broke off.
             failed = True
             emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-                 reason=Reason.of(exc.reason), encoding=encoding[:64])
+                 reason=exc.reason, encoding=encoding[:64])
             mitm.cut_off(flow)
             return []
 

@@ -94,7 +94,7 @@ class Credential:
     needles: tuple[str, ...] = field(repr=False)  # what an echo of it would look like
     # The reason a request it cannot apply to (no placeholder there) is refused with: a token's
     # own (`token_inapplicable`, as docs/token-format.md says) or the broker's.
-    inapplicable: str = "request_inapplicable"
+    inapplicable: Reason = Reason.REQUEST_INAPPLICABLE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.target.encode())
@@ -105,7 +105,8 @@ class Credential:
 
 
 def credential(
-    processor: Processor, secret: str, label: str, *, inapplicable: str = "request_inapplicable"
+    processor: Processor, secret: str, label: str, *,
+    inapplicable: Reason = Reason.REQUEST_INAPPLICABLE,
 ) -> Credential:
     """Check `secret` for `processor` and work out what it writes. Raises InjectionError."""
     check_secret(processor, secret)
@@ -232,9 +233,9 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
             into.overwrote.append(cred.target)
         inject(cred.processor, cred.secret, FlowRequest(request))
     except RequestInapplicable as exc:
-        raise Denial(Reason.of(cred.inapplicable), str(exc)) from None
+        raise Denial(cred.inapplicable, str(exc)) from None
     except InjectionError as exc:
-        raise Denial(Reason.of(exc.reason), str(exc)) from None
+        raise Denial(exc.reason, str(exc)) from None
 
 
 def _present(request: http.Request, cred: Credential) -> bool:

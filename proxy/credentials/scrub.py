@@ -35,6 +35,8 @@ from typing import Protocol
 
 import zstandard
 
+from sealgate.reasons import Reason, SealgateError
+
 REDACTED = b"[REDACTED]"
 _PATTERN = REDACTED * 410  # masks up to 4 KiB are sliced from it
 
@@ -54,17 +56,16 @@ _ZSTD_WINDOW = 8 << 20
 _ZSTD_SLICE = 256
 
 
-class Undecodable(Exception):
+class Undecodable(SealgateError):
     """A compressed body that cannot be scrubbed: corrupt, cut short, or decoding past
-    `DECODED_LIMIT`. `reason` is the audit reason code."""
+    `DECODED_LIMIT`."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail, reason=reason)
 
 
 def _too_large() -> Undecodable:
-    return Undecodable("decoded_too_large", f"decodes to more than {DECODED_LIMIT} bytes")
+    return Undecodable(Reason.DECODED_TOO_LARGE, f"decodes to more than {DECODED_LIMIT} bytes")
 
 
 class Decoder(Protocol):
@@ -96,21 +97,21 @@ class _Zlib:
             try:
                 piece = self._part.decompress(data, room + 1)
             except zlib.error as exc:
-                raise Undecodable("decode_failed", str(exc)) from None
+                raise Undecodable(Reason.DECODE_FAILED, str(exc)) from None
             room -= len(piece)
             if room < 0:
                 raise _too_large()
             out.append(piece)
             rest = self._part.unused_data if self._part.eof else self._part.unconsumed_tail
             if rest == data and not piece:
-                raise Undecodable("decode_failed", "compressed stream makes no progress")
+                raise Undecodable(Reason.DECODE_FAILED, "compressed stream makes no progress")
             data = rest
         return b"".join(out)
 
     def flush(self) -> bytes:
         # An empty body holds nothing to find, whatever coding it claims.
         if self._seen and not self._part.eof:
-            raise Undecodable("decode_failed", "compressed stream ended early")
+            raise Undecodable(Reason.DECODE_FAILED, "compressed stream ended early")
         return b""
 
 
@@ -135,7 +136,7 @@ class _Deflate:
     def flush(self) -> bytes:
         if self._inner is None:
             if self._head:
-                raise Undecodable("decode_failed", "compressed stream ended early")
+                raise Undecodable(Reason.DECODE_FAILED, "compressed stream ended early")
             return b""
         return self._inner.flush()
 
@@ -162,7 +163,7 @@ class _Zstd:
             try:
                 out.append(self._frame.decompress(piece))
             except zstandard.ZstdError as exc:
-                raise Undecodable("decode_failed", str(exc)) from None
+                raise Undecodable(Reason.DECODE_FAILED, str(exc)) from None
             size += len(out[-1])
             if size > DECODED_LIMIT:
                 raise _too_large()
@@ -173,7 +174,7 @@ class _Zstd:
 
     def flush(self) -> bytes:
         if self._seen and not self._frame.eof:
-            raise Undecodable("decode_failed", "compressed stream ended early")
+            raise Undecodable(Reason.DECODE_FAILED, "compressed stream ended early")
         return b""
 
 
@@ -195,7 +196,7 @@ def decode_whole(encoding: str, body: bytes) -> bytes:
     """A buffered body, decoded within the same bounds; raises Undecodable."""
     decode = decoder(encoding)
     if decode is None:
-        raise Undecodable("encoding_unscrubbable", f"cannot decode {encoding[:64]!r}")
+        raise Undecodable(Reason.ENCODING_UNSCRUBBABLE, f"cannot decode {encoding[:64]!r}")
     return decode.decompress(body) + decode.flush()
 
 
