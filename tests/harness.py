@@ -355,6 +355,14 @@ class Proxy:
         return int(self.process.returncode)
 
 
+def secret_store(directory: Path, **secrets: str) -> list[str]:
+    """A private file secret store holding `secrets`, as the proxy arguments that name it."""
+    path = directory / "secrets.yaml"
+    path.write_text("".join(f"{name}: {value}\n" for name, value in secrets.items()))
+    os.chmod(path, 0o600)
+    return ["--secret-store", f"file:{path}"]
+
+
 @contextlib.contextmanager
 def running_proxy(*args: Any, **kwargs: Any) -> Iterator[Proxy]:
     proxy = Proxy(*args, **kwargs)

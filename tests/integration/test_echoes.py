@@ -8,7 +8,6 @@ secret is nowhere in what the client read.
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
 import statistics
@@ -28,7 +27,7 @@ from wsproto.extensions import PerMessageDeflate
 
 from tests.dnsstub import StubDNS
 from tests.echoorigin import EchoOrigin
-from tests.harness import OriginCA, Proxy, key_digest, running_proxy
+from tests.harness import OriginCA, Proxy, key_digest, running_proxy, secret_store
 from tests.security.rawclient import h2_through_tunnel, open_tunnel, proxy_auth, read_response
 
 SECRET = "sk-echo-canary-5e4d3c2b1a09"
@@ -50,9 +49,6 @@ def eproxy(
 ) -> Iterator[Proxy]:
     dns.set("echo.test", "A 127.0.0.1")
     directory = tmp_path_factory.mktemp("echo")
-    secrets = directory / "secrets.yaml"
-    secrets.write_text(f"echo_key: {SECRET}\n")
-    os.chmod(secrets, 0o600)
     rules = f"""
 version: 1
 policies:
@@ -69,7 +65,7 @@ sandboxes:
 """
     with running_proxy(
         directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-        extra_args=["--secret-store", f"file:{secrets}"],
+        extra_args=secret_store(directory, echo_key=SECRET),
     ) as proxy:
         yield proxy
         assert SECRET not in proxy.audit_text() + proxy.stderr()

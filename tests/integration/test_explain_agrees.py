@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
@@ -40,7 +39,7 @@ from sealgate.proxy.policy.explain import explain
 from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.reasons import Reason
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy
+from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy, secret_store
 from tests.security.rawclient import LoopbackTrap, open_tunnel, proxy_auth
 
 SECRET = "agree-canary-5c4b3a29"
@@ -328,15 +327,12 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory, dns: StubDNS) -> Iterator[Rig]:
     directory = tmp_path_factory.mktemp("explain-agrees")
-    secrets = directory / "secrets.yaml"
-    secrets.write_text(f"agree_key: {SECRET}\n")
-    os.chmod(secrets, 0o600)
     origin, bare = Origin(), RawListener()
     trap = LoopbackTrap([origin.port])
     try:
         with running_proxy(
             directory, _rules(origin.port, bare.port), resolver=dns.address,
-            extra_args=["--secret-store", f"file:{secrets}"],
+            extra_args=secret_store(directory, agree_key=SECRET),
         ) as proxy:
             yield Rig(proxy, origin, bare, trap, dns)
     finally:

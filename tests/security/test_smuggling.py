@@ -12,7 +12,6 @@ HTTP/1.1 TLS, so a test sees exactly what arrived.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import ssl
 import threading
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.dnsstub import StubDNS
-from tests.harness import OriginCA, Proxy, key_digest, running_proxy
+from tests.harness import OriginCA, Proxy, key_digest, running_proxy, secret_store
 from tests.security.rawclient import (
     NoResponse,
     RawResponse,
@@ -104,9 +103,6 @@ def sproxy(
 ) -> Iterator[Proxy]:
     dns.set("strict.test", "A 127.0.0.1")
     directory = tmp_path_factory.mktemp("smuggle")
-    secrets = directory / "secrets.yaml"
-    secrets.write_text(f"key: {SECRET}\n")
-    os.chmod(secrets, 0o600)
     rules = f"""
 version: 1
 policies:
@@ -125,7 +121,7 @@ sandboxes:
   strict-1: {{policy: strict, key_sha256: "{key_digest(KEY)}"}}
 """
     with running_proxy(directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-                       extra_args=["--secret-store", f"file:{secrets}"]) as proxy:
+                       extra_args=secret_store(directory, key=SECRET)) as proxy:
         yield proxy
 
 
