@@ -7,6 +7,7 @@ in `policy.decide`, the hooks only write down what was decided.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,17 +75,20 @@ class RequestFacts:
     tokens: list[str]
     length: int | None  # a declared Content-Length
     chunked: bool  # a body of unknown length: chunked, or HTTP/2 and 3 without Content-Length
-    # CR, LF or NUL in the method, the target or a field. HTTP/2 does not refuse them in values,
-    # mitmproxy writes them verbatim into the HTTP/1 request it makes of an HTTP/2 one, and
-    # HTTP/1 parsers split on a bare CR: a second request, carrying the injected credential,
-    # would reach the origin past every rule.
+    # A control character in the method, the target or a field value (HTAB aside), a field name
+    # that is not a token, or Transfer-Encoding over HTTP/2 or 3. HTTP/2 does not refuse CR or
+    # LF in values, mitmproxy writes them verbatim into the HTTP/1 request it makes of an
+    # HTTP/2 one, and HTTP/1 parsers split on a bare CR: a second request, carrying the
+    # injected credential, would reach the origin past every rule. HTTP/2 forbids
+    # Transfer-Encoding (RFC 9113 8.2.2); passed on to HTTP/1 it would frame the body.
     malformed: bool
 
     @classmethod
     def of(cls, request: http.Request) -> RequestFacts:
+        framed = request.is_http2 or request.is_http3
         facts = cls([], [], None, False, _unsafe(request.data.method) or _unsafe(request.data.path))
         for raw_name, raw_value in request.headers.fields:
-            if _unsafe(raw_value) or _unsafe(raw_name):
+            if _unsafe(raw_value) or not _TOKEN.fullmatch(raw_name):
                 facts.malformed = True
             name = raw_name.lower()
             if name == b"proxy-authorization":
@@ -95,19 +99,24 @@ class RequestFacts:
                 facts.length = int(raw_value)
             elif name == b"transfer-encoding":
                 facts.chunked = True
-        if facts.length is None and (request.is_http2 or request.is_http3):
+                facts.malformed = facts.malformed or framed
+        if facts.length is None and framed:
             # Frames carry the body, with no length unless the client declared one.
             facts.chunked = True
         return facts
 
 
 def unsafe_fields(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
-    """Whether any field name or value holds CR, LF or NUL."""
-    return any(_unsafe(name) or _unsafe(value) for name, value in fields)
+    """Whether any field name is not a token or any value holds a control character."""
+    return any(_unsafe(value) or not _TOKEN.fullmatch(name) for name, value in fields)
+
+
+_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 5.5: HTAB is allowed
+_TOKEN: Final = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.6.2
 
 
 def _unsafe(raw: bytes) -> bool:
-    return b"\r" in raw or b"\n" in raw or b"\0" in raw
+    return _CONTROL.search(raw) is not None
 
 
 def stream_request(

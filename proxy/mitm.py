@@ -31,7 +31,7 @@ from mitmproxy.net.http import status_codes
 from mitmproxy.proxy import mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
-from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
     RequestHeaders,
@@ -79,6 +79,9 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
     )
     _http1.Http1Client.send = _framed_for_http1(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
+    )
+    HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
+        HttpStream.state_stream_response_body
     )
     # Type-checks every field of every Request and Response against its annotation (only
     # `if __debug__`); the values come from mitmproxy's own parser. Running everything with -O
@@ -148,6 +151,24 @@ def _framed_for_http1(send: _Send) -> _Send:
         yield from send(self, event)
 
     return framed
+
+
+_State = Callable[[HttpStream, Event], CommandGenerator[None]]
+
+
+def _no_empty_chunks(state: _State) -> _State:
+    """An empty HTTP/2 DATA frame in the middle of a response reaches a stream function as b"",
+    which is also how mitmproxy says the body ended: the scrubber would let out the tail it held
+    back, and a secret split around the empty frame would pass unmasked. Such an event carries
+    nothing, so it is dropped before the stream function sees it."""
+
+    @functools.wraps(state)
+    def stream_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
+        if isinstance(event, ResponseData) and not event.data:
+            return
+        yield from state(self, event)
+
+    return stream_body
 
 
 def skip_update_walk(addons: addonmanager.AddonManager) -> bool:

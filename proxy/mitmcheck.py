@@ -24,7 +24,7 @@ from mitmproxy.addons import proxyserver
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
 from mitmproxy.proxy.layers import HttpLayer
-from mitmproxy.proxy.layers.http import HTTPMode, _events, _http1, _http2
+from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
 
 
@@ -117,6 +117,13 @@ def _http1_framing() -> None:
     # Each chunk's framing is read from the request the headers event carried.
     _names(_http1.Http1Client.send, "request", "headers", "get", "is_http2", "is_http3")
     _fields(_events.RequestHeaders, "stream_id", "request", "end_stream")
+
+
+@_checks("mitmproxy.proxy.layers.http.HttpStream.state_stream_response_body")
+def _stream_body() -> None:
+    _params(HttpStream.state_stream_response_body, "(self, event)")
+    # Looked up by name when streaming starts, so the replaced method is the one used.
+    _names(HttpStream.start_response_stream, "state_stream_response_body")
 
 
 @_checks("mitmproxy.proxy.layers.http._http2.Http2Server._handle_event")

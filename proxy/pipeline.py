@@ -47,7 +47,6 @@ from sealgate.proxy.identity import Identity
 from sealgate.proxy.net import guard as guardmod
 from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
 from sealgate.proxy.policy.model import PathError, Policy, Rule, normalize_path
-from sealgate.proxy.policy.rulesfile import RulesError
 from sealgate.proxy.settings import Settings
 from sealgate.reasons import Reason
 
@@ -96,12 +95,10 @@ class Sealgate:
 
     def reload(self) -> None:
         """Re-read the rules and token keys; a broken file keeps what is in force and says why."""
-        current = self._state()
-        try:
-            self.settings = settings.reload(current, ctx.options)
-        except RulesError as exc:
-            logger.error("sealgate: rules reload failed, keeping the previous rules: %s", exc)
-            self._emit("rules_reload_failed", error=str(exc))
+        self.settings, failed = settings.reload(self._state(), ctx.options)
+        if failed is not None:
+            logger.error("sealgate: rules reload failed, keeping the previous rules: %s", failed)
+            self._emit("rules_reload_failed", error=str(failed))
         else:
             self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
 

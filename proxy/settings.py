@@ -134,18 +134,22 @@ def retire(old: Settings | None, new: Settings) -> None:
         old.audit.close()
 
 
-def reload(current: Settings, opts: Any) -> Settings:
-    """Rules and token keys read again. A broken rules file raises RulesError (the caller keeps
-    `current`); unreadable keys keep the previous ones, with the reason on stderr."""
+def reload(current: Settings, opts: Any) -> tuple[Settings, RulesError | None]:
+    """Token keys and rules read again, each on its own: unreadable keys keep the previous ones
+    (the reason on stderr), a broken rules file keeps the rules in force and is returned, and
+    neither holds the other back (a key removed to revoke it goes, whatever the rules say)."""
     tokenizer = current.tokenizer
     if opts.sealgate_token_keys:
         try:
             tokenizer = Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
         except KeyFileError as exc:
             logger.error("sealgate: token keys reload failed, keeping the previous: %s", exc)
-    rules, seen, identifier = load(opts, current.broker)
-    return replace(current, rules=rules, rules_seen=seen, identifier=identifier,
-                   tokenizer=tokenizer)
+    keyed = replace(current, tokenizer=tokenizer)
+    try:
+        rules, seen, identifier = load(opts, current.broker)
+    except RulesError as exc:
+        return keyed, exc
+    return replace(keyed, rules=rules, rules_seen=seen, identifier=identifier), None
 
 
 def load(opts: Any, broker: Broker) -> tuple[RuleSet, Snapshot, Identifier]:

@@ -132,6 +132,17 @@ class EchoOrigin:
                     fields = {_text(k).lower(): _text(v) for k, v in event.headers}
                     auth = fields.get("authorization", "")
                     stream = event.stream_id
+                    if fields.get(":path") == "/split":
+                        # The secret split around an empty DATA frame, which mitmproxy hands a
+                        # stream function as b"", the same as the end of the body.
+                        secret = auth.removeprefix("Bearer ").encode()
+                        conn.send_headers(stream, [(":status", "200")])
+                        conn.send_data(stream, b"x " + secret[:8])
+                        sock.sendall(conn.data_to_send())
+                        conn.send_data(stream, b"")
+                        sock.sendall(conn.data_to_send())
+                        conn.send_data(stream, secret[8:] + b" y", end_stream=True)
+                        continue
                     conn.send_headers(stream, [(":status", "200"), ("x-echo", auth)])
                     conn.send_data(stream, b"hello")
                     conn.send_headers(stream, [("x-echo", auth)], end_stream=True)

@@ -127,6 +127,19 @@ def test_an_echo_in_response_trailers_is_masked(eproxy: Proxy, origin: EchoOrigi
     assert SECRET not in str(response)
 
 
+def test_an_empty_data_frame_does_not_flush_a_held_secret(
+    eproxy: Proxy, origin: EchoOrigin
+) -> None:
+    """An empty HTTP/2 DATA frame between two halves of an echoed secret (streamed: no length)."""
+    response, protocol = h2_through_tunnel(
+        eproxy.port, f"echo.test:{origin.port}", ("echo-1", KEY), eproxy.ca,
+        [(":method", "GET"), (":scheme", "https"), (":authority", f"echo.test:{origin.port}"),
+         (":path", "/split")],
+    )
+    assert (protocol, response.status) == ("h2", 200)
+    assert response.body == b"x " + (MASK * 3)[: len(SECRET)] + b" y", response.body
+
+
 def test_server_sent_events_are_not_held_back(eproxy: Proxy, origin: EchoOrigin) -> None:
     """Each event reaches the client as soon as it was written (the scrubber once held the
     last secret-length bytes of every chunk, so each event arrived with the next one), and the

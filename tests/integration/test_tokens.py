@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import hmac
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +42,7 @@ from sealgate.issuer.processors import (
 )
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, OriginCA, Proxy, key_digest, running_proxy
 from tests.security.rawclient import (
     RawResponse,
     h2_through_tunnel,
@@ -633,3 +634,38 @@ def test_query_token_rewrites_only_its_parameter_on_the_wire(
     path = target.partition("?")[0]
     line = tproxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == path)
     assert line["overwrote"] == (overwrote or None)
+
+
+def test_a_revoked_key_goes_on_reload_even_when_the_rules_are_broken(
+    tmp_path: Path, origin_https: Origin, dns: StubDNS, test_ca: OriginCA
+) -> None:
+    """Keys and rules reload each on their own: removing a key file revokes its tokens at the
+    next SIGHUP although the rules file is broken meanwhile (the rules in force stay)."""
+    key_dir = tmp_path / "keys"
+    key_dir.mkdir()
+    revoked, kept = generate(key_dir), generate(key_dir)
+    rules = f"""
+version: 1
+policies:
+  agent:
+    tokens: true
+    allow:
+      - host: api.test
+        ports: [{origin_https.port}]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+"""
+    url = f"https://api.test:{origin_https.port}/revoke"
+    processor = BearerProcessor()
+    with running_proxy(tmp_path, rules, resolver=dns.address, upstream_ca=test_ca.path,
+                       extra_args=["--token-keys", str(key_dir)]) as p:
+        assert call(p, url, mint(revoked, processor, origin_https.port)).status_code == 200
+        for path in key_dir.glob(f"{revoked.kid}.*"):
+            path.unlink()
+        p.rules.write_text("version: 1\npolicies: [oops\n")
+        p.signal(signal.SIGHUP)
+        p.wait_audit(lambda e: e["event"] == "rules_reload_failed")
+        refused = call(p, url, mint(revoked, processor, origin_https.port))
+        assert refused.status_code == 400, refused.text
+        assert call(p, url, mint(kept, processor, origin_https.port)).status_code == 200

@@ -157,8 +157,12 @@ SMUGGLED = "\r\n\r\nDELETE /admin/everything HTTP/1.1\r\nHost: strict.test"
         [*base("/allowed/x"), ("cookie", "a=1" + SMUGGLED)],
         [*base("/allowed/x?q=1 HTTP/1.1\r\nHost: strict.test\r\n\r\nDELETE /admin/q")],
         [*base("/allowed/x"), ("x-a", "nul\x00here")],
+        [*base("/allowed/x"), ("x-a", "vertical\x0btab")],
+        [*base("/allowed/x"), ("x:y", "1")],
+        [*base("/allowed/x", "POST"), ("transfer-encoding", "identity")],
     ],
-    ids=["crlf-value", "lf-value", "crlf-cookie", "crlf-path-query", "nul-value"],
+    ids=["crlf-value", "lf-value", "crlf-cookie", "crlf-path-query", "nul-value", "vt-value",
+         "colon-in-name", "h2-transfer-encoding"],
 )
 def test_http2_fields_cannot_end_the_forwarded_request(
     sproxy: Proxy, origin: RecordingOrigin, clean: None, headers: list[tuple[str, str]]
