@@ -122,8 +122,9 @@ def configure(current: Settings | None, updated: set[str], opts: Any) -> Setting
             raise exceptions.OptionsError(f"sealgate: cannot load rules: {exc}") from exc
     else:
         rules, seen, identifier = current.rules, current.rules_seen, current.identifier
-    audit = _audit(opts) if current is None or _AUDIT_OPTIONS & updated else current.audit
     guard = _guard(opts) if current is None or _GUARD_OPTIONS & updated else current.guard
+    # Last: nothing after it can fail, so a new log (a file, maybe a thread) is never orphaned.
+    audit = _audit(opts) if current is None or _AUDIT_OPTIONS & updated else current.audit
     return Settings(rules, seen, identifier, broker, tokenizer, audit, guard,
                     bool(opts.ssl_insecure))
 
