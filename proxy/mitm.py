@@ -21,16 +21,19 @@ The patches, and why:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import wsproto.events
 from mitmproxy import addonmanager, connection, ctx, flow, http
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy import mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers import websocket
 from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
@@ -82,6 +85,12 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
     )
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
+    )
+    websocket.WebsocketLayer._handle_event = _scrub_setup(
+        websocket.WebsocketLayer.start
+    )
+    websocket.WebsocketConnection.send2 = _scrubbed_control(  # type: ignore[method-assign, assignment]
+        websocket.WebsocketConnection.send2
     )
     # Type-checks every field of every Request and Response against its annotation (only
     # `if __debug__`); the values come from mitmproxy's own parser. Running everything with -O
@@ -169,6 +178,44 @@ def _no_empty_chunks(state: _State) -> _State:
         yield from state(self, event)
 
     return stream_body
+
+
+# A WebSocket flow's metadata key for the function that masks a credential in bytes: set by
+# the pipeline on a connection that carried one, read when mitmproxy relays control frames.
+CONTROL_SCRUB = "sealgate_control_scrub"
+_Start = Callable[[websocket.WebsocketLayer, Event], CommandGenerator[None]]
+
+
+def _scrub_setup(start: _Start) -> _Start:
+    """mitmproxy relays WebSocket control frames (ping and pong payloads, a close's reason)
+    without a hook, as the same wsproto events it parsed: the connection to the client is
+    handed the flow's masking function, which `_scrubbed_control` applies to them."""
+
+    @functools.wraps(start)
+    def start_scrubbed(self: websocket.WebsocketLayer, event: Event) -> CommandGenerator[None]:
+        yield from start(self, event)
+        if (scrub := self.flow.metadata.get(CONTROL_SCRUB)) is not None:
+            self.client_ws.__dict__[CONTROL_SCRUB] = scrub
+
+    return start_scrubbed
+
+
+_Send2 = Callable[[websocket.WebsocketConnection, Any], Any]
+
+
+def _scrubbed_control(send2: _Send2) -> _Send2:
+    @functools.wraps(send2)
+    def send(self: websocket.WebsocketConnection, event: Any) -> Any:
+        scrub: Callable[[bytes], bytes] | None = self.__dict__.get(CONTROL_SCRUB)
+        if scrub is not None:
+            if isinstance(event, wsproto.events.Ping | wsproto.events.Pong):
+                event = dataclasses.replace(event, payload=scrub(bytes(event.payload)))
+            elif isinstance(event, wsproto.events.CloseConnection) and event.reason:
+                reason = scrub(event.reason.encode()).decode(errors="replace")
+                event = dataclasses.replace(event, reason=reason)
+        return send2(self, event)
+
+    return send
 
 
 def skip_update_walk(addons: addonmanager.AddonManager) -> bool:

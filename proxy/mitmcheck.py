@@ -19,11 +19,12 @@ from typing import Any
 
 import h2.connection
 import h2.stream
+import wsproto.events
 from mitmproxy import addonmanager, connection, flow, http
 from mitmproxy.addons import proxyserver
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
-from mitmproxy.proxy.layers import HttpLayer
+from mitmproxy.proxy.layers import HttpLayer, websocket
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
 
@@ -124,6 +125,21 @@ def _stream_body() -> None:
     _params(HttpStream.state_stream_response_body, "(self, event)")
     # Looked up by name when streaming starts, so the replaced method is the one used.
     _names(HttpStream.start_response_stream, "state_stream_response_body")
+
+
+@_checks("mitmproxy.proxy.layers.websocket (control frames)")
+def _websocket_control() -> None:
+    layer_cls, conn_cls = websocket.WebsocketLayer, websocket.WebsocketConnection
+    _expect(layer_cls.__dict__.get("_handle_event") is layer_cls.start,
+            "WebsocketLayer no longer starts in its start method")
+    _params(layer_cls.start, "(self, _)")
+    _names(inspect.unwrap(layer_cls.start), "client_ws", "flow")
+    _params(conn_cls.send2, "(self, event)")
+    # Control frames are relayed through send2 as the events wsproto parsed.
+    _names(inspect.unwrap(layer_cls.relay_messages), "send2", "Ping", "Pong", "CloseConnection")
+    for event, name in ((wsproto.events.Ping, "payload"), (wsproto.events.CloseConnection,
+                                                         "reason")):
+        _expect(name in [f.name for f in dataclasses.fields(event)], f"{event} has no {name}")
 
 
 @_checks("mitmproxy.proxy.layers.http._http2.Http2Server._handle_event")

@@ -62,6 +62,9 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         response.data.reason
     ):
         response.data.reason = reason
+    if response.status_code == 101:
+        # A WebSocket follows: its control frames are masked as mitmproxy relays them.
+        flow.metadata[mitm.CONTROL_SCRUB] = scrubber.data
     if _stream_if_large(response):
         _stream_scrubbed(flow, response, scrubber, emit)
     # else: buffered, and scrubbed whole in on_response

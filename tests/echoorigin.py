@@ -23,6 +23,8 @@ from wsproto.events import (
     AcceptConnection,
     BytesMessage,
     CloseConnection,
+    Ping,
+    Pong,
     Request,
     TextMessage,
 )
@@ -180,7 +182,9 @@ class EchoOrigin:
         out += ws.send(TextMessage(data=f"split {secret[:half]}", message_finished=False))
         out += ws.send(TextMessage(data=f"{secret[half:]} end", message_finished=True))
         out += ws.send(TextMessage(data="bye"))
-        out += ws.send(CloseConnection(code=1000, reason="done"))
+        out += ws.send(Ping(payload=b"ping " + secret.encode()))
+        out += ws.send(Pong(payload=b"pong " + secret.encode()))
+        out += ws.send(CloseConnection(code=1000, reason=f"done {secret}"))
         sock.sendall(out)
         deadline = time.monotonic() + 3
         with contextlib.suppress(OSError):

@@ -20,6 +20,8 @@ from wsproto.events import (
     AcceptConnection,
     CloseConnection,
     Message,
+    Ping,
+    Pong,
     Request,
     TextMessage,
 )
@@ -177,6 +179,7 @@ def test_an_echo_in_websocket_messages_is_masked(
     extensions = [PerMessageDeflate()] if deflate else []
     messages: list[bytes] = []
     kinds: list[str] = []
+    control: list[bytes] = []  # ping and pong payloads, then the close reason
     parts: list[bytes] = []
     accepted = None
     with connect(eproxy, origin) as sock:
@@ -200,7 +203,10 @@ def test_an_echo_in_websocket_messages_is_masked(
                         kinds.append(type(event).__name__)
                         messages.append(b"".join(parts))
                         parts.clear()
+                elif isinstance(event, Ping | Pong):
+                    control.append(bytes(event.payload))
                 elif isinstance(event, CloseConnection):
+                    control.append((event.reason or "").encode())
                     closed = True
     assert accepted is not None
     assert bool(accepted.extensions) == deflate
@@ -212,3 +218,6 @@ def test_an_echo_in_websocket_messages_is_masked(
     assert len(messages[2]) == len(f"split {SECRET} end")
     assert messages[3] == b"bye"
     assert kinds == ["TextMessage", "BytesMessage", "TextMessage", "TextMessage"]
+    # Control frames too: relayed by mitmproxy without a hook, masked as they go.
+    masked = (MASK * 3)[: len(SECRET)]
+    assert control == [b"ping " + masked, b"pong " + masked, b"done " + masked], control
