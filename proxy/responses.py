@@ -17,7 +17,8 @@ from typing import Protocol
 from mitmproxy import http
 
 from sealgate.proxy import mitm
-from sealgate.proxy.credentials.scrub import Scrubber, Undecodable, decode_whole, decoder
+from sealgate.proxy.credentials.decode import Undecodable, decode_whole, decoder
+from sealgate.proxy.credentials.scrub import Scrubber
 from sealgate.proxy.flowstate import META, SCRUB, STREAM_OVER, header
 from sealgate.proxy.net import guard
 from sealgate.reasons import Reason

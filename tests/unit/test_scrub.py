@@ -16,15 +16,9 @@ from hypothesis import strategies as st
 
 from sealgate.issuer.processors import QueryProcessor
 from sealgate.proxy.credentials import scrub as scrub_module
+from sealgate.proxy.credentials.decode import DECODED_LIMIT, Undecodable, decode_whole, decoder
 from sealgate.proxy.credentials.inject import Injected, credential
-from sealgate.proxy.credentials.scrub import (
-    DECODED_LIMIT,
-    REDACTED,
-    Scrubber,
-    Undecodable,
-    decode_whole,
-    decoder,
-)
+from sealgate.proxy.credentials.scrub import REDACTED, Scrubber
 
 SECRET = "sk_live_0123456789abcdef"
 
