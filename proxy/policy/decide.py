@@ -55,7 +55,7 @@ class Decision:
     detail: str = ""
     policy: Policy | None = None
     rule: Rule | None = None  # the rule that matched the request (None for a tunnel or a miss)
-    host_rules: tuple[Rule, ...] = ()  # the rules matching host and port
+    host_rules: tuple[Rule, ...] = ()  # a tunnel's: the rules matching its host and port
     tunnel: bool = False  # a tunnel passed through undecrypted
     # Credentials go over plain HTTP: allowed only to an address `secure_for` accepts.
     plain_credentials: bool = False
@@ -92,20 +92,23 @@ def decide(rules: RuleSet, question: Question) -> Decision:
     policy = policy_for(rules, q.identity)
     if isinstance(policy, Decision):
         return policy
-    host_rules = policy.match_host(q.host, q.port)
+    # A tunnel is decided by every rule of its host and port; a request by the first rule that
+    # allows it, so the per-request path matches once.
     rule = None
     if q.method is None:
+        host_rules = policy.match_host(q.host, q.port)
         matched = bool(host_rules)
-        where = format_hostport(q.host.name, q.port)
     else:
+        host_rules = ()
         rule = policy.match(q.host, q.port, q.method, q.path or "/")
         matched = rule is not None
-        where = f"{q.method} {format_hostport(q.host.name, q.port)}{q.path or '/'}"
     verdict: Verdict = "allow"
     reason: Reason | None = None
+    detail = ""
     if not matched:
+        detail = f"{_where(q)} is not allowed"
         if policy.mode == "enforce":
-            return _deny(policy, Reason.NOT_ALLOWED, f"{where} is not allowed", host_rules)
+            return _deny(policy, Reason.NOT_ALLOWED, detail)
         verdict, reason = "report", Reason.NOT_ALLOWED
     # From here a refusal still names the rule that matched: the rule was not the problem.
     if name_reason := denied_name(q.host):
@@ -132,9 +135,14 @@ def decide(rules: RuleSet, question: Question) -> Decision:
             return _deny(policy, Reason.INSECURE_UPSTREAM,
                          f"{q.host.ip} is not in the policy's allow_networks", host_rules, rule)
     return Decision(
-        verdict, reason, f"{where} is not allowed" if reason else "", policy, rule, host_rules,
+        verdict, reason, detail, policy, rule, host_rules,
         tunnel=q.method is None and tunnels(policy, host_rules), plain_credentials=plain,
     )
+
+
+def _where(q: Question) -> str:
+    target = format_hostport(q.host.name, q.port)
+    return target if q.method is None else f"{q.method} {target}{q.path or '/'}"
 
 
 def _in_networks(policy: Policy | None, address: IPAddress) -> bool:
