@@ -190,7 +190,11 @@ def _tokenizer(opts: Any) -> Tokenizer | None:
 def _audit(opts: Any) -> AuditLog:
     log_opt = opts.sealgate_audit_log
     path = None if log_opt == "off" else Path(log_opt or Path(opts.sealgate_state) / "audit.log")
-    return AuditLog(path, stdout=opts.sealgate_audit_stdout, batch=True)
+    try:
+        return AuditLog(path, stdout=opts.sealgate_audit_stdout, batch=True)
+    except OSError as exc:
+        # As an OptionsError, mitmproxy keeps the options in force with the settings in force.
+        raise exceptions.OptionsError(f"sealgate: audit log {path}: {exc.strerror}") from exc
 
 
 def _guard(opts: Any) -> Guard:
