@@ -93,31 +93,35 @@ class Group:
         group = parent / name
         group.mkdir()
         self.dirs.append(group)
-        (group / "pids.max").write_text(str(limits.pids))
-        (group / "memory.max").write_text(str(limits.memory))
-        (group / "memory.swap.max").write_text("0")
-        if limits.cpus is not None:
-            (group / "cpu.max").write_text(f"{int(limits.cpus * _PERIOD_US)} {_PERIOD_US}")
+        self.apply(limits)
 
     def _v1(self, name: str, limits: Limits) -> None:
-        settings: dict[str, dict[str, str]] = {
-            "pids": {"pids.max": str(limits.pids)},
-            "memory": {"memory.limit_in_bytes": str(limits.memory)},
-        }
-        if limits.cpus is not None:
-            settings["cpu"] = {"cpu.cfs_period_us": str(_PERIOD_US),
-                               "cpu.cfs_quota_us": str(int(limits.cpus * _PERIOD_US))}
-        for controller, values in settings.items():
+        for controller in ("pids", "memory", "cpu"):
             if not (ROOT / controller).is_dir():
                 raise CgroupError(f"no cgroup v1 {controller} hierarchy at {ROOT / controller}")
             group = ROOT / controller / _PARENT / name
             group.mkdir(parents=True)
             self.dirs.append(group)
+        self.apply(limits)
+
+    def apply(self, limits: Limits) -> None:
+        """Set the limits on groups that exist (a warm sandbox gets its caller's at create).
+        Raises OSError."""
+        quota = "max" if limits.cpus is None else str(int(limits.cpus * _PERIOD_US))
+        values = {
+            "pids.max": str(limits.pids),
+            "memory.max": str(limits.memory), "memory.swap.max": "0",  # v2
+            "cpu.max": f"{quota} {_PERIOD_US}",
+            "memory.limit_in_bytes": str(limits.memory),  # v1
+            # v1 with swap accounting: swap counts against the limit too
+            "memory.memsw.limit_in_bytes": str(limits.memory),
+            "cpu.cfs_period_us": str(_PERIOD_US),
+            "cpu.cfs_quota_us": "-1" if limits.cpus is None else quota,
+        }
+        for group in self.dirs:
             for file, value in values.items():
-                (group / file).write_text(value)
-        memsw = ROOT / "memory" / _PARENT / name / "memory.memsw.limit_in_bytes"
-        if memsw.exists():  # swap accounting on: swap counts against the limit too
-            memsw.write_text(str(limits.memory))
+                if (group / file).exists():
+                    (group / file).write_text(value)
 
     @classmethod
     def left_by(cls, name: str) -> Group:
@@ -128,12 +132,6 @@ class Group:
             controllers = []
         places = [ROOT / _PARENT / name, *(c / _PARENT / name for c in controllers)]
         return cls([d for d in places if d.is_dir()])
-
-    def join(self) -> None:
-        """Move the calling process in (run in the child, before it executes anything)."""
-        pid = str(os.getpid())
-        for group in self.dirs:
-            (group / "cgroup.procs").write_text(pid)
 
     def _members(self) -> Iterator[int]:
         for group in self.dirs:

@@ -8,16 +8,19 @@ is off), so a query carries nothing out (no DNS tunnel) and learns nothing in.
 
 One UDP socket on the host end of the link, on a port of the kernel's choosing (a name server of
 the host's own may hold port 53 on every address; the sandbox's firewall table sends its port
-53 here), bound before the sandbox starts (queries sent before the serving thread runs wait in
-the socket), served by one thread until the run ends. That thread runs in the runtime, outside
-the sandbox's CPU limit, so its work is bounded twice: the sandbox's table lets at most `RATE`
-queries a second (`BURST` at once) reach the socket, and the server itself reads no more than
-that (`_Bucket`), even were the table to let more through: the rest wait in the socket's
+53 here), bound before the sandbox starts (queries sent before it is served wait in the
+socket), served until the sandbox ends: by a thread of its own for a one-shot run (`FakeDns`),
+or on the daemon's event loop (`LoopDns`), one socket among hundreds. Either way it runs
+outside the sandbox's CPU limit, so its work is bounded twice: the sandbox's table lets at most
+`RATE` queries a second (`BURST` at once) reach the socket, and the server itself reads no more
+than that (`_Bucket`), even were the table to let more through: the rest wait in the socket's
 buffer, and the kernel drops what does not fit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -50,46 +53,29 @@ class _Bucket:
         self._tokens -= 1
 
 
-class FakeDns:
+class _Names:
+    """The socket, bound on the host end of the link before the sandbox starts, and the
+    answers; how it is served is the subclass's."""
+
     def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
         self._answer = str(answer)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((str(bind), 0))
-        self._sock.settimeout(_POLL_SECONDS)
         self.port: int = self._sock.getsockname()[1]
-        self._stop = threading.Event()
         self._bucket = _Bucket()
-        self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
-                                        daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(2 * _POLL_SECONDS + 1)
-        self._sock.close()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            # Not even read before a token is there: a flood costs this thread nothing more.
-            if (delay := self._bucket.wait()) > 0:
-                self._stop.wait(delay)
-                continue
-            try:
-                packet, peer = self._sock.recvfrom(_MAX_QUERY)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._bucket.spend()
-            reply = self.answer(packet)
-            if reply is not None:
-                try:
-                    self._sock.sendto(reply, peer)
-                except OSError:
-                    continue
+    def _one(self) -> bool:
+        """Read and answer one query; False once the socket has nothing (or is closed)."""
+        try:
+            packet, peer = self._sock.recvfrom(_MAX_QUERY)
+        except OSError:  # nothing waiting (timeout, would block), or closed
+            return False
+        self._bucket.spend()
+        reply = self.answer(packet)
+        if reply is not None:
+            with contextlib.suppress(OSError):
+                self._sock.sendto(reply, peer)
+        return True
 
     def answer(self, packet: bytes) -> bytes | None:
         """The reply to one query; None for what is not a query, or what dnslib cannot parse
@@ -106,3 +92,67 @@ class FakeDns:
             return bytes(reply.pack())
         except Exception:  # dnslib raises assorted errors on hostile input
             return None
+
+
+class FakeDns(_Names):
+    """Served by a thread of its own (a one-shot run)."""
+
+    def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
+        super().__init__(bind, answer)
+        self._sock.settimeout(_POLL_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        # Wakes a thread waiting in recvfrom now, not at its next poll.
+        with contextlib.suppress(OSError):
+            waker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            waker.sendto(b"", self._sock.getsockname())
+            waker.close()
+        if self._thread.is_alive():
+            self._thread.join(2 * _POLL_SECONDS + 1)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            # Not even read before a token is there: a flood costs this thread nothing more.
+            if (delay := self._bucket.wait()) > 0:
+                self._stop.wait(delay)
+                continue
+            self._one()
+
+
+class LoopDns(_Names):
+    """Served on an event loop: read while there are tokens, then not at all until the
+    bucket has one again (the socket is left alone, its buffer fills, the kernel drops)."""
+
+    def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
+        super().__init__(bind, answer)
+        self._sock.setblocking(False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._later: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self._sock, self._readable)
+
+    def _readable(self) -> None:
+        assert self._loop is not None
+        while (delay := self._bucket.wait()) == 0:
+            if not self._one():
+                return
+        self._loop.remove_reader(self._sock)
+        self._later = self._loop.call_later(delay, self._loop.add_reader, self._sock,
+                                            self._readable)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock)
+            if self._later is not None:
+                self._later.cancel()
+        self._sock.close()

@@ -58,6 +58,10 @@ class Launch:
     uid: int = NOBODY
     gid: int = NOBODY
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables, given explicitly
+    # The sandbox's own writable places, by path there -> a directory of its scratch tmpfs
+    # (`sandbox.scratch`); what is not given is a tmpfs of bubblewrap's (or, for /workspace,
+    # `workspace` or nothing).
+    writable: Mapping[str, Path] = field(default_factory=dict)
 
 
 def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
@@ -85,12 +89,17 @@ def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
 def environment(launch: Launch) -> dict[str, str]:
     proxy = f"http://{format_hostport(str(launch.link.gateway), launch.proxy_port)}"
     env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{HOME}/.local/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": HOME,
         "LANG": "C.UTF-8",
         "TERM": os.environ.get("TERM", "dumb"),
         "SEALGATE_SANDBOX": "1",
         "NODE_EXTRA_CA_CERTS": PROXY_CA,
+        # The system is read-only and everything writable is thrown away with the sandbox:
+        # installers go to the home directory (pip's user site, npm's prefix), and pip need not
+        # guard a system it cannot change from an install that does not outlive the sandbox.
+        "PIP_BREAK_SYSTEM_PACKAGES": "1",
+        "NPM_CONFIG_PREFIX": f"{HOME}/.local",
     }
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         env[name] = proxy
@@ -109,9 +118,17 @@ def tool(name: str) -> str:
     return found
 
 
-def argv(launch: Launch, args_fd: int) -> list[str]:
-    """The host's command line: bubblewrap's arguments (`bwrap_args`) are read from `args_fd`."""
-    return [tool("ip"), "netns", "exec", launch.link.netns,
+# Joins each cgroup named before "--", then runs what follows: the first process is in its
+# groups before anything of the sandbox runs (no preexec_fn, unsafe in a threaded daemon).
+_JOIN = 'for d do [ "$d" = -- ] && break; echo 0 > "$d/cgroup.procs" || exit 125; shift; done; ' \
+    'shift; exec "$@"'
+
+
+def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path]) -> list[str]:
+    """The host's command line: into the cgroups, the namespace, the uid, then bubblewrap, whose
+    arguments (`bwrap_args`) are read from `args_fd`."""
+    return [tool("sh"), "-c", _JOIN, "sh", *(str(c) for c in cgroups), "--",
+            tool("ip"), "netns", "exec", launch.link.netns,
             tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
             "--", tool("bwrap"), "--args", str(args_fd), "--", *launch.command]
 
@@ -127,13 +144,19 @@ def bwrap_args(launch: Launch) -> list[str]:
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
     # The sandbox's own empty /tmp, not the host's.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run",  # noqa: S108
-             "--tmpfs", "/home", "--dir", HOME]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run", "--tmpfs", "/home"]
+    if "/tmp" not in launch.writable:  # noqa: S108
+        args += ["--tmpfs", "/tmp"]  # noqa: S108
+    if HOME not in launch.writable:
+        args += ["--dir", HOME]
+    for inside, host in launch.writable.items():
+        args += ["--bind", str(host), inside]
     for path, fd in launch.files.items():  # over /proc and /etc, so after them
         args += ["--perms", "0444", "--ro-bind-data", str(fd), path]
     chdir = HOME
     if launch.workspace is not None:
         args += ["--bind", str(launch.workspace), WORKSPACE]
+    if launch.workspace is not None or WORKSPACE in launch.writable:
         chdir = WORKSPACE
     args += ["--chdir", chdir, "--seccomp", str(launch.seccomp_fd)]
     return args

@@ -35,20 +35,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from sealgate.proxy.ca import ca_paths
 from sealgate.proxy.control import ControlError, call
 from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox import firewall, lease, network, seccomp
+from sealgate.sandbox import firewall, lease, network, scratch, seccomp
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
-from sealgate.sandbox.dns import FakeDns
+from sealgate.sandbox.dns import FakeDns, LoopDns
 from sealgate.sandbox.launch import NOBODY, Launch, argv, bwrap_args, environment, staged
 from sealgate.sandbox.network import Link, Plan
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TIMED_OUT = 124  # as timeout(1) says it
+_N = TypeVar("_N", FakeDns, LoopDns)
 
 
 class SandboxError(SealgateError, RuntimeError):
@@ -99,7 +100,8 @@ def run(spec: Run) -> int:
     with _signals() as stop:
         try:
             with contextlib.ExitStack() as undo:
-                link, names = _network(spec, undo)
+                link, names = take_link(spec.plan, spec.state, spec.proxy_port,
+                                        spec.transparent_port, names_kind=FakeDns, undo=undo)
                 stop.check()
                 _register(spec, link, undo)
                 stop.check()
@@ -109,13 +111,13 @@ def run(spec: Run) -> int:
                     raise SandboxError(str(exc)) from None
                 undo.callback(group.remove)
                 try:
-                    bundle, ca = _trust(proxy_ca)
-                    files = {path: _memfd(data, undo)
+                    bundle, ca = trust(proxy_ca)
+                    files = {path: memfd(data, undo)
                              for path, data in staged(link, bundle, ca).items()}
                     launch = Launch(link, spec.command, spec.proxy_port, files,
-                                    _memfd(program, undo), spec.workspace, spec.uid, spec.gid,
+                                    memfd(program, undo), spec.workspace, spec.uid, spec.gid,
                                     spec.env)
-                    args_fd = _memfd(b"".join(os.fsencode(a) + b"\0"
+                    args_fd = memfd(b"".join(os.fsencode(a) + b"\0"
                                               for a in bwrap_args(launch)), undo)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
@@ -126,40 +128,44 @@ def run(spec: Run) -> int:
     return code
 
 
-def _network(spec: Run, undo: contextlib.ExitStack) -> tuple[Link, FakeDns]:
-    """The link, its name server and its firewall table, taken under the links' lock."""
-    if not firewall.exists(firewall.shared_table(spec.plan)):
+def take_link(
+    plan: Plan, state: Path, proxy_port: int, transparent_port: int | None, *,
+    names_kind: type[_N], undo: contextlib.ExitStack,
+) -> tuple[Link, _N]:
+    """A link, its name server and its firewall table, taken under the links' lock (after
+    cleaning up whatever runs that died left) and leased to this process; `undo` removes
+    them."""
+    if not firewall.exists(firewall.shared_table(plan)):
         raise SandboxError("the sandbox gateway is not set up: run 'sealgate sandbox setup'")
     try:
         with network.lock():
             for left in lease.stale():
-                _clean_up_after(left)
-            link = network.create(spec.plan)
+                clean_up_after(left)
+            link = network.create(plan)
             table = firewall.table_name(link)
 
             def remove() -> None:
                 try:
                     with network.lock():
-                        _remove_link(link.index, table)
+                        remove_link(link.index, table)
                 except network.NetworkError:  # a stuck lock holder: remove it all the same
-                    _remove_link(link.index, table)
+                    remove_link(link.index, table)
 
             undo.callback(remove)
-            lease.take(link.index, spec.state, str(link.sandbox_ip))
+            lease.take(link.index, state, str(link.sandbox_ip))
             try:
-                names = FakeDns(link.host_ip, link.host_ip)
+                names = names_kind(link.host_ip, link.host_ip)
             except OSError as exc:
                 raise SandboxError(f"cannot start the sandbox's name server: {exc}") from None
             undo.callback(names.close)
-            rules = firewall.sandbox_rules(link, [spec.proxy_port], spec.transparent_port,
-                                           names.port)
+            rules = firewall.sandbox_rules(link, [proxy_port], transparent_port, names.port)
             firewall.load(rules, replace=table)
     except (network.NetworkError, firewall.FirewallError) as exc:
         raise SandboxError(str(exc)) from None
     return link, names
 
 
-def _remove_link(index: int, table: str) -> None:
+def remove_link(index: int, table: str) -> None:
     # The namespace first, then its table: nothing is ever left in it unfiltered. The lease
     # goes last, once nothing of the run is left.
     try:
@@ -169,13 +175,14 @@ def _remove_link(index: int, table: str) -> None:
     lease.release(index)
 
 
-def _clean_up_after(left: lease.Lease) -> None:
+def clean_up_after(left: lease.Lease) -> None:
     """Everything a run that died without its teardown left: its cgroups (and any process in
     them), its registration with the proxy, its link, namespace and table."""
     Group.left_by(f"run-{left.index}-{left.pid}").remove()
+    scratch.remove(left.index)
     if left.state:
-        _unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
-    _remove_link(left.index, firewall.table_name_for(left.index))
+        unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
+    remove_link(left.index, firewall.table_name_for(left.index))
 
 
 def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:
@@ -188,15 +195,15 @@ def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:
     if status != 200:
         raise SandboxError(f"the proxy refused sandbox {spec.sandbox!r}: {body.get('error')}: "
                            f"{body.get('detail')}")
-    undo.callback(_unregister, sock, path)
+    undo.callback(unregister, sock, path)
 
 
-def _unregister(sock: Path, path: str) -> None:
+def unregister(sock: Path, path: str) -> None:
     with contextlib.suppress(ControlError):
         call(sock, "DELETE", path)
 
 
-def _trust(proxy_ca: Path) -> tuple[bytes, bytes]:
+def trust(proxy_ca: Path) -> tuple[bytes, bytes]:
     """System roots plus the proxy's CA, and the CA alone: copies for the sandbox (the proxy's
     state directory is closed to it)."""
     ca = proxy_ca.read_bytes()
@@ -204,7 +211,7 @@ def _trust(proxy_ca: Path) -> tuple[bytes, bytes]:
     return roots.rstrip(b"\n") + b"\n" + ca, ca
 
 
-def _memfd(data: bytes, undo: contextlib.ExitStack) -> int:
+def memfd(data: bytes, undo: contextlib.ExitStack) -> int:
     """A descriptor holding `data`, which the sandbox's bubblewrap reads once: in memory, under
     no path of the host's."""
     fd = os.memfd_create("sealgate")
@@ -221,11 +228,9 @@ def _supervise(
     timeout: float | None,
 ) -> int:
     try:
-        # argv raises FileNotFoundError for a missing tool. preexec_fn is unsafe only beside
-        # other threads: the name server's starts below, once the child has executed.
-        proc = subprocess.Popen(argv(launch, args_fd), env=environment(launch),
-                                pass_fds=(args_fd, launch.seccomp_fd, *launch.files.values()),
-                                preexec_fn=group.join)  # noqa: PLW1509
+        # argv raises FileNotFoundError for a missing tool.
+        proc = subprocess.Popen(argv(launch, args_fd, group.dirs), env=environment(launch),
+                                pass_fds=(args_fd, launch.seccomp_fd, *launch.files.values()))
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None
     stop.sandbox = proc

@@ -1,0 +1,328 @@
+"""The agent inside a long-lived sandbox: what the daemon asks of it, it does as the sandbox.
+
+This file runs *inside* the sandbox, under the host's `/usr/bin/python3 -I -S`, handed over in
+memory like the sandbox's other files; it imports nothing of sealgate's. It is started by
+bubblewrap with everything a sandbox's command gets (its uid, no capabilities, the seccomp
+filter, the namespaces, the cgroup, a built environment), and every command it starts inherits
+exactly that: nothing here can grant more, so the confinement of each exec is the first one's
+by construction, not by repeating a set-up.
+
+The workload may tamper with the agent (same uid): the most it gains is to lie about its own
+commands or end its own sandbox; the daemon bounds and checks whatever comes back.
+
+Wire (a SOCK_SEQPACKET pair, one JSON message per packet, descriptors by SCM_RIGHTS):
+
+    agent -> daemon  {"op": "ready"}                          once, when it serves
+    daemon -> agent  {"op": "exec", "id", "argv", "env", "cwd", "timeout"}
+                         fds: stdin, stdout, stderr, status
+                     {"op": "put", "id", "path", "size", "mode"}   fds: data (read), status
+                     {"op": "get", "id", "path", "limit"}         fds: data (write), status
+                     {"op": "kill", "id"}
+
+Each request is served by a child of the agent (a shim) that writes one JSON line to its
+status descriptor and exits. A shim is a child subreaper: whatever its command starts stays
+below it however it detaches (double fork, setsid), and when the command ends, times out or is
+killed, everything left below it is killed too. Nothing outlives its exec. A process that
+escapes even that (its shim killed under it) lands on the agent, which kills it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+_MAX_MESSAGE = 1 << 20
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+_KILL_ROUNDS = 10_000  # each round kills every child; a tree is gone long before
+_CHUNK = 1 << 16
+_WORKSPACE = "/workspace"
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl")
+
+
+def _children() -> list[int]:
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _reap(usage: list[float]) -> None:
+    """Collect every child that has ended, adding up what it used."""
+    while True:
+        try:
+            pid, _, ru = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        usage[0] += ru.ru_utime
+        usage[1] += ru.ru_stime
+        usage[2] = max(usage[2], ru.ru_maxrss)
+
+
+def _kill_tree(usage: list[float]) -> None:
+    """Kill everything below this process: a killed child's own children are handed to us
+    (we are their subreaper), so round after round the tree empties."""
+    for _ in range(_KILL_ROUNDS):
+        alive = _children()
+        if not alive:
+            break
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+        _reap(usage)
+    _reap(usage)
+
+
+def _report(fd: int, answer: dict[str, Any]) -> None:
+    data = (json.dumps(answer) + "\n").encode()
+    with contextlib.suppress(OSError):
+        os.write(fd, data)
+
+
+def _exec(req: dict[str, Any], fds: list[int]) -> None:
+    stdin, stdout, stderr, status = fds
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    stop_r, stop_w = os.pipe()
+    os.set_blocking(stop_w, False)
+    signal.set_wakeup_fd(stop_w)
+    signal.signal(signal.SIGUSR1, lambda *_: None)  # the daemon's "kill it" comes as this
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _command(req, stdin, stdout, stderr, err_w)
+    for fd in (stdin, stdout, stderr, err_w):
+        os.close(fd)
+    failure = os.read(err_r, 4096)
+    usage = [0.0, 0.0, 0.0]
+    if failure:
+        os.waitpid(pid, 0)
+        _report(status, {"error": failure.decode(errors="replace"), "exit": 127})
+        return
+    timeout = req.get("timeout")
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    pidfd = os.pidfd_open(pid)
+    ending = "exit"
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([pidfd, stop_r], [], [], left)
+        if pidfd in ready:
+            break
+        if stop_r in ready:
+            os.read(stop_r, 512)
+            ending = "killed"
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            ending = "timed_out"
+            break
+    if ending != "exit":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _, code, ru = os.wait4(pid, 0)
+    usage = [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]
+    _kill_tree(usage)
+    answer: dict[str, Any] = {"ending": ending, "usage": {
+        "user_seconds": round(usage[0], 6), "system_seconds": round(usage[1], 6),
+        "max_rss_kib": int(usage[2])}}
+    if os.WIFSIGNALED(code):
+        answer["signal"] = os.WTERMSIG(code)
+        answer["exit"] = 128 + os.WTERMSIG(code)
+    else:
+        answer["exit"] = os.WEXITSTATUS(code)
+    if ending == "timed_out":
+        answer["exit"] = 124
+    _report(status, answer)
+
+
+def _command(req: dict[str, Any], stdin: int, stdout: int, stderr: int, err_w: int) -> None:
+    """In the command's process: its descriptors, its session, then exec (never returns)."""
+    try:
+        os.setsid()
+        for sig in (signal.SIGPIPE, signal.SIGUSR1, signal.SIGCHLD, signal.SIGINT,
+                    signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for target, fd in enumerate((stdin, stdout, stderr)):
+            os.dup2(fd, target)
+        os.closerange(3, err_w)
+        os.closerange(err_w + 1, 1 << 16)
+        os.chdir(req.get("cwd") or _WORKSPACE)
+        argv = [str(a) for a in req["argv"]]
+        env = {str(k): str(v) for k, v in req["env"].items()}
+        os.execvpe(argv[0], argv, env)  # noqa: S606 (the command is the point)  # noqa: S606
+    except OSError as exc:
+        os.write(err_w, f"{req['argv'][0]}: {exc.strerror or exc}".encode()[:4000])
+    except Exception as exc:  # a malformed request: said, never a traceback
+        os.write(err_w, f"bad request: {type(exc).__name__}".encode())
+    os._exit(127)
+
+
+def _walk(path: str, create: bool) -> tuple[int, str]:
+    """The directory holding `path` (under /workspace) and the last name, never through a
+    symbolic link; missing directories are made when `create`."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("a path inside the workspace: names joined by '/', no '..'")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(_WORKSPACE, flags)
+    for name in parts[:-1]:
+        try:
+            nxt = os.open(name, flags, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.mkdir(name, 0o755, dir_fd=fd)
+            nxt = os.open(name, flags, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    return fd, parts[-1]
+
+
+def _put(req: dict[str, Any], fds: list[int]) -> None:
+    data, status = fds
+    try:
+        parent, name = _walk(str(req["path"]), create=True)
+        tmp = f".{name}.sealgate-{os.getpid()}"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                      int(req.get("mode", 0o644)) & 0o777, dir_fd=parent)
+        size, want = 0, int(req["size"])
+        try:
+            while chunk := os.read(data, _CHUNK):
+                size += len(chunk)
+                if size > want:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+        if size != want:
+            os.unlink(tmp, dir_fd=parent)
+            _report(status, {"error": f"received {size} bytes of {want}"})
+            return
+        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        _report(status, {"size": size})
+    except (OSError, ValueError, KeyError) as exc:
+        _report(status, {"error": _said(exc)})
+
+
+def _get(req: dict[str, Any], fds: list[int]) -> None:
+    data, status = fds
+    try:
+        parent, name = _walk(str(req["path"]), create=False)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+        info = os.fstat(fd)
+        if info.st_mode & 61440 != 32768:
+            _report(status, {"error": "not a regular file"})
+            return
+        if info.st_size > int(req["limit"]):
+            _report(status, {"error": f"{info.st_size} bytes: over the limit of {req['limit']}",
+                             "too_large": True})
+            return
+        _report(status, {"size": info.st_size})
+        os.set_blocking(fd, True)
+        left = info.st_size
+        while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+            left -= len(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(data, view):]
+    except (OSError, ValueError, KeyError) as exc:
+        _report(status, {"error": _said(exc)})
+
+
+def _said(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return str(exc) if isinstance(exc, ValueError) else f"missing field {exc}"
+
+
+_OPS = {"exec": _exec, "put": _put, "get": _get}
+
+
+def main() -> None:
+    chan = socket.socket(fileno=int(sys.argv[1]))
+    chan.set_inheritable(False)
+    # Other processes of the sandbox's uid may not open our descriptors through /proc.
+    _prctl(_PR_SET_DUMPABLE, 0)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    shims: dict[int, int] = {}  # request id -> the shim serving it
+    chan.send(b'{"op": "ready"}')
+    while True:
+        ready, _, _ = select.select([chan], [], [], 0.5)
+        _orphans(shims)
+        if not ready:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(chan, _MAX_MESSAGE, 8)
+        except OSError:
+            return
+        if not message:
+            return  # the daemon is gone: so is the sandbox
+        _serve(chan, message, fds, shims)
+
+
+def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int]) -> None:
+    try:
+        req = json.loads(message)
+        op, ident = req["op"], int(req["id"])
+    except (ValueError, KeyError, TypeError):
+        for fd in fds:
+            os.close(fd)
+        return
+    if op == "kill":
+        pid = shims.get(ident)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        return
+    handler = _OPS.get(op)
+    if handler is None or len(fds) != (4 if op == "exec" else 2):
+        for fd in fds:
+            os.close(fd)
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            chan.close()  # a shim speaks only on its own descriptors
+            handler(req, fds)
+        finally:
+            os._exit(0)
+    shims[ident] = pid
+    for fd in fds:
+        os.close(fd)
+
+
+def _orphans(shims: dict[int, int]) -> None:
+    """Reap ended shims; kill anything else that has come to us: a process whose shim was
+    killed under it, which must not outlive its exec."""
+    _reap([0.0, 0.0, 0.0])
+    live = set(shims.values())
+    for pid in _children():
+        if pid not in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for ident, pid in list(shims.items()):
+        if not os.path.exists(f"/proc/{pid}"):
+            del shims[ident]
+
+
+if __name__ == "__main__":
+    main()
