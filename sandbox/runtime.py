@@ -144,14 +144,7 @@ def take_link(
             link = network.create(plan)
             table = firewall.table_name(link)
 
-            def remove() -> None:
-                try:
-                    with network.lock():
-                        remove_link(link.index, table)
-                except network.NetworkError:  # a stuck lock holder: remove it all the same
-                    remove_link(link.index, table)
-
-            undo.callback(remove)
+            undo.callback(remove_link_locked, link.index, table)
             lease.take(link.index, state, str(link.sandbox_ip))
             try:
                 names = names_kind(link.host_ip, link.host_ip)
@@ -163,6 +156,14 @@ def take_link(
     except (network.NetworkError, firewall.FirewallError) as exc:
         raise SandboxError(str(exc)) from None
     return link, names
+
+
+def remove_link_locked(index: int, table: str) -> None:
+    try:
+        with network.lock():
+            remove_link(index, table)
+    except network.NetworkError:  # a stuck lock holder: remove it all the same
+        remove_link(index, table)
 
 
 def remove_link(index: int, table: str) -> None:

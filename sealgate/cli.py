@@ -11,10 +11,11 @@ from sealgate.issuer import cli as issuer_cli
 from sealgate.proxy import cli as proxy_cli
 from sealgate.proxy.policy import cli as rules_cli
 from sealgate.sandbox import cli as sandbox_cli
+from sealgate.sandbox import daemoncli
 
 # Each module exposes `register(subparsers)` and sets `func=handler` (handler(args) -> exit code)
 # on the parsers it adds, so a part's commands live next to the code they drive.
-_COMMAND_MODULES = (proxy_cli, rules_cli, issuer_cli, sandbox_cli)
+_COMMAND_MODULES = (proxy_cli, rules_cli, issuer_cli, sandbox_cli, daemoncli)
 
 
 def build_parser() -> argparse.ArgumentParser:

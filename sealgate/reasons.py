@@ -196,6 +196,15 @@ class Reason(StrEnum):
         "sandbox_failed", 500,
         "a sandbox could not be set up or started (network, firewall, cgroup, seccomp)",
     )
+    # -- the sandbox daemon's API (`sealgate sandboxd`) ------------------------------------
+    UNAUTHORIZED = ("unauthorized", 401, "no or a wrong bearer key on the daemon's TCP listener")
+    NO_SUCH_SANDBOX = ("no_such_sandbox", 404, "no live sandbox has that id")
+    SANDBOX_ENDED = ("sandbox_ended", 410, "the sandbox ended: deleted, expired, its agent died")
+    SANDBOX_BUSY = ("sandbox_busy", 429, "a sandbox already running its most requests at once")
+    AT_CAPACITY = ("at_capacity", 503, "the daemon holds its most sandboxes, or is not ready")
+    BAD_PATH = ("bad_path", 400, "a file path outside the workspace: absolute, '..', a link")
+    NO_SUCH_FILE = ("no_such_file", 404, "no regular file at that path of the workspace")
+    TOO_LARGE = ("too_large", 413, "a body, file, stdin or field over its cap")
 
 
 _BY_CODE: dict[str, Reason] = {member.value: member for member in Reason}

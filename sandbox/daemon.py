@@ -1,0 +1,272 @@
+"""`sealgate sandboxd`'s core: live sandboxes, the warm pool behind them, and their lifetimes.
+
+A create takes a prepared slot from the pool (`sandbox.slot`: everything but who the sandbox
+is), tells the proxy whose address it now is, sets the caller's limits on its cgroups, and
+returns; the pool is refilled behind it, one slot at a time. With the pool empty, the slot is
+prepared there and then (a cold create). A slot is used once: deleting a sandbox removes all of
+it (processes, tmpfs, registration, namespace, table, lease), and the next sandbox gets a new
+one, so nothing of one sandbox's can be found by the next.
+
+Sandboxes end when deleted, at their time to live, after their idle timeout (no request
+running, none for that long), or when their agent dies; an id that ended is remembered for a
+while so a caller learns why (`sandbox_ended`) rather than that it never was.
+
+Everything the daemon holds is leased in its name (`sandbox.lease`); a daemon that was killed
+outright leaves leases the next start cleans up before it prepares anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from sealgate.proxy.control import ControlError, call
+from sealgate.reasons import Reason
+from sealgate.sandbox import lease, network, slot
+from sealgate.sandbox.runtime import SandboxError, clean_up_after
+from sealgate.sandbox.session import Options, Session, SessionError
+
+_HELLO_SECONDS = 10.0
+_ENDED_KEPT = 4096
+_REAP_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Config:
+    slots: slot.Config
+    pool: int = 4  # slots kept ready
+    max_sandboxes: int = 256
+    max_ttl: float = 24 * 3600.0
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.sessions: dict[str, Session] = {}
+        self.ready = False
+        self.problem: str | None = "starting"
+        self._pool: list[slot.Slot] = []
+        self._preparing = 0
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._spawned: set[asyncio.Task[None]] = set()
+        self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
+        self._failures = 0
+        self._closing = False
+
+    # -- start and stop -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Clean up after a daemon that died, then fill the pool in the background."""
+        await asyncio.to_thread(_clean_up_stale)
+        self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
+
+    async def close(self) -> None:
+        self._closing = True
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(self.delete(i, "daemon stopped") for i in list(self.sessions)),
+                             return_exceptions=True)
+        pool, self._pool = self._pool, []
+        await asyncio.gather(*(self._release(s) for s in pool), return_exceptions=True)
+
+    def status(self) -> dict[str, Any]:
+        return {"ready": self.ready, "problem": self.problem, "pool": len(self._pool),
+                "preparing": self._preparing, "sandboxes": len(self.sessions)}
+
+    # -- the pool -------------------------------------------------------------------------
+
+    async def _prepare(self) -> slot.Slot:
+        self._preparing += 1
+        try:
+            made = await asyncio.to_thread(slot.prepare, self.config.slots)
+        finally:
+            self._preparing -= 1
+        loop = asyncio.get_running_loop()
+        try:
+            hello = await asyncio.wait_for(loop.sock_recv(made.channel, 4096), _HELLO_SECONDS)
+            if json.loads(hello or b"null") != {"op": "ready"}:
+                raise SandboxError("the sandbox's agent did not start (is /usr/bin/python3 "
+                                   "the host system's Python 3?)")
+        except (TimeoutError, ValueError, OSError) as exc:
+            await self._release(made)
+            raise SandboxError(f"the sandbox's agent did not start: {exc or 'no answer'}") \
+                from None
+        except BaseException:
+            await self._release(made)
+            raise
+        made.names.start(loop)
+        pidfd = os.pidfd_open(made.process.pid)
+        self._watched[made.index] = pidfd
+        loop.add_reader(pidfd, self._died, made)
+        return made
+
+    async def _fill(self) -> None:
+        while not self._closing:
+            want = min(self.config.pool,
+                       self.config.max_sandboxes - len(self.sessions)) - len(self._pool)
+            if want <= 0:
+                self.ready, self.problem = True, None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                made = await self._prepare()
+            except SandboxError as exc:
+                self._failures += 1
+                self.problem = f"cannot prepare a sandbox: {exc}"
+                _log("pool_failed", detail=str(exc))
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** min(self._failures, 6)))
+                continue
+            self._failures = 0
+            self._pool.append(made)
+            self.ready, self.problem = True, None
+
+    def _died(self, dead: slot.Slot) -> None:
+        """Its bubblewrap ended (the agent died, or was killed from inside)."""
+        if dead in self._pool:
+            self._pool.remove(dead)
+            self._background(self._release(dead))
+            self._wake.set()
+            return
+        for ident, session in self.sessions.items():
+            if session.slot is dead:
+                session.ended.set()
+                self._background(self.delete(ident, "agent ended"))
+                return
+        self._unwatch(dead)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(_quietly(work))
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    def _unwatch(self, gone: slot.Slot) -> None:
+        pidfd = self._watched.pop(gone.index, None)
+        if pidfd is not None:
+            asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+
+    async def _release(self, gone: slot.Slot) -> None:
+        self._unwatch(gone)
+        gone.names.close()
+        gone.channel.close()
+        await asyncio.to_thread(slot.release, gone, self.config.slots)
+
+    # -- sandboxes ------------------------------------------------------------------------
+
+    async def create(self, options: Options) -> Session:
+        if self._closing:
+            raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
+        if len(self.sessions) >= self.config.max_sandboxes:
+            raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
+                               "sandboxes", reason=Reason.AT_CAPACITY)
+        if options.ttl > self.config.max_ttl:
+            raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
+                               reason=Reason.BAD_REQUEST)
+        cold = not self._pool
+        try:
+            taken = self._pool.pop(0) if self._pool else await self._prepare()
+        except SandboxError as exc:
+            raise SessionError(str(exc), reason=Reason.SANDBOX_FAILED) from None
+        self._wake.set()
+        try:
+            await asyncio.to_thread(self._register, taken, options.sandbox)
+            taken.group.apply(options.limits)
+        except SessionError as exc:
+            if exc.reason is Reason.UNKNOWN_SANDBOX:  # the slot is untouched: keep it
+                self._pool.append(taken)
+            else:
+                await self._release(taken)
+            raise
+        except OSError as exc:
+            await self._release(taken)
+            raise SessionError(f"cannot set the sandbox's limits: {exc}",
+                               reason=Reason.SANDBOX_FAILED) from None
+        ident = "sb-" + secrets.token_hex(8)
+        session = Session(ident, taken, options)
+        self.sessions[ident] = session
+        _log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
+             uid=taken.uid, warm=not cold)
+        return session
+
+    def _register(self, taken: slot.Slot, sandbox: str) -> None:
+        sock = self.config.slots.state / "control.sock"
+        try:
+            status, body = call(sock, "PUT", f"/v1/sources/{taken.link.sandbox_ip}",
+                                {"sandbox": sandbox})
+        except ControlError as exc:
+            raise SessionError(f"{exc}: is the proxy running with --state "
+                               f"{self.config.slots.state}?",
+                               reason=Reason.REGISTRY_UNAVAILABLE) from None
+        if status != 200:
+            try:
+                reason = Reason.of(str(body.get("error")))
+            except ValueError:
+                reason = Reason.SANDBOX_FAILED
+            raise SessionError(f"the proxy refused sandbox {sandbox[:64]!r}: "
+                               f"{body.get('detail')}", reason=reason)
+
+    def get(self, ident: str) -> Session:
+        session = self.sessions.get(ident)
+        if session is not None:
+            return session
+        why = self._ended.get(ident)
+        if why is not None:
+            raise SessionError(f"sandbox {ident[:64]} has ended ({why})",
+                               reason=Reason.SANDBOX_ENDED)
+        raise SessionError(f"no sandbox {ident[:64]!r}", reason=Reason.NO_SUCH_SANDBOX)
+
+    async def delete(self, ident: str, why: str = "deleted") -> None:
+        session = self.get(ident)
+        del self.sessions[ident]
+        session.ended.set()
+        self._ended[ident] = why
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+        self._wake.set()
+        await self._release(session.slot)
+        _log("ended", id=ident, sandbox=session.options.sandbox, why=why,
+             commands=session.commands)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(_REAP_SECONDS)
+            now = time.monotonic()
+            for ident, session in list(self.sessions.items()):
+                if (why := session.expired(now)) is not None:
+                    with contextlib.suppress(SessionError):
+                        await self.delete(ident, why)
+
+
+async def _quietly(work: Coroutine[Any, Any, None]) -> None:
+    with contextlib.suppress(SessionError):  # already ended by another way
+        await work
+
+
+def _clean_up_stale() -> None:
+    with network.lock():
+        for left in lease.stale():
+            clean_up_after(left)
+
+
+def _log(event: str, **fields: Any) -> None:
+    """One JSON line per lifecycle event, on stdout (what an operator's collector reads)."""
+    line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields})
+    with contextlib.suppress(OSError):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,118 @@
+"""Running the daemon: its listeners, its start (gateway, stale leases, pool, self-test) and a
+clean stop on SIGTERM or SIGINT (every sandbox deleted, nothing left)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import ssl
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from sealgate.hostport import parse_hostport
+from sealgate.sandbox import firewall, slot
+from sealgate.sandbox.api import make_app
+from sealgate.sandbox.cgroup import CgroupError, parse_size
+from sealgate.sandbox.daemon import Config, Daemon
+from sealgate.sandbox.network import NetworkError, Plan
+from sealgate.sandbox.runtime import SandboxError, setup
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: Config
+    socket: Path
+    listen: tuple[str, int] | None = None
+    key: bytes | None = None
+    tls: ssl.SSLContext | None = None
+    selftest: bool = True
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Settings:
+        """From the command line; ValueError saying what is wrong."""
+        try:
+            plan = Plan(range=args.range, gateway=args.gateway)
+            slots = slot.Config(state=args.state.resolve(), proxy_port=args.proxy_port,
+                                transparent_port=args.transparent_port, plan=plan,
+                                uid_base=args.uid_base, disk=parse_size(args.disk))
+        except (NetworkError, SandboxError, CgroupError) as exc:
+            raise ValueError(str(exc)) from None
+        if not 0 <= args.pool <= 1024 or not 1 <= args.max_sandboxes <= len(plan.links):
+            raise ValueError(f"--pool 0..1024 and --max-sandboxes 1..{len(plan.links)}")
+        listen = key = tls = None
+        if args.listen:
+            try:
+                listen = parse_hostport(args.listen)
+            except ValueError as exc:
+                raise ValueError(f"--listen: {exc}") from None
+            if args.key_file is None:
+                raise ValueError("--listen needs --key-file: the TCP listener takes only "
+                                 "requests with the bearer key")
+            try:
+                key = args.key_file.read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(f"--key-file: {exc.strerror}") from None
+            if len(key) < 16 or not key.isascii() or b" " in key:
+                raise ValueError("--key-file: the key must be at least 16 printable ASCII "
+                                 "characters without spaces")
+            if args.tls_cert or args.tls_key:
+                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                try:
+                    tls.load_cert_chain(args.tls_cert, args.tls_key)
+                except (OSError, ssl.SSLError, TypeError) as exc:
+                    raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
+        config = Config(slots=slots, pool=args.pool, max_sandboxes=args.max_sandboxes)
+        return cls(config, args.socket, listen, key, tls, not args.no_selftest)
+
+
+def main(settings: Settings) -> int:
+    try:
+        return asyncio.run(_serve(settings))
+    except (SandboxError, NetworkError, firewall.FirewallError, OSError) as exc:
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(settings: Settings) -> int:
+    plan = settings.config.slots.plan
+    if not firewall.exists(firewall.shared_table(plan)):
+        await asyncio.to_thread(setup, plan)
+    daemon = Daemon(settings.config)
+    await daemon.start()
+    runner = web.AppRunner(make_app(daemon, settings.key), access_log=None,
+                           handler_cancellation=True)
+    await runner.setup()
+    try:
+        settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+        old = os.umask(0o177)  # no moment when others could connect
+        try:
+            await web.UnixSite(runner, str(settings.socket)).start()
+        finally:
+            os.umask(old)
+        where = [str(settings.socket)]
+        if settings.listen is not None:
+            host, port = settings.listen
+            await web.TCPSite(runner, host, port, ssl_context=settings.tls).start()
+            where.append(f"{'https' if settings.tls else 'http'}://{host}:{port}")
+        print(f"sealgate sandboxd: serving on {', '.join(where)}; pool "
+              f"{settings.config.pool}, at most {settings.config.max_sandboxes} sandboxes",
+              file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await daemon.close()
+        await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+    return 0

@@ -1,0 +1,376 @@
+"""A live sandbox of the daemon, as the event loop sees it: exec, put and get through its agent.
+
+Every request gets descriptors of its own (pipes the daemon made), handed to the agent with the
+request; the output of a command flows from those pipes straight to whoever asked, with the
+pipe's own back-pressure (a slow reader slows the command, never the daemon's memory). What
+comes back is the sandbox's word and is bounded: a status line of at most `_STATUS_MAX` bytes,
+a file of at most the size it announced.
+
+Each command's own time limit is kept inside (the agent's shim kills its tree); the daemon keeps
+a backstop a little later (a workload may have killed its shim), after which it reports the
+command lost. A caller that goes away mid-stream ends its command the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sealgate.reasons import Reason, SealgateError
+from sealgate.sandbox.cgroup import Limits
+from sealgate.sandbox.slot import Slot
+
+_STATUS_MAX = 1 << 16
+_CHUNK = 1 << 16
+_BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
+MAX_REQUESTS = 64  # at once per sandbox
+MAX_PATH = 4096
+
+
+class SessionError(SealgateError):
+    """A request to a sandbox refused; its reason says why."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a caller chooses at create."""
+
+    sandbox: str  # the id the rules name (its policy)
+    limits: Limits = field(default_factory=Limits)
+    env: Mapping[str, str] = field(default_factory=dict)
+    ttl: float = 600.0
+    idle_timeout: float = 180.0
+    isolation: str = "bwrap"
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes = b""
+    timeout: float | None = 600.0
+
+
+Event = tuple[str, bytes] | tuple[str, dict[str, Any]]
+
+
+def check_path(path: str) -> str:
+    """A path inside the workspace, as the agent will walk it; SessionError(bad_path)."""
+    parts = path.split("/")
+    if (not path or len(path) > MAX_PATH or path.startswith("/") or "\0" in path
+            or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in parts)):
+        raise SessionError("a path inside the workspace: names joined by '/', none of them "
+                           "'.' or '..', not absolute", reason=Reason.BAD_PATH)
+    return path
+
+
+class Session:
+    def __init__(self, ident: str, slot: Slot, options: Options) -> None:
+        self.id = ident
+        self.slot = slot
+        self.options = options
+        self.created = time.time()
+        self._started = time.monotonic()
+        self.last_active = self._started
+        self.active = 0
+        self.commands = 0
+        self.ended = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._loop = asyncio.get_running_loop()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def expired(self, now: float) -> str | None:
+        """Why the sandbox should end now ("ttl", "idle"), or None."""
+        if now - self._started >= self.options.ttl:
+            return "ttl"
+        if self.active == 0 and now - self.last_active >= self.options.idle_timeout:
+            return "idle"
+        return None
+
+    def info(self) -> dict[str, Any]:
+        now = time.monotonic()
+        limits = self.options.limits
+        return {
+            "id": self.id, "sandbox": self.options.sandbox, "isolation": self.options.isolation,
+            "address": str(self.slot.link.sandbox_ip), "uid": self.slot.uid,
+            "created": round(self.created, 3), "commands": self.commands,
+            "running": self.active,
+            "expires_in": round(max(0.0, self.options.ttl - (now - self._started)), 1),
+            "idle_for": 0.0 if self.active else round(now - self.last_active, 1),
+            "limits": {"pids": limits.pids, "memory": limits.memory, "cpus": limits.cpus},
+            "ended": self.ended.is_set(),
+        }
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _begin(self) -> int:
+        if self.ended.is_set():
+            raise SessionError(f"sandbox {self.id} has ended", reason=Reason.SANDBOX_ENDED)
+        if self.active >= MAX_REQUESTS:
+            raise SessionError(f"sandbox {self.id} is already serving {MAX_REQUESTS} requests",
+                               reason=Reason.SANDBOX_BUSY)
+        self.active += 1
+        return next(self._ids)
+
+    def _end(self) -> None:
+        self.active -= 1
+        self.last_active = time.monotonic()
+
+    def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
+        """Hand a request and its descriptors to the agent (ours are closed either way)."""
+        try:
+            socket.send_fds(self.slot.channel, [json.dumps(message).encode()], list(fds))
+        except OSError:
+            self.ended.set()
+            raise SessionError(f"sandbox {self.id}'s agent is gone",
+                               reason=Reason.SANDBOX_ENDED) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _kill(self, ident: int) -> None:
+        with contextlib.suppress(SessionError):
+            self._send({"op": "kill", "id": ident}, [])
+
+    async def run(self, command: Command) -> AsyncGenerator[Event, None]:
+        """("stdout" | "stderr", bytes) as they come, then ("exit", status)."""
+        ident = self._begin()
+        self.commands += 1
+        pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
+        ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
+        env = {**self.slot.environment, **self.options.env, **command.env}
+        request = {"op": "exec", "id": ident, "argv": list(command.argv), "env": env,
+                   "cwd": command.cwd, "timeout": command.timeout}
+        started = time.monotonic()
+        finished = False
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            try:
+                self._send(request, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
+            except SessionError:
+                for fd in ours:
+                    os.close(fd)
+                raise
+            queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
+            stdin, ours[0] = ours[0], -1
+            tasks.append(asyncio.create_task(_feed(stdin, command.stdin)))
+            for name, slot in (("stdout", 1), ("stderr", 2)):
+                fd, ours[slot] = ours[slot], -1
+                tasks.append(asyncio.create_task(_pump(fd, name, queue)))
+            status_fd, ours[3] = ours[3], -1
+            status_task = asyncio.create_task(_read_all(status_fd, _STATUS_MAX))
+            deadline = None if command.timeout is None else started + command.timeout + _BACKSTOP
+            open_streams, asked = 2, False
+            while open_streams:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    name, data = await asyncio.wait_for(queue.get(), wait)
+                except TimeoutError:
+                    if asked:
+                        break
+                    self._kill(ident)
+                    asked = True
+                    deadline = time.monotonic() + _BACKSTOP
+                    continue
+                if data:
+                    yield name, data
+                else:
+                    open_streams -= 1
+            try:
+                raw = await asyncio.wait_for(status_task, _BACKSTOP if open_streams else 30.0)
+            except TimeoutError:
+                raw = b""
+            status = _status(raw)
+            status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
+            finished = True
+            yield "exit", status
+        finally:
+            if not finished:
+                self._kill(ident)
+            for task in tasks:
+                task.cancel()
+            for fd in ours:
+                if fd >= 0:
+                    os.close(fd)
+            self._end()
+
+    async def put(self, path: str, size: int, mode: int, body: AsyncIterator[bytes]) -> int:
+        """Write `size` bytes from `body` to `path` of the workspace (replacing, never through a
+        link); the size written."""
+        check_path(path)
+        ident = self._begin()
+        try:
+            data_r, data_w = os.pipe()
+            status_r, status_w = os.pipe()
+            try:
+                self._send({"op": "put", "id": ident, "path": path, "size": size, "mode": mode},
+                           [data_r, status_w])
+            except SessionError:
+                os.close(data_w)
+                os.close(status_r)
+                raise
+            status_task = asyncio.create_task(_read_all(status_r, _STATUS_MAX))
+            writer = _Writer(data_w)
+            try:
+                async for chunk in body:
+                    if not await writer.write(chunk):
+                        break
+            finally:
+                writer.close()
+            answer = _status(await status_task)
+            if "error" in answer:
+                raise SessionError(f"{path}: {answer['error']}", reason=_file_reason(answer))
+            return int(answer.get("size", 0))
+        finally:
+            self._end()
+
+    async def get(self, path: str, limit: int) -> tuple[int, AsyncGenerator[bytes, None]]:
+        """The size of `path` of the workspace and its bytes, read as they are sent."""
+        check_path(path)
+        ident = self._begin()
+        try:
+            data_r, data_w = os.pipe()
+            status_r, status_w = os.pipe()
+            try:
+                self._send({"op": "get", "id": ident, "path": path, "limit": limit},
+                           [data_w, status_w])
+            except SessionError:
+                os.close(data_r)
+                os.close(status_r)
+                raise
+            async with _open(status_r) as reader:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), 30.0)
+                except (TimeoutError, ValueError):
+                    line = b""
+            answer = _status(line)
+            if "error" in answer or "size" not in answer:
+                os.close(data_r)
+                raise SessionError(f"{path}: {answer.get('error', 'no answer')}",
+                                   reason=_file_reason(answer))
+        except BaseException:
+            self._end()
+            raise
+        size = int(answer["size"])
+        return size, self._stream(data_r, size)
+
+    async def _stream(self, fd: int, size: int) -> AsyncGenerator[bytes, None]:
+        try:
+            async with _open(fd) as reader:
+                left = size
+                while left > 0 and (chunk := await reader.read(min(_CHUNK, left))):
+                    left -= len(chunk)
+                    yield chunk
+        finally:
+            self._end()
+
+
+def _file_reason(answer: dict[str, Any]) -> Reason:
+    error = str(answer.get("error", ""))
+    if answer.get("too_large"):
+        return Reason.TOO_LARGE
+    if "No such file" in error or "Not a directory" in error or "not a regular file" in error:
+        return Reason.NO_SUCH_FILE
+    if "symbolic link" in error or "Too many levels" in error or "inside the workspace" in error:
+        return Reason.BAD_PATH
+    return Reason.BAD_REQUEST
+
+
+def _status(raw: bytes) -> dict[str, Any]:
+    """The shim's status line, or what stands for it when there is none (it was killed by the
+    workload, or the sandbox ended): never a guess at an exit code."""
+    try:
+        answer = json.loads(raw.split(b"\n", 1)[0])
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return {"exit": None, "ending": "lost",
+                "error": "the command's supervisor in the sandbox ended without a status"}
+    return answer
+
+
+@contextlib.asynccontextmanager
+async def _open(fd: int) -> AsyncIterator[asyncio.StreamReader]:
+    """A reader of pipe `fd`, which is closed on the way out whatever happened."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_STATUS_MAX)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield reader
+    finally:
+        transport.close()
+
+
+async def _read_all(fd: int, cap: int) -> bytes:
+    async with _open(fd) as reader:
+        data = b""
+        while len(data) <= cap and (chunk := await reader.read(cap + 1 - len(data))):
+            data += chunk
+        return data[:cap]
+
+
+async def _pump(fd: int, name: str, queue: asyncio.Queue[tuple[str, bytes]]) -> None:
+    async with _open(fd) as reader:
+        with contextlib.suppress(OSError):
+            while chunk := await reader.read(_CHUNK):
+                await queue.put((name, chunk))
+    await queue.put((name, b""))
+
+
+async def _feed(fd: int, data: bytes) -> None:
+    writer = _Writer(fd)
+    try:
+        await writer.write(data)
+    finally:
+        writer.close()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Writer:
+    """Non-blocking writes to a pipe on the loop; a closed reader ends them quietly."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+        os.set_blocking(fd, False)
+
+    async def write(self, data: bytes) -> bool:
+        """False once the other end is gone."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._fd, view):]
+            except BlockingIOError:
+                ready = self._loop.create_future()
+                self._loop.add_writer(self._fd, _settle, ready)
+                try:
+                    await ready
+                finally:
+                    self._loop.remove_writer(self._fd)
+            except OSError:
+                return False
+        return True
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

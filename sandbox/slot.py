@@ -1,0 +1,134 @@
+"""A slot: everything a long-lived sandbox holds on the host, made ahead of time for the pool.
+
+A slot is a link (namespace, veth, its firewall table) leased to the daemon, its name server,
+its cgroups, its scratch tmpfs and its uid (the range's base plus the link index: unique while
+the link is held, so two sandboxes never share a uid's kernel limits, signals or files), and,
+running in all of that, bubblewrap with the agent (`sandbox.agent`) waiting for requests. What a
+caller adds at create (who the sandbox is to the proxy, its limits, its environment, its
+lifetime) is cheap to set on a running slot, so the pool can hold everything else warm.
+
+`prepare` and `release` block (ip, nft, mount): the daemon runs them in threads. The parts the
+event loop owns (the name server, the agent's channel) are started and stopped by the daemon.
+The order of teardown is `runtime`'s: processes killed with their cgroups, then the tmpfs, then
+the namespace before its table, the lease last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sealgate.proxy.ca import ca_paths
+from sealgate.sandbox import firewall, scratch, seccomp
+from sealgate.sandbox.cgroup import CgroupError, Group, Limits
+from sealgate.sandbox.dns import LoopDns
+from sealgate.sandbox.launch import Launch, argv, bwrap_args, environment, staged
+from sealgate.sandbox.network import Link, Plan
+from sealgate.sandbox.runtime import (
+    SandboxError,
+    memfd,
+    remove_link_locked,
+    take_link,
+    trust,
+    unregister,
+)
+
+AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
+PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
+_AGENT_SOURCE = Path(__file__).with_name("agent.py")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What every slot of a daemon shares."""
+
+    state: Path  # the proxy's state directory: its control socket and CA
+    proxy_port: int
+    transparent_port: int | None = None
+    plan: Plan = field(default_factory=Plan)
+    uid_base: int = 3_000_000
+    disk: int = 1 << 30  # bytes of the scratch tmpfs
+
+    def __post_init__(self) -> None:
+        if self.uid_base < 1000 or self.uid_base + len(self.plan.links) >= 1 << 31:
+            raise SandboxError(f"--uid-base {self.uid_base}: needs a free range of "
+                               f"{len(self.plan.links)} uids at or above 1000")
+
+
+@dataclass
+class Slot:
+    link: Link
+    names: LoopDns
+    group: Group
+    uid: int
+    process: subprocess.Popen[bytes]
+    channel: socket.socket  # the daemon's end of the agent's
+    environment: dict[str, str]  # what every command starts from
+
+    @property
+    def index(self) -> int:
+        return self.link.index
+
+
+def prepare(config: Config) -> Slot:
+    """A new slot with its agent started (not yet known to be serving: the daemon waits for
+    its hello). Raises SandboxError with nothing left behind."""
+    if not os.access(PYTHON, os.X_OK):
+        raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
+    try:
+        program = seccomp.program()
+    except seccomp.SeccompUnsupported as exc:
+        raise SandboxError(str(exc)) from None
+    proxy_ca = ca_paths(config.state / "ca")[1]
+    if not proxy_ca.is_file():
+        raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
+    with contextlib.ExitStack() as undo:
+        link, names = take_link(config.plan, config.state, config.proxy_port,
+                                config.transparent_port, names_kind=LoopDns, undo=undo)
+        uid = config.uid_base + link.index
+        try:
+            group = Group.create(f"run-{link.index}-{os.getpid()}", Limits())
+        except CgroupError as exc:
+            raise SandboxError(str(exc)) from None
+        undo.callback(group.remove)
+        places = scratch.create(link.index, uid, uid, config.disk)
+        undo.callback(scratch.remove, link.index)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        undo.callback(ours.close)
+        try:
+            with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
+                handed.callback(theirs.close)
+                bundle, ca = trust(proxy_ca)
+                contents = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
+                files = {path: memfd(data, handed) for path, data in contents.items()}
+                command = [PYTHON, "-I", "-S", AGENT, str(theirs.fileno())]
+                launch = Launch(link, command, config.proxy_port, files, memfd(program, handed),
+                                None, uid, uid, {}, writable=places)
+                args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in bwrap_args(launch)),
+                                handed)
+                env = environment(launch)
+                process = subprocess.Popen(
+                    argv(launch, args_fd, group.dirs), env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    pass_fds=(args_fd, launch.seccomp_fd, theirs.fileno(), *files.values()))
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox: {exc}") from None
+        undo.pop_all()
+    ours.setblocking(False)
+    return Slot(link, names, group, uid, process, ours, env)
+
+
+def release(slot: Slot, config: Config) -> None:
+    """Everything of the slot, gone (the name server and channel are closed first, on the
+    loop). Never raises: what cannot be removed is left for the next start's clean-up."""
+    slot.process.kill()  # bubblewrap; its PID namespace, and so the sandbox, dies with it
+    slot.group.remove()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        slot.process.wait(10)
+    scratch.remove(slot.index)
+    unregister(config.state / "control.sock", f"/v1/sources/{slot.link.sandbox_ip}")
+    remove_link_locked(slot.index, firewall.table_name(slot.link))

@@ -1,0 +1,127 @@
+"""A real proxy on a gateway of its own and a real `sealgate sandboxd` beside it, for the
+sandbox sessions' tests (root: namespaces, nftables, cgroups, bubblewrap)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sealgate.sandbox.client import Client
+from tests.dnsstub import StubDNS
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest
+
+RANGE, GATEWAY = "10.216.0.0/16", "10.216.255.254"
+PLAN = ["--range", RANGE, "--gateway", GATEWAY]
+UID_BASE = 3_100_000
+
+
+def sealgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return subprocess.run([*SEALGATE, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="package")
+def gateway() -> Iterator[None]:
+    from tests.netns import require_root_net
+
+    require_root_net()
+    if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs bubblewrap and setpriv (Debian: bubblewrap, util-linux)")
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("the sandbox's agent needs the host system's /usr/bin/python3")
+    done = sealgate("sandbox", "setup", *PLAN)
+    assert done.returncode == 0, done.stderr
+    yield
+    sealgate("sandbox", "teardown", *PLAN)
+
+
+@pytest.fixture(scope="package")
+def dproxy(
+    gateway: None, tmp_path_factory: pytest.TempPathFactory, origin_https: Origin,
+    dns: StubDNS, test_ca: OriginCA,
+) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{origin_https.port}]
+        methods: [GET]
+    allow_networks: [127.0.0.1/32]
+  other:
+    allow:
+      - host: other.test
+        ports: [{origin_https.port}]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  ci-bot: {{policy: ci, key_sha256: "{key_digest('never-used-ci-key')}"}}
+  other-bot: {{policy: other, key_sha256: "{key_digest('never-used-other-key')}"}}
+"""
+    p = Proxy(tmp_path_factory.mktemp("sandboxd-proxy"), rules, resolver=dns.address,
+              upstream_ca=test_ca.path, listen_host=GATEWAY, transparent_host=GATEWAY)
+    yield p
+    p.stop()
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[str]
+    socket: Path
+    log: Path
+
+    @property
+    def client(self) -> Client:
+        return Client(str(self.socket))
+
+    def wait_ready(self, seconds: float = 30) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            if self.socket.exists():
+                try:
+                    if self.client.health().get("ready"):
+                        return
+                except Exception:  # noqa: BLE001 (not listening yet)
+                    pass
+            time.sleep(0.05)
+        raise AssertionError(f"sandboxd not ready: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> int:
+        self.process.terminate()
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def start_daemon(proxy: Proxy, where: Path, *extra: str) -> Daemon:
+    sock = where / "sandboxd.sock"
+    log = where / "sandboxd.log"
+    with open(log, "a") as out:
+        process = subprocess.Popen(
+            [*SEALGATE, "sandboxd", *PLAN, "--state", str(proxy.state), "--socket", str(sock),
+             "--proxy-port", str(proxy.port), "--transparent-port", str(proxy.transparent_port),
+             "--uid-base", str(UID_BASE), *extra],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    daemon = Daemon(process, sock, log)
+    daemon.wait_ready()
+    return daemon
+
+
+@pytest.fixture(scope="package")
+def sandboxd(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd"), "--pool", "2",
+                          "--no-selftest")
+    yield daemon
+    daemon.stop()
