@@ -3,6 +3,7 @@ sandbox sessions' tests (root: namespaces, nftables, cgroups, bubblewrap)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.client import Client
+from sealgate.sandbox.client import Client, DaemonError
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest
 
@@ -87,11 +88,9 @@ class Daemon:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()
             if self.socket.exists():
-                try:
+                with contextlib.suppress(DaemonError):  # not listening yet
                     if self.client.health().get("ready"):
                         return
-                except Exception:  # noqa: BLE001 (not listening yet)
-                    pass
             time.sleep(0.05)
         raise AssertionError(f"sandboxd not ready: {self.log.read_text()[-2000:]}")
 
