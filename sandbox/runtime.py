@@ -158,6 +158,15 @@ def take_link(
     return link, names
 
 
+def clean_up_stale() -> list[lease.Lease]:
+    """Clean up after every run or daemon that died holding links; the leases it found."""
+    with network.lock():
+        found = lease.stale()
+        for left in found:
+            clean_up_after(left)
+    return found
+
+
 def remove_link_locked(index: int, table: str) -> None:
     try:
         with network.lock():
