@@ -1,4 +1,8 @@
-"""`sealgate sandbox setup | run | teardown`: the runtime around the proxy (root only)."""
+"""`sealgate sandbox setup | run | teardown | gc` (the runtime around the proxy, root only) and
+the daemon's thin client: `create | exec | put | get | ls | rm` (`sandbox.sessioncli`).
+
+Only argparse at import: what a command runs is imported when it runs, so `sealgate --help` and
+the client commands start in tens of milliseconds."""
 
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from sealgate.clikit import Commands
+from sealgate.sandbox import sessioncli
 from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
 from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
-from sealgate.sandbox.runtime import Run, SandboxError, run, setup, teardown
 
 
 def register(sub: Commands) -> None:
-    p = sub.add_parser("sandbox", help="run commands whose only way out is the proxy (root)")
+    p = sub.add_parser("sandbox", help="run commands whose only way out is the proxy (root), "
+                                       "and drive sandboxd")
     ps = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def plan_args(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +67,10 @@ def register(sub: Commands) -> None:
                         "secrets); nothing else of the caller's environment is passed")
     r.add_argument("command", nargs="+", metavar="-- COMMAND")
     r.set_defaults(func=_run)
+    g = ps.add_parser("gc", help="clean up what runs and daemons that died left (their leases: "
+                                 "processes, registrations, links, tables, cgroups, tmpfs)")
+    g.set_defaults(func=_gc)
+    sessioncli.register(ps)
 
 
 def parse_duration(text: str) -> float | None:
@@ -84,11 +93,26 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def _setup(args: argparse.Namespace) -> int:
+    from sealgate.sandbox.runtime import setup
+
     return _guarded(lambda: setup(_plan(args)))
 
 
 def _teardown(args: argparse.Namespace) -> int:
+    from sealgate.sandbox.runtime import teardown
+
     return _guarded(lambda: teardown(_plan(args)))
+
+
+def _gc(_: argparse.Namespace) -> int:
+    from sealgate.sandbox.runtime import clean_up_stale
+
+    def clean() -> None:
+        for left in clean_up_stale():
+            print(f"cleaned up after process {left.pid} (link {left.index}, "
+                  f"{left.address or 'no address'})")
+
+    return _guarded(clean)
 
 
 def _guarded(action: Callable[[], None]) -> int:
@@ -104,6 +128,8 @@ def _guarded(action: Callable[[], None]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sealgate.sandbox.runtime import Run, SandboxError, run
+
     if problem := _root():
         print(problem, file=sys.stderr)
         return 2

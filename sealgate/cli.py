@@ -1,37 +1,68 @@
-"""The `sealgate` command: one entry point, each part registers its own subcommands."""
+"""The `sealgate` command: one entry point, each part registers its own subcommands.
+
+Only the part that runs is imported: `sealgate --help` lists every command from the table
+below without importing any part (the proxy's alone pulls in mitmproxy, hundreds of ms), and
+`sealgate sandbox exec` imports the sandbox's CLI and nothing of the proxy's.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from sealgate import __version__
-from sealgate.issuer import cli as issuer_cli
-from sealgate.proxy import cli as proxy_cli
-from sealgate.proxy.policy import cli as rules_cli
-from sealgate.sandbox import cli as sandbox_cli
-from sealgate.sandbox import daemoncli
 
-# Each module exposes `register(subparsers)` and sets `func=handler` (handler(args) -> exit code)
-# on the parsers it adds, so a part's commands live next to the code they drive.
-_COMMAND_MODULES = (proxy_cli, rules_cli, issuer_cli, sandbox_cli, daemoncli)
+# command -> (the module whose `register(subparsers)` adds it, the one-line help). A module
+# sets `func=handler` (handler(args) -> exit code) on the parsers it adds, so a part's
+# commands live next to the code they drive; tests/unit/test_cli.py keeps the help in step.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "proxy": ("sealgate.proxy.cli", "run the egress proxy"),
+    "ca": ("sealgate.proxy.cli", "show the interception CA"),
+    "sources": ("sealgate.proxy.cli", "source address -> sandbox registry (control API)"),
+    "rules": ("sealgate.proxy.policy.cli", "check, explain, test and diff rules files"),
+    "keys": ("sealgate.issuer.cli", "manage proxy key pairs"),
+    "token": ("sealgate.issuer.cli", "look at tokens"),
+    "mint": ("sealgate.issuer.cli", "seal a secret into a token"),
+    "issuer": ("sealgate.issuer.cli", "the token issuer service"),
+    "sandbox": ("sealgate.sandbox.cli",
+                "run commands whose only way out is the proxy (root), and drive sandboxd"),
+    "sandboxd": ("sealgate.sandbox.daemoncli", "the sandbox daemon: long-lived sandboxes over "
+                                               "an API, from a warm pool (root)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command`, only that command's part is imported and registered in
+    full (the others are listed by name and help)."""
+    return _parser([COMMANDS[command][0]] if command in COMMANDS else [])
+
+
+def full_parser() -> argparse.ArgumentParser:
+    """Every part registered (for tests and documentation)."""
+    return _parser(list(dict.fromkeys(module for module, _ in COMMANDS.values())))
+
+
+def _parser(modules: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sealgate", description="Egress credential proxy and sandbox runtime."
     )
     parser.add_argument("--version", action="version", version=f"sealgate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _COMMAND_MODULES:
-        module.register(sub)
+    for module in modules:
+        importlib.import_module(module).register(sub)
+    for name, (_, text) in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(args_list)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

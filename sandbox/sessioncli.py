@@ -1,0 +1,212 @@
+"""`sealgate sandbox create | exec | put | get | ls | rm`: a thin client of the daemon's API
+(the same calls as `sealgate.sandbox.Sandbox`), for people and shell scripts.
+
+`exec` streams the command's stdout and stderr to ours as they come and exits with its status
+(124 for a time-out); a refusal of the daemon's is one line on stderr and exit 125. `--json`
+gives what a machine reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sealgate.reasons import Reason
+from sealgate.sandbox.client import DEFAULT_DAEMON, Client, DaemonError, Result, Sandbox
+
+_REFUSED = 125
+
+
+def register(ps: Any) -> None:
+    """Add the client's actions to `sealgate sandbox`'s subcommands."""
+
+    def client_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--daemon", default=os.environ.get("SEALGATE_SANDBOXD"),
+                            help=f"the daemon: a unix socket (default {DEFAULT_DAEMON}) or "
+                                 "http(s)://host:port ($SEALGATE_SANDBOXD)")
+        parser.add_argument("--key-file", type=Path,
+                            help="the bearer key of a TCP daemon ($SEALGATE_SANDBOXD_KEY)")
+
+    c = ps.add_parser("create", help="create a long-lived sandbox (sandboxd); prints its id")
+    client_args(c)
+    c.add_argument("sandbox", help="the sandbox id the rules name (its policy)")
+    c.add_argument("--ttl", type=float, help="seconds it may live (default 600)")
+    c.add_argument("--idle-timeout", type=float,
+                   help="seconds without a request before it ends (default 180)")
+    c.add_argument("--pids", type=int, help="most processes and threads at once")
+    c.add_argument("--memory", help="most memory, its writable layer included: 512M, 4G")
+    c.add_argument("--cpus", type=float, help="CPU time in cores")
+    c.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable for every command of the sandbox (repeatable)")
+    c.add_argument("--json", action="store_true", help="print the sandbox as JSON")
+    c.set_defaults(func=_create)
+
+    e = ps.add_parser("exec", help="run a command in a sandbox, streaming its output")
+    client_args(e)
+    e.add_argument("id")
+    e.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    e.add_argument("--cwd", help="where it runs (default /workspace)")
+    e.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds, then it and all it started are killed: exit 124 (default 600)")
+    e.add_argument("-i", "--stdin", action="store_true", help="pass our stdin to it")
+    e.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (output in base64) instead")
+    e.add_argument("command", nargs="+", metavar="-- COMMAND")
+    e.set_defaults(func=_exec)
+
+    put = ps.add_parser("put", help="copy a local file into a sandbox's workspace")
+    client_args(put)
+    put.add_argument("id")
+    put.add_argument("local", help="a local file, or - for stdin")
+    put.add_argument("path", help="where in /workspace (relative)")
+    put.add_argument("--mode", default="644", help="octal permissions (default 644)")
+    put.set_defaults(func=_put)
+
+    get = ps.add_parser("get", help="copy a file of a sandbox's workspace out")
+    client_args(get)
+    get.add_argument("id")
+    get.add_argument("path", help="a path in /workspace (relative)")
+    get.add_argument("local", nargs="?", default="-", help="a local file (default - : stdout)")
+    get.set_defaults(func=_get)
+
+    ls = ps.add_parser("ls", help="list the daemon's sandboxes")
+    client_args(ls)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_ls)
+
+    rm = ps.add_parser("rm", help="delete sandboxes (everything of them)")
+    client_args(rm)
+    rm.add_argument("ids", nargs="+", metavar="ID")
+    rm.set_defaults(func=_rm)
+
+
+def _client(args: argparse.Namespace) -> Client:
+    key = None
+    if args.key_file is not None:
+        key = args.key_file.read_text().strip()
+    return Client(args.daemon, key)
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise DaemonError(f"--env {name[:40]!r}: write NAME=VALUE",
+                              reason=Reason.BAD_REQUEST, status=0)
+        env[name] = value
+    return env
+
+
+def _refused(exc: DaemonError) -> int:
+    print(f"sealgate: {exc}", file=sys.stderr)
+    return _REFUSED
+
+
+def _create(args: argparse.Namespace) -> int:
+    limits: dict[str, Any] = {k: v for k, v in (("pids", args.pids), ("memory", args.memory),
+                                                 ("cpus", args.cpus)) if v is not None}
+    try:
+        sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
+                            ttl=args.ttl, idle_timeout=args.idle_timeout, daemon=args.daemon,
+                            key=_client(args).key)
+    except DaemonError as exc:
+        return _refused(exc)
+    print(json.dumps(sb.info, indent=2) if args.json else sb.id)
+    return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    sb = Sandbox(_client(args), {"id": args.id})
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    result: Result | None = None
+    try:
+        if args.json:
+            result = sb.run(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
+                            timeout=args.timeout)
+        else:
+            for name, data in sb.stream(command, env=_pairs(args.env), cwd=args.cwd,
+                                        stdin=stdin, timeout=args.timeout):
+                if isinstance(data, Result):
+                    result = data
+                    break
+                target = out if name == "stdout" else err
+                target.write(data)
+                target.flush()
+    except DaemonError as exc:
+        return _refused(exc)
+    assert result is not None
+    if args.json:
+        import base64
+
+        print(json.dumps({"exit": result.exit_code, "ending": result.ending,
+                          "signal": result.signal, "usage": dict(result.usage),
+                          "duration_ms": result.duration_ms, "error": result.error,
+                          "stdout": base64.b64encode(result.stdout).decode(),
+                          "stderr": base64.b64encode(result.stderr).decode()}))
+    elif result.error:
+        print(f"sealgate: {result.error}", file=sys.stderr)
+    if result.exit_code is None:
+        print("sealgate: the command was lost (its supervisor in the sandbox was killed)",
+              file=sys.stderr)
+        return _REFUSED
+    return result.exit_code
+
+
+def _put(args: argparse.Namespace) -> int:
+    data = sys.stdin.buffer.read() if args.local == "-" else Path(args.local).read_bytes()
+    try:
+        size = Sandbox(_client(args), {"id": args.id}).write(args.path, data,
+                                                             mode=int(args.mode, 8))
+    except DaemonError as exc:
+        return _refused(exc)
+    print(f"{args.path}: {size} bytes", file=sys.stderr)
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    try:
+        data = Sandbox(_client(args), {"id": args.id}).read(args.path)
+    except DaemonError as exc:
+        return _refused(exc)
+    if args.local == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        Path(args.local).write_bytes(data)
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    try:
+        sandboxes = _client(args).list()
+    except DaemonError as exc:
+        return _refused(exc)
+    if args.json:
+        print(json.dumps(sandboxes, indent=2))
+        return 0
+    rows = [("ID", "SANDBOX", "ADDRESS", "UID", "CMDS", "RUNNING", "EXPIRES", "IDLE")]
+    rows += [(s["id"], s["sandbox"], s["address"], str(s["uid"]), str(s["commands"]),
+              str(s["running"]), f"{s['expires_in']:.0f}s", f"{s['idle_for']:.0f}s")
+             for s in sandboxes]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    code = 0
+    client = _client(args)
+    for ident in args.ids:
+        try:
+            client.call("DELETE", f"/v1/sandboxes/{quote(ident, safe='')}")
+        except DaemonError as exc:
+            code = _refused(exc)
+    return code
