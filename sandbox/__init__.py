@@ -1,1 +1,28 @@
-"""The sandbox runtime around the proxy (namespaces, firewall, isolation)."""
+"""The sandbox runtime, and the client a harness drives it with:
+
+    from sealgate.sandbox import Sandbox
+    with Sandbox.create("ci-bot") as sb:
+        sb.run(["pytest", "-q"])
+
+`AsyncSandbox` (asyncio, on aiohttp) is imported only when asked for, so the sync client and
+the CLI pay nothing for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sealgate.sandbox.client import Client, CommandFailed, DaemonError, Result, Sandbox
+
+if TYPE_CHECKING:
+    from sealgate.sandbox.aclient import AsyncSandbox
+
+__all__ = ["AsyncSandbox", "Client", "CommandFailed", "DaemonError", "Result", "Sandbox"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AsyncSandbox":
+        from sealgate.sandbox.aclient import AsyncSandbox
+
+        return AsyncSandbox
+    raise AttributeError(f"module 'sealgate.sandbox' has no attribute {name!r}")
