@@ -54,6 +54,9 @@ class Daemon:
         self.sessions: dict[str, Session] = {}
         self.ready = False
         self.problem: str | None = "starting"
+        # Why the boundary is not proved yet (serve.py's self-test), or None: no sandbox is
+        # created meanwhile.
+        self.unverified: str | None = None
         self._pool: list[slot.Slot] = []
         self._preparing = 0
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -85,10 +88,19 @@ class Daemon:
         await asyncio.gather(*(self._release(s) for s in pool), return_exceptions=True)
 
     def status(self) -> dict[str, Any]:
-        return {"ready": self.ready, "problem": self.problem, "pool": len(self._pool),
+        return {"ready": self.ready and self.unverified is None,
+                "problem": self.unverified or self.problem,
+                "pool": len(self._pool),
                 "preparing": self._preparing, "sandboxes": len(self.sessions)}
 
     # -- the pool -------------------------------------------------------------------------
+
+    async def canary(self) -> slot.Slot:
+        """A slot of its own for the self-test: known to no proxy, in no pool."""
+        return await self._prepare()
+
+    async def discard(self, canary: slot.Slot) -> None:
+        await self._release(canary)
 
     async def _prepare(self) -> slot.Slot:
         self._preparing += 1
@@ -172,6 +184,8 @@ class Daemon:
     async def create(self, options: Options) -> Session:
         if self._closing:
             raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
+        if self.unverified is not None:
+            raise SessionError(f"not ready: {self.unverified}", reason=Reason.AT_CAPACITY)
         if len(self.sessions) >= self.config.max_sandboxes:
             raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
                                "sandboxes", reason=Reason.AT_CAPACITY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import ssl
@@ -16,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from sealgate.hostport import parse_hostport
-from sealgate.sandbox import firewall, slot
+from sealgate.sandbox import firewall, selftest, slot
 from sealgate.sandbox.api import make_app
 from sealgate.sandbox.cgroup import CgroupError, parse_size
 from sealgate.sandbox.daemon import Config, Daemon
@@ -79,14 +80,39 @@ def main(settings: Settings) -> int:
         return 1
 
 
+async def _verify(daemon: Daemon, own_socket: Path) -> list[selftest.Check]:
+    """Run the self-test; the daemon creates sandboxes only while the last one passed."""
+    checks = await selftest.run(daemon, own_socket)
+    failed = [c for c in checks if not c.ok]
+    for check in failed:
+        print(f"sealgate sandboxd: self-test FAILED: {check.name}: {check.detail}",
+              file=sys.stderr, flush=True)
+    daemon.unverified = ("self-test failed: " + "; ".join(c.name for c in failed)) if failed \
+        else None
+    if not failed:
+        print(f"sealgate sandboxd: self-test passed ({len(checks)} checks)", file=sys.stderr,
+              flush=True)
+    return checks
+
+
 async def _serve(settings: Settings) -> int:
     plan = settings.config.slots.plan
     if not firewall.exists(firewall.shared_table(plan)):
         await asyncio.to_thread(setup, plan)
     daemon = Daemon(settings.config)
+    if settings.selftest:
+        daemon.unverified = "the self-test has not run yet"
     await daemon.start()
-    runner = web.AppRunner(make_app(daemon, settings.key), access_log=None,
-                           handler_cancellation=True)
+    app = make_app(daemon, settings.key)
+
+    async def selftest_call(_: web.Request) -> web.Response:
+        checks = await _verify(daemon, settings.socket)
+        # 200 either way: the answer is the checks; /v1/health says whether it is ready.
+        return web.json_response({"ok": all(c.ok for c in checks),
+                                  "checks": [dataclasses.asdict(c) for c in checks]})
+
+    app.router.add_get("/v1/selftest", selftest_call)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -109,6 +135,10 @@ async def _serve(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if settings.selftest:
+            first = asyncio.create_task(_verify(daemon, settings.socket))
+            await asyncio.wait([first, asyncio.create_task(stop.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
         await stop.wait()
     finally:
         await daemon.close()

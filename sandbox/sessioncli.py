@@ -79,6 +79,12 @@ def register(ps: Any) -> None:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_ls)
 
+    st = ps.add_parser("selftest", help="have the daemon prove its network boundary: a canary "
+                                        "sandbox tries every forbidden way out")
+    client_args(st)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_selftest)
+
     rm = ps.add_parser("rm", help="delete sandboxes (everything of them)")
     client_args(rm)
     rm.add_argument("ids", nargs="+", metavar="ID")
@@ -210,3 +216,19 @@ def _rm(args: argparse.Namespace) -> int:
         except DaemonError as exc:
             code = _refused(exc)
     return code
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    try:
+        answer = _client(args).call("GET", "/v1/selftest", timeout=300)
+    except DaemonError as exc:
+        return _refused(exc)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        for check in answer.get("checks", []):
+            mark = "ok  " if check["ok"] else "FAIL"
+            print(f"{mark}  {check['name']}: {check['detail']}")
+        print("self-test " + ("passed" if answer.get("ok") else "FAILED: the daemon will not "
+                              "create sandboxes until it passes"))
+    return 0 if answer.get("ok") else 1

@@ -1,0 +1,93 @@
+"""The self-test's probe: runs *inside* a canary sandbox (the host's /usr/bin/python3, like the
+agent; nothing of sealgate's imported), tries every way out it is given, and prints one JSON
+object of what happened to each. It judges nothing: the daemon compares what the probe saw with
+what its own listeners on the host received (`sandbox.selftest`).
+
+Input on stdin: {"tcp": [[name, host, port], ...], "udp": [[name, host, port], ...],
+"http": [[name, url, proxy-or-null], ...], "absent": [[name, path], ...], "dns": name,
+"proxy": [host, port]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import urllib.request
+from typing import Any
+
+_TIMEOUT = 2.0
+
+
+def _tcp(host: str, port: int) -> str:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(_TIMEOUT)
+            sock.connect((host, port))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            answer = sock.recv(4096)
+    except OSError as exc:
+        return f"failed: {type(exc).__name__}"
+    sealgate = b"x-sealgate-error" in answer.lower()
+    return "refused by the proxy" if sealgate else f"connected: {answer[:40]!r}"
+
+
+def _udp(host: str, port: int) -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(0.3)
+            sock.sendto(b"sealgate-probe", (host, port))
+            sock.recv(512)
+    except OSError as exc:
+        return f"failed: {type(exc).__name__}"
+    return "answered"
+
+
+def _http(url: str, proxy: str | None) -> str:
+    handler = urllib.request.ProxyHandler({"http": proxy} if proxy else {})
+    opener = urllib.request.build_opener(handler)
+    try:
+        with opener.open(url, timeout=_TIMEOUT) as response:
+            headers = response.headers
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        headers, status = exc.headers, exc.code
+    except OSError as exc:
+        return f"failed: {type(exc).__name__}"
+    if headers.get("X-Sealgate-Error"):
+        return "refused by the proxy"
+    return f"answered {status}"
+
+
+def _dns(name: str) -> list[str]:
+    try:
+        return sorted({str(a[4][0]) for a in socket.getaddrinfo(name, 80, socket.AF_INET)})
+    except OSError as exc:
+        return [f"failed: {type(exc).__name__}"]
+
+
+def main() -> None:
+    plan: dict[str, Any] = json.loads(sys.stdin.read())
+    seen: dict[str, Any] = {}
+    for name, host, port in plan.get("tcp", []):
+        seen[name] = _tcp(host, port)
+    for name, host, port in plan.get("udp", []):
+        seen[name] = _udp(host, port)
+    for name, url, proxy in plan.get("http", []):
+        seen[name] = _http(url, proxy)
+    for name, path in plan.get("absent", []):
+        seen[name] = "present" if os.path.exists(path) else "absent"
+    if "dns" in plan:
+        seen["dns"] = _dns(plan["dns"])
+    try:
+        with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as fh:
+            seen["ipv6_disabled"] = fh.read().strip() == "1"
+    except OSError:
+        seen["ipv6_disabled"] = True  # no IPv6 in the kernel at all
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()
