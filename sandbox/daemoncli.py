@@ -43,6 +43,8 @@ def register(sub: Commands) -> None:
     p.add_argument("--pool", type=int, default=4, help="sandboxes kept ready (default 4)")
     p.add_argument("--max-sandboxes", type=int, default=256,
                    help="most sandboxes alive at once (default 256)")
+    p.add_argument("--max-ttl", type=float, default=24 * 3600.0,
+                   help="the longest ttl a create may ask for, seconds (default 86400)")
     p.add_argument("--uid-base", type=int, default=3_000_000,
                    help="sandbox n runs as this uid plus n (default 3000000)")
     p.add_argument("--disk", default="1G",

@@ -68,7 +68,10 @@ class Settings:
                     tls.load_cert_chain(args.tls_cert, args.tls_key)
                 except (OSError, ssl.SSLError, TypeError) as exc:
                     raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
-        config = Config(slots=slots, pool=args.pool, max_sandboxes=args.max_sandboxes)
+        if not 1 <= args.max_ttl <= 366 * 86400:
+            raise ValueError("--max-ttl: 1 s to a year")
+        config = Config(slots=slots, pool=args.pool, max_sandboxes=args.max_sandboxes,
+                        max_ttl=args.max_ttl)
         return cls(config, args.socket, listen, key, tls, not args.no_selftest)
 
 
