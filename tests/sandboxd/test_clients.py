@@ -4,12 +4,15 @@ the CLI, which is a thin client of the same API."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import secrets
 import subprocess
+from pathlib import Path
 
-from sealgate.sandbox import AsyncSandbox, DaemonError, Sandbox
-from tests.harness import ROOT, SEALGATE
-from tests.sandboxd.conftest import Daemon
+from sealgate.sandbox import AsyncSandbox, Client, DaemonError, Sandbox
+from tests.harness import ROOT, SEALGATE, Proxy, free_port
+from tests.sandboxd.conftest import Daemon, start_daemon
 
 
 def cli(daemon: Daemon, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -73,3 +76,32 @@ def test_the_cli_is_a_thin_client(sandboxd: Daemon) -> None:
     assert gone.returncode == 125 and b"sandbox_ended" in gone.stderr
     unknown = cli(sandboxd, "create", "no-such-bot")
     assert unknown.returncode == 125 and b"unknown_sandbox" in unknown.stderr
+
+
+def test_the_tcp_listener_takes_only_the_bearer_key(
+    dproxy: Proxy, tmp_path: Path
+) -> None:
+    key = secrets.token_urlsafe(24)
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    port = free_port()
+    daemon = start_daemon(dproxy, tmp_path, "--pool", "0", "--no-selftest",
+                          "--listen", f"127.0.0.1:{port}", "--key-file", str(key_file))
+    try:
+        for header in ({}, {"Authorization": "Bearer wrong-key-of-some-length"},
+                       {"Authorization": f"Bearer {key}x"}, {"Authorization": key}):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/v1/sandboxes", body=b'{"sandbox": "ci-bot"}',
+                         headers=header)
+            answer = conn.getresponse()
+            assert answer.status == 401, header
+            assert json.loads(answer.read())["error"] == "unauthorized"
+            conn.close()
+        assert Client(str(daemon.socket)).list() == []  # nothing was created
+        url = f"http://127.0.0.1:{port}"
+        with Sandbox.create("ci-bot", daemon=url, key=key) as sb:
+            assert sb.run(["echo", "over tcp"]).stdout == b"over tcp\n"
+        # The key is never on a command line.
+        assert key not in Path(f"/proc/{daemon.process.pid}/cmdline").read_text()
+    finally:
+        daemon.stop()
