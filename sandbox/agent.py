@@ -163,10 +163,15 @@ def _command(req: dict[str, Any], stdin: int, stdout: int, stderr: int, err_w: i
             os.dup2(fd, target)
         os.closerange(3, err_w)
         os.closerange(err_w + 1, 1 << 16)
-        os.chdir(req.get("cwd") or _WORKSPACE)
+        cwd = str(req.get("cwd") or _WORKSPACE)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:  # named as the directory's, not blamed on the program
+            os.write(err_w, f"cwd {cwd}: {exc.strerror or exc}".encode()[:4000])
+            os._exit(127)
         argv = [str(a) for a in req["argv"]]
         env = {str(k): str(v) for k, v in req["env"].items()}
-        os.execvpe(argv[0], argv, env)  # noqa: S606 (the command is the point)  # noqa: S606
+        os.execvpe(argv[0], argv, env)  # noqa: S606 (the command is the point)
     except OSError as exc:
         os.write(err_w, f"{req['argv'][0]}: {exc.strerror or exc}".encode()[:4000])
     except Exception as exc:  # a malformed request: said, never a traceback
