@@ -187,42 +187,65 @@ def _walk(path: str, create: bool) -> tuple[int, str]:
         raise ValueError("a path inside the workspace: names joined by '/', no '..'")
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(_WORKSPACE, flags)
-    for name in parts[:-1]:
-        try:
-            nxt = os.open(name, flags, dir_fd=fd)
-        except FileNotFoundError:
-            if not create:
+    try:
+        for name in parts[:-1]:
+            try:
+                nxt = os.open(name, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(name, 0o755, dir_fd=fd)
+                nxt = os.open(name, flags, dir_fd=fd)
+            except OSError:
+                _refuse_link(fd, name)
                 raise
-            os.mkdir(name, 0o755, dir_fd=fd)
-            nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
         os.close(fd)
-        fd = nxt
+        raise
     return fd, parts[-1]
+
+
+def _refuse_link(parent: int, name: str) -> None:
+    """A link where a directory or file is wanted is refused as one (O_NOFOLLOW says only
+    "not a directory" or "too many levels"), so the caller learns it is never followed."""
+    try:
+        info = os.lstat(name, dir_fd=parent)
+    except OSError:
+        return
+    if info.st_mode & 61440 == 40960:
+        raise ValueError(f"{name[:255]!r} is a symbolic link: never followed")
 
 
 def _put(req: dict[str, Any], fds: list[int]) -> None:
     data, status = fds
     try:
         parent, name = _walk(str(req["path"]), create=True)
-        tmp = f".{name}.sealgate-{os.getpid()}"
+        # A short temporary name: the final one may already be as long as a name can be.
+        tmp = f".sealgate-put-{os.getpid()}"
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                       int(req.get("mode", 0o644)) & 0o777, dir_fd=parent)
         size, want = 0, int(req["size"])
         try:
-            while chunk := os.read(data, _CHUNK):
-                size += len(chunk)
-                if size > want:
-                    break
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view):]
-        finally:
-            os.close(out)
-        if size != want:
-            os.unlink(tmp, dir_fd=parent)
-            _report(status, {"error": f"received {size} bytes of {want}"})
-            return
-        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            try:
+                while chunk := os.read(data, _CHUNK):
+                    size += len(chunk)
+                    if size > want:
+                        break
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+            if size != want:
+                raise ValueError(f"received {size} bytes of {want}")
+            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            # Never a partial file left behind: after ENOSPC it would hold the space it took.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=parent)
+            raise
         _report(status, {"size": size})
     except (OSError, ValueError, KeyError) as exc:
         _report(status, {"error": _said(exc)})
@@ -232,7 +255,11 @@ def _get(req: dict[str, Any], fds: list[int]) -> None:
     data, status = fds
     try:
         parent, name = _walk(str(req["path"]), create=False)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+        except OSError:
+            _refuse_link(parent, name)
+            raise
         info = os.fstat(fd)
         if info.st_mode & 61440 != 32768:
             _report(status, {"error": "not a regular file"})

@@ -11,11 +11,13 @@ mid-stream ends its command.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import hmac
 import json
+import logging
 import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -37,6 +39,10 @@ MAX_CAPTURE = 16 << 20  # per stream, when the output is not streamed
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _DAEMON = web.AppKey("daemon", Daemon)
 _KEY = web.AppKey("key", bytes)
+_STREAMING = "sealgate.streaming"  # set on a request once its answer has begun
+_MAX_PIDS = 1 << 22  # the kernel's PID_MAX_LIMIT
+_MAX_MEMORY = 1 << 50
+MAX_TIMEOUT = 7 * 24 * 3600.0  # a command's limit; None (no limit) is said as null
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -74,6 +80,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except SealgateError as exc:
+        if request.get(_STREAMING):
+            raise  # the answer has begun: only closing the connection can say it failed
         return error(exc.reason, str(exc))
     except web.HTTPException as exc:
         if exc.status == 413:
@@ -81,7 +89,16 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status in (404, 405):
             return error(Reason.BAD_REQUEST, f"{request.method} {request.path[:80]}: no such "
                          "call (see docs/sandbox-api.md)")
+        if exc.status >= 400:  # aiohttp's own refusals (a bad header, ...) answered as ours
+            return error(Reason.BAD_REQUEST, exc.reason)
         raise
+    except (ConnectionError, asyncio.CancelledError):
+        raise  # the caller went away: there is no one to answer
+    except Exception as exc:  # a bug: said as one, never a traceback
+        if request.get(_STREAMING):
+            raise
+        logging.getLogger(__name__).exception("%s %s", request.method, request.path[:80])
+        return error(Reason.INTERNAL_ERROR, type(exc).__name__)
 
 
 async def _body(request: web.Request, allowed: set[str]) -> dict[str, Any]:
@@ -105,8 +122,10 @@ def _number(body: dict[str, Any], name: str, default: float | None, *,
     value = body.get(name, default)
     if value is None:
         return None
+    # Finite always (JSON as Python reads it has NaN and Infinity, and 1e400 is one): an
+    # infinite limit is no limit, which is said as null where it is allowed at all.
     if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not low <= value <= high:
+            or not math.isfinite(value) or not low <= value <= high:
         raise BadRequest(f"'{name}' must be a number of seconds from {low:g} to {high:g}")
     return float(value)
 
@@ -127,13 +146,31 @@ def _limits(value: Any) -> Limits:
         return Limits()
     if not isinstance(value, dict) or set(value) - {"pids", "memory", "cpus"}:
         raise BadRequest("'limits' takes pids, memory and cpus")
+    pids, memory, cpus = (value.get("pids", Limits.pids), value.get("memory", Limits.memory),
+                          value.get("cpus", Limits.cpus))
+    # Numbers as numbers: int() would take "12", True, 2.9 or fail on 1e400 with an
+    # OverflowError no one catches.
+    if not _whole(pids):
+        raise BadRequest("limits: 'pids' must be a whole number")
+    if not (_whole(memory) or isinstance(memory, str)):
+        raise BadRequest("limits: 'memory' must be bytes or a size such as '2G'")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)
+                             or not math.isfinite(cpus)):
+        raise BadRequest("limits: 'cpus' must be a number or null")
     try:
-        memory, cpus = value.get("memory", Limits.memory), value.get("cpus", Limits.cpus)
-        return Limits(pids=int(value.get("pids", Limits.pids)),
-                      memory=parse_size(memory) if isinstance(memory, str) else int(memory),
-                      cpus=None if cpus is None else float(cpus))
-    except (TypeError, ValueError, CgroupError) as exc:
+        limits = Limits(pids=pids,
+                        memory=parse_size(memory) if isinstance(memory, str) else memory,
+                        cpus=None if cpus is None else float(cpus))
+    except (TypeError, ValueError, OverflowError, CgroupError) as exc:
         raise BadRequest(f"limits: {exc}") from None
+    # Above what the kernel takes, the cgroup write fails after the slot is taken (and lost).
+    if limits.pids > _MAX_PIDS or limits.memory > _MAX_MEMORY:
+        raise BadRequest(f"limits: at most {_MAX_PIDS} pids and {_MAX_MEMORY >> 40}T memory")
+    return limits
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -190,21 +227,25 @@ def _command(body: dict[str, Any]) -> Command:
     if len(stdin) > MAX_STDIN:
         raise SessionError(f"stdin over {MAX_STDIN} bytes", reason=Reason.TOO_LARGE)
     return Command(argv=argv, env=_env(body.get("env")), cwd=cwd, stdin=stdin,
-                   timeout=_number(body, "timeout", 600.0, low=0.001))
+                   timeout=_number(body, "timeout", 600.0, low=0.001, high=MAX_TIMEOUT))
 
 
 async def _exec(request: web.Request) -> web.StreamResponse:
     session = request.app[_DAEMON].get(request.match_info["id"])
     body = await _body(request, {"argv", "env", "cwd", "stdin", "timeout", "stream"})
     command = _command(body)
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false")
     events = session.run(command)
-    if body.get("stream", True) is False:
+    if not stream:
         return await _collected(events)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     async with contextlib.aclosing(events):
         first = True
         async for name, data in events:
             if first:  # the refusals above are plain answers; from here on it streams
+                request[_STREAMING] = True
                 await response.prepare(request)
                 first = False
             line = {name: base64.b64encode(data).decode()} if isinstance(data, bytes) \
@@ -259,13 +300,22 @@ async def _get(request: web.Request) -> web.StreamResponse:
     size, data = await session.get(request.match_info["path"], MAX_FILE)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = size
+    sent = 0
     async with contextlib.aclosing(data):
+        request[_STREAMING] = True
         await response.prepare(request)
         async for chunk in data:
             try:
                 await response.write(chunk)
             except (ConnectionError, RuntimeError):
                 break
+            sent += len(chunk)
+    if sent != size:
+        # Fewer bytes than announced (the file shrank as it was read, or the caller left):
+        # the connection is closed, so the caller sees a cut body rather than waiting.
+        if request.transport is not None:
+            request.transport.close()
+        return response
     with contextlib.suppress(ConnectionError, RuntimeError):
         await response.write_eof()
     return response

@@ -20,7 +20,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,7 @@ class Session:
         started = time.monotonic()
         finished = False
         tasks: list[asyncio.Task[None]] = []
+        status_task: asyncio.Task[bytes] | None = None
         try:
             try:
                 self._send(request, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
@@ -186,18 +187,32 @@ class Session:
                     yield name, data
                 else:
                     open_streams -= 1
-            try:
-                raw = await asyncio.wait_for(status_task, _BACKSTOP if open_streams else 30.0)
-            except TimeoutError:
-                raw = b""
+            # A command may close its output and go on running: its status comes when it
+            # ends, within its own limit (the shim's) and the backstop after it, as above.
+            raw = b""
+            while not open_streams:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    raw = await asyncio.wait_for(asyncio.shield(status_task), wait)
+                    break
+                except TimeoutError:
+                    if asked:
+                        break
+                    self._kill(ident)
+                    asked = True
+                    deadline = time.monotonic() + _BACKSTOP
+            if open_streams:  # the backstop passed with output still open
+                with contextlib.suppress(TimeoutError):
+                    raw = await asyncio.wait_for(asyncio.shield(status_task), _BACKSTOP)
             status = _status(raw)
             status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
-            finished = True
+            # Without a status the shim is gone or stuck: whatever is left of it is killed.
+            finished = status.get("ending") != "lost"
             yield "exit", status
         finally:
             if not finished:
                 self._kill(ident)
-            for task in tasks:
+            for task in (*tasks, *([status_task] if status_task else [])):
                 task.cancel()
             for fd in ours:
                 if fd >= 0:
@@ -225,6 +240,9 @@ class Session:
                 async for chunk in body:
                     if not await writer.write(chunk):
                         break
+            except BaseException:
+                status_task.cancel()  # the agent sees a short file and drops it
+                raise
             finally:
                 writer.close()
             answer = _status(await status_task)
@@ -234,7 +252,7 @@ class Session:
         finally:
             self._end()
 
-    async def get(self, path: str, limit: int) -> tuple[int, AsyncGenerator[bytes, None]]:
+    async def get(self, path: str, limit: int) -> tuple[int, Download]:
         """The size of `path` of the workspace and its bytes, read as they are sent."""
         check_path(path)
         ident = self._begin()
@@ -262,22 +280,53 @@ class Session:
             self._end()
             raise
         size = int(answer["size"])
-        return size, self._stream(data_r, size)
+        return size, Download(data_r, size, self._end)
 
-    async def _stream(self, fd: int, size: int) -> AsyncGenerator[bytes, None]:
+
+class Download:
+    """A file's bytes as the agent sends them, at most the size it announced. `aclose` ends
+    it whether or not it was read (an async generator never started would not run its
+    clean-up, leaving the pipe open and the sandbox counting a request forever)."""
+
+    def __init__(self, fd: int, size: int, done: Callable[[], None]) -> None:
+        self._fd = fd
+        self.size = size
+        self._done: Callable[[], None] | None = done
+        self._chunks: AsyncGenerator[bytes, None] | None = None
+
+    def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        if self._chunks is None:
+            self._chunks = self._read()
+        return self._chunks
+
+    async def _read(self) -> AsyncGenerator[bytes, None]:
+        fd, self._fd = self._fd, -1
         try:
             async with _open(fd) as reader:
-                left = size
+                left = self.size
                 while left > 0 and (chunk := await reader.read(min(_CHUNK, left))):
                     left -= len(chunk)
                     yield chunk
         finally:
-            self._end()
+            self._finish()
+
+    async def aclose(self) -> None:
+        if self._chunks is not None:
+            await self._chunks.aclose()
+        if self._fd >= 0:  # never started: its generator's clean-up would not run
+            os.close(self._fd)
+            self._fd = -1
+        self._finish()
+
+    def _finish(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
 
 
 def _file_reason(answer: dict[str, Any]) -> Reason:
     error = str(answer.get("error", ""))
-    if answer.get("too_large"):
+    if answer.get("too_large") or "No space left" in error:  # over the scratch's cap
         return Reason.TOO_LARGE
     if "No such file" in error or "Not a directory" in error or "not a regular file" in error:
         return Reason.NO_SUCH_FILE
