@@ -353,11 +353,15 @@ async def _open(fd: int) -> AsyncIterator[asyncio.StreamReader]:
     """A reader of pipe `fd`, which is closed on the way out whatever happened."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_STATUS_MAX)
+    pipe = os.fdopen(fd, "rb", buffering=0)  # owns the descriptor from here on
     try:
         transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+            lambda: asyncio.StreamReaderProtocol(reader), pipe)
     except BaseException:
-        os.close(fd)
+        # Through the file object, never os.close(fd): a transport made before a cancel
+        # closes it too, and a second close of the bare number could hit a descriptor that
+        # has since been given to another request.
+        pipe.close()
         raise
     try:
         yield reader
