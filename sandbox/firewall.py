@@ -128,11 +128,17 @@ def _opt(port: int | None) -> tuple[int, ...]:
 
 def load(rules: str, replace: str | None = None) -> None:
     """Load `rules` in one transaction, first deleting table `replace` if it exists."""
-    text = rules
     if replace is not None:
+        # Usually there is nothing to replace: `create` refuses a table that exists, so one
+        # transaction loads the rules into a new table without deleting anything (a deletion
+        # waits out the kernel's grace period, ~10-20 ms).
+        if _nft(["-f", "-"], f"create table inet {replace}\n{rules}").returncode == 0:
+            return
         # `add` then `delete` empties an existing table and tolerates a missing one.
-        text = f"add table inet {replace}\ndelete table inet {replace}\n{rules}"
-    done = _nft(["-f", "-"], text)
+        done = _nft(["-f", "-"], f"add table inet {replace}\ndelete table inet {replace}\n"
+                                 f"{rules}")
+    else:
+        done = _nft(["-f", "-"], rules)
     if done.returncode != 0:
         raise FirewallError(f"nft: {done.stderr.strip() or done.returncode}")
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from sealgate.sandbox.network import Link, Plan
 from sealgate.sandbox.runtime import (
     SandboxError,
     memfd,
+    remove_group,
     remove_link_locked,
     take_link,
     trust,
@@ -125,10 +128,49 @@ def prepare(config: Config) -> Slot:
 def release(slot: Slot, config: Config) -> None:
     """Everything of the slot, gone (the name server and channel are closed first, on the
     loop). Never raises: what cannot be removed is left for the next start's clean-up."""
-    slot.process.kill()  # bubblewrap; its PID namespace, and so the sandbox, dies with it
-    slot.group.remove()
+    _kill(slot.process)
+    _empty(slot.group)
+    remove_group(slot.group)
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(10)
     scratch.remove(slot.index)
     unregister(config.state / "control.sock", f"/v1/sources/{slot.link.sandbox_ip}")
     remove_link_locked(slot.index, firewall.table_name(slot.link))
+
+
+def _kill(bwrap: subprocess.Popen[bytes]) -> None:
+    """End the sandbox: the init of its PID namespace (bubblewrap's child), so that every
+    process of the namespace dies with it and bubblewrap, still alive, reaps it and exits.
+    Killing bubblewrap first would orphan that init to the host's pid 1, which is not always
+    one that reaps (a container's or a VM's minimal init): a zombie per sandbox, for good."""
+    try:
+        children = Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(child), signal.SIGKILL)
+    try:
+        bwrap.wait(2 if children else 0)
+    except subprocess.TimeoutExpired:
+        bwrap.kill()
+
+
+def _empty(group: Group, seconds: float = 1.0) -> None:
+    """Kill whatever is in the groups until they are empty, looking again at once and then
+    less and less often: a sandbox killed a moment ago is usually gone within a millisecond or
+    two, and `Group.remove`'s own rounds wait 20 ms each."""
+    deadline = time.monotonic() + seconds
+    pause = 0.0005
+    while time.monotonic() < deadline:
+        members: set[int] = set()
+        for place in group.dirs:
+            with contextlib.suppress(OSError, ValueError):
+                members.update(int(p) for p in (place / "cgroup.procs").read_text().split())
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
