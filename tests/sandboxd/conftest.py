@@ -114,7 +114,11 @@ def start_daemon(proxy: Proxy, where: Path, *extra: str) -> Daemon:
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     daemon = Daemon(process, sock, log)
-    daemon.wait_ready()
+    try:
+        daemon.wait_ready()
+    except BaseException:
+        daemon.stop()  # never left running past its test
+        raise
     return daemon
 
 
