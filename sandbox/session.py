@@ -26,6 +26,7 @@ from typing import Any
 
 from sealgate.reasons import Reason, SealgateError
 from sealgate.sandbox.cgroup import Limits
+from sealgate.sandbox.pipes import Writer, feed, open_pipe, pump, read_all
 from sealgate.sandbox.slot import Slot
 
 _STATUS_MAX = 1 << 16
@@ -164,12 +165,12 @@ class Session:
                 raise
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1
-            tasks.append(asyncio.create_task(_feed(stdin, command.stdin)))
+            tasks.append(asyncio.create_task(feed(stdin, command.stdin)))
             for name, slot in (("stdout", 1), ("stderr", 2)):
                 fd, ours[slot] = ours[slot], -1
-                tasks.append(asyncio.create_task(_pump(fd, name, queue)))
+                tasks.append(asyncio.create_task(pump(fd, name, queue)))
             status_fd, ours[3] = ours[3], -1
-            status_task = asyncio.create_task(_read_all(status_fd, _STATUS_MAX))
+            status_task = asyncio.create_task(read_all(status_fd, _STATUS_MAX))
             deadline = None if command.timeout is None else started + command.timeout + _BACKSTOP
             open_streams, asked = 2, False
             while open_streams:
@@ -234,8 +235,8 @@ class Session:
                 os.close(data_w)
                 os.close(status_r)
                 raise
-            status_task = asyncio.create_task(_read_all(status_r, _STATUS_MAX))
-            writer = _Writer(data_w)
+            status_task = asyncio.create_task(read_all(status_r, _STATUS_MAX))
+            writer = Writer(data_w)
             try:
                 async for chunk in body:
                     if not await writer.write(chunk):
@@ -266,7 +267,7 @@ class Session:
                 os.close(data_r)
                 os.close(status_r)
                 raise
-            async with _open(status_r) as reader:
+            async with open_pipe(status_r) as reader:
                 try:
                     line = await asyncio.wait_for(reader.readline(), 30.0)
                 except (TimeoutError, ValueError):
@@ -302,7 +303,7 @@ class Download:
     async def _read(self) -> AsyncGenerator[bytes, None]:
         fd, self._fd = self._fd, -1
         try:
-            async with _open(fd) as reader:
+            async with open_pipe(fd) as reader:
                 left = self.size
                 while left > 0 and (chunk := await reader.read(min(_CHUNK, left))):
                     left -= len(chunk)
@@ -346,84 +347,3 @@ def _status(raw: bytes) -> dict[str, Any]:
         return {"exit": None, "ending": "lost",
                 "error": "the command's supervisor in the sandbox ended without a status"}
     return answer
-
-
-@contextlib.asynccontextmanager
-async def _open(fd: int) -> AsyncIterator[asyncio.StreamReader]:
-    """A reader of pipe `fd`, which is closed on the way out whatever happened."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=_STATUS_MAX)
-    pipe = os.fdopen(fd, "rb", buffering=0)  # owns the descriptor from here on
-    try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    except BaseException:
-        # Through the file object, never os.close(fd): a transport made before a cancel
-        # closes it too, and a second close of the bare number could hit a descriptor that
-        # has since been given to another request.
-        pipe.close()
-        raise
-    try:
-        yield reader
-    finally:
-        transport.close()
-
-
-async def _read_all(fd: int, cap: int) -> bytes:
-    async with _open(fd) as reader:
-        data = b""
-        while len(data) <= cap and (chunk := await reader.read(cap + 1 - len(data))):
-            data += chunk
-        return data[:cap]
-
-
-async def _pump(fd: int, name: str, queue: asyncio.Queue[tuple[str, bytes]]) -> None:
-    async with _open(fd) as reader:
-        with contextlib.suppress(OSError):
-            while chunk := await reader.read(_CHUNK):
-                await queue.put((name, chunk))
-    await queue.put((name, b""))
-
-
-async def _feed(fd: int, data: bytes) -> None:
-    writer = _Writer(fd)
-    try:
-        await writer.write(data)
-    finally:
-        writer.close()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class _Writer:
-    """Non-blocking writes to a pipe on the loop; a closed reader ends them quietly."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._loop = asyncio.get_running_loop()
-        os.set_blocking(fd, False)
-
-    async def write(self, data: bytes) -> bool:
-        """False once the other end is gone."""
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self._fd, view):]
-            except BlockingIOError:
-                ready = self._loop.create_future()
-                self._loop.add_writer(self._fd, _settle, ready)
-                try:
-                    await ready
-                finally:
-                    self._loop.remove_writer(self._fd)
-            except OSError:
-                return False
-        return True
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
