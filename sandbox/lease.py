@@ -59,8 +59,10 @@ def stale() -> list[Lease]:
     found = []
     for path in sorted(RUN_DIR.glob("lease-*.json")):
         try:
-            lease = Lease(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            # Fields a newer sealgate may add are not a reason to think its holder is dead.
+            data = json.loads(path.read_text())
+            lease = Lease(**{k: data[k] for k in Lease.__dataclass_fields__})
+        except (OSError, ValueError, TypeError, KeyError):
             index = path.stem.removeprefix("lease-")
             if index.isdigit():
                 found.append(Lease(int(index), 0, "", "", ""))

@@ -114,6 +114,10 @@ def prepare(config: Config) -> Slot:
                 args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in bwrap_args(launch)),
                                 handed)
                 env = environment(launch)
+                # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
+                # prepares slots in its executor's threads, which live as long as the daemon
+                # (Python's pool never retires an idle worker), so the sandbox still dies with
+                # the daemon, never with a thread.
                 process = subprocess.Popen(
                     argv(launch, args_fd, group.dirs), env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
