@@ -49,12 +49,16 @@ def test_launch_line_carries_no_environment_and_drops_everything() -> None:
     launch = Launch(LINK, ["curl", "https://x.example/"], 3128,
                     {"/etc/ssl/certs/ca-certificates.crt": 11, "/proc/cmdline": 12}, 9,
                     env={"API_TOKEN": "tok-canary-77"})
-    line, args = argv(launch, 10), bwrap_args(launch)
+    group = Path("/sys/fs/cgroup/sealgate/run-3-1")
+    line, args = argv(launch, 10, [group]), bwrap_args(launch)
     assert "tok-canary-77" not in " ".join(line + args)  # values travel in the environment only
     # bubblewrap reads its arguments from a descriptor: its command line, which the sandbox
     # can read as PID 1's, says nothing of the host's paths.
     assert line[-5:] == ["--args", "10", "--", "curl", "https://x.example/"]
-    assert line[1:4] == ["netns", "exec", "sg-3"] and line[0].endswith("/ip")
+    # The first process joins the run's cgroups, then enters the namespace.
+    assert line[0].endswith("/sh") and line[3:6] == ["sh", str(group), "--"]
+    at = line.index("netns")
+    assert line[at - 1].endswith("/ip") and line[at:at + 3] == ["netns", "exec", "sg-3"]
     assert "--reuid=65534" in line
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                  "--new-session", "--share-net"):
