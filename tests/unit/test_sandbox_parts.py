@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import struct
+import subprocess
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -211,3 +212,22 @@ def test_the_name_server_reads_no_more_than_its_rate_whatever_gets_through() -> 
     finally:
         client.close()
         names.close()
+
+
+def test_the_launch_joins_every_group_before_it_runs_anything(tmp_path: Path) -> None:
+    groups = [tmp_path / "a", tmp_path / "b"]
+    for group in groups:
+        group.mkdir()
+        (group / "cgroup.procs").write_text("")
+    launch = Launch(LINK, ["true"], 3128, {}, 9)
+    line = argv(launch, 10, groups)
+    script = line[: line.index("--") + 1]
+    done = subprocess.run([*script, "sh", "-c", "cat " + " ".join(
+        str(g / "cgroup.procs") for g in groups)], capture_output=True, text=True, timeout=10)
+    # Each group was written before the command ran (a real cgroup.procs takes "0": the writer).
+    assert (done.returncode, done.stdout) == (0, "0\n0\n")
+    (groups[1] / "cgroup.procs").unlink()
+    (groups[1] / "cgroup.procs").mkdir()  # cannot be written: nothing runs
+    failed = subprocess.run([*script, "sh", "-c", "echo ran"], capture_output=True, text=True,
+                            timeout=10)
+    assert failed.returncode == 125 and "ran" not in failed.stdout
