@@ -30,7 +30,7 @@ from sealgate.proxy.control import call
 from sealgate.reasons import Reason
 from sealgate.sandbox.client import DaemonError, Sandbox
 from sealgate.sandbox.network import RUN_DIR, lock
-from tests.harness import Proxy
+from tests.harness import ROOT, SEALGATE, Proxy
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
 
 pytestmark = pytest.mark.root
@@ -453,3 +453,28 @@ def test_timings(sandboxd: Daemon, dproxy: Proxy, another: Callable[..., Daemon]
           f"delete p50 {_p50(deletes)}")
     assert statistics.median(warm) < statistics.median(cold)
     assert max(warm + cold + deletes) < 10
+
+
+def test_gc_cleans_up_after_a_killed_daemon_without_a_new_one(
+    sandboxd: Daemon, dproxy: Proxy, another: Callable[..., Daemon]
+) -> None:
+    settled(sandboxd)
+    doomed = another("--pool", "1", "--no-selftest")
+    settled(doomed, 1)
+    boxes = [create(doomed) for _ in range(2)]
+    addresses = {sb.info["address"] for sb in boxes}
+    pid = doomed.process.pid
+    doomed.process.kill()
+    doomed.process.wait(10)
+    until(lambda: host().of(pid)["processes"] == 0, 5, "the sandboxes' processes dead")
+    left = host()
+    # Any other live holder of links on this host cleans up stale leases as it takes a link.
+    alone = not any(_alive(p) for p in left.leases.values()
+                    if p not in (pid, sandboxd.process.pid))
+    done = subprocess.run([*SEALGATE, "sandbox", "gc"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    if alone:  # the pool's slot and the two sandboxes
+        assert done.stdout.count(f"cleaned up after process {pid} ") == 3, done.stdout
+    assert host().of(pid) == Counter(), host().of(pid)
+    assert not addresses & set(registered(dproxy))
