@@ -35,6 +35,7 @@ bench: $(STAMP) deps
 	@bash scripts/debian-deps.sh $(DEB_BENCH)
 	$(PY) bench/proxy_overhead.py
 	$(PY) bench/injection_overhead.py
+	$(PY) bench/sandbox_start.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
