@@ -297,7 +297,7 @@ class Daemon:
         return self.client.health()
 
     def settle(self, timeout: float = 60.0) -> None:
-        """Until the pool is full again and nothing is being prepared."""
+        """Until the pool is full again and nothing is being prepared or taken down."""
         deadline = time.monotonic() + timeout
         while True:
             if self.service.proc.poll() is not None:
@@ -305,7 +305,8 @@ class Daemon:
                                  f"{self.service.tail()}")
             with contextlib.suppress(DaemonError):
                 h = self.health()
-                if h.get("ready") and h.get("pool", 0) >= self.pool and not h.get("preparing"):
+                if h.get("ready") and h.get("pool", 0) >= self.pool and not h.get("preparing") \
+                        and not h.get("releasing"):
                     return
             if time.monotonic() > deadline:
                 raise BenchError(f"sandboxd's pool did not fill within {timeout:.0f} s: "
@@ -394,7 +395,7 @@ wrap(slot, "release", "delete: slot.release (thread)")
 wrap(Group, "remove", "delete: cgroups (kill, rmdir)")
 wrap(scratch, "remove", "delete: scratch tmpfs")
 wrap(slot, "unregister", "delete: unregister with the proxy")
-wrap(slot, "remove_link_locked", "delete: netns, veth, table (lock)")
+wrap(slot, "remove_link", "delete: netns, veth, table")
 wrap(network, "destroy", "delete: ip link del + netns del")
 wrap(firewall, "remove", "delete: nft table delete")
 

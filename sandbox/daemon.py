@@ -31,13 +31,14 @@ from typing import Any
 
 from sealgate.proxy.control import ControlError, call
 from sealgate.reasons import Reason
-from sealgate.sandbox import lease, network, slot
+from sealgate.sandbox import lease, network, orphans, slot
 from sealgate.sandbox.runtime import SandboxError, clean_up_after
 from sealgate.sandbox.session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
 _ENDED_KEPT = 4096
 _REAP_SECONDS = 0.5
+_ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphaned init
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Daemon:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
+        self._dismantling: set[asyncio.Task[None]] = set()
+        self._orphan_rounds = 0
         self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
         self._failures = 0
         self._closing = False
@@ -72,6 +75,7 @@ class Daemon:
     async def start(self) -> None:
         """Clean up after a daemon that died, then fill the pool in the background."""
         await asyncio.to_thread(_clean_up_stale)
+        orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
 
     async def close(self) -> None:
@@ -86,12 +90,14 @@ class Daemon:
                              return_exceptions=True)
         pool, self._pool = self._pool, []
         await asyncio.gather(*(self._release(s) for s in pool), return_exceptions=True)
+        await asyncio.gather(*self._dismantling, return_exceptions=True)
 
     def status(self) -> dict[str, Any]:
         return {"ready": self.ready and self.unverified is None,
                 "problem": self.unverified or self.problem,
                 "pool": len(self._pool),
-                "preparing": self._preparing, "sandboxes": len(self.sessions)}
+                "preparing": self._preparing, "sandboxes": len(self.sessions),
+                "releasing": len(self._dismantling)}
 
     # -- the pool -------------------------------------------------------------------------
 
@@ -145,6 +151,9 @@ class Daemon:
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(self._failures, 6)))
                 continue
             self._failures = 0
+            if len(self._pool) >= self.config.pool:  # a slot came back meanwhile
+                await self._release(made)
+                continue
             self._pool.append(made)
             self.ready, self.problem = True, None
 
@@ -173,11 +182,20 @@ class Daemon:
             asyncio.get_running_loop().remove_reader(pidfd)
             os.close(pidfd)
 
-    async def _release(self, gone: slot.Slot) -> None:
+    async def _release(self, gone: slot.Slot, *, wait: bool = True) -> None:
+        """Release a slot; without `wait`, return once the sandbox is over (`slot.end`) and
+        take the rest down behind (`status()["releasing"]` counts them)."""
         self._unwatch(gone)
         gone.names.close()
         gone.channel.close()
-        await asyncio.to_thread(slot.release, gone, self.config.slots)
+        self._orphan_rounds = _ORPHAN_ROUNDS  # its init may come to us (`sandbox.orphans`)
+        if wait:
+            await asyncio.to_thread(slot.release, gone, self.config.slots)
+            return
+        await asyncio.to_thread(slot.end, gone, self.config.slots)
+        task = asyncio.create_task(asyncio.to_thread(slot.dismantle, gone))
+        self._dismantling.add(task)
+        task.add_done_callback(self._dismantling.discard)
 
     # -- sandboxes ------------------------------------------------------------------------
 
@@ -202,7 +220,9 @@ class Daemon:
             await asyncio.to_thread(self._register, taken, options.sandbox)
             taken.group.apply(options.limits)
         except SessionError as exc:
-            if exc.reason is Reason.UNKNOWN_SANDBOX:  # the slot is untouched: keep it
+            # An untouched slot goes back, unless the pool was refilled meanwhile (the refill
+            # starts as soon as a slot is taken): never over its size.
+            if exc.reason is Reason.UNKNOWN_SANDBOX and len(self._pool) < self.config.pool:
                 self._pool.append(taken)
             else:
                 await self._release(taken)
@@ -253,13 +273,17 @@ class Daemon:
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)
         self._wake.set()
-        await self._release(session.slot)
+        await self._release(session.slot, wait=False)
         _log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(_REAP_SECONDS)
+            slots = self.config.slots
+            if self._orphan_rounds > 0:  # a sandbox ended a moment ago
+                self._orphan_rounds -= 1
+                orphans.reap(range(slots.uid_base, slots.uid_base + len(slots.plan.links)))
             now = time.monotonic()
             for ident, session in list(self.sessions.items()):
                 if (why := session.expired(now)) is not None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sealgate.sandbox.network import RUN_DIR
+from sealgate.sandbox.network import RUN_DIR, lease_path
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,6 @@ class Lease:
     started: str  # the process's start time in clock ticks since boot
     state: str  # the proxy's state directory
     address: str  # the sandbox's address, registered with that proxy
-
-
-def _path(index: int) -> Path:
-    return RUN_DIR / f"lease-{index}.json"
 
 
 def _start_time(pid: int) -> str | None:
@@ -42,7 +38,7 @@ def _start_time(pid: int) -> str | None:
 def take(index: int, state: Path, address: str) -> None:
     pid = os.getpid()
     lease = Lease(index, pid, _start_time(pid) or "", str(state), address)
-    path = _path(index)
+    path = lease_path(index)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(lease)))
     tmp.replace(path)
@@ -50,7 +46,7 @@ def take(index: int, state: Path, address: str) -> None:
 
 def release(index: int) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _path(index).unlink()
+        lease_path(index).unlink()
 
 
 def stale() -> list[Lease]:

@@ -98,8 +98,8 @@ def remove_gateway(plan: Plan) -> None:
 
 @contextmanager
 def lock() -> Iterator[None]:
-    """Held while a link is taken and its firewall loaded, and while both are removed: an index
-    is never reused while anything of its last holder is left."""
+    """Held while a link is taken and its firewall loaded (and while a dead holder's are
+    cleaned up): an index is never taken twice, nor while its last holder's lease is left."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     # Leases and the lock: nothing here is for a sandbox's user (its files come in memory).
     RUN_DIR.chmod(0o700)
@@ -136,8 +136,18 @@ def create(plan: Plan) -> Link:
     return link
 
 
+def lease_path(index: int) -> Path:
+    """Where the holder of link `index` writes its lease (`sandbox.lease`)."""
+    return RUN_DIR / f"lease-{index}.json"
+
+
 def _exists(index: int) -> bool:
-    return (_NETNS_DIR / f"sg-{index}").exists() or Path(f"/sys/class/net/sgh{index}").exists()
+    # A lease is released last, once the namespace, link and table of its holder are gone: while
+    # it exists the index is not free, so a holder tears its link down without the lock, and
+    # the lock is held only to take one. (It also sees holders in other network namespaces,
+    # which /sys/class/net, showing the namespace sysfs was mounted in, may not.)
+    return (lease_path(index).exists() or (_NETNS_DIR / f"sg-{index}").exists()
+            or Path(f"/sys/class/net/sgh{index}").exists())
 
 
 def _link(plan: Plan, index: int) -> Link:

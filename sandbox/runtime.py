@@ -145,7 +145,7 @@ def take_link(
             link = network.create(plan)
             table = firewall.table_name(link)
 
-            undo.callback(remove_link_locked, link.index, table)
+            undo.callback(remove_link, link.index, table)
             lease.take(link.index, state, str(link.sandbox_ip))
             try:
                 names = names_kind(link.host_ip, link.host_ip)
@@ -168,17 +168,10 @@ def clean_up_stale() -> list[lease.Lease]:
     return found
 
 
-def remove_link_locked(index: int, table: str) -> None:
-    try:
-        with network.lock():
-            remove_link(index, table)
-    except network.NetworkError:  # a stuck lock holder: remove it all the same
-        remove_link(index, table)
-
-
 def remove_link(index: int, table: str) -> None:
     # The namespace first, then its table: nothing is ever left in it unfiltered. The lease
-    # goes last, once nothing of the run is left.
+    # goes last, once nothing of the run is left: until then the index is not free
+    # (`network._exists`), so no lock is needed here.
     try:
         network.destroy(index)
     finally:

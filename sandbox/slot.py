@@ -34,7 +34,7 @@ from sealgate.sandbox.runtime import (
     SandboxError,
     memfd,
     remove_group,
-    remove_link_locked,
+    remove_link,
     take_link,
     trust,
     unregister,
@@ -132,14 +132,28 @@ def prepare(config: Config) -> Slot:
 def release(slot: Slot, config: Config) -> None:
     """Everything of the slot, gone (the name server and channel are closed first, on the
     loop). Never raises: what cannot be removed is left for the next start's clean-up."""
+    end(slot, config)
+    dismantle(slot)
+
+
+def end(slot: Slot, config: Config) -> None:
+    """What makes the sandbox over: every process of it dead and its address no longer anyone's
+    at the proxy. What is left (`dismantle`) can act for no one."""
     _kill(slot.process)
-    _empty(slot.group)
-    remove_group(slot.group)
+    # bubblewrap itself is in the groups: it must have reaped the sandbox's init before the
+    # groups are emptied, or that init is orphaned to the host's pid 1 as a zombie.
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(10)
-    scratch.remove(slot.index)
+    _empty(slot.group)
     unregister(config.state / "control.sock", f"/v1/sources/{slot.link.sandbox_ip}")
-    remove_link_locked(slot.index, firewall.table_name(slot.link))
+
+
+def dismantle(slot: Slot) -> None:
+    """The rest, after `end`: cgroups, tmpfs, namespace, link, table and, last, the lease (so
+    the index is not taken again before all of it is gone)."""
+    remove_group(slot.group)
+    scratch.remove(slot.index)
+    remove_link(slot.index, firewall.table_name(slot.link))
 
 
 def _kill(bwrap: subprocess.Popen[bytes]) -> None:

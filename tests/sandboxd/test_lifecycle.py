@@ -70,7 +70,10 @@ class Host:
     cgroups: Counter[tuple[int, int]]  # (index, pid)
     mounts: Counter[int]
     processes: Counter[int]  # index (uid - base) -> processes running as that uid
-    zombies: int  # of those uids: dead, never reaped (they hold a pid, nothing else)
+    # of those uids, by parent: dead, never reaped (they hold a pid, nothing else). Those of
+    # the host's pid 1 are its to reap (a daemon killed outright leaves them there), and this
+    # VM's reaps late; the daemon's own are what it must not leave.
+    zombies: Counter[int]
 
     def of(self, pid: int) -> Counter[str]:
         """How much a daemon of `pid` holds, kind by kind."""
@@ -137,7 +140,7 @@ def host() -> Host:
             if point.startswith(f"{_SLOTS}/"):
                 mounts[int(point.removeprefix(f"{_SLOTS}/").split("/")[0])] += 1
         processes: Counter[int] = Counter()
-        zombies = 0
+        zombies: Counter[int] = Counter()
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
@@ -147,7 +150,7 @@ def host() -> Host:
                 uid = int(status["Uid"].split()[0])
                 if UID_BASE <= uid < UID_BASE + _UIDS:
                     if status["State"].split()[0] == "Z":
-                        zombies += 1
+                        zombies[int(status["PPid"])] += 1
                     else:
                         processes[uid - UID_BASE] += 1
         return Host(leases, netns, links, tables, cgroups, mounts, processes, zombies)
@@ -164,12 +167,16 @@ def fds(pid: int) -> int:
 
 
 def settled(daemon: Daemon, pool: int = POOL, seconds: float = 30) -> dict[str, Any]:
-    """Once the pool is back at its target with nothing being prepared."""
+    """Once the pool is back at its target with nothing being prepared or taken down."""
     def full() -> dict[str, Any] | None:
         health = daemon.client.health()
-        done = health.get("pool") == pool and health.get("preparing") == 0
+        done = health.get("pool") == pool and health.get("preparing") == 0 \
+            and health.get("releasing") == 0
         return health if done else None
-    return until(full, seconds, f"the pool back at {pool}")  # type: ignore[no-any-return]
+    try:
+        return until(full, seconds, f"the pool back at {pool}")  # type: ignore[no-any-return]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; health: {daemon.client.health()}") from None
 
 
 @dataclass
@@ -187,19 +194,21 @@ class Picture:
 def picture(daemon: Daemon, proxy: Proxy, pool: int = POOL) -> Picture:
     health = settled(daemon, pool)
     state = host()
-    return Picture(state.of(daemon.process.pid), state.orphans(), state.zombies,
+    return Picture(state.of(daemon.process.pid), state.orphans(),
+                   state.zombies[daemon.process.pid],
                    registered(proxy),
                    fds(daemon.process.pid), health["sandboxes"])
 
 
 def same_as(daemon: Daemon, proxy: Proxy, before: Picture, pool: int = POOL) -> Picture:
     """The daemon holds what it held before (descriptors of finished calls may take a moment
-    to be closed: a bounded wait for them)."""
+    to be closed, and a sandbox whose agent died a moment to be reaped by its init, which the
+    kernel makes wait for every process of the namespace: a bounded wait for them)."""
     def again() -> Picture | None:
         now = picture(daemon, proxy, pool)
         return now if now == before else None
     try:
-        return until(again, 3, "the same state")  # type: ignore[no-any-return]
+        return until(again, 10, "the same state")  # type: ignore[no-any-return]
     except AssertionError:
         now = picture(daemon, proxy, pool)
         assert now == before
