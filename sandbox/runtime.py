@@ -91,13 +91,7 @@ def run(spec: Run) -> int:
     """Run the command in a new sandbox; its exit status. Raises SandboxError."""
     if spec.uid == 0 or spec.gid == 0:
         raise SandboxError("a sandbox never runs as root (uid or gid 0)")
-    try:
-        program = seccomp.program()
-    except seccomp.SeccompUnsupported as exc:
-        raise SandboxError(str(exc)) from None
-    proxy_ca = ca_paths(spec.state / "ca")[1]
-    if not proxy_ca.is_file():
-        raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
+    program, proxy_ca = prerequisites(spec.state)
     with _signals() as stop:
         try:
             with contextlib.ExitStack() as undo:
@@ -127,6 +121,19 @@ def run(spec: Run) -> int:
         except _Stopped as exc:
             return 128 + exc.signum
     return code
+
+
+def prerequisites(state: Path) -> tuple[bytes, Path]:
+    """The seccomp filter and the proxy's CA, before anything is created: on a machine without
+    a filter, or with the wrong state directory, nothing is."""
+    try:
+        program = seccomp.program()
+    except seccomp.SeccompUnsupported as exc:
+        raise SandboxError(str(exc)) from None
+    proxy_ca = ca_paths(state / "ca")[1]
+    if not proxy_ca.is_file():
+        raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
+    return program, proxy_ca
 
 
 def take_link(

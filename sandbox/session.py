@@ -20,9 +20,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sealgate.reasons import Reason, SealgateError
 from sealgate.sandbox.cgroup import Limits
@@ -34,6 +34,7 @@ _CHUNK = 1 << 16
 _BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
 MAX_REQUESTS = 64  # at once per sandbox
 MAX_PATH = 4096
+_T = TypeVar("_T")
 
 
 class SessionError(SealgateError):
@@ -172,40 +173,42 @@ class Session:
             status_fd, ours[3] = ours[3], -1
             status_task = asyncio.create_task(read_all(status_fd, _STATUS_MAX))
             deadline = None if command.timeout is None else started + command.timeout + _BACKSTOP
-            open_streams, asked = 2, False
+            asked = False
+
+            async def waiting(what: Callable[[], Awaitable[_T]]) -> tuple[bool, _T | None]:
+                """`what()` within the command's limit and the backstop; past it the agent is
+                asked to kill the command once, and then the wait is given up."""
+                nonlocal deadline, asked
+                while True:
+                    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        return True, await asyncio.wait_for(what(), wait)
+                    except TimeoutError:
+                        if asked:
+                            return False, None
+                        self._kill(ident)
+                        asked = True
+                        deadline = time.monotonic() + _BACKSTOP
+
+            open_streams = 2
             while open_streams:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    name, data = await asyncio.wait_for(queue.get(), wait)
-                except TimeoutError:
-                    if asked:
-                        break
-                    self._kill(ident)
-                    asked = True
-                    deadline = time.monotonic() + _BACKSTOP
-                    continue
+                got, item = await waiting(queue.get)
+                if not got or item is None:
+                    break
+                name, data = item
                 if data:
                     yield name, data
                 else:
                     open_streams -= 1
             # A command may close its output and go on running: its status comes when it
             # ends, within its own limit (the shim's) and the backstop after it, as above.
-            raw = b""
-            while not open_streams:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    raw = await asyncio.wait_for(asyncio.shield(status_task), wait)
-                    break
-                except TimeoutError:
-                    if asked:
-                        break
-                    self._kill(ident)
-                    asked = True
-                    deadline = time.monotonic() + _BACKSTOP
-            if open_streams:  # the backstop passed with output still open
+            raw: bytes | None = b""
+            if not open_streams:
+                _, raw = await waiting(lambda: asyncio.shield(status_task))
+            else:  # the backstop passed with output still open
                 with contextlib.suppress(TimeoutError):
                     raw = await asyncio.wait_for(asyncio.shield(status_task), _BACKSTOP)
-            status = _status(raw)
+            status = _status(raw or b"")
             status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
             # Without a status the shim is gone or stuck: whatever is left of it is killed.
             finished = status.get("ending") != "lost"

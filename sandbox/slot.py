@@ -24,8 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealgate.proxy.ca import ca_paths
-from sealgate.sandbox import firewall, scratch, seccomp
+from sealgate.sandbox import firewall, scratch
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
 from sealgate.sandbox.dns import LoopDns
 from sealgate.sandbox.launch import Launch, argv, bwrap_args, environment, staged
@@ -33,6 +32,7 @@ from sealgate.sandbox.network import Link, Plan
 from sealgate.sandbox.runtime import (
     SandboxError,
     memfd,
+    prerequisites,
     remove_group,
     remove_link,
     take_link,
@@ -82,13 +82,7 @@ def prepare(config: Config) -> Slot:
     its hello). Raises SandboxError with nothing left behind."""
     if not os.access(PYTHON, os.X_OK):
         raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
-    try:
-        program = seccomp.program()
-    except seccomp.SeccompUnsupported as exc:
-        raise SandboxError(str(exc)) from None
-    proxy_ca = ca_paths(config.state / "ca")[1]
-    if not proxy_ca.is_file():
-        raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
+    program, proxy_ca = prerequisites(config.state)
     with contextlib.ExitStack() as undo:
         link, names = take_link(config.plan, config.state, config.proxy_port,
                                 config.transparent_port, names_kind=LoopDns, undo=undo)
