@@ -72,10 +72,13 @@ def error(reason: Reason, detail: str) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if isinstance(request.transport and request.transport.get_extra_info("sockname"), tuple):
-        given = request.headers.get("Authorization", "")
+    # Only the unix socket's own connections go without the key: a connection whose transport
+    # is already gone (so its listener cannot be told) must show it like a TCP one.
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if not isinstance(sockname, str):
+        given = request.headers.get("Authorization", "").encode(errors="surrogateescape")
         key = request.app[_KEY]
-        if not key or not hmac.compare_digest(given.encode(), b"Bearer " + key):
+        if not key or not hmac.compare_digest(given, b"Bearer " + key):
             return error(Reason.UNAUTHORIZED, "Authorization: Bearer <the daemon's key>")
     try:
         return await handler(request)

@@ -65,7 +65,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
         self._dismantling: set[asyncio.Task[None]] = set()
-        self._orphan_rounds = 0
+        self._inits: dict[int, int] = {}  # inits of ended sandboxes -> rounds left to reap
         self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
         self._failures = 0
         self._closing = False
@@ -127,6 +127,7 @@ class Daemon:
         except BaseException:
             await self._release(made)
             raise
+        made.init = orphans.init_of(made.process.pid)
         made.names.start(loop)
         pidfd = os.pidfd_open(made.process.pid)
         self._watched[made.index] = pidfd
@@ -188,7 +189,8 @@ class Daemon:
         self._unwatch(gone)
         gone.names.close()
         gone.channel.close()
-        self._orphan_rounds = _ORPHAN_ROUNDS  # its init may come to us (`sandbox.orphans`)
+        if gone.init is not None:  # it may come to us (`sandbox.orphans`)
+            self._inits[gone.init] = _ORPHAN_ROUNDS
         if wait:
             await asyncio.to_thread(slot.release, gone, self.config.slots)
             return
@@ -281,12 +283,16 @@ class Daemon:
         while True:
             await asyncio.sleep(_REAP_SECONDS)
             slots = self.config.slots
-            if self._orphan_rounds > 0:  # a sandbox ended a moment ago
-                self._orphan_rounds -= 1
-                orphans.reap(range(slots.uid_base, slots.uid_base + len(slots.plan.links)))
+            uids = range(slots.uid_base, slots.uid_base + len(slots.plan.links))
+            for pid, rounds in list(self._inits.items()):
+                if orphans.reap(pid, uids) or rounds <= 1:
+                    del self._inits[pid]
+                else:
+                    self._inits[pid] = rounds - 1
             now = time.monotonic()
             for ident, session in list(self.sessions.items()):
-                if (why := session.expired(now)) is not None:
+                why = "agent not answering" if session.ended.is_set() else session.expired(now)
+                if why is not None:
                     with contextlib.suppress(SessionError):
                         await self.delete(ident, why)
 

@@ -5,8 +5,10 @@ soon as its init reports the agent's status, while that init is still taking dow
 the PID namespace; the init is then orphaned. Its new parent would be the host's pid 1, which
 in a container or a microVM is often an init that reaps late or never: a zombie per such
 sandbox. So the daemon is a child subreaper (orphans of its descendants come to it) and reaps
-them, but only those running as a sandbox uid: a zombie of root's may be a `subprocess.run`
-of ours (ip, nft) about to be waited for, whose status must not be taken from it.
+them: only each sandbox's init, known by its pid from the start, and only while that pid is
+a zombie of a sandbox uid whose parent we are. Never a scan (a sandbox may fork thousands of
+processes to make one slow), never bubblewrap's monitor (a Popen of ours that must keep its
+status), never a root child (a `subprocess.run` of ours about to be waited for).
 """
 
 from __future__ import annotations
@@ -25,18 +27,24 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def reap(uids: range) -> int:
-    """Reap the zombies of a sandbox uid whose parent we are; how many. (Every process is
-    looked at: a thread's `children` file does not always list an orphan given to the
-    process, so it cannot be trusted to find them.)"""
-    reaped = 0
-    me = os.getpid()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and _sandbox_zombie(proc, me, uids):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(int(proc.name), os.WNOHANG)[0] != 0:
-                    reaped += 1
-    return reaped
+def init_of(bubblewrap: int) -> int | None:
+    """The sandbox's init: bubblewrap's one child."""
+    try:
+        children = Path(f"/proc/{bubblewrap}/task/{bubblewrap}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
+def reap(pid: int, uids: range) -> bool:
+    """Reap `pid` if it is our zombie of a sandbox uid (never anything else: a pid reused by
+    one of our own root children must keep its status); True once it is gone either way."""
+    proc = Path(f"/proc/{pid}")
+    if not _sandbox_zombie(proc, os.getpid(), uids):
+        return not proc.exists()
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return not proc.exists()
 
 
 def _sandbox_zombie(proc: Path, parent: int, uids: range) -> bool:

@@ -57,8 +57,13 @@ class Settings:
                                  "requests with the bearer key")
             try:
                 key = args.key_file.read_bytes().strip()
+                mode = args.key_file.stat().st_mode
             except OSError as exc:
                 raise ValueError(f"--key-file: {exc.strerror}") from None
+            # Sandboxes see the host's /etc read-only: a key others may read could be theirs.
+            if mode & 0o077:
+                raise ValueError(f"--key-file {args.key_file}: readable by others (mode "
+                                 f"{mode & 0o777:o}); make it 0600, outside /etc")
             if len(key) < 16 or not key.isascii() or b" " in key:
                 raise ValueError("--key-file: the key must be at least 16 printable ASCII "
                                  "characters without spaces")

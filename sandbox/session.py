@@ -34,6 +34,9 @@ _CHUNK = 1 << 16
 _BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
 MAX_REQUESTS = 64  # at once per sandbox
 MAX_PATH = 4096
+# One request on the agent's channel: well under its socket's buffer (a bigger one would fail
+# to send, EMSGSIZE) and the agent's read.
+MAX_REQUEST = 128 << 10
 _T = TypeVar("_T")
 
 
@@ -129,12 +132,18 @@ class Session:
         self.last_active = time.monotonic()
 
     def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
-        """Hand a request and its descriptors to the agent (ours are closed either way)."""
+        """Hand a request and its descriptors to the agent (ours are closed either way). An agent
+        that does not take it (gone, or stopped from inside with its channel full) ends the
+        sandbox: the daemon deletes it."""
+        data = json.dumps(message).encode()
         try:
-            socket.send_fds(self.slot.channel, [json.dumps(message).encode()], list(fds))
+            if len(data) > MAX_REQUEST:
+                raise SessionError(f"argv, env and cwd together over {MAX_REQUEST} bytes: put "
+                                   "a long script in a file", reason=Reason.TOO_LARGE)
+            socket.send_fds(self.slot.channel, [data], list(fds))
         except OSError:
             self.ended.set()
-            raise SessionError(f"sandbox {self.id}'s agent is gone",
+            raise SessionError(f"sandbox {self.id}'s agent is gone or not reading",
                                reason=Reason.SANDBOX_ENDED) from None
         finally:
             for fd in fds:
@@ -158,12 +167,7 @@ class Session:
         tasks: list[asyncio.Task[None]] = []
         status_task: asyncio.Task[bytes] | None = None
         try:
-            try:
-                self._send(request, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
-            except SessionError:
-                for fd in ours:
-                    os.close(fd)
-                raise
+            self._send(request, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1
             tasks.append(asyncio.create_task(feed(stdin, command.stdin)))
@@ -218,10 +222,13 @@ class Session:
                 self._kill(ident)
             for task in (*tasks, *([status_task] if status_task else [])):
                 task.cancel()
-            for fd in ours:
-                if fd >= 0:
-                    os.close(fd)
-            self._end()
+            try:
+                for fd in ours:
+                    if fd >= 0:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+            finally:
+                self._end()
 
     async def put(self, path: str, size: int, mode: int, body: AsyncIterator[bytes]) -> int:
         """Write `size` bytes from `body` to `path` of the workspace (replacing, never through a

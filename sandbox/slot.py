@@ -71,6 +71,7 @@ class Slot:
     process: subprocess.Popen[bytes]
     channel: socket.socket  # the daemon's end of the agent's
     environment: dict[str, str]  # what every command starts from
+    init: int | None = None  # the PID namespace's init, once the agent has said hello
 
     @property
     def index(self) -> int:

@@ -85,11 +85,18 @@ def test_the_tcp_listener_takes_only_the_bearer_key(
     key_file = tmp_path / "key"
     key_file.write_text(key + "\n")
     port = free_port()
+    # A key others may read is refused (sandboxes see the host's /etc, for one).
+    loose = subprocess.run([*SEALGATE, "sandboxd", "--listen", f"127.0.0.1:{port}", "--key-file",
+                            str(key_file), "--state", str(dproxy.state)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert loose.returncode == 2 and "readable by others" in loose.stderr, loose.stderr
+    key_file.chmod(0o600)
     daemon = start_daemon(dproxy, tmp_path, "--pool", "0", "--no-selftest",
                           "--listen", f"127.0.0.1:{port}", "--key-file", str(key_file))
     try:
         for header in ({}, {"Authorization": "Bearer wrong-key-of-some-length"},
-                       {"Authorization": f"Bearer {key}x"}, {"Authorization": key}):
+                       {"Authorization": f"Bearer {key}x"}, {"Authorization": key},
+                       {"Authorization": "Bearer \u00e9t\u00e9"}):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             conn.request("POST", "/v1/sandboxes", body=b'{"sandbox": "ci-bot"}',
                          headers=header)
@@ -105,3 +112,16 @@ def test_the_tcp_listener_takes_only_the_bearer_key(
         assert key not in Path(f"/proc/{daemon.process.pid}/cmdline").read_text()
     finally:
         daemon.stop()
+
+
+def test_a_request_too_big_for_the_agent_is_refused_and_the_sandbox_serves_on(
+    sandboxd: Daemon
+) -> None:
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        try:
+            sb.run(["sh", "-c", "echo never", "x" * 300_000])
+            raise AssertionError("a 300 KB argv was sent")
+        except DaemonError as exc:
+            assert (exc.code, exc.status) == ("too_large", 413)
+        assert sb.refresh()["running"] == 0  # the refused request is not counted as running
+        assert sb.run(["echo", "still here"]).stdout == b"still here\n"
