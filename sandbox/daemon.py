@@ -65,6 +65,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
         self._dismantling: set[asyncio.Task[None]] = set()
+        self._creating = 0
         self._inits: dict[int, int] = {}  # inits of ended sandboxes -> rounds left to reap
         self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
         self._failures = 0
@@ -202,13 +203,21 @@ class Daemon:
     # -- sandboxes ------------------------------------------------------------------------
 
     async def create(self, options: Options) -> Session:
+        # Creates under way count: concurrent cold ones all wait on a prepare.
+        if len(self.sessions) + self._creating >= self.config.max_sandboxes:
+            raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
+                               "sandboxes", reason=Reason.AT_CAPACITY)
+        self._creating += 1
+        try:
+            return await self._create(options)
+        finally:
+            self._creating -= 1
+
+    async def _create(self, options: Options) -> Session:
         if self._closing:
             raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
         if self.unverified is not None:
             raise SessionError(f"not ready: {self.unverified}", reason=Reason.AT_CAPACITY)
-        if len(self.sessions) >= self.config.max_sandboxes:
-            raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
-                               "sandboxes", reason=Reason.AT_CAPACITY)
         if options.ttl > self.config.max_ttl:
             raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
                                reason=Reason.BAD_REQUEST)

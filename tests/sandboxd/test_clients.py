@@ -8,6 +8,7 @@ import http.client
 import json
 import secrets
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sealgate.sandbox import AsyncSandbox, Client, DaemonError, Sandbox
@@ -125,3 +126,24 @@ def test_a_request_too_big_for_the_agent_is_refused_and_the_sandbox_serves_on(
             assert (exc.code, exc.status) == ("too_large", 413)
         assert sb.refresh()["running"] == 0  # the refused request is not counted as running
         assert sb.run(["echo", "still here"]).stdout == b"still here\n"
+
+
+def test_concurrent_cold_creates_stop_at_the_daemons_maximum(
+    dproxy: Proxy, tmp_path: Path
+) -> None:
+    daemon = start_daemon(dproxy, tmp_path, "--pool", "0", "--no-selftest",
+                          "--max-sandboxes", "2")
+    try:
+        def attempt(_: int) -> str:
+            try:
+                return Sandbox.create("ci-bot", daemon=str(daemon.socket)).id
+            except DaemonError as exc:
+                return exc.code
+
+        with ThreadPoolExecutor(6) as pool:
+            outcomes = list(pool.map(attempt, range(6)))
+        made = [o for o in outcomes if o.startswith("sb-")]
+        assert len(made) == 2 and outcomes.count("at_capacity") == 4, outcomes
+        assert len(Client(str(daemon.socket)).list()) == 2
+    finally:
+        daemon.stop()
