@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import json
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -370,3 +372,27 @@ def running_proxy(*args: Any, **kwargs: Any) -> Iterator[Proxy]:
         yield proxy
     finally:
         proxy.stop()
+
+
+@contextlib.contextmanager
+def sandbox_gateway(plan: list[str], *programs: str) -> Iterator[None]:
+    """`sealgate sandbox setup` for `plan` (its --range and --gateway) around a group of tests,
+    `teardown` after; skipped without root networking, bubblewrap and setpriv, or without the
+    host-system `programs` the sandboxes' probes use (only the host's /usr is inside)."""
+    from tests.netns import require_root_net
+
+    require_root_net()
+    if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs bubblewrap and setpriv (Debian: bubblewrap, util-linux)")
+    missing = [p for p in programs if not Path(p).exists()]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} for the probes inside")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    done = subprocess.run([*SEALGATE, "sandbox", "setup", *plan], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    try:
+        yield
+    finally:
+        subprocess.run([*SEALGATE, "sandbox", "teardown", *plan], cwd=ROOT, env=env,
+                       capture_output=True, timeout=60, check=False)

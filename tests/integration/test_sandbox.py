@@ -9,7 +9,6 @@ of the caller's environment, and leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import subprocess
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from sealgate.proxy.control import call
 from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 
 pytestmark = pytest.mark.root
 
@@ -37,18 +36,8 @@ def sealgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[None]:
-    from tests.netns import require_root_net
-
-    require_root_net()
-    if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
-        pytest.skip("needs bubblewrap and setpriv (Debian: bubblewrap, util-linux)")
-    # Inside, only the host's /usr is visible: the probes use Debian's python3 and curl.
-    if not (Path("/usr/bin/python3").exists() and Path("/usr/bin/curl").exists()):
-        pytest.skip("needs /usr/bin/python3 and /usr/bin/curl for the probes inside")
-    done = sealgate("sandbox", "setup", *PLAN)
-    assert done.returncode == 0, done.stderr
-    yield
-    sealgate("sandbox", "teardown", *PLAN)
+    with sandbox_gateway(PLAN, "/usr/bin/python3", "/usr/bin/curl"):
+        yield
 
 
 @pytest.fixture(scope="module")

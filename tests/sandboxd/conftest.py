@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 
 from sealgate.sandbox.client import Client, DaemonError
 from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 
 RANGE, GATEWAY = "10.216.0.0/16", "10.216.255.254"
 PLAN = ["--range", RANGE, "--gateway", GATEWAY]
@@ -31,17 +30,8 @@ def sealgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="package")
 def gateway() -> Iterator[None]:
-    from tests.netns import require_root_net
-
-    require_root_net()
-    if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
-        pytest.skip("needs bubblewrap and setpriv (Debian: bubblewrap, util-linux)")
-    if not Path("/usr/bin/python3").exists():
-        pytest.skip("the sandbox's agent needs the host system's /usr/bin/python3")
-    done = sealgate("sandbox", "setup", *PLAN)
-    assert done.returncode == 0, done.stderr
-    yield
-    sealgate("sandbox", "teardown", *PLAN)
+    with sandbox_gateway(PLAN, "/usr/bin/python3"):  # the agent runs the host system's
+        yield
 
 
 @pytest.fixture(scope="package")
