@@ -37,6 +37,7 @@ MAX_PATH = 4096
 # One request on the agent's channel: well under its socket's buffer (a bigger one would fail
 # to send, EMSGSIZE) and the agent's read.
 MAX_REQUEST = 128 << 10
+IO_STALL = 60.0  # seconds a file transfer may go without progress
 _T = TypeVar("_T")
 
 
@@ -249,14 +250,14 @@ class Session:
             writer = Writer(data_w)
             try:
                 async for chunk in body:
-                    if not await writer.write(chunk):
+                    if not await _stalled(writer.write(chunk), "stopped reading the file"):
                         break
             except BaseException:
                 status_task.cancel()  # the agent sees a short file and drops it
                 raise
             finally:
                 writer.close()
-            answer = _status(await status_task)
+            answer = _status(await _stalled(status_task, "did not say how the write went"))
             if "error" in answer:
                 raise SessionError(f"{path}: {answer['error']}", reason=_file_reason(answer))
             return int(answer.get("size", 0))
@@ -315,7 +316,8 @@ class Download:
         try:
             async with open_pipe(fd) as reader:
                 left = self.size
-                while left > 0 and (chunk := await reader.read(min(_CHUNK, left))):
+                while left > 0 and (chunk := await _stalled(reader.read(min(_CHUNK, left)),
+                                                            "stopped sending the file")):
                     left -= len(chunk)
                     yield chunk
         finally:
@@ -333,6 +335,16 @@ class Download:
         done, self._done = self._done, None
         if done is not None:
             done()
+
+
+async def _stalled(step: Awaitable[_T], what: str) -> _T:
+    """One step of a transfer, which the sandbox's side (its own uid: it may stop its shim)
+    must make within `IO_STALL` seconds, or the transfer fails rather than hang."""
+    try:
+        return await asyncio.wait_for(step, IO_STALL)
+    except TimeoutError:
+        raise SessionError(f"the sandbox {what} for {IO_STALL:g} s",
+                           reason=Reason.SANDBOX_FAILED) from None
 
 
 def _file_reason(answer: dict[str, Any]) -> Reason:
