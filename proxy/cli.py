@@ -56,9 +56,13 @@ def register(sub: Commands) -> None:
     p.set_defaults(func=_run_proxy)
 
     c = sub.add_parser("ca", help="show the interception CA")
-    c.add_argument("--state", default=env("SEALGATE_STATE", "var"))
+    c.add_argument("--state", default=env("SEALGATE_STATE", "var"),
+                   help="the proxy's state directory (default $SEALGATE_STATE or var)")
     c.add_argument("--print", action="store_true", dest="print_pem",
                    help="print the CA certificate (PEM) for a trust store")
+    c.add_argument("--create", action="store_true",
+                   help="create the CA if there is none (before the proxy first runs, to bake "
+                        "into images); without it a missing CA is an error")
     c.set_defaults(func=_run_ca)
 
     s = sub.add_parser("sources", help="source address -> sandbox registry (control API)")
@@ -133,9 +137,17 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 def _run_ca(args: argparse.Namespace) -> int:
-    from sealgate.proxy.ca import ensure_ca
+    from sealgate.proxy.ca import ca_paths, ensure_ca
 
-    cert = ensure_ca(Path(args.state) / "ca")
+    confdir = Path(args.state).resolve() / "ca"
+    # Never a new CA by accident: one made here, where the proxy does not look, would be
+    # trusted by whoever asked while the proxy signs with another.
+    if not args.create and not ca_paths(confdir)[1].is_file():
+        print(f"sealgate: no proxy CA in {confdir}: the proxy makes it in its state directory "
+              "when it first starts; give that directory as --state (or $SEALGATE_STATE), or "
+              "--create to make one there now", file=sys.stderr)
+        return 1
+    cert = ensure_ca(confdir)
     if args.print_pem:
         sys.stdout.write(cert.read_text())
     else:

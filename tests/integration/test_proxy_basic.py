@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -178,3 +179,25 @@ def test_curl_through_env_proxy_variables(proxy: Proxy, origins: tuple[Origin, O
     assert out.stdout.endswith("200"), out
     assert https_origin.requests[-1].path == "/ok/env"
     assert "proxy-authorization" not in https_origin.requests[-1].headers
+
+
+def test_ca_never_makes_one_by_accident(proxy: Proxy, tmp_path: Path) -> None:
+    """Without the proxy's state directory `sealgate ca` refuses, naming where it looked,
+    rather than make a CA the proxy does not use; `--create` makes one deliberately."""
+    import subprocess
+
+    from tests.harness import ROOT, SEALGATE
+
+    elsewhere = tmp_path / "not-the-proxy"
+    refused = subprocess.run([*SEALGATE, "ca", "--state", str(elsewhere)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30, check=False)
+    assert refused.returncode == 1
+    assert f"no proxy CA in {elsewhere.resolve() / 'ca'}" in refused.stderr
+    assert not elsewhere.exists()
+    shown = subprocess.run([*SEALGATE, "ca", "--state", str(proxy.state)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30, check=True)
+    assert Path(shown.stdout.strip()).is_absolute()
+    assert Path(shown.stdout.strip()) == (proxy.state / "ca" / "mitmproxy-ca-cert.pem").resolve()
+    made = subprocess.run([*SEALGATE, "ca", "--create", "--state", str(elsewhere)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert Path(made.stdout.strip()).read_text().startswith("-----BEGIN CERTIFICATE-----")
