@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sealgate.clikit import Commands
-from sealgate.hostport import parse_hostport
+from sealgate.hostport import format_hostport, parse_hostport
 
 if TYPE_CHECKING:
     from sealgate.proxy.master import ProxyConfig
@@ -64,6 +64,20 @@ def register(sub: Commands) -> None:
                    help="create the CA if there is none (before the proxy first runs, to bake "
                         "into images); without it a missing CA is an error")
     c.set_defaults(func=_run_ca)
+
+    e = sub.add_parser("env", help="print the environment a client needs: the proxy and its CA "
+                                   "for every runtime")
+    e.add_argument("--state", default=env("SEALGATE_STATE", "var"),
+                   help="the proxy's state directory, for its CA")
+    e.add_argument("--proxy", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
+                   metavar="HOST:PORT", help="where clients reach the proxy")
+    e.add_argument("--sandbox", help="the sandbox id, put in the proxy URL with --key-file")
+    e.add_argument("--key-file", type=Path, help="the sandbox's proxy key (a file, never an "
+                                                 "argument); printed inside the proxy URL")
+    e.add_argument("--bundle", type=Path, help="where to write the bundle of system roots plus "
+                                               "the proxy's CA (default <state>/ca/bundle.pem)")
+    e.add_argument("--format", choices=("sh", "dotenv", "json"), default="sh")
+    e.set_defaults(func=_run_env)
 
     s = sub.add_parser("sources", help="source address -> sandbox registry (control API)")
     s.add_argument("--state", default=env("SEALGATE_STATE", "var"))
@@ -152,6 +166,47 @@ def _run_ca(args: argparse.Namespace) -> int:
         sys.stdout.write(cert.read_text())
     else:
         print(cert)
+    return 0
+
+
+def _run_env(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    from sealgate import clientenv
+    from sealgate.proxy.ca import ca_paths
+
+    cert = ca_paths(Path(args.state).resolve() / "ca")[1]
+    if not cert.is_file():
+        print(f"sealgate: no proxy CA at {cert}: give the proxy's state directory as --state",
+              file=sys.stderr)
+        return 1
+    try:
+        host, port = parse_hostport(args.proxy)
+    except ValueError as exc:
+        print(f"sealgate: --proxy: {exc}", file=sys.stderr)
+        return 2
+    credentials = ""
+    if args.key_file is not None:
+        if not args.sandbox:
+            print("sealgate: --key-file needs --sandbox", file=sys.stderr)
+            return 2
+        try:
+            key = args.key_file.read_text().strip()
+        except OSError as exc:
+            print(f"sealgate: --key-file: {exc.strerror}", file=sys.stderr)
+            return 2
+        credentials = f"{quote(args.sandbox, safe='')}:{quote(key, safe='')}@"
+    bundle = (args.bundle or cert.with_name("bundle.pem")).resolve()
+    roots = Path("/etc/ssl/certs/ca-certificates.crt")
+    system = roots.read_bytes().rstrip(b"\n") + b"\n" if roots.is_file() else b""
+    try:
+        bundle.write_bytes(system + cert.read_bytes())
+        bundle.chmod(0o644)
+    except OSError as exc:
+        print(f"sealgate: cannot write the bundle {bundle}: {exc.strerror}", file=sys.stderr)
+        return 1
+    url = f"http://{credentials}{format_hostport(host, port)}"
+    sys.stdout.write(clientenv.render(clientenv.variables(url, str(bundle)), args.format))
     return 0
 
 

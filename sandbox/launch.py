@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sealgate import clientenv
 from sealgate.hostport import format_hostport
 from sealgate.sandbox.network import Link
 
@@ -42,9 +43,7 @@ HOSTNAME = "sandbox"
 _HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_DIRS = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Variables that point clients at a CA bundle; all get the bundle with the proxy's CA in it.
-_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT",
-                "GIT_SSL_CAINFO", "AWS_CA_BUNDLE", "CARGO_HTTP_CAINFO", "DENO_CERT")
+
 
 
 @dataclass(frozen=True)
@@ -94,17 +93,13 @@ def environment(launch: Launch) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "TERM": os.environ.get("TERM", "dumb"),
         "SEALGATE_SANDBOX": "1",
-        "NODE_EXTRA_CA_CERTS": PROXY_CA,
         # The system is read-only and everything writable is thrown away with the sandbox:
         # installers go to the home directory (pip's user site, npm's prefix), and pip need not
         # guard a system it cannot change from an install that does not outlive the sandbox.
         "PIP_BREAK_SYSTEM_PACKAGES": "1",
         "NPM_CONFIG_PREFIX": f"{HOME}/.local",
     }
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        env[name] = proxy
-    env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1"
-    env.update(dict.fromkeys(_BUNDLE_VARS, BUNDLE))
+    env.update(clientenv.variables(proxy, BUNDLE))
     env.update(launch.env)
     return env
 

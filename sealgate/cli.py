@@ -20,6 +20,8 @@ from sealgate import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("sealgate.proxy.cli", "run the egress proxy"),
     "ca": ("sealgate.proxy.cli", "show the interception CA"),
+    "env": ("sealgate.proxy.cli", "print the environment a client needs: the proxy and its CA "
+                                  "for every runtime"),
     "sources": ("sealgate.proxy.cli", "source address -> sandbox registry (control API)"),
     "rules": ("sealgate.proxy.policy.cli", "check, explain, test and diff rules files"),
     "keys": ("sealgate.issuer.cli", "manage proxy key pairs"),

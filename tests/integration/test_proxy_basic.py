@@ -201,3 +201,38 @@ def test_ca_never_makes_one_by_accident(proxy: Proxy, tmp_path: Path) -> None:
     made = subprocess.run([*SEALGATE, "ca", "--create", "--state", str(elsewhere)], cwd=ROOT,
                           capture_output=True, text=True, timeout=30, check=True)
     assert Path(made.stdout.strip()).read_text().startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_env_is_all_a_client_needs(
+    proxy: Proxy, origins: tuple[Origin, Origin], tmp_path: Path
+) -> None:
+    """`sealgate env` output, sourced into an empty environment, takes curl through the proxy
+    (intercepted, so trusting the proxy's CA from the bundle it wrote) as the sandbox named."""
+    import subprocess
+
+    from sealgate import clientenv
+    from tests.harness import ROOT, SEALGATE
+
+    _, https_origin = origins
+    key_file = tmp_path / "key"
+    key_file.write_text(KEYS["bot-1"] + "\n")
+    base = [*SEALGATE, "env", "--state", str(proxy.state), "--proxy", f"127.0.0.1:{proxy.port}",
+            "--sandbox", "bot-1", "--key-file", str(key_file), "--bundle",
+            str(tmp_path / "bundle.pem")]
+    as_json = json.loads(subprocess.run([*base, "--format", "json"], cwd=ROOT, check=True,
+                                        capture_output=True, text=True, timeout=30).stdout)
+    assert set(clientenv.TRUST_VARIABLES) <= set(as_json)
+    assert {as_json[v] for v in clientenv.TRUST_VARIABLES} == {str(tmp_path / "bundle.pem")}
+    assert (tmp_path / "bundle.pem").read_text().endswith(proxy.ca.read_text())
+    script = tmp_path / "env.sh"
+    script.write_text(subprocess.run(base, cwd=ROOT, check=True, capture_output=True,
+                                     text=True, timeout=30).stdout)
+    https_origin.reset()
+    done = subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", "sh", "-c",
+         f". {script} && curl -sS -m 10 https://limited.test:{https_origin.port}/ok/env"],
+        capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert [r.path for r in https_origin.requests] == ["/ok/env"]
+    line = proxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == "/ok/env")
+    assert line["sandbox"] == "bot-1"

@@ -1,0 +1,48 @@
+"""What a client needs in its environment to go through the proxy and trust its CA: one list,
+used by `sealgate env` and by the sandbox runtime, so the two never drift apart.
+
+Every runtime reads its own variables: the proxy from `HTTPS_PROXY` or `https_proxy` (curl
+reads only the lower-case `http_proxy`; grpc only lower case), the CA from one of a dozen
+names. All of them point at one bundle of the system's roots plus the proxy's CA, because
+`SSL_CERT_FILE` and its kin *replace* the roots rather than add to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+NO_PROXY = "localhost,127.0.0.1"
+TRUST_VARIABLES = (
+    "SSL_CERT_FILE",  # OpenSSL and everything on it (Python's ssl, Ruby, git's curl, ...)
+    "REQUESTS_CA_BUNDLE",  # requests (ignores SSL_CERT_FILE)
+    "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",  # botocore
+    "NODE_EXTRA_CA_CERTS",  # Node: added to its own roots
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",  # grpc's C core
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+)
+
+
+def variables(proxy_url: str, bundle: str) -> dict[str, str]:
+    """The environment for a client: the proxy at `proxy_url`, `bundle` trusted."""
+    env = dict.fromkeys(PROXY_VARIABLES, proxy_url)
+    env["NO_PROXY"] = env["no_proxy"] = NO_PROXY
+    env["NODE_USE_ENV_PROXY"] = "1"  # Node 24+: fetch and http honour the proxy variables
+    env.update(dict.fromkeys(TRUST_VARIABLES, bundle))
+    return env
+
+
+def render(env: Mapping[str, str], form: str) -> str:
+    """`sh` (export lines, single-quoted), `dotenv` or `json`."""
+    if form == "json":
+        import json
+
+        return json.dumps(dict(env), indent=2) + "\n"
+    if form == "dotenv":
+        return "".join(f"{k}={v}\n" for k, v in env.items())
+    quoted = {k: "'" + v.replace("'", "'\\''") + "'" for k, v in env.items()}
+    return "".join(f"export {k}={v}\n" for k, v in quoted.items())
