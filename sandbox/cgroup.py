@@ -23,7 +23,6 @@ from sealgate.reasons import Reason, SealgateError
 ROOT = Path("/sys/fs/cgroup")
 _PARENT = "sealgate"
 _PERIOD_US = 100_000
-_KILL_ROUNDS = 50  # x 20 ms: a group that will not empty is left in place for an operator
 
 
 class CgroupError(SealgateError, RuntimeError):
@@ -141,16 +140,31 @@ class Group:
                 continue
             yield from (int(p) for p in text.split())
 
-    def remove(self) -> None:
-        """Kill whatever is left in the groups, then remove them."""
-        for _ in range(_KILL_ROUNDS):
-            members = set(self._members())
-            if not members:
-                break
+    def kill(self, seconds: float = 1.0) -> None:
+        """Kill whatever is in the groups until they are empty, looking again at once and then
+        less and less often: a sandbox killed a moment ago is usually gone within a millisecond
+        or two. What will not die within `seconds` is left for `remove` to report by failing."""
+        deadline = time.monotonic() + seconds
+        pause = 0.0005
+        while (members := set(self._members())) and time.monotonic() < deadline:
             for pid in members:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
-        for group in reversed(self.dirs):
-            with contextlib.suppress(OSError):  # still busy: left for the operator to see
-                group.rmdir()
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def remove(self, seconds: float = 2.0) -> None:
+        """Kill whatever is left in the groups, then remove them: again for a while if a v1
+        hierarchy refuses (EBUSY) while a killed member is a zombie not yet reaped, though the
+        group looks empty. A group that stays is left for the operator to see."""
+        self.kill()
+        deadline = time.monotonic() + seconds
+        pause = 0.001
+        while True:
+            for group in reversed(self.dirs):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+            if not any(d.is_dir() for d in self.dirs) or time.monotonic() >= deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)

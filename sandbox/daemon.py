@@ -31,8 +31,8 @@ from typing import Any
 
 from sealgate.proxy.control import ControlError, call
 from sealgate.reasons import Reason
-from sealgate.sandbox import lease, network, orphans, slot
-from sealgate.sandbox.runtime import SandboxError, clean_up_after
+from sealgate.sandbox import orphans, slot
+from sealgate.sandbox.runtime import SandboxError, clean_up_stale
 from sealgate.sandbox.session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
@@ -75,7 +75,7 @@ class Daemon:
 
     async def start(self) -> None:
         """Clean up after a daemon that died, then fill the pool in the background."""
-        await asyncio.to_thread(_clean_up_stale)
+        await asyncio.to_thread(clean_up_stale)
         orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
 
@@ -309,12 +309,6 @@ class Daemon:
 async def _quietly(work: Coroutine[Any, Any, None]) -> None:
     with contextlib.suppress(SessionError):  # already ended by another way
         await work
-
-
-def _clean_up_stale() -> None:
-    with network.lock():
-        for left in lease.stale():
-            clean_up_after(left)
 
 
 def _log(event: str, **fields: Any) -> None:

@@ -31,7 +31,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,25 +188,11 @@ def remove_link(index: int, table: str) -> None:
 def clean_up_after(left: lease.Lease) -> None:
     """Everything a run that died without its teardown left: its cgroups (and any process in
     them), its registration with the proxy, its link, namespace and table."""
-    remove_group(Group.left_by(f"run-{left.index}-{left.pid}"))
+    Group.left_by(f"run-{left.index}-{left.pid}").remove()
     scratch.remove(left.index)
     if left.state:
         unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
     remove_link(left.index, firewall.table_name_for(left.index))
-
-
-def remove_group(group: Group, seconds: float = 2.0) -> None:
-    """`Group.remove`, and again while a group is still there: a v1 hierarchy refuses the
-    rmdir (EBUSY) while a killed member is a zombie not yet reaped, though the group looks empty
-    (the sandbox's init is reaped by bubblewrap, or by the host's init once its bubblewrap is
-    gone). Once nothing holds the index any more, nothing would ever look again."""
-    group.remove()
-    deadline = time.monotonic() + seconds
-    pause = 0.001
-    while any(d.is_dir() for d in group.dirs) and time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-        group.remove()
 
 
 def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:

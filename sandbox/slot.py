@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from sealgate.sandbox.runtime import (
     SandboxError,
     memfd,
     prerequisites,
-    remove_group,
     remove_link,
     take_link,
     trust,
@@ -139,14 +137,14 @@ def end(slot: Slot, config: Config) -> None:
     # groups are emptied, or that init is orphaned to the host's pid 1 as a zombie.
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(10)
-    _empty(slot.group)
+    slot.group.kill()
     unregister(config.state / "control.sock", f"/v1/sources/{slot.link.sandbox_ip}")
 
 
 def dismantle(slot: Slot) -> None:
     """The rest, after `end`: cgroups, tmpfs, namespace, link, table and, last, the lease (so
     the index is not taken again before all of it is gone)."""
-    remove_group(slot.group)
+    slot.group.remove()
     scratch.remove(slot.index)
     remove_link(slot.index, firewall.table_name(slot.link))
 
@@ -168,22 +166,3 @@ def _kill(bwrap: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         bwrap.kill()
 
-
-def _empty(group: Group, seconds: float = 1.0) -> None:
-    """Kill whatever is in the groups until they are empty, looking again at once and then
-    less and less often: a sandbox killed a moment ago is usually gone within a millisecond or
-    two, and `Group.remove`'s own rounds wait 20 ms each."""
-    deadline = time.monotonic() + seconds
-    pause = 0.0005
-    while time.monotonic() < deadline:
-        members: set[int] = set()
-        for place in group.dirs:
-            with contextlib.suppress(OSError, ValueError):
-                members.update(int(p) for p in (place / "cgroup.procs").read_text().split())
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
