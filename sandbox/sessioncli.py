@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -44,7 +45,7 @@ def register(ps: Any) -> None:
     c.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="a variable for every command of the sandbox (repeatable)")
     c.add_argument("--json", action="store_true", help="print the sandbox as JSON")
-    c.set_defaults(func=_create)
+    c.set_defaults(func=_refusing(_create))
 
     e = ps.add_parser("exec", help="run a command in a sandbox, streaming its output")
     client_args(e)
@@ -57,44 +58,55 @@ def register(ps: Any) -> None:
     e.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (output in base64) instead")
     e.add_argument("command", nargs="+", metavar="-- COMMAND")
-    e.set_defaults(func=_exec)
+    e.set_defaults(func=_refusing(_exec))
 
     put = ps.add_parser("put", help="copy a local file into a sandbox's workspace")
     client_args(put)
     put.add_argument("id")
     put.add_argument("local", help="a local file, or - for stdin")
     put.add_argument("path", help="where in /workspace (relative)")
-    put.add_argument("--mode", default="644", help="octal permissions (default 644)")
-    put.set_defaults(func=_put)
+    put.add_argument("--mode", type=_octal, default=0o644, help="octal permissions (default 644)")
+    put.set_defaults(func=_refusing(_put))
 
     get = ps.add_parser("get", help="copy a file of a sandbox's workspace out")
     client_args(get)
     get.add_argument("id")
     get.add_argument("path", help="a path in /workspace (relative)")
     get.add_argument("local", nargs="?", default="-", help="a local file (default - : stdout)")
-    get.set_defaults(func=_get)
+    get.set_defaults(func=_refusing(_get))
 
     ls = ps.add_parser("ls", help="list the daemon's sandboxes")
     client_args(ls)
     ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=_ls)
+    ls.set_defaults(func=_refusing(_ls))
 
     st = ps.add_parser("selftest", help="have the daemon prove its network boundary: a canary "
                                         "sandbox tries every forbidden way out")
     client_args(st)
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=_selftest)
+    st.set_defaults(func=_refusing(_selftest))
 
     rm = ps.add_parser("rm", help="delete sandboxes (everything of them)")
     client_args(rm)
     rm.add_argument("ids", nargs="+", metavar="ID")
-    rm.set_defaults(func=_rm)
+    rm.set_defaults(func=_refusing(_rm))
+
+
+def _octal(text: str) -> int:
+    try:
+        return int(text, 8) & 0o777
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not octal permissions: {text[:16]!r}") from None
 
 
 def _client(args: argparse.Namespace) -> Client:
     key = None
     if args.key_file is not None:
-        key = args.key_file.read_text().strip()
+        try:
+            key = args.key_file.read_text().strip()
+        except OSError as exc:
+            raise DaemonError(f"--key-file {args.key_file}: {exc.strerror}",
+                              reason=Reason.BAD_REQUEST, status=0) from None
     return Client(args.daemon, key)
 
 
@@ -109,6 +121,16 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return env
 
 
+def _refusing(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A refusal of the daemon's (or a client error before the call) is one line and 125."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except DaemonError as exc:
+            return _refused(exc)
+    return run
+
+
 def _refused(exc: DaemonError) -> int:
     print(f"sealgate: {exc}", file=sys.stderr)
     return _REFUSED
@@ -117,12 +139,9 @@ def _refused(exc: DaemonError) -> int:
 def _create(args: argparse.Namespace) -> int:
     limits: dict[str, Any] = {k: v for k, v in (("pids", args.pids), ("memory", args.memory),
                                                  ("cpus", args.cpus)) if v is not None}
-    try:
-        sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
-                            ttl=args.ttl, idle_timeout=args.idle_timeout, daemon=args.daemon,
-                            key=_client(args).key)
-    except DaemonError as exc:
-        return _refused(exc)
+    sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
+                        ttl=args.ttl, idle_timeout=args.idle_timeout, daemon=args.daemon,
+                        key=_client(args).key)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
     return 0
 
@@ -133,21 +152,18 @@ def _exec(args: argparse.Namespace) -> int:
     stdin = sys.stdin.buffer.read() if args.stdin else None
     out, err = sys.stdout.buffer, sys.stderr.buffer
     result: Result | None = None
-    try:
-        if args.json:
-            result = sb.run(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
-                            timeout=args.timeout)
-        else:
-            for name, data in sb.stream(command, env=_pairs(args.env), cwd=args.cwd,
-                                        stdin=stdin, timeout=args.timeout):
-                if isinstance(data, Result):
-                    result = data
-                    break
-                target = out if name == "stdout" else err
-                target.write(data)
-                target.flush()
-    except DaemonError as exc:
-        return _refused(exc)
+    if args.json:
+        result = sb.run(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
+                        timeout=args.timeout)
+    else:
+        for name, data in sb.stream(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
+                                    timeout=args.timeout):
+            if isinstance(data, Result):
+                result = data
+                break
+            target = out if name == "stdout" else err
+            target.write(data)
+            target.flush()
     assert result is not None
     if args.json:
         import base64
@@ -167,33 +183,31 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _put(args: argparse.Namespace) -> int:
-    data = sys.stdin.buffer.read() if args.local == "-" else Path(args.local).read_bytes()
     try:
-        size = Sandbox(_client(args), {"id": args.id}).write(args.path, data,
-                                                             mode=int(args.mode, 8))
-    except DaemonError as exc:
-        return _refused(exc)
+        data = sys.stdin.buffer.read() if args.local == "-" else Path(args.local).read_bytes()
+    except OSError as exc:
+        print(f"sealgate: {args.local}: {exc.strerror}", file=sys.stderr)
+        return 2
+    size = Sandbox(_client(args), {"id": args.id}).write(args.path, data, mode=args.mode)
     print(f"{args.path}: {size} bytes", file=sys.stderr)
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
-    try:
-        data = Sandbox(_client(args), {"id": args.id}).read(args.path)
-    except DaemonError as exc:
-        return _refused(exc)
+    data = Sandbox(_client(args), {"id": args.id}).read(args.path)
     if args.local == "-":
         sys.stdout.buffer.write(data)
-    else:
+        return 0
+    try:
         Path(args.local).write_bytes(data)
+    except OSError as exc:
+        print(f"sealgate: {args.local}: {exc.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    try:
-        sandboxes = _client(args).list()
-    except DaemonError as exc:
-        return _refused(exc)
+    sandboxes = _client(args).list()
     if args.json:
         print(json.dumps(sandboxes, indent=2))
         return 0
@@ -213,16 +227,13 @@ def _rm(args: argparse.Namespace) -> int:
     for ident in args.ids:
         try:
             client.call("DELETE", f"/v1/sandboxes/{quote(ident, safe='')}")
-        except DaemonError as exc:
+        except DaemonError as exc:  # the others are still deleted
             code = _refused(exc)
     return code
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    try:
-        answer = _client(args).call("GET", "/v1/selftest", timeout=300)
-    except DaemonError as exc:
-        return _refused(exc)
+    answer = _client(args).call("GET", "/v1/selftest", timeout=300)
     if args.json:
         print(json.dumps(answer, indent=2))
     else:

@@ -36,3 +36,21 @@ def test_a_command_imports_only_its_part(argv: list[str], heavy: tuple[str, ...]
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("argv", "code", "said"), [
+    (["sandbox", "put", "sb-x", "/nonexistent/file", "a", "--daemon", "/nonexistent.sock"], 2,
+     "/nonexistent/file: No such file or directory"),
+    (["sandbox", "ls", "--key-file", "/nonexistent/key"], 125,
+     "--key-file /nonexistent/key: No such file or directory"),
+    (["sandbox", "exec", "sb-x", "--daemon", "/nonexistent.sock", "--", "true"], 125,
+     "cannot be reached"),
+    (["ca", "--state", "/nonexistent/state"], 1, "no proxy CA in /nonexistent/state/ca"),
+])
+def test_client_commands_say_what_is_wrong_without_a_traceback(
+    argv: list[str], code: int, said: str
+) -> None:
+    done = subprocess.run([sys.executable, "-m", "sealgate.cli", *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
