@@ -10,8 +10,6 @@ or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Generator, Mapping, Sequence
@@ -24,13 +22,15 @@ import aiohttp
 from sealgate.reasons import Reason
 from sealgate.sandbox.client import (
     DEFAULT_DAEMON,
-    CommandFailed,
+    Collected,
     DaemonError,
     Result,
     create_body,
     error_of,
+    event_of,
     exec_body,
     file_path,
+    stream_cut,
 )
 
 
@@ -101,28 +101,21 @@ class AsyncSandbox:
             if response.status >= 300:
                 raise error_of(response.status, await response.read())
             async for line in response.content:
-                event = json.loads(line)
-                if "exit" in event:
-                    yield "exit", Result.of(event, b"", b"")
+                name, data = event_of(line)
+                yield name, data
+                if name == "exit":
                     return
-                name = "stdout" if "stdout" in event else "stderr"
-                yield name, base64.b64decode(event[name])
-        raise DaemonError("the command's stream ended without its exit status",
-                          reason=Reason.INTERNAL_ERROR, status=200)
+        raise stream_cut()
 
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   cwd: str | None = None, stdin: bytes | None = None,
                   timeout: float | None = 600.0, check: bool = False) -> Result:
-        out, err = bytearray(), bytearray()
+        collected = Collected(check)
         async for name, data in self.stream(argv, env=env, cwd=cwd, stdin=stdin,
                                             timeout=timeout):
-            if isinstance(data, Result):
-                result = dataclasses.replace(data, stdout=bytes(out), stderr=bytes(err))
-                if check and not result.ok:
-                    raise CommandFailed(result)
+            if (result := collected.add(name, data)) is not None:
                 return result
-            (out if name == "stdout" else err).extend(data)
-        raise AssertionError("unreachable: stream ends with its Result")
+        raise stream_cut()
 
     async def write(self, path: str, data: bytes, *, mode: int = 0o644) -> int:
         url = self._base + file_path(self.id, path) + f"?mode={mode:o}"

@@ -118,6 +118,41 @@ def error_of(status: int, raw: bytes) -> DaemonError:
     return DaemonError(f"{reason.value}: {detail}", reason=reason, status=status)
 
 
+def event_of(line: bytes) -> tuple[str, bytes | Result]:
+    """One line of an exec's stream: ("stdout" | "stderr", bytes) or ("exit", Result)."""
+    try:
+        event = json.loads(line)
+        if "exit" in event:
+            return "exit", Result.of(event, b"", b"")
+        name = "stdout" if "stdout" in event else "stderr"
+        return name, base64.b64decode(event[name])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DaemonError("the daemon's stream held a line that is not an event",
+                          reason=Reason.INTERNAL_ERROR, status=200) from None
+
+
+def stream_cut() -> DaemonError:
+    return DaemonError("the command's stream ended without its exit status",
+                       reason=Reason.INTERNAL_ERROR, status=200)
+
+
+class Collected:
+    """A command's output gathered as it streams; its Result, output included, at the end."""
+
+    def __init__(self, check: bool) -> None:
+        self._check = check
+        self._out, self._err = bytearray(), bytearray()
+
+    def add(self, name: str, data: bytes | Result) -> Result | None:
+        if isinstance(data, Result):
+            result = dataclasses.replace(data, stdout=bytes(self._out), stderr=bytes(self._err))
+            if self._check and not result.ok:
+                raise CommandFailed(result)
+            return result
+        (self._out if name == "stdout" else self._err).extend(data)
+        return None
+
+
 def file_path(ident: str, path: str) -> str:
     return f"/v1/sandboxes/{quote(ident, safe='')}/files/{quote(path.lstrip('/'), safe='/')}"
 
@@ -256,31 +291,27 @@ class Sandbox:
             timeout=wait if wait is not None else 24 * 3600.0)
         try:
             for line in response:
-                event = json.loads(line)
-                if "exit" in event:
-                    yield "exit", Result.of(event, b"", b"")
+                name, data = event_of(line)
+                yield name, data
+                if name == "exit":
                     return
-                name = "stdout" if "stdout" in event else "stderr"
-                yield name, base64.b64decode(event[name])
+        except (OSError, http.client.HTTPException) as exc:
+            raise DaemonError(f"the command's stream was cut: {exc}",
+                              reason=Reason.INTERNAL_ERROR, status=200) from None
         finally:
             conn.close()
-        raise DaemonError("the command's stream ended without its exit status",
-                          reason=Reason.INTERNAL_ERROR, status=200)
+        raise stream_cut()
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, stdin: bytes | None = None, timeout: float | None = 600.0,
             check: bool = False) -> Result:
         """Run a command to its end: its output and how it ended (a CommandFailed for a
         non-zero exit with `check`)."""
-        out, err = bytearray(), bytearray()
+        collected = Collected(check)
         for name, data in self.stream(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout):
-            if isinstance(data, Result):
-                result = dataclasses.replace(data, stdout=bytes(out), stderr=bytes(err))
-                if check and not result.ok:
-                    raise CommandFailed(result)
+            if (result := collected.add(name, data)) is not None:
                 return result
-            (out if name == "stdout" else err).extend(data)
-        raise AssertionError("unreachable: stream ends with its Result")
+        raise stream_cut()
 
     def write(self, path: str, data: bytes, *, mode: int = 0o644) -> int:
         """Write a file of the workspace (parents made); the bytes written."""
