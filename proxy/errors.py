@@ -3,7 +3,14 @@
 Every refusal is a `Denial` carrying a `Reason` (sealgate.reasons), whose member gives the HTTP
 status, so a code always means the same status wherever it is raised, and the client always gets
 the same JSON shape: enough for an agent to correct itself, never a stack trace, never a
-credential.
+credential. The shape is the one the official SDKs parse (openai and anthropic read
+`error.message` and `error.type`, and show them in their exceptions), with sealgate's own fields
+beside it for tools that read those:
+
+    {"type": "error",
+     "error": {"type": "egress_denied", "code": "not_allowed", "message": "sealgate: ...",
+               "request_id": "..."},
+     "reason": "not_allowed", "detail": "...", "host": "...", "policy": "...", "request_id": "..."}
 """
 
 from __future__ import annotations
@@ -34,8 +41,17 @@ class Denial(SealgateError):
 def deny_response(
     denial: Denial, *, host: str | None, policy: str | None, request_id: str
 ) -> http.Response:
+    message = f"sealgate refused the request ({denial.reason})"
+    if denial.detail:
+        message += f": {denial.detail}"
     body = {
-        "error": _error_kind(denial.status),
+        "type": "error",
+        "error": {
+            "type": _error_kind(denial.status),
+            "code": denial.reason,
+            "message": message,
+            "request_id": request_id,
+        },
         "reason": denial.reason,
         "detail": denial.detail,
         "host": host,

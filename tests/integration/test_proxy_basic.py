@@ -59,8 +59,10 @@ def test_host_outside_policy_is_403_json(proxy: Proxy, origins: tuple[Origin, Or
     r = client(proxy).get(f"http://other.test:{http_origin.port}/", timeout=10)
     assert r.status_code == 403
     body = r.json()
-    assert body["error"] == "egress_denied"
-    assert body["reason"] == "not_allowed"
+    assert body["error"]["type"] == "egress_denied"
+    assert body["error"]["code"] == body["reason"] == "not_allowed"
+    assert body["error"]["request_id"] == body["request_id"]
+    assert "not_allowed" in body["error"]["message"]
     assert body["policy"] == "ci"
     assert body["host"] == "other.test"
     assert body["request_id"]
