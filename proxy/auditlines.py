@@ -32,6 +32,7 @@ def request_line(flow: http.HTTPFlow, verdict: Verdict) -> dict[str, Any]:
         "policy": verdict.policy,
         "method": request.method,
         "scheme": request.scheme,
+        "base_url": True if verdict.base_url else None,
         "host": verdict.host,
         "port": verdict.port,
         "path": verdict.path,

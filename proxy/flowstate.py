@@ -16,6 +16,7 @@ from typing import Final
 from mitmproxy import http
 
 from sealgate.hostname import Host
+from sealgate.proxy.baseurl import BaseUrl
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.net.guard import Pin
@@ -64,6 +65,7 @@ class Verdict:
     pin: Pin | None = None
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
+    base_url: BaseUrl | None = None  # the upstream a base-URL request named
 
 
 @dataclass(slots=True)

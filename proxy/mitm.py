@@ -15,7 +15,8 @@ The patches, and why:
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
 - what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
-  streamed response, the listen endpoints, a pinned connection's name given back.
+  streamed response, the listen endpoints, a pinned connection's name given back, and whether
+  an HTTP/1 request came in origin form (base-URL mode, proxy/baseurl.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import asyncio
 import dataclasses
 import functools
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import wsproto.events
 from mitmproxy import addonmanager, connection, ctx, flow, http
-from mitmproxy.net.http import status_codes
+from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
@@ -77,6 +79,7 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
             mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
         )
     _http1.make_error_response = upstream.error_response
+    _scoped(_http1, "http1", read_request_head=_marking_origin_form(http1.read_request_head))
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
     )
@@ -106,10 +109,40 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
 def _scoped_asyncio(module: types.ModuleType, **replaced: Callable[..., Any]) -> None:
     """Give `module` an asyncio of its own with `replaced` swapped in: the rest of the process
     (the guard's resolver, the control API) keeps the real functions."""
-    scoped = types.ModuleType(f"asyncio (as {module.__name__} sees it)")
-    vars(scoped).update(vars(asyncio))
+    _scoped(module, "asyncio", **replaced)
+
+
+def _scoped(module: types.ModuleType, name: str, **replaced: Callable[..., Any]) -> None:
+    """Give `module` its own copy of the module it calls `name`, with `replaced` swapped in."""
+    original = vars(module)[name]
+    scoped = types.ModuleType(f"{original.__name__} (as {module.__name__} sees it)")
+    vars(scoped).update(vars(original))
     vars(scoped).update(replaced)
-    vars(module)["asyncio"] = scoped
+    vars(module)[name] = scoped
+
+
+# Requests whose HTTP/1 request line was in origin form (`GET /path`), as read off the wire:
+# mitmproxy fills in the host from the Host header and then, for the upstream, rewrites every
+# HTTP/1 request line into origin form, so the hooks cannot tell the forms apart.
+_ORIGIN_FORM: weakref.WeakSet[http.Request] = weakref.WeakSet()
+
+
+def _marking_origin_form(
+    read: Callable[[list[bytes]], http.Request],
+) -> Callable[[list[bytes]], http.Request]:
+    @functools.wraps(read)
+    def read_request_head(lines: list[bytes]) -> http.Request:
+        request = read(lines)
+        if not request.data.host and request.method != "CONNECT":
+            _ORIGIN_FORM.add(request)
+        return request
+
+    return read_request_head
+
+
+def origin_form(request: http.Request) -> bool:
+    """Whether `request` came as an HTTP/1 request line in origin form."""
+    return request in _ORIGIN_FORM
 
 
 _Handler = Callable[[_http2.Http2Server, Event], CommandGenerator[None]]

@@ -22,7 +22,7 @@ import h2.stream
 import wsproto.events
 from mitmproxy import addonmanager, connection, flow, http
 from mitmproxy.addons import proxyserver
-from mitmproxy.net.http import status_codes
+from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
 from mitmproxy.proxy.layers import HttpLayer, websocket
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
@@ -110,6 +110,18 @@ def _http1_errors() -> None:
     _params(_http1.make_error_response, "(status_code, message=)")
     _names(_http1.Http1Server.send, "make_error_response")
     _names(_http1.Http1Server.read_headers, "make_error_response")
+
+
+@_checks("mitmproxy.proxy.layers.http._http1.http1.read_request_head")
+def _http1_request_head() -> None:
+    _expect(hasattr(vars(_http1).get("http1"), "read_request_head"), "module has no `http1`")
+    _params(http1.read_request_head, "(lines)")
+    _names(_http1.Http1Server.read_headers, "http1", "read_request_head")
+    # Origin form is what the parser leaves without a host (mitmproxy fills it in later).
+    _expect(http1.read_request_head([b"GET /x HTTP/1.1", b"Host: a"]).data.host == "",
+            "origin-form requests now come with a host")
+    _expect(http1.read_request_head([b"GET http://a/x HTTP/1.1"]).data.host == "a",
+            "absolute-form requests now come without their host")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Client.send")

@@ -1,7 +1,8 @@
 """sealgate's mitmproxy addon: every request's path, top to bottom, in one place.
 
-    identify -> guard (names) -> decide (policy.decide) -> budget -> guard (addresses, pinned)
-             -> inject -> forward -> scrub (responses) -> log (auditlines)
+    [base-URL form -> absolute form] -> identify -> guard (names) -> decide (policy.decide)
+             -> budget -> guard (addresses, pinned) -> inject -> forward -> scrub (responses)
+             -> log (auditlines)
 
 `sealgate proxy` loads it into a lean master; `mitmdump -s proxy/addon.py` loads it into an
 existing mitmproxy. The hooks only string the steps together: the decision is one pure function
@@ -26,7 +27,7 @@ from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.issuer import TokenError
-from sealgate.proxy import layers, mitm, responses, settings
+from sealgate.proxy import baseurl, layers, mitm, responses, settings
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
@@ -215,11 +216,17 @@ class Sealgate:
             if conn.blocked is not None:
                 raise conn.blocked
             facts = RequestFacts.of(request)
+            transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
+            if (conn.target is None and not transparent and baseurl.applies(request.path)
+                    and mitm.origin_form(request)):
+                # the request it stands for, decided like any other
+                verdict.base_url = baseurl.rewrite(request)
+                if verdict.base_url.tokens:
+                    facts.tokens.append(verdict.base_url.tokens)
             # identify
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
             self._admit(conn, verdict, identity)
             # guard: the names agree and are well-formed
-            transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
             host, port = guardmod.request_target(request, conn.target, transparent)
             verdict.host, verdict.port = host.name, port
             verdict.path = normalize_path(request.path)

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from mitmproxy import http
 
-from sealgate.proxy import mitm
+from sealgate.proxy import baseurl, mitm
 from sealgate.proxy.credentials.decode import Undecodable, decode_whole, decoder
 from sealgate.proxy.credentials.scrub import Scrubber
 from sealgate.proxy.flowstate import META, SCRUB, STREAM_OVER, header
@@ -41,6 +41,11 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         _refuse(flow, emit, Reason.PROTOCOL_NOT_ALLOWED, upgrade=upgrade[:64])
         return
     guard.strip_downstream_headers(response.headers)
+    # A base-URL client follows a redirect through the proxy, never around it.
+    if verdict.base_url is not None and (location := response.headers.get("location")) and (
+        back := baseurl.redirected(location, verdict.base_url)
+    ):
+        response.headers["location"] = back
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     if not scrubber:
         _stream_if_large(response)

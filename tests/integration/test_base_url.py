@@ -1,0 +1,268 @@
+"""Base-URL mode through the real proxy: plain HTTP in, `/_/<host>` naming the upstream, verified
+TLS out, and every decision of the intercepting path applied to the request it stands for."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from sealgate.issuer import Claims, HostPattern, seal
+from sealgate.issuer.keys import PublicKeyEntry, generate
+from sealgate.issuer.processors import BearerProcessor
+from tests.conftest import KEYS
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, OriginCA, Proxy, key_digest, secret_store
+from tests.security.rawclient import open_tunnel, proxy_auth, read_response, request_bytes, tls_wrap
+
+CANARY = "sk_live_BASEURL_canary_51e0"
+TOKEN_CANARY = "sk_live_BASEURL_token_canary_9c2a"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
+    directory = tmp_path_factory.mktemp("base-url-keys")
+    return directory, generate(directory)
+
+
+@pytest.fixture(scope="module")
+def bproxy(
+    tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, PublicKeyEntry],
+    origin_https: Origin, origin_http: Origin, dns: StubDNS, test_ca: OriginCA,
+) -> Iterator[Proxy]:
+    directory = tmp_path_factory.mktemp("base-url")
+    dns.set("wrongcert.test", "A 127.0.0.1")  # the origin, whose certificate does not name it
+    s, h = origin_https.port, origin_http.port
+    rules = f"""
+version: 1
+policies:
+  agent:
+    tokens: true
+    allow:
+      - host: api.test
+        ports: [{s}, {h}]
+        paths: ["/broker/**"]
+        inject:
+          - secret: file:api_key
+            as: bearer
+      - host: api.test
+        ports: [{s}, {h}]
+        methods: [GET, POST]
+      - host: wrongcert.test
+        ports: [{s}]
+    allow_networks: [127.0.0.1/32]
+  anonymous:
+    allow:
+      - host: api.test
+        ports: [{s}]
+        methods: [GET]
+        paths: ["/public/**"]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: anonymous
+"""
+    p = Proxy(
+        directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
+        extra_args=["--token-keys", str(keys[0]), *secret_store(directory, api_key=CANARY)],
+    )
+    yield p
+    p.stop()
+    everything = p.audit_text() + p.stderr()
+    assert CANARY not in everything and TOKEN_CANARY not in everything
+
+
+@pytest.fixture()
+def origin(origin_https: Origin, origin_http: Origin) -> Iterator[Origin]:
+    origin_https.reset()
+    origin_http.reset()
+    yield origin_https
+
+
+def base(proxy: Proxy, target: str) -> str:
+    return f"http://127.0.0.1:{proxy.port}/_/{target}"
+
+
+def get(url: str, *, sandbox: str | None = "bot-1", **kwargs: object) -> requests.Response:
+    """A client that knows nothing of proxies or CAs: only the base URL."""
+    session = requests.Session()
+    session.trust_env = False
+    headers = dict(kwargs.pop("headers", {}) or {})  # type: ignore[call-overload]
+    if sandbox is not None:
+        headers["Proxy-Authorization"] = proxy_auth(sandbox, KEYS[sandbox])
+    method = str(kwargs.pop("method", "GET"))
+    return session.request(method, url, headers=headers, timeout=10,  # type: ignore[arg-type]
+                           allow_redirects=False, **kwargs)
+
+
+def mint(public: PublicKeyEntry, port: int, *, host: str = "api.test") -> str:
+    now = int(time.time())
+    claims = Claims(kid=public.kid, secret=TOKEN_CANARY, processor=BearerProcessor(),
+                    hosts=(HostPattern(host, port),), exp=now + 300, iat=now)
+    return seal(claims, public)
+
+
+def test_plain_http_in_verified_tls_out(bproxy: Proxy, origin: Origin) -> None:
+    r = get(base(bproxy, f"api.test:{origin.port}/v1/models?limit=2&x=%2F"))
+    assert r.status_code == 200, r.text
+    assert r.content == b"hello from origin\n"
+    (seen,) = origin.requests
+    assert seen.path == "/v1/models?limit=2&x=%2F"
+    assert seen.values("host") == [f"api.test:{origin.port}"]
+    assert not seen.values("proxy-authorization")
+    line = bproxy.wait_audit(lambda a: a.get("event") == "request" and a.get("base_url"))
+    assert (line["scheme"], line["host"], line["path"], line["sandbox"]) == (
+        "https", "api.test", "/v1/models", "bot-1"
+    )
+
+
+def test_the_upstream_certificate_is_verified(bproxy: Proxy, origin: Origin) -> None:
+    r = get(base(bproxy, f"wrongcert.test:{origin.port}/v1"),
+            headers={"Authorization": "Bearer dummy"})
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["type"] == "upstream_unavailable"
+    assert not origin.requests  # the handshake failed: no request was sent
+
+
+def test_the_default_port_is_443_and_the_path_may_be_empty(bproxy: Proxy, origin: Origin) -> None:
+    r = get(base(bproxy, "api.test"))
+    assert r.status_code == 403 and r.json()["reason"] == "not_allowed"  # port 443: no rule
+    assert r.json()["host"] == "api.test"
+    r = get(base(bproxy, f"api.test:{origin.port}"))
+    assert r.status_code == 200
+    r = get(base(bproxy, f"api.test:{origin.port}?q=1"))
+    assert r.status_code == 200
+    assert [s.path for s in origin.requests] == ["/", "/?q=1"]
+
+
+def test_rules_identity_and_the_default_policy_apply(bproxy: Proxy, origin: Origin) -> None:
+    # No Proxy-Authorization: the default policy, which allows only GET /public/**.
+    assert get(base(bproxy, f"api.test:{origin.port}/public/a"), sandbox=None).status_code == 200
+    r = get(base(bproxy, f"api.test:{origin.port}/private"), sandbox=None)
+    assert r.status_code == 403 and r.json()["policy"] == "anonymous"
+    r = get(base(bproxy, f"api.test:{origin.port}/public/a"), sandbox=None, method="POST")
+    assert r.status_code == 403
+    r = get(base(bproxy, f"api.test:{origin.port}/x"), sandbox=None,
+            headers={"Proxy-Authorization": proxy_auth("bot-1", "wrong")})
+    assert r.status_code == 407 and r.json()["error"]["type"] == "proxy_auth_required"
+    assert [s.path for s in origin.requests] == ["/public/a"]
+
+
+def test_brokered_secret_is_injected_and_its_echo_masked(
+    bproxy: Proxy, origin: Origin
+) -> None:
+    origin.echo = True
+    try:
+        r = get(base(bproxy, f"api.test:{origin.port}/broker/me"),
+                headers={"Authorization": "Bearer dummy"})
+    finally:
+        origin.echo = False
+    assert r.status_code == 200
+    (seen,) = origin.requests
+    assert seen.values("authorization") == [f"Bearer {CANARY}"]
+    assert CANARY not in r.text
+    assert json.loads(r.text)["headers"]["Authorization"] != "Bearer dummy"
+
+
+def test_tokens_in_the_base_url(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry]
+) -> None:
+    token = mint(keys[1], origin.port)
+    r = get(base(bproxy, f"{token}@api.test:{origin.port}/v1/charges"))
+    assert r.status_code == 200, r.text
+    (seen,) = origin.requests
+    assert seen.path == "/v1/charges"
+    assert seen.values("authorization") == [f"Bearer {TOKEN_CANARY}"]
+    # A token for another port is refused, not ignored: the URL named it for this request.
+    other = mint(keys[1], origin.port + 1)
+    r = get(base(bproxy, f"{token},{other}@api.test:{origin.port}/v1/charges"))
+    assert r.status_code == 403 and r.json()["reason"] == "token_scope"
+    r = get(base(bproxy, f"not-a-token@api.test:{origin.port}/v1"))
+    assert r.status_code == 400 and r.json()["reason"] == "token_malformed"
+    assert len(origin.requests) == 1
+    assert token not in bproxy.audit_text()
+
+
+@pytest.mark.parametrize("target", [
+    "", "@api.test/v1", "api.test:0/", "api.test:99999/", "api.test:x/", "ap%69.test/",
+    "user:pass@@api.test/", "[::1/", "api.test\\@evil.test/",
+])
+def test_a_prefix_that_names_no_upstream_is_refused(
+    bproxy: Proxy, origin: Origin, target: str
+) -> None:
+    r = get(base(bproxy, target))
+    assert 400 <= r.status_code < 500, (target, r.status_code, r.text)
+    assert r.headers["X-Sealgate-Error"]
+    assert origin.untouched()
+
+
+def test_the_proxy_itself_and_internal_addresses_are_refused(
+    bproxy: Proxy, origin: Origin
+) -> None:
+    assert get(base(bproxy, f"127.0.0.1:{bproxy.port}/")).status_code == 403
+    r = get(base(bproxy, "169.254.169.254/latest/meta-data/"))
+    assert r.status_code == 403
+    r = get(base(bproxy, f"evil.test:{origin.port}/"))  # resolves to 10.0.0.1
+    assert r.status_code == 403
+    assert origin.untouched()
+
+
+def test_absolute_form_and_tunnelled_paths_are_not_base_urls(
+    bproxy: Proxy, origin_http: Origin, origin_https: Origin, test_ca: OriginCA
+) -> None:
+    origin_http.reset()
+    origin_https.reset()
+    session = requests.Session()
+    session.trust_env = False
+    url = f"http://bot-1:{KEYS['bot-1']}@127.0.0.1:{bproxy.port}"
+    session.proxies = {"http": url}
+    r = session.get(f"http://api.test:{origin_http.port}/_/evil.test/x", timeout=10)
+    assert r.status_code == 200  # an ordinary path on api.test
+    assert [s.path for s in origin_http.requests] == ["/_/evil.test/x"]
+    authority = f"api.test:{origin_https.port}"
+    sock, head = open_tunnel(bproxy.port, authority,
+                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
+    with sock:
+        assert head.status == 200
+        bundle = bproxy.workdir / "trust.pem"
+        bundle.write_text(bproxy.ca.read_text() + test_ca.path.read_text())
+        with tls_wrap(sock, "api.test", bundle) as tls:
+            tls.sendall(request_bytes("GET", "/_/evil.test/x",
+                                      [("Host", authority), ("Connection", "close")]))
+            assert read_response(tls).status == 200
+    assert [s.path for s in origin_https.requests] == ["/_/evil.test/x"]
+
+
+def test_redirects_are_pointed_back_through_the_proxy(bproxy: Proxy, origin: Origin) -> None:
+    prefix = f"/_/api.test:{origin.port}"
+    for location, expected in [
+        ("/v1/next?a=1", f"{prefix}/v1/next?a=1"),
+        (f"https://api.test:{origin.port}/v2", f"{prefix}/v2"),
+        ("https://other.test/p", "/_/other.test/p"),
+        ("https://other.test:8443", "/_/other.test:8443/"),
+        ("relative/path", "relative/path"),
+        ("http://plain.test/", "http://plain.test/"),
+    ]:
+        origin.response_headers["Location"] = location
+        r = get(base(bproxy, f"api.test:{origin.port}/v1"))
+        assert r.headers["Location"] == expected, location
+
+
+def test_keep_alive_serves_several_upstreams_on_one_connection(
+    bproxy: Proxy, origin_https: Origin, origin_http: Origin
+) -> None:
+    origin_https.reset()
+    with socket.create_connection(("127.0.0.1", bproxy.port), timeout=10) as sock:
+        auth = ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))
+        for path in ("/a", "/b"):
+            sock.sendall(request_bytes(
+                "GET", f"/_/api.test:{origin_https.port}{path}",
+                [("Host", f"127.0.0.1:{bproxy.port}"), auth],
+            ))
+            assert read_response(sock).status == 200
+    assert [s.path for s in origin_https.requests] == ["/a", "/b"]
