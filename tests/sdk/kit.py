@@ -1,0 +1,459 @@
+"""What every SDK test module shares: a fake of an API over HTTPS on loopback, a real proxy in
+front of it, the client's environment as `sealgate env` prints it, and a way to run an SDK call
+in a fresh interpreter with exactly that environment.
+
+The fake is served under the API's real name (api.openai.com, ...): the tests' stub DNS, given
+to the proxy with --resolver, answers 127.0.0.1 for it, and its certificate is issued for that
+name by the test OriginCA, which only the proxy trusts (--upstream-ca). The client trusts only
+the bundle `sealgate env` wrote (system roots plus the proxy's CA): every host here is
+intercepted, so a client that reached the fake by any other way would fail its handshake.
+
+The fake records what reached it (each request's method, target, header fields and body, and
+every connection), so a test asserts at the far end what arrived, not only the status the
+client saw.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.server
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealgate.issuer import Claims, HostPattern, seal
+from sealgate.issuer.keys import PublicKeyEntry, generate
+from sealgate.issuer.processors import Processor
+from tests.dnsstub import StubDNS
+from tests.harness import ROOT, SEALGATE, OriginCA, Proxy, key_digest
+
+MASK = "[REDACTED]"
+CALL_TIMEOUT = 30.0
+PROXY_HEADERS = ("proxy-authorization", "proxy-tokenizer", "forwarded", "x-forwarded-for")
+
+
+def masked(secret: str) -> str:
+    """What the proxy's scrubber writes over `secret`: the mask repeated, cut to its length."""
+    return (MASK * (len(secret) // len(MASK) + 1))[: len(secret)]
+
+
+# -- the fake API ------------------------------------------------------------------------------
+
+
+@dataclass
+class Arrived:
+    """One request as the fake read it."""
+
+    method: str
+    path: str
+    fields: list[tuple[str, str]]  # every header field, as sent
+    body: bytes
+    connection: int  # which accepted connection (1, 2, ...) carried it
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lower-case names; of a repeated one, the last."""
+        return {k.lower(): v for k, v in self.fields}
+
+    def values(self, name: str) -> list[str]:
+        return [v for k, v in self.fields if k.lower() == name.lower()]
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = b""  # bytes as they are; anything else sent as JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    # When set: sent chunked, one write (and flush) per item, after `body` is ignored.
+    chunks: list[bytes] | None = None
+
+    def payload(self) -> bytes:
+        if isinstance(self.body, bytes):
+            return self.body
+        return json.dumps(self.body).encode()
+
+
+Route = Callable[[Arrived], Reply]
+
+
+def echo(seen: Arrived) -> dict[str, Any]:
+    """What a debug endpoint would answer: the request as it arrived, credentials included (so a
+    test sees whether the proxy masked them on the way back)."""
+    return {
+        "method": seen.method,
+        "path": seen.path,
+        "authorization": seen.headers.get("authorization"),
+        "x-api-key": seen.headers.get("x-api-key"),
+        "headers": dict(seen.fields),
+    }
+
+
+def sse(events: Sequence[tuple[str | None, Any]]) -> list[bytes]:
+    """Server-sent events, one chunk each: (event name or None, data as JSON or raw text)."""
+    chunks = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        head = f"event: {name}\n" if name else ""
+        chunks.append(f"{head}data: {text}\n\n".encode())
+    return chunks
+
+
+class FakeAPI:
+    """An HTTPS server on 127.0.0.1 for `names` (certificate from the test CA) that answers with
+    `route` and records everything that reached it."""
+
+    def __init__(self, ca: OriginCA, names: Sequence[str], route: Route) -> None:
+        self.names = tuple(names)
+        self.route = route
+        self.requests: list[Arrived] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake.connections += 1
+                    self.number = fake.connections
+
+            def _handle(self) -> None:
+                if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                    body = self._read_chunked()
+                else:
+                    length = int(self.headers.get("content-length") or 0)
+                    body = self.rfile.read(length) if length else b""
+                seen = Arrived(self.command, self.path, list(self.headers.items()), body,
+                               self.number)
+                with fake._lock:
+                    fake.requests.append(seen)
+                try:
+                    reply = fake.route(seen)
+                except Exception as exc:  # a broken route is a 500 the test will see
+                    reply = Reply(500, {"fake_error": repr(exc)})
+                self.send_response(reply.status)
+                headers = {"Content-Type": "application/json", **reply.headers}
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                if reply.chunks is not None:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in reply.chunks:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
+                payload = reply.payload()
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _read_chunked(self) -> bytes:
+                body = b""
+                for _ in range(100_000):
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if not size:
+                        break
+                    body += self.rfile.read(size)
+                    self.rfile.readline()
+                for _ in range(100):  # trailers, then the blank line
+                    if not self.rfile.readline().strip():
+                        break
+                return body
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*(str(p) for p in ca.issue(*names)))
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.connections = 0
+
+    def untouched(self) -> bool:
+        return self.connections == 0 and not self.requests
+
+    def last(self) -> Arrived:
+        assert self.requests, "nothing reached the fake"
+        return self.requests[-1]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- rules --------------------------------------------------------------------------------------
+
+
+def rule(host: str, ports: Sequence[int], *, paths: Sequence[str] | None = None,
+         methods: Sequence[str] | None = None, inject: str | None = None) -> str:
+    """One allow rule, as YAML list item text (six spaces deep). `inject` is the `as:` value of
+    a broker injection of `file:api_key`."""
+    lines = [f"      - host: {host}", f"        ports: [{', '.join(map(str, ports))}]"]
+    if methods is not None:
+        lines.append(f"        methods: [{', '.join(methods)}]")
+    if paths is not None:
+        lines.append(f"        paths: [{', '.join(json.dumps(p) for p in paths)}]")
+    if inject is not None:
+        lines += ["        inject:", "          - secret: file:api_key",
+                  f"            as: {inject}"]
+    return "\n".join(lines)
+
+
+def policy(name: str, *rules: str, tokens: bool = False) -> str:
+    body = "\n".join(rules) if rules else "      []"
+    allow = "    allow:\n" + body if rules else "    allow: []"
+    return (f"  {name}:\n    tokens: {'true' if tokens else 'false'}\n{allow}\n"
+            "    allow_networks: [127.0.0.1/32]\n")
+
+
+def rules_file(policies: Sequence[str], sandboxes: Mapping[str, tuple[str, str]],
+               default: str | None) -> str:
+    """`sandboxes`: id -> (policy, key)."""
+    entries = "".join(
+        f'  {sid}: {{policy: {pol}, key_sha256: "{key_digest(key)}"}}\n'
+        for sid, (pol, key) in sandboxes.items()
+    )
+    return (f"version: 1\npolicies:\n{''.join(policies)}sandboxes:\n{entries}"
+            f"default_policy: {default or 'null'}\n")
+
+
+# -- the world a module's tests share -------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """A fake API, the proxy in front of it, and what a client is given."""
+
+    directory: Path
+    fake: FakeAPI
+    proxy: Proxy
+    keys: dict[str, str]  # sandbox id -> its proxy key
+    public: PublicKeyEntry
+    secret: str  # what the broker's file store holds as `api_key`, and tokens seal
+    _envs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def env(self, sandbox: str, *, key: str | None = None) -> dict[str, str]:
+        """What `sealgate env --format json` prints for `sandbox` (its key, or `key` in the key
+        file: connection-scoped tokens ride there as `<key>,<token>,...`)."""
+        key = self.keys[sandbox] if key is None else key
+        cache = f"{sandbox}\0{key}"
+        if cache not in self._envs:
+            key_file = self.directory / f"key-{len(self._envs)}"
+            key_file.write_text(key + "\n")
+            key_file.chmod(0o600)
+            done = subprocess.run(
+                [*SEALGATE, "env", "--sandbox", sandbox, "--key-file", str(key_file),
+                 "--proxy", f"127.0.0.1:{self.proxy.port}", "--state", str(self.proxy.state),
+                 "--format", "json"],
+                cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            env = json.loads(done.stdout)
+            bundle = Path(env["SSL_CERT_FILE"])
+            assert os.access(bundle, os.R_OK), f"sealgate env's bundle {bundle} is unreadable"
+            assert self.proxy.ca.read_text().strip() in bundle.read_text()
+            self._envs[cache] = env
+        return dict(self._envs[cache])
+
+    def mint(self, processor: Processor, *, host: str | None = None, port: int | None = None,
+             secret: str | None = None, ttl: int = 300, **extra: Any) -> str:
+        now = int(time.time())
+        claims = Claims(
+            kid=self.public.kid, secret=self.secret if secret is None else secret,
+            processor=processor,
+            hosts=(HostPattern(host or self.fake.names[0], port or self.fake.port),),
+            exp=now + ttl, iat=now, **extra,
+        )
+        return seal(claims, self.public)
+
+    @property
+    def authority(self) -> str:
+        return f"{self.fake.names[0]}:{self.fake.port}"
+
+    def url(self, path: str = "", host: str | None = None) -> str:
+        return f"https://{host or self.fake.names[0]}:{self.fake.port}{path}"
+
+    def base_url(self, path: str = "", *, tokens: Sequence[str] = (),
+                 host: str | None = None) -> str:
+        """Base-URL mode: `http://<proxy>/_/[<tokens>@]<host>:<port><path>`."""
+        named = f"{','.join(tokens)}@" if tokens else ""
+        return (f"http://127.0.0.1:{self.proxy.port}/_/{named}{host or self.fake.names[0]}:"
+                f"{self.fake.port}{path}")
+
+    def audit_for(self, path: str) -> list[dict[str, Any]]:
+        return [e for e in self.proxy.audit() if e.get("path") == path]
+
+    def leaked(self) -> str:
+        """Where the secret must never appear on the proxy's side."""
+        return self.proxy.audit_text() + self.proxy.stderr()
+
+
+@contextlib.contextmanager
+def world(
+    directory: Path, ca: OriginCA, dns: StubDNS, names: Sequence[str], route: Route,
+    rules: Callable[[int], str], keys: Mapping[str, str], secret: str,
+    fake: Any = None,
+) -> Iterator[World]:
+    """Start the fake (or take `fake`, anything with .port/.names/.stop), point `names` at
+    loopback in the stub DNS and start a proxy enforcing `rules(fake.port)`."""
+    server = fake if fake is not None else FakeAPI(ca, names, route)
+    for name in names:
+        dns.set(name, "A 127.0.0.1")
+    secrets = directory / "secrets.yaml"
+    secrets.write_text(f"api_key: {secret}\n")
+    secrets.chmod(0o600)
+    token_keys = directory / "token-keys"
+    token_keys.mkdir()
+    public = generate(token_keys)
+    try:
+        proxy = Proxy(directory, rules(server.port), resolver=dns.address, upstream_ca=ca.path,
+                      extra_args=["--secret-store", f"file:{secrets}",
+                                  "--token-keys", str(token_keys)])
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        yield World(directory, server, proxy, dict(keys), public, secret)
+    finally:
+        proxy.stop()
+        server.stop()
+        assert secret not in proxy.audit_text() + proxy.stderr()
+
+
+# -- running a client ---------------------------------------------------------------------------
+
+_PRELUDE = '''
+import json, sys, traceback
+ARGS = json.loads(sys.argv[1])
+
+def _emit(value):
+    sys.stdout.write("\\n@@result@@" + json.dumps(value, default=str) + "\\n")
+    sys.stdout.flush()
+'''
+
+_EPILOGUE = '''
+try:
+    _result = {"ok": main(**ARGS)}
+except BaseException as _exc:
+    _result = {"exception": type(_exc).__module__ + "." + type(_exc).__qualname__,
+               "text": str(_exc), "repr": repr(_exc),
+               "traceback": traceback.format_exc()}
+_emit(_result)
+'''
+
+
+@dataclass
+class Outcome:
+    value: Any = None
+    exception: str | None = None  # module.qualname of what the SDK raised
+    text: str = ""  # str() of it
+    detail: str = ""  # repr and traceback, for failure messages only
+    stdout: str = ""
+    stderr: str = ""
+
+    def ok(self) -> Any:
+        assert self.exception is None, f"{self.exception}: {self.text}\n{self.detail}"
+        return self.value
+
+    def raised(self) -> str:
+        assert self.exception is not None, f"no exception; got {self.value!r}"
+        return self.text
+
+
+def run_python(code: str, env: Mapping[str, str], **args: Any) -> Outcome:
+    """`code` (defining `main(**args)`, returning something JSON can hold) in a fresh
+    interpreter of this venv, isolated (-I: no PYTHON* variables, no user site, no cwd on the
+    path) and with exactly `env` as its environment."""
+    program = _PRELUDE + textwrap.dedent(code) + _EPILOGUE
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", program, json.dumps(args)],
+        env=dict(env), cwd="/", capture_output=True, text=True, timeout=CALL_TIMEOUT,
+        check=False,
+    )
+    marker = "\n@@result@@"
+    if marker not in done.stdout:
+        raise AssertionError(f"the client died ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.rpartition(marker)[2])
+    if "ok" in result:
+        return Outcome(value=result["ok"], stdout=done.stdout, stderr=done.stderr)
+    return Outcome(exception=result["exception"], text=result["text"],
+                   detail=result["repr"] + "\n" + result["traceback"], stdout=done.stdout,
+                   stderr=done.stderr)
+
+
+def run_node(script: str, env: Mapping[str, str], **args: Any) -> Outcome:
+    """An ES module for Node: its `main(args)` (async) returns JSON; /usr/bin/node, exactly
+    `env`. Skips when there is no node."""
+    node = Path("/usr/bin/node")
+    if not node.exists():
+        pytest.skip("needs node (/usr/bin/node)")
+    program = textwrap.dedent(script) + textwrap.dedent('''
+        const ARGS = JSON.parse(process.argv[process.argv.length - 1]);
+        let result;
+        try {
+          result = {ok: await main(ARGS)};
+        } catch (e) {
+          result = {exception: e?.constructor?.name ?? "Error", text: String(e),
+                    cause: e?.cause ? String(e.cause) + " " + (e.cause.code ?? "") : ""};
+        }
+        process.stdout.write("\\n@@result@@" + JSON.stringify(result) + "\\n");
+    ''')
+    done = subprocess.run(
+        [str(node), "--input-type=module", "-e", program, json.dumps(args)],
+        env=dict(env), cwd="/", capture_output=True, text=True, timeout=CALL_TIMEOUT,
+        check=False,
+    )
+    marker = "\n@@result@@"
+    if marker not in done.stdout:
+        raise AssertionError(f"node died ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.rpartition(marker)[2])
+    if "ok" in result:
+        return Outcome(value=result["ok"], stdout=done.stdout, stderr=done.stderr)
+    return Outcome(exception=result["exception"], text=result["text"] + " " + result["cause"],
+                   stdout=done.stdout, stderr=done.stderr)
+
+
+def refusal_visible(text: str, reason: str) -> None:
+    """The SDK's own exception text shows sealgate's reason code and its message."""
+    assert reason in text, text
+    assert f"sealgate refused the request ({reason})" in text, text
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
