@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -211,6 +211,20 @@ class FakeAPI:
         self.server.server_close()
 
 
+class Fake(Protocol):
+    """What the tests read of a fake: FakeAPI, or a server of another protocol."""
+
+    names: tuple[str, ...]
+    port: int
+    requests: list[Arrived]
+    connections: int
+
+    def reset(self) -> None: ...
+    def untouched(self) -> bool: ...
+    def last(self) -> Arrived: ...
+    def stop(self) -> None: ...
+
+
 # -- rules --------------------------------------------------------------------------------------
 
 
@@ -255,7 +269,7 @@ class World:
     """A fake API, the proxy in front of it, and what a client is given."""
 
     directory: Path
-    fake: FakeAPI
+    fake: Fake
     proxy: Proxy
     keys: dict[str, str]  # sandbox id -> its proxy key
     public: PublicKeyEntry
@@ -320,13 +334,17 @@ class World:
 
 @contextlib.contextmanager
 def world(
-    directory: Path, ca: OriginCA, dns: StubDNS, names: Sequence[str], route: Route,
+    directory: Path, ca: OriginCA, dns: StubDNS, names: Sequence[str], route: Route | None,
     rules: Callable[[int], str], keys: Mapping[str, str], secret: str,
-    fake: Any = None,
+    fake: Fake | None = None,
 ) -> Iterator[World]:
-    """Start the fake (or take `fake`, anything with .port/.names/.stop), point `names` at
+    """Start a FakeAPI answering with `route` (or take `fake`: another server with FakeAPI's
+    port, names, requests, connections, reset, untouched, last and stop), point `names` at
     loopback in the stub DNS and start a proxy enforcing `rules(fake.port)`."""
-    server = fake if fake is not None else FakeAPI(ca, names, route)
+    if fake is None:
+        assert route is not None
+        fake = FakeAPI(ca, names, route)
+    server = fake
     for name in names:
         dns.set(name, "A 127.0.0.1")
     secrets = directory / "secrets.yaml"
