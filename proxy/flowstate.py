@@ -41,10 +41,14 @@ class Conn:
     budget_key: str | None = None
     target: tuple[Host, int] | None = None  # the CONNECT authority, or a transparent SNI
     tunnel: bool = False  # forwarded without interception
-    # A refusal decided during the TLS handshake. mitmproxy cannot drop a connection from
-    # tls_clienthello, so the connection is intercepted and every request on it gets this.
+    # A refusal every request on the connection gets: the CONNECT's (accepted, so that the
+    # refusal reaches the client inside TLS), or the ClientHello's.
     blocked: Denial | None = None
+    # Refused at the ClientHello: no handshake (mitmproxy closes a connection it has no TLS
+    # context for; it cannot drop one from tls_clienthello).
+    handshake_refused: bool = False
     proxy_auth: list[str] = field(default_factory=list)  # the CONNECT's, for token bindings
+    tunnel_tokens: list[str] = field(default_factory=list)  # the CONNECT's Proxy-Tokenizer
     requests: int = 0
     denied: int = 0
 

@@ -5,6 +5,14 @@ produces), else what this client connection proved earlier (a CONNECT's credenti
 tunnel's requests), else the source address the sandbox runtime registered, else the default
 policy. A wrong key, or an id we do not know, is a 407: the two are indistinguishable on purpose,
 so the proxy is no oracle for which sandbox ids exist.
+
+The same credentials may carry sealed tokens, so that an SDK configured with nothing but a proxy
+URL presents them (`http://bot-1:KEY,sg1.…,sg1.…@proxy`, or `http://_:sg1.…@proxy` to claim no
+identity: `_` is no sandbox id, which start with a letter or digit, and clients send no
+credentials for an empty user): the password is the key, then a comma before each token. A
+password whose comma-separated tail holds no token is a key as a whole, so a key holding a comma
+still works.
+Which request a token then goes with is the pipeline's business (by the token's host scope).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Literal
 
+from sealgate.issuer import TOKEN_PREFIX
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import RuleSet
 from sealgate.proxy.registry import SourceRegistry
@@ -26,6 +35,8 @@ Via = Literal["proxy-auth", "source", "default"]
 # Compared against when the id is unknown, so a miss costs the same as a wrong key.
 _DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
 _PROVEN_CAP = 4096
+_TOKEN_START = TOKEN_PREFIX + "."
+_NO_ONE = frozenset({"", "_"})  # users that claim no identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,44 +46,59 @@ class Identity:
     via: Via
 
 
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What one Proxy-Authorization value proves (`identity`, None when it claims none) and the
+    sealed tokens it carries."""
+
+    identity: Identity | None
+    tokens: tuple[str, ...] = ()
+
+
+_NOTHING = Credentials(None)
+
+
 class Identifier:
     def __init__(self, rules: RuleSet, registry: SourceRegistry) -> None:
         self.rules = rules
         self.registry = registry
         # Clients repeat the same credential on every request: a proven one is remembered for
         # the life of these rules (a reload builds a new Identifier). Failures are not cached.
-        self._proven: dict[str, Identity] = {}
+        self._proven: dict[str, Credentials] = {}
 
-    def from_proxy_authorization(self, value: str) -> Identity | None:
-        """The identity a Basic credential proves; None for other schemes (a token binding's
-        `Bearer` belongs to the tokenizer, not to identity)."""
+    def from_proxy_authorization(self, value: str) -> Credentials:
+        """What a Proxy-Authorization value proves. Other schemes than Basic prove nothing (a
+        token binding's `Bearer` belongs to the tokenizer, not to identity). Raises Denial."""
         proven = self._proven.get(value)
         if proven is not None:
             return proven
-        identity = self._prove(value)
-        if identity is not None:
-            if len(self._proven) >= _PROVEN_CAP:
-                self._proven.clear()
-            self._proven[value] = identity
-        return identity
+        proven = self._prove(value)
+        if len(self._proven) >= _PROVEN_CAP:
+            self._proven.clear()
+        self._proven[value] = proven
+        return proven
 
-    def _prove(self, value: str) -> Identity | None:
+    def _prove(self, value: str) -> Credentials:
         scheme, _, param = value.strip().partition(" ")
         if scheme.lower() != "basic":
-            return None
+            return _NOTHING
         try:
             decoded = base64.b64decode(param.strip(), validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization is not valid Basic") from exc
-        sandbox_id, sep, key = decoded.partition(":")
+        sandbox_id, sep, password = decoded.partition(":")
         if not sep:
             raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization needs id:key")
+        if sandbox_id in _NO_ONE:
+            # No identity claimed: the password is nothing but tokens (each checked when used).
+            return Credentials(None, tuple(password.split(","))) if password else _NOTHING
+        key, tokens = _key_and_tokens(password)
         entry = self.rules.sandboxes.get(sandbox_id)
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
         if not hmac.compare_digest(digest, expected) or entry is None or not key:
             raise Denial(Reason.IDENTITY_INVALID, "unknown sandbox or wrong key")
-        return Identity(sandbox_id, entry.policy, "proxy-auth")
+        return Credentials(Identity(sandbox_id, entry.policy, "proxy-auth"), tokens)
 
     def from_source(self, address: str) -> Identity | None:
         sandbox_id = self.registry.lookup(address)
@@ -93,3 +119,11 @@ class Identifier:
 
     def default(self) -> Identity:
         return Identity(None, self.rules.default_policy, "default")
+
+
+def _key_and_tokens(password: str) -> tuple[str, tuple[str, ...]]:
+    key, _, rest = password.partition(",")
+    tokens = tuple(rest.split(",")) if rest else ()
+    if any(t.startswith(_TOKEN_START) for t in tokens):
+        return key, tokens
+    return password, ()

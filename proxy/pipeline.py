@@ -32,7 +32,7 @@ from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
 from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
-from sealgate.proxy.credentials.tokenizer import TokenRequest
+from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
 from sealgate.proxy.errors import Denial, deny_response
 from sealgate.proxy.flowstate import (
     META,
@@ -141,13 +141,30 @@ class Sealgate:
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
             verdict.host, verdict.port = host.name, port
             self._admit(conn, verdict, identity)
-            tokens = TOKEN_HEADER in flow.request.headers
-            decision, policy = self._decide(verdict, Question(identity, host, port, tokens=tokens))
+            # Tokens on the CONNECT go with every request in the tunnel; those in the proxy
+            # credentials with each request to their hosts (decided again per request).
+            tunnel_tokens = flow.request.headers.get_all(TOKEN_HEADER)
+            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port, "CONNECT",
+                                 "", conn.proxy_auth)
+            ambient = self._ambient_tokens(conn.proxy_auth, host, bound)
+            decision, policy = self._decide(verdict, Question(
+                identity, host, port, tokens=bool(tunnel_tokens or ambient)
+            ))
+            if tunnel_tokens:
+                self._covering(tunnel_tokens, host, bound, strict=True)
             verdict.pin = await self._state().guard.pin(host, port, policy)
-            conn.target = (host, port)
-            conn.tunnel = decision.tunnel
+            conn.target, conn.tunnel = (host, port), decision.tunnel
+            conn.tunnel_tokens = tunnel_tokens
         except Exception as exc:
-            self._deny(flow, verdict, _refusal(exc, "deciding a CONNECT"), conn)
+            denial = _refusal(exc, "deciding a CONNECT")
+            if (target := _inside_target(flow.request, denial)) is not None:
+                # Accepted, and refused inside: an SDK shows the first response's reason, but
+                # only "connection error" for a refused CONNECT. Nothing is ever dialed.
+                conn.denied += 1
+                conn.blocked, conn.target, conn.tunnel = denial, target, False
+                verdict.decision, verdict.reason = "deny", denial.reason
+            else:
+                self._deny(flow, verdict, denial, conn)
         else:
             if verdict.reason is None:  # a report-mode miss keeps its "report"
                 verdict.decision = "allow"
@@ -158,6 +175,8 @@ class Sealgate:
         client = data.context.client
         conn = self._conn(client)
         sni = data.client_hello.sni
+        if conn.blocked is not None:
+            return  # refused on the CONNECT: intercepted, to answer the first request inside
         try:
             if conn.target is None:
                 await self._transparent_tls_target(data, conn, sni)
@@ -166,7 +185,7 @@ class Sealgate:
         except Exception as exc:
             denial = _refusal(exc, "checking a ClientHello")
             conn.denied += 1
-            conn.blocked = denial
+            conn.blocked, conn.handshake_refused = denial, True
             conn.tunnel = False
             self._emit(
                 "tls_denied", connection_id=client.id,
@@ -182,7 +201,7 @@ class Sealgate:
         """A refused ClientHello gets no handshake: without a TLS context mitmproxy closes the
         connection (this runs after TlsConfig has prepared one)."""
         conn = self.conns.get(data.context.client.id)
-        if conn is not None and conn.blocked is not None:
+        if conn is not None and conn.handshake_refused:
             data.ssl_conn = None
 
     async def _transparent_tls_target(
@@ -214,6 +233,10 @@ class Sealgate:
         request = flow.request
         try:
             if conn.blocked is not None:
+                if conn.target is not None:
+                    verdict.host, verdict.port = conn.target[0].name, conn.target[1]
+                verdict.identity = conn.identity
+                verdict.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
             facts = RequestFacts.of(request)
             transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
@@ -232,6 +255,14 @@ class Sealgate:
             verdict.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
                 raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
+            # the tokens that go with this request: its own, its tunnel's, its credentials'
+            proxy_auth = facts.proxy_auth or conn.proxy_auth
+            ambient = self._ambient_tokens(proxy_auth, host, TokenRequest(
+                identity.sandbox, verdict.policy, host.name, port, request.method, verdict.path,
+                proxy_auth,
+            ))
+            if conn.tunnel_tokens or ambient:
+                facts.tokens = [*facts.tokens, *conn.tunnel_tokens, *ambient]
             # decide
             decision, policy = self._decide(verdict, Question(
                 identity, host, port, "https" if request.scheme == "https" else "http",
@@ -317,13 +348,32 @@ class Sealgate:
         return injected
 
     def _token_credentials(self, tokens: list[str], request: TokenRequest) -> list[Credential]:
+        try:
+            return self._tokenizer().authorise(tokens, request)
+        except TokenError as exc:
+            raise Denial(exc.reason, str(exc)) from None
+
+    def _ambient_tokens(
+        self, proxy_auth: list[str], host: Host, request: TokenRequest
+    ) -> list[str]:
+        """The tokens in the proxy credentials that are for `host` and the request's port."""
+        identifier = self._state().identifier
+        tokens = [t for v in proxy_auth for t in identifier.from_proxy_authorization(v).tokens]
+        return self._covering(tokens, host, request, strict=False) if tokens else tokens
+
+    def _covering(
+        self, tokens: list[str], host: Host, request: TokenRequest, *, strict: bool
+    ) -> list[str]:
+        try:
+            return self._tokenizer().covering(tokens, host, request, strict=strict)
+        except TokenError as exc:
+            raise Denial(exc.reason, str(exc)) from None
+
+    def _tokenizer(self) -> Tokenizer:
         tokenizer = self._state().tokenizer
         if tokenizer is None:
             raise Denial(Reason.TOKEN_INVALID, "this proxy holds no token keys")
-        try:
-            return tokenizer.authorise(tokens, request)
-        except TokenError as exc:
-            raise Denial(exc.reason, str(exc)) from None
+        return tokenizer
 
     # -- upstream connections -------------------------------------------------------------
 
@@ -397,7 +447,7 @@ class Sealgate:
     ) -> Identity:
         identifier = self._state().identifier
         for value in proxy_auth:
-            identity = identifier.from_proxy_authorization(value)
+            identity = identifier.from_proxy_authorization(value).identity
             if identity is not None:
                 return identity
         if conn.identity is not None:
@@ -474,6 +524,19 @@ def _refusal(exc: Exception, doing: str) -> Denial:
         return exc
     logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
     return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
+
+
+def _inside_target(connect: http.Request, denial: Denial) -> tuple[Host, int] | None:
+    """Where a refused CONNECT is accepted and answered inside the tunnel: the target it named,
+    or None where it is refused as it stands. Those are a client that sent no credentials (the
+    407 challenge is what it may answer), a spent budget or an unwritable audit log (refused
+    cheaply, before any TLS), and a target that does not parse."""
+    if denial.reason is Reason.IDENTITY_REQUIRED or denial.status in (429, 503):
+        return None
+    try:
+        return guardmod.parse_target(connect.authority or "", 443)
+    except Denial:
+        return None
 
 
 def _denial(decision: Decision) -> Denial:

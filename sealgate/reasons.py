@@ -39,7 +39,7 @@ class Reason(StrEnum):
     NOT_ALLOWED = ("not_allowed", 403, "no rule of the policy allows this host, port, method, path")
     TOKENS_NOT_ALLOWED = (
         "tokens_not_allowed", 403,
-        "a sealed token where the policy accepts none, or on a CONNECT",
+        "a sealed token where the policy accepts none",
     )
     INSECURE_UPSTREAM = (
         "insecure_upstream", 403,

@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sealgate.hostname import Host
 from sealgate.issuer import (
     Claims,
     TokenInapplicable,
     TokenMalformed,
+    TokenScope,
     check_binding,
     check_scope,
     check_time,
@@ -75,8 +77,8 @@ class Tokenizer:
         self._opened: dict[str, _Opened] = {}
         self._next_sweep = 0.0
 
-    def _open(self, token: str) -> _Opened:
-        """Decrypt (or recall) a token and check its time window. Raises TokenError."""
+    def _unsealed(self, token: str) -> _Opened:
+        """Decrypt (or recall) a token, whatever its time window. Raises TokenError."""
         opened = self._opened.get(token)
         if opened is None:
             claims = unseal(token, self.keyring)
@@ -89,6 +91,11 @@ class Tokenizer:
             opened = self._opened[token] = _Opened(claims, cred, *validity(claims))
             if len(self._opened) > self.cache_size:
                 self._evict()
+        return opened
+
+    def _open(self, token: str) -> _Opened:
+        """Decrypt (or recall) a token and check its time window. Raises TokenError."""
+        opened = self._unsealed(token)
         now = self.clock()
         if not opened.start <= now < opened.end:
             self._opened.pop(token, None)
@@ -107,6 +114,28 @@ class Tokenizer:
         while len(self._opened) > self.cache_size:
             del self._opened[next(iter(self._opened))]
 
+    def covering(
+        self, values: Sequence[str], host: Host, request: TokenRequest, *, strict: bool
+    ) -> list[str]:
+        """The tokens of `values` (read as `authorise` reads them) whose host scope covers
+        `host` and `request.port`; with `strict`, one that does not is refused instead of left
+        out (a token on a CONNECT goes with every request in its tunnel, one in the proxy
+        credentials only with requests to its hosts). The binding is checked first, so a
+        caller who is not the bound sandbox cannot learn a token's hosts from what is left out.
+        What is kept is checked in full by `authorise`."""
+        kept = []
+        for token in _elements(values):
+            claims = self._open(token).claims
+            check_binding(
+                claims, sandbox_id=request.sandbox, policy=request.policy,
+                proxy_authorization=request.proxy_authorization,
+            )
+            if any(pattern.matches(host, request.port) for pattern in claims.hosts):
+                kept.append(token)
+            elif strict:
+                raise TokenScope(f"a token is not for {host.name} port {request.port}")
+        return kept
+
     def authorise(
         self, header_values: Sequence[str], request: TokenRequest
     ) -> list[Credential]:
@@ -118,11 +147,8 @@ class Tokenizer:
         token. An empty element is not skipped: it is the empty token, `token_malformed` as
         the `empty` vector says, so a header that lost its token is refused rather than the
         request forwarded without a credential."""
-        tokens = [t.strip(_OWS) for value in header_values for t in value.split(",")]
-        if len(tokens) > _MAX_TOKENS:
-            raise TokenMalformed(f"at most {_MAX_TOKENS} tokens per request")
         granted = []
-        for token in tokens:
+        for token in _elements(header_values):
             opened = self._open(token)
             if opened.passed != request:
                 claims = opened.claims
@@ -138,3 +164,10 @@ class Tokenizer:
                 opened.passed = request
             granted.append(opened.credential)
         return granted
+
+
+def _elements(values: Sequence[str]) -> list[str]:
+    tokens = [t.strip(_OWS) for value in values for t in value.split(",")]
+    if len(tokens) > _MAX_TOKENS:
+        raise TokenMalformed(f"at most {_MAX_TOKENS} tokens per request")
+    return tokens

@@ -13,7 +13,8 @@ The steps, in order, each ending the decision when it refuses:
    a denial in `enforce` mode and a `report` (allowed, logged) in `report` mode;
 3. names and literal addresses: a name the guard never resolves, an IP literal in a denied range
    (a name's addresses are checked when it is resolved: `Guard.pin`, after this);
-4. tokens: only where the policy accepts them, and never on a tunnel;
+4. tokens: only where the policy accepts them (such a policy intercepts every tunnel, so a
+   token on a CONNECT reaches each request inside: `model.tunnels`);
 5. credentials over plain HTTP: only where a `plain_http` rule sends them to an address in the
    policy's allow_networks (`Decision.secure_for` finishes this once the address is known).
 
@@ -44,7 +45,7 @@ class Question:
     scheme: Scheme = "https"
     method: str | None = None  # None: a tunnel, decided before any request is seen
     path: str | None = None  # normalised (policy.model.normalize_path)
-    tokens: bool = False  # the request (or CONNECT) carries Proxy-Tokenizer
+    tokens: bool = False  # sealed tokens go with the request (or with the CONNECT's tunnel)
     ssl_insecure: bool = False  # upstream certificates are not verified (mitmproxy option)
 
 
@@ -117,11 +118,6 @@ def decide(rules: RuleSet, question: Question) -> Decision:
     if q.host.ip is not None and (ip_reason := policy.addresses.check(q.host.ip)):
         return _deny(policy, ip_reason,
                      f"{q.host.ip} is in a denied range ({ip_reason})", host_rules, rule)
-    if q.tokens and q.method is None:
-        # A token applies to one request; inside a tunnel passed through none is seen.
-        return _deny(policy, Reason.TOKENS_NOT_ALLOWED,
-                     "a sealed token goes on each request inside the tunnel, not on the CONNECT",
-                     host_rules, rule)
     if q.tokens and not policy.tokens:
         return _deny(policy, Reason.TOKENS_NOT_ALLOWED,
                      f"policy {policy.name} does not accept tokens", host_rules, rule)

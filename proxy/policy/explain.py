@@ -93,7 +93,7 @@ def explain(
     the proxy's own `decide`, asked what the proxy asks, in its order (for https, the tunnel
     first, then the request inside it unless the tunnel is passed through). `tokens`: the
     request carries `Proxy-Tokenizer` (whether the tokens would open is not modelled);
-    `connect_tokens`: the CONNECT does."""
+    `connect_tokens`: the CONNECT does (they go with every request in its tunnel)."""
     result = Explanation(method, url)
     identity = _identity(rules, result, sandbox, policy)
     parts = urlsplit(url)
@@ -121,7 +121,9 @@ def explain(
             return _deny(result, exc.reason, str(exc))
         result.path = path
         scheme: Scheme = "https" if parts.scheme == "https" else "http"
-        decision = decide(rules, Question(identity, host, port, scheme, method, path, tokens))
+        decision = decide(rules, Question(
+            identity, host, port, scheme, method, path, tokens or connect_tokens
+        ))
         result.rule = decision.rule
     result.decision, result.reason, result.detail = (
         decision.verdict, decision.reason, decision.detail

@@ -40,7 +40,7 @@ from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.reasons import Reason
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy, secret_store
-from tests.security.rawclient import LoopbackTrap, open_tunnel, proxy_auth
+from tests.security.rawclient import LoopbackTrap, connect_answer, proxy_auth
 
 SECRET = "agree-canary-5c4b3a29"
 KEYS = {"agree-enf": "agree-enf-key", "agree-tok": "agree-tok-key", "agree-rep": "agree-rep-key"}
@@ -56,6 +56,8 @@ policies:
     allow:
       - host: api.test
         ports: [{http}]
+      - host: tunnel.test
+        ports: [{bare}]
       - host: limited.test
         ports: [{http}]
         methods: [GET]
@@ -149,10 +151,11 @@ DECISION_CASES = [
     # a rule matches, the name is never reachable
     Case("name-rule-localhost", ENF, "GET", "http://localhost:{http}/agree5", "deny",
          "localhost_name"),
-    # tokens: on a policy that accepts none; on a CONNECT even where the policy accepts them
+    # tokens: on a policy that accepts none, on a request or a CONNECT (one that accepts them
+    # takes them on a CONNECT for every request in the tunnel: tests/integration/test_base_url.py)
     Case("tokens-policy", ENF, "GET", "http://api.test:{http}/agree/tok", "deny",
          "tokens_not_allowed", tokens=True),
-    Case("tokens-connect", TOK, "GET", "https://api.test:{bare}/", "deny", "tokens_not_allowed",
+    Case("tokens-connect", ENF, "GET", "https://tunnel.test:{bare}/", "deny", "tokens_not_allowed",
          tokens=True, connect=True),
     # credentials over plain HTTP: a rule's inject without plain_http; a plain_http rule to a
     # public literal outside allow_networks (refused before any dial); a sealed token
@@ -357,10 +360,7 @@ def _send(rig: Rig, case: Case, url: str) -> int:
     if case.tokens:
         headers.append(("Proxy-Tokenizer", "not-a-token"))  # decided before any token is read
     if case.connect:
-        authority = url.split("/")[2]
-        sock, head = open_tunnel(rig.proxy.port, authority, headers)
-        sock.close()
-        return head.status
+        return connect_answer(rig.proxy.port, url.split("/")[2], headers).status
     extra = {"Proxy-Tokenizer": "not-a-token"} if case.tokens else {}
     with _session(rig.proxy, case.sandbox) as session:
         return session.request(case.method, url, headers=extra, timeout=10).status_code

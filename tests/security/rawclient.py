@@ -29,6 +29,7 @@ __all__ = [
     "LoopbackTrap",
     "NoResponse",
     "RawResponse",
+    "connect_answer",
     "exchange",
     "h2_exchange",
     "h2_through_tunnel",
@@ -129,6 +130,28 @@ def open_tunnel(
         sock.close()
         raise
     return sock, response
+
+
+def connect_answer(
+    port: int, authority: str | bytes, headers: Sequence[Header] = (), *,
+    timeout: float = TIMEOUT,
+) -> RawResponse:
+    """What a client learns of a CONNECT: the proxy's answer to it, or, if the tunnel was
+    accepted, the answer to a first request inside TLS (where the proxy returns a refusal it
+    decided on the CONNECT). The certificate is not checked: the answer is what is tested."""
+    sock, head = open_tunnel(port, authority, headers, timeout=timeout)
+    with sock:
+        if head.status != 200:
+            return head
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        name = authority.decode("latin-1") if isinstance(authority, bytes) else authority
+        host = name.rpartition(":")[0].strip("[]")
+        sni = None if host.replace(".", "").isdigit() or ":" in host else host
+        with context.wrap_socket(sock, server_hostname=sni) as tls:
+            tls.sendall(request_bytes("GET", "/", [("Host", authority), ("Connection", "close")]))
+            return read_response(tls, timeout=timeout)
 
 
 def _finish(

@@ -25,6 +25,7 @@ from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy
 from tests.security.rawclient import (
     NoResponse,
     RawResponse,
+    connect_answer,
     exchange,
     open_tunnel,
     proxy_auth,
@@ -297,11 +298,10 @@ def test_absolute_uri_and_host_header_must_agree(
 def test_connect_to_port_outside_rule_is_403(
     proxy: Proxy, origins: tuple[Origin, Origin], port: str
 ) -> None:
-    sock, response = open_tunnel(
+    response = connect_answer(
         proxy.port, f"api.test:{port.format(proxy=proxy.port)}",
         [("Proxy-Authorization", proxy_auth(*SESSION))],
     )
-    sock.close()
     expect_denied(response, 403, "not_allowed")
     assert origins[0].untouched() and origins[1].untouched()
 
@@ -323,8 +323,7 @@ def test_proxy_own_listen_port_is_a_loop(report_proxy: Proxy, form: str, host: s
     authority = f"{host}:{report_proxy.port}"
     auth = [("Proxy-Authorization", proxy_auth(*REPORT))]
     if form == "connect":
-        sock, response = open_tunnel(report_proxy.port, authority, auth)
-        sock.close()
+        response = connect_answer(report_proxy.port, authority, auth)
     else:
         response = exchange(
             report_proxy.port,

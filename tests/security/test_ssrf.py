@@ -32,6 +32,7 @@ from tests.harness import Origin, OriginCA, Proxy, key_digest, running_proxy
 from tests.security.rawclient import (
     LoopbackTrap,
     RawResponse,
+    connect_answer,
     exchange,
     open_tunnel,
     proxy_auth,
@@ -149,11 +150,8 @@ def get(
 
 
 def connect(proxy: Proxy, authority: str | bytes, who: tuple[str, str]) -> RawResponse:
-    sock, response = open_tunnel(
-        proxy.port, authority, [("Proxy-Authorization", proxy_auth(*who))]
-    )
-    sock.close()
-    return response
+    """A CONNECT as a client sees it: refused, or refused inside the tunnel it was given."""
+    return connect_answer(proxy.port, authority, [("Proxy-Authorization", proxy_auth(*who))])
 
 
 def expect_denied(proxy: Proxy, response: RawResponse, status: int, reason: str) -> None:

@@ -20,7 +20,13 @@ import pytest
 from tests.dnsstub import StubDNS
 from tests.harness import SEALGATE, Origin, Proxy, RawListener, key_digest, running_proxy
 from tests.netns import Netns, netns, run
-from tests.security.rawclient import NoResponse, open_tunnel, proxy_auth, read_response
+from tests.security.rawclient import (
+    NoResponse,
+    connect_answer,
+    open_tunnel,
+    proxy_auth,
+    read_response,
+)
 
 KEY = "strict-1-key"
 PAUSE = 0.4  # long enough for mitmproxy to decide the layer on the first bytes alone
@@ -151,13 +157,12 @@ def test_a_tunnel_passed_through_relays_only_tls(
 def test_a_token_on_the_connect_is_refused(
     sproxy: Proxy, tls_origin: RawListener, clean: None, host: str
 ) -> None:
-    """Inside a tunnel passed through (blind.test) the proxy could not see a token at all; on
-    the CONNECT it can, and a token there would reach no request: refused, nothing dialed."""
-    sock, response = open_tunnel(
+    """A policy that accepts no tokens refuses one on the CONNECT (inside a tunnel passed
+    through, blind.test, the proxy could not see one at all): refused, nothing dialed."""
+    response = connect_answer(
         sproxy.port, f"{host}:{tls_origin.port}",
         [("Proxy-Authorization", proxy_auth("strict-1", KEY)), ("Proxy-Tokenizer", "")],
     )
-    sock.close()
     assert (response.status, response.reason) == (403, "tokens_not_allowed")
     assert (tls_origin.connections, tls_origin.bytes_received) == (0, 0)
 

@@ -1,20 +1,27 @@
-"""Base-URL mode through the real proxy: plain HTTP in, `/_/<host>` naming the upstream, verified
-TLS out, and every decision of the intercepting path applied to the request it stands for."""
+"""The ways a client that cannot be changed gets its credentials, through the real proxy.
+
+Base-URL mode: plain HTTP in, `/_/<host>` naming the upstream, verified TLS out, and every
+decision of the intercepting path applied to the request it stands for. Connection-scoped
+tokens: in the proxy credentials (each goes with the requests to its hosts) and on a CONNECT
+(with every request in the tunnel)."""
 
 from __future__ import annotations
 
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
 
-from sealgate.issuer import Claims, HostPattern, seal
+from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
 from sealgate.issuer.keys import PublicKeyEntry, generate
 from sealgate.issuer.processors import BearerProcessor
+from sealgate.reasons import Reason
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest, secret_store
@@ -22,6 +29,7 @@ from tests.security.rawclient import open_tunnel, proxy_auth, read_response, req
 
 CANARY = "sk_live_BASEURL_canary_51e0"
 TOKEN_CANARY = "sk_live_BASEURL_token_canary_9c2a"
+COMMA_KEY = "a,key,with,commas"
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +73,7 @@ policies:
     allow_networks: [127.0.0.1/32]
 sandboxes:
   bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  comma-1: {{policy: agent, key_sha256: "{key_digest(COMMA_KEY)}"}}
 default_policy: anonymous
 """
     p = Proxy(
@@ -100,11 +109,30 @@ def get(url: str, *, sandbox: str | None = "bot-1", **kwargs: object) -> request
                            allow_redirects=False, **kwargs)
 
 
-def mint(public: PublicKeyEntry, port: int, *, host: str = "api.test") -> str:
+def mint(public: PublicKeyEntry, port: int, *, host: str = "api.test", ttl: int = 300,
+         secret: str = TOKEN_CANARY, bound: str | None = None) -> str:
     now = int(time.time())
-    claims = Claims(kid=public.kid, secret=TOKEN_CANARY, processor=BearerProcessor(),
-                    hosts=(HostPattern(host, port),), exp=now + 300, iat=now)
+    claims = Claims(kid=public.kid, secret=secret, processor=BearerProcessor(),
+                    hosts=(HostPattern(host, port),), exp=now + ttl, iat=now + min(ttl, 0) - 60,
+                    binding=SandboxBinding(bound) if bound else None)
     return seal(claims, public)
+
+
+def through(proxy: Proxy, user: str, password: str, bundle: Path) -> requests.Session:
+    """A client configured with nothing but a proxy URL (and the CA to trust)."""
+    session = requests.Session()
+    session.trust_env = False
+    url = f"http://{quote(user, safe='')}:{quote(password, safe='')}@127.0.0.1:{proxy.port}"
+    session.proxies = {"http": url, "https": url}
+    session.verify = str(bundle)
+    return session
+
+
+@pytest.fixture()
+def bundle(bproxy: Proxy, test_ca: OriginCA) -> Path:
+    path = bproxy.workdir / "trust.pem"
+    path.write_text(bproxy.ca.read_text() + test_ca.path.read_text())
+    return path
 
 
 def test_plain_http_in_verified_tls_out(bproxy: Proxy, origin: Origin) -> None:
@@ -266,3 +294,144 @@ def test_keep_alive_serves_several_upstreams_on_one_connection(
             ))
             assert read_response(sock).status == 200
     assert [s.path for s in origin_https.requests] == ["/a", "/b"]
+
+
+# -- connection-scoped tokens -------------------------------------------------------------------
+
+
+def test_tokens_in_the_proxy_credentials_go_with_requests_to_their_hosts(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+) -> None:
+    mine = mint(keys[1], origin.port, bound="bot-1")
+    elsewhere = mint(keys[1], 443, host="other.test", secret="sk_other_never_sent")
+    session = through(bproxy, "bot-1", f"{KEYS['bot-1']},{elsewhere},{mine}", bundle)
+    for path in ("/v1/a", "/v1/b"):
+        assert session.get(f"https://api.test:{origin.port}{path}", timeout=10).status_code == 200
+    assert [s.values("authorization") for s in origin.requests] == [
+        [f"Bearer {TOKEN_CANARY}"], [f"Bearer {TOKEN_CANARY}"]
+    ]
+    assert not any(s.values("proxy-tokenizer") for s in origin.requests)
+    assert "sk_other_never_sent" not in repr(origin.requests)
+    text = bproxy.audit_text()
+    assert mine not in text and elsewhere not in text
+    # A request to a host none of them is for goes out with none (and is decided as usual).
+    origin.reset()
+    r = session.get(f"https://api.test:{origin.port}/broker/x", timeout=10)
+    assert r.status_code == 200
+    assert [s.values("authorization") for s in origin.requests] == [[f"Bearer {CANARY}"]]
+
+
+def test_a_token_in_the_credentials_is_checked_in_full_when_it_applies(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+) -> None:
+    url = f"https://api.test:{origin.port}/v1"
+    cases = {
+        "token_expired": mint(keys[1], origin.port, ttl=-600),  # past any allowed clock skew
+        # Bound to another sandbox: refused even for a host it is not for, so what is left out
+        # tells a thief nothing about the token's hosts.
+        "token_binding": mint(keys[1], 443, host="other.test", bound="bot-2"),
+        "token_malformed": "sg1.0123456789abcdef.notsealed",
+    }
+    for reason, token in cases.items():
+        session = through(bproxy, "bot-1", f"{KEYS['bot-1']},{token}", bundle)
+        r = session.get(url, timeout=10)
+        assert r.json()["reason"] == reason, (reason, r.status_code, r.headers, r.text)
+    assert origin.untouched()
+
+
+def test_no_identity_claimed_tokens_only(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+) -> None:
+    # Unidentified: the default policy, which accepts no tokens, refuses a token for the host.
+    session = through(bproxy, "_", mint(keys[1], origin.port), bundle)
+    r = session.get(f"https://api.test:{origin.port}/public/x", timeout=10)
+    assert r.status_code == 403 and r.json()["reason"] == "tokens_not_allowed"
+    assert (r.json()["policy"], origin.untouched()) == ("anonymous", True)
+
+
+def test_a_key_holding_commas_is_still_a_key(
+    bproxy: Proxy, origin: Origin, bundle: Path
+) -> None:
+    session = through(bproxy, "comma-1", COMMA_KEY, bundle)
+    assert session.get(f"https://api.test:{origin.port}/v1", timeout=10).status_code == 200
+    r = through(bproxy, "comma-1", "a,key", bundle).get(f"https://api.test:{origin.port}/v1",
+                                                        timeout=10)
+    assert (r.status_code, r.json()["reason"]) == (407, "identity_invalid")
+    assert len(origin.requests) == 1
+
+
+def _tunnel(proxy: Proxy, port: int, token: str) -> tuple[socket.socket, int]:
+    sock, head = open_tunnel(proxy.port, f"api.test:{port}", [
+        ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"])), ("Proxy-Tokenizer", token),
+    ])
+    return sock, head.status
+
+
+def test_a_token_on_the_connect_goes_with_every_request_in_the_tunnel(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+) -> None:
+    sock, status = _tunnel(bproxy, origin.port, mint(keys[1], origin.port))
+    with sock:
+        assert status == 200
+        context = ssl.create_default_context(cafile=str(bundle))
+        with context.wrap_socket(sock, server_hostname="api.test") as tls:
+            for path in ("/v1/a", "/v1/b"):
+                tls.sendall(request_bytes("GET", path, [("Host", f"api.test:{origin.port}")]))
+                assert read_response(tls).status == 200
+    assert [s.values("authorization") for s in origin.requests] == [
+        [f"Bearer {TOKEN_CANARY}"], [f"Bearer {TOKEN_CANARY}"]
+    ]
+
+
+def test_a_token_on_the_connect_for_another_host_refuses_the_tunnel(
+    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+) -> None:
+    for token, reason in [(mint(keys[1], origin.port + 1), "token_scope"),
+                          ("", "token_malformed")]:
+        sock, status = _tunnel(bproxy, origin.port, token)
+        with sock:
+            assert status == 200  # accepted, to answer inside TLS where the client reads it
+            context = ssl.create_default_context(cafile=str(bundle))
+            with context.wrap_socket(sock, server_hostname="api.test") as tls:
+                tls.sendall(request_bytes("GET", "/v1", [("Host", f"api.test:{origin.port}")]))
+                answer = read_response(tls)
+        assert (answer.status, answer.json()["reason"]) == (Reason.of(reason).status, reason)
+        line = bproxy.wait_audit(
+            lambda a, why=reason: a.get("method") == "CONNECT" and a.get("reason") == why
+        )
+        assert line["decision"] == "deny"
+    assert origin.untouched()
+
+
+# -- refusals inside TLS ------------------------------------------------------------------------
+
+
+def test_a_refused_connect_stays_refused_inside_its_tunnel(
+    bproxy: Proxy, origin: Origin, bundle: Path
+) -> None:
+    """Wrong credentials on the CONNECT: accepted so the client can read why, and every request
+    inside is refused, even one that brings the right credentials itself; nothing is dialed."""
+    authority = f"api.test:{origin.port}"
+    sock, head = open_tunnel(bproxy.port, authority,
+                             [("Proxy-Authorization", proxy_auth("bot-1", "wrong"))])
+    with sock:
+        assert head.status == 200
+        context = ssl.create_default_context(cafile=str(bundle))
+        with context.wrap_socket(sock, server_hostname="api.test") as tls:
+            good = ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))
+            for _ in range(2):
+                tls.sendall(request_bytes("GET", "/v1", [("Host", authority), good]))
+                answer = read_response(tls)
+                assert (answer.status, answer.json()["reason"]) == (407, "identity_invalid")
+                assert answer.json()["host"] == "api.test"
+    assert origin.untouched()
+
+
+def test_no_credentials_get_the_407_challenge_itself(proxy: Proxy, origin: Origin) -> None:
+    """A client that sent none may answer a challenge (Java's and .NET's do): it gets one, on
+    the CONNECT, where it can answer it (the session proxy has no default policy)."""
+    sock, head = open_tunnel(proxy.port, f"api.test:{origin.port}")
+    sock.close()
+    assert (head.status, head.reason) == (407, "identity_required")
+    assert head.headers["proxy-authenticate"].startswith("Basic")
+    assert origin.untouched()
