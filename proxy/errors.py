@@ -75,12 +75,16 @@ def deny_response(
 def _error_kind(status: int) -> str:
     if status == 407:
         return "proxy_auth_required"
+    if status == 401:
+        return "credential_rejected"  # a sealed token outside its time window
     if status in (413, 429):
         return "budget_exceeded"
     if status == 500:
         return "internal_error"
+    if status == 503:
+        return "proxy_unavailable"  # its audit log, rules or a secret store: not the upstream
     if status > 500:
         return "upstream_unavailable"
-    if status == 400:
+    if status in (400, 411):
         return "bad_request"
     return "egress_denied"

@@ -5,11 +5,19 @@ Every runtime reads its own variables: the proxy from `HTTPS_PROXY` or `https_pr
 reads only the lower-case `http_proxy`; grpc only lower case), the CA from one of a dozen
 names. All of them point at one bundle of the system's roots plus the proxy's CA, because
 `SSL_CERT_FILE` and its kin *replace* the roots rather than add to them.
+
+Base-URL mode needs no CA and no proxy support: `SEALGATE_BASE_URL` is the prefix an SDK's base
+URL is written after (`$SEALGATE_BASE_URL` + `api.stripe.com`), and the proxy's own address is in
+`NO_PROXY`, so that a client which also reads `HTTP_PROXY` sends those requests to the proxy as
+to a server, not through it as a proxy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from sealgate.hostport import format_hostport
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 NO_PROXY = "localhost,127.0.0.1"
@@ -30,7 +38,10 @@ TRUST_VARIABLES = (
 def variables(proxy_url: str, bundle: str) -> dict[str, str]:
     """The environment for a client: the proxy at `proxy_url`, `bundle` trusted."""
     env = dict.fromkeys(PROXY_VARIABLES, proxy_url)
-    env["NO_PROXY"] = env["no_proxy"] = NO_PROXY
+    parts = urlsplit(proxy_url)
+    host = parts.hostname or ""
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(dict.fromkeys([*NO_PROXY.split(","), host]))
+    env["SEALGATE_BASE_URL"] = f"http://{format_hostport(host, parts.port or 80)}/_/"
     env["NODE_USE_ENV_PROXY"] = "1"  # Node 24+: fetch and http honour the proxy variables
     env.update(dict.fromkeys(TRUST_VARIABLES, bundle))
     return env

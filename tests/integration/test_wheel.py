@@ -159,6 +159,8 @@ def test_the_wheel_has_every_module(venv: Venv) -> None:
             if name.endswith(".py"):
                 source.add(str((Path(directory) / name).relative_to(ROOT)))
     assert source - packed == set()
+    with zipfile.ZipFile(venv.wheel) as archive:
+        assert "sealgate/clients/sealgate.mjs" in archive.namelist()  # package data too
 
 
 def test_installed_beside_proxy_py_each_keeps_its_own(venv: Venv, tmp_path: Path) -> None:
