@@ -20,6 +20,8 @@ import contextlib
 import http.server
 import json
 import os
+import select
+import signal
 import socket
 import ssl
 import subprocess
@@ -274,7 +276,15 @@ class World:
     keys: dict[str, str]  # sandbox id -> its proxy key
     public: PublicKeyEntry
     secret: str  # what the broker's file store holds as `api_key`, and tokens seal
+    forkserver: Forkserver | None = None
     _envs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def run(self, code: str, env: Mapping[str, str], **args: Any) -> Outcome:
+        """An SDK call with exactly `env` (see run_python), through the module's forkserver
+        when it has one."""
+        if self.forkserver is not None:
+            return self.forkserver.run(code, env, **args)
+        return run_python(code, env, **args)
 
     def env(self, sandbox: str, *, key: str | None = None) -> dict[str, str]:
         """What `sealgate env --format json` prints for `sandbox` (its key, or `key` in the key
@@ -336,11 +346,12 @@ class World:
 def world(
     directory: Path, ca: OriginCA, dns: StubDNS, names: Sequence[str], route: Route | None,
     rules: Callable[[int], str], keys: Mapping[str, str], secret: str,
-    fake: Fake | None = None,
+    fake: Fake | None = None, preload: Sequence[str] = (),
 ) -> Iterator[World]:
     """Start a FakeAPI answering with `route` (or take `fake`: another server with FakeAPI's
     port, names, requests, connections, reset, untouched, last and stop), point `names` at
-    loopback in the stub DNS and start a proxy enforcing `rules(fake.port)`."""
+    loopback in the stub DNS and start a proxy enforcing `rules(fake.port)`. With `preload`,
+    World.run goes through a Forkserver that imported those modules."""
     if fake is None:
         assert route is not None
         fake = FakeAPI(ca, names, route)
@@ -360,9 +371,12 @@ def world(
     except BaseException:
         server.stop()
         raise
+    forkserver = Forkserver(directory, preload) if preload else None
     try:
-        yield World(directory, server, proxy, dict(keys), public, secret)
+        yield World(directory, server, proxy, dict(keys), public, secret, forkserver)
     finally:
+        if forkserver is not None:
+            forkserver.stop()
         proxy.stop()
         server.stop()
         assert secret not in proxy.audit_text() + proxy.stderr()
@@ -427,6 +441,105 @@ def run_python(code: str, env: Mapping[str, str], **args: Any) -> Outcome:
     return Outcome(exception=result["exception"], text=result["text"],
                    detail=result["repr"] + "\n" + result["traceback"], stdout=done.stdout,
                    stderr=done.stderr)
+
+
+_FORKSERVER = r"""
+import importlib, json, os, sys, traceback
+for _name in json.loads(sys.argv[1]):
+    importlib.import_module(_name)
+_replies = os.fdopen(os.dup(1), "w")
+_null = os.open(os.devnull, os.O_RDONLY)
+for _line in sys.stdin:
+    _job = json.loads(_line)
+    _pid = os.fork()
+    if _pid == 0:
+        _code = 1
+        try:
+            _log = os.open(_job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(_log, 1)
+            os.dup2(_log, 2)
+            os.dup2(_null, 0)
+            os.environ.clear()
+            os.environ.update(_job["env"])
+            sys.argv = ["-c", _job["args"]]
+            exec(compile(_job["program"], "<sdk call>", "exec"), {"__name__": "__main__"})
+            _code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(_code)
+    _, _status = os.waitpid(_pid, 0)
+    _replies.write(json.dumps({"status": _status}) + "\n")
+    _replies.flush()
+"""
+
+
+class Forkserver:
+    """run_python's contract, cheaper for SDKs that take most of a second to import (openai,
+    anthropic): one isolated interpreter of this venv, started with an empty environment,
+    imports `preload` once and forks a child per call. The child replaces its whole environment
+    with exactly `env` before the call's code runs, and has made no call before: the same
+    fresh, exact environment as a new interpreter, without paying the import each time.
+    Nothing in `preload` may start a thread at import (grpc would), or read the environment
+    then."""
+
+    def __init__(self, directory: Path, preload: Sequence[str]) -> None:
+        self.directory = directory
+        self.preload = list(preload)
+        self._process: subprocess.Popen[str] | None = None
+        self._calls = 0
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-c", _FORKSERVER, json.dumps(self.preload)],
+                env={}, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=(self.directory / "forkserver.stderr").open("w"), text=True,
+                start_new_session=True,
+            )
+        return self._process
+
+    def run(self, code: str, env: Mapping[str, str], **args: Any) -> Outcome:
+        process = self._start()
+        assert process.stdin is not None and process.stdout is not None
+        self._calls += 1
+        log = self.directory / f"call-{self._calls}.log"
+        job = {"program": _PRELUDE + textwrap.dedent(code) + _EPILOGUE, "env": dict(env),
+               "args": json.dumps(args), "log": str(log)}
+        process.stdin.write(json.dumps(job) + "\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], CALL_TIMEOUT + 15)
+        line = process.stdout.readline() if ready else ""
+        if not line:
+            self.stop()
+            raise AssertionError(f"no answer from the forkserver in time; call log:\n"
+                                 f"{log.read_text()[-3000:] if log.exists() else ''}")
+        output = log.read_text()
+        marker = "\n@@result@@"
+        if marker not in output:
+            raise AssertionError(f"the client died ({json.loads(line)}):\n{output[-3000:]}")
+        result = json.loads(output.rpartition(marker)[2])
+        if "ok" in result:
+            return Outcome(value=result["ok"], stdout=output)
+        return Outcome(exception=result["exception"], text=result["text"],
+                       detail=result["repr"] + "\n" + result["traceback"], stdout=output)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def run_node(script: str, env: Mapping[str, str], **args: Any) -> Outcome:

@@ -26,7 +26,6 @@ from tests.sdk.kit import (
     refusal_visible,
     rule,
     rules_file,
-    run_python,
     sse,
     world,
 )
@@ -41,6 +40,9 @@ PLACEHOLDER = "sg-placeholder-anthropic"
 KEYS = {"plain-1": "plain-key-anthropic-1", "broker-1": "broker-key-anthropic-1",
         "tokens-1": "tokens-key-anthropic-1"}
 PATHS = ["/v1/messages"]
+# Imported once by the module's forkserver (the SDK takes most of a second to import).
+PRELOAD = ["anthropic", "anthropic.resources.messages", "anthropic.resources.models",
+           "anthropic.lib.streaming"]
 
 
 def rules(port: int) -> str:
@@ -93,7 +95,8 @@ def route(seen: Arrived) -> Reply:
 def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
       ) -> Iterator[World]:
     directory: Path = tmp_path_factory.mktemp("sdk-anthropic")
-    with world(directory, test_ca, dns, [HOST, BLOCKED], route, rules, KEYS, SECRET) as made:
+    with world(directory, test_ca, dns, [HOST, BLOCKED], route, rules, KEYS, SECRET,
+               preload=PRELOAD) as made:
         yield made
 
 
@@ -139,7 +142,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_request_arrives_as_sent(w: World) -> None:
-    texts = run_python(CREATE, w.env("plain-1"), base_url=w.url(),
+    texts = w.run(CREATE, w.env("plain-1"), base_url=w.url(),
                        api_key="sk-ant-dummy-plain").ok()
     assert texts == ["you sent sk-ant-dummy-plain"]
     seen = w.fake.last()
@@ -153,7 +156,7 @@ def test_plain_request_arrives_as_sent(w: World) -> None:
 
 
 def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
-    texts = run_python(CREATE, w.env("broker-1"), base_url=w.url(), api_key=PLACEHOLDER).ok()
+    texts = w.run(CREATE, w.env("broker-1"), base_url=w.url(), api_key=PLACEHOLDER).ok()
     seen = w.fake.last()
     assert seen.headers["x-api-key"] == SECRET
     clean(seen)
@@ -162,7 +165,7 @@ def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
 
 def test_token_in_default_headers(w: World) -> None:
     token = w.mint(HeaderProcessor(header="X-Api-Key", format="{secret}"))
-    texts = run_python(CREATE, w.env("tokens-1"), base_url=w.url(), api_key="sk-ant-dummy",
+    texts = w.run(CREATE, w.env("tokens-1"), base_url=w.url(), api_key="sk-ant-dummy",
                        headers={"Proxy-Tokenizer": token}).ok()
     seen = w.fake.last()
     assert seen.values("x-api-key") == [SECRET]
@@ -171,7 +174,7 @@ def test_token_in_default_headers(w: World) -> None:
 
 
 def test_stream_arrives_in_events_with_the_secret_masked(w: World) -> None:
-    got = run_python(STREAM, w.env("broker-1"), base_url=w.url(), api_key=PLACEHOLDER).ok()
+    got = w.run(STREAM, w.env("broker-1"), base_url=w.url(), api_key=PLACEHOLDER).ok()
     assert w.fake.last().headers["x-api-key"] == SECRET
     assert got["texts"] == ["you sent ", masked(SECRET), " ok"]
     assert got["final"] == [f"you sent {masked(SECRET)} ok"]
@@ -180,7 +183,7 @@ def test_stream_arrives_in_events_with_the_secret_masked(w: World) -> None:
 
 
 def test_refused_request_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(MODELS, w.env("plain-1"), base_url=w.url(), api_key="sk-ant-dummy")
+    out = w.run(MODELS, w.env("plain-1"), base_url=w.url(), api_key="sk-ant-dummy")
     assert out.exception == "anthropic.PermissionDeniedError", out.detail
     print(out.text)
     refusal_visible(out.raised(), "not_allowed")
@@ -188,7 +191,7 @@ def test_refused_request_shows_the_reason_in_the_sdk_exception(w: World) -> None
 
 
 def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(CREATE, w.env("plain-1"), base_url=w.url(host=BLOCKED),
+    out = w.run(CREATE, w.env("plain-1"), base_url=w.url(host=BLOCKED),
                      api_key="sk-ant-dummy")
     assert out.exception == "anthropic.PermissionDeniedError", out.detail
     print(out.text)
@@ -199,7 +202,7 @@ def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
     env = {"ANTHROPIC_BASE_URL": w.base_url(), "ANTHROPIC_API_KEY": "sk-ant-dummy-base"}
-    assert run_python(CREATE, env).ok() == ["you sent sk-ant-dummy-base"]
+    assert w.run(CREATE, env).ok() == ["you sent sk-ant-dummy-base"]
     seen = w.fake.last()
     assert seen.path == "/v1/messages"
     assert seen.headers["host"] == w.authority
@@ -211,7 +214,7 @@ def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
 def test_base_url_mode_streams_with_a_token_in_the_url(w: World) -> None:
     token = w.mint(HeaderProcessor(header="X-Api-Key", format="{secret}"))
     env = {"ANTHROPIC_BASE_URL": w.base_url(tokens=[token]), "ANTHROPIC_API_KEY": "sk-ant-x"}
-    got = run_python(STREAM, env).ok()
+    got = w.run(STREAM, env).ok()
     assert w.fake.last().values("x-api-key") == [SECRET]
     assert got["texts"] == ["you sent ", masked(SECRET), " ok"]
 
@@ -219,6 +222,6 @@ def test_base_url_mode_streams_with_a_token_in_the_url(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(HeaderProcessor(header="X-Api-Key", format="{secret}"))
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    texts = run_python(CREATE, env, base_url=w.url(), api_key="sk-ant-dummy").ok()
+    texts = w.run(CREATE, env, base_url=w.url(), api_key="sk-ant-dummy").ok()
     assert w.fake.last().values("x-api-key") == [SECRET]
     assert texts == [f"you sent {masked(SECRET)}"]

@@ -26,7 +26,6 @@ from tests.sdk.kit import (
     refusal_visible,
     rule,
     rules_file,
-    run_python,
     world,
 )
 
@@ -109,7 +108,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_request_arrives_as_sent(w: World) -> None:
-    got = run_python(USER, w.env("plain-1"), base_url=w.url(), token="ghp_dummy_plain").ok()
+    got = w.run(USER, w.env("plain-1"), base_url=w.url(), token="ghp_dummy_plain").ok()
     assert got == {"login": "octocat", "bio": "you sent token ghp_dummy_plain", "repos": 8}
     seen = w.fake.last()
     assert (seen.method, seen.path) == ("GET", "/users/octocat")
@@ -121,7 +120,7 @@ def test_plain_request_arrives_as_sent(w: World) -> None:
 
 
 def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
-    got = run_python(REPO, w.env("broker-1"), base_url=w.url(), full_name="sealgate/proxy",
+    got = w.run(REPO, w.env("broker-1"), base_url=w.url(), full_name="sealgate/proxy",
                      token=PLACEHOLDER).ok()
     seen = w.fake.last()
     assert seen.path == "/repos/sealgate/proxy"
@@ -132,7 +131,7 @@ def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
 
 
 def test_refused_request_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(REPO, w.env("plain-1"), base_url=w.url(), full_name="someone/else")
+    out = w.run(REPO, w.env("plain-1"), base_url=w.url(), full_name="someone/else")
     assert out.exception == "github.GithubException.GithubException", out.detail
     print(out.text)
     assert out.text.startswith("403 ")
@@ -141,7 +140,7 @@ def test_refused_request_shows_the_reason_in_the_sdk_exception(w: World) -> None
 
 
 def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(USER, w.env("plain-1"), base_url=w.url(host=BLOCKED))
+    out = w.run(USER, w.env("plain-1"), base_url=w.url(host=BLOCKED))
     assert out.exception == "github.GithubException.GithubException", out.detail
     print(out.text)
     refusal_visible(out.raised(), "not_allowed")
@@ -150,7 +149,7 @@ def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
 
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
-    got = run_python(USER, {}, base_url=w.base_url(), token="ghp_dummy_base").ok()
+    got = w.run(USER, {}, base_url=w.base_url(), token="ghp_dummy_base").ok()
     assert got["bio"] == "you sent token ghp_dummy_base"
     seen = w.fake.last()
     assert (seen.path, seen.headers["host"]) == ("/users/octocat", w.authority)
@@ -159,7 +158,7 @@ def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
 
 def test_token_in_the_base_url(w: World) -> None:
     token = w.mint(BearerProcessor())
-    got = run_python(REPO, {}, base_url=w.base_url(tokens=[token]), full_name="sealgate/x").ok()
+    got = w.run(REPO, {}, base_url=w.base_url(tokens=[token]), full_name="sealgate/x").ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert got["description"] == f"you sent Bearer {masked(SECRET)}"
 
@@ -167,7 +166,7 @@ def test_token_in_the_base_url(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(USER, env, base_url=w.url()).ok()  # no auth at all in the SDK
+    got = w.run(USER, env, base_url=w.url()).ok()  # no auth at all in the SDK
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
     clean(seen)

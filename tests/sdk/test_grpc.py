@@ -29,7 +29,6 @@ from tests.sdk.kit import (
     policy,
     rule,
     rules_file,
-    run_python,
     world,
 )
 
@@ -142,7 +141,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_calls_arrive_as_sent(w: World) -> None:
-    got = run_python(CALL, w.env("plain-1"), target=w.authority, messages=["hello", "again"],
+    got = w.run(CALL, w.env("plain-1"), target=w.authority, messages=["hello", "again"],
                      metadata=[["x-trace", "t-4"]]).ok()
     assert [json.loads(r)["got"] for r in got["replies"]] == ["hello", "again"], got
     assert [(r.path, r.body) for r in w.fake.requests] == [
@@ -154,7 +153,7 @@ def test_plain_calls_arrive_as_sent(w: World) -> None:
 
 
 def test_broker_injects_metadata_and_masks_the_response(w: World) -> None:
-    got = run_python(CALL, w.env("broker-1"), target=w.authority).ok()
+    got = w.run(CALL, w.env("broker-1"), target=w.authority).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     [reply] = got["replies"]
     assert SECRET not in reply
@@ -163,7 +162,7 @@ def test_broker_injects_metadata_and_masks_the_response(w: World) -> None:
 
 def test_token_in_call_metadata(w: World) -> None:
     token = w.mint(BearerProcessor())
-    got = run_python(CALL, w.env("tokens-1"), target=w.authority,
+    got = w.run(CALL, w.env("tokens-1"), target=w.authority,
                      metadata=[["proxy-tokenizer", token]]).ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -174,7 +173,7 @@ def test_token_in_call_metadata(w: World) -> None:
 def test_refused_method(w: World) -> None:
     """grpc turns the proxy's HTTP 403 into PERMISSION_DENIED; what of the reason it shows is
     printed for the record."""
-    got = run_python(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
+    got = w.run(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
     print(got)
     assert got["code"] == "PERMISSION_DENIED", got
     assert "403" in got["details"]
@@ -186,13 +185,13 @@ def test_refused_method(w: World) -> None:
     "'Received http2 header with status: 403' (a gRPC-shaped refusal, HTTP 200 with "
     "grpc-status 7 and grpc-message naming the reason, would put it in the exception)"))
 def test_refusal_reason_in_the_grpc_exception(w: World) -> None:
-    got = run_python(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
+    got = w.run(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
     assert "not_allowed" in got["exception"], got
     assert "sealgate refused the request (not_allowed)" in got["details"], got
 
 
 def test_refused_host(w: World) -> None:
-    got = run_python(CALL, w.env("plain-1"), target=f"{BLOCKED}:{w.fake.port}").ok()
+    got = w.run(CALL, w.env("plain-1"), target=f"{BLOCKED}:{w.fake.port}").ok()
     print(got)
     assert got["code"] == "PERMISSION_DENIED", got
     assert w.fake.untouched()
@@ -201,6 +200,6 @@ def test_refused_host(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(CALL, env, target=w.authority, messages=["a", "b"]).ok()
+    got = w.run(CALL, env, target=w.authority, messages=["a", "b"]).ok()
     assert [r.values("authorization") for r in w.fake.requests] == [[f"Bearer {SECRET}"]] * 2
     assert SECRET not in json.dumps(got)

@@ -26,7 +26,6 @@ from tests.sdk.kit import (
     policy,
     rule,
     rules_file,
-    run_python,
     sse,
     world,
 )
@@ -104,7 +103,7 @@ def clean(seen: Arrived) -> None:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 def test_plain_request_arrives_as_sent(w: World, http2: bool) -> None:
-    got = run_python(CALL, w.env("plain-1"), url=w.url("/v1/things?a=1"), http2=http2,
+    got = w.run(CALL, w.env("plain-1"), url=w.url("/v1/things?a=1"), http2=http2,
                      method="POST", body='{"x": 1}', headers={"X-Trace": "t-1"}).ok()
     assert got["status"] == 200
     if not http2:
@@ -123,14 +122,14 @@ def test_plain_request_arrives_as_sent(w: World, http2: bool) -> None:
     "(no upstream ALPN known yet: connection_strategy=lazy) honours the client's order, so "
     "the intercepted tunnel speaks HTTP/1.1 although the client asked for http2=True"))
 def test_http2_is_negotiated_with_the_proxy(w: World) -> None:
-    got = run_python(CALL, w.env("plain-1"), url=w.url("/v1/h2"), http2=True).ok()
+    got = w.run(CALL, w.env("plain-1"), url=w.url("/v1/h2"), http2=True).ok()
     assert w.fake.last().path == "/v1/h2"
     assert got["version"] == "HTTP/2"
 
 
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 def test_broker_injects_and_masks_the_echo(w: World, http2: bool) -> None:
-    got = run_python(CALL, w.env("broker-1"), url=w.url("/v1/echo"), http2=http2,
+    got = w.run(CALL, w.env("broker-1"), url=w.url("/v1/echo"), http2=http2,
                      headers={"Authorization": "Bearer sandbox-guess"}).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in got["text"]
@@ -140,7 +139,7 @@ def test_broker_injects_and_masks_the_echo(w: World, http2: bool) -> None:
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 def test_token_per_request_header(w: World, http2: bool) -> None:
     token = w.mint(BearerProcessor())
-    got = run_python(CALL, w.env("tokens-1"), url=w.url("/v1/token"), http2=http2,
+    got = w.run(CALL, w.env("tokens-1"), url=w.url("/v1/token"), http2=http2,
                      headers={"Proxy-Tokenizer": token}).ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -151,7 +150,7 @@ def test_token_per_request_header(w: World, http2: bool) -> None:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 def test_stream_is_masked(w: World, http2: bool) -> None:
-    got = run_python(STREAM, w.env("broker-1"), url=w.url("/v1/events"), http2=http2).ok()
+    got = w.run(STREAM, w.env("broker-1"), url=w.url("/v1/events"), http2=http2).ok()
     assert got["lines"] == [
         "event: tick", 'data: {"n": 1}',
         "event: echo", f'data: {{"auth": "Bearer {masked(SECRET)}"}}',
@@ -162,10 +161,10 @@ def test_stream_is_masked(w: World, http2: bool) -> None:
 def test_refused_request(w: World) -> None:
     """httpx raises only when asked (raise_for_status), and its HTTPStatusError names the status
     and URL, not the body: the reason is in the body and in X-Sealgate-Error."""
-    got = run_python(CALL, w.env("plain-1"), url=w.url("/v2/nope")).ok()
+    got = w.run(CALL, w.env("plain-1"), url=w.url("/v2/nope")).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
-    out = run_python(CALL, w.env("plain-1"), url=w.url("/v2/nope"), raise_status=True)
+    out = w.run(CALL, w.env("plain-1"), url=w.url("/v2/nope"), raise_status=True)
     assert out.exception == "httpx.HTTPStatusError", out.detail
     print(out.text)
     assert "403 Forbidden" in out.text
@@ -174,7 +173,7 @@ def test_refused_request(w: World) -> None:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["h1", "h2"])
 def test_refused_host_is_answered_inside_tls(w: World, http2: bool) -> None:
-    got = run_python(CALL, w.env("plain-1"), url=w.url("/v1/x", host=BLOCKED),
+    got = w.run(CALL, w.env("plain-1"), url=w.url("/v1/x", host=BLOCKED),
                      http2=http2).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
@@ -185,7 +184,7 @@ def test_refused_host_is_answered_inside_tls(w: World, http2: bool) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(CALL, env, url=w.url("/v1/conn"), http2=True).ok()
+    got = w.run(CALL, env, url=w.url("/v1/conn"), http2=True).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in got["text"]
 
@@ -199,12 +198,12 @@ def main(url):
     with httpx.Client(http2=True, timeout=15) as client:
         return [client.get(url + str(i)).status_code for i in range(3)]
 """
-    assert run_python(code, env, url=w.url("/v1/many/")).ok() == [200, 200, 200]
+    assert w.run(code, env, url=w.url("/v1/many/")).ok() == [200, 200, 200]
     assert [r.values("authorization") for r in w.fake.requests] == [[f"Bearer {SECRET}"]] * 3
 
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
-    got = run_python(CALL, {}, url=w.base_url("/v1/base?q=2")).ok()
+    got = w.run(CALL, {}, url=w.base_url("/v1/base?q=2")).ok()
     assert (got["status"], got["version"]) == (200, "HTTP/1.1")
     seen = w.fake.last()
     assert (seen.path, seen.headers["host"]) == ("/v1/base?q=2", w.authority)

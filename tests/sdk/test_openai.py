@@ -26,7 +26,6 @@ from tests.sdk.kit import (
     refusal_visible,
     rule,
     rules_file,
-    run_python,
     sse,
     world,
 )
@@ -40,6 +39,9 @@ PLACEHOLDER = "sg-placeholder-openai"
 KEYS = {"plain-1": "plain-key-openai-1", "broker-1": "broker-key-openai-1",
         "tokens-1": "tokens-key-openai-1"}
 PATHS = ["/v1/models", "/v1/models/*", "/v1/chat/completions"]
+# Imported once by the module's forkserver (the SDK takes most of a second to import).
+PRELOAD = ["openai", "openai.resources.chat", "openai.resources.models",
+           "openai.resources.embeddings"]
 
 
 def rules(port: int) -> str:
@@ -97,7 +99,8 @@ def route(seen: Arrived) -> Reply:
 def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
       ) -> Iterator[World]:
     directory: Path = tmp_path_factory.mktemp("sdk-openai")
-    with world(directory, test_ca, dns, [HOST, BLOCKED], route, rules, KEYS, SECRET) as made:
+    with world(directory, test_ca, dns, [HOST, BLOCKED], route, rules, KEYS, SECRET,
+               preload=PRELOAD) as made:
         yield made
 
 
@@ -167,7 +170,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_request_arrives_as_sent(w: World) -> None:
-    got = run_python(LIST_MODELS, w.env("plain-1"), base_url=w.url("/v1"),
+    got = w.run(LIST_MODELS, w.env("plain-1"), base_url=w.url("/v1"),
                      api_key="sk-dummy-plain").ok()
     assert got == ["gpt-fake"]
     seen = w.fake.last()
@@ -186,7 +189,7 @@ def test_plain_request_arrives_as_sent(w: World) -> None:
 
 
 def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
-    content = run_python(CHAT, w.env("broker-1"), base_url=w.url("/v1"),
+    content = w.run(CHAT, w.env("broker-1"), base_url=w.url("/v1"),
                          api_key=PLACEHOLDER).ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -201,7 +204,7 @@ def test_broker_replaces_the_placeholder_and_masks_the_echo(w: World) -> None:
 
 def test_token_in_default_headers(w: World) -> None:
     token = w.mint(BearerProcessor())
-    model = run_python(RETRIEVE, w.env("tokens-1"), base_url=w.url("/v1"),
+    model = w.run(RETRIEVE, w.env("tokens-1"), base_url=w.url("/v1"),
                        api_key="sk-dummy-token", headers={"Proxy-Tokenizer": token}).ok()
     seen = w.fake.last()
     assert seen.path == "/v1/models/gpt-fake"
@@ -215,7 +218,7 @@ def test_token_in_default_headers(w: World) -> None:
 
 
 def test_stream_arrives_in_chunks_with_the_secret_masked(w: World) -> None:
-    deltas = run_python(STREAM, w.env("broker-1"), base_url=w.url("/v1"),
+    deltas = w.run(STREAM, w.env("broker-1"), base_url=w.url("/v1"),
                         api_key=PLACEHOLDER).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert deltas == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
@@ -228,7 +231,7 @@ def test_stream_arrives_in_chunks_with_the_secret_masked(w: World) -> None:
 
 
 def test_refused_path_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(EMBED, w.env("plain-1"), base_url=w.url("/v1"), api_key="sk-dummy")
+    out = w.run(EMBED, w.env("plain-1"), base_url=w.url("/v1"), api_key="sk-dummy")
     assert out.exception == "openai.PermissionDeniedError", out.detail
     print(out.text)
     refusal_visible(out.raised(), "not_allowed")
@@ -238,7 +241,7 @@ def test_refused_path_shows_the_reason_in_the_sdk_exception(w: World) -> None:
 
 def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
     """A host no rule names: the CONNECT gets 200, the proxy answers inside TLS with its CA."""
-    out = run_python(LIST_MODELS, w.env("plain-1"), base_url=w.url("/v1", host=BLOCKED),
+    out = w.run(LIST_MODELS, w.env("plain-1"), base_url=w.url("/v1", host=BLOCKED),
                      api_key="sk-dummy")
     assert out.exception == "openai.PermissionDeniedError", out.detail
     print(out.text)
@@ -252,7 +255,7 @@ def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
     env = {"OPENAI_BASE_URL": w.base_url("/v1"), "OPENAI_API_KEY": "sk-dummy-base"}
-    assert run_python(BASE_URL_LIST, env).ok() == ["gpt-fake"]
+    assert w.run(BASE_URL_LIST, env).ok() == ["gpt-fake"]
     seen = w.fake.last()
     assert (seen.method, seen.path) == ("GET", "/v1/models")
     assert seen.headers["authorization"] == "Bearer sk-dummy-base"
@@ -265,7 +268,7 @@ def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
 def test_base_url_mode_streams(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = {"OPENAI_BASE_URL": w.base_url("/v1", tokens=[token]), "OPENAI_API_KEY": "sk-dummy"}
-    deltas = run_python(STREAM, env).ok()
+    deltas = w.run(STREAM, env).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert deltas == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
 
@@ -276,7 +279,7 @@ def test_base_url_mode_streams(w: World) -> None:
 def test_token_in_the_base_url(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = {"OPENAI_BASE_URL": w.base_url("/v1", tokens=[token]), "OPENAI_API_KEY": "sk-dummy"}
-    content = run_python(CHAT, env).ok()
+    content = w.run(CHAT, env).ok()
     seen = w.fake.last()
     assert seen.path == "/v1/chat/completions"
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -287,7 +290,7 @@ def test_token_in_the_base_url(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    content = run_python(CHAT, env, base_url=w.url("/v1"), api_key="sk-dummy").ok()
+    content = w.run(CHAT, env, base_url=w.url("/v1"), api_key="sk-dummy").ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
     clean(seen)

@@ -24,7 +24,6 @@ from tests.sdk.kit import (
     policy,
     rule,
     rules_file,
-    run_python,
     world,
 )
 
@@ -90,7 +89,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_requests_share_one_connection(w: World) -> None:
-    got = run_python(CALL, w.env("plain-1"), urls=[w.url("/v1/a"), w.url("/v1/b?x=1")],
+    got = w.run(CALL, w.env("plain-1"), urls=[w.url("/v1/a"), w.url("/v1/b?x=1")],
                      method="PUT", body="payload", headers={"X-Trace": "t-2"}).ok()
     assert [g["status"] for g in got] == [200, 200]
     assert [(r.method, r.path, r.body) for r in w.fake.requests] == [
@@ -104,7 +103,7 @@ def test_plain_requests_share_one_connection(w: World) -> None:
 
 
 def test_broker_injects_and_masks_the_echo(w: World) -> None:
-    [got] = run_python(CALL, w.env("broker-1"), urls=[w.url("/v1/echo")]).ok()
+    [got] = w.run(CALL, w.env("broker-1"), urls=[w.url("/v1/echo")]).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in got["text"]
     assert f'"authorization": "Bearer {masked(SECRET)}"' in got["text"]
@@ -112,7 +111,7 @@ def test_broker_injects_and_masks_the_echo(w: World) -> None:
 
 def test_token_per_request_header(w: World) -> None:
     token = w.mint(HeaderProcessor(header="X-Api-Key", format="key {secret}"))
-    [got] = run_python(CALL, w.env("tokens-1"), urls=[w.url("/v1/token")],
+    [got] = w.run(CALL, w.env("tokens-1"), urls=[w.url("/v1/token")],
                        headers={"Proxy-Tokenizer": token, "X-Api-Key": "dummy"}).ok()
     seen = w.fake.last()
     assert seen.values("x-api-key") == [f"key {SECRET}"]
@@ -124,10 +123,10 @@ def test_token_per_request_header(w: World) -> None:
 def test_refused_request(w: World) -> None:
     """raise_for_status's HTTPError names the status and URL, not the body: the reason is in
     the body and in X-Sealgate-Error."""
-    [got] = run_python(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")]).ok()
+    [got] = w.run(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")]).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
-    out = run_python(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")], raise_status=True)
+    out = w.run(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")], raise_status=True)
     assert out.exception == "requests.exceptions.HTTPError", out.detail
     print(out.text)
     assert out.text.startswith("403 Client Error: Forbidden for url:")
@@ -135,7 +134,7 @@ def test_refused_request(w: World) -> None:
 
 
 def test_refused_host_is_answered_inside_tls(w: World) -> None:
-    [got] = run_python(CALL, w.env("plain-1"), urls=[w.url("/v1/x", host=BLOCKED)]).ok()
+    [got] = w.run(CALL, w.env("plain-1"), urls=[w.url("/v1/x", host=BLOCKED)]).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
     assert w.fake.untouched()
@@ -144,7 +143,7 @@ def test_refused_host_is_answered_inside_tls(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(CALL, env, urls=[w.url("/v1/c1"), w.url("/v1/c2")]).ok()
+    got = w.run(CALL, env, urls=[w.url("/v1/c1"), w.url("/v1/c2")]).ok()
     assert [r.values("authorization") for r in w.fake.requests] == [[f"Bearer {SECRET}"]] * 2
     assert all(SECRET not in g["text"] for g in got)
 
@@ -154,14 +153,14 @@ def test_connection_scoped_token_that_fails_refuses(w: World) -> None:
     skipped (and the request not sent without its credential)."""
     token = w.mint(BearerProcessor(), paths=("/v1/only",))
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(CALL, env, urls=[w.url("/v1/only"), w.url("/v1/other")]).ok()
+    got = w.run(CALL, env, urls=[w.url("/v1/only"), w.url("/v1/other")]).ok()
     assert [g["status"] for g in got] == [200, 403]
     assert got[1]["error_header"] == "token_scope"
     assert [r.path for r in w.fake.requests] == ["/v1/only"]
 
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
-    [got] = run_python(CALL, {}, urls=[w.base_url("/v1/base")]).ok()
+    [got] = w.run(CALL, {}, urls=[w.base_url("/v1/base")]).ok()
     assert got["status"] == 200
     seen = w.fake.last()
     assert (seen.path, seen.headers["host"]) == ("/v1/base", w.authority)

@@ -29,7 +29,6 @@ from tests.sdk.kit import (
     refusal_visible,
     rule,
     rules_file,
-    run_python,
     world,
 )
 
@@ -134,7 +133,7 @@ def clean(seen: Arrived) -> None:
 def test_explicit_proxy_fails_on_stripes_own_ca_bundle(w: World) -> None:
     """HTTPS_PROXY is honoured, but stripe verifies the proxy's certificate against its own
     bundle: a certificate error, and nothing reaches the API."""
-    out = run_python(RETRIEVE, w.env("plain-1"), api_base=w.url(), api_key="sk_test_dummy")
+    out = w.run(RETRIEVE, w.env("plain-1"), api_base=w.url(), api_key="sk_test_dummy")
     assert out.exception == "stripe._error.APIConnectionError", out.detail
     print(out.text)
     assert "Could not verify Stripe's SSL certificate" in out.text
@@ -147,7 +146,7 @@ def test_explicit_proxy_fails_on_stripes_own_ca_bundle(w: World) -> None:
 
 
 def test_explicit_proxy_works_with_ca_bundle_path_set(w: World) -> None:
-    got = run_python(RETRIEVE, w.env("plain-1"), api_base=w.url(), api_key="sk_test_dummy",
+    got = w.run(RETRIEVE, w.env("plain-1"), api_base=w.url(), api_key="sk_test_dummy",
                      ca_from_env=True).ok()
     assert got == {"id": "cus_fake1", "description": "you sent Bearer sk_test_dummy"}
     seen = w.fake.last()
@@ -162,13 +161,13 @@ def test_explicit_proxy_works_with_ca_bundle_path_set(w: World) -> None:
 def test_explicit_proxy_broker_and_a_token_per_request(w: World) -> None:
     """With the bundle set: the broker replaces a placeholder key; a token rides in the
     per-request `headers` option."""
-    got = run_python(RETRIEVE, w.env("broker-1"), api_base=w.url(), api_key=PLACEHOLDER,
+    got = w.run(RETRIEVE, w.env("broker-1"), api_base=w.url(), api_key=PLACEHOLDER,
                      ca_from_env=True).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert got["description"] == f"you sent Bearer {masked(SECRET)}"
     w.fake.reset()
     token = w.mint(BearerProcessor())
-    got = run_python(RETRIEVE, w.env("tokens-1"), api_base=w.url(), api_key="sk_test_dummy",
+    got = w.run(RETRIEVE, w.env("tokens-1"), api_base=w.url(), api_key="sk_test_dummy",
                      headers={"Proxy-Tokenizer": token}, ca_from_env=True).ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -180,7 +179,7 @@ def test_explicit_proxy_broker_and_a_token_per_request(w: World) -> None:
 
 
 def test_base_url_mode_plain(w: World) -> None:
-    got = run_python(CREATE, {}, api_base=w.base_url(), api_key="sk_test_dummy_base").ok()
+    got = w.run(CREATE, {}, api_base=w.base_url(), api_key="sk_test_dummy_base").ok()
     assert got == {"id": "cus_new", "email": "a@example.com",
                    "description": "you sent Bearer sk_test_dummy_base"}
     seen = w.fake.last()
@@ -195,7 +194,7 @@ def test_base_url_mode_plain(w: World) -> None:
 
 def test_base_url_mode_with_a_token_in_the_path(w: World) -> None:
     token = w.mint(BearerProcessor())
-    got = run_python(RETRIEVE, {}, api_base=w.base_url(tokens=[token]),
+    got = w.run(RETRIEVE, {}, api_base=w.base_url(tokens=[token]),
                      api_key="sk_test_dummy").ok()
     seen = w.fake.last()
     assert seen.path == "/v1/customers/cus_fake1"
@@ -208,7 +207,7 @@ def test_base_url_mode_with_a_token_in_the_path(w: World) -> None:
 def test_base_url_mode_token_is_strict(w: World) -> None:
     """A token for another host in the base URL refuses the request; nothing is forwarded."""
     token = w.mint(BearerProcessor(), host="api.other.test")
-    out = run_python(RETRIEVE, {}, api_base=w.base_url(tokens=[token]), api_key="sk_test_x")
+    out = w.run(RETRIEVE, {}, api_base=w.base_url(tokens=[token]), api_key="sk_test_x")
     assert out.exception == "stripe._error.PermissionError", out.detail
     print(out.text)
     refusal_visible(out.text, "token_scope")
@@ -216,7 +215,7 @@ def test_base_url_mode_token_is_strict(w: World) -> None:
 
 
 def test_base_url_mode_refusal_shows_the_reason_in_the_sdk_exception(w: World) -> None:
-    out = run_python(DELETE, {}, api_base=w.base_url(), api_key="sk_test_dummy")
+    out = w.run(DELETE, {}, api_base=w.base_url(), api_key="sk_test_dummy")
     assert out.exception == "stripe._error.PermissionError", out.detail
     print(out.text)
     refusal_visible(out.text, "not_allowed")
@@ -225,7 +224,7 @@ def test_base_url_mode_refusal_shows_the_reason_in_the_sdk_exception(w: World) -
 
 
 def test_base_url_mode_refused_host(w: World) -> None:
-    out = run_python(RETRIEVE, {}, api_base=w.base_url(host=BLOCKED), api_key="sk_test_dummy")
+    out = w.run(RETRIEVE, {}, api_base=w.base_url(host=BLOCKED), api_key="sk_test_dummy")
     assert out.exception == "stripe._error.PermissionError", out.detail
     print(out.text)
     refusal_visible(out.text, "not_allowed")

@@ -28,7 +28,6 @@ from tests.sdk.kit import (
     policy,
     rule,
     rules_file,
-    run_python,
     world,
 )
 
@@ -151,7 +150,7 @@ def clean(seen: Arrived) -> None:
 
 
 def test_plain_messages_both_ways(w: World) -> None:
-    got = run_python(TALK, w.env("plain-1"), uri=wss(w, "/v1/socket?room=1"),
+    got = w.run(TALK, w.env("plain-1"), uri=wss(w, "/v1/socket?room=1"),
                      headers={"X-Trace": "t-3"}, messages=["hello", "again"]).ok()
     assert [json.loads(r)["got"] for r in got["replies"]] == ["hello", "again"]
     assert isinstance(w.fake, WebSocketFake)
@@ -165,7 +164,7 @@ def test_plain_messages_both_ways(w: World) -> None:
 
 
 def test_broker_injects_into_the_handshake_and_masks_messages(w: World) -> None:
-    got = run_python(TALK, w.env("broker-1"), uri=wss(w, "/v1/socket")).ok()
+    got = w.run(TALK, w.env("broker-1"), uri=wss(w, "/v1/socket")).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     [reply] = got["replies"]
     assert SECRET not in reply
@@ -174,7 +173,7 @@ def test_broker_injects_into_the_handshake_and_masks_messages(w: World) -> None:
 
 def test_token_in_the_handshake_headers(w: World) -> None:
     token = w.mint(BearerProcessor())
-    got = run_python(TALK, w.env("tokens-1"), uri=wss(w, "/v1/socket"),
+    got = w.run(TALK, w.env("tokens-1"), uri=wss(w, "/v1/socket"),
                      headers={"Proxy-Tokenizer": token}).ok()
     seen = w.fake.last()
     assert seen.headers["authorization"] == f"Bearer {SECRET}"
@@ -184,7 +183,7 @@ def test_token_in_the_handshake_headers(w: World) -> None:
 
 def test_refused_handshake(w: World) -> None:
     """websockets' InvalidStatus says only the status; the reason is in the body it keeps."""
-    got = run_python(TALK, w.env("plain-1"), uri=wss(w, "/v2/socket")).ok()
+    got = w.run(TALK, w.env("plain-1"), uri=wss(w, "/v2/socket")).ok()
     print(got["exception"])
     assert got["exception"] == "server rejected WebSocket connection: HTTP 403"
     assert got["error_header"] == "not_allowed"
@@ -193,7 +192,7 @@ def test_refused_handshake(w: World) -> None:
 
 
 def test_refused_host(w: World) -> None:
-    got = run_python(TALK, w.env("plain-1"), uri=wss(w, "/v1/socket", host=BLOCKED)).ok()
+    got = w.run(TALK, w.env("plain-1"), uri=wss(w, "/v1/socket", host=BLOCKED)).ok()
     assert (got.get("status"), got.get("error_header")) == (403, "not_allowed"), got
     assert BLOCKED in got["body"]
     assert w.fake.untouched()
@@ -202,7 +201,7 @@ def test_refused_host(w: World) -> None:
 def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
-    got = run_python(TALK, env, uri=wss(w, "/v1/socket")).ok()
+    got = w.run(TALK, env, uri=wss(w, "/v1/socket")).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in json.dumps(got)
 
@@ -210,7 +209,7 @@ def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
 def test_base_url_mode(w: World) -> None:
     """ws:// to the proxy's /_/ prefix: a WebSocket upgrade in base-URL mode, wss upstream."""
     uri = w.base_url("/v1/socket").replace("http://", "ws://", 1)
-    got = run_python(TALK, {}, uri=uri).ok()
+    got = w.run(TALK, {}, uri=uri).ok()
     assert [json.loads(r)["got"] for r in got.get("replies", [])] == ["hello"], got
     seen = w.fake.last()
     assert (seen.path, seen.headers["host"]) == ("/v1/socket", w.authority)
