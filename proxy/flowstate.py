@@ -47,6 +47,7 @@ class Conn:
     # Refused at the ClientHello: no handshake (mitmproxy closes a connection it has no TLS
     # context for; it cannot drop one from tls_clienthello).
     handshake_refused: bool = False
+    alpn_offered: list[bytes] = field(default_factory=list)  # by the client's ClientHello
     proxy_auth: list[str] = field(default_factory=list)  # the CONNECT's, for token bindings
     tunnel_tokens: list[str] = field(default_factory=list)  # the CONNECT's Proxy-Tokenizer
     requests: int = 0

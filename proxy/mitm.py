@@ -15,8 +15,9 @@ The patches, and why:
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
 - what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
-  streamed response, the listen endpoints, a pinned connection's name given back, and whether
-  an HTTP/1 request came in origin form (base-URL mode, proxy/baseurl.py).
+  streamed response, the listen endpoints, a pinned connection's name given back, whether
+  an HTTP/1 request came in origin form (base-URL mode, proxy/baseurl.py), and HTTP/2 chosen
+  for a client that offers it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import wsproto.events
-from mitmproxy import addonmanager, connection, ctx, flow, http
+from mitmproxy import addonmanager, connection, ctx, flow, http, tls
+from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
@@ -291,6 +293,19 @@ def listen_endpoints(
             host = (mode.listen_host(listen_host) or "0.0.0.0").strip("[]")  # noqa: S104
             endpoints.append((host, port))
     return endpoints
+
+
+def prefer_h2(data: tls.TlsData, offered: Sequence[bytes]) -> None:
+    """Speak HTTP/2 with a client that offers it. mitmproxy picks the first of the client's
+    protocols it speaks, and clients list http/1.1 first for servers that mishandle h2 (httpx
+    does), so a client asking for h2 got HTTP/1.1 on its leg. The choice is mitmproxy's ALPN
+    callback's, read from the connection's app data, which `tls_start_client` has just set; a
+    choice it made already (HTTP/1.1 for a TLS-wrapped proxy connection) is left alone."""
+    if data.ssl_conn is None or b"h2" not in offered:
+        return
+    app: tlsconfig.AppData = data.ssl_conn.get_app_data()
+    if app["client_alpn"] is None and app["server_alpn"] is None and app["http2"]:
+        app["client_alpn"] = b"h2"
 
 
 def restore_address(server_conn: connection.Server, address: tuple[str, int]) -> None:

@@ -21,7 +21,7 @@ import h2.connection
 import h2.stream
 import wsproto.events
 from mitmproxy import addonmanager, connection, flow, http
-from mitmproxy.addons import proxyserver
+from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
 from mitmproxy.proxy.layers import HttpLayer, websocket
@@ -110,6 +110,14 @@ def _http1_errors() -> None:
     _params(_http1.make_error_response, "(status_code, message=)")
     _names(_http1.Http1Server.send, "make_error_response")
     _names(_http1.Http1Server.read_headers, "make_error_response")
+
+
+@_checks("mitmproxy.addons.tlsconfig.AppData")
+def _alpn_choice() -> None:
+    _expect(set(tlsconfig.AppData.__annotations__) == {"client_alpn", "server_alpn", "http2"},
+            "AppData's keys changed")
+    _names(tlsconfig.alpn_select_callback, "get_app_data")
+    _names(tlsconfig.TlsConfig.tls_start_client, "set_app_data", "AppData")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.http1.read_request_head")

@@ -196,13 +196,17 @@ class Sealgate:
             return
         # Without SNI only interception can see which name the client means (domain fronting).
         data.ignore_connection = conn.tunnel and sni is not None
+        conn.alpn_offered = data.client_hello.alpn_protocols
 
     def tls_start_client(self, data: tls.TlsData) -> None:
         """A refused ClientHello gets no handshake: without a TLS context mitmproxy closes the
-        connection (this runs after TlsConfig has prepared one)."""
+        connection (this runs after TlsConfig has prepared one). Others get HTTP/2 if they
+        offer it."""
         conn = self.conns.get(data.context.client.id)
         if conn is not None and conn.handshake_refused:
             data.ssl_conn = None
+        elif conn is not None:
+            mitm.prefer_h2(data, conn.alpn_offered)
 
     async def _transparent_tls_target(
         self, data: tls.ClientHelloData, conn: Conn, sni: str | None

@@ -435,3 +435,34 @@ def test_no_credentials_get_the_407_challenge_itself(proxy: Proxy, origin: Origi
     assert (head.status, head.reason) == (407, "identity_required")
     assert head.headers["proxy-authenticate"].startswith("Basic")
     assert origin.untouched()
+
+
+# -- HTTP/2 on the client's leg -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("offered", "chosen"), [
+    (["http/1.1", "h2"], "h2"),  # httpx's order: h2 although offered second
+    (["h2", "http/1.1"], "h2"),
+    (["http/1.1"], "http/1.1"),
+])
+def test_a_client_offering_h2_gets_it(
+    bproxy: Proxy, origin: Origin, bundle: Path, offered: list[str], chosen: str
+) -> None:
+    sock, head = open_tunnel(bproxy.port, f"api.test:{origin.port}",
+                             [("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))])
+    with sock:
+        assert head.status == 200
+        with tls_wrap(sock, "api.test", bundle, alpn=offered) as tls:
+            assert tls.selected_alpn_protocol() == chosen
+
+
+def test_httpx_with_http2_speaks_it_to_the_proxy(
+    bproxy: Proxy, origin: Origin, bundle: Path
+) -> None:
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("h2")
+    url = f"http://bot-1:{KEYS['bot-1']}@127.0.0.1:{bproxy.port}"
+    with httpx.Client(http2=True, proxy=url, verify=str(bundle), trust_env=False) as client:
+        r = client.get(f"https://api.test:{origin.port}/v1/h2", timeout=10)
+    assert (r.status_code, r.http_version) == (200, "HTTP/2")
+    assert [s.path for s in origin.requests] == ["/v1/h2"]  # an HTTP/1.1 origin, translated
