@@ -286,19 +286,22 @@ class World:
             return self.forkserver.run(code, env, **args)
         return run_python(code, env, **args)
 
-    def env(self, sandbox: str, *, key: str | None = None) -> dict[str, str]:
+    def env(self, sandbox: str | None, *, key: str | None = None) -> dict[str, str]:
         """What `sealgate env --format json` prints for `sandbox` (its key, or `key` in the key
-        file: connection-scoped tokens ride there as `<key>,<token>,...`)."""
-        key = self.keys[sandbox] if key is None else key
+        file: connection-scoped tokens ride there as `<key>,<token>,...`), or for no sandbox."""
+        if sandbox is not None and key is None:
+            key = self.keys[sandbox]
         cache = f"{sandbox}\0{key}"
         if cache not in self._envs:
-            key_file = self.directory / f"key-{len(self._envs)}"
-            key_file.write_text(key + "\n")
-            key_file.chmod(0o600)
+            identity: list[str] = []
+            if sandbox is not None:
+                key_file = self.directory / f"key-{len(self._envs)}"
+                key_file.write_text(f"{key}\n")
+                key_file.chmod(0o600)
+                identity = ["--sandbox", sandbox, "--key-file", str(key_file)]
             done = subprocess.run(
-                [*SEALGATE, "env", "--sandbox", sandbox, "--key-file", str(key_file),
-                 "--proxy", f"127.0.0.1:{self.proxy.port}", "--state", str(self.proxy.state),
-                 "--format", "json"],
+                [*SEALGATE, "env", *identity, "--proxy", f"127.0.0.1:{self.proxy.port}",
+                 "--state", str(self.proxy.state), "--format", "json"],
                 cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
             )
             assert done.returncode == 0, done.stderr
@@ -329,10 +332,12 @@ class World:
 
     def base_url(self, path: str = "", *, tokens: Sequence[str] = (),
                  host: str | None = None) -> str:
-        """Base-URL mode: `http://<proxy>/_/[<tokens>@]<host>:<port><path>`."""
+        """Base-URL mode: `$SEALGATE_BASE_URL[<tokens>@]<host>:<port><path>`, the prefix as
+        `sealgate env` prints it (`http://<proxy>/_/`)."""
+        prefix = self.env(None)["SEALGATE_BASE_URL"]
+        assert prefix == f"http://127.0.0.1:{self.proxy.port}/_/", prefix
         named = f"{','.join(tokens)}@" if tokens else ""
-        return (f"http://127.0.0.1:{self.proxy.port}/_/{named}{host or self.fake.names[0]}:"
-                f"{self.fake.port}{path}")
+        return f"{prefix}{named}{host or self.fake.names[0]}:{self.fake.port}{path}"
 
     def audit_for(self, path: str) -> list[dict[str, Any]]:
         return [e for e in self.proxy.audit() if e.get("path") == path]

@@ -109,9 +109,20 @@ def clean(seen: Arrived) -> None:
         assert not seen.values(name), (name, seen.fields)
 
 
+FROM_ENV = """
+async function main({upstream, method, headers, body}) {
+  const r = await fetch(process.env.SEALGATE_BASE_URL + upstream,
+                        {method, headers, body, signal: AbortSignal.timeout(15000)});
+  return {status: r.status, text: await r.text()};
+}
+"""
+
+
 def test_base_url_mode_plain(w: World) -> None:
-    got = run_node(FETCH, {}, url=w.base_url("/v1/things?a=1"), method="POST",
-                   headers={"Content-Type": "application/json", "X-Trace": "t-5"},
+    """With exactly what `sealgate env` prints (no sandbox): the script writes its URL after
+    $SEALGATE_BASE_URL."""
+    got = run_node(FROM_ENV, w.env(None), upstream=f"{w.authority}/v1/things?a=1",
+                   method="POST", headers={"Content-Type": "application/json", "X-Trace": "t-5"},
                    body='{"x":1}').ok()
     assert got["status"] == 200, got
     seen = w.fake.last()
