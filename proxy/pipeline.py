@@ -26,13 +26,13 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.issuer import TokenError
 from sealgate.proxy import baseurl, layers, mitm, responses, settings
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
+from sealgate.proxy.credentials import presented
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
 from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
-from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.credentials.tokenizer import TokenRequest
 from sealgate.proxy.errors import Denial, deny_response
 from sealgate.proxy.flowstate import (
     META,
@@ -146,12 +146,14 @@ class Sealgate:
             tunnel_tokens = flow.request.headers.get_all(TOKEN_HEADER)
             bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port, "CONNECT",
                                  "", conn.proxy_auth)
-            ambient = self._ambient_tokens(conn.proxy_auth, host, bound)
+            state = self._state()
+            ambient = presented.in_credentials(state.identifier, state.tokenizer,
+                                               conn.proxy_auth, host, bound)
             decision, policy = self._decide(verdict, Question(
                 identity, host, port, tokens=bool(tunnel_tokens or ambient)
             ))
             if tunnel_tokens:
-                self._covering(tunnel_tokens, host, bound, strict=True)
+                presented.check_tunnel(state.tokenizer, tunnel_tokens, host, bound)
             verdict.pin = await self._state().guard.pin(host, port, policy)
             conn.target, conn.tunnel = (host, port), decision.tunnel
             conn.tunnel_tokens = tunnel_tokens
@@ -261,10 +263,11 @@ class Sealgate:
                 raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
             # the tokens that go with this request: its own, its tunnel's, its credentials'
             proxy_auth = facts.proxy_auth or conn.proxy_auth
-            ambient = self._ambient_tokens(proxy_auth, host, TokenRequest(
-                identity.sandbox, verdict.policy, host.name, port, request.method, verdict.path,
-                proxy_auth,
-            ))
+            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port,
+                                 request.method, verdict.path, proxy_auth)
+            state = self._state()
+            ambient = presented.in_credentials(state.identifier, state.tokenizer, proxy_auth,
+                                               host, bound)
             if conn.tunnel_tokens or ambient:
                 facts.tokens = [*facts.tokens, *conn.tunnel_tokens, *ambient]
             # decide
@@ -283,7 +286,7 @@ class Sealgate:
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
-            injected = await self._inject(flow, facts, conn, policy, decision.rule)
+            injected = await self._inject(flow, facts, bound, decision.rule)
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
@@ -317,19 +320,14 @@ class Sealgate:
                 flow.kill()
 
     async def _inject(
-        self, flow: http.HTTPFlow, facts: RequestFacts, conn: Conn, policy: Policy,
-        rule: Rule | None,
+        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None
     ) -> Injected:
-        """The sandbox's sealed tokens, then the rule's brokered secrets, into the request."""
-        request, verdict = flow.request, flow.metadata[META]
+        """The sandbox's sealed tokens (checked against `bound`), then the rule's brokered
+        secrets, into the request."""
+        request = flow.request
         credentials: list[Credential] = []
         if facts.tokens:
-            identity = verdict.identity
-            assert identity and verdict.host and verdict.port and verdict.path
-            credentials += self._token_credentials(facts.tokens, TokenRequest(
-                identity.sandbox, policy.name, verdict.host, verdict.port, request.method,
-                verdict.path, facts.proxy_auth or conn.proxy_auth,
-            ))
+            credentials += presented.opened(self._state().tokenizer, facts.tokens, bound)
         injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
         if injections:
             credentials += await self._state().broker.credentials(injections)
@@ -350,34 +348,6 @@ class Sealgate:
         if injected.needles:
             flow.metadata[SCRUB] = injected.scrubber()
         return injected
-
-    def _token_credentials(self, tokens: list[str], request: TokenRequest) -> list[Credential]:
-        try:
-            return self._tokenizer().authorise(tokens, request)
-        except TokenError as exc:
-            raise Denial(exc.reason, str(exc)) from None
-
-    def _ambient_tokens(
-        self, proxy_auth: list[str], host: Host, request: TokenRequest
-    ) -> list[str]:
-        """The tokens in the proxy credentials that are for `host` and the request's port."""
-        identifier = self._state().identifier
-        tokens = [t for v in proxy_auth for t in identifier.from_proxy_authorization(v).tokens]
-        return self._covering(tokens, host, request, strict=False) if tokens else tokens
-
-    def _covering(
-        self, tokens: list[str], host: Host, request: TokenRequest, *, strict: bool
-    ) -> list[str]:
-        try:
-            return self._tokenizer().covering(tokens, host, request, strict=strict)
-        except TokenError as exc:
-            raise Denial(exc.reason, str(exc)) from None
-
-    def _tokenizer(self) -> Tokenizer:
-        tokenizer = self._state().tokenizer
-        if tokenizer is None:
-            raise Denial(Reason.TOKEN_INVALID, "this proxy holds no token keys")
-        return tokenizer
 
     # -- upstream connections -------------------------------------------------------------
 
