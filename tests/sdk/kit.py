@@ -277,6 +277,7 @@ class World:
     public: PublicKeyEntry
     secret: str  # what the broker's file store holds as `api_key`, and tokens seal
     forkserver: Forkserver | None = None
+    minted: list[str] = field(default_factory=list)
     _envs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def run(self, code: str, env: Mapping[str, str], **args: Any) -> Outcome:
@@ -321,7 +322,9 @@ class World:
             hosts=(HostPattern(host or self.fake.names[0], port or self.fake.port),),
             exp=now + ttl, iat=now, **extra,
         )
-        return seal(claims, self.public)
+        token = seal(claims, self.public)
+        self.minted.append(token)
+        return token
 
     @property
     def authority(self) -> str:
@@ -377,14 +380,19 @@ def world(
         server.stop()
         raise
     forkserver = Forkserver(directory, preload) if preload else None
+    made = World(directory, server, proxy, dict(keys), public, secret, forkserver)
     try:
-        yield World(directory, server, proxy, dict(keys), public, secret, forkserver)
+        yield made
     finally:
         if forkserver is not None:
             forkserver.stop()
         proxy.stop()
         server.stop()
-        assert secret not in proxy.audit_text() + proxy.stderr()
+    # Neither the secret nor a sandbox's key nor a sealed token is ever logged.
+    logged = proxy.audit_text() + proxy.stderr()
+    assert secret not in logged
+    assert not [k for k in keys.values() if k in logged]
+    assert not [t for t in made.minted if t in logged or t.rpartition(".")[2] in logged]
 
 
 # -- running a client ---------------------------------------------------------------------------

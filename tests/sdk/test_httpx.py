@@ -193,6 +193,41 @@ def main(url):
     assert [r.values("authorization") for r in w.fake.requests] == [[f"Bearer {SECRET}"]] * 3
 
 
+TUNNEL = """
+def main(urls, token, http2=False):
+    import os, httpx
+    # httpx's own way to give the CONNECT a header: the token is for the whole tunnel.
+    proxy = httpx.Proxy(os.environ["HTTPS_PROXY"], headers={"Proxy-Tokenizer": token})
+    with httpx.Client(proxy=proxy, http2=http2, timeout=15) as client:
+        out = []
+        for url in urls:
+            r = client.get(url)
+            out.append({"status": r.status_code, "text": r.text,
+                        "error_header": r.headers.get("x-sealgate-error")})
+        return out
+"""
+
+
+def test_token_on_the_connect_applies_to_the_whole_tunnel(w: World) -> None:
+    token = w.mint(BearerProcessor())
+    got = w.run(TUNNEL, w.env("tokens-1"), urls=[w.url("/v1/t1"), w.url("/v1/t2")],
+                token=token, http2=True).ok()
+    assert [g["status"] for g in got] == [200, 200], got
+    assert [r.values("authorization") for r in w.fake.requests] == [[f"Bearer {SECRET}"]] * 2
+    for seen in w.fake.requests:
+        clean(seen)
+    assert all(SECRET not in g["text"] for g in got)
+
+
+def test_token_on_the_connect_is_strict(w: World) -> None:
+    """A tunnel's token that does not cover its host refuses what goes through the tunnel."""
+    token = w.mint(BearerProcessor(), host="api.elsewhere.test")
+    got = w.run(TUNNEL, w.env("tokens-1"), urls=[w.url("/v1/t3")], token=token).ok()
+    assert (got[0]["status"], got[0]["error_header"]) == (403, "token_scope"), got
+    assert "sealgate refused the request (token_scope)" in got[0]["text"]
+    assert w.fake.untouched()
+
+
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
     got = w.run(CALL, {}, url=w.base_url("/v1/base?q=2")).ok()
     assert (got["status"], got["version"]) == (200, "HTTP/1.1")
