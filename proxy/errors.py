@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from typing import Final
+from urllib.parse import quote
 
 from mitmproxy import http
 
@@ -39,8 +40,12 @@ class Denial(SealgateError):
 
 
 def deny_response(
-    denial: Denial, *, host: str | None, policy: str | None, request_id: str
+    denial: Denial, *, host: str | None, policy: str | None, request_id: str,
+    grpc: bool = False,
 ) -> http.Response:
+    """The refusal a client reads. A gRPC call (`grpc`) gets it in gRPC's own terms besides:
+    HTTP 200 with `grpc-status` and `grpc-message` trailers, which gRPC libraries raise as the
+    call's error (a bare HTTP status they report only as "status: 403")."""
     message = f"sealgate refused the request ({denial.reason})"
     if denial.detail:
         message += f": {denial.detail}"
@@ -67,9 +72,26 @@ def deny_response(
         headers["Proxy-Authenticate"] = REALM
     if denial.retry_after is not None:
         headers["Retry-After"] = str(denial.retry_after)
+    if grpc:
+        headers["Content-Type"] = "application/grpc"
+        response = http.Response.make(200, b"", headers)
+        response.trailers = http.Headers(
+            grpc_status=str(_grpc_status(denial.status)),
+            grpc_message=quote(message, safe=_GRPC_SAFE),  # gRPC's percent-encoding
+        )
+        return response
     return http.Response.make(
         denial.status, json.dumps(body, separators=(",", ":")).encode() + b"\n", headers
     )
+
+
+# gRPC status codes (grpc/doc/statuscodes.md) for the HTTP status a refusal has.
+_GRPC_CODES: Final = {400: 3, 401: 16, 403: 7, 407: 16, 411: 3, 413: 8, 429: 8, 500: 13}
+_GRPC_SAFE: Final = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII but %
+
+
+def _grpc_status(status: int) -> int:
+    return _GRPC_CODES.get(status, 14 if status >= 500 else 7)  # 14 UNAVAILABLE
 
 
 def _error_kind(status: int) -> str:

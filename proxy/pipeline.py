@@ -465,8 +465,9 @@ class Sealgate:
     def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
         verdict.decision, verdict.reason = "deny", denial.reason
+        grpc = flow.request.headers.get("content-type", "").startswith("application/grpc")
         flow.response = deny_response(
-            denial, host=verdict.host, policy=verdict.policy, request_id=flow.id
+            denial, host=verdict.host, policy=verdict.policy, request_id=flow.id, grpc=grpc
         )
 
     def _log_flow(self, flow: http.HTTPFlow) -> None:
