@@ -180,6 +180,20 @@ def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     assert SECRET not in got["text"]
 
 
+def test_connection_scoped_token_without_a_sandbox(w: World) -> None:
+    """An empty user and the token as password (httpx sends it; requests would not): the
+    default policy decides, the token injects."""
+    token = w.mint(BearerProcessor())
+    env = w.env(None)  # no sandbox; the token put into the proxy URL it printed
+    assert env["HTTPS_PROXY"] == f"http://127.0.0.1:{w.proxy.port}"
+    env["HTTPS_PROXY"] = env["https_proxy"] = f"http://:{token}@127.0.0.1:{w.proxy.port}"
+    got = w.run(CALL, env, url=w.url("/v1/anon")).ok()
+    assert got["status"] == 200, got
+    assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
+    line = w.proxy.wait_audit(lambda e: e.get("path") == "/v1/anon")
+    assert (line["sandbox"], line["policy"]) == (None, "anon")
+
+
 def test_connection_scoped_token_applies_to_every_request_on_the_connection(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")

@@ -159,6 +159,40 @@ def test_connection_scoped_token_that_fails_refuses(w: World) -> None:
     assert [r.path for r in w.fake.requests] == ["/v1/only"]
 
 
+def tokens_only(w: World, user: str, token: str) -> dict[str, str]:
+    """What `sealgate env` printed for no sandbox, its proxy URL given `user`:`token` as
+    credentials (sealgate env prints no such URL: its key file needs --sandbox)."""
+    env = w.env(None)
+    bare = env["HTTPS_PROXY"]
+    assert bare == f"http://127.0.0.1:{w.proxy.port}"
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        env[name] = bare.replace("http://", f"http://{user}:{token}@", 1)
+    return env
+
+
+def test_connection_scoped_token_without_a_sandbox(w: World) -> None:
+    """No identity, only tokens, as user `_` (requests sends no proxy credentials at all for
+    an empty user, see below): the default policy decides; the token injects."""
+    token = w.mint(BearerProcessor())
+    [got] = w.run(CALL, tokens_only(w, "_", token), urls=[w.url("/v1/anon")]).ok()
+    assert got["status"] == 200, got
+    seen = w.fake.last()
+    assert seen.headers["authorization"] == f"Bearer {SECRET}"
+    clean(seen)
+    line = w.proxy.wait_audit(lambda e: e.get("path") == "/v1/anon")
+    assert (line["sandbox"], line["policy"]) == (None, "anon")
+
+
+def test_requests_drops_proxy_credentials_with_an_empty_user(w: World) -> None:
+    """`http://:<token>@proxy` is the documented form, but requests sends Proxy-Authorization
+    only `if username:`, so the token never reaches the proxy and the request goes out
+    without its credential (here the default policy allows it). Use `_` as the user."""
+    token = w.mint(BearerProcessor())
+    [got] = w.run(CALL, tokens_only(w, "", token), urls=[w.url("/v1/empty-user")]).ok()
+    assert got["status"] == 200, got
+    assert "authorization" not in w.fake.last().headers
+
+
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
     [got] = w.run(CALL, {}, urls=[w.base_url("/v1/base")]).ok()
     assert got["status"] == 200
