@@ -4,16 +4,18 @@
     .venv/bin/python bench/proxy_overhead.py --quick    # about 2 minutes
 
 Requests/s and p50/p99 latency at concurrency 1, 16 and 64, plain HTTP (wrk) and intercepted
-HTTPS keep-alive (hey), plus sealgate with two workers, tunnelled CONNECT and new intercepted
-connections per second. The proxies run on CPU 1, the load generator and the nginx origin on
-CPU 0. Every configuration is measured once per round, rounds interleave the configurations, and
-each ratio is taken within a round, then the median over rounds is reported: the machine drifts
-by tens of percent over minutes, and a ratio of two runs seconds apart cancels most of that.
+HTTPS keep-alive (hey), plus sealgate with two workers, tunnelled CONNECT, base-URL mode (plain
+HTTP to the proxy, verified TLS upstream) and new intercepted connections per second. The
+proxies run on CPU 1, the load generator and the nginx origin on CPU 0. Every configuration is
+measured once per round, rounds interleave the configurations, and each ratio is taken within a
+round, then the median over rounds is reported: the machine drifts by tens of percent over
+minutes, and a ratio of two runs seconds apart cancels most of that.
 Results go to docs/performance.md and docs/performance.png; see bench/README.md.
 """
 
 from __future__ import annotations
 
+import base64
 import secrets
 import statistics
 import sys
@@ -76,6 +78,7 @@ LABELS = {
     "sealgate": "sealgate (guard + rule match)",
     "sealgate-w2": "sealgate --workers 2",
     "sealgate-tunnel": "sealgate, tunnelled CONNECT",
+    "sealgate-base": "sealgate, base-URL mode",
     "squid": "squid",
 }
 TARGETS = [
@@ -89,6 +92,10 @@ TARGETS = [
          0.5),
     Goal("new intercepted connections/s vs mitmdump, c=16", "new conns", "newconn", 16,
          "sealgate", "mitmdump", 4.0),
+    Goal("base-URL mode vs intercepted HTTPS, keep-alive, c=16", "base-url", "https", 16,
+         "sealgate-base", "sealgate", 1.3),
+    Goal("base-URL mode vs intercepted, new connections/s, c=16", "base-url new", "newconn", 16,
+         "sealgate-base", "sealgate", 3.0),
 ]
 GUARD_TARGET_US = 20.0
 
@@ -136,11 +143,19 @@ def start_all(setup: Setup, paths: Mapping[str, str]) -> None:
                 "sealgate-tunnel", "sealgate, tunnelled (no interception)", None,
                 origin.url("https", TUNNEL_NAME), service, creds,
             )
+            # The same HTTPS origin, named in the path of a plain-HTTP request to the proxy.
+            named = named_tls.split("://", 1)[1]
+            auth = base64.b64encode(f"{SANDBOX}:{sandbox_key}".encode()).decode()
+            lanes["sealgate-base"] = Lane(
+                "sealgate-base", "sealgate, base-URL mode", None,
+                f"http://127.0.0.1:{service.port}/_/{named}", service,
+                headers=(f"Proxy-Authorization: Basic {auth}",), proxied=False,
+            )
     squid = start_squid(setup, paths)
     lanes["squid"] = Lane("squid", "squid (CONNECT tunnel for HTTPS)", plain, tls, squid)
 
     for lane in lanes.values():
-        if lane.service is not None and lane.http_url is not None:
+        if lane.service is not None and (lane.http_url is not None or not lane.proxied):
             probe(lane)
 
 
@@ -152,14 +167,16 @@ def plan(quick: bool) -> list[list[Cell]]:
     levels = (1, 16, 64)
     groups: list[list[Cell]] = []
     for kind, lanes in (("http", ["direct", "mitmdump", "sealgate", "squid"]),
-                        ("https", ["direct", "mitmdump", "sealgate", "sealgate-tunnel", "squid"])):
+                        ("https", ["direct", "mitmdump", "sealgate", "sealgate-tunnel",
+                                   "sealgate-base", "squid"])):
         for c in levels:
             extra = ["sealgate-w2"] if c > 1 else []
             groups.append([Cell(kind, c, lane) for lane in lanes + extra])
     newconn = [1, 16] if not quick else [16]
     for c in newconn:
         groups.append([Cell("newconn", c, lane)
-                       for lane in ("direct", "mitmdump", "sealgate", "sealgate-tunnel", "squid")])
+                       for lane in ("direct", "mitmdump", "sealgate", "sealgate-tunnel",
+                                    "sealgate-base", "squid")])
     return groups
 
 
@@ -236,6 +253,8 @@ def _kind_table(results: list[Result], table: list[Row], kind: str) -> list[str]
         name = LABELS[row.lane]
         if kind != "http" and row.lane == "squid":
             name = "squid (CONNECT tunnel, no interception)"
+        if row.lane == "sealgate-base":
+            name = "sealgate, base-URL mode (plain HTTP in, verified TLS out)"
         name = flagged(name, row)
         lines.append(f"| {c} | {name} | {num(row.rps)} | {vs_direct} | {vs_mitm} | "
                      f"{ms(row.p50_ms)} | {ms(row.p99_ms)} | {cpu} | {util} |")

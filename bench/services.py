@@ -153,11 +153,16 @@ class Lane:
     service: Service | None = None
     credentials: tuple[str, str] | None = None
     headers: tuple[str, ...] = ()  # sent on every request to the origin
+    # False: the client talks to `service` as to a server (base-URL mode), not as to a proxy;
+    # `service` is still the process whose CPU is counted.
+    proxied: bool = True
 
     def target(self, kind: str) -> Target:
         url = self.http_url if kind == "http" else self.https_url
         assert url is not None
-        proxy = ("127.0.0.1", self.service.port) if self.service is not None else None
+        proxy = None
+        if self.service is not None and self.proxied:
+            proxy = ("127.0.0.1", self.service.port)
         return Target(url, proxy, self.credentials, self.headers)
 
 
@@ -345,16 +350,23 @@ def _spread_workers(service: Service) -> None:
 
 
 def probe(lane: Lane) -> None:
-    """One request through the proxy before measuring: a 403 or 407 measured fast is no result."""
-    assert lane.service is not None and lane.http_url is not None
-    authority = lane.http_url.split("/")[2]
+    """One request through the proxy before measuring: a 403 or 407 measured fast is no result.
+    A lane that is not proxied (base-URL mode) is asked for its https URL, as its load is."""
+    assert lane.service is not None
+    url = lane.http_url if lane.proxied else lane.https_url
+    assert url is not None
+    authority = url.split("/")[2]
     headers = {"Host": authority}
     if lane.credentials is not None:
         token = base64.b64encode(":".join(lane.credentials).encode()).decode()
         headers["Proxy-Authorization"] = f"Basic {token}"
+    for line in lane.headers:
+        name, _, value = line.partition(":")
+        headers[name.strip()] = value.strip()
+    target = url if lane.proxied else "/" + url.split("/", 3)[3]
     conn = http.client.HTTPConnection("127.0.0.1", lane.service.port, timeout=20)
     try:
-        conn.request("GET", lane.http_url, headers=headers)
+        conn.request("GET", target, headers=headers)
         response = conn.getresponse()
         body = response.read()
     finally:

@@ -294,6 +294,7 @@ def test_keep_alive_serves_several_upstreams_on_one_connection(
             ))
             assert read_response(sock).status == 200
     assert [s.path for s in origin_https.requests] == ["/a", "/b"]
+    assert origin_https.connections == 1  # the upstream TLS connection was kept for the second
 
 
 # -- connection-scoped tokens -------------------------------------------------------------------
