@@ -27,6 +27,7 @@ from tests.sdk.kit import (
     World,
     masked,
     policy,
+    refusal_visible,
     rule,
     rules_file,
     world,
@@ -171,29 +172,32 @@ def test_token_in_call_metadata(w: World) -> None:
 
 
 def test_refused_method(w: World) -> None:
-    """grpc turns the proxy's HTTP 403 into PERMISSION_DENIED; what of the reason it shows is
-    printed for the record."""
+    """A refusal in gRPC's terms (grpc-status 7, the message in grpc-message): the reason is
+    in grpc's own exception."""
     got = w.run(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
-    print(got)
+    print(got["exception"])
     assert got["code"] == "PERMISSION_DENIED", got
-    assert "403" in got["details"]
+    refusal_visible(got["exception"], "not_allowed")
+    assert got["details"].startswith("sealgate refused the request (not_allowed): POST ")
+    assert f"/{SERVICE}/Other" in got["details"]
     assert w.fake.untouched()
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "the proxy answers a refused gRPC call with HTTP 403 and a JSON body; grpc shows only "
-    "'Received http2 header with status: 403' (a gRPC-shaped refusal, HTTP 200 with "
-    "grpc-status 7 and grpc-message naming the reason, would put it in the exception)"))
-def test_refusal_reason_in_the_grpc_exception(w: World) -> None:
-    got = w.run(CALL, w.env("plain-1"), target=w.authority, method="Other").ok()
-    assert "not_allowed" in got["exception"], got
-    assert "sealgate refused the request (not_allowed)" in got["details"], got
 
 
 def test_refused_host(w: World) -> None:
     got = w.run(CALL, w.env("plain-1"), target=f"{BLOCKED}:{w.fake.port}").ok()
-    print(got)
+    print(got["exception"])
     assert got["code"] == "PERMISSION_DENIED", got
+    refusal_visible(got["exception"], "not_allowed")
+    assert BLOCKED in got["details"]
+    assert w.fake.untouched()
+
+
+def test_a_token_that_fails_is_refused_in_grpc_terms(w: World) -> None:
+    token = w.mint(BearerProcessor(), host="grpc.elsewhere.test")
+    got = w.run(CALL, w.env("tokens-1"), target=w.authority,
+                metadata=[["proxy-tokenizer", token]]).ok()
+    assert got["code"] == "PERMISSION_DENIED", got
+    refusal_visible(got["exception"], "token_scope")
     assert w.fake.untouched()
 
 
