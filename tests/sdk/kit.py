@@ -82,8 +82,9 @@ class Reply:
     status: int = 200
     body: Any = b""  # bytes as they are; anything else sent as JSON
     headers: dict[str, str] = field(default_factory=dict)
-    # When set: sent chunked, one write (and flush) per item, after `body` is ignored.
-    chunks: list[bytes] | None = None
+    # When set: sent chunked, one write (and flush) per item, and `body` ignored; a number
+    # among them is a pause of that many seconds.
+    chunks: list[bytes | float] | None = None
 
     def payload(self) -> bytes:
         if isinstance(self.body, bytes):
@@ -106,9 +107,9 @@ def echo(seen: Arrived) -> dict[str, Any]:
     }
 
 
-def sse(events: Sequence[tuple[str | None, Any]]) -> list[bytes]:
+def sse(events: Sequence[tuple[str | None, Any]]) -> list[bytes | float]:
     """Server-sent events, one chunk each: (event name or None, data as JSON or raw text)."""
-    chunks = []
+    chunks: list[bytes | float] = []
     for name, data in events:
         text = data if isinstance(data, str) else json.dumps(data)
         head = f"event: {name}\n" if name else ""
@@ -159,6 +160,9 @@ class FakeAPI:
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
                     for chunk in reply.chunks:
+                        if isinstance(chunk, float):
+                            time.sleep(min(chunk, 5.0))
+                            continue
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")

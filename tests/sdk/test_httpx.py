@@ -34,6 +34,7 @@ pytest.importorskip("httpx", reason="httpx is not installed (pip install -e '.[t
 
 HOST = "api.httpx.test"
 BLOCKED = "blocked.httpx.test"
+OTHER = "other.httpx.test"  # allowed to tokens-1 too, but no token is for it
 SECRET = "httpx-CANARY-secret-3f9a1c7e5b"
 KEYS = {"plain-1": "plain-key-httpx-1", "broker-1": "broker-key-httpx-1",
         "tokens-1": "tokens-key-httpx-1"}
@@ -45,7 +46,8 @@ def rules(port: int) -> str:
         [
             policy("plain", rule(HOST, [port], paths=PATHS)),
             policy("broker", rule(HOST, [port], paths=PATHS, inject="bearer")),
-            policy("tokens", rule(HOST, [port], paths=PATHS), tokens=True),
+            policy("tokens", rule(HOST, [port], paths=PATHS), rule(OTHER, [port], paths=PATHS),
+                   tokens=True),
             policy("anon", rule(HOST, [port], paths=PATHS), tokens=True),
         ],
         {"plain-1": ("plain", KEYS["plain-1"]), "broker-1": ("broker", KEYS["broker-1"]),
@@ -67,7 +69,8 @@ def route(seen: Arrived) -> Reply:
 def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
       ) -> Iterator[World]:
     directory: Path = tmp_path_factory.mktemp("sdk-httpx")
-    with world(directory, test_ca, dns, [HOST, BLOCKED], route, rules, KEYS, SECRET) as made:
+    with world(directory, test_ca, dns, [HOST, BLOCKED, OTHER], route, rules, KEYS,
+               SECRET) as made:
         yield made
 
 
@@ -178,6 +181,27 @@ def test_connection_scoped_token_in_the_proxy_credentials(w: World) -> None:
     got = w.run(CALL, env, url=w.url("/v1/conn"), http2=True).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in got["text"]
+
+
+def test_connection_scoped_token_goes_only_where_its_scope_says(w: World) -> None:
+    """The same proxy credentials for a host the token does not cover: the token is ignored
+    there, and its secret never reaches that host."""
+    token = w.mint(BearerProcessor())
+    env = w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}")
+    code = """
+def main(urls):
+    import httpx
+    with httpx.Client(timeout=15) as client:
+        return [client.get(url).status_code for url in urls]
+"""
+    got = w.run(code, env, urls=[w.url("/v1/other", host=OTHER), w.url("/v1/mine")]).ok()
+    assert got == [200, 200]
+    other, mine = w.fake.requests
+    assert (other.headers["host"], mine.headers["host"]) == (f"{OTHER}:{w.fake.port}",
+                                                             w.authority)
+    assert other.values("authorization") == []
+    assert SECRET not in str(other.fields) + other.path
+    assert mine.values("authorization") == [f"Bearer {SECRET}"]
 
 
 def test_connection_scoped_token_without_a_sandbox(w: World) -> None:

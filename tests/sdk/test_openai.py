@@ -39,6 +39,7 @@ PLACEHOLDER = "sg-placeholder-openai"
 KEYS = {"plain-1": "plain-key-openai-1", "broker-1": "broker-key-openai-1",
         "tokens-1": "tokens-key-openai-1"}
 PATHS = ["/v1/models", "/v1/models/*", "/v1/chat/completions"]
+PAUSE = 0.6  # seconds the fake's stream stops for after the chunk echoing the credential
 # Imported once by the module's forkserver (the SDK takes most of a second to import).
 PRELOAD = ["openai", "openai.resources.chat", "openai.resources.models",
            "openai.resources.embeddings"]
@@ -80,11 +81,15 @@ def route(seen: Arrived) -> Reply:
                 (None, completion_chunk({"role": "assistant", "content": ""})),
                 (None, completion_chunk({"content": "you sent "})),
                 (None, completion_chunk({"content": auth})),
+            ]
+            rest: list[tuple[str | None, object]] = [
                 (None, completion_chunk({"content": " ok"})),
                 (None, completion_chunk({}, finish="stop")),
                 (None, "[DONE]"),
             ]
-            return Reply(headers={"Content-Type": "text/event-stream"}, chunks=sse(events))
+            # A pause before the rest: what came before it must reach the SDK before it ends.
+            return Reply(headers={"Content-Type": "text/event-stream"},
+                         chunks=[*sse(events), PAUSE, *sse(rest)])
         return Reply(body={
             "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
             "model": "gpt-fake",
@@ -142,7 +147,9 @@ def main(base_url=None, api_key=None, headers=None):
     client = openai.OpenAI(default_headers=headers, max_retries=0, timeout=15, **kwargs)
     stream = client.chat.completions.create(
         model="gpt-fake", messages=[{"role": "user", "content": "hi"}], stream=True)
-    return [chunk.choices[0].delta.content for chunk in stream]
+    import time
+    seen = [(chunk.choices[0].delta.content, time.monotonic()) for chunk in stream]
+    return {"deltas": [d for d, _ in seen], "at": [t - seen[0][1] for _, t in seen]}
 """
 
 EMBED = """
@@ -218,10 +225,11 @@ def test_token_in_default_headers(w: World) -> None:
 
 
 def test_stream_arrives_in_chunks_with_the_secret_masked(w: World) -> None:
-    deltas = w.run(STREAM, w.env("broker-1"), base_url=w.url("/v1"),
-                        api_key=PLACEHOLDER).ok()
+    got = w.run(STREAM, w.env("broker-1"), base_url=w.url("/v1"), api_key=PLACEHOLDER).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
-    assert deltas == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
+    assert got["deltas"] == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
+    # The scrubbed chunk was passed on as it came, not held back until the stream ended.
+    assert got["at"][3] - got["at"][2] >= PAUSE * 0.8, got["at"]
     line = w.proxy.wait_audit(lambda e: e.get("path") == "/v1/chat/completions"
                               and e.get("sandbox") == "broker-1" and e.get("scrubbed"))
     assert line["scrubbed"] >= 1
@@ -268,9 +276,10 @@ def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
 def test_base_url_mode_streams(w: World) -> None:
     token = w.mint(BearerProcessor())
     env = {"OPENAI_BASE_URL": w.base_url("/v1", tokens=[token]), "OPENAI_API_KEY": "sk-dummy"}
-    deltas = w.run(STREAM, env).ok()
+    got = w.run(STREAM, env).ok()
     assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
-    assert deltas == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
+    assert got["deltas"] == ["", "you sent ", f"Bearer {masked(SECRET)}", " ok", None]
+    assert got["at"][3] - got["at"][2] >= PAUSE * 0.8, got["at"]
 
 
 # -- 7. tokens without code: in the base URL, or in the proxy credentials ------------------------
