@@ -62,6 +62,11 @@ class ProxyAddress:
         return f"http://{self.authority}"
 
 
+# The user that claims no sandbox (sandbox ids start with a letter or digit): requests, httpx and
+# curl send no credentials at all for an empty user.
+NO_ONE = "_"
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """What a client shows the proxy: a sandbox and its key, connection-scoped tokens, both or
@@ -81,7 +86,7 @@ class Credentials:
         if self.sandbox is not None and self.key is not None:
             return self.sandbox, ",".join((self.key, *self.tokens))
         if self.tokens:
-            return "", ",".join(self.tokens)
+            return NO_ONE, ",".join(self.tokens)
         return None
 
     @property
@@ -172,7 +177,7 @@ def parse_proxy(
     proxy: str | None, environ: Mapping[str, str] | None = None
 ) -> tuple[ProxyAddress, Credentials]:
     """The proxy's address and whatever credentials its URL carries (`http://id:key@host:port`,
-    as `sealgate env` writes it, or `http://:<token>,...@host:port`). `None` reads
+    as `sealgate env` writes it, or `http://_:<token>,...@host:port`). `None` reads
     HTTPS_PROXY (then https_proxy) from `environ` (default os.environ). A port is required:
     clients disagree on the default (80 or 1080), and the proxy has its own."""
     if proxy is None:
@@ -210,7 +215,7 @@ def parse_proxy(
         raise ClientConfigError("the proxy URL's credentials are not UTF-8") from None
     if parts == [""]:
         parts = []
-    if user:
+    if user and user != NO_ONE:
         if not parts:
             raise ClientConfigError("the proxy URL names a sandbox without its key")
         return address, credentials(user, parts[0], parts[1:])
@@ -247,7 +252,7 @@ def proxy_url(
     tokens: str | Iterable[str] = (),
 ) -> str:
     """The proxy URL with its credentials in it, for HTTPS_PROXY or any client that takes one:
-    `http://<id>:<key>[,<token>...]@host:port`, or `http://:<token>,...@host:port`."""
+    `http://<id>:<key>[,<token>...]@host:port`, or `http://_:<token>,...@host:port`."""
     address, creds = resolve(proxy, sandbox, key, tokens)
     userinfo = creds.userinfo
     return f"http://{userinfo}@{address.authority}" if userinfo else address.origin

@@ -171,7 +171,7 @@ function quote(text) {
 // -- the proxy ---------------------------------------------------------------------------------
 
 /** The proxy's address, and the credentials its URL carries (`http://id:key@host:port`, or
- * `http://:<token>,...@host:port`). A port is required. */
+ * `http://_:<token>,...@host:port`). A port is required. */
 export function parseProxy(proxy) {
   if (typeof proxy !== "string" || !VISIBLE.test(proxy)) {
     throw new SealgateConfigError(
@@ -201,13 +201,16 @@ export function parseProxy(proxy) {
   const user = decode(colon < 0 ? userinfo : userinfo.slice(0, colon));
   const passwordText = colon < 0 ? "" : userinfo.slice(colon + 1);
   const elements = passwordText ? passwordText.split(",").map(decode) : [];
-  if (user) {
+  if (user && user !== NO_ONE) {
     if (!elements.length) throw new SealgateConfigError("the proxy URL names a sandbox without its key");
     checkCredentials(user, elements[0]);
     return { address, sandbox: user, key: elements[0], tokens: checkTokens(elements.slice(1)) };
   }
   return { address, sandbox: undefined, key: undefined, tokens: checkTokens(elements) };
 }
+
+// The user that claims no sandbox (no sandbox id starts with "_"): clients drop an empty user.
+const NO_ONE = "_";
 
 /** `Proxy-Authorization` for a sandbox and its key, and connection-scoped tokens; null when
  * there is nothing to send. */
@@ -216,7 +219,7 @@ export function proxyAuthorization({ sandbox, key, tokens = [] } = {}) {
   const checked = checkTokens(tokens);
   let pair;
   if (sandbox != null) pair = `${sandbox}:${[key, ...checked].join(",")}`;
-  else if (checked.length) pair = `:${checked.join(",")}`;
+  else if (checked.length) pair = `${NO_ONE}:${checked.join(",")}`;
   else return null;
   return `Basic ${btoa(pair)}`; // every part was checked to be ASCII
 }
@@ -235,7 +238,7 @@ export function proxyUrl(proxy, { sandbox, key, tokens = [] } = {}) {
     const password = [quote(who.key), ...all].join(",");
     return `http://${quote(who.sandbox)}:${password}@${address.authority}`;
   }
-  return all.length ? `http://:${all.join(",")}@${address.authority}` : address.origin;
+  return all.length ? `http://${NO_ONE}:${all.join(",")}@${address.authority}` : address.origin;
 }
 
 // -- base-URL mode -----------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def test_explicit_mode_connection_scoped_tokens(
 def test_explicit_mode_tokens_without_identity(
     tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, ttrust: Path
 ) -> None:
-    """`http://:<token>@proxy`: the identity is the default policy's, the token still goes in."""
+    """`http://_:<token>@proxy`: the identity is the default policy's, the token still goes in."""
     token = mint(token_keys[1], origin.port)
     session = requests_session(tproxy.url(), tokens=[token], ca_bundle=ttrust)
     r = session.get(f"https://api.test:{origin.port}/anon", timeout=10)

@@ -163,13 +163,13 @@ def test_proxy_credentials_forms() -> None:
     assert _basic(proxy_authorization(sandbox="bot-1", key="k:ey", tokens=[T1, T2])) == (
         f"bot-1:k:ey,{T1},{T2}"
     )
-    assert _basic(proxy_authorization(tokens=[T1])) == f":{T1}"  # identity from source/default
+    assert _basic(proxy_authorization(tokens=[T1])) == f"_:{T1}"  # identity from source/default
     assert proxy_authorization() is None
     assert proxy_url(P) == P
     assert proxy_url(P, sandbox="bot-1", key="k/ey%:@") == "http://bot-1:k%2Fey%25%3A%40@127.0.0.1:8080"
     assert proxy_url(P, sandbox="bot-1", key="k", tokens=T1) == f"http://bot-1:k,{T1}@127.0.0.1:8080"
-    assert proxy_url(P, tokens=[T1, T2]) == f"http://:{T1},{T2}@127.0.0.1:8080"
-    assert proxy_url("http://[::1]:3128", tokens=[T1]) == f"http://:{T1}@[::1]:3128"
+    assert proxy_url(P, tokens=[T1, T2]) == f"http://_:{T1},{T2}@127.0.0.1:8080"
+    assert proxy_url("http://[::1]:3128", tokens=[T1]) == f"http://_:{T1}@[::1]:3128"
 
 
 def test_a_proxy_url_round_trips() -> None:
@@ -370,7 +370,7 @@ def test_requests_explicit_mode_settings(tmp_path: Path) -> None:
     assert session.proxies == {"http": P, "https": P}  # no credentials in the URL object
     assert session.verify == str(bundle)
     adapter = session.get_adapter("https://api.test/")
-    assert _basic(adapter.proxy_headers(P)["Proxy-Authorization"]) == f":{T1}"
+    assert _basic(adapter.proxy_headers(P)["Proxy-Authorization"]) == f"_:{T1}"
     assert requests_session(P).get_adapter("https://x.test/").proxy_headers(P) == {}
 
 
