@@ -258,6 +258,17 @@ def test_refused_host_shows_the_reason_in_the_sdk_exception(w: World) -> None:
     assert w.fake.untouched()
 
 
+def test_wrong_proxy_key_shows_identity_invalid_in_the_sdk_exception(w: World) -> None:
+    out = w.run(LIST_MODELS, w.env("plain-1", key="not-the-key"), base_url=w.url("/v1"),
+                api_key="sk-dummy")
+    assert out.exception == "openai.APIStatusError", out.detail
+    print(out.text)
+    assert out.text.startswith("Error code: 407 - ")
+    refusal_visible(out.text, "identity_invalid")
+    assert "not-the-key" not in out.text
+    assert w.fake.untouched()
+
+
 # -- 6. base-URL mode, no proxy variables and no CA ------------------------------------------
 
 
