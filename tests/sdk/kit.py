@@ -64,6 +64,7 @@ class Arrived:
     fields: list[tuple[str, str]]  # every header field, as sent
     body: bytes
     connection: int  # which accepted connection (1, 2, ...) carried it
+    sni: str | None = None  # the server name that connection's TLS handshake asked for
 
     @property
     def headers(self) -> dict[str, str]:
@@ -137,6 +138,7 @@ class FakeAPI:
                 with fake._lock:
                     fake.connections += 1
                     self.number = fake.connections
+                self.sni: str | None = getattr(self.request, "sealgate_sni", None)
 
             def _handle(self) -> None:
                 if "chunked" in self.headers.get("transfer-encoding", "").lower():
@@ -145,7 +147,7 @@ class FakeAPI:
                     length = int(self.headers.get("content-length") or 0)
                     body = self.rfile.read(length) if length else b""
                 seen = Arrived(self.command, self.path, list(self.headers.items()), body,
-                               self.number)
+                               self.number, self.sni)
                 with fake._lock:
                     fake.requests.append(seen)
                 try:
@@ -195,6 +197,11 @@ class FakeAPI:
         self.server.daemon_threads = True
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(*(str(p) for p in ca.issue(*names)))
+
+        def remember_sni(sock: Any, name: str | None, _: ssl.SSLContext) -> None:
+            sock.sealgate_sni = name
+
+        context.sni_callback = remember_sni
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -21,6 +21,7 @@ from tests.sdk.kit import (
     Arrived,
     Reply,
     World,
+    basic,
     echo,
     masked,
     policy,
@@ -264,6 +265,34 @@ def test_token_on_the_connect_is_strict(w: World) -> None:
     assert (got[0]["status"], got[0]["error_header"]) == (403, "token_scope"), got
     assert "sealgate refused the request (token_scope)" in got[0]["text"]
     assert w.fake.untouched()
+
+
+def test_base_url_mode_keeps_hosts_apart_on_one_client_connection(w: World) -> None:
+    """Base-URL requests for two hosts at one address, over one connection to the proxy: each
+    goes upstream over a TLS connection made for its own name (the SNI the fake saw), and a
+    token in one request's base URL goes into that request only."""
+    token = w.mint(BearerProcessor())
+    code = """
+def main(urls, auth):
+    import httpx
+    with httpx.Client(headers={"Proxy-Authorization": auth}, timeout=15) as client:
+        return [client.get(url).status_code for url in urls]
+"""
+    urls = [w.base_url("/v1/one", host=OTHER), w.base_url("/v1/two", tokens=[token]),
+            w.base_url("/v1/three", host=OTHER), w.base_url("/v1/four")]
+    got = w.run(code, {}, urls=urls, auth=basic("tokens-1", KEYS["tokens-1"])).ok()
+    assert got == [200, 200, 200, 200]
+    assert [(r.path, r.sni, r.headers["host"].partition(":")[0], r.values("authorization"))
+            for r in w.fake.requests] == [
+        ("/v1/one", OTHER, OTHER, []),
+        ("/v1/two", HOST, HOST, [f"Bearer {SECRET}"]),
+        ("/v1/three", OTHER, OTHER, []),
+        ("/v1/four", HOST, HOST, []),
+    ]
+    lines = [w.proxy.wait_audit(lambda e, p=p: e.get("path") == p and e.get("base_url"))
+             for p in ("/v1/one", "/v1/two", "/v1/three", "/v1/four")]
+    assert len({line["connection_id"] for line in lines}) == 1
+    assert {line["sandbox"] for line in lines} == {"tokens-1"}
 
 
 def test_base_url_mode_needs_no_proxy_and_no_ca(w: World) -> None:
