@@ -82,20 +82,21 @@ class RequestFacts:
     tokens: list[str]
     length: int | None  # a declared Content-Length
     chunked: bool  # a body of unknown length: chunked, or HTTP/2 and 3 without Content-Length
-    # A control character in the method, the target or a field value (HTAB aside), a field name
-    # that is not a token, or Transfer-Encoding over HTTP/2 or 3. HTTP/2 does not refuse CR or
-    # LF in values, mitmproxy writes them verbatim into the HTTP/1 request it makes of an
-    # HTTP/2 one, and HTTP/1 parsers split on a bare CR: a second request, carrying the
-    # injected credential, would reach the origin past every rule. HTTP/2 forbids
-    # Transfer-Encoding (RFC 9113 8.2.2); passed on to HTTP/1 it would frame the body.
+    # A method that is not a token, a control character in the target or a field value (HTAB
+    # aside), a field name that is not a token, or Transfer-Encoding over HTTP/2 or 3. HTTP/2
+    # does not refuse CR or LF in values, mitmproxy writes them verbatim into the HTTP/1
+    # request it makes of an HTTP/2 one, and HTTP/1 parsers split on a bare CR: a second
+    # request, carrying the injected credential, would reach the origin past every rule.
+    # HTTP/2 forbids Transfer-Encoding (RFC 9113 8.2.2); passed on to HTTP/1 it would frame
+    # the body.
     malformed: bool
 
     @classmethod
     def of(cls, request: http.Request) -> RequestFacts:
         framed = request.is_http2 or request.is_http3
         fields = request.headers.fields
-        facts = cls([], [], None, False, _unsafe(request.data.method) or _unsafe(request.data.path)
-                    or unsafe_fields(fields))
+        facts = cls([], [], None, False, not _METHOD.fullmatch(request.data.method)
+                    or _unsafe(request.data.path) or unsafe_fields(fields))
         for raw_name, raw_value in fields:
             name = raw_name.lower()
             if name == b"proxy-authorization":
@@ -130,6 +131,7 @@ def unsafe_fields(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
 _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 5.5: HTAB is allowed
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"  # RFC 9110 5.6.2
 _TOKENS: Final = re.compile(_TCHAR + rb"(?::" + _TCHAR + rb")*")
+_METHOD: Final = re.compile(_TCHAR)  # RFC 9110 9.1: a method is a token
 
 
 def _unsafe(raw: bytes) -> bool:

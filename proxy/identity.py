@@ -18,7 +18,6 @@ Which request a token then goes with is the pipeline's business (by the token's 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -84,7 +83,7 @@ class Identifier:
             return _NOTHING
         try:
             decoded = base64.b64decode(param.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # not base64 (binascii.Error), not ASCII, not UTF-8
             raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization is not valid Basic") from exc
         sandbox_id, sep, password = decoded.partition(":")
         if not sep:

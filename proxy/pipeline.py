@@ -65,6 +65,7 @@ class Sealgate:
         self.conns: dict[str, Conn] = {}
         self._pinned: dict[str, tuple[str, int]] = {}
         self._watcher: asyncio.Task[None] | None = None
+        self._failure: tuple[object, str] | None = None  # the rules reload failure last told
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -94,13 +95,19 @@ class Sealgate:
             await self.settings.broker.close()
             self.settings.audit.close()
 
-    def reload(self) -> None:
-        """Re-read the rules and token keys; a broken file keeps what is in force and says why."""
+    def reload(self, *, asked: bool = True) -> None:
+        """Re-read the rules and token keys; a broken file keeps what is in force and says why:
+        when asked (SIGHUP), and once per change of the file when the watcher finds it."""
         self.settings, failed = settings.reload(self._state(), ctx.options)
         if failed is not None:
-            logger.error("sealgate: rules reload failed, keeping the previous rules: %s", failed)
-            self._emit("rules_reload_failed", error=str(failed))
+            failure = (self.settings.rules_seen.identities, str(failed))
+            if asked or failure != self._failure:
+                logger.error("sealgate: rules reload failed, keeping the previous rules: %s",
+                             failed)
+                self._emit("rules_reload_failed", error=str(failed))
+            self._failure = failure
         else:
+            self._failure = None
             self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
 
     async def _watch_rules(self) -> None:
@@ -108,7 +115,7 @@ class Sealgate:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
             state = self.settings
             if state is not None and state.rules_seen.changed():
-                self.reload()
+                self.reload(asked=False)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -420,10 +427,16 @@ class Sealgate:
         self, proxy_auth: list[str], conn: Conn, client: connection.Client
     ) -> Identity:
         identifier = self._state().identifier
-        for value in proxy_auth:
+        proven = None
+        for value in proxy_auth:  # every one is checked: a bad one is never outvoted by a good
             identity = identifier.from_proxy_authorization(value).identity
             if identity is not None:
-                return identity
+                if proven is not None:
+                    raise Denial(Reason.IDENTITY_INVALID, "more than one identity in "
+                                 "Proxy-Authorization")
+                proven = identity
+        if proven is not None:
+            return proven
         if conn.identity is not None:
             # Proven earlier on this connection; its policy is looked up in the rules in force
             # now, so a reload applies to tunnels that are already open.

@@ -137,8 +137,9 @@ def retire(old: Settings | None, new: Settings) -> None:
 
 def reload(current: Settings, opts: Any) -> tuple[Settings, RulesError | None]:
     """Token keys and rules read again, each on its own: unreadable keys keep the previous ones
-    (the reason on stderr), a broken rules file keeps the rules in force and is returned, and
-    neither holds the other back (a key removed to revoke it goes, whatever the rules say)."""
+    (the reason on stderr), a broken rules file keeps the rules in force and is returned (once
+    per change of the file), and neither holds the other back (a key removed to revoke it goes,
+    whatever the rules say)."""
     tokenizer = current.tokenizer
     if opts.sealgate_token_keys:
         try:
@@ -149,7 +150,10 @@ def reload(current: Settings, opts: Any) -> tuple[Settings, RulesError | None]:
     try:
         rules, seen, identifier = load(opts, current.broker)
     except RulesError as exc:
-        return keyed, exc
+        # Seen as it is now, so the watcher tries again (and says so) once it changes, not on
+        # every poll while it stays broken.
+        paths = (Path(opts.sealgate_rules), *current.rules.sources)
+        return replace(keyed, rules_seen=Snapshot.take(paths)), exc
     return replace(keyed, rules=rules, rules_seen=seen, identifier=identifier), None
 
 
