@@ -76,6 +76,12 @@ def route(seen: Arrived) -> Reply:
         return Reply(body={"id": path.rsplit("/", 1)[1], "object": "model", "created": 0,
                            "owned_by": auth, "echo": echo(seen)})
     if seen.method == "POST" and path == "/v1/chat/completions":
+        if seen.json()["messages"][-1]["content"] == "split":  # the echo over two events
+            half = len(auth) // 2
+            return Reply(headers={"Content-Type": "text/event-stream"}, chunks=sse([
+                (None, completion_chunk({"role": "assistant", "content": auth[:half]})),
+                (None, completion_chunk({"content": auth[half:]})),
+                (None, completion_chunk({}, finish="stop")), (None, "[DONE]")]))
         if seen.json().get("stream"):
             events: list[tuple[str | None, object]] = [
                 (None, completion_chunk({"role": "assistant", "content": ""})),
@@ -141,12 +147,12 @@ def main(base_url=None, api_key=None, headers=None):
 """
 
 STREAM = """
-def main(base_url=None, api_key=None, headers=None):
+def main(base_url=None, api_key=None, headers=None, say="hi"):
     import openai
     kwargs = {} if base_url is None else {"base_url": base_url, "api_key": api_key}
     client = openai.OpenAI(default_headers=headers, max_retries=0, timeout=15, **kwargs)
     stream = client.chat.completions.create(
-        model="gpt-fake", messages=[{"role": "user", "content": "hi"}], stream=True)
+        model="gpt-fake", messages=[{"role": "user", "content": say}], stream=True)
     import time
     seen = [(chunk.choices[0].delta.content, time.monotonic()) for chunk in stream]
     return {"deltas": [d for d, _ in seen], "at": [t - seen[0][1] for _, t in seen]}
@@ -233,6 +239,17 @@ def test_stream_arrives_in_chunks_with_the_secret_masked(w: World) -> None:
     line = w.proxy.wait_audit(lambda e: e.get("path") == "/v1/chat/completions"
                               and e.get("sandbox") == "broker-1" and e.get("scrubbed"))
     assert line["scrubbed"] >= 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "limitation of byte-level scrubbing, like a secret split across two WebSocket messages "
+    "(docs/architecture.md): an upstream that echoes the secret over two SSE events has JSON "
+    "framing between the halves, so neither half is the needle, and the SDK joins them"))
+def test_a_secret_split_across_two_stream_events_is_masked(w: World) -> None:
+    got = w.run(STREAM, w.env("broker-1"), base_url=w.url("/v1"), api_key=PLACEHOLDER,
+                say="split").ok()
+    assert w.fake.last().headers["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in "".join(d or "" for d in got["deltas"])
 
 
 # -- 5. refusals -----------------------------------------------------------------------------
