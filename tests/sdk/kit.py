@@ -353,12 +353,6 @@ class World:
         named = f"{','.join(tokens)}@" if tokens else ""
         return f"{prefix}{named}{host or self.fake.names[0]}:{self.fake.port}{path}"
 
-    def audit_for(self, path: str) -> list[dict[str, Any]]:
-        return [e for e in self.proxy.audit() if e.get("path") == path]
-
-    def leaked(self) -> str:
-        """Where the secret must never appear on the proxy's side."""
-        return self.proxy.audit_text() + self.proxy.stderr()
 
 
 @contextlib.contextmanager
