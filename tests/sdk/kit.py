@@ -257,8 +257,8 @@ def rule(host: str, ports: Sequence[int], *, paths: Sequence[str] | None = None,
 
 
 def policy(name: str, *rules: str, tokens: bool = False) -> str:
-    body = "\n".join(rules) if rules else "      []"
-    allow = "    allow:\n" + body if rules else "    allow: []"
+    """A policy allowing `rules` (from rule()), loopback opened as allow_networks."""
+    allow = "    allow:\n" + "\n".join(rules) if rules else "    allow: []"
     return (f"  {name}:\n    tokens: {'true' if tokens else 'false'}\n{allow}\n"
             "    allow_networks: [127.0.0.1/32]\n")
 
