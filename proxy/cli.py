@@ -45,6 +45,9 @@ def register(sub: Commands) -> None:
     p.add_argument("--connect-timeout", type=float,
                    default=env("SEALGATE_CONNECT_TIMEOUT", "10"),
                    help="seconds an upstream dial may take before 504 connect_timeout")
+    p.add_argument("--drain-timeout", type=float, default=env("SEALGATE_DRAIN_TIMEOUT", "30"),
+                   help="on SIGTERM, seconds requests in flight may take to finish before the "
+                        "proxy closes them (it stops accepting at once)")
     p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
                    help="directory of private token keys (<kid>.key); unset: tokens refused")
     p.add_argument("--secret-store", action="append", default=[], metavar="URL",
@@ -108,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         audit_stdout=args.audit_stdout,
         connect_timeout=args.connect_timeout,
+        drain_timeout=max(0.0, args.drain_timeout),
         token_keys=Path(args.token_keys) if args.token_keys else None,
         secret_stores=tuple(args.secret_store),
         # An option of the addon only: mitmproxy collects repeated values of a list option.

@@ -3,7 +3,8 @@
 HTTP over a unix socket that only the proxy's owner can open (mode 0600 in a 0700 directory):
 a sandbox that could reach it could claim another sandbox's address. Endpoints:
 
-    GET    /v1/health                 {"ok": true}
+    GET    /v1/health                 {"ok": true}; 503 {"ok": false, "draining": true} when
+                                      stopping (a readiness probe takes it out of rotation)
     GET    /v1/sources                {"sources": {"10.200.0.2": "bot-1", ...}}
     PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
     DELETE /v1/sources/{address}      -> 200, or 404
@@ -17,6 +18,7 @@ import http.client
 import json
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,14 @@ from sealgate.reasons import Reason
 _MAX_BODY = 4096
 
 
-def make_app(registry: SourceRegistry, rules_path: Path) -> web.Application:
+def make_app(
+    registry: SourceRegistry, rules_path: Path, draining: Callable[[], bool] = lambda: False
+) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY)
 
     async def health(_: web.Request) -> web.Response:
+        if draining():
+            return web.json_response({"ok": False, "draining": True}, status=503)
         return web.json_response({"ok": True})
 
     async def list_sources(_: web.Request) -> web.Response:
@@ -91,11 +97,14 @@ def socket_path(state: Path) -> Path:
     return state / "control.sock"
 
 
-async def start(socket_path: Path, registry: SourceRegistry, rules_path: Path) -> web.AppRunner:
+async def start(
+    socket_path: Path, registry: SourceRegistry, rules_path: Path,
+    draining: Callable[[], bool] = lambda: False,
+) -> web.AppRunner:
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if socket_path.exists():
         socket_path.unlink()
-    runner = web.AppRunner(make_app(registry, rules_path), access_log=None)
+    runner = web.AppRunner(make_app(registry, rules_path, draining), access_log=None)
     await runner.setup()
     # umask, not chmod after bind: there must be no moment when others can connect.
     old = os.umask(0o177)

@@ -27,6 +27,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from sealgate.hostport import format_hostport
 from sealgate.proxy import mitm
 from sealgate.proxy.ca import ensure_ca
+from sealgate.proxy.drain import Lifecycle, drain
 from sealgate.proxy.pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
@@ -47,6 +48,7 @@ class ProxyConfig:
     upstream_ca: Path | None = None
     audit_stdout: bool = False
     connect_timeout: float = 10.0
+    drain_timeout: float = 30.0  # how long requests in flight may take to finish on SIGTERM
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()  # OPTION=VALUE, parsed by mitmproxy as its --set does
@@ -140,7 +142,10 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
     return m
 
 
-async def serve(config: ProxyConfig, worker: int | None = None) -> int:
+async def serve(
+    config: ProxyConfig, worker: int | None = None, lifecycle: Lifecycle | None = None
+) -> int:
+    """Serve until SIGTERM or SIGINT, then drain (proxy/drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
     mitm.install(config.connect_timeout, reuse_port=config.workers > 1)
     m = build_master(config, worker)
@@ -149,9 +154,19 @@ async def serve(config: ProxyConfig, worker: int | None = None) -> int:
     # young generation less often and take everything alive after start-up out of collections.
     gc.set_threshold(20_000, 20, 20)
     loop.call_later(_SETTLE_SECONDS, _settle, m)
+    stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, m.shutdown)
-    await m.run()  # startup errors exit through ErrorCheck's SystemExit(1)
+        loop.add_signal_handler(sig, stop.set)
+    running = asyncio.ensure_future(m.run())  # startup errors: ErrorCheck's SystemExit(1)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not running.done():
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
+            loop.add_signal_handler(sig, m.shutdown)
+        await drain(m, config.drain_timeout, lifecycle or Lifecycle())
+        m.shutdown()
+    stopping.cancel()
+    await running
     return 0
 
 

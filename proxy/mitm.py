@@ -308,6 +308,11 @@ def prefer_h2(data: tls.TlsData, offered: Sequence[bytes]) -> None:
         app["client_alpn"] = b"h2"
 
 
+async def stop_listening(proxyserver: Any) -> None:
+    """Close every listening socket; the connections already accepted go on."""
+    await proxyserver.servers.update([])
+
+
 def restore_address(server_conn: connection.Server, address: tuple[str, int]) -> None:
     """Give a connection dialed to a pinned IP back the address it was asked for: mitmproxy
     matches reusable upstream connections by address, and refuses a change on an open

@@ -112,6 +112,13 @@ def _http1_errors() -> None:
     _names(_http1.Http1Server.read_headers, "make_error_response")
 
 
+@_checks("mitmproxy.addons.proxyserver.Servers.update")
+def _stop_listening() -> None:
+    _params(proxyserver.Servers.update, "(self, modes)")
+    _coroutine(proxyserver.Servers.update)
+    _names(proxyserver.Proxyserver.__init__, "servers", "Servers")
+
+
 @_checks("mitmproxy.addons.tlsconfig.AppData")
 def _alpn_choice() -> None:
     _expect(set(tlsconfig.AppData.__annotations__) == {"client_alpn", "server_alpn", "http2"},

@@ -66,6 +66,7 @@ class Sealgate:
         self._pinned: dict[str, tuple[str, int]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._failure: tuple[object, str] | None = None  # the rules reload failure last told
+        self.in_flight: set[str] = set()  # flows between their request head and their end
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -239,6 +240,7 @@ class Sealgate:
     # -- requests: the main path ----------------------------------------------------------
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self.in_flight.add(flow.id)
         conn = self._conn(flow.client_conn)
         conn.requests += 1
         verdict = Verdict(started=time.monotonic())
@@ -413,13 +415,20 @@ class Sealgate:
         except Exception:
             logger.exception("sealgate: internal error scrubbing a response; dropped")
             flow.kill()
+        self.in_flight.discard(flow.id)
         self._log_flow(flow)
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         responses.on_websocket_message(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self.in_flight.discard(flow.id)
         self._log_flow(flow)
+
+    def drained(self, *, waited: float, cut: int) -> None:
+        """The drain's end (proxy/drain.py): what it waited for, and what it had to cut."""
+        self._emit("proxy_drained", pid=os.getpid(), waited_ms=round(waited * 1000, 1),
+                   cut=cut)
 
     # -- steps ----------------------------------------------------------------------------
 

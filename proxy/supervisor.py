@@ -2,73 +2,129 @@
 
 The control API is answered by one process only (the registry it writes is a file every worker
 watches): the single process itself, or the supervisor, which runs no proxy of its own.
+
+A worker that dies is started again, after a pause that doubles from 0.1 s up to 5 s while it
+keeps dying and starts over once it has stayed up for a minute; the others serve on meanwhile
+(its listening socket closed with it, so the kernel sends new connections to them). A worker
+that dies `_CRASH_LOOP` times within `_CRASH_WINDOW` seconds is a crash loop: the supervisor
+says so, stops every worker and exits 1, instead of restarting forever. On SIGTERM every
+worker drains (proxy/drain.py) and the supervisor waits for them, the control API's health
+saying not ready meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
+import time
+from collections import deque
 
 from aiohttp import web
 
 from sealgate.proxy import control
+from sealgate.proxy.drain import Lifecycle
 from sealgate.proxy.master import ProxyConfig, serve
 from sealgate.proxy.registry import SourceRegistry
 
-_STOP_SECONDS = 10.0  # how long workers get to finish after SIGTERM
+_STOP_MARGIN = 10.0  # past the drain timeout, how long a worker may take before it is killed
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0
+_STEADY_SECONDS = 60.0  # up this long, a worker's next death starts the pauses over
+_CRASH_LOOP, _CRASH_WINDOW = 5, 60.0
 
 
 async def serve_one(config: ProxyConfig, worker: int | None) -> int:
     """Serve in this process; as the only process (`worker` None) answer the control API too."""
     runner = None
+    lifecycle = Lifecycle()
     if worker is None:
-        runner = await _start_control(config)
+        runner = await _start_control(config, lifecycle)
     try:
-        return await serve(config, worker)
+        return await serve(config, worker, lifecycle)
     finally:
         if runner is not None:
             await runner.cleanup()
 
 
-async def supervise(config: ProxyConfig) -> int:
-    """Run the control API here and N workers as child processes; stop them all together."""
-    runner = await _start_control(config)
-    # The workers run this same command line (the supervisor only starts from a real one).
-    argv = sys.argv[1:]
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sealgate.cli", *argv, "--worker-index", str(i)
+class _Workers:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.stopping = asyncio.Event()
+        self.children: dict[int, asyncio.subprocess.Process] = {}
+        self.gave_up: str | None = None
+
+    async def start(self, index: int) -> asyncio.subprocess.Process:
+        # The workers run this same command line (the supervisor only starts from a real one).
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sealgate.cli", *sys.argv[1:], "--worker-index", str(index)
         )
-        for i in range(config.workers)
-    ]
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    def forward_hup() -> None:
-        for child in children:
-            child.send_signal(signal.SIGHUP)
+        self.children[index] = child
+        return child
 
-    loop.add_signal_handler(signal.SIGHUP, forward_hup)
-    waits = [asyncio.ensure_future(c.wait()) for c in children]
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
-    code = 0 if stop.is_set() else 1  # a worker that dies on its own is a failure
-    for child in children:
-        if child.returncode is None:
-            child.send_signal(signal.SIGTERM)
-    _, stuck = await asyncio.wait(waits, timeout=_STOP_SECONDS)
-    if stuck:  # a worker that ignores SIGTERM must not keep the supervisor (and port) alive
-        for child in children:
+    async def keep(self, index: int) -> None:
+        """Worker `index`, started again each time it dies, until stopping or a crash loop."""
+        deaths: deque[float] = deque(maxlen=_CRASH_LOOP)
+        pause = _FIRST_PAUSE
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            code = await (await self.start(index)).wait()
+            if self.stopping.is_set():
+                return
+            now = time.monotonic()
+            deaths.append(now)
+            if len(deaths) == _CRASH_LOOP and now - deaths[0] < _CRASH_WINDOW:
+                self.gave_up = (f"worker {index} died {_CRASH_LOOP} times in "
+                                f"{now - deaths[0]:.0f} s (last exit {code}): a crash loop, "
+                                "stopping")
+                self.stopping.set()
+                return
+            if now - started >= _STEADY_SECONDS:
+                pause = _FIRST_PAUSE
+            print(f"sealgate: worker {index} exited ({code}); starting it again in "
+                  f"{pause:g} s", file=sys.stderr, flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), pause)
+            pause = min(pause * 2, _LONGEST_PAUSE)
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        for child in self.children.values():
             if child.returncode is None:
-                child.kill()
-        await asyncio.gather(*waits)
-    stopper.cancel()
+                child.send_signal(sig)
+
+    async def stop_all(self) -> None:
+        self.signal_all(signal.SIGTERM)
+        waits = [asyncio.ensure_future(c.wait()) for c in self.children.values()]
+        if not waits:
+            return
+        _, stuck = await asyncio.wait(waits, timeout=self.config.drain_timeout + _STOP_MARGIN)
+        if stuck:  # a worker that ignores SIGTERM must not keep the supervisor (and port) alive
+            self.signal_all(signal.SIGKILL)
+            await asyncio.gather(*waits)
+
+
+async def supervise(config: ProxyConfig) -> int:
+    """Run the control API here and N workers as child processes, kept running."""
+    lifecycle = Lifecycle()
+    runner = await _start_control(config, lifecycle)
+    workers = _Workers(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, workers.stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, workers.signal_all, signal.SIGHUP)
+    keepers = [asyncio.ensure_future(workers.keep(i)) for i in range(config.workers)]
+    await workers.stopping.wait()
+    lifecycle.draining = True
+    await workers.stop_all()
+    await asyncio.gather(*keepers)
     await runner.cleanup()
-    return code
+    if workers.gave_up is not None:
+        print(f"sealgate: {workers.gave_up}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
-async def _start_control(config: ProxyConfig) -> web.AppRunner:
+async def _start_control(config: ProxyConfig, lifecycle: Lifecycle) -> web.AppRunner:
     registry = SourceRegistry(config.state / "registry.json")
-    return await control.start(control.socket_path(config.state), registry, config.rules)
+    return await control.start(control.socket_path(config.state), registry, config.rules,
+                               lambda: lifecycle.draining)
