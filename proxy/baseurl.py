@@ -39,6 +39,7 @@ class BaseUrl:
     port: int
     tokens: str  # the comma-separated list as written, "" for none
     prefix: str  # "/_/<segment>", as the client wrote it
+    here: str = ""  # the proxy as the client named it (`http://<its Host>`), "" if unreadable
 
     @property
     def authority(self) -> str:
@@ -63,7 +64,7 @@ def rewrite(request: http.Request) -> BaseUrl:
     if at and not tokens:
         raise Denial(Reason.BAD_REQUEST, "an empty token list before '@' in a base-URL request")
     host, port = parse_target(authority, _DEFAULT_PORT)
-    named = BaseUrl(host, port, tokens, PREFIX + segment)
+    named = BaseUrl(host, port, tokens, PREFIX + segment, _here(request.host_header))
     request.scheme = "https"
     request.data.host, request.data.port = host.name, port
     request.path = path if path.startswith("/") else "/" + path
@@ -73,11 +74,12 @@ def rewrite(request: http.Request) -> BaseUrl:
 
 
 def redirected(location: str, named: BaseUrl) -> str | None:
-    """A `Location` from the upstream, pointed back through the proxy: a redirect to the same
-    upstream keeps the prefix (tokens included), one to another https host gets its own. None
-    when it needs no change (a relative reference, or plain http, which is refused anyway)."""
+    """A `Location` from the upstream, pointed back through the proxy, absolute (clients such
+    as PyGithub follow a redirect only to the scheme, host and port they started from): one to
+    the same upstream keeps the prefix (tokens included), one to another https host gets its
+    own. None when it needs no change (a relative path, or plain http, which is refused)."""
     if location.startswith("/") and not location.startswith("//"):
-        return named.prefix + location
+        return named.here + named.prefix + location
     scheme, sep, rest = location.partition("://")
     if not sep or scheme.lower() != "https":
         return None
@@ -89,4 +91,17 @@ def redirected(location: str, named: BaseUrl) -> str | None:
     prefix = named.prefix if (host, port) == (named.host, named.port) else (
         PREFIX + BaseUrl(host, port, "", "").authority
     )
-    return f"{prefix}{slash}{path}" if slash else prefix + "/"
+    return named.here + (f"{prefix}{slash}{path}" if slash else prefix + "/")
+
+
+def _here(host_header: str | None) -> str:
+    """`http://<host>[:<port>]` for the Host the client sent the proxy, read as every host is;
+    "" (a relative Location) when it does not read as one."""
+    if not host_header:
+        return ""
+    try:
+        host, port = parse_target(host_header, 80)
+    except Denial:
+        return ""
+    return "http://" + (format_hostport(host.name, port) if port != 80 else (
+        f"[{host.name}]" if ":" in host.name else host.name))

@@ -210,8 +210,18 @@ def _run_env(args: argparse.Namespace) -> int:
         print(f"sealgate: cannot write the bundle {bundle}: {exc.strerror}", file=sys.stderr)
         return 1
     url = f"http://{credentials}{format_hostport(host, port)}"
+    if closed := _closed_to_others(bundle):
+        # The default place is beside the CA's key, in a directory only its owner may enter.
+        print(f"sealgate: note: only {closed[0]}'s owner can reach the bundle {bundle}; a "
+              "client running as another user needs --bundle in a place it can read",
+              file=sys.stderr)
     sys.stdout.write(clientenv.render(clientenv.variables(url, str(bundle)), args.format))
     return 0
+
+
+def _closed_to_others(path: Path) -> list[Path]:
+    """The directories above `path` that a user other than their owner cannot enter."""
+    return [d for d in path.parents if not d.stat().st_mode & 0o001]
 
 
 def _run_sources(args: argparse.Namespace) -> int:

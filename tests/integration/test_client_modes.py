@@ -267,12 +267,13 @@ def test_absolute_form_and_tunnelled_paths_are_not_base_urls(
 
 
 def test_redirects_are_pointed_back_through_the_proxy(bproxy: Proxy, origin: Origin) -> None:
-    prefix = f"/_/api.test:{origin.port}"
+    here = f"http://127.0.0.1:{bproxy.port}"  # as the client named the proxy: absolute
+    prefix = f"{here}/_/api.test:{origin.port}"
     for location, expected in [
         ("/v1/next?a=1", f"{prefix}/v1/next?a=1"),
         (f"https://api.test:{origin.port}/v2", f"{prefix}/v2"),
-        ("https://other.test/p", "/_/other.test/p"),
-        ("https://other.test:8443", "/_/other.test:8443/"),
+        ("https://other.test/p", f"{here}/_/other.test/p"),
+        ("https://other.test:8443", f"{here}/_/other.test:8443/"),
         ("relative/path", "relative/path"),
         ("http://plain.test/", "http://plain.test/"),
     ]:

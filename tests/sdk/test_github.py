@@ -167,10 +167,6 @@ def test_renamed_repository_redirect_is_followed(w: World) -> None:
     assert [r.headers["authorization"] for r in w.fake.requests] == [f"token {SECRET}"] * 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: base-URL mode rewrites an upstream's absolute Location into a relative "
-    "/_/<host>/... reference; PyGithub follows a 301 only to the same scheme/host/port and "
-    "raises RuntimeError('Github server redirected from http protocol to , ...')"))
 def test_renamed_repository_redirect_is_followed_in_base_url_mode(w: World) -> None:
     """The proxy points the upstream's Location back through itself. PyGithub compares the
     Location's scheme, host and port with its base URL's, so that Location must be absolute

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -78,10 +80,21 @@ def test_a_bundle_written_where_asked_is_readable_by_other_users(tmp_path: Path)
     assert _readable_by_others(tmp_path, bundle) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: `sealgate env` writes its bundle by default to <state>/ca/bundle.pem and "
-    "makes the file 0644, but <state>/ca is 0700 (it holds the CA's key), so a client running "
-    "as any other user (a sandbox's uid) is handed a CA path it cannot open"))
-def test_the_default_bundle_is_readable_by_other_users(tmp_path: Path) -> None:
-    bundle = _env_bundle(tmp_path / "state")
-    assert _readable_by_others(tmp_path, bundle) == []
+def test_the_default_bundle_says_who_cannot_read_it(tmp_path: Path) -> None:
+    """The default bundle sits beside the CA's key, in <state>/ca (0700, on purpose): `sealgate
+    env` says so on stderr, and that --bundle puts it where another user can read it."""
+    state = tmp_path / "state"
+    _env_bundle(state)
+    done = subprocess.run([*SEALGATE, "env", "--state", str(state), "--proxy", "127.0.0.1:8080"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0
+    assert "another user needs --bundle" in done.stderr
+    out = Path(tempfile.mkdtemp(prefix="sealgate-bundle-"))  # not under pytest's 0700 tree
+    try:
+        out.chmod(0o755)
+        done = subprocess.run([*SEALGATE, "env", "--state", str(state), "--proxy",
+                               "127.0.0.1:8080", "--bundle", str(out / "b.pem")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 0 and "--bundle" not in done.stderr, done.stderr
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
