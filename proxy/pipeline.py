@@ -99,6 +99,7 @@ class Sealgate:
     def reload(self, *, asked: bool = True) -> None:
         """Re-read the rules and token keys; a broken file keeps what is in force and says why:
         when asked (SIGHUP), and once per change of the file when the watcher finds it."""
+        before = self._state().rules_seen.identities
         self.settings, failed = settings.reload(self._state(), ctx.options)
         if failed is not None:
             failure = (self.settings.rules_seen.identities, str(failed))
@@ -109,7 +110,10 @@ class Sealgate:
             self._failure = failure
         else:
             self._failure = None
-            self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
+            # The watcher reads a file again while its timestamp is too fresh to vouch for it
+            # (sealgate.watch): only a read of something that changed is a reload to report.
+            if asked or self.settings.rules_seen.identities != before:
+                self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
 
     async def _watch_rules(self) -> None:
         while True:

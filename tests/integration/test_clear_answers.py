@@ -87,3 +87,16 @@ def test_a_broken_rules_file_is_reported_once_per_change(
         assert len([e for e in p.audit() if e["event"] == "rules_reload_failed"]) > len(failures)
         p.rules.write_text(rules_allowing("a.svc.test", origin_http.port))
         p.wait_audit(lambda e: e["event"] == "rules_reloaded")
+
+
+def test_an_unchanged_rules_file_is_not_reported_reloaded(
+    tmp_path: Path, origin_http: Origin, dns: StubDNS
+) -> None:
+    """A proxy started right after its rules were written reads them again while their
+    timestamp is too fresh to trust; nothing changed, so nothing is reported."""
+    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
+                       resolver=dns.address) as p:
+        time.sleep(3.2)
+        assert not [e for e in p.audit() if e["event"] == "rules_reloaded"]
+        p.rules.write_text(rules_allowing("a.svc.test", origin_http.port))
+        p.wait_audit(lambda e: e["event"] == "rules_reloaded")
