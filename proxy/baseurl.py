@@ -77,9 +77,14 @@ def redirected(location: str, named: BaseUrl) -> str | None:
     """A `Location` from the upstream, pointed back through the proxy, absolute (clients such
     as PyGithub follow a redirect only to the scheme, host and port they started from): one to
     the same upstream keeps the prefix (tokens included), one to another https host gets its
-    own. None when it needs no change (a relative path, or plain http, which is refused)."""
+    own (a scheme-relative `//host/...` is read as https, the upstream's scheme). None when it
+    needs no change (a relative path, or plain http, which is refused)."""
     if location.startswith("/") and not location.startswith("//"):
         return named.here + named.prefix + location
+    if location.startswith("//"):
+        # Scheme-relative: against the client's http base it would be plain http, around the
+        # proxy; the upstream meant its own scheme, https.
+        location = "https:" + location
     scheme, sep, rest = location.partition("://")
     if not sep or scheme.lower() != "https":
         return None

@@ -34,6 +34,10 @@ Via = Literal["proxy-auth", "source", "default"]
 # Compared against when the id is unknown, so a miss costs the same as a wrong key.
 _DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
 _PROVEN_CAP = 4096
+# An id, a key and eight tokens (docs/token-format.md: the most a request may carry) fit many
+# times over; the cache holds at most _PROVEN_CAP values of this size.
+_LONGEST = 16 * 1024
+_MOST_TOKENS = 8
 _TOKEN_START = TOKEN_PREFIX + "."
 _NO_ONE = frozenset({"", "_"})  # users that claim no identity
 
@@ -71,6 +75,8 @@ class Identifier:
         proven = self._proven.get(value)
         if proven is not None:
             return proven
+        if len(value) > _LONGEST:
+            raise Denial(Reason.IDENTITY_INVALID, f"Proxy-Authorization over {_LONGEST} bytes")
         proven = self._prove(value)
         if len(self._proven) >= _PROVEN_CAP:
             self._proven.clear()
@@ -90,8 +96,10 @@ class Identifier:
             raise Denial(Reason.IDENTITY_INVALID, "Proxy-Authorization needs id:key")
         if sandbox_id in _NO_ONE:
             # No identity claimed: the password is nothing but tokens (each checked when used).
-            return Credentials(None, tuple(password.split(","))) if password else _NOTHING
+            tokens = _at_most(tuple(password.split(",")) if password else ())
+            return Credentials(None, tokens) if tokens else _NOTHING
         key, tokens = _key_and_tokens(password)
+        tokens = _at_most(tokens)
         entry = self.rules.sandboxes.get(sandbox_id)
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
@@ -126,3 +134,10 @@ def _key_and_tokens(password: str) -> tuple[str, tuple[str, ...]]:
     if any(t.startswith(_TOKEN_START) for t in tokens):
         return key, tokens
     return password, ()
+
+
+def _at_most(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    if len(tokens) > _MOST_TOKENS:
+        raise Denial(Reason.TOKEN_MALFORMED, f"at most {_MOST_TOKENS} tokens in the proxy "
+                     "credentials")
+    return tokens

@@ -227,7 +227,8 @@ class Sealgate:
     ) -> None:
         """A redirected TLS connection names its destination only in the SNI."""
         server = data.context.server
-        assert server.address is not None
+        if server.address is None:  # TLS straight to the explicit listener, with no CONNECT
+            raise Denial(Reason.BAD_REQUEST, "TLS to the proxy needs a CONNECT first")
         host = _canonical(sni) if sni else _canonical(str(server.address[0]))
         port = server.address[1]
         identity = self._identify([], conn, data.context.client)
@@ -491,7 +492,10 @@ class Sealgate:
     def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
         verdict.decision, verdict.reason = "deny", denial.reason
-        grpc = flow.request.headers.get("content-type", "").startswith("application/grpc")
+        # gRPC's status travels in trailers, which only HTTP/2 carries here (grpc-web and an
+        # HTTP/1 client get the plain refusal, whose status says it is one).
+        grpc = flow.request.is_http2 and flow.request.headers.get(
+            "content-type", "").startswith("application/grpc")
         flow.response = deny_response(
             denial, host=verdict.host, policy=verdict.policy, request_id=flow.id, grpc=grpc
         )

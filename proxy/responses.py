@@ -41,13 +41,9 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         _refuse(flow, emit, Reason.PROTOCOL_NOT_ALLOWED, upgrade=upgrade[:64])
         return
     guard.strip_downstream_headers(response.headers)
-    # A base-URL client follows a redirect through the proxy, never around it.
-    if verdict.base_url is not None and (location := response.headers.get("location")) and (
-        back := baseurl.redirected(location, verdict.base_url)
-    ):
-        response.headers["location"] = back
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     if not scrubber:
+        _point_back(response, verdict.base_url)
         _stream_if_large(response)
         return
     coding = header(response.headers, b"transfer-encoding").lower().replace(" ", "")
@@ -68,6 +64,9 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         response.data.reason
     ):
         response.data.reason = reason
+    # Rewritten once scrubbed: the rewrite writes the host canonical (lower case), and a secret
+    # echoed into it would no longer be the needle the scrubber looks for.
+    _point_back(response, verdict.base_url)
     if response.status_code == 101:
         # A WebSocket follows: its control frames are masked as mitmproxy relays them.
         flow.metadata[mitm.CONTROL_SCRUB] = scrubber.data
@@ -159,6 +158,14 @@ def _stream_scrubbed(
             return []
 
     response.stream = stream
+
+
+def _point_back(response: http.Response, named: baseurl.BaseUrl | None) -> None:
+    """A base-URL client follows a redirect through the proxy, never around it."""
+    if named is not None and (location := response.headers.get("location")) and (
+        back := baseurl.redirected(location, named)
+    ):
+        response.headers["location"] = back
 
 
 def _refuse(flow: http.HTTPFlow, emit: Emit, reason: Reason, **detail: str) -> None:

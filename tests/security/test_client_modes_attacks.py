@@ -385,7 +385,10 @@ def _location(proxy: Proxy, api: Origin, location: str, prefix: str = "") -> tup
     r = base_get(proxy, target, [BOT1])
     assert r.status == 200, r.body[:300]
     back = r.headers.get("location", "")
-    return back, urljoin(f"http://127.0.0.1:{proxy.port}/_/{target}", back)
+    try:
+        return back, urljoin(f"http://127.0.0.1:{proxy.port}/_/{target}", back)
+    except ValueError:  # a masked host ("[REDACTED]...") is no URL a client could follow
+        return back, ""
 
 
 def test_a_secret_echoed_in_a_redirect_path_is_masked(
@@ -395,10 +398,6 @@ def test_a_secret_echoed_in_a_redirect_path_is_masked(
     assert BROKERED.lower() not in back.lower() and "REDACTED" in back, back
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: baseurl.redirected canonicalises (lowercases) the host of an upstream's Location "
-    "before the scrubber runs; the scrubber's needles are case-sensitive, so a brokered secret "
-    "echoed into a redirect's host reaches the sandbox lowercased, unmasked"))
 @pytest.mark.parametrize("template", [
     "https://{s}.x.test/p", "https://{s}.x.test:8443/p", "https://{s}/", "HTTPS://{s}.X.TEST",
 ])
@@ -422,9 +421,6 @@ def test_a_redirect_elsewhere_drops_the_tokens_of_the_prefix(
     assert url == f"http://127.0.0.1:{aproxy.port}/_/{token}@api.test:{api.port}/next"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a scheme-relative Location (//host/path) is left as it is: resolved against the base URL "
-    "it sends the client to http://host/path directly, around the proxy and in plain text"))
 def test_a_scheme_relative_redirect_is_pointed_back_through_the_proxy(
     aproxy: Proxy, api: Origin, fresh: None
 ) -> None:
@@ -678,11 +674,6 @@ def test_a_grpc_refusal_echoing_a_hostile_path_stays_one_clean_trailer(
     assert nothing_reached(api)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "robustness: a gRPC-shaped refusal over HTTP/1 (grpc-web, or any client sending "
-    "content-type application/grpc) is a bare 200 with an empty body: mitmproxy cannot send "
-    "HTTP/1 trailers, so grpc-status and grpc-message are dropped and the refusal reads as "
-    "success to anything that ignores X-Sealgate-Error"))
 @pytest.mark.parametrize("content_type", ["application/grpc", "application/grpc-web+proto"])
 def test_a_grpc_refusal_over_http1_still_reads_as_a_refusal(
     aproxy: Proxy, victim: Origin, fresh: None, content_type: str
@@ -722,11 +713,6 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DoS: Identifier._proven caches every Proxy-Authorization value that proves (a '_' user "
-    "always does, with its password split on ','), unbounded in size, up to 4096 of them: "
-    "~1.4 MB of '_:,,,,' keeps ~7-11 MB each (the value, the decoded text, a tuple of a "
-    "million pointers), so a few hundred requests exhaust the proxy's memory"))
 def test_huge_proxy_credentials_are_not_kept(lone: Proxy) -> None:
     pid = lone.process.pid
     padding = "," * (1 << 20)
@@ -748,10 +734,6 @@ def test_huge_proxy_credentials_are_not_kept(lone: Proxy) -> None:
     assert grown < 100 << 20, f"{grown >> 20} MiB kept after 24 requests"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "robustness: a TLS ClientHello straight to the explicit listener reaches "
-    "_transparent_tls_target, whose `assert server.address is not None` fails: refused, but "
-    "logged as an internal error with a traceback, as often as a sandbox likes"))
 def test_tls_straight_to_the_explicit_listener_is_refused_quietly(lone: Proxy) -> None:
     context = ssl.create_default_context()
     context.check_hostname = False
