@@ -18,6 +18,7 @@ from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport, parse_hostport
 
 if TYPE_CHECKING:
+    from sealgate.proxy.limits import Limits
     from sealgate.proxy.master import ProxyConfig
 
 
@@ -48,6 +49,16 @@ def register(sub: Commands) -> None:
     p.add_argument("--drain-timeout", type=float, default=env("SEALGATE_DRAIN_TIMEOUT", "30"),
                    help="on SIGTERM, seconds requests in flight may take to finish before the "
                         "proxy closes them (it stops accepting at once)")
+    p.add_argument("--idle-timeout", type=float, default=env("SEALGATE_IDLE_TIMEOUT", "60"),
+                   help="seconds a connection may pass with nothing sent either way")
+    p.add_argument("--header-timeout", type=float, default=env("SEALGATE_HEADER_TIMEOUT", "10"),
+                   help="seconds a request head may take from its first byte (408 after)")
+    p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
+                   help="most bytes of a request head, line and fields (431 over)")
+    p.add_argument("--max-header-fields", type=int, default=100,
+                   help="most header fields of a request (431 over)")
+    p.add_argument("--max-uri-bytes", type=int, default=8 * 1024,
+                   help="most bytes of a request target (414 over)")
     p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
                    help="directory of private token keys (<kid>.key); unset: tokens refused")
     p.add_argument("--secret-store", action="append", default=[], metavar="URL",
@@ -112,11 +123,22 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         audit_stdout=args.audit_stdout,
         connect_timeout=args.connect_timeout,
         drain_timeout=max(0.0, args.drain_timeout),
+        limits=_limits(args),
         token_keys=Path(args.token_keys) if args.token_keys else None,
         secret_stores=tuple(args.secret_store),
         # An option of the addon only: mitmproxy collects repeated values of a list option.
         extra=(*(f"sealgate_sandbox_networks={n}" for n in args.sandbox_network), *args.set),
     )
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    from sealgate.proxy.limits import Limits
+
+    try:
+        return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
+                      args.header_timeout, args.idle_timeout)
+    except ValueError as exc:
+        raise SystemExit(f"sealgate: {exc}") from None
 
 
 def _run_proxy(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import gc
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from sealgate.hostport import format_hostport
 from sealgate.proxy import mitm
 from sealgate.proxy.ca import ensure_ca
 from sealgate.proxy.drain import Lifecycle, drain
+from sealgate.proxy.limits import Limits
 from sealgate.proxy.pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
@@ -49,6 +50,7 @@ class ProxyConfig:
     audit_stdout: bool = False
     connect_timeout: float = 10.0
     drain_timeout: float = 30.0  # how long requests in flight may take to finish on SIGTERM
+    limits: Limits = field(default_factory=Limits)
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()  # OPTION=VALUE, parsed by mitmproxy as its --set does
@@ -147,7 +149,7 @@ async def serve(
 ) -> int:
     """Serve until SIGTERM or SIGINT, then drain (proxy/drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
-    mitm.install(config.connect_timeout, reuse_port=config.workers > 1)
+    mitm.install(config.connect_timeout, reuse_port=config.workers > 1, bounds=config.limits)
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the

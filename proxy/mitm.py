@@ -11,6 +11,8 @@ pyproject.toml pins the tested version; tests/unit/test_mitm.py runs the same ch
 The patches, and why:
 
 - upstream dials bounded, upstream failures answered as JSON (proxy/upstream.py);
+- request heads bounded in size and time while they are read, idle connections closed
+  (proxy/limits.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import time
 import types
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,7 +37,7 @@ import wsproto.events
 from mitmproxy import addonmanager, connection, ctx, flow, http, tls
 from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
-from mitmproxy.proxy import mode_servers, mode_specs, server
+from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers import websocket
@@ -49,7 +52,7 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.utils import asyncio_utils
 
-from sealgate.proxy import speedups, upstream
+from sealgate.proxy import limits, speedups, upstream
 from sealgate.proxy.mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
@@ -68,7 +71,9 @@ def require_tested() -> None:
         )
 
 
-def install(connect_timeout: float, *, reuse_port: bool) -> None:
+def install(
+    connect_timeout: float, *, reuse_port: bool, bounds: limits.Limits | None = None
+) -> None:
     """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
     would wrap the HTTP/2 handler twice)."""
     if _http1.make_error_response is upstream.error_response:
@@ -81,6 +86,12 @@ def install(connect_timeout: float, *, reuse_port: bool) -> None:
             mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
         )
     _http1.make_error_response = upstream.error_response
+    bounds = bounds or limits.Limits()
+    _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]
+        _http1.Http1Server.read_headers, bounds
+    )
+    # The watchdog of every connection reads this when the connection is accepted.
+    server.TCP_TIMEOUT = bounds.idle_seconds  # type: ignore[assignment]
     _scoped(_http1, "http1", read_request_head=_marking_origin_form(http1.read_request_head))
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
@@ -172,6 +183,48 @@ def _json_errors(handle: _Handler) -> _Handler:
             yield from handle(self, event)
 
     return handle_event
+
+
+_Read = Callable[[_http1.Http1Server, events.ConnectionEvent], CommandGenerator[None]]
+# When the head being read began, per HTTP/1 server (its first byte's arrival).
+_HEAD_BEGAN: weakref.WeakKeyDictionary[_http1.Http1Server, float] = weakref.WeakKeyDictionary()
+
+
+def _bounded_heads(read: _Read, bounds: limits.Limits) -> _Read:
+    """mitmproxy's HTTP/1 server reads a request head until its blank line, however long it
+    grows and however slowly it comes ("FIXME: protect against header size DoS"). Refused while
+    it is read: over the size or the time before it is complete, over the URI or field count
+    once it is (before mitmproxy acts on it); answered with the JSON refusal, then closed."""
+
+    @functools.wraps(read)
+    def read_headers(
+        self: _http1.Http1Server, event: events.ConnectionEvent
+    ) -> CommandGenerator[None]:
+        denial = None
+        if isinstance(event, events.DataReceived):
+            now = time.monotonic()
+            head = bytes(self.buf)
+            ends = [i + len(mark) for mark in (b"\n\r\n", b"\n\n") if (i := head.find(mark)) >= 0]
+            waited = now - _HEAD_BEGAN.setdefault(self, now)
+            # Complete, only its size counts (what follows is the body, or the next request).
+            denial = limits.unfinished(min(ends), 0.0, bounds) if ends else limits.unfinished(
+                len(head), waited, bounds)
+        if denial is None:
+            before = self.request
+            # Run to the end first: a head over the bounds must not reach the HTTP layer. (Its
+            # commands are all replies-free: ReceiveHttp, SendData, CloseConnection, Log.)
+            done = list(read(self, event))
+            if self.request is not before and self.request is not None:
+                _HEAD_BEGAN.pop(self, None)
+                denial = limits.finished(self.request, bounds)
+            if denial is None:
+                yield from done
+                return
+        yield commands.SendData(self.conn, upstream.refused_head(denial))
+        yield commands.CloseConnection(self.conn)
+        self.state = self.done
+
+    return read_headers
 
 
 _Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]

@@ -139,6 +139,15 @@ def _http1_request_head() -> None:
             "absolute-form requests now come without their host")
 
 
+@_checks("mitmproxy.proxy.layers.http._http1.Http1Server.read_headers")
+def _http1_heads() -> None:
+    _params(_http1.Http1Server.read_headers, "(self, event)")
+    _names(_http1.Http1Server.read_headers, "buf", "request", "state", "done")
+    _names(_http1.Http1Connection._handle_event, "buf")
+    _expect(isinstance(vars(server).get("TCP_TIMEOUT"), int | float), "no TCP_TIMEOUT")
+    _names(server.ConnectionHandler.__init__, "TCP_TIMEOUT", "TimeoutWatchdog")
+
+
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Client.send")
 def _http1_framing() -> None:
     _params(_http1.Http1Client.send, "(self, event)")

@@ -43,7 +43,15 @@ def bounded(dial: Dial, connect_timeout: float) -> Dial:
 
 def error_response(status_code: int, message: str = "") -> bytes:
     """The bytes of an HTTP/1 answer to a failure mitmproxy reports: the JSON refusal, closing."""
-    response = refusal(status_code, message)
+    return closing(refusal(status_code, message))
+
+
+def refused_head(denial: Denial) -> bytes:
+    """The bytes of an HTTP/1 answer to a request head refused while it was read."""
+    return closing(deny_response(denial, host=None, policy=None, request_id=""))
+
+
+def closing(response: http.Response) -> bytes:
     response.headers["Connection"] = "close"
     return bytes(http1.assemble_response(response))
 

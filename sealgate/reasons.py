@@ -69,6 +69,13 @@ class Reason(StrEnum):
     PATH_INVALID = ("path_invalid", 400, "a path the proxy will not interpret (dot segments, …)")
     SCHEME_INVALID = ("scheme_invalid", 400, "a scheme other than http and https")
     BAD_REQUEST = ("bad_request", 400, "a request the proxy cannot read")
+    URI_TOO_LONG = ("uri_too_long", 414, "a request target over the proxy's limit (8 KiB)")
+    HEADERS_TOO_LARGE = (
+        "headers_too_large", 431, "a request head over the proxy's limits (64 KiB, 100 fields)",
+    )
+    REQUEST_TIMEOUT = (
+        "request_timeout", 408, "a request head not complete within the header timeout (10 s)",
+    )
     # -- names: never reachable (403) ------------------------------------------------------
     LOCALHOST_NAME = ("localhost_name", 403, "localhost and names under it")
     METADATA_NAME = ("metadata_name", 403, "a cloud metadata name (`metadata.google.internal`)")

@@ -1,0 +1,56 @@
+"""How big and how slow a client's request head may be, and how long a connection may idle.
+
+mitmproxy buffers an HTTP/1 request head until its blank line however long that takes and
+however large it grows (a 16 MB header, 100,000 fields and a 4 MB URI all went upstream; one
+connection fed 256 MiB of header and held it), and keeps an idle connection for ten minutes.
+These are the bounds `sealgate proxy` puts in (proxy/mitm.py wires them into mitmproxy's HTTP/1
+server and its connection watchdog): a head is refused while it is being read, never buffered
+whole, and the answer says which bound it broke.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mitmproxy import http
+
+from sealgate.proxy.errors import Denial
+from sealgate.reasons import Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    header_bytes: int = 64 * 1024  # the request line and every field, as received
+    header_fields: int = 100
+    uri_bytes: int = 8 * 1024
+    header_seconds: float = 10.0  # from a head's first byte to its blank line
+    idle_seconds: float = 60.0  # a connection with nothing sent either way is closed
+
+    def __post_init__(self) -> None:
+        for name in ("header_bytes", "header_fields", "uri_bytes", "header_seconds",
+                     "idle_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+def unfinished(buffered: int, waited: float, limits: Limits) -> Denial | None:
+    """The refusal of a head not complete yet, `buffered` bytes received `waited` seconds after
+    its first: over the size (431) or too slow (408); None while within both."""
+    if buffered > limits.header_bytes:
+        return Denial(Reason.HEADERS_TOO_LARGE,
+                      f"the request head is over {limits.header_bytes} bytes")
+    if waited > limits.header_seconds:
+        return Denial(Reason.REQUEST_TIMEOUT,
+                      f"the request head took over {limits.header_seconds:g} s")
+    return None
+
+
+def finished(request: http.Request, limits: Limits) -> Denial | None:
+    """The refusal of a complete head: a target over the URI bound (414) or too many fields
+    (431); None when it is within them."""
+    if len(request.data.path) > limits.uri_bytes:
+        return Denial(Reason.URI_TOO_LONG, f"the request target is over {limits.uri_bytes} bytes")
+    if len(request.headers.fields) > limits.header_fields:
+        return Denial(Reason.HEADERS_TOO_LARGE,
+                      f"more than {limits.header_fields} header fields")
+    return None
