@@ -23,10 +23,11 @@ from typing import Any
 
 from mitmproxy import connection, ctx, http, tls
 from mitmproxy.addonmanager import Loader
+from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.proxy import baseurl, layers, mitm, responses, settings
+from sealgate.proxy import baseurl, layers, mitm, responses, settings, upstream
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.credentials import presented
@@ -428,6 +429,10 @@ class Sealgate:
 
     def error(self, flow: http.HTTPFlow) -> None:
         self.in_flight.discard(flow.id)
+        verdict: Verdict | None = flow.metadata.get(META)
+        if verdict is not None and verdict.reason is None:
+            # Allowed, then failed upstream: the line says how, as the client's answer does.
+            verdict.reason = _upstream_failure(flow)
         self._log_flow(flow)
 
     def drained(self, *, waited: float, cut: int) -> None:
@@ -542,6 +547,15 @@ def _inside_target(connect: http.Request, denial: Denial) -> tuple[Host, int] | 
         return guardmod.parse_target(connect.authority or "", 443)
     except Denial:
         return None
+
+
+def _upstream_failure(flow: http.HTTPFlow) -> Reason | None:
+    said = flow.error.msg if flow.error is not None else ""
+    if flow.response is not None or not said or said == Error.KILLED_MESSAGE or (
+        said.startswith("Client")  # mitmproxy's word for the client's side going away
+    ):
+        return None
+    return upstream.failure(said)
 
 
 def _denial(decision: Decision) -> Denial:

@@ -23,6 +23,11 @@ from sealgate.proxy.errors import Denial, deny_response
 from sealgate.reasons import Reason
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
+# What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a
+# connection that ended before a response (its messages, not the client's text).
+_TLS_FAILED = re.compile(r"certificate|\btls\b|\bssl\b|handshake|openssl", re.IGNORECASE)
+_RESET = re.compile(r"reset|closed connection|disconnected|\beof\b|broken pipe",
+                    re.IGNORECASE)
 
 Dial = Callable[..., Awaitable[Any]]
 
@@ -61,13 +66,32 @@ def refusal(status_code: int, message: str) -> http.Response:
     return deny_response(_denial(status_code, message), host=None, policy=None, request_id="")
 
 
+def failure(message: str) -> Reason:
+    """The reason for an upstream failure mitmproxy describes as `message` (which may name the
+    address dialed: it goes to the audit log, never to the client)."""
+    if "timed out" in message.lower():
+        return Reason.CONNECT_TIMEOUT
+    if _TLS_FAILED.search(message):
+        return Reason.UPSTREAM_TLS_FAILED
+    if _RESET.search(message):
+        return Reason.UPSTREAM_RESET
+    return Reason.CONNECT_FAILED
+
+
+_SAID = {
+    Reason.CONNECT_TIMEOUT: "the upstream did not answer in time",
+    Reason.UPSTREAM_TLS_FAILED: "the upstream's TLS certificate or handshake failed",
+    Reason.UPSTREAM_RESET: "the upstream closed the connection before a response",
+    Reason.CONNECT_FAILED: "the upstream could not be reached",
+}
+
+
 def _denial(status_code: int, message: str) -> Denial:
     if own := _OWN_REASON.search(message):
         # A dial the guard refused (a rebinding answer, say): its reason, not a generic one.
         return Denial(Reason.of(own.group(1)), "the upstream connection was refused by the guard")
-    if "timed out" in message.lower():
-        return Denial(Reason.CONNECT_TIMEOUT, "the upstream did not answer in time")
     if status_code >= 500:
-        return Denial(Reason.CONNECT_FAILED, "the upstream could not be reached")
+        reason = failure(message)
+        return Denial(reason, _SAID[reason])
     # The client's own malformed input: telling it what was wrong is safe and useful.
     return Denial(Reason.BAD_REQUEST, message[:200])

@@ -147,7 +147,15 @@ class Reason(StrEnum):
     DNS_NO_ANSWER = ("dns_no_answer", 502, "the name has no address")
     DNS_ERROR = ("dns_error", 502, "the name server failed")
     DNS_TIMEOUT = ("dns_timeout", 504, "the name server did not answer in time")
-    CONNECT_FAILED = ("connect_failed", 502, "the upstream refused or reset the connection")
+    CONNECT_FAILED = ("connect_failed", 502, "the upstream could not be connected to")
+    UPSTREAM_TLS_FAILED = (
+        "upstream_tls_failed", 502,
+        "the upstream's TLS handshake failed (a certificate untrusted, expired or for another "
+        "name, or no TLS at all)",
+    )
+    UPSTREAM_RESET = (
+        "upstream_reset", 502, "the upstream closed or reset the connection before a response",
+    )
     CONNECT_TIMEOUT = ("connect_timeout", 504, "the upstream did not accept in time")
     INTERNAL_ERROR = ("internal_error", 500, "a bug: the proxy could not decide, so it refused")
     AUDIT_UNAVAILABLE = ("audit_unavailable", 503, "the audit log cannot be written")

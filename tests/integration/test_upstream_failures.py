@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import ssl
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +15,7 @@ import pytest
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
-from tests.harness import Proxy, free_port, key_digest
+from tests.harness import Origin, OriginCA, Proxy, free_port, key_digest
 from tests.netns import require_root_net, run
 from tests.security.rawclient import h2_through_tunnel
 
@@ -82,3 +87,94 @@ def test_refused_upstream_over_http2_is_the_same_json_502(fproxy: Proxy, dead_po
     assert r.json()["reason"] == "connect_failed"
     assert r.reason == "connect_failed"
     assert b"127.0.0.1" not in r.body
+
+
+class Resetter:
+    """Accepts, reads the request, and closes without a byte of response."""
+
+    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.requests = 0
+        self._context = None
+        if tls is not None:
+            self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._context.load_cert_chain(str(tls[0]), str(tls[1]))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            conn.settimeout(2)
+            with contextlib.suppress(OSError):
+                if self._context is not None:
+                    conn = self._context.wrap_socket(conn, server_side=True)
+                if conn.recv(65536):
+                    self.requests += 1
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def tproxy(
+    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, origin_https: Origin,
+    test_ca: OriginCA,
+) -> Iterator[tuple[Proxy, Resetter]]:
+    resetter = Resetter(tls=test_ca.issue("api.test"))
+    dns.set("wrongname.test", "A 127.0.0.1")  # the origin, whose certificate names api.test
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: wrongname.test
+        ports: [{origin_https.port}]
+        methods: [GET]
+      - host: api.test
+        ports: [{resetter.port}]
+        methods: [GET]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+"""
+    p = Proxy(tmp_path_factory.mktemp("tls-failures"), rules, resolver=dns.address,
+              upstream_ca=test_ca.path)
+    yield p, resetter
+    p.stop()
+    resetter.stop()
+
+
+def test_an_upstream_certificate_for_another_name_is_upstream_tls_failed(
+    tproxy: tuple[Proxy, Resetter], origin_https: Origin
+) -> None:
+    p, _ = tproxy
+    origin_https.reset()
+    r = client(p).get(f"https://wrongname.test:{origin_https.port}/x", timeout=10)
+    assert (r.status_code, r.json()["reason"]) == (502, "upstream_tls_failed")
+    assert "127.0.0.1" not in r.text and not origin_https.requests
+    line = p.wait_audit(lambda e: e.get("host") == "wrongname.test" and e.get("path") == "/x")
+    assert line["reason"] == "upstream_tls_failed"
+
+
+def test_an_upstream_that_resets_before_answering_is_upstream_reset(
+    tproxy: tuple[Proxy, Resetter]
+) -> None:
+    p, resetter = tproxy
+    r = client(p).get(f"https://api.test:{resetter.port}/reset", timeout=10)
+    assert (r.status_code, r.json()["reason"]) == (502, "upstream_reset")
+    assert resetter.requests >= 1  # it was sent, then cut
+    line = p.wait_audit(lambda e: e.get("path") == "/reset" and e.get("reason"))
+    assert line["reason"] == "upstream_reset"
