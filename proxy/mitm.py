@@ -50,6 +50,7 @@ from mitmproxy.proxy.layers.http._events import (
     ResponseHeaders,
     ResponseProtocolError,
 )
+from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 from mitmproxy.utils import asyncio_utils
 
 from sealgate.proxy import limits, speedups, upstream
@@ -101,6 +102,9 @@ def install(
     )
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
+    )
+    HttpStream.state_wait_for_request_headers = _answered_before_body(  # type: ignore[method-assign]
+        HttpStream.state_wait_for_request_headers
     )
     websocket.WebsocketLayer._handle_event = _scrub_setup(
         websocket.WebsocketLayer.start
@@ -251,6 +255,45 @@ def _framed_for_http1(send: _Send) -> _Send:
 
 
 _State = Callable[[HttpStream, Event], CommandGenerator[None]]
+
+
+def _answered_before_body(state: _State) -> _State:
+    """A request refused at its headers (the pipeline set its response) is answered now,
+    rather than after mitmproxy has read the whole body it announced (a declared
+    Content-Length over the budget was uploaded in full before its 413). The body is not
+    wanted: one over a MiB, of unknown length, or not sent yet (`Expect: 100-continue`, which
+    the pipeline keeps mitmproxy from answering with an invitation) is cut off at once; a
+    smaller one is read and dropped (so that a client still writing it reads the refusal, not a
+    reset), then the connection closes. HTTP/1 only: closing an HTTP/2 connection would end
+    its other streams."""
+
+    @functools.wraps(state)
+    def wait_for_request_headers(self: HttpStream, event: Event) -> CommandGenerator[None]:
+        waits = isinstance(event, RequestHeaders) and (
+            event.request.headers.get("expect", "").lower() == "100-continue"
+        )
+        yield from state(self, event)
+        flow = self.flow
+        if not (
+            isinstance(event, RequestHeaders) and not event.end_stream
+            and self.client_state == self.state_consume_request_body
+            and flow.response is not None and flow.request.http_version.startswith("HTTP/1")
+        ):
+            return
+        # Done with the request: the response ends the stream, whose later body is dropped.
+        self.client_state = self.state_done
+        flow.response.headers["connection"] = "close"
+        flow.response.timestamp_start = time.time()
+        yield HttpResponseHeadersHook(flow)
+        yield from self.send_response()
+        length = flow.request.headers.get("content-length", "")
+        if waits or not length.isdigit() or int(length) > _LINGER_BYTES:
+            yield commands.CloseConnection(self.context.client)
+
+    return wait_for_request_headers
+
+
+_LINGER_BYTES = 1 << 20
 
 
 def _no_empty_chunks(state: _State) -> _State:

@@ -139,6 +139,16 @@ def _http1_request_head() -> None:
             "absolute-form requests now come without their host")
 
 
+@_checks("mitmproxy.proxy.layers.http.HttpStream.state_wait_for_request_headers")
+def _refused_at_headers() -> None:
+    wait = inspect.unwrap(HttpStream.state_wait_for_request_headers)  # under @expect
+    _params(wait, "(self, event)")
+    _names(wait, "client_state", "state_consume_request_body", "HttpRequestHeadersHook")
+    _names(inspect.unwrap(HttpStream.state_consume_request_body), "send_response",
+           "HttpResponseHeadersHook")
+    _params(HttpStream.send_response, "(self, already_streamed=)")
+
+
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Server.read_headers")
 def _http1_heads() -> None:
     _params(_http1.Http1Server.read_headers, "(self, event)")

@@ -496,6 +496,8 @@ class Sealgate:
 
     def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
+        # Refused: the client is not invited to send the body (mitmproxy would answer 100).
+        flow.request.headers.pop("expect", None)
         verdict.decision, verdict.reason = "deny", denial.reason
         # gRPC's status travels in trailers, which only HTTP/2 carries here (grpc-web and an
         # HTTP/1 client get the plain refusal, whose status says it is one).
