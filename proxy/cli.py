@@ -57,6 +57,11 @@ def register(sub: Commands) -> None:
                    help="most bytes of a request head, line and fields (431 over)")
     p.add_argument("--max-header-fields", type=int, default=100,
                    help="most header fields of a request (431 over)")
+    p.add_argument("--max-connections", type=int, default=0,
+                   help="most client connections a worker holds (0: what the descriptor limit "
+                        "allows); more are closed as they are accepted")
+    p.add_argument("--max-connections-per-source", type=int, default=512,
+                   help="most client connections one source address holds in a worker")
     p.add_argument("--max-uri-bytes", type=int, default=8 * 1024,
                    help="most bytes of a request target (414 over)")
     p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
@@ -127,7 +132,10 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         token_keys=Path(args.token_keys) if args.token_keys else None,
         secret_stores=tuple(args.secret_store),
         # An option of the addon only: mitmproxy collects repeated values of a list option.
-        extra=(*(f"sealgate_sandbox_networks={n}" for n in args.sandbox_network), *args.set),
+        extra=(*(f"sealgate_sandbox_networks={n}" for n in args.sandbox_network),
+               f"sealgate_max_connections={max(0, args.max_connections)}",
+               f"sealgate_max_connections_per_source={max(1, args.max_connections_per_source)}",
+               *args.set),
     )
 
 

@@ -27,9 +27,10 @@ from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.proxy import baseurl, layers, mitm, responses, settings, upstream
+from sealgate.proxy import baseurl, conncap, layers, mitm, responses, settings, upstream
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
+from sealgate.proxy.conncap import ConnectionGate
 from sealgate.proxy.credentials import presented
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
 from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
@@ -68,6 +69,7 @@ class Sealgate:
         self._watcher: asyncio.Task[None] | None = None
         self._failure: tuple[object, str] | None = None  # the rules reload failure last told
         self.in_flight: set[str] = set()  # flows between their request head and their end
+        self.gate = ConnectionGate(conncap.default_total(), 512)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -80,6 +82,9 @@ class Sealgate:
         settings.retire(old, self.settings)
         if "sealgate_workers" in updated:
             self.budgets = BudgetLedger(share=ctx.options.sealgate_workers)
+        if updated & {"sealgate_max_connections", "sealgate_max_connections_per_source"}:
+            self.gate.total = ctx.options.sealgate_max_connections or conncap.default_total()
+            self.gate.per_source = ctx.options.sealgate_max_connections_per_source
 
     def running(self) -> None:
         # The first line proves the sink works before any traffic is accepted.
@@ -88,7 +93,7 @@ class Sealgate:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGHUP, self.reload)
-        self._watcher = loop.create_task(self._watch_rules())
+        self._watcher = loop.create_task(self._every_second())
 
     async def done(self) -> None:
         if self._watcher is not None:
@@ -116,22 +121,31 @@ class Sealgate:
             if asked or self.settings.rules_seen.identities != before:
                 self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
 
-    async def _watch_rules(self) -> None:
+    async def _every_second(self) -> None:
         while True:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
             state = self.settings
             if state is not None and state.rules_seen.changed():
                 self.reload(asked=False)
+            for reason, count in self.gate.take_refused().items():
+                self._emit("connections_refused", reason=reason, count=count,
+                           open=self.gate.open)
 
     # -- connections ----------------------------------------------------------------------
 
     def client_connected(self, client: connection.Client) -> None:
-        self.conns[client.id] = Conn()
+        source = str(client.peername[0])
+        if (refused := self.gate.admit(source)) is not None:
+            # Closed by mitmproxy before any layer runs: the cheapest refusal there is.
+            client.error = f"sealgate: {refused}"
+            return
+        self.conns[client.id] = Conn(source=source)
 
     def client_disconnected(self, client: connection.Client) -> None:
         conn = self.conns.pop(client.id, None)
         if conn is None:
             return
+        self.gate.release(conn.source)
         if conn.budget_key is not None:
             self.budgets.close_connection(conn.budget_key)
         self._emit("connection_closed", **connection_line(client.id, conn))
@@ -469,7 +483,9 @@ class Sealgate:
         verdict.identity = identity
         state = self._state()
         if not state.audit.healthy:
-            raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
+            state.audit.retry()  # room again? then this request need not wait for a turn
+            if not state.audit.healthy:
+                raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
         policy = policy_for(state.rules, identity)
         if isinstance(policy, Decision):
             raise _denial(policy)

@@ -99,6 +99,14 @@ def add_options(loader: Loader) -> None:
     )
     loader.add_option("sealgate_secret_ttl", int, 300, "Seconds a fetched secret is reused.")
     loader.add_option(
+        "sealgate_max_connections", int, 0,
+        "Most client connections one worker holds; 0: what its descriptor limit allows.",
+    )
+    loader.add_option(
+        "sealgate_max_connections_per_source", int, 512,
+        "Most client connections one source address holds in one worker.",
+    )
+    loader.add_option(
         "sealgate_secret_grace",
         int,
         30,

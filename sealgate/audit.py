@@ -180,6 +180,11 @@ class AuditLog:
                 dropped, self.dropped = self.dropped, 0
                 self.emit("audit_lines_dropped", sink="file", count=dropped)
 
+    def retry(self) -> None:
+        """Write what waits now, if the file is what failed (a full disk may have room)."""
+        if self.path is not None and self._failed:
+            self.flush()
+
     def _close_fd(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):

@@ -142,6 +142,16 @@ class Reason(StrEnum):
     # -- budgets ---------------------------------------------------------------------------
     REQUEST_TOO_LARGE = ("request_too_large", 413, "a body over the policy's per-request bytes")
     BUDGET_EXCEEDED = ("budget_exceeded", 429, "a rate, connection or byte budget is spent")
+    SOURCE_AT_CAPACITY = (
+        "source_at_capacity", 429,
+        "one source address holds its most connections (--max-connections-per-source): the "
+        "next is closed as it is accepted",
+    )
+    PROXY_AT_CAPACITY = (
+        "proxy_at_capacity", 503,
+        "the worker holds its most connections (--max-connections): the next is closed as it "
+        "is accepted",
+    )
     # -- failures before forwarding (5xx): nothing was sent ---------------------------------
     DNS_NXDOMAIN = ("dns_nxdomain", 502, "the name does not exist")
     DNS_NO_ANSWER = ("dns_no_answer", 502, "the name has no address")
