@@ -47,6 +47,7 @@ from sealgate.proxy.flowstate import (
     unsafe_fields,
 )
 from sealgate.proxy.identity import Identity
+from sealgate.proxy.memory import Reclaimer
 from sealgate.proxy.net import guard as guardmod
 from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
 from sealgate.proxy.policy.model import PathError, Policy, Rule, normalize_path
@@ -70,6 +71,7 @@ class Sealgate:
         self._failure: tuple[object, str] | None = None  # the rules reload failure last told
         self.in_flight: set[str] = set()  # flows between their request head and their end
         self.gate = ConnectionGate(conncap.default_total(), 512)
+        self.reclaimer = Reclaimer()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -127,6 +129,7 @@ class Sealgate:
             state = self.settings
             if state is not None and state.rules_seen.changed():
                 self.reload(asked=False)
+            self.reclaimer.tick(idle=not self.in_flight)
             for reason, count in self.gate.take_refused().items():
                 self._emit("connections_refused", reason=reason, count=count,
                            open=self.gate.open)
@@ -146,6 +149,7 @@ class Sealgate:
         if conn is None:
             return
         self.gate.release(conn.source)
+        self.reclaimer.closed()
         if conn.budget_key is not None:
             self.budgets.close_connection(conn.budget_key)
         self._emit("connection_closed", **connection_line(client.id, conn))

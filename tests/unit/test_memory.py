@@ -1,0 +1,64 @@
+"""The reclaimer: a full collection after enough closed connections or seconds, the allocator
+trimmed only once nothing is in flight."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from sealgate.proxy import memory
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_collects_after_enough_closed_connections_and_trims_when_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    collected, trimmed = [], []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+    clock = Clock()
+    r = memory.Reclaimer(clock, trim=lambda: trimmed.append(1))
+    r.tick(idle=True)
+    assert (collected, trimmed) == ([], [])  # nothing closed: nothing to do
+    for _ in range(memory._EVERY_CLOSED):
+        r.closed()
+    r.tick(idle=False)
+    assert (len(collected), trimmed) == (1, [])  # busy: collected, not trimmed yet
+    r.tick(idle=True)
+    assert (len(collected), len(trimmed)) == (1, 1)
+    r.closed()
+    clock.now += memory._EVERY_SECONDS - 0.1
+    r.tick(idle=True)
+    assert len(collected) == 1  # one closed, not long enough
+    clock.now += 0.2
+    r.tick(idle=True)
+    assert (len(collected), len(trimmed)) == (2, 2)
+
+
+def test_cycles_of_a_closed_connection_are_freed() -> None:
+    """What the reclaimer is for: objects in a cycle outlive their last reference until a
+    collection of their generation."""
+    gc.collect()
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # type: ignore[attr-defined]
+    import weakref
+
+    alive = weakref.ref(a)
+    del a, b
+    assert alive() is not None
+    r = memory.Reclaimer()
+    for _ in range(memory._EVERY_CLOSED):
+        r.closed()
+    r.tick(idle=True)
+    assert alive() is None
