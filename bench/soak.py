@@ -1,0 +1,425 @@
+"""Load, churn, hostile clients and faults against real sealgate processes, with the figures.
+
+    .venv/bin/python bench/soak.py            # about 4 minutes
+    .venv/bin/python bench/soak.py --quick    # about 1 minute (tests/integration runs it)
+
+Scenarios, each on its own proxy so that one's leftovers do not colour the next:
+  load     keep-alive HTTPS through CONNECT, intercepted (hey): errors, p50/p99, RSS and
+           descriptors before and after;
+  churn    one request per new TLS connection (hey): RSS before, after, and after idling;
+  hostile  an endless header, a slowloris crowd, idle CONNECTs that never send a ClientHello,
+           a flood of connections from one address: each one's answer, and descriptors after;
+  faults   a worker SIGKILLed under load (--workers 2), SIGTERM with slow requests in flight.
+RSS is sampled every half second through the whole run for the chart. Results go to
+docs/reliability.md and docs/reliability.png.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.server
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from report import figure, publish, save
+from services import (
+    BODY_PATH,
+    ORIGIN_NAME,
+    Origin,
+    Service,
+    Setup,
+    rules_yaml,
+    start_dns,
+    start_origin,
+    start_sealgate,
+)
+from session import bench_session, parse_options, run_meta
+
+SCRIPT = "soak"
+TOOLS = ("hey", "nginx", "sealgate")
+SANDBOX = "soak-1"
+FLAGS = ["--header-timeout", "2", "--idle-timeout", "4", "--max-connections-per-source", "256"]
+
+
+@dataclass
+class Run:
+    quick: bool
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)  # scenario, what, got, ok
+    samples: list[tuple[float, str, int]] = field(default_factory=list)  # t, proxy, RSS MiB
+    marks: list[tuple[float, str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def row(self, scenario: str, what: str, got: str, ok: bool | None = None) -> None:
+        verdict = "-" if ok is None else ("yes" if ok else "**no**")
+        self.rows.append((scenario, what, got, verdict))
+        print(f"  {scenario:<8} {what:<52} {got:<28} {verdict}", flush=True)
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+class Sampler:
+    """RSS of the proxy being exercised, every half second, for the chart."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.target: tuple[str, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            if self.target is not None:
+                name, pid = self.target
+                try:
+                    rss = rss_mib(pid)
+                except OSError:
+                    continue
+                self.run.samples.append((time.monotonic() - self.run.started, name, rss))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+@dataclass
+class Rig:
+    setup: Setup
+    paths: dict[str, str]
+    origin: Origin
+    resolver: str
+    rules: Path
+    key: str
+    run: Run
+    sampler: Sampler
+
+    def proxy(self, name: str, *extra: str, workers: int = 1) -> Service:
+        service = start_sealgate(self.setup, self.paths, name, self.rules, self.resolver,
+                                 self.origin, *FLAGS, *extra, workers=workers)
+        self.sampler.target = (name, service.proc.pid)
+        self.run.marks.append((time.monotonic() - self.run.started, name))
+        return service
+
+    def hey(self, service: Service, *args: str) -> dict[str, Any]:
+        url = self.origin.url("https", ORIGIN_NAME)
+        argv = ["hey", *args, "-x", f"http://{SANDBOX}:{self.key}@127.0.0.1:{service.port}",
+                "-host", ORIGIN_NAME, url]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600).stdout
+        return parse_hey(out)
+
+
+def parse_hey(out: str) -> dict[str, Any]:
+    def number(pattern: str) -> float:
+        found = re.search(pattern, out)
+        return float(found.group(1)) if found else 0.0
+
+    statuses = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
+    errors = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", out.partition(
+        "Error distribution:")[2], re.MULTILINE))
+    return {
+        "rps": number(r"Requests/sec:\s+([\d.]+)"),
+        "p50": number(r"50%+ in ([\d.]+) secs") * 1000,
+        "p99": number(r"99%+ in ([\d.]+) secs") * 1000,
+        "ok": statuses.get(200, 0),
+        "other": sum(n for code, n in statuses.items() if code != 200),
+        "errors": errors,
+    }
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+
+
+def load(rig: Rig) -> None:
+    n = 5_000 if rig.run.quick else 30_000
+    p = rig.proxy("load")
+    pid = p.proc.pid
+    rig.hey(p, "-n", "200", "-c", "8")  # warm: certificates, caches
+    rss0, fd0 = rss_mib(pid), fds(pid)
+    got = rig.hey(p, "-n", str(n), "-c", "32")
+    time.sleep(1)  # the closing of hey's 32 connections and their upstreams
+    rss1, fd1 = rss_mib(pid), fds(pid)
+    rig.run.row("load", f"{n:,} keep-alive requests at c=32", f"{got['rps']:,.0f} req/s, "
+                f"p50 {got['p50']:.1f} ms, p99 {got['p99']:.1f} ms")
+    rig.run.row("load", "errors and non-200 answers", f"{got['errors']} / {got['other']}",
+                got["errors"] == 0 and got["other"] == 0)
+    rig.run.row("load", "RSS before -> after", f"{rss0} -> {rss1} MiB", rss1 - rss0 < 64)
+    rig.run.row("load", "descriptors before -> after", f"{fd0} -> {fd1}", fd1 <= fd0 + 4)
+
+
+def churn(rig: Rig) -> None:
+    n = 5_000 if rig.run.quick else 20_000
+    idle = 10 if rig.run.quick else 30
+    p = rig.proxy("churn")
+    pid = p.proc.pid
+    rig.hey(p, "-n", "500", "-c", "8", "-disable-keepalive")
+    rss0 = rss_mib(pid)
+    got = rig.hey(p, "-n", str(n), "-c", "16", "-disable-keepalive")
+    rss1 = rss_mib(pid)
+    time.sleep(idle)
+    rss2 = rss_mib(pid)
+    rig.run.row("churn", f"{n:,} requests, each on a new TLS connection",
+                f"{got['rps']:,.0f} conn/s, {got['errors']} errors", got["errors"] == 0)
+    rig.run.row("churn", f"RSS warm -> after -> after {idle} s idle",
+                f"{rss0} -> {rss1} -> {rss2} MiB", rss2 - rss0 <= 64)
+
+
+def _head(authority: str, auth: str) -> bytes:
+    return (f"GET https://{authority}{BODY_PATH} HTTP/1.1\r\nHost: {authority}\r\n"
+            f"Proxy-Authorization: Basic {auth}\r\n").encode()
+
+
+def _status(sock: socket.socket) -> int:
+    data = b""
+    sock.settimeout(10)
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return 0
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def hostile(rig: Rig) -> None:
+    p = rig.proxy("hostile")
+    pid = p.proc.pid
+    auth = base64.b64encode(f"{SANDBOX}:{rig.key}".encode()).decode()
+    authority = f"{ORIGIN_NAME}:{rig.origin.http_port}"
+    fd0 = fds(pid)
+    # An endless header: how much does the proxy take before it answers?
+    with socket.create_connection(("127.0.0.1", p.port), timeout=10) as sock:
+        sock.sendall(_head(authority, auth) + b"X-Flood: ")
+        sent = 0
+        try:
+            while sent < 64 << 20:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:
+            pass
+    rig.run.row("hostile", "endless header: sent before the refusal cut it",
+                f"{sent / 1024:,.0f} KiB (kernel buffers too)", sent < 8 << 20)
+    # A slowloris crowd: a header line every second, never the end.
+    crowd = 30 if rig.run.quick else 200
+    socks = [socket.create_connection(("127.0.0.1", p.port), timeout=10) for _ in range(crowd)]
+    started = time.monotonic()
+    answers: list[int] = []
+    for sock in socks:
+        sock.sendall(_head(authority, auth))
+    for _ in range(4):
+        time.sleep(1)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"X-Slow: 1\r\n")
+    for sock in socks:
+        try:
+            answers.append(_status(sock))
+        except OSError:
+            answers.append(0)
+        sock.close()
+    closed_in = time.monotonic() - started
+    rig.run.row("hostile", f"{crowd} slowloris connections (header timeout 2 s)",
+                f"{answers.count(408)} answered 408 in {closed_in:.1f} s",
+                answers.count(408) == crowd)
+    # CONNECTs that never send a ClientHello: held until the idle timeout (4 s here).
+    idle_n = 100 if rig.run.quick else 1000
+    idle = []
+    for _ in range(idle_n):
+        sock = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+        sock.sendall(f"CONNECT {ORIGIN_NAME}:{rig.origin.https_port} HTTP/1.1\r\nHost: x\r\n"
+                     f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+        idle.append(sock)
+    peak = fds(pid)
+    time.sleep(6)
+    after = fds(pid)
+    for sock in idle:
+        sock.close()
+    rig.run.row("hostile", f"{idle_n} CONNECTs that never send a ClientHello",
+                f"descriptors {fd0} -> {peak} -> {after} after 6 s", after <= fd0 + 8)
+    # A flood of connections from one address, past the per-source cap (256 here).
+    flood = [socket.create_connection(("127.0.0.1", p.port), timeout=10) for _ in range(400)]
+    time.sleep(0.5)
+    refused = 0
+    for sock in flood:
+        sock.settimeout(0.05)
+        with contextlib.suppress(OSError):
+            refused += sock.recv(1) == b""
+        sock.close()
+    rig.run.row("hostile", "400 connections from one address (cap 256)",
+                f"{refused} closed at once", refused >= 400 - 256)
+
+
+class Slow(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay = 2.0
+
+    def do_GET(self) -> None:
+        time.sleep(self.delay)
+        body = b"slow\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def faults(rig: Rig) -> None:
+    # A worker killed under load: the survivor keeps serving, the dead one is started again.
+    p = rig.proxy("faults-w2", workers=2)
+    time.sleep(3)
+    before = children(p.proc.pid)
+    seconds = 6
+    result: dict[str, Any] = {}
+    loader = threading.Thread(target=lambda: result.update(
+        rig.hey(p, "-z", f"{seconds}s", "-c", "16", "-disable-keepalive")))
+    loader.start()
+    time.sleep(2)
+    os.kill(before[0], signal.SIGKILL)
+    loader.join()
+    after = children(p.proc.pid)
+    # What the dead worker held (in flight, or queued on its socket) is lost with it.
+    rig.run.row("faults", "SIGKILL one of 2 workers, c=16 new connections",
+                f"{result.get('ok', 0):,} served, {result.get('errors', 0)} lost",
+                result.get("errors", 99) <= 32)
+    rig.run.row("faults", "the dead worker started again", f"{len(after)} workers",
+                len(after) == 2 and before[0] not in after)
+    # SIGTERM with slow requests in flight: every one completes.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slow_port = server.server_address[1]
+    rules = rig.setup.work / "slow-rules.yaml"
+    rules.write_text(rig.rules.read_text().replace(str(rig.origin.http_port), str(slow_port)))
+    d = start_sealgate(rig.setup, rig.paths, "faults-drain", rules, rig.resolver, rig.origin,
+                       *FLAGS)
+    auth = base64.b64encode(f"{SANDBOX}:{rig.key}".encode()).decode()
+
+    def one() -> int:
+        with socket.create_connection(("127.0.0.1", d.port), timeout=20) as sock:
+            a = f"{ORIGIN_NAME}:{slow_port}"
+            sock.sendall(f"GET http://{a}/ HTTP/1.1\r\nHost: {a}\r\n"
+                         f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+            return _status(sock)
+
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(one) for _ in range(10)]
+        time.sleep(1)
+        d.proc.send_signal(signal.SIGTERM)
+        statuses = []
+        for f in futures:
+            try:
+                statuses.append(f.result())
+            except OSError:
+                statuses.append(0)
+    server.shutdown()
+    rig.run.row("faults", "SIGTERM with 10 requests of 2 s in flight",
+                f"{statuses.count(200)}/10 completed", statuses.count(200) == 10)
+
+
+SCENARIOS: list[tuple[str, Callable[[Rig], None]]] = [
+    ("load", load), ("churn", churn), ("hostile", hostile), ("faults", faults),
+]
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def draw(run: Run, path: Path) -> None:
+    fig, axes = figure([3, 1], (13, 4))
+    ax, table = axes
+    for name in dict.fromkeys(n for _, n, _ in run.samples):
+        points = [(t, r) for t, n, r in run.samples if n == name]
+        ax.plot([t for t, _ in points], [r for _, r in points], label=name)
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("proxy RSS (MiB)")
+    ax.set_title("RSS of the proxy under each scenario (sampled every 0.5 s)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    verdicts = [ok for *_, ok in run.rows]
+    table.bar(["as it should be", "not"], [verdicts.count("yes"), verdicts.count("**no**")],
+              color=["tab:green", "tab:red"])
+    table.set_title("checks", fontsize=10)
+    save(fig, path)
+
+
+def render(run: Run, meta: dict[str, str], chart: Path) -> str:
+    lines = [
+        "# Reliability: load, churn, hostile clients and faults",
+        "",
+        f"Generated by `bench/soak.py`. Command: `{meta['command']}` ({meta['date']}, "
+        f"{meta['duration']}). Every scenario runs against a real `sealgate proxy` process "
+        "(`--header-timeout 2 --idle-timeout 4 --max-connections-per-source 256`, shortened so "
+        "a run is short), nginx as the origin, hey as the load.",
+        "",
+        "| scenario | what | result | as it should be |",
+        "|---|---|---|---|",
+        *[f"| {s} | {w} | {g} | {ok} |" for s, w, g, ok in run.rows],
+        "",
+        f"![RSS during the run]({chart.name})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(__doc__.split("\n\n")[0] if __doc__ else None, argv, full=(1, 1),
+                            quick=(1, 1), quick_takes="1 minute",
+                            outputs="reliability.md and reliability.png")
+    run = Run(options.quick)
+    with bench_session(SCRIPT, TOOLS) as session:
+        setup = session.setup
+        origin = start_origin(setup, session.paths, ORIGIN_NAME)
+        resolver = start_dns(setup, ORIGIN_NAME)
+        key = secrets.token_urlsafe(18)
+        rules = setup.work / "rules.yaml"
+        rules.write_text(rules_yaml({"soak": f"""
+    mode: enforce
+    allow:
+      - host: {ORIGIN_NAME}
+        ports: [{origin.http_port}, {origin.https_port}]
+        methods: [GET]"""}, {SANDBOX: ("soak", key)}))
+        sampler = Sampler(run)
+        rig = Rig(setup, session.paths, origin, resolver, rules, key, run, sampler)
+        try:
+            for name, scenario in SCENARIOS:
+                print(f"[{time.monotonic() - run.started:5.0f} s] {name} ...", flush=True)
+                scenario(rig)
+        finally:
+            sampler.stop()
+    meta = run_meta(__file__, argv, options, session.started)
+    print(publish(options.docs, "reliability", lambda chart: draw(run, chart),
+                  lambda chart: render(run, meta, chart)))
+    return 1 if any(ok == "**no**" for *_, ok in run.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

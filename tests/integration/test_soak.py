@@ -1,0 +1,26 @@
+"""The short soak (bench/soak.py --quick): load, churn, hostile clients and faults against
+real proxy processes, every check as it should be."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT
+
+
+def test_the_quick_soak_passes_every_check(tmp_path: Path) -> None:
+    missing = [tool for tool in ("hey", "nginx") if shutil.which(tool) is None
+               and not Path(f"/usr/sbin/{tool}").exists()]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (make bench installs them)")
+    done = subprocess.run([sys.executable, "bench/soak.py", "--quick", "--docs", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    report = (tmp_path / "reliability.md").read_text()
+    assert "**no**" not in report and report.count("| yes |") >= 10, report
+    assert (tmp_path / "reliability.png").stat().st_size > 10_000
