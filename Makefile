@@ -36,6 +36,7 @@ bench: $(STAMP) deps
 	$(PY) bench/proxy_overhead.py
 	$(PY) bench/injection_overhead.py
 	$(PY) bench/sandbox_start.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
