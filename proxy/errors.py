@@ -20,6 +20,7 @@ from typing import Final
 from urllib.parse import quote
 
 from mitmproxy import http
+from mitmproxy.net.http import status_codes
 
 from sealgate.reasons import Reason, SealgateError
 
@@ -80,9 +81,15 @@ def deny_response(
             grpc_message=quote(message, safe=_GRPC_SAFE),  # gRPC's percent-encoding
         )
         return response
-    return http.Response.make(
+    response = http.Response.make(
         denial.status, json.dumps(body, separators=(",", ":")).encode() + b"\n", headers
     )
+    # The reason phrase is what requests' and httpx's raise_for_status() put in their
+    # exception ("403 Client Error: Forbidden (sealgate: not_allowed) for url ..."); HTTP/2 has
+    # none, and the body says it all anyway.
+    phrase = status_codes.RESPONSES.get(denial.status, "Refused")
+    response.reason = f"{phrase} (sealgate: {denial.reason})"
+    return response
 
 
 # gRPC status codes (grpc/doc/statuscodes.md) for the HTTP status a refusal has.

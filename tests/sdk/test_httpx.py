@@ -153,15 +153,15 @@ def test_stream_is_masked(w: World, http2: bool) -> None:
 
 
 def test_refused_request(w: World) -> None:
-    """httpx raises only when asked (raise_for_status), and its HTTPStatusError names the status
-    and URL, not the body: the reason is in the body and in X-Sealgate-Error."""
+    """httpx raises only when asked (raise_for_status), and its HTTPStatusError names the status,
+    the reason phrase (which carries the code over HTTP/1) and the URL, not the body."""
     got = w.run(CALL, w.env("plain-1"), url=w.url("/v2/nope")).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
     out = w.run(CALL, w.env("plain-1"), url=w.url("/v2/nope"), raise_status=True)
     assert out.exception == "httpx.HTTPStatusError", out.detail
     print(out.text)
-    assert "403 Forbidden" in out.text
+    assert "403 Forbidden (sealgate: not_allowed)" in out.text
     assert w.fake.untouched()
 
 

@@ -121,15 +121,15 @@ def test_token_per_request_header(w: World) -> None:
 
 
 def test_refused_request(w: World) -> None:
-    """raise_for_status's HTTPError names the status and URL, not the body: the reason is in
-    the body and in X-Sealgate-Error."""
+    """raise_for_status's HTTPError names the status, its reason phrase and the URL, not the
+    body: the proxy's reason phrase carries the code (the body and X-Sealgate-Error say more)."""
     [got] = w.run(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")]).ok()
     assert (got["status"], got["error_header"]) == (403, "not_allowed")
     assert "sealgate refused the request (not_allowed)" in got["text"]
     out = w.run(CALL, w.env("plain-1"), urls=[w.url("/v2/nope")], raise_status=True)
     assert out.exception == "requests.exceptions.HTTPError", out.detail
     print(out.text)
-    assert out.text.startswith("403 Client Error: Forbidden for url:")
+    assert out.text.startswith("403 Client Error: Forbidden (sealgate: not_allowed) for url:")
     assert w.fake.untouched()
 
 
