@@ -288,12 +288,10 @@ def _base_url_section(results: list[Result]) -> list[str]:
              "(`/_/origin.bench:<port>/1k`) instead of CONNECT and TLS, and the proxy speaks "
              "verified TLS upstream either way.", "",
              "| kind | c | base-URL / intercepted |", "|---|---|---|"]
-    for kind in ("https", "newconn"):
+    for kind, label in (("https", "keep-alive"), ("newconn", "a new connection each")):
         for c in (1, 16, 64):
-            found = ratios(results, kind, c, "sealgate-base", "sealgate")
-            if found:
-                lines.append(f"| {KINDS[kind].split(',')[0] if kind == 'newconn' else 'keep-alive'}"
-                             f" | {c} | {fmt_ratio(found)} |")
+            if found := ratios(results, kind, c, "sealgate-base", "sealgate"):
+                lines.append(f"| {label} | {c} | {fmt_ratio(found)} |")
     lines += ["", "Why less than the targets: on a kept-alive connection the client leg's TLS "
               "records are a small share of what sealgate spends per request (HTTP parsing, the "
               "decision, the upstream leg's TLS, mitmproxy's event machinery), so leaving them "

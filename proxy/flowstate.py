@@ -36,7 +36,7 @@ class Conn:
     """What a client connection has established so far."""
 
     opened: float = field(default_factory=time.monotonic)
-    source: str = ""  # the client's address, as the connection caps count it
+    source: str = ""  # the client's address, as the connection caps counted it ("": not)
     identity: Identity | None = None
     policy: Policy | None = None
     budget_key: str | None = None

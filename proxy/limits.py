@@ -33,10 +33,11 @@ class Limits:
                 raise ValueError(f"{name} must be positive")
 
 
-def unfinished(buffered: int, waited: float, limits: Limits) -> Denial | None:
-    """The refusal of a head not complete yet, `buffered` bytes received `waited` seconds after
-    its first: over the size (431) or too slow (408); None while within both."""
-    if buffered > limits.header_bytes:
+def while_read(size: int, waited: float, limits: Limits) -> Denial | None:
+    """The refusal of a head as it is read: `size` bytes (all of it once its blank line has
+    come, else what has come so far) `waited` seconds after its first: over the size (431) or
+    too slow (408); None while within both."""
+    if size > limits.header_bytes:
         return Denial(Reason.HEADERS_TOO_LARGE,
                       f"the request head is over {limits.header_bytes} bytes")
     if waited > limits.header_seconds:
@@ -45,7 +46,7 @@ def unfinished(buffered: int, waited: float, limits: Limits) -> Denial | None:
     return None
 
 
-def finished(request: http.Request, limits: Limits) -> Denial | None:
+def parsed(request: http.Request, limits: Limits) -> Denial | None:
     """The refusal of a complete head: a target over the URI bound (414) or too many fields
     (431); None when it is within them."""
     if len(request.data.path) > limits.uri_bytes:

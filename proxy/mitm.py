@@ -211,8 +211,8 @@ def _bounded_heads(read: _Read, bounds: limits.Limits) -> _Read:
             ends = [i + len(mark) for mark in (b"\n\r\n", b"\n\n") if (i := head.find(mark)) >= 0]
             waited = now - _HEAD_BEGAN.setdefault(self, now)
             # Complete, only its size counts (what follows is the body, or the next request).
-            denial = limits.unfinished(min(ends), 0.0, bounds) if ends else limits.unfinished(
-                len(head), waited, bounds)
+            denial = (limits.while_read(min(ends), 0.0, bounds) if ends
+                      else limits.while_read(len(head), waited, bounds))
         if denial is None:
             before = self.request
             # Run to the end first: a head over the bounds must not reach the HTTP layer. (Its
@@ -220,7 +220,7 @@ def _bounded_heads(read: _Read, bounds: limits.Limits) -> _Read:
             done = list(read(self, event))
             if self.request is not before and self.request is not None:
                 _HEAD_BEGAN.pop(self, None)
-                denial = limits.finished(self.request, bounds)
+                denial = limits.parsed(self.request, bounds)
             if denial is None:
                 yield from done
                 return

@@ -148,7 +148,8 @@ class Sealgate:
         conn = self.conns.pop(client.id, None)
         if conn is None:
             return
-        self.gate.release(conn.source)
+        if conn.source:  # counted when accepted (a Conn made later, by `_conn`, was not)
+            self.gate.release(conn.source)
         self.reclaimer.closed()
         if conn.budget_key is not None:
             self.budgets.close_connection(conn.budget_key)
