@@ -51,6 +51,11 @@ def register(sub: Commands) -> None:
                         "proxy closes them (it stops accepting at once)")
     p.add_argument("--idle-timeout", type=float, default=env("SEALGATE_IDLE_TIMEOUT", "60"),
                    help="seconds a connection may pass with nothing sent either way")
+    p.add_argument("--response-timeout", type=float,
+                   default=env("SEALGATE_RESPONSE_TIMEOUT", "60"),
+                   help="seconds an upstream may take from a request sent in full to its "
+                        "response head (504 upstream_timeout after; a rule's response_timeout "
+                        "replaces it)")
     p.add_argument("--header-timeout", type=float, default=env("SEALGATE_HEADER_TIMEOUT", "10"),
                    help="seconds a request head may take from its first byte (408 after)")
     p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
@@ -144,7 +149,7 @@ def _limits(args: argparse.Namespace) -> Limits:
 
     try:
         return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
-                      args.header_timeout, args.idle_timeout)
+                      args.header_timeout, args.idle_timeout, args.response_timeout)
     except ValueError as exc:
         raise SystemExit(f"sealgate: {exc}") from None
 

@@ -72,6 +72,7 @@ class Verdict:
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named
+    response_timeout: float | None = None  # the rule's, over the proxy's (proxy/deadline.py)
 
 
 @dataclass(slots=True)

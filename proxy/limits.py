@@ -1,4 +1,5 @@
-"""How big and how slow a client's request head may be, and how long a connection may idle.
+"""How big and how slow a client's request head may be, how long a connection may idle, and how
+long an upstream may take to answer (proxy/deadline.py).
 
 mitmproxy buffers an HTTP/1 request head until its blank line however long that takes and
 however large it grows (a 16 MB header, 100,000 fields and a 4 MB URI all went upstream; one
@@ -25,10 +26,11 @@ class Limits:
     uri_bytes: int = 8 * 1024
     header_seconds: float = 10.0  # from a head's first byte to its blank line
     idle_seconds: float = 60.0  # a connection with nothing sent either way is closed
+    response_seconds: float = 60.0  # from a request sent in full to its response head
 
     def __post_init__(self) -> None:
         for name in ("header_bytes", "header_fields", "uri_bytes", "header_seconds",
-                     "idle_seconds"):
+                     "idle_seconds", "response_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

@@ -12,7 +12,7 @@ The patches, and why:
 
 - upstream dials bounded, upstream failures answered as JSON (proxy/upstream.py);
 - request heads bounded in size and time while they are read, idle connections closed
-  (proxy/limits.py);
+  (proxy/limits.py), an upstream's wait for its response head bounded (proxy/deadline.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -53,7 +53,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 from mitmproxy.utils import asyncio_utils
 
-from sealgate.proxy import limits, speedups, upstream
+from sealgate.proxy import deadline, limits, speedups, upstream
 from sealgate.proxy.mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
@@ -93,6 +93,12 @@ def install(
     )
     # The watchdog of every connection reads this when the connection is accepted.
     server.TCP_TIMEOUT = bounds.idle_seconds  # type: ignore[assignment]
+    HttpStream._handle_event = deadline.bounded_wait(  # type: ignore[method-assign]
+        HttpStream._handle_event, bounds.response_seconds
+    )
+    server.ConnectionHandler.wakeup = deadline.cancellable(  # type: ignore[method-assign, assignment]
+        server.ConnectionHandler.wakeup
+    )
     _scoped(_http1, "http1", read_request_head=_marking_origin_form(http1.read_request_head))
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event

@@ -23,7 +23,7 @@ import wsproto.events
 from mitmproxy import addonmanager, connection, flow, http
 from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.net.http import http1, status_codes
-from mitmproxy.proxy import context, layer, mode_servers, mode_specs, server
+from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server
 from mitmproxy.proxy.layers import HttpLayer, websocket
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
@@ -164,6 +164,25 @@ def _http1_framing() -> None:
     # Each chunk's framing is read from the request the headers event carried.
     _names(_http1.Http1Client.send, "request", "headers", "get", "is_http2", "is_http3")
     _fields(_events.RequestHeaders, "stream_id", "request", "end_stream")
+
+
+@_checks("mitmproxy.proxy.layers.http.HttpStream._handle_event (response deadline)")
+def _response_deadline() -> None:
+    _params(HttpStream._handle_event, "(self, event)")
+    _params(HttpStream.handle_protocol_error, "(self, event)")
+    _params(inspect.unwrap(HttpStream.state_wait_for_response_headers), "(self, event)")
+    _names(HttpStream.__init__, "client_state", "server_state", "stream_id")
+    # A stream's wake-up is routed back to it through the HTTP layer's table of sources.
+    _names(HttpLayer.event_to_child, "command_sources", "RequestWakeup")
+    _names(HttpLayer._handle_event, "command_sources", "CommandCompleted")
+    _names(HttpLayer.__init__, "command_sources")
+    _names(vars(HttpStream)["mode"].func, "layers", "index")
+    _names(_http1.Http1Client.send, "RequestProtocolError", "CloseConnection")
+    _params(server.ConnectionHandler.wakeup, "(self, request)")
+    _coroutine(server.ConnectionHandler.wakeup)
+    _names(server.ConnectionHandler.wakeup, "wakeup_timer", "server_event", "Wakeup")
+    _names(server.ConnectionHandler.server_event, "RequestWakeup", "wakeup", "wakeup_timer")
+    _fields(events.Wakeup, "command")
 
 
 @_checks("mitmproxy.proxy.layers.http.HttpStream.state_stream_response_body")

@@ -509,6 +509,7 @@ class Sealgate:
         decision = decide(self._state().rules, question)
         if decision.rule is not None:
             verdict.rule = decision.rule.source
+            verdict.response_timeout = decision.rule.response_timeout
         if decision.verdict == "deny" or decision.policy is None:
             raise _denial(decision)
         if decision.verdict == "report":

@@ -69,6 +69,8 @@ def refusal(status_code: int, message: str) -> http.Response:
 def failure(message: str) -> Reason:
     """The reason for an upstream failure mitmproxy describes as `message` (which may name the
     address dialed: it goes to the audit log, never to the client)."""
+    if own := _OWN_REASON.search(message):
+        return Reason.of(own.group(1))
     if "timed out" in message.lower():
         return Reason.CONNECT_TIMEOUT
     if _TLS_FAILED.search(message):
@@ -83,13 +85,16 @@ _SAID = {
     Reason.UPSTREAM_TLS_FAILED: "the upstream's TLS certificate or handshake failed",
     Reason.UPSTREAM_RESET: "the upstream closed the connection before a response",
     Reason.CONNECT_FAILED: "the upstream could not be reached",
+    Reason.UPSTREAM_TIMEOUT: "the upstream sent no response in time",
 }
 
 
 def _denial(status_code: int, message: str) -> Denial:
     if own := _OWN_REASON.search(message):
-        # A dial the guard refused (a rebinding answer, say): its reason, not a generic one.
-        return Denial(Reason.of(own.group(1)), "the upstream connection was refused by the guard")
+        # Ours: a dial the guard refused (a rebinding answer, say), a response deadline.
+        reason = Reason.of(own.group(1))
+        return Denial(reason, _SAID.get(reason, "the upstream connection was refused by the "
+                                                "guard"))
     if status_code >= 500:
         reason = failure(message)
         return Denial(reason, _SAID[reason])

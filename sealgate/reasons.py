@@ -167,6 +167,11 @@ class Reason(StrEnum):
         "upstream_reset", 502, "the upstream closed or reset the connection before a response",
     )
     CONNECT_TIMEOUT = ("connect_timeout", 504, "the upstream did not accept in time")
+    UPSTREAM_TIMEOUT = (
+        "upstream_timeout", 504,
+        "the upstream sent no response head in time (--response-timeout, a rule's "
+        "response_timeout); the request had been forwarded",
+    )
     INTERNAL_ERROR = ("internal_error", 500, "a bug: the proxy could not decide, so it refused")
     AUDIT_UNAVAILABLE = ("audit_unavailable", 503, "the audit log cannot be written")
     SECRET_UNAVAILABLE = (

@@ -52,7 +52,9 @@ _HEX64: Final = re.compile(r"[0-9A-Fa-f]{64}")
 
 _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
 _POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets")
-_RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http")
+_RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http",
+                     "response_timeout")
+_MAX_RESPONSE_SECONDS: Final = 24 * 3600.0
 _SANDBOX_KEYS: Final = ("policy", "key_sha256")
 _BUDGET_INTS: Final = {  # field -> minimum
     "burst": 1,
@@ -255,10 +257,22 @@ class RulesDocument(YamlFile):
         )
         if (inject or strip) and host == ANY_HOST:
             raise self.error(node, f"{field}.inject", "credentials are never injected for '*'")
+        response_timeout = (
+            self._seconds(entries["response_timeout"][1], f"{field}.response_timeout")
+            if "response_timeout" in entries
+            else None
+        )
         return Rule(
             host, ports, methods, paths, source=str(self.where(node)),
-            inject=inject, strip=strip, plain_http=plain_http,
+            inject=inject, strip=strip, plain_http=plain_http, response_timeout=response_timeout,
         )
+
+    def _seconds(self, node: Node, field: str) -> float:
+        text = self.scalar(node, field, (INT, FLOAT), "a number of seconds")
+        if not _DECIMAL.fullmatch(text) or not 0 < float(text) <= _MAX_RESPONSE_SECONDS:
+            raise self.error(node, field, f"{show(text)} must be seconds, > 0 and at most "
+                                          f"{_MAX_RESPONSE_SECONDS:g}")
+        return float(text)
 
     def _target(
         self, parse: Callable[[str], tuple[_T, list[Lint]]], node: Node, field: str

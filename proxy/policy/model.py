@@ -234,8 +234,9 @@ class Rule:
     """One `allow` entry. `host` is `*`, `*.suffix` or a canonical name / IP literal.
 
     `methods` / `paths` are None for "any". An empty collection is legal and never matches.
-    `inject` lists brokered credentials, `strip` more request headers to remove, and
-    `plain_http` lets credentials go over plain HTTP to an `allow_networks` address.
+    `inject` lists brokered credentials, `strip` more request headers to remove,
+    `plain_http` lets credentials go over plain HTTP to an `allow_networks` address, and
+    `response_timeout` (seconds) replaces the proxy's for an API that holds requests open.
     """
 
     host: str
@@ -246,6 +247,7 @@ class Rule:
     inject: tuple[Injection, ...] = ()
     strip: tuple[str, ...] = ()
     plain_http: bool = False
+    response_timeout: float | None = None
     _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     # `strip` as `inject.write` compares header names: lower case, encoded.
     strip_keys: frozenset[bytes] = field(init=False, repr=False, compare=False)
@@ -261,6 +263,7 @@ class Rule:
         """Whether a request must be seen (TLS intercepted) to decide, not just its CONNECT."""
         return (
             self.methods is not None or self.paths is not None or bool(self.inject or self.strip)
+            or self.response_timeout is not None
         )
 
     def allows_request(self, method: str, path: str) -> bool:

@@ -760,3 +760,33 @@ def test_vault_split_form_errors(tmp_path: Path, secret: str, field: str, fragme
     )
     assert err.field == f"policies.p.allow[0].{field}"
     assert fragment in err.message
+
+
+# --- response_timeout -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["0", "-1", "86401", "soon", "1e3", "[5]", "true"])
+def test_response_timeout_must_be_a_sane_number_of_seconds(tmp_path: Path, value: str) -> None:
+    _, err = error_for(tmp_path, f"""
+        version: 1
+        policies:
+          p:
+            allow:
+              - host: api.example.com
+                response_timeout: {value}
+        """)
+    assert "response_timeout" in str(err)
+
+
+def test_response_timeout_is_read_and_means_the_request_is_seen(tmp_path: Path) -> None:
+    rules = load_rules(write(tmp_path, """
+        version: 1
+        policies:
+          p:
+            allow:
+              - host: api.example.com
+                response_timeout: 300
+              - host: other.example.com
+        """))
+    first, second = rules.policies["p"].rules
+    assert first.response_timeout == 300.0 and first.needs_request_inspection
+    assert second.response_timeout is None and not second.needs_request_inspection

@@ -1,0 +1,135 @@
+"""How long an upstream may take to start its response, and what the client gets when it does not.
+
+mitmproxy waits for an upstream's response head as long as the connection lives: an upstream that
+accepts a request and never answers held its client for ten minutes with nothing. Here a request,
+once sent in full, has `--response-timeout` seconds (60 by default; a rule's `response_timeout`
+for a long-polling API) until the response head arrives; past it, the client gets 504
+`upstream_timeout` and the upstream's side is dropped: an HTTP/1 connection is closed (a late
+answer on it would otherwise be read as the next request's), an HTTP/2 stream is reset.
+
+The timer is mitmproxy's own wake-up (a command the connection's handler turns into a timer task
+and, when it fires, an event routed back to the stream), with one change: a deadline that is met
+cancels its task at once. Left to fire, every answered request on a busy keep-alive connection
+would keep a sleeping task (about 1.5 KB) for the whole timeout: at 5,000 requests a second and
+60 s, 300,000 of them. proxy/mitm.py wires the two functions here into mitmproxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from mitmproxy import http
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy import commands, events, server
+from mitmproxy.proxy.events import Event
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, SendHttp
+from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+
+from sealgate.proxy.flowstate import META, Verdict
+from sealgate.reasons import Reason
+
+_KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
+
+
+class Deadline(commands.RequestWakeup):
+    """A response deadline: a wake-up that can be called off once the response has come."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay)
+        self.met = False
+        self.task: asyncio.Task[Any] | None = None
+
+
+def seconds(flow: http.HTTPFlow, default: float) -> float:
+    """The response timeout of `flow`: its rule's, else the proxy's."""
+    verdict: Verdict | None = flow.metadata.get(META)
+    if verdict is not None and verdict.response_timeout is not None:
+        return verdict.response_timeout
+    return default
+
+
+def message(delay: float) -> str:
+    # The code in this form is what proxy/upstream.py reads back as the reason.
+    return f"sealgate: {Reason.UPSTREAM_TIMEOUT.value}: no response head in {delay:g} s"
+
+
+_Handler = Callable[[HttpStream, Event], CommandGenerator[None]]
+
+
+def bounded_wait(handle: _Handler, default: float) -> _Handler:
+    """HttpStream's event handler, with the deadline armed once the request is sent in full
+    and the stream waits for a response head, and called off when anything else happens to it."""
+
+    @functools.wraps(handle)
+    def handle_event(self: HttpStream, event: Event) -> CommandGenerator[None]:
+        armed: Deadline | None = vars(self).get(_KEY)
+        if isinstance(event, events.Wakeup) and isinstance(event.command, Deadline):
+            if event.command is armed and not armed.met and _waiting(self):
+                armed.met = True
+                yield from _time_out(self, armed.delay)
+            return
+        yield from handle(self, event)
+        if armed is None:
+            if _waiting(self) and self.flow.request.method != "CONNECT":
+                deadline = Deadline(seconds(self.flow, default))
+                vars(self)[_KEY] = deadline
+                yield deadline
+        elif not armed.met and not _waiting(self):
+            _call_off(self, armed)
+
+    return handle_event
+
+
+def _waiting(stream: HttpStream) -> bool:
+    return bool(stream.client_state == stream.state_done
+                and stream.server_state == stream.state_wait_for_response_headers)
+
+
+def _time_out(stream: HttpStream, delay: float) -> CommandGenerator[None]:
+    said = message(delay)
+    # Upstream first: an HTTP/1 connection closes, an HTTP/2 stream is reset (CANCEL).
+    yield SendHttp(RequestProtocolError(stream.stream_id, said,
+                                        status_codes.CLIENT_CLOSED_REQUEST),
+                   stream.context.server)
+    yield from stream.handle_protocol_error(
+        ResponseProtocolError(stream.stream_id, said, status_codes.GATEWAY_TIMEOUT))
+
+
+def _call_off(stream: HttpStream, deadline: Deadline) -> None:
+    """The response came (or the stream ended): the timer goes now, and with it the entry the
+    HTTP layer keeps to route its event back here."""
+    deadline.met = True
+    if deadline.task is not None:
+        deadline.task.cancel()
+    layers = stream.context.layers
+    parent = layers[layers.index(stream) - 1]  # as HttpStream.mode finds it
+    if isinstance(parent, HttpLayer):
+        parent.command_sources.pop(deadline, None)
+
+
+_Wakeup = Callable[[server.ConnectionHandler, commands.RequestWakeup], Coroutine[Any, Any, None]]
+
+
+def cancellable(wakeup: _Wakeup) -> _Wakeup:
+    """The connection handler's timer, which a met deadline cancels: it then sends nothing."""
+
+    @functools.wraps(wakeup)
+    async def timer(self: server.ConnectionHandler, request: commands.RequestWakeup) -> None:
+        if not isinstance(request, Deadline):
+            await wakeup(self, request)
+            return
+        task = asyncio.current_task()
+        request.task = task
+        try:
+            if request.met:
+                return
+            await asyncio.sleep(request.delay)
+        finally:
+            self.wakeup_timer.discard(task)
+        await self.server_event(events.Wakeup(request))
+
+    return timer

@@ -1,0 +1,163 @@
+"""An upstream that takes a request and does not answer: 504 `upstream_timeout` once the response
+timeout has passed (the proxy's, or the rule's for a long-polling API), the upstream's connection
+dropped, and answered requests never hit by a timer left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA, Proxy, key_digest
+from tests.security.rawclient import h2_through_tunnel
+
+TIMEOUT = 1.0  # the proxy's --response-timeout here
+
+
+class Slow:
+    """An HTTPS origin that answers `/wait/<seconds>` after that long, `/never` never (until the
+    peer closes), anything else at once; it records each request and when the peer hung up."""
+
+    def __init__(self, tls: tuple[Path, Path]) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.paths: list[str] = []
+        self.hung_up: list[float] = []  # monotonic times the peer closed a held connection
+        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._context.load_cert_chain(str(tls[0]), str(tls[1]))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        raw.settimeout(30)
+        with contextlib.suppress(OSError), raw:
+            conn = self._context.wrap_socket(raw, server_side=True)
+            buf = b""
+            for _ in range(10_000):  # requests on one keep-alive connection
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                self.paths.append(path)
+                if path == "/never":
+                    if not conn.recv(1):  # the proxy gave up on it
+                        self.hung_up.append(time.monotonic())
+                    return
+                if path.startswith("/wait/"):
+                    time.sleep(float(path.rsplit("/", 1)[1]))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def slow(test_ca: OriginCA, dns: StubDNS) -> Iterator[Slow]:
+    dns.set("longpoll.test", "A 127.0.0.1")
+    origin = Slow(test_ca.issue("api.test", "longpoll.test"))
+    yield origin
+    origin.stop()
+
+
+@pytest.fixture(scope="module")
+def rproxy(
+    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, slow: Slow, test_ca: OriginCA
+) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{slow.port}]
+        methods: [GET]
+      - host: longpoll.test
+        ports: [{slow.port}]
+        methods: [GET]
+        response_timeout: 4
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+"""
+    p = Proxy(tmp_path_factory.mktemp("response-timeout"), rules, resolver=dns.address,
+              upstream_ca=test_ca.path, extra_args=["--response-timeout", str(TIMEOUT)])
+    yield p
+    p.stop()
+
+
+def test_an_upstream_that_never_answers_is_a_504_upstream_timeout(
+    rproxy: Proxy, slow: Slow
+) -> None:
+    before = len(slow.hung_up)
+    started = time.monotonic()
+    r = client(rproxy).get(f"https://api.test:{slow.port}/never", timeout=20)
+    took = time.monotonic() - started
+    assert (r.status_code, r.json()["reason"]) == (504, "upstream_timeout")
+    assert r.json()["error"]["type"] == "upstream_unavailable"
+    assert "127.0.0.1" not in r.text
+    assert TIMEOUT <= took < TIMEOUT + 3
+    # The request did reach the origin, and the proxy then dropped the connection it was on.
+    assert "/never" in slow.paths
+    for _ in range(50):
+        if len(slow.hung_up) > before:
+            break
+        time.sleep(0.05)
+    assert len(slow.hung_up) > before
+    line = rproxy.wait_audit(lambda e: e.get("path") == "/never" and e.get("reason"))
+    assert line["reason"] == "upstream_timeout"
+    assert line["decision"] == "allow"  # allowed and forwarded; the upstream failed it
+
+
+def test_a_rule_gives_a_long_polling_api_its_own_timeout(rproxy: Proxy, slow: Slow) -> None:
+    r = client(rproxy).get(f"https://longpoll.test:{slow.port}/wait/2", timeout=20)
+    assert (r.status_code, r.text) == (200, "ok")  # past the proxy's 1 s, within the rule's 4
+    r = client(rproxy).get(f"https://api.test:{slow.port}/wait/2", timeout=20)
+    assert (r.status_code, r.json()["reason"]) == (504, "upstream_timeout")
+
+
+def test_answered_requests_leave_no_timer_behind(rproxy: Proxy, slow: Slow) -> None:
+    """Deadlines met on a keep-alive connection fire nothing into its later requests. (That a
+    met deadline's timer is cancelled at once, not left asleep, shows only in memory under load:
+    bench/soak.py's keep-alive run.)"""
+    with client(rproxy) as c:
+        for i in range(30):
+            assert c.get(f"https://api.test:{slow.port}/quick/{i}", timeout=10).status_code == 200
+        time.sleep(TIMEOUT * 1.5)  # every one of those deadlines would have fired by now
+        r = c.get(f"https://api.test:{slow.port}/wait/0.5", timeout=10)
+        assert (r.status_code, r.text) == (200, "ok")
+
+
+def test_over_http2_the_stream_gets_the_json_504(rproxy: Proxy, slow: Slow) -> None:
+    target = f"api.test:{slow.port}"
+    r, alpn = h2_through_tunnel(
+        rproxy.port, target, ("bot-1", KEYS["bot-1"]), rproxy.ca,
+        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", "/never")],
+    )
+    assert alpn == "h2"
+    assert r.status == 504, r.body[:300]
+    assert r.json()["reason"] == "upstream_timeout"
