@@ -56,6 +56,10 @@ def register(sub: Commands) -> None:
                    help="seconds an upstream may take from a request sent in full to its "
                         "response head (504 upstream_timeout after; a rule's response_timeout "
                         "replaces it)")
+    p.add_argument("--handshake-timeout", type=float,
+                   default=env("SEALGATE_HANDSHAKE_TIMEOUT", "10"),
+                   help="seconds a connection that starts with TLS (after its CONNECT, or "
+                        "redirected) has to finish the handshake; closed after")
     p.add_argument("--header-timeout", type=float, default=env("SEALGATE_HEADER_TIMEOUT", "10"),
                    help="seconds a request head may take from its first byte (408 after)")
     p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
@@ -140,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         extra=(*(f"sealgate_sandbox_networks={n}" for n in args.sandbox_network),
                f"sealgate_max_connections={max(0, args.max_connections)}",
                f"sealgate_max_connections_per_source={max(1, args.max_connections_per_source)}",
+               f"sealgate_handshake_timeout={args.handshake_timeout}",
                *args.set),
     )
 

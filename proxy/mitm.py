@@ -371,8 +371,14 @@ def cut_off(flow: http.HTTPFlow) -> None:
     rest until the idle timeout, and letting the stream end would tell it the body was whole.
     The writer is closed at once, so not even the end of the chunked body gets out."""
     flow.kill()
+    close_client(flow.client_conn.id)
+
+
+def close_client(client_id: str) -> None:
+    """Close a client's connection now, whatever its layers are waiting for (a handshake that
+    does not finish, a stream cut off): its writer first, so nothing more gets out."""
     proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+    handler = proxyserver.connections.get(client_id) if proxyserver else None
     if handler is None:
         return
     io = handler.transports.get(handler.client)

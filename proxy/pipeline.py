@@ -46,6 +46,7 @@ from sealgate.proxy.flowstate import (
     stream_request,
     unsafe_fields,
 )
+from sealgate.proxy.handshake import HandshakeDeadline
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.memory import Reclaimer
 from sealgate.proxy.net import guard as guardmod
@@ -72,6 +73,8 @@ class Sealgate:
         self.in_flight: set[str] = set()  # flows between their request head and their end
         self.gate = ConnectionGate(conncap.default_total(), 512)
         self.reclaimer = Reclaimer()
+        self.handshakes = HandshakeDeadline()
+        self.addons = [self.handshakes]  # its hooks run after this addon's
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -133,6 +136,9 @@ class Sealgate:
             for reason, count in self.gate.take_refused().items():
                 self._emit("connections_refused", reason=reason, count=count,
                            open=self.gate.open)
+            if closed := self.handshakes.take_closed():
+                self._emit("handshake_timeout", count=closed,
+                           seconds=self.handshakes.seconds)
 
     # -- connections ----------------------------------------------------------------------
 
