@@ -17,14 +17,18 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
+from functools import cached_property
 from typing import ClassVar, Final
 
-from sealgate.issuer import jsonfields
+from sealgate.issuer import awskeys, jsonfields
 from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
+    "AWS_PLACEHOLDER_KEY_ID",
+    "AWS_PLACEHOLDER_SECRET",
     "MAX_SECRET_LENGTH",
     "PROCESSOR_TYPES",
+    "AwsSigV4Processor",
     "BasicProcessor",
     "BearerProcessor",
     "HeaderProcessor",
@@ -65,6 +69,11 @@ _FORBIDDEN_HEADERS: Final = frozenset(
 )
 _FORBIDDEN_HEADER_PREFIXES: Final = ("proxy-", "sealgate-", "x-sealgate-")
 _DISALLOWED_CATEGORIES: Final = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_AWS_NAME: Final = re.compile(r"[a-z0-9-]{1,64}")  # a region or a service, as scopes spell them
+# The key pair a sandbox signs with (docs/rules.md, aws-sigv4). Public on purpose: the proxy
+# never checks the sandbox's signature, which proves nothing when everyone knows the key.
+AWS_PLACEHOLDER_KEY_ID: Final = "SEALGATEPLACEHOLDER"
+AWS_PLACEHOLDER_SECRET: Final = "sealgate-placeholder-secret-access-key"  # noqa: S105 (public)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -227,6 +236,45 @@ class PlaceholderProcessor:
             )
 
 
+def _aws_names(value: str, what: str) -> frozenset[str]:
+    names = value.split(",")
+    if not all(_AWS_NAME.fullmatch(name) for name in names) or len(names) > 32:
+        raise ProcessorInvalid(
+            f"aws-sigv4 processor: {what} must be 1-32 names of a-z 0-9 -, comma-separated"
+        )
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class AwsSigV4Processor:
+    """Re-signs a request the sandbox signed with AWS Signature Version 4 and the placeholder
+    key id: the sandbox's signature is dropped and the request signed again with the secret's
+    keys (`issuer.awskeys`), if its credential scope names one of `services` and `regions`
+    (comma-separated). Behaviour in `issuer.awsresign`."""
+
+    kind: ClassVar[str] = "aws-sigv4"
+    header_secret: ClassVar[bool] = False
+    services: str
+    regions: str
+    placeholder: str = AWS_PLACEHOLDER_KEY_ID
+
+    def __post_init__(self) -> None:
+        _aws_names(self.services, "services")
+        _aws_names(self.regions, "regions")
+        if not re.fullmatch(r"[A-Za-z0-9-]{8,128}", self.placeholder):
+            raise ProcessorInvalid(
+                "aws-sigv4 processor: placeholder must be 8-128 characters of A-Z a-z 0-9 -"
+            )
+
+    @cached_property
+    def allowed_services(self) -> frozenset[str]:
+        return _aws_names(self.services, "services")
+
+    @cached_property
+    def allowed_regions(self) -> frozenset[str]:
+        return _aws_names(self.regions, "regions")
+
+
 Processor = (
     BearerProcessor
     | HeaderProcessor
@@ -234,6 +282,7 @@ Processor = (
     | QueryProcessor
     | HmacProcessor
     | PlaceholderProcessor
+    | AwsSigV4Processor
 )
 PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {
     cls.kind: cls
@@ -244,6 +293,7 @@ PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {
         QueryProcessor,
         HmacProcessor,
         PlaceholderProcessor,
+        AwsSigV4Processor,
     )
 }
 
@@ -293,7 +343,16 @@ def processor_to_object(processor: Processor) -> dict[str, object]:
 def check_secret(processor: Processor, secret: str) -> None:
     """Raise SecretInvalid unless `processor` can carry `secret`: 1-4096 characters; visible ASCII
     only where the secret goes verbatim into a header (so it cannot end or split the header),
-    otherwise no control or surrogate characters."""
+    otherwise no control or surrogate characters; for aws-sigv4, its keys' JSON object."""
+    if isinstance(processor, AwsSigV4Processor):
+        try:
+            awskeys.parse(secret)
+            problem = None
+        except ValueError as exc:
+            problem = str(exc)
+        if problem is not None:
+            raise SecretInvalid(problem)
+        return
     if processor.header_secret:
         if not _VISIBLE.fullmatch(secret) or len(secret) > MAX_SECRET_LENGTH:
             raise SecretInvalid(
@@ -309,7 +368,9 @@ def check_secret(processor: Processor, secret: str) -> None:
 def target(processor: Processor) -> str:
     """What a processor writes: a header name, lower-case, or `?param` for a query parameter."""
     match processor:
-        case BearerProcessor() | BasicProcessor():
+        case BearerProcessor() | BasicProcessor() | AwsSigV4Processor():
+            # aws-sigv4 writes the query instead for a presigned URL, but never both: the
+            # Authorization header is what it conflicts with.
             return "authorization"
         case HeaderProcessor(header=h) | HmacProcessor(header=h) | PlaceholderProcessor(header=h):
             return h.lower()

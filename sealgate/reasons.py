@@ -134,6 +134,19 @@ class Reason(StrEnum):
     SECRET_INVALID = ("secret_invalid", 400, "a secret its processor cannot carry")
     PROCESSOR_INVALID = ("processor_invalid", 400, "processor settings that break its rules")
     LENGTH_REQUIRED = ("length_required", 411, "a body signature over a chunked body")
+    AWS_SCOPE = (
+        "aws_scope", 403,
+        "a SigV4 request for a service or region its aws-sigv4 credential does not allow",
+    )
+    AWS_CLOCK_SKEW = (
+        "aws_clock_skew", 400,
+        "a SigV4 request dated over 5 minutes from the proxy's clock, or a presigned URL expired",
+    )
+    AWS_STREAMING_SIGNED = (
+        "aws_streaming_signed", 400,
+        "a SigV4 upload signed chunk by chunk (STREAMING-AWS4-HMAC-SHA256-PAYLOAD), which the "
+        "proxy does not re-sign",
+    )
     CREDENTIALS_TOO_LARGE = (
         "credentials_too_large", 400,
         "a request's credentials (sealed tokens and brokered secrets together) over the "

@@ -1,11 +1,11 @@
 """Putting credentials into a request: the one step both the broker and the tokenizer end in.
 
-The processors themselves (bearer, header, basic, query, hmac-sha256, placeholder) live in
-`issuer.processors` and `issuer.injection`, shared with the sealed-token format. This module works a
-secret and its processor out once into a `Credential` (checked, labelled, and for the processors
-that write one fixed header, that header ready to send), writes credentials into mitmproxy's
-request, refuses to send them anywhere they could be read on the way, and remembers what was
-injected so the response can be scrubbed of it.
+The processors themselves (bearer, header, basic, query, hmac-sha256, placeholder, aws-sigv4)
+live in `issuer.processors` and `issuer.injection`, shared with the sealed-token format. This
+module works a secret and its processor out once into a `Credential` (checked, labelled, and
+for the processors that write one fixed header, that header ready to send), writes credentials
+into mitmproxy's request, refuses to send them anywhere they could be read on the way, and
+remembers what was injected so the response can be scrubbed of it.
 
 Fixed headers (bearer, header, basic) go in with one pass over the request's header fields,
 together with the headers that must not be forwarded and the identity encoding that keeps the
@@ -15,14 +15,17 @@ injection path those rebuilds were most of its cost.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
 
+from sealgate.issuer import awskeys, awsresign
 from sealgate.issuer.injection import InMemoryRequest, has_query_param, inject
 from sealgate.issuer.processors import (
+    AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,
     HeaderProcessor,
@@ -53,6 +56,8 @@ _TRAILERS = b"trailers"
 # response costs the proxy's one event loop time in proportion to the needles.
 MAX_NEEDLES = 32
 MAX_NEEDLE_BYTES = 32 << 10
+# What aws-sigv4 checks a request's X-Amz-Date against; tests of fixed vectors set it.
+clock: Callable[[], float] = time.time
 
 
 class FlowRequest:
@@ -61,8 +66,15 @@ class FlowRequest:
     def __init__(self, request: http.Request) -> None:
         self.request = request
 
+    def get_method(self) -> str:
+        return self.request.method
+
     def get_header_values(self, name: str) -> list[str]:
-        return self.request.headers.get_all(name)
+        values = self.request.headers.get_all(name)
+        if not values and name.lower() == "host" and self.request.authority:
+            # HTTP/2 carries it as :authority, which becomes Host on an HTTP/1 upstream.
+            return [self.request.authority]
+        return values
 
     def set_header_values(self, name: str, values: Sequence[str]) -> None:
         self.request.headers.set_all(name, list(values))
@@ -101,6 +113,7 @@ class Credential:
 
     @property
     def signs_body(self) -> bool:
+        """Whether it signs every request's body (aws-sigv4 does for some: `_needs_body`)."""
         return isinstance(self.processor, HmacProcessor) and self.processor.message is None
 
 
@@ -122,6 +135,13 @@ def credential(
             # with the scheme or alone (an origin that returns the credential it decoded
             # from, or the token part of the header).
             needles += [value, value.removeprefix("Basic ")]
+    elif isinstance(processor, AwsSigV4Processor):
+        # The JSON as stored, and each key alone; a session token also as a presigned URL
+        # carries it. The key id too: it names the account's key to anyone who reads it.
+        keys = awskeys.parse(secret)
+        needles += [keys.access_key_id, keys.secret_access_key]
+        if keys.session_token is not None:
+            needles += [keys.session_token, quote(keys.session_token, safe="")]
     elif isinstance(processor, QueryProcessor):
         # In the URL the secret is percent-encoded as `set_query_param` writes it (quote); an
         # echoed URL (a redirect, a 404 page) carries that form, or the one a server that
@@ -191,11 +211,22 @@ def write(
         _rewrite_headers(request, drop, fixed, bool(credentials), into)
     signed = []
     for cred in dynamic:
-        if cred.signs_body:
+        if cred.signs_body or _needs_body(request, cred):
             signed.append(cred)
         else:
             put(request, cred, into)
     return signed
+
+
+def _needs_body(request: http.Request, cred: Credential) -> bool:
+    """Whether an aws-sigv4 credential signs this request's body; its signature is checked now,
+    so a request it will refuse is refused before its body is read."""
+    if not isinstance(cred.processor, AwsSigV4Processor):
+        return False
+    try:
+        return awsresign.read(cred.processor, FlowRequest(request), clock()).needs_body
+    except InjectionError as exc:
+        raise _denial(cred, exc) from None
 
 
 def _rewrite_headers(
@@ -231,11 +262,20 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
     try:
         if into is not None and _present(request, cred):
             into.overwrote.append(cred.target)
-        inject(cred.processor, cred.secret, FlowRequest(request))
-    except RequestInapplicable as exc:
-        raise Denial(cred.inapplicable, str(exc)) from None
+        inject(cred.processor, cred.secret, FlowRequest(request), now=clock())
+        # A real signature is a capability for its request (a presigned URL's for up to 7
+        # days): one echoed back is masked like the keys.
+        if (into is not None and isinstance(cred.processor, AwsSigV4Processor)
+                and (signature := awsresign.signature_of(FlowRequest(request))) is not None):
+            into.needles.append(signature)
     except InjectionError as exc:
-        raise Denial(exc.reason, str(exc)) from None
+        raise _denial(cred, exc) from None
+
+
+def _denial(cred: Credential, exc: InjectionError) -> Denial:
+    """An injection error as the Denial the sandbox reads."""
+    reason = cred.inapplicable if isinstance(exc, RequestInapplicable) else exc.reason
+    return Denial(reason, str(exc))
 
 
 def _present(request: http.Request, cred: Credential) -> bool:

@@ -10,10 +10,20 @@ modelled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 from urllib.parse import urlsplit
 
 from sealgate.hostname import HostError, split_authority
+from sealgate.issuer.processors import (
+    AwsSigV4Processor,
+    BasicProcessor,
+    BearerProcessor,
+    HeaderProcessor,
+    HmacProcessor,
+    PlaceholderProcessor,
+    Processor,
+    QueryProcessor,
+)
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.policy.decide import Decision, Question, Scheme, Verdict, decide
 from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path
@@ -81,8 +91,33 @@ def describe(rule: Rule) -> str:
 
 
 def injects(rule: Rule) -> list[str]:
-    """The rule's credentials by reference (`bearer from file:key`): never a secret's value."""
-    return [f"{i.processor.kind} from {i.secret}" for i in rule.inject]
+    """The rule's credentials by reference and how each goes in (`bearer from file:key:
+    Authorization: Bearer <secret>`): never a secret's value."""
+    return [f"{i.processor.kind} from {i.secret}: {_how(i.processor)}" for i in rule.inject]
+
+
+def _how(processor: Processor) -> str:
+    match processor:
+        case BearerProcessor():
+            return "Authorization: Bearer <secret>"
+        case HeaderProcessor(header=header, format=fmt):
+            return f"{header}: {fmt.replace('{secret}', '<secret>')}"
+        case BasicProcessor(username=username):
+            return f"Authorization: Basic base64({username}:<secret>)"
+        case QueryProcessor(param=param):
+            return f"query {param}=<secret>"
+        case HmacProcessor(header=header, format=fmt, encoding=encoding, message=message):
+            signed = "the body" if message is None else "a fixed message"
+            return (f"{header}: {fmt.replace('{signature}', '<signature>')}, "
+                    f"HMAC-SHA256 of {signed}, {encoding}")
+        case PlaceholderProcessor(header=header, placeholder=placeholder):
+            return f"{header}: {placeholder} replaced by <secret>"
+        case AwsSigV4Processor(services=services, regions=regions, placeholder=placeholder):
+            return (f"a SigV4 request signed with key id {placeholder} (header or presigned URL) "
+                    f"re-signed with the secret's keys, for services {services} in regions "
+                    f"{regions}")
+        case _:
+            assert_never(processor)
 
 
 def explain(

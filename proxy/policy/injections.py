@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from sealgate.issuer.processors import InjectionError, processor_from_object, target
 from sealgate.proxy.credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
@@ -25,6 +25,8 @@ __all__ = ["injections"]
 
 _INJECT_KEYS: Final = ("secret", "as")
 _VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
+# Processor fields that hold a comma-separated list, which rules may also write as a list.
+_LIST_FIELDS: Final = frozenset({"services", "regions"})
 
 
 def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:
@@ -58,7 +60,7 @@ def _injection(doc: YamlFile, node: Node, field: str) -> Injection:
         spec: dict[str, str] = {"type": doc.string(as_node, as_field)}
     else:
         spec = {
-            key: doc.string(value, f"{as_field}.{key}")
+            key: _value(doc, value, f"{as_field}.{key}", listed=key in _LIST_FIELDS)
             for key, (_, value) in doc.mapping(as_node, as_field).items()
         }
     try:
@@ -66,6 +68,14 @@ def _injection(doc: YamlFile, node: Node, field: str) -> Injection:
     except InjectionError as exc:
         raise doc.error(as_node, as_field, str(exc)) from None
     return Injection(ref, processor)
+
+
+def _value(doc: YamlFile, node: Node, field: str, *, listed: bool) -> str:
+    """A processor field: a string, or for a list field `[s3, sts]`, meaning `"s3,sts"`."""
+    if listed and isinstance(node, SequenceNode):
+        items = doc.sequence(node, field)
+        return ",".join(doc.string(item, f"{field}[{i}]") for i, item in enumerate(items))
+    return doc.string(node, field)
 
 
 def _secret_ref(doc: YamlFile, node: Node, field: str) -> SecretRef:

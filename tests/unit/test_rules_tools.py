@@ -132,7 +132,7 @@ def test_explain_tells_whether_tls_is_intercepted(rules: RuleSet) -> None:
 
 def test_explain_json_names_credentials_by_reference_only(rules: RuleSet) -> None:
     out = explain(rules, "POST", "https://api.example.com/v1/comments", sandbox="bot-1").to_json()
-    assert out["injects"] == ["bearer from file:api_key"]
+    assert out["injects"] == ["bearer from file:api_key: Authorization: Bearer <secret>"]
     assert out["decision"] == "allow" and out["rule"].endswith("rules.yaml:11")
 
 

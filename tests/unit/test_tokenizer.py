@@ -19,6 +19,7 @@ from sealgate.issuer import (
 )
 from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
 from sealgate.issuer.processors import BearerProcessor
+from sealgate.proxy.credentials import inject
 from sealgate.proxy.credentials import tokenizer as tokenizer_module
 from sealgate.proxy.credentials.inject import Injected, put, write
 from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
@@ -196,7 +197,10 @@ def _through_the_proxy(vector: dict[str, Any]) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("vector", VECTORS["valid"], ids=lambda v: v["name"])
-def test_the_proxy_injects_each_valid_vector_as_it_says(vector: dict[str, Any]) -> None:
+def test_the_proxy_injects_each_valid_vector_as_it_says(
+    vector: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inject, "clock", lambda: vectors.NOW)  # aws-sigv4's dated request
     expected = vector["expected"]
     # Every injected request asks for an identity encoding, so its response can be scrubbed.
     headers = vectors.normalise_headers(
@@ -206,5 +210,8 @@ def test_the_proxy_injects_each_valid_vector_as_it_says(vector: dict[str, Any]) 
 
 
 @pytest.mark.parametrize("vector", VECTORS["invalid"], ids=lambda v: v["name"])
-def test_the_proxy_refuses_each_invalid_vector_as_it_says(vector: dict[str, Any]) -> None:
+def test_the_proxy_refuses_each_invalid_vector_as_it_says(
+    vector: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inject, "clock", lambda: vectors.NOW)
     assert _through_the_proxy(vector) == {"error": vector["error"]}

@@ -168,10 +168,10 @@ def evaluate(
         body = request["body"]
         assert isinstance(body, str)
         target = ij.InMemoryRequest(
-            headers=_pairs(request["headers"]), path=path, body=body.encode()
+            headers=_pairs(request["headers"]), path=path, body=body.encode(), method=method
         )
         try:
-            ij.inject(claims.processor, claims.secret, target)
+            ij.inject(claims.processor, claims.secret, target, now=NOW)
         except pr.RequestInapplicable as exc:
             # §4: a request a token's processor cannot apply to is the token's failure.
             raise tk.TokenInapplicable(str(exc)) from None
@@ -198,6 +198,27 @@ def normalise_headers(headers: list[tuple[str, str]]) -> list[list[str]]:
 
 _SECRET: Final = "sk_test_VECTOR_SECRET_0001"
 _BEARER_PROXY_SECRET: Final = "proxy-bearer-VECTOR-0001"
+_AWS_PROCESSOR: Final = {"type": "aws-sigv4", "services": "s3", "regions": "us-east-1"}
+_AWS_SECRET: Final = json.dumps({
+    "access_key_id": "AKIAVECTOREXAMPLE001",
+    "secret_access_key": "vector/SECRET+access/key/EXAMPLE0000001",
+    "session_token": "vector-session/token+EXAMPLE==",
+})
+# Signed by the sandbox with the placeholder keys at NOW (2023-11-14T22:13:20Z); the proxy
+# replaces the signature, never checks it.
+_AWS_REQUEST: Final = Request(
+    method="PUT",
+    path="/bucket/a%20key.txt",
+    headers=[
+        ("Host", "api.example.com"),
+        ("X-Amz-Date", "20231114T221320Z"),
+        ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+        ("Authorization", "AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/20231114/us-east-1/"
+         "s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, "
+         f"Signature={'0' * 64}"),
+    ],
+    body="object data",
+)
 
 
 def valid_cases() -> list[Case]:
@@ -308,6 +329,13 @@ def valid_cases() -> list[Case]:
                 }
             ),
             request=placeholder_request,
+        ),
+        Case(
+            "aws-sigv4",
+            "aws-sigv4 re-signs the placeholder's SigV4 request with the sealed keys: the key "
+            "id and signature replaced, the session token added and signed",
+            _claims(processor=_AWS_PROCESSOR, secret=_AWS_SECRET),
+            request=_AWS_REQUEST,
         ),
         Case(
             "wildcard-and-port",
@@ -608,6 +636,11 @@ def invalid_cases() -> list[Case]:
             "a '#' in the request target: where the query ends is ambiguous",
             _claims(processor={"type": "query", "param": "api_key"}),
             request=Request(path="/v1/items?a=1#api_key=x"),
+        ),
+        Case(
+            "aws-sigv4-unsigned",
+            "aws-sigv4 on a request the sandbox did not sign with SigV4",
+            _claims(processor=_AWS_PROCESSOR, secret=_AWS_SECRET),
         ),
         Case(
             "placeholder-missing",
