@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import http.server
 import os
 import re
@@ -124,16 +125,17 @@ class Rig:
     run: Run
     sampler: Sampler
 
-    def proxy(self, name: str, *extra: str, workers: int = 1) -> Service:
-        service = start_sealgate(self.setup, self.paths, name, self.rules, self.resolver,
-                                 self.origin, *FLAGS, *extra, workers=workers)
+    def proxy(self, name: str, *extra: str, workers: int = 1, rules: Path | None = None
+              ) -> Service:
+        service = start_sealgate(self.setup, self.paths, name, rules or self.rules,
+                                 self.resolver, self.origin, *FLAGS, *extra, workers=workers)
         self.sampler.target = (name, service.proc.pid)
         self.run.marks.append((time.monotonic() - self.run.started, name))
         return service
 
-    def hey(self, service: Service, *args: str) -> dict[str, Any]:
+    def hey(self, service: Service, *args: str, sandbox: str = SANDBOX) -> dict[str, Any]:
         url = self.origin.url("https", ORIGIN_NAME)
-        argv = ["hey", *args, "-x", f"http://{SANDBOX}:{self.key}@127.0.0.1:{service.port}",
+        argv = ["hey", *args, "-x", f"http://{sandbox}:{self.key}@127.0.0.1:{service.port}",
                 "-host", ORIGIN_NAME, url]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=600).stdout
         return parse_hey(out)
@@ -278,6 +280,75 @@ def hostile(rig: Rig) -> None:
                 f"{refused} closed at once", refused >= 400 - 256)
 
 
+FLOODER = "flood-1"
+# The issue's flooder: 5 requests a second, 4 connections.
+FLOOD_BUDGET = """
+    budgets:
+      requests_per_second: 5
+      burst: 5
+      max_connections: 4"""
+
+
+def fairness(rig: Rig) -> None:
+    """One sandbox floods far past its budget; its neighbour's latency, alone and meanwhile."""
+    rules = rig.setup.work / "fairness.yaml"
+    text = rig.rules.read_text()
+    head, sep, tail = text.partition("\nsandboxes:")
+    rules.write_text(
+        f"{head}\n  flood:\n    allow:\n      - host: {ORIGIN_NAME}\n        ports: "
+        f"[{rig.origin.https_port}]\n        methods: [GET]\n    allow_networks: [127.0.0.1/32]"
+        f"{FLOOD_BUDGET}{sep}{tail.replace(chr(10) + 'default_policy: null', '')}"
+        f"\n  {FLOODER}: {{policy: flood, key_sha256: "
+        f"\"{hashlib.sha256(rig.key.encode()).hexdigest()}\"}}\ndefault_policy: null\n")
+    p = rig.proxy("fairness", rules=rules)
+    n = 300 if rig.run.quick else 1000
+    rig.hey(p, "-n", "100", "-c", "2")
+    alone = rig.hey(p, "-n", str(n), "-c", "2")
+    seconds = 8 if rig.run.quick else 20
+    flood: dict[str, Any] = {}
+    flooder = threading.Thread(target=lambda: flood.update(rig.hey(
+        p, "-z", f"{seconds}s", "-c", "32", sandbox=FLOODER)))
+    flooder.start()
+    time.sleep(1)
+    during = rig.hey(p, "-n", str(n), "-c", "2")
+    flooder.join()
+    ratio = during["p50"] / alone["p50"] if alone["p50"] else float("inf")
+    rig.run.row("fairness", "flooder (5 req/s, 4 connections) at c=32 with hey",
+                f"{flood.get('ok', 0):,} served, {flood.get('other', 0):,} refused, "
+                f"{flood.get('errors', 0):,} connection errors")
+    rig.run.row("fairness", "neighbour p50 alone -> during that flood",
+                f"{alone['p50']:.1f} -> {during['p50']:.1f} ms ({ratio:.1f}x), "
+                f"{during['errors']} errors", ratio <= 2.0 and during["errors"] == 0)
+    # A flooder that does not wait for answers: CONNECT, close, again, from its own address.
+    auth = base64.b64encode(f"{FLOODER}:{rig.key}".encode()).decode()
+    hello = (f"CONNECT {ORIGIN_NAME}:{rig.origin.https_port} HTTP/1.1\r\nHost: x\r\n"
+             f"Proxy-Authorization: Basic {auth}\r\n\r\n").encode()
+    stop = time.monotonic() + seconds
+    sent = [0]
+
+    def hammer() -> None:
+        while time.monotonic() < stop:
+            with contextlib.suppress(OSError), socket.socket() as sock:
+                sock.bind(("127.0.0.2", 0))
+                sock.connect(("127.0.0.1", p.port))
+                sock.sendall(hello)
+                sent[0] += 1
+
+    hammers = [threading.Thread(target=hammer) for _ in range(8)]
+    for thread in hammers:
+        thread.start()
+    time.sleep(1)
+    during = rig.hey(p, "-n", str(n), "-c", "2")
+    for thread in hammers:
+        thread.join()
+    ratio = during["p50"] / alone["p50"] if alone["p50"] else float("inf")
+    rig.run.row("fairness", "CONNECT-and-close loop (8 threads, answers never read)",
+                f"{sent[0] / seconds:,.0f} connections/s")
+    rig.run.row("fairness", "neighbour p50 alone -> during that loop",
+                f"{alone['p50']:.1f} -> {during['p50']:.1f} ms ({ratio:.1f}x), "
+                f"{during['errors']} errors", ratio <= 2.0 and during["errors"] == 0)
+
+
 class Slow(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     delay = 2.0
@@ -347,7 +418,8 @@ def faults(rig: Rig) -> None:
 
 
 SCENARIOS: list[tuple[str, Callable[[Rig], None]]] = [
-    ("load", load), ("churn", churn), ("hostile", hostile), ("faults", faults),
+    ("load", load), ("churn", churn), ("hostile", hostile), ("fairness", fairness),
+    ("faults", faults),
 ]
 
 

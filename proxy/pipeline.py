@@ -27,7 +27,16 @@ from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.proxy import baseurl, conncap, layers, mitm, responses, settings, upstream
+from sealgate.proxy import (
+    baseurl,
+    budget,
+    conncap,
+    layers,
+    mitm,
+    responses,
+    settings,
+    upstream,
+)
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.conncap import ConnectionGate
@@ -197,6 +206,7 @@ class Sealgate:
             conn.tunnel_tokens = tunnel_tokens
         except Exception as exc:
             denial = _refusal(exc, "deciding a CONNECT")
+            await budget.hold(denial)
             if (target := _inside_target(flow.request, denial)) is not None:
                 # Accepted, and refused inside: an SDK shows the first response's reason, but
                 # only "connection error" for a refused CONNECT. Nothing is ever dialed.
@@ -333,7 +343,9 @@ class Sealgate:
         except PathError as exc:
             self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
         except Exception as exc:
-            self._deny(flow, verdict, _refusal(exc, "deciding a request"), conn)
+            denial = _refusal(exc, "deciding a request")
+            await budget.hold(denial)
+            self._deny(flow, verdict, denial, conn)
         else:
             if verdict.reason is None:  # a report-mode miss keeps its "report"
                 verdict.decision = "allow"

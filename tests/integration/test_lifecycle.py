@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.harness import (
     key_digest,
     running_proxy,
 )
+from tests.security.rawclient import proxy_auth, read_response, request_bytes
 
 
 def rules_allowing(host: str, port: int, extra: str = "") -> str:
@@ -89,6 +91,39 @@ def test_reload_on_change_and_sighup_keeps_old_rules_when_broken(
         p.wait_audit(lambda e: e["event"] == "rules_reload_failed")
         assert session.get(b_url, timeout=5).status_code == 200
         assert "keeping the previous rules" in p.stderr()
+
+
+def test_a_spent_budget_is_refused_a_second_late(
+    tmp_path: Path, origin_http: Origin, dns: StubDNS
+) -> None:
+    """A client ignoring Retry-After gets at most one refusal per connection per second: the
+    proxy's cheapest answer cannot be made its busiest work (docs/reliability.md, fairness)."""
+    extra = """    budgets:
+      requests_per_second: 0.01
+      burst: 1
+      max_connections: 1
+"""
+    rules = rules_allowing("api.test", origin_http.port).replace(
+        "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
+    )
+    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+        session = client(p)
+        assert session.get(f"http://api.test:{origin_http.port}/1", timeout=5).status_code == 200
+        origin_http.reset()
+        started = time.monotonic()
+        refused = session.get(f"http://api.test:{origin_http.port}/2", timeout=5)
+        took = time.monotonic() - started
+        assert (refused.status_code, refused.json()["reason"]) == (429, "budget_exceeded")
+        assert 0.9 <= took < 3
+        assert not origin_http.requests
+        # The connection budget's refusal too: a second connection while the first is open.
+        with socket.create_connection(("127.0.0.1", p.port), timeout=5) as sock:
+            started = time.monotonic()
+            sock.sendall(request_bytes("CONNECT", f"api.test:{origin_http.port}", [
+                ("Host", f"api.test:{origin_http.port}"),
+                ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))]))
+            assert read_response(sock).status == 429
+            assert 0.9 <= time.monotonic() - started < 3
 
 
 def test_budget_rate_limit_429(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
