@@ -172,6 +172,12 @@ def read(processor: AwsSigV4Processor, request: MutableRequest, now: float) -> P
                 raise RequestInapplicable("a SigV4 request needs an X-Amz-Date header")
         elif _query_value(elements, "X-Amz-Algorithm") is not None:
             scope, signed, amz_date, expires = _presigned(elements)
+        elif _query_value(elements, "AWSAccessKeyId") is not None:
+            # botocore presigns S3 URLs with SigV2 unless told otherwise.
+            raise RequestInapplicable(
+                "the URL is presigned with Signature Version 2 (AWSAccessKeyId), which is not "
+                "re-signed: presign with SigV4 (botocore: Config(signature_version='s3v4'))"
+            )
         else:
             raise RequestInapplicable(
                 "the request is not signed with AWS Signature Version 4 (no Authorization "

@@ -1,0 +1,242 @@
+"""boto3, unchanged, with only the placeholder keys, through a real proxy that re-signs its
+SigV4 requests (aws-sigv4) for a fake AWS that checks every signature with the real keys
+(tests/awsfake.py, botocore as its reference signer).
+
+The fake serves S3, STS and DynamoDB under their real names (the stub DNS answers loopback for
+them, the test CA issued their certificates, only the proxy trusts it); the client trusts the
+bundle `sealgate env` wrote (AWS_CA_BUNDLE). The real keys, with a session token, are in the
+proxy's file store; the sandbox's environment holds the documented placeholder pair only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AWS_PLACEHOLDER_SECRET
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA
+from tests.sdk.kit import World, policy, rule, rules_file, world
+
+pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
+
+from botocore.credentials import Credentials
+
+from tests.awsfake import AwsFake
+
+REAL = Credentials("AKIACANARYKEYID00042", "CANARY/aws+secret/key0123456789abcdefABCD",
+                   "CANARY-session/token+0123456789==")
+SECRET_JSON = json.dumps({"access_key_id": REAL.access_key, "secret_access_key": REAL.secret_key,
+                          "session_token": REAL.token})
+S3, STS, DDB, SQS = (f"{s}.us-east-1.amazonaws.com" for s in ("s3", "sts", "dynamodb", "sqs"))
+KEYS = {"aws-1": "aws-key-sigv4-1", "plain-1": "plain-key-sigv4-1"}
+
+
+def _sigv4(services: str) -> str:
+    return f"{{type: aws-sigv4, services: [{services}], regions: [us-east-1]}}"
+
+
+def rules(port: int) -> str:
+    return rules_file(
+        [
+            policy("aws", rule(S3, [port], inject=_sigv4("s3")),
+                   rule(STS, [port], inject=_sigv4("sts")),
+                   rule(DDB, [port], inject=_sigv4("dynamodb")),
+                   rule(SQS, [port], inject=_sigv4("s3"))),
+            # Methods make the proxy intercept (a bare host rule would pass TLS through).
+            policy("plain", rule(S3, [port], methods=["GET"])),
+        ],
+        {"aws-1": ("aws", KEYS["aws-1"]), "plain-1": ("plain", KEYS["plain-1"])},
+        default=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
+      ) -> Iterator[World]:
+    directory: Path = tmp_path_factory.mktemp("aws-sigv4")
+    fake = AwsFake(REAL)
+    # The file store is YAML: the JSON object goes in quoted, as one string.
+    with world(directory, test_ca, dns, [S3, STS, DDB, SQS], fake, rules, KEYS,
+               f"'{SECRET_JSON}'", preload=["boto3", "requests"]) as made:
+        made.aws = fake  # type: ignore[attr-defined]
+        yield made
+    logged = made.proxy.audit_text() + made.proxy.stderr()
+    for canary in (REAL.secret_key, REAL.token, REAL.access_key):
+        assert canary not in logged
+
+
+@pytest.fixture(autouse=True)
+def _fresh(w: World) -> None:
+    w.fake.reset()
+
+
+def aws_env(w: World, sandbox: str, **extra: str) -> dict[str, str]:
+    env = {**w.env(sandbox), "AWS_ACCESS_KEY_ID": AWS_PLACEHOLDER_KEY_ID,
+           "AWS_SECRET_ACCESS_KEY": AWS_PLACEHOLDER_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+           "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", **extra}
+    assert not [v for v in env.values()
+                if REAL.secret_key in v or REAL.token in v or REAL.access_key in v]
+    return env
+
+
+CLIENT = """
+def client(service, endpoint, region="us-east-1", **config):
+    import boto3, botocore.config
+    return boto3.client(service, endpoint_url=endpoint, region_name=region,
+                        config=botocore.config.Config(s3={"addressing_style": "path"},
+                                                      retries={"max_attempts": 1}, **config))
+
+def refused(call):
+    import botocore.exceptions
+    try:
+        call()
+    except botocore.exceptions.ClientError as exc:
+        meta = exc.response["ResponseMetadata"]
+        return {"status": meta["HTTPStatusCode"],
+                "reason": meta["HTTPHeaders"].get("x-sealgate-error"), "text": str(exc)}
+    return {"status": 200}
+"""
+
+EVERYTHING = CLIENT + """
+def main(s3, sts, ddb):
+    import requests
+    c = client("s3", s3)
+    c.put_object(Bucket="bkt", Key="dir/a key.txt", Body=b"hello through sealgate")
+    got = c.get_object(Bucket="bkt", Key="dir/a key.txt")["Body"].read().decode()
+    part = b"x" * (1 << 20)
+    made = c.create_multipart_upload(Bucket="bkt", Key="big.bin")
+    etags = [c.upload_part(Bucket="bkt", Key="big.bin", UploadId=made["UploadId"],
+                           PartNumber=n, Body=part + bytes([n]))["ETag"] for n in (1, 2)]
+    c.complete_multipart_upload(
+        Bucket="bkt", Key="big.bin", UploadId=made["UploadId"],
+        MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n}
+                                   for n, e in zip((1, 2), etags)]})
+    big = len(c.get_object(Bucket="bkt", Key="big.bin")["Body"].read())
+    # botocore presigns S3 with SigV2 unless asked for SigV4 (refused, and told so).
+    v2 = c.generate_presigned_url("get_object", Params={"Bucket": "bkt", "Key": "dir/a key.txt"})
+    sigv2 = requests.get(v2, timeout=20)
+    url = client("s3", s3, signature_version="s3v4").generate_presigned_url(
+        "get_object", Params={"Bucket": "bkt", "Key": "dir/a key.txt"}, ExpiresIn=300)
+    presigned = requests.get(url, timeout=20)
+    echo = c.get_object(Bucket="bkt", Key="echo")["Body"].read().decode()
+    who = client("sts", sts).get_caller_identity()
+    tables = client("dynamodb", ddb).list_tables()["TableNames"]
+    return {"got": got, "big": big, "presigned": [presigned.status_code, presigned.text],
+            "sigv2": [sigv2.status_code, sigv2.headers.get("x-sealgate-error"), sigv2.text],
+            "url": url, "echo": echo, "account": who["Account"], "tables": tables}
+"""
+
+
+def test_boto3_works_with_placeholder_keys_only(w: World) -> None:
+    out = w.run(EVERYTHING, aws_env(w, "aws-1"), s3=w.url(host=S3), sts=w.url(host=STS),
+                ddb=w.url(host=DDB)).ok()
+    assert out["got"] == "hello through sealgate"
+    assert out["big"] == 2 * (1 << 20) + 2
+    assert out["presigned"] == [200, "hello through sealgate"], out["presigned"]
+    assert AWS_PLACEHOLDER_KEY_ID in out["url"]  # the sandbox only ever saw its own signature
+    assert out["sigv2"][:2] == [400, "request_inapplicable"]
+    assert "signature_version='s3v4'" in out["sigv2"][2]
+    assert out["account"] == "123456789012" and out["tables"] == ["alpha", "beta"]
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert {line.split()[0] for line in fake.verified} == {"s3", "sts", "dynamodb"}
+    assert any("?uploads" in r.path for r in w.fake.requests)
+    # The echo shows what arrived; the key id and session token came back masked.
+    echoed = json.loads(out["echo"])
+    assert REAL.access_key not in echoed["Authorization"]
+    assert REAL.token not in out["echo"] and REAL.access_key not in out["echo"]
+    assert "[REDACTED]" in echoed["X-Amz-Security-Token"]
+    # Nothing the sandbox ran saw a real key, and every request that arrived was re-signed.
+    for arrived in w.fake.requests:
+        assert AWS_PLACEHOLDER_KEY_ID not in arrived.path
+        assert AWS_PLACEHOLDER_KEY_ID not in arrived.headers.get("authorization", "")
+
+
+def test_without_sealgate_the_fake_refuses_the_placeholder(w: World) -> None:
+    """The fake checks signatures: the same call, forwarded untouched, is refused."""
+    code = CLIENT + """
+def main(s3):
+    return refused(lambda: client("s3", s3).get_object(Bucket="bkt", Key="x"))
+"""
+    out = w.run(code, aws_env(w, "plain-1"), s3=w.url(host=S3)).ok()
+    assert out["status"] == 403 and "InvalidAccessKeyId" in out["text"], out
+
+
+def _refused(w: World, code: str, reason: str, **args: Any) -> dict[str, Any]:
+    env = aws_env(w, "aws-1", **args.pop("env", {}))
+    out: dict[str, Any] = w.run(CLIENT + code, env, **args).ok()
+    assert out.get("reason") == reason, out
+    assert w.fake.untouched(), "a refused request reached the fake"
+    line = w.proxy.wait_audit(lambda e: e.get("reason") == reason)
+    assert line["decision"] == "deny"
+    return out
+
+
+def test_a_region_the_rule_does_not_name_is_refused(w: World) -> None:
+    out = _refused(w, """
+def main(s3):
+    return refused(lambda: client("s3", s3, region="eu-west-1").get_object(Bucket="b", Key="k"))
+""", "aws_scope", s3=w.url(host=S3))
+    assert out["status"] == 403
+
+
+def test_a_service_the_rule_does_not_name_is_refused(w: World) -> None:
+    _refused(w, """
+def main(sqs):
+    return refused(lambda: client("sqs", sqs).list_queues())
+""", "aws_scope", sqs=w.url(host=SQS))
+
+
+def test_a_real_looking_key_id_is_refused(w: World) -> None:
+    out = _refused(w, """
+def main(s3):
+    return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
+""", "request_inapplicable", s3=w.url(host=S3), env={"AWS_ACCESS_KEY_ID": "AKIASOMEREALKEY00001"})
+    assert out["status"] == 400
+
+
+def test_an_unsigned_request_is_refused(w: World) -> None:
+    _refused(w, """
+def main(s3):
+    import botocore
+    return refused(lambda: client("s3", s3, signature_version=botocore.UNSIGNED)
+                   .get_object(Bucket="b", Key="k"))
+""", "request_inapplicable", s3=w.url(host=S3))
+
+
+def test_a_skewed_clock_is_refused(w: World) -> None:
+    out = _refused(w, """
+def main(s3):
+    import datetime, botocore.auth
+    real = botocore.auth.get_current_datetime
+    botocore.auth.get_current_datetime = lambda: real() - datetime.timedelta(minutes=20)
+    return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
+""", "aws_clock_skew", s3=w.url(host=S3))
+    assert "behind the proxy's clock" in out["text"] or out["status"] == 400
+
+
+def test_a_chunk_signed_upload_is_refused(w: World) -> None:
+    code = """
+def main(s3):
+    import datetime, requests
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
+            "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
+            "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
+    chunk = b"5;chunk-signature=" + b"0" * 64 + b"\\r\\nhello\\r\\n"
+    r = requests.put(s3 + "/bkt/streamed", data=chunk,
+                     headers={"Authorization": auth, "X-Amz-Date": stamp,
+                              "Content-Encoding": "aws-chunked",
+                              "X-Amz-Decoded-Content-Length": "5",
+                              "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"},
+                     timeout=20)
+    return {"status": r.status_code, "reason": r.headers.get("x-sealgate-error"),
+            "text": r.text}
+"""
+    out = _refused(w, code, "aws_streaming_signed", s3=w.url(host=S3))
+    assert "chunk by chunk" in out["text"]
