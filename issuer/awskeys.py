@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Final
 
 __all__ = ["AwsKeys", "parse"]
@@ -29,9 +30,11 @@ class AwsKeys:
     session_token: str | None = field(default=None, repr=False)
 
 
+@lru_cache(maxsize=256)
 def parse(secret: str) -> AwsKeys:
     """The keys in `secret`; ValueError (naming fields, never values) if it is not that
-    object."""
+    object. Cached: every request re-signed with a credential reads its keys (the credential
+    and the tokenizer's cache hold the same secret anyway)."""
     try:
         obj = json.loads(secret)
     except ValueError:

@@ -14,12 +14,13 @@ repeated header's values joined by `,` in order.
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Final
 from urllib.parse import quote, quote_from_bytes, unquote_to_bytes
 
@@ -141,14 +142,18 @@ def parse_authorization(value: str) -> Presented:
                      parse_signed_headers(fields["SignedHeaders"]))
 
 
-def parse_amz_date(text: str) -> datetime:
-    """`YYYYMMDDTHHMMSSZ` (X-Amz-Date) as an aware UTC datetime."""
+def parse_amz_date(text: str) -> int:
+    """`YYYYMMDDTHHMMSSZ` (X-Amz-Date) as seconds since the epoch."""
     if not _AMZ_DATE.fullmatch(text):
         raise SignatureError("X-Amz-Date is not YYYYMMDDTHHMMSSZ")
-    try:
-        return datetime.strptime(text, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        raise SignatureError("X-Amz-Date is not a valid time") from None
+    # By hand: strptime is a third of the re-signing's cost.
+    fields = (int(text[0:4]), int(text[4:6]), int(text[6:8]), int(text[9:11]),
+              int(text[11:13]), int(text[13:15]))
+    year, month, day, hour, minute, second = fields
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]
+            and hour < 24 and minute < 60 and second < 60):
+        raise SignatureError("X-Amz-Date is not a valid time")
+    return calendar.timegm((*fields, 0, 0, 0))
 
 
 # -- the canonical request -------------------------------------------------------------------------
@@ -233,7 +238,9 @@ def _hmac(key: bytes, message: str) -> bytes:
     return hmac.new(key, message.encode("utf-8"), hashlib.sha256).digest()
 
 
+@lru_cache(maxsize=256)
 def signing_key(secret_access_key: str, scope: Scope) -> bytes:
+    """Cached: it changes once a day per key, region and service, and is four HMACs."""
     key = _hmac(f"AWS4{secret_access_key}".encode(), scope.date)
     for part in (scope.region, scope.service, TERMINATOR):
         key = _hmac(key, part)

@@ -162,7 +162,7 @@ def _signed(method: str, url: str, body: bytes = b"", *, service: str = "s3",
     parts = urlsplit(request.url)
     fields = [("Host", parts.netloc), *request.headers.items()]
     target = parts.path + (f"?{parts.query}" if parts.query else "")
-    stamp = sigv4.parse_amz_date(request.context["timestamp"]).timestamp()
+    stamp = sigv4.parse_amz_date(request.context["timestamp"])
     made = InMemoryRequest(headers=fields, path=target, body=body, method=method)
     for name, value in (after or {}).items():
         made.set_header_values(name, [value])
