@@ -16,7 +16,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from sealgate.clikit import Commands
-from sealgate.sandbox import sessioncli
+from sealgate.sandbox import sessioncli, tiers
 from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
 from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
@@ -51,6 +51,10 @@ def register(sub: Commands) -> None:
                    help="the proxy's transparent listener on the gateway: other TCP goes there")
     r.add_argument("--workspace", type=Path, help="a directory mounted read-write at /workspace")
     r.add_argument("--uid", type=int, default=65534, help="user id to run as (default nobody)")
+    r.add_argument("--isolation", choices=tiers.NAMES, default=tiers.DEFAULT,
+                   help="what confines the command: bwrap (namespaces on the host's kernel), "
+                        "gvisor (gVisor's user-space kernel), microvm (a KVM guest) "
+                        f"(default {tiers.DEFAULT})")
     r.add_argument("--pids", type=int, default=Limits.pids,
                    help=f"most processes and threads at once (default {Limits.pids})")
     r.add_argument("--memory", default="4G",
@@ -128,7 +132,8 @@ def _guarded(action: Callable[[], None]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sealgate.sandbox.runtime import Run, SandboxError, run
+    from sealgate.sandbox.errors import SandboxError
+    from sealgate.sandbox.runtime import Run, run
 
     if problem := _root():
         print(problem, file=sys.stderr)
@@ -144,6 +149,10 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         env[name] = value
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if problem := tiers.available(args.isolation):
+        print(f"sealgate: isolation {args.isolation} is not available: {problem}",
+              file=sys.stderr)
+        return 2
     try:
         limits = Limits(args.pids, parse_size(args.memory), args.cpus or None)
         plan = _plan(args)
@@ -154,6 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
         transparent_port=args.transparent_port, plan=plan, workspace=args.workspace,
         uid=args.uid, gid=args.uid, env=env, limits=limits, timeout=args.timeout,
+        isolation=args.isolation,
     )
     try:
         return run(spec)

@@ -32,7 +32,8 @@ from typing import Any
 from sealgate.proxy.control import ControlError, call
 from sealgate.reasons import Reason
 from sealgate.sandbox import orphans, slot
-from sealgate.sandbox.runtime import SandboxError, clean_up_stale
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.runtime import clean_up_stale
 from sealgate.sandbox.session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0

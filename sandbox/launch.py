@@ -1,24 +1,16 @@
-"""The command line that starts a sandboxed process: bubblewrap, inside the sandbox's network
-namespace, as an unprivileged user.
+"""What every isolation tier starts a sandbox from (`sandbox.tiers`): the `Launch`, the files the
+sandbox reads in place of the host's, its environment, and the head of the host command line
+that puts the first process in the run's cgroups and the sandbox's network namespace.
 
-- `ip netns exec` puts it in the sandbox's namespace; `setpriv` then drops to an unprivileged
-  uid before bubblewrap runs, so the process is never root outside (a root-owned 0600 file
-  stays unreadable even through a read-only bind);
-- bubblewrap gives it new user, PID, IPC, UTS and cgroup namespaces (the network one stays the
-  sandbox's), no capabilities, no nested user namespaces, a new session (no keystrokes pushed
-  into the caller's terminal), and dies with its parent;
-- the filesystem is the host's system directories read-only (/usr, /etc and the /bin, /sbin,
-  /lib links), fresh /proc, /dev and empty tmpfs on /tmp, /run and the home directory, and
-  the workspace, if given, read-write at /workspace. Nothing else of the host is visible: not
-  the proxy's state, not other users' files, not /run's sockets;
+- `ip netns exec` puts it in the sandbox's namespace, after the cgroups are joined, so nothing
+  of the sandbox ever runs outside either; the tier's own program follows (bubblewrap under
+  `setpriv`, runsc, ...);
 - what the sandbox reads in place of host files (`staged`: the CA bundle, its resolv.conf, a
-  neutral host name, an empty /proc/cmdline) is handed to bubblewrap by content, through file
-  descriptors, and so are bubblewrap's own arguments: no host path of the run shows in the
-  sandbox's mount table, nor on the command line of its PID 1 (bubblewrap), which it can read;
+  neutral host name, an empty /proc/cmdline) is given by content: each tier hands it over
+  without a host path of the run's showing in the sandbox;
 - the environment is built from nothing (`environment`, handed to the process, never on a
   command line where `ps` would show it): PATH, HOME, LANG, the proxy for HTTP(S), and the
-  trust-store variables that make common clients trust the proxy's CA;
-- the seccomp filter of `sandbox.seccomp` is installed last, just before the command runs.
+  trust-store variables that make common clients trust the proxy's CA.
 """
 
 from __future__ import annotations
@@ -32,6 +24,7 @@ from pathlib import Path
 
 from sealgate import clientenv
 from sealgate.hostport import format_hostport
+from sealgate.sandbox.cgroup import Limits
 from sealgate.sandbox.network import Link
 
 NOBODY = 65534
@@ -41,8 +34,8 @@ BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # where Debian-style clients look
 PROXY_CA = "/run/sealgate/proxy-ca.pem"
 HOSTNAME = "sandbox"
 _HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-_SYSTEM_DIRS = ("/usr", "/etc")
-_SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS = ("/usr", "/etc")
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 
@@ -51,8 +44,8 @@ class Launch:
     link: Link
     command: Sequence[str]
     proxy_port: int
-    files: Mapping[str, int]  # a path in the sandbox -> a descriptor to read its content from
-    seccomp_fd: int
+    files: Mapping[str, bytes]  # a path in the sandbox -> what it reads there (`staged`)
+    seccomp: bytes  # the filter program of `sandbox.seccomp`, for tiers that install one
     workspace: Path | None = None
     uid: int = NOBODY
     gid: int = NOBODY
@@ -61,6 +54,8 @@ class Launch:
     # (`sandbox.scratch`); what is not given is a tmpfs of bubblewrap's (or, for /workspace,
     # `workspace` or nothing).
     writable: Mapping[str, Path] = field(default_factory=dict)
+    pass_fds: tuple[int, ...] = ()  # descriptors the command itself is handed (the agent's)
+    limits: Limits = field(default_factory=Limits)  # the workload's (`Tier.host_limits`)
 
 
 def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
@@ -119,39 +114,8 @@ _JOIN = 'for d do [ "$d" = -- ] && break; echo 0 > "$d/cgroup.procs" || exit 125
     'shift; exec "$@"'
 
 
-def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path]) -> list[str]:
-    """The host's command line: into the cgroups, the namespace, the uid, then bubblewrap, whose
-    arguments (`bwrap_args`) are read from `args_fd`."""
+def host_prefix(launch: Launch, cgroups: Sequence[Path]) -> list[str]:
+    """The head of every tier's host command line: into the cgroups, then the namespace; the
+    tier's program follows, still root."""
     return [tool("sh"), "-c", _JOIN, "sh", *(str(c) for c in cgroups), "--",
-            tool("ip"), "netns", "exec", launch.link.netns,
-            tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
-            "--", tool("bwrap"), "--args", str(args_fd), "--", *launch.command]
-
-
-def bwrap_args(launch: Launch) -> list[str]:
-    args = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
-            "--hostname", HOSTNAME, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
-    for path in _SYSTEM_DIRS:
-        args += ["--ro-bind", path, path]
-    for path in _SYSTEM_LINKS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    # The sandbox's own empty /tmp, not the host's.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run", "--tmpfs", "/home"]
-    if "/tmp" not in launch.writable:  # noqa: S108
-        args += ["--tmpfs", "/tmp"]  # noqa: S108
-    if HOME not in launch.writable:
-        args += ["--dir", HOME]
-    for inside, host in launch.writable.items():
-        args += ["--bind", str(host), inside]
-    for path, fd in launch.files.items():  # over /proc and /etc, so after them
-        args += ["--perms", "0444", "--ro-bind-data", str(fd), path]
-    chdir = HOME
-    if launch.workspace is not None:
-        args += ["--bind", str(launch.workspace), WORKSPACE]
-    if launch.workspace is not None or WORKSPACE in launch.writable:
-        chdir = WORKSPACE
-    args += ["--chdir", chdir, "--seccomp", str(launch.seccomp_fd)]
-    return args
+            tool("ip"), "netns", "exec", launch.link.netns]

@@ -11,7 +11,8 @@ Order matters and every step is undone on the way out, whatever happened:
 4. its name server (`sandbox.dns`) is bound on the host end of its link; the CA bundle (system
    roots plus the proxy's CA) and the sandbox's other files are handed over in memory
    (`launch.staged`), never written where the host's paths would show;
-5. the command runs under bubblewrap; its exit status is the run's (128 + N for signal N), or
+5. the command runs under its isolation tier (`sandbox.tiers`: bubblewrap, gVisor, ...), which
+   is all that differs between tiers; its exit status is the run's (128 + N for signal N), or
    124 once it has run past its time limit: then it is killed with everything it started;
 6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
    unregistered, and the namespace deleted before its firewall table, so nothing is ever left
@@ -39,23 +40,17 @@ from typing import Any, TypeVar
 
 from sealgate.proxy.ca import ca_paths
 from sealgate.proxy.control import ControlError, call
-from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox import firewall, lease, network, scratch, seccomp
+from sealgate.sandbox import firewall, lease, network, scratch, seccomp, tiers
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
 from sealgate.sandbox.dns import FakeDns, LoopDns
-from sealgate.sandbox.launch import NOBODY, Launch, argv, bwrap_args, environment, staged
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.launch import NOBODY, Launch, staged
 from sealgate.sandbox.network import Link, Plan
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TIMED_OUT = 124  # as timeout(1) says it
 _N = TypeVar("_N", FakeDns, LoopDns)
-
-
-class SandboxError(SealgateError, RuntimeError):
-    """The sandbox could not be started; everything created for it has been removed."""
-
-    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)
@@ -72,6 +67,7 @@ class Run:
     env: Mapping[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     timeout: float | None = 600.0  # seconds the command may run; None: no limit
+    isolation: str = tiers.DEFAULT
 
 
 def setup(plan: Plan) -> None:
@@ -90,6 +86,7 @@ def run(spec: Run) -> int:
     """Run the command in a new sandbox; its exit status. Raises SandboxError."""
     if spec.uid == 0 or spec.gid == 0:
         raise SandboxError("a sandbox never runs as root (uid or gid 0)")
+    tier = tiers.get(spec.isolation)
     program, proxy_ca = prerequisites(spec.state)
     with _signals() as stop:
         try:
@@ -100,23 +97,21 @@ def run(spec: Run) -> int:
                 _register(spec, link, undo)
                 stop.check()
                 try:
-                    group = Group.create(f"run-{link.index}-{os.getpid()}", spec.limits)
+                    group = Group.create(f"run-{link.index}-{os.getpid()}",
+                                         tier.host_limits(spec.limits))
                 except CgroupError as exc:
                     raise SandboxError(str(exc)) from None
                 undo.callback(group.remove)
                 try:
                     bundle, ca = trust(proxy_ca)
-                    files = {path: memfd(data, undo)
-                             for path, data in staged(link, bundle, ca).items()}
-                    launch = Launch(link, spec.command, spec.proxy_port, files,
-                                    memfd(program, undo), spec.workspace, spec.uid, spec.gid,
-                                    spec.env)
-                    args_fd = memfd(b"".join(os.fsencode(a) + b"\0"
-                                              for a in bwrap_args(launch)), undo)
+                    launch = Launch(link, spec.command, spec.proxy_port,
+                                    staged(link, bundle, ca), program, spec.workspace, spec.uid,
+                                    spec.gid, spec.env, limits=spec.limits)
+                    started = tier.start(launch, group.dirs, undo)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
                 stop.check()
-                code = _supervise(launch, args_fd, group, stop, names, timeout=spec.timeout)
+                code = _supervise(started, stop, names, timeout=spec.timeout)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
@@ -189,6 +184,7 @@ def clean_up_after(left: lease.Lease) -> None:
     """Everything a run that died without its teardown left: its cgroups (and any process in
     them), its registration with the proxy, its link, namespace and table."""
     Group.left_by(f"run-{left.index}-{left.pid}").remove()
+    tiers.clean_up(left.index)
     scratch.remove(left.index)
     if left.state:
         unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
@@ -221,26 +217,10 @@ def trust(proxy_ca: Path) -> tuple[bytes, bytes]:
     return roots.rstrip(b"\n") + b"\n" + ca, ca
 
 
-def memfd(data: bytes, undo: contextlib.ExitStack) -> int:
-    """A descriptor holding `data`, which the sandbox's bubblewrap reads once: in memory, under
-    no path of the host's."""
-    fd = os.memfd_create("sealgate")
-    undo.callback(os.close, fd)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _supervise(
-    launch: Launch, args_fd: int, group: Group, stop: _Stop, names: FakeDns, *,
-    timeout: float | None,
-) -> int:
+def _supervise(started: tiers.Started, stop: _Stop, names: FakeDns, *,
+               timeout: float | None) -> int:
     try:
-        # argv raises FileNotFoundError for a missing tool.
-        proc = subprocess.Popen(argv(launch, args_fd, group.dirs), env=environment(launch),
-                                pass_fds=(args_fd, launch.seccomp_fd, *launch.files.values()))
+        proc = subprocess.Popen(started.argv, env=started.env, pass_fds=started.pass_fds)
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from None
     stop.sandbox = proc

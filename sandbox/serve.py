@@ -21,8 +21,9 @@ from sealgate.sandbox import firewall, selftest, slot
 from sealgate.sandbox.api import make_app
 from sealgate.sandbox.cgroup import CgroupError, parse_size
 from sealgate.sandbox.daemon import Config, Daemon
+from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.network import NetworkError, Plan
-from sealgate.sandbox.runtime import SandboxError, setup
+from sealgate.sandbox.runtime import setup
 
 
 @dataclass(frozen=True)

@@ -26,17 +26,11 @@ from pathlib import Path
 from sealgate.sandbox import firewall, scratch
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
 from sealgate.sandbox.dns import LoopDns
-from sealgate.sandbox.launch import Launch, argv, bwrap_args, environment, staged
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.launch import Launch, staged
 from sealgate.sandbox.network import Link, Plan
-from sealgate.sandbox.runtime import (
-    SandboxError,
-    memfd,
-    prerequisites,
-    remove_link,
-    take_link,
-    trust,
-    unregister,
-)
+from sealgate.sandbox.runtime import prerequisites, remove_link, take_link, trust, unregister
+from sealgate.sandbox.tiers import bwrap
 
 AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
 PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
@@ -99,27 +93,24 @@ def prepare(config: Config) -> Slot:
             with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
                 handed.callback(theirs.close)
                 bundle, ca = trust(proxy_ca)
-                contents = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
-                files = {path: memfd(data, handed) for path, data in contents.items()}
+                files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
                 command = [PYTHON, "-I", "-S", AGENT, str(theirs.fileno())]
-                launch = Launch(link, command, config.proxy_port, files, memfd(program, handed),
-                                None, uid, uid, {}, writable=places)
-                args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in bwrap_args(launch)),
-                                handed)
-                env = environment(launch)
+                launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
+                                {}, writable=places, pass_fds=(theirs.fileno(),))
+                started = bwrap.start(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
                 # prepares slots in its executor's threads, which live as long as the daemon
                 # (Python's pool never retires an idle worker), so the sandbox still dies with
                 # the daemon, never with a thread.
                 process = subprocess.Popen(
-                    argv(launch, args_fd, group.dirs), env=env, stdin=subprocess.DEVNULL,
+                    started.argv, env=started.env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=(args_fd, launch.seccomp_fd, theirs.fileno(), *files.values()))
+                    pass_fds=started.pass_fds)
         except OSError as exc:
             raise SandboxError(f"cannot start the sandbox: {exc}") from None
         undo.pop_all()
     ours.setblocking(False)
-    return Slot(link, names, group, uid, process, ours, env)
+    return Slot(link, names, group, uid, process, ours, started.env)
 
 
 def release(slot: Slot, config: Config) -> None:

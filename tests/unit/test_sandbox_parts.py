@@ -15,9 +15,11 @@ import pytest
 
 from sealgate.sandbox.cli import parse_duration
 from sealgate.sandbox.firewall import sandbox_rules, shared_rules
-from sealgate.sandbox.launch import Launch, argv, bwrap_args, environment, staged
+from sealgate.sandbox.launch import Launch, environment, staged
 from sealgate.sandbox.network import Link, NetworkError, Plan
 from sealgate.sandbox.seccomp import SeccompUnsupported, program
+from sealgate.sandbox.tiers.bwrap import args as bwrap_args
+from sealgate.sandbox.tiers.bwrap import argv
 
 LINK = Link(3, "sg-3", "sgh3", "sgn3", IPv4Address("10.200.0.13"), IPv4Address("10.200.0.14"),
             IPv4Address("10.200.255.254"))
@@ -48,10 +50,11 @@ def test_firewall_pins_the_source_and_opens_only_the_proxy() -> None:
 
 def test_launch_line_carries_no_environment_and_drops_everything() -> None:
     launch = Launch(LINK, ["curl", "https://x.example/"], 3128,
-                    {"/etc/ssl/certs/ca-certificates.crt": 11, "/proc/cmdline": 12}, 9,
+                    {"/etc/ssl/certs/ca-certificates.crt": b"", "/proc/cmdline": b""}, b"",
                     env={"API_TOKEN": "tok-canary-77"})
     group = Path("/sys/fs/cgroup/sealgate/run-3-1")
-    line, args = argv(launch, 10, [group]), bwrap_args(launch)
+    files = {"/etc/ssl/certs/ca-certificates.crt": 11, "/proc/cmdline": 12}
+    line, args = argv(launch, 10, [group]), bwrap_args(launch, files, 9)
     assert "tok-canary-77" not in " ".join(line + args)  # values travel in the environment only
     # bubblewrap reads its arguments from a descriptor: its command line, which the sandbox
     # can read as PID 1's, says nothing of the host's paths.
@@ -219,7 +222,7 @@ def test_the_launch_joins_every_group_before_it_runs_anything(tmp_path: Path) ->
     for group in groups:
         group.mkdir()
         (group / "cgroup.procs").write_text("")
-    launch = Launch(LINK, ["true"], 3128, {}, 9)
+    launch = Launch(LINK, ["true"], 3128, {}, b"")
     line = argv(launch, 10, groups)
     script = line[: line.index("--") + 1]
     done = subprocess.run([*script, "sh", "-c", "cat " + " ".join(

@@ -1,0 +1,103 @@
+"""Isolation tiers: what runs the sandbox's processes, inside a boundary every tier shares.
+
+The runtime (`sandbox.runtime`) makes everything around a sandbox the same way whatever the
+tier: its network namespace and link, the link's firewall table, its name server, its address
+registered with the proxy, its cgroups. It then hands the tier a `Launch` (`sandbox.launch`:
+the link, the command, the files the sandbox reads in place of the host's, the clean
+environment, the uid, the workspace) and the cgroups, and the tier answers with the host
+command that runs it (`Started`), which the runtime starts, waits for and kills. So the proxy's
+guarantees never depend on the tier: every packet of every tier leaves through the same link
+and meets the same table.
+
+A tier is a module of this package defining `TIER`, a `Tier`:
+
+- `host_limits(limits)`: the limits of the run's cgroups, given the caller's for the workload
+  (a tier whose own processes count against them, or that enforces some inside, needs other
+  figures on the host);
+- `unavailable()`: why it cannot run on this host (a program missing, no /dev/kvm, ...), or
+  None; asked before anything is made for a run, so an unusable tier costs nothing;
+- `start(launch, cgroups, undo)`: the host command. It must run in `launch.link.netns`, put
+  its first process in `cgroups` before anything of the sandbox runs (`launch.host_prefix`
+  does both), never run the workload as root, and hand the sandbox no host path of the run's.
+  Whatever it makes on the host is removed by a callback on `undo`, which the runtime unwinds
+  after the command's processes are dead and before the link is removed;
+- `clean_up(index)`: what a run of this tier on link `index` leaves behind when its process
+  died without its teardown (SIGKILL), removed by the next run (`sandbox.lease`), after every
+  process of the dead run's cgroups has been killed.
+
+Adding a tier is its module and its entry in `_TABLE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sealgate.sandbox.cgroup import Limits
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.launch import Launch
+
+
+@dataclass(frozen=True)
+class Started:
+    """A host command that runs the sandbox: its exit status is the command's."""
+
+    argv: list[str]
+    env: dict[str, str]  # the host command's own environment
+    pass_fds: tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    unavailable: Callable[[], str | None]
+    start: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started]
+    clean_up: Callable[[int], None]
+    host_limits: Callable[[Limits], Limits] = lambda limits: limits
+
+
+# name -> its module in this package; None for a tier this sealgate knows of but lacks.
+_TABLE: dict[str, str | None] = {
+    "bwrap": "bwrap",
+    "gvisor": None,
+    "microvm": None,
+}
+NAMES = tuple(_TABLE)
+DEFAULT = "bwrap"
+
+
+def _load(name: str) -> Tier | None:
+    module = _TABLE.get(name)
+    if module is None:
+        return None
+    tier: Tier = importlib.import_module(f"{__name__}.{module}").TIER
+    return tier
+
+
+def available(name: str) -> str | None:
+    """Why tier `name` cannot run here, or None if it can."""
+    if name not in _TABLE:
+        return f"no isolation tier {name[:32]!r} (there are {', '.join(NAMES)})"
+    tier = _load(name)
+    if tier is None:
+        return f"the {name} tier is not part of this sealgate yet"
+    return tier.unavailable()
+
+
+def get(name: str) -> Tier:
+    """Tier `name`, ready to run here. Raises SandboxError saying why not."""
+    problem = available(name)
+    tier = _load(name)
+    if problem is not None or tier is None:
+        raise SandboxError(f"isolation {name[:32]!r} is not available: {problem}")
+    return tier
+
+
+def clean_up(index: int) -> None:
+    """What a dead run of any tier left on link `index`."""
+    for name in NAMES:
+        if (tier := _load(name)) is not None:
+            tier.clean_up(index)

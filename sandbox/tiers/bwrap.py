@@ -1,0 +1,113 @@
+"""The bubblewrap tier: the sandbox's processes run on the host's kernel, confined by its
+namespaces, no capabilities and a seccomp filter.
+
+- `setpriv` drops to the sandbox's unprivileged uid before bubblewrap runs, so the process is
+  never root outside (a root-owned 0600 file stays unreadable even through a read-only bind);
+- bubblewrap gives it new user, PID, IPC, UTS and cgroup namespaces (the network one stays the
+  sandbox's), no capabilities, no nested user namespaces, a new session (no keystrokes pushed
+  into the caller's terminal), and dies with its parent;
+- the filesystem is the host's system directories read-only (/usr, /etc and the /bin, /sbin,
+  /lib links), fresh /proc, /dev and empty tmpfs on /tmp, /run and the home directory, and
+  the workspace, if given, read-write at /workspace. Nothing else of the host is visible: not
+  the proxy's state, not other users' files, not /run's sockets;
+- the staged files are handed to bubblewrap by content, through memory file descriptors, and
+  so are bubblewrap's own arguments: no host path of the run shows in the sandbox's mount
+  table, nor on the command line of its PID 1 (bubblewrap), which it can read;
+- the seccomp filter of `sandbox.seccomp` is installed last, just before the command runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sealgate.sandbox.launch import (
+    HOME,
+    HOSTNAME,
+    SYSTEM_DIRS,
+    SYSTEM_LINKS,
+    WORKSPACE,
+    Launch,
+    environment,
+    host_prefix,
+    tool,
+)
+from sealgate.sandbox.tiers import Started, Tier
+
+
+def _unavailable() -> str | None:
+    try:
+        for name in ("bwrap", "setpriv"):
+            tool(name)
+    except FileNotFoundError as exc:
+        return f"{exc} (Debian: bubblewrap, util-linux)"
+    return None
+
+
+def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
+    """Raises OSError (a descriptor that cannot be made, a missing program)."""
+    files = {path: memfd(data, undo) for path, data in launch.files.items()}
+    seccomp_fd = memfd(launch.seccomp, undo)
+    args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in args(launch, files, seccomp_fd)),
+                    undo)
+    return Started(argv(launch, args_fd, cgroups), environment(launch),
+                   (args_fd, seccomp_fd, *files.values(), *launch.pass_fds))
+
+
+def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path]) -> list[str]:
+    """The host's command line: into the cgroups, the namespace, the uid, then bubblewrap, whose
+    arguments (`args`) are read from `args_fd`."""
+    return [*host_prefix(launch, cgroups),
+            tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
+            "--", tool("bwrap"), "--args", str(args_fd), "--", *launch.command]
+
+
+def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int) -> list[str]:
+    """bubblewrap's arguments; `files` are the staged files' descriptors, by path inside."""
+    out = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
+           "--hostname", HOSTNAME, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+    for path in SYSTEM_DIRS:
+        out += ["--ro-bind", path, path]
+    for path in SYSTEM_LINKS:
+        if os.path.islink(path):
+            out += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            out += ["--ro-bind", path, path]
+    # The sandbox's own empty /tmp, not the host's.
+    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run", "--tmpfs", "/home"]
+    if "/tmp" not in launch.writable:  # noqa: S108
+        out += ["--tmpfs", "/tmp"]  # noqa: S108
+    if HOME not in launch.writable:
+        out += ["--dir", HOME]
+    for inside, host in launch.writable.items():
+        out += ["--bind", str(host), inside]
+    for path, fd in files.items():  # over /proc and /etc, so after them
+        out += ["--perms", "0444", "--ro-bind-data", str(fd), path]
+    chdir = HOME
+    if launch.workspace is not None:
+        out += ["--bind", str(launch.workspace), WORKSPACE]
+    if launch.workspace is not None or WORKSPACE in launch.writable:
+        chdir = WORKSPACE
+    out += ["--chdir", chdir, "--seccomp", str(seccomp_fd)]
+    return out
+
+
+def memfd(data: bytes, undo: contextlib.ExitStack) -> int:
+    """A descriptor holding `data`, which the sandbox's bubblewrap reads once: in memory, under
+    no path of the host's."""
+    fd = os.memfd_create("sealgate")
+    undo.callback(os.close, fd)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _clean_up(_: int) -> None:
+    """Nothing: a bubblewrap run holds nothing on the host beyond its cgroups and link."""
+
+
+TIER = Tier("bwrap", _unavailable, start, _clean_up)
