@@ -35,6 +35,19 @@ class Limits:
                 raise ValueError(f"{name} must be positive")
 
 
+class _InForce:
+    bounds = Limits()
+
+
+def enforce(bounds: Limits) -> None:
+    """The bounds of this process (proxy/mitm.py's install; the defaults under plain mitmdump)."""
+    _InForce.bounds = bounds
+
+
+def in_force() -> Limits:
+    return _InForce.bounds
+
+
 def while_read(size: int, waited: float, limits: Limits) -> Denial | None:
     """The refusal of a head as it is read: `size` bytes (all of it once its blank line has
     come, else what has come so far) `waited` seconds after its first: over the size (431) or

@@ -88,6 +88,7 @@ def install(
         )
     _http1.make_error_response = upstream.error_response
     bounds = bounds or limits.Limits()
+    limits.enforce(bounds)
     _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]
         _http1.Http1Server.read_headers, bounds
     )

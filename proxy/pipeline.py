@@ -32,6 +32,7 @@ from sealgate.proxy import (
     budget,
     conncap,
     layers,
+    limits,
     mitm,
     responses,
     settings,
@@ -294,6 +295,8 @@ class Sealgate:
                 verdict.identity = conn.identity
                 verdict.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
+            if (too_big := limits.parsed(request, limits.in_force())) is not None:
+                raise too_big  # an HTTP/1 head was refused as it was read; HTTP/2's are here
             facts = RequestFacts.of(request)
             transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
             if (conn.target is None and not transparent and baseurl.applies(request.path)

@@ -20,7 +20,13 @@ from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy
 from tests.integration.test_lifecycle import rules_allowing
-from tests.security.rawclient import RawResponse, proxy_auth, read_response, request_bytes
+from tests.security.rawclient import (
+    RawResponse,
+    h2_through_tunnel,
+    proxy_auth,
+    read_response,
+    request_bytes,
+)
 
 AUTH = ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))
 
@@ -225,3 +231,26 @@ def test_a_body_within_the_budget_still_goes(bproxy: Proxy, origin: Origin) -> N
         sock.sendall(b"y" * 900)
         assert read_response(sock, timeout=10).status == 200
     assert [len(s.body) for s in origin.requests] == [900]
+
+
+# --- HTTP/2: the same bounds per stream ------------------------------------------------------
+
+@pytest.mark.parametrize(("label", "path", "extra", "status"), [
+    ("a target over 8 KiB", "/ok/" + "p" * 9000, [], 414),
+    ("more than 100 fields", "/ok/x", [(f"x-f{i}", "v") for i in range(120)], 431),
+])
+def test_http2_streams_get_the_head_bounds(
+    proxy: Proxy, origin_https: Origin, label: str, path: str,
+    extra: list[tuple[str, str]], status: int,
+) -> None:
+    target = f"limited.test:{origin_https.port}"
+    origin_https.reset()
+    r, alpn = h2_through_tunnel(
+        proxy.port, target, ("bot-1", KEYS["bot-1"]), proxy.ca,
+        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", path),
+         *extra],
+    )
+    assert alpn == "h2"
+    assert r.status == status, (label, r.body[:200])
+    assert r.json()["reason"] in ("uri_too_long", "headers_too_large")
+    assert not origin_https.requests
