@@ -6,7 +6,7 @@ STAMP := $(VENV)/.sealgate-installed
 # Debian packages the runtime and the tests use: iproute2/nftables/iptables for sandbox
 # networks and transparent mode, bubblewrap (and util-linux's setpriv) for sandboxes;
 # squid/wrk only for the benchmark (see `make bench`).
-DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl bubblewrap util-linux
+DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl bubblewrap util-linux runsc
 DEB_BENCH := squid wrk nginx-light hey
 
 .PHONY: run test lint unit deps bench clean

@@ -62,7 +62,7 @@ class Tier:
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.
 _TABLE: dict[str, str | None] = {
     "bwrap": "bwrap",
-    "gvisor": None,
+    "gvisor": "gvisor",
     "microvm": None,
 }
 NAMES = tuple(_TABLE)

@@ -30,6 +30,7 @@ from tests.harness import (
     sandbox_gateway,
     secret_store,
 )
+from tests.integration.tiers import TIERS
 
 pytestmark = pytest.mark.root
 
@@ -117,23 +118,26 @@ def fresh(api: Origin) -> Origin:
     return api
 
 
-def run(p: Proxy, workspace: Path | None, *command: str) -> subprocess.CompletedProcess[str]:
+def run(
+    p: Proxy, workspace: Path | None, *command: str, tier: str = "bwrap"
+) -> subprocess.CompletedProcess[str]:
     ws = ["--workspace", str(workspace)] if workspace is not None else []
     return subprocess.run(
         [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
          "--proxy-port", str(p.port), "--transparent-port", str(p.transparent_port), *ws,
-         "--", *command],
+         "--isolation", tier, "--", *command],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
     )
 
 
-def test_node_fetch_through_base_url_mode(cproxy: Proxy, fresh: Origin) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_node_fetch_through_base_url_mode(cproxy: Proxy, fresh: Origin, tier: str) -> None:
     api = fresh
     script = (f"const r = await fetch(process.env.SEALGATE_BASE_URL + 'api.test:{api.port}"
               "/v1/customers/cus_1', {headers: {authorization: 'Bearer sk_placeholder'}});"
               "console.log(r.status, JSON.stringify(await r.json()))")
-    done = run(cproxy, None, "node", "--input-type=module", "-e", script)
+    done = run(cproxy, None, "node", "--input-type=module", "-e", script, tier=tier)
     assert done.returncode == 0, done.stderr
     status, _, body = done.stdout.strip().partition(" ")
     assert (status, json.loads(body)["id"]) == ("200", "cus_1")
@@ -145,13 +149,14 @@ def test_node_fetch_through_base_url_mode(cproxy: Proxy, fresh: Origin) -> None:
                                                                           "allow")
 
 
+@pytest.mark.parametrize("tier", TIERS)
 def test_node_fetch_of_an_https_url_goes_through_transparent_capture(
-    cproxy: Proxy, fresh: Origin
+    cproxy: Proxy, fresh: Origin, tier: str
 ) -> None:
     api = fresh
     script = (f"const r = await fetch('https://api.test:{api.port}/plain');"
               "console.log(r.status)")
-    done = run(cproxy, None, "node", "--input-type=module", "-e", script)
+    done = run(cproxy, None, "node", "--input-type=module", "-e", script, tier=tier)
     assert (done.returncode, done.stdout.strip()) == (0, "200"), done.stderr
     assert [s.path for s in api.requests] == ["/plain"]
 
@@ -168,13 +173,14 @@ except Exception as exc:
 """
 
 
+@pytest.mark.parametrize("tier", TIERS)
 def test_stripe_unchanged_through_base_url_mode(
-    cproxy: Proxy, fresh: Origin, workspace: Path
+    cproxy: Proxy, fresh: Origin, workspace: Path, tier: str
 ) -> None:
     api = fresh
     setup = f"stripe.api_base = os.environ['SEALGATE_BASE_URL'] + 'api.test:{api.port}'"
     done = run(cproxy, workspace, "env", "PYTHONPATH=/workspace/lib", "python3", "-c",
-               STRIPE_CALL.format(setup=setup))
+               STRIPE_CALL.format(setup=setup), tier=tier)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok", "cus_1", "a@example.test"], done.stdout
     (seen,) = api.requests

@@ -16,6 +16,7 @@ import pytest
 
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
+from tests.integration.tiers import TIERS
 
 pytestmark = pytest.mark.root
 
@@ -52,9 +53,11 @@ def workspace() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_sandbox_learns_no_host_path_name_or_boot_line(sproxy: Proxy) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_sandbox_learns_no_host_path_name_or_boot_line(sproxy: Proxy, tier: str) -> None:
     with workspace() as ws:
-        done = base.run(sproxy, "python3", "-c", PROBE, limits=("--workspace", str(ws)))
+        done = base.run(sproxy, "python3", "-c", PROBE, limits=("--workspace", str(ws)),
+                        tier=tier)
     assert done.returncode == 0, done.stderr
     texts: dict[str, str] = json.loads(done.stdout)
     host = socket.gethostname()
@@ -63,17 +66,22 @@ def test_the_sandbox_learns_no_host_path_name_or_boot_line(sproxy: Proxy) -> Non
     assert any(" /workspace " in line for line in mountinfo)  # the probe saw the mounts
     for name, text in texts.items():
         assert "/run/sealgate/run-" not in text, name  # no staged file comes from a host path
+        assert "/run/sealgate/gvisor-" not in text, name  # nor from gVisor's bundle
         assert "sealgate/run-" not in text, name  # nor does the cgroup's name show
         if boot_line:
             assert boot_line not in text, name
         assert host not in text.split(), name
-    assert texts["/proc/cmdline"] == ""
+    # bubblewrap's is empty; gVisor's kernel has its own boot line
+    assert texts["/proc/cmdline"] == ("BOOT_IMAGE=/vmlinuz-4.4.0-gvisor quiet\n"
+                                      if tier == "gvisor" else "")
     assert texts["gethostname"] == texts["uname"] == "sandbox"
     if Path("/etc/machine-id").is_file():
         assert texts["/etc/machine-id"] != Path("/etc/machine-id").read_text()
-    # The workspace's own path within its filesystem is the one thing left: the kernel prints a
-    # bind mount's source in its mountinfo line, and no bind can hide it (docs/sandbox.md).
+    # The workspace's own path within its filesystem is the one thing left under bubblewrap:
+    # the kernel prints a bind mount's source in its mountinfo line, and no bind can hide it
+    # (docs/sandbox.md). gVisor's kernel prints none.
     for name, text in texts.items():
         if name != "/proc/self/mountinfo":
             assert str(ws) not in text, name
-    assert [line.split()[4] for line in mountinfo if str(ws) in line] == ["/workspace"]
+    assert [line.split()[4] for line in mountinfo if str(ws) in line] == \
+        ([] if tier == "gvisor" else ["/workspace"])

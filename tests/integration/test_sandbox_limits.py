@@ -16,6 +16,7 @@ from sealgate.proxy.control import call
 from sealgate.sandbox.dns import BURST, RATE
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
+from tests.integration.tiers import TIERS
 
 pytestmark = pytest.mark.root
 
@@ -50,7 +51,8 @@ def survivors(marker: str) -> list[str]:
     return found
 
 
-def test_the_time_limit_kills_the_whole_tree_and_says_124(sproxy: Proxy) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_time_limit_kills_the_whole_tree_and_says_124(sproxy: Proxy, tier: str) -> None:
     marker = f"# outliver-{secrets.token_hex(4)}"
     after = 3.0
     workspace = Path(tempfile.mkdtemp(prefix="sg-timeout-", dir="/tmp"))
@@ -58,7 +60,7 @@ def test_the_time_limit_kills_the_whole_tree_and_says_124(sproxy: Proxy) -> None
         workspace.chmod(0o777)
         started = time.monotonic()
         done = base.run(sproxy, "python3", "-c", OUTLIVER.replace("AFTER", str(after)) + marker,
-                        limits=("--timeout", "1s", "--workspace", str(workspace)))
+                        limits=("--timeout", "1s", "--workspace", str(workspace)), tier=tier)
         took = time.monotonic() - started
         assert done.returncode == 124, done.stderr
         assert done.stdout == "started\n"
@@ -103,10 +105,11 @@ print(sent, answers)
 """
 
 
-def test_a_flood_of_queries_gets_no_more_answers_than_the_rate(sproxy: Proxy) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_flood_of_queries_gets_no_more_answers_than_the_rate(sproxy: Proxy, tier: str) -> None:
     window, drain = 1.5, 0.3
     probe = FLOOD.replace("WINDOW", str(window)).replace("DRAIN", str(drain))
-    done = base.run(sproxy, "python3", "-c", probe)
+    done = base.run(sproxy, "python3", "-c", probe, tier=tier)
     assert done.returncode == 0, done.stderr
     sent, answers = map(int, done.stdout.split())
     allowed = BURST + RATE * (window + drain)

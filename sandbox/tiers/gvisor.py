@@ -1,0 +1,223 @@
+"""The gVisor tier: the sandbox's processes run on gVisor's user-space kernel (`runsc`, Debian's
+package), so an escape needs a bug in gVisor's Sentry and then one in the host's kernel through
+the few calls the Sentry's own seccomp filter lets it make.
+
+The workload runs with `runsc run` on an OCI bundle generated for the run (never `runsc do`,
+which serves the host's whole root through its gofer and copies the caller's environment):
+
+- the bundle, the staged files and runsc's state (`--root`) live in one directory per link,
+  `/run/sealgate/gvisor-<n>` (root only, on tmpfs), removed with the run (`runsc delete
+  --force` first, for whatever of the sandbox still runs) and by the next run after one that
+  died without its teardown (`clean_up`);
+- the root is an empty read-only directory of that bundle holding the mount points and the
+  /bin, /sbin, /lib links; the host's /usr and /etc (and any /lib* that is a directory) are
+  bound read-only over it, /proc is gVisor's own, /tmp, /run, /home and the home directory are
+  gVisor's tmpfs (in the Sentry's memory, counted against the run's memory limit), the
+  workspace is bound read-write at /workspace;
+- the staged files are bound read-only over their paths; the Sentry shows its mounts with no
+  host path (`9p none`), so the bundle's location never shows. /proc/cmdline is the Sentry's
+  own (a gVisor boot line, nothing of the host's);
+- the process: the sandbox's uid and gid and no other group, the clean environment of
+  `launch.environment` in config.json (root only, for the run's life; nothing in it is a
+  secret of the host's: the sandbox holds none), no capability in any set, no_new_privileges,
+  the runtime's own open-files limit, host name `sandbox`, new PID, IPC, UTS and mount
+  namespaces, and the network namespace of the sandbox's link;
+- runsc itself, the Sentry and the gofer run as root on the host, in the run's cgroups and the
+  sandbox's network namespace (`launch.host_prefix`): their processes, threads and memory (the
+  workload's memory is the Sentry's) count against the run's limits, and runsc is told not to
+  manage cgroups itself (`--ignore-cgroups`);
+- networking (`--network`) and platform (`--platform`): see `NETWORK` and `PLATFORM`.
+
+bubblewrap's seccomp filter is not installed: the workload's calls never reach the host's
+kernel, and the Sentry implements none of what the filter refuses that touches the host
+(io_uring, bpf, perf events, userfaultfd, kernel modules, kexec); the Sentry is itself
+confined by runsc's own filter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sealgate.sandbox.cgroup import Limits
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.launch import (
+    HOME,
+    HOSTNAME,
+    SYSTEM_DIRS,
+    SYSTEM_LINKS,
+    WORKSPACE,
+    Launch,
+    environment,
+    host_prefix,
+    tool,
+)
+from sealgate.sandbox.network import RUN_DIR
+from sealgate.sandbox.tiers import Started, Tier
+
+# Both measured on this runsc (0.0~20221219) and a 6.18 host, in docs/sandbox.md:
+# - `--network=sandbox` (gVisor's netstack) refuses to start: it takes a namespace holding
+#   net.core.rmem_default for the host's root namespace, and the kernel has had that sysctl in
+#   every namespace since 6.x. `host` is left: the Sentry makes its sockets in the sandbox's
+#   namespace, so every packet still leaves through the link and meets its table;
+# - `--platform=kvm` hangs while the Sentry sets up its virtual machine (nested KVM here);
+#   ptrace is the one that runs.
+NETWORK = "host"
+PLATFORM = "ptrace"
+_DELETE_SECONDS = 10.0
+# Host tasks per workload process under ptrace (its stub process and threads), and the Sentry's
+# and gofer's own: measured 347 host tasks for 48 processes inside, 2263 for 400.
+_TASKS_PER_PROCESS, _RUNTIME_TASKS = 8, 512
+
+
+def place(index: int) -> Path:
+    """Everything of a gVisor run on link `index`: bundle, staged files, runsc's state."""
+    return RUN_DIR / f"gvisor-{index}"
+
+
+def _unavailable() -> str | None:
+    try:
+        tool("runsc")
+    except FileNotFoundError as exc:
+        return f"{exc} (Debian: apt-get install runsc)"
+    return None
+
+
+def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
+    """Raises OSError (the bundle cannot be written, runsc is missing)."""
+    if launch.writable or launch.pass_fds:
+        raise SandboxError("the gvisor tier runs one-shot commands only (no scratch layer, no "
+                           "agent descriptors)")
+    index = launch.link.index
+    base = place(index)
+    _remove(index)  # a directory no lease accounts for any more
+    undo.callback(_remove, index)
+    bundle = base / "bundle"
+    base.mkdir(mode=0o700)
+    # Traversable by the sandbox's user (it is its /): the run's directory above keeps it
+    # closed on the host.
+    (bundle / "rootfs").mkdir(mode=0o755, parents=True)
+    mounts = _root(bundle / "rootfs", launch)
+    mounts += _staged(base / "files", launch)
+    config = _config(launch, mounts)
+    (bundle / "config.json").write_text(json.dumps(config))
+    # runsc dies with the runtime (the parent-death signal outlives its exec), and the
+    # sandbox's processes with runsc (it starts them attached): nothing of a run killed
+    # outright goes on running until the next run cleans up.
+    argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig", "KILL", "--",
+            tool("runsc"), *_flags(base), "run", "--bundle", str(bundle), _container(index)]
+    # runsc's own environment: nothing of the sandbox's, which is in config.json.
+    return Started(argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+
+
+def _flags(base: Path) -> list[str]:
+    return ["--root", str(base / "state"), "--ignore-cgroups", f"--network={NETWORK}",
+            f"--platform={PLATFORM}"]
+
+
+def _container(index: int) -> str:
+    return f"sg-{index}"
+
+
+def _root(rootfs: Path, launch: Launch) -> list[dict[str, Any]]:
+    """The empty root's links and mount points; the mounts over it, in order."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+    ]
+    binds = list(SYSTEM_DIRS)
+    for path in SYSTEM_LINKS:
+        if os.path.islink(path):
+            (rootfs / path.lstrip("/")).symlink_to(os.readlink(path))
+        elif os.path.isdir(path):
+            binds.append(path)
+    for path in binds:
+        mounts.append(_bind(path, path, "ro"))
+    for path in ("/tmp", "/run", "/home"):  # noqa: S108 the sandbox's own, not the host's
+        mounts.append({"destination": path, "type": "tmpfs", "source": "tmpfs"})
+    mounts.append({"destination": HOME, "type": "tmpfs", "source": "tmpfs",
+                   "options": ["mode=0700", f"uid={launch.uid}", f"gid={launch.gid}"]})
+    if launch.workspace is not None:
+        mounts.append(_bind(str(launch.workspace), WORKSPACE, "rw"))
+    for mount in mounts:
+        (rootfs / mount["destination"].lstrip("/").split("/")[0]).mkdir(exist_ok=True)
+    return mounts
+
+
+def _staged(where: Path, launch: Launch) -> list[dict[str, Any]]:
+    """The staged files, written under the run's root-only directory and bound read-only."""
+    where.mkdir(mode=0o700)
+    mounts = []
+    for n, (path, data) in enumerate(launch.files.items()):
+        if path.startswith("/proc/"):
+            continue  # the Sentry's /proc is its own, with nothing of the host's in it
+        file = where / str(n)
+        file.write_bytes(data)
+        file.chmod(0o444)
+        mounts.append(_bind(str(file), path, "ro"))
+    return mounts
+
+
+def _bind(source: str, destination: str, mode: str) -> dict[str, Any]:
+    return {"destination": destination, "type": "bind", "source": source,
+            "options": ["rbind", mode, "nosuid", "nodev"]}
+
+
+def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": launch.uid, "gid": launch.gid, "additionalGids": []},
+            "args": list(launch.command),
+            "env": [f"{name}={value}" for name, value in environment(launch).items()],
+            "cwd": WORKSPACE if launch.workspace is not None else HOME,
+            "capabilities": {kind: [] for kind in
+                             ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "noNewPrivileges": True,
+            # The workload's process limit, counted by gVisor's kernel (the sandbox's uid has
+            # no other process there); the host's cgroup bounds the runtime (`_host_limits`).
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": nofile[0], "hard": nofile[1]},
+                        {"type": "RLIMIT_NPROC", "soft": launch.limits.pids,
+                         "hard": launch.limits.pids}],
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": HOSTNAME,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                           {"type": "mount"},
+                           {"type": "network", "path": f"/run/netns/{launch.link.netns}"}],
+        },
+    }
+
+
+def _remove(index: int) -> None:
+    """The run's sandbox (whatever of it still runs) and its directory. Never raises."""
+    base = place(index)
+    if not base.exists():
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError, FileNotFoundError):
+        subprocess.run([tool("runsc"), "--root", str(base / "state"), "delete", "--force",
+                        _container(index)], capture_output=True, timeout=_DELETE_SECONDS,
+                       check=False)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _host_limits(limits: Limits) -> Limits:
+    """The workload's processes are capped inside (RLIMIT_NPROC); on the host each costs
+    several tasks, and the Sentry, which panics (ending the sandbox) when it cannot make one,
+    needs its own: a host cap at the workload's would kill the sandbox instead of failing a
+    fork inside."""
+    return Limits(limits.pids * _TASKS_PER_PROCESS + _RUNTIME_TASKS, limits.memory, limits.cpus)
+
+
+TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits)
