@@ -1,0 +1,351 @@
+"""The agent inside the microVM: PID 1 of the guest, run by the host's python3 (`-I -S`, the
+standard library only) through the /usr the host shares read-only, driven by the host over a
+virtio console port (`channel`).
+
+A frame is a 4-byte big-endian length, then a JSON header line, then the raw payload. The host
+asks; the agent answers with the request's `id`:
+
+- `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
+- `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
+- `exec` (argv, env, cwd, uid, gid, timeout): starts the command in a new session as that uid
+  with no supplementary groups, and only the environment given; `stdin` frames feed it (an
+  empty payload closes it), `kill` signals its process group; the agent sends `out` frames
+  (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124 past its timeout, 127 when
+  it could not be started), after all its output. When the command ends, what it left in its
+  session is killed.
+
+The agent holds nothing the host has not handed it: no credential, no key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+PORT_NAME = "sealgate.agent"
+_MAX_FRAME = 64 << 20
+TIMED_OUT = 124
+NOT_STARTED = 127
+_CHUNK = 65536
+
+
+def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode() + b"\n"
+    return struct.pack(">I", len(head) + len(payload)) + head + payload
+
+
+def decode(frame: bytes) -> tuple[dict[str, Any], bytes]:
+    end = frame.index(b"\n")
+    header = json.loads(frame[:end])
+    if not isinstance(header, dict):
+        raise ValueError("a frame's header is not an object")
+    return header, frame[end + 1:]
+
+
+class Frames:
+    """Frames out of a byte stream fed in pieces."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= 4:
+            (size,) = struct.unpack(">I", self._buf[:4])
+            if size > _MAX_FRAME:
+                raise ValueError(f"a frame of {size} bytes")
+            if len(self._buf) < 4 + size:
+                break
+            out.append(decode(bytes(self._buf[4:4 + size])))
+            del self._buf[:4 + size]
+        return out
+
+
+@dataclass
+class _Command:
+    id: int
+    pid: int
+    deadline: float | None
+    stdin: int | None
+    pending: bytearray = field(default_factory=bytearray)
+    closing: bool = False
+    outputs: set[int] = field(default_factory=set)
+    status: int | None = None
+    timed_out: bool = False
+
+
+class Agent:
+    def __init__(self, port: BinaryIO) -> None:
+        self.port = port
+        self.sel = selectors.DefaultSelector()
+        self.commands: dict[int, _Command] = {}
+        self.by_pid: dict[int, _Command] = {}
+        self.frames = Frames()
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        os.set_blocking(port.fileno(), False)
+        self.sel.register(port.fileno(), selectors.EVENT_READ, ("port", None))
+
+    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        data = encode(header, payload)
+        fd = self.port.fileno()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                _wait_writable(fd)
+
+    def run(self) -> None:
+        self.send({"op": "ready", "kernel": os.uname().release})
+        while True:
+            now = time.monotonic()
+            deadlines = [c.deadline for c in self.commands.values()
+                         if c.deadline is not None and c.status is None]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in self.sel.select(timeout):
+                kind, cmd = key.data
+                if kind == "port":
+                    self._from_host()
+                elif kind == "wake":
+                    _drain(self.wake_r)
+                    self._reap()
+                elif kind == "out":
+                    self._output(cmd, key.fd)
+                elif kind == "in":
+                    self._feed(cmd)
+            self._timeouts()
+
+    def _from_host(self) -> None:
+        try:
+            data = os.read(self.port.fileno(), _CHUNK)
+        except BlockingIOError:
+            return
+        if not data:  # the host is not connected yet or went away: nothing to do but wait
+            time.sleep(0.01)
+            return
+        for header, payload in self.frames.feed(data):
+            try:
+                self._handle(header, payload)
+            except Exception as exc:  # any failure is the request's answer, not the agent's end
+                self.send({"op": "error", "id": header.get("id"), "message": str(exc)[:500]})
+
+    def _handle(self, header: dict[str, Any], payload: bytes) -> None:
+        op, ident = header.get("op"), header.get("id")
+        if op == "ping":
+            self.send({"op": "ok", "id": ident})
+        elif op == "net":
+            _configure(str(header["address"]), str(header["gateway"]))
+            self.send({"op": "ok", "id": ident})
+        elif op == "put":
+            _put(str(header["path"]), payload, int(header.get("mode", 0o644)),
+                 int(header.get("uid", 0)), int(header.get("gid", 0)))
+            self.send({"op": "ok", "id": ident})
+        elif op == "get":
+            with open(str(header["path"]), "rb") as fh:
+                self.send({"op": "data", "id": ident}, fh.read(_MAX_FRAME - 4096))
+        elif op == "exec":
+            self._exec(header)
+        elif op == "stdin":
+            cmd = self.commands[int(header["id"])]
+            cmd.pending += payload
+            cmd.closing = cmd.closing or not payload
+            self._feed(cmd)
+        elif op == "kill":
+            cmd = self.commands[int(header["id"])]
+            if cmd.status is None:
+                _killpg(cmd.pid, int(header.get("signal", signal.SIGKILL)))
+        else:
+            raise ValueError(f"unknown op {op!r}")
+
+    def _exec(self, header: dict[str, Any]) -> None:
+        ident = int(header["id"])
+        argv = [str(a) for a in header["argv"]]
+        env = {str(k): str(v) for k, v in header.get("env", {}).items()}
+        uid, gid = int(header["uid"]), int(header["gid"])
+        if uid == 0 or gid == 0:
+            raise ValueError("a command never runs as root")
+        home = env.get("HOME")
+        if home and not os.path.isdir(home):
+            os.makedirs(home, mode=0o700)
+            os.chown(home, uid, gid)
+        try:
+            child = subprocess.Popen(
+                argv, env=env, cwd=header.get("cwd") or home or "/", user=uid, group=gid,
+                extra_groups=[], start_new_session=True, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.send({"op": "out", "id": ident, "fd": 2},
+                      f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
+                      if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
+            self.send({"op": "exit", "id": ident, "code": NOT_STARTED})
+            return
+        # The pipes are read by the select loop; the Popen object's own waiting is never used
+        # (the agent, PID 1, reaps every child itself).
+        assert child.stdin and child.stdout and child.stderr
+        stdin = os.dup(child.stdin.fileno())
+        timeout = header.get("timeout")
+        cmd = _Command(ident, child.pid, time.monotonic() + float(timeout) if timeout else None,
+                       stdin)
+        os.set_blocking(stdin, False)
+        for pipe, fd in ((child.stdout, 1), (child.stderr, 2)):
+            dup = os.dup(pipe.fileno())
+            os.set_blocking(dup, False)
+            cmd.outputs.add(dup)
+            self.sel.register(dup, selectors.EVENT_READ, ("out", (cmd, fd)))
+        for pipe in (child.stdin, child.stdout, child.stderr):
+            pipe.close()
+        child.returncode = 0  # so its finaliser never waits for what the agent reaps
+        self.commands[ident] = cmd
+        self.by_pid[child.pid] = cmd
+        self.send({"op": "started", "id": ident, "pid": child.pid})
+
+    def _output(self, target: tuple[_Command, int], fd: int) -> None:
+        cmd, which = target
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            self.send({"op": "out", "id": cmd.id, "fd": which}, data)
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        cmd.outputs.discard(fd)
+        self._finish(cmd)
+
+    def _feed(self, cmd: _Command) -> None:
+        if cmd.stdin is None:
+            return
+        while cmd.pending:
+            try:
+                del cmd.pending[:os.write(cmd.stdin, cmd.pending)]
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                cmd.pending.clear()
+                cmd.closing = True
+        registered = cmd.stdin in self.sel.get_map()
+        if cmd.pending and not registered:
+            self.sel.register(cmd.stdin, selectors.EVENT_WRITE, ("in", cmd))
+        elif not cmd.pending and registered:
+            self.sel.unregister(cmd.stdin)
+        if not cmd.pending and cmd.closing:
+            os.close(cmd.stdin)
+            cmd.stdin = None
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            cmd = self.by_pid.pop(pid, None)
+            if cmd is None:
+                continue  # an orphan of some command's, reparented to PID 1
+            cmd.status = os.waitstatus_to_exitcode(status)
+            # What it left in its session goes with it, so nothing holds its output open.
+            _killpg(cmd.pid, signal.SIGKILL)
+            self._finish(cmd)
+
+    def _timeouts(self) -> None:
+        now = time.monotonic()
+        for cmd in self.commands.values():
+            if cmd.status is None and cmd.deadline is not None and now >= cmd.deadline:
+                cmd.timed_out = True
+                cmd.deadline = None
+                _killpg(cmd.pid, signal.SIGKILL)
+
+    def _finish(self, cmd: _Command) -> None:
+        if cmd.status is None or cmd.outputs:
+            return
+        if cmd.stdin is not None:
+            if cmd.stdin in self.sel.get_map():
+                self.sel.unregister(cmd.stdin)
+            os.close(cmd.stdin)
+            cmd.stdin = None
+        code = cmd.status
+        code = TIMED_OUT if cmd.timed_out else (128 - code if code < 0 else code)
+        del self.commands[cmd.id]
+        self.send({"op": "exit", "id": cmd.id, "code": code})
+
+
+def _wait_writable(fd: int) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_WRITE)
+        sel.select(1.0)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _configure(address: str, gateway: str) -> None:
+    for argv in (["ip", "addr", "add", address, "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                 ["ip", "route", "add", "default", "via", gateway]):
+        done = subprocess.run(["/sealgate/busybox", *argv], capture_output=True, check=False)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
+
+
+def _put(path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+    tmp = f"{path}.sealgate-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _port() -> str:
+    base = "/sys/class/virtio-ports"
+    for name in sorted(os.listdir(base)):
+        try:
+            with open(f"{base}/{name}/name") as fh:
+                if fh.read().strip() == PORT_NAME:
+                    return f"/dev/{name}"
+        except FileNotFoundError:  # a console port has no name
+            continue
+    raise FileNotFoundError(f"no virtio port named {PORT_NAME}")
+
+
+def main() -> None:
+    try:
+        with open(_port(), "r+b", buffering=0) as port:
+            Agent(port).run()
+    finally:
+        # PID 1 must not return: the guest would panic. The host sees the VM end.
+        print(f"sealgate guest agent ended: {sys.exc_info()[1]!r}", file=sys.stderr)
+        os.execv("/sealgate/busybox", ["reboot", "-f"])  # noqa: S606 - a fixed program
+
+
+if __name__ == "__main__":
+    main()

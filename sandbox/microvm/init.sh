@@ -1,0 +1,15 @@
+#!/sealgate/busybox sh
+# The guest's PID 1 until the agent replaces it: the kernel's filesystems, the modules (the
+# kernel has virtio, 9p and its network as modules), the host's /usr read-only over 9p, then
+# the agent. A failure reboots the guest, which ends the VM (-no-reboot): the host sees the VM end before it is ready.
+B=/sealgate/busybox
+fail() { echo "sealgate guest init: $*" > /dev/hvc0; $B reboot -f; }
+$B mount -t devtmpfs dev /dev || fail "devtmpfs"
+$B mount -t proc proc /proc || fail "proc"
+$B mount -t sysfs sys /sys || fail "sysfs"
+while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done < /sealgate/modules/order
+# Read-only and never changed underneath: the guest may cache what it read.
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 usr /usr || fail "9p /usr"
+$B mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp || fail "tmpfs /tmp"
+$B ip link set lo up
+exec /usr/bin/python3 -I -S /sealgate/guestagent.py

@@ -1,0 +1,173 @@
+"""One microVM: QEMU's `microvm` machine, its command line, its start and its end.
+
+- The machine has no firmware, no PCI, no legacy devices but what the kernel's clock needs, and
+  only virtio over MMIO: a console port for the agent (`channel`), the host's /usr shared
+  read-only over 9p (`-fsdev ... readonly=on`), a random source, and, when it has a network,
+  one virtio-net device on a tap. The kernel boots through its PVH entry from the uncompressed
+  image (`image`): no decompression inside the guest, the largest cost of a boot here.
+- The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
+  the host's is involved and nothing else can connect to it.
+- QEMU starts as root (it opens the tap and the image files the run's uid cannot read) and
+  drops to the run's uid before the guest runs a single instruction (`-runas`; its capabilities
+  go with root), under its own seccomp filter (`-sandbox on` with everything optional denied:
+  no new privileges, no spawning, no resource changes). A 9p share of the workspace then
+  writes as that uid, like the other tiers' workloads.
+- Nothing secret is on its command line (which `ps` shows): the kernel's command line holds
+  only fixed boot options; the sandbox's address and files come over the agent's channel.
+- It is in its starter's cgroups, which the runtime empties at the end of a run; a parent-death
+  signal would not help (the kernel clears it when `-runas` changes the uid), so whoever
+  starts a Machine kills it (`kill`).
+
+The accelerator: KVM where the host's KVM runs an ordinary kernel; where KVM is PVM (a nested
+hypervisor that runs only kernels built as PVM guests, Debian's are not), or missing, the tier
+is unavailable unless emulation (TCG) is allowed (`SEALGATE_MICROVM_ACCEL=tcg`): the guest
+still has its own kernel, but every instruction is translated, several times slower.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from sealgate.sandbox.errors import SandboxError
+from sealgate.sandbox.microvm.image import Image
+
+QEMU = "qemu-system-x86_64"
+ACCEL_ENV = "SEALGATE_MICROVM_ACCEL"
+MEMORY_MIB = 512
+_BOOT = ("console=hvc0 quiet panic=-1 ipv6.disable=1 rdinit=/init random.trust_cpu=on "
+         "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests audit=0")
+
+
+@dataclass(frozen=True)
+class Spec:
+    image: Image
+    accel: str  # "kvm" or "tcg"
+    uid: int
+    gid: int
+    tap: str | None = None  # the tap device the guest's eth0 is on, None for no network
+    mac: str = "52:54:00:12:34:56"
+    workspace: Path | None = None  # shared read-write as /workspace
+    memory_mib: int = MEMORY_MIB
+    console: Path | None = None  # where the guest's console goes (debugging); else nowhere
+
+
+def accelerator() -> tuple[str | None, str]:
+    """The accelerator to use and why: ("kvm", ...), ("tcg", ...) or (None, why neither)."""
+    wanted = os.environ.get(ACCEL_ENV, "kvm")
+    if wanted not in ("kvm", "tcg"):
+        return None, f"{ACCEL_ENV}={wanted[:16]!r}: use kvm or tcg"
+    problem = kvm_problem()
+    if problem is None:
+        return "kvm", "KVM"
+    if wanted == "tcg":
+        return "tcg", f"TCG emulation ({problem})"
+    return None, f"{problem}; {ACCEL_ENV}=tcg runs the guest under emulation instead (slower)"
+
+
+def kvm_problem() -> str | None:
+    """Why KVM cannot run the guest's (Debian's) kernel here, or None."""
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"/dev/kvm cannot be opened: {exc.strerror}"
+    os.close(fd)
+    modules = Path("/sys/module")
+    if (modules / "kvm_pvm").exists() and not any(
+            (modules / m).exists() for m in ("kvm_intel", "kvm_amd")):
+        return ("KVM here is PVM (nested, without VMX/SVM), which runs only kernels built as "
+                "PVM guests; Debian's kernel is not one")
+    return None
+
+
+def qemu() -> str | None:
+    return shutil.which(QEMU, path="/usr/bin:/usr/sbin:/bin:/sbin")
+
+
+def command(spec: Spec, agent_fd: int) -> list[str]:
+    program = qemu()
+    if program is None:
+        raise SandboxError(f"{QEMU} is not installed (Debian package qemu-system-x86)")
+    machine = "microvm,x-option-roms=off,isa-serial=off,rtc=off"
+    boot = _BOOT
+    if spec.accel == "kvm":
+        machine += ",pit=off,pic=off"
+        cpu, accel = "host", "kvm"
+    else:
+        # TCG gives the kernel nothing to calibrate its clock against but the PIT, which its
+        # calibration here does not get through: it is told the TSC's rate (TCG's TSC runs at
+        # the host's). The guest's own speculation mitigations only cost under emulation:
+        # the guest is one sandbox's, with nothing of another's to protect inside it.
+        cpu, accel = "max", "tcg"
+        boot += f" tsc_early_khz={_host_tsc_khz()} mitigations=off"
+    argv = [
+        program, "-M", machine, "-accel", accel, "-cpu", cpu,
+        "-m", str(spec.memory_mib), "-smp", "1", "-nodefaults", "-no-user-config",
+        "-nographic", "-no-reboot",
+        "-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny",
+        "-runas", f"{spec.uid}:{spec.gid}",
+        "-kernel", str(spec.image.kernel), "-initrd", str(spec.image.initrd), "-append", boot,
+        "-device", "virtio-serial-device",
+        "-chardev", f"socket,id=agent,fd={agent_fd}",
+        "-device", "virtserialport,chardev=agent,name=sealgate.agent",
+        "-chardev", (f"file,id=con,path={spec.console}" if spec.console else "null,id=con"),
+        "-device", "virtconsole,chardev=con",
+        "-fsdev", "local,id=usr,path=/usr,readonly=on,security_model=none",
+        "-device", "virtio-9p-device,fsdev=usr,mount_tag=usr",
+        "-object", "rng-random,id=rng,filename=/dev/urandom",
+        "-device", "virtio-rng-device,rng=rng",
+    ]
+    if spec.workspace is not None:
+        argv += ["-fsdev", f"local,id=ws,path={spec.workspace},security_model=none",
+                 "-device", "virtio-9p-device,fsdev=ws,mount_tag=workspace"]
+    if spec.tap is not None:
+        argv += ["-netdev", f"tap,id=net,ifname={spec.tap},script=no,downscript=no",
+                 "-device", f"virtio-net-device,netdev=net,mac={spec.mac}"]
+    return argv
+
+
+def _host_tsc_khz() -> int:
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("cpu MHz"):
+                return int(float(line.split(":")[1]) * 1000)
+    raise SandboxError("cannot tell the host's TSC rate from /proc/cpuinfo")
+
+
+class Machine:
+    """A started QEMU and the host's end of its agent channel."""
+
+    def __init__(self, spec: Spec) -> None:
+        host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            argv = command(spec, guest_end.fileno())
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         pass_fds=(guest_end.fileno(),))
+        except OSError as exc:
+            host_end.close()
+            raise SandboxError(f"cannot start {QEMU}: {exc}") from None
+        finally:
+            guest_end.close()
+        self.sock = host_end
+
+    def failure(self) -> str:
+        """What QEMU said, ending it first if it still runs."""
+        said = self.kill()
+        return f"{QEMU} exited with {self.proc.returncode}: {said[-600:] or 'nothing said'}"
+
+    def kill(self) -> str:
+        """End the VM (at once: nothing in it is kept); what QEMU said on stderr."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.sock.close()
+        said = ""
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            said = self.proc.stderr.read().decode(errors="replace").strip()
+            self.proc.stderr.close()
+        return said
