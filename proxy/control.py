@@ -5,6 +5,7 @@ a sandbox that could reach it could claim another sandbox's address. Endpoints:
 
     GET    /v1/health                 {"ok": true}; 503 {"ok": false, "draining": true} when
                                       stopping (a readiness probe takes it out of rotation)
+    GET    /v1/metrics                every worker's counters, Prometheus text (proxy/metrics.py)
     GET    /v1/sources                {"sources": {"10.200.0.2": "bot-1", ...}}
     PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
     DELETE /v1/sources/{address}      -> 200, or 404
@@ -18,12 +19,13 @@ import http.client
 import json
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from sealgate.proxy import metrics
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from sealgate.proxy.registry import RegistryError, SourceRegistry
 from sealgate.reasons import Reason
@@ -35,6 +37,8 @@ def make_app(
     registry: SourceRegistry, rules_path: Path, draining: Callable[[], bool] = lambda: False
 ) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY)
+    # The workers write their snapshots beside the registry, in the state directory.
+    app.router.add_get("/v1/metrics", metrics_handler(registry.path.parent / "metrics"))
 
     async def health(_: web.Request) -> web.Response:
         if draining():
@@ -82,6 +86,24 @@ def make_app(
     app.router.add_put("/v1/sources/{address}", put_source)
     app.router.add_delete("/v1/sources/{address}", delete_source)
     return app
+
+
+def metrics_handler(directory: Path) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def serve_metrics(_: web.Request) -> web.Response:
+        return web.Response(text=metrics.exposition(directory),
+                            content_type="text/plain", charset="utf-8")
+
+    return serve_metrics
+
+
+async def start_metrics(host: str, port: int, directory: Path) -> web.AppRunner:
+    """`GET /metrics` alone, over TCP for a scraper: nothing else of the control API is there."""
+    app = web.Application(client_max_size=_MAX_BODY)
+    app.router.add_get("/metrics", metrics_handler(directory))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
 
 
 def _error(reason: Reason, detail: str) -> web.Response:

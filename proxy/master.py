@@ -50,6 +50,7 @@ class ProxyConfig:
     audit_stdout: bool = False
     connect_timeout: float = 10.0
     drain_timeout: float = 30.0  # how long requests in flight may take to finish on SIGTERM
+    metrics_listen: tuple[str, int] | None = None  # GET /metrics for a scraper
     limits: Limits = field(default_factory=Limits)
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()

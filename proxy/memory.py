@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import time
 from collections.abc import Callable
 
@@ -53,3 +54,12 @@ class Reclaimer:
         if idle and self._untrimmed:
             self._trim()
             self._untrimmed = False
+
+
+def resident() -> int:
+    """This process's resident memory, in bytes."""
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")

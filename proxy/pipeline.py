@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import connection, ctx, http, tls
@@ -33,6 +34,7 @@ from sealgate.proxy import (
     conncap,
     layers,
     limits,
+    memory,
     mitm,
     responses,
     settings,
@@ -59,6 +61,7 @@ from sealgate.proxy.flowstate import (
 from sealgate.proxy.handshake import HandshakeDeadline
 from sealgate.proxy.identity import Identity
 from sealgate.proxy.memory import Reclaimer
+from sealgate.proxy.metrics import Metrics
 from sealgate.proxy.net import guard as guardmod
 from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
 from sealgate.proxy.policy.model import PathError, Policy, Rule, normalize_path
@@ -83,6 +86,7 @@ class Sealgate:
         self.in_flight: set[str] = set()  # flows between their request head and their end
         self.gate = ConnectionGate(conncap.default_total(), 512)
         self.reclaimer = Reclaimer()
+        self.metrics = Metrics()
         self.handshakes = HandshakeDeadline()
         self.addons = [self.handshakes]  # its hooks run after this addon's
 
@@ -149,6 +153,11 @@ class Sealgate:
             if closed := self.handshakes.take_closed():
                 self._emit("handshake_timeout", count=closed,
                            seconds=self.handshakes.seconds)
+            with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
+                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
+                                   connections_open=self.gate.open,
+                                   requests_in_flight=len(self.in_flight),
+                                   resident_bytes=memory.resident())
 
     # -- connections ----------------------------------------------------------------------
 
@@ -556,6 +565,7 @@ class Sealgate:
             self._emit("request", **request_line(flow, verdict))
 
     def _emit(self, event: str, **fields: Any) -> None:
+        self.metrics.count(event, fields)
         if self.settings is not None:
             self.settings.audit.emit(event, **fields)
 

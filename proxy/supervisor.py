@@ -36,15 +36,14 @@ _CRASH_LOOP, _CRASH_WINDOW = 5, 60.0
 
 async def serve_one(config: ProxyConfig, worker: int | None) -> int:
     """Serve in this process; as the only process (`worker` None) answer the control API too."""
-    runner = None
+    runners = []
     lifecycle = Lifecycle()
     if worker is None:
-        runner = await _start_control(config, lifecycle)
+        runners = await _start_control(config, lifecycle)
     try:
         return await serve(config, worker, lifecycle)
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        await _stop_control(runners)
 
 
 class _Workers:
@@ -106,7 +105,7 @@ class _Workers:
 async def supervise(config: ProxyConfig) -> int:
     """Run the control API here and N workers as child processes, kept running."""
     lifecycle = Lifecycle()
-    runner = await _start_control(config, lifecycle)
+    runners = await _start_control(config, lifecycle)
     workers = _Workers(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -117,14 +116,29 @@ async def supervise(config: ProxyConfig) -> int:
     lifecycle.draining = True
     await workers.stop_all()
     await asyncio.gather(*keepers)
-    await runner.cleanup()
+    await _stop_control(runners)
     if workers.gave_up is not None:
         print(f"sealgate: {workers.gave_up}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-async def _start_control(config: ProxyConfig, lifecycle: Lifecycle) -> web.AppRunner:
+async def _start_control(config: ProxyConfig, lifecycle: Lifecycle) -> list[web.AppRunner]:
+    """The control API on its socket and, if asked for, /metrics on its own TCP listener (a
+    separate app: nothing else of the control API is reachable there)."""
     registry = SourceRegistry(config.state / "registry.json")
-    return await control.start(control.socket_path(config.state), registry, config.rules,
-                               lambda: lifecycle.draining)
+    runners = [await control.start(control.socket_path(config.state), registry, config.rules,
+                                   lambda: lifecycle.draining)]
+    if config.metrics_listen is not None:
+        try:
+            runners.append(await control.start_metrics(*config.metrics_listen,
+                                                       config.state / "metrics"))
+        except OSError as exc:
+            await runners[0].cleanup()
+            raise SystemExit(f"sealgate: --metrics-listen: {exc}") from None
+    return runners
+
+
+async def _stop_control(runners: list[web.AppRunner]) -> None:
+    for runner in runners:
+        await runner.cleanup()
