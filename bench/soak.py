@@ -180,7 +180,7 @@ def load(rig: Rig) -> None:
 
 
 def churn(rig: Rig) -> None:
-    n = 5_000 if rig.run.quick else 20_000
+    n = 5_000 if rig.run.quick else 50_000  # the figure: 50,000, then 30 s idle
     idle = 10 if rig.run.quick else 30
     p = rig.proxy("churn")
     pid = p.proc.pid
