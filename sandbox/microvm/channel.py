@@ -32,6 +32,17 @@ class Result:
     stderr: bytes
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """Who a command runs as, where, and for how long."""
+
+    uid: int
+    gid: int
+    cwd: str | None
+    timeout: float | None
+    pids: int | None
+
+
 class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -112,28 +123,29 @@ class Channel:
         return self.request({"op": "get", "path": path})[1]
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
-            cwd: str | None = None, timeout: float | None = None,
+            cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
             stdin: bytes = b"") -> Result:
         """Run a command to its end; its exit status and everything it wrote."""
         out: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
-        code = self._exec(argv, env, uid, gid, cwd, timeout, stdin, None, out)
+        code = self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=stdin,
+                          stdin_fd=None, out=out)
         return Result(code, bytes(out[1]), bytes(out[2]))
 
     def stream(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
-               cwd: str | None = None, timeout: float | None = None,
+               cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
                stdin_fd: int | None = None, stdout_fd: int = 1, stderr_fd: int = 2) -> int:
         """Run a command with its input read from `stdin_fd` and its output written to the
         descriptors given, as it comes; its exit status."""
-        return self._exec(argv, env, uid, gid, cwd, timeout, b"", stdin_fd,
-                          {1: stdout_fd, 2: stderr_fd})
+        return self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=b"",
+                          stdin_fd=stdin_fd, out={1: stdout_fd, 2: stderr_fd})
 
-    def _exec(self, argv: Sequence[str], env: Mapping[str, str], uid: int, gid: int,  # noqa: PLR0917
-              cwd: str | None, timeout: float | None, stdin: bytes, stdin_fd: int | None,
-              out: Mapping[int, bytearray | int]) -> int:
+    def _exec(self, argv: Sequence[str], env: Mapping[str, str], how: _Limits, *, stdin: bytes,
+              stdin_fd: int | None, out: Mapping[int, bytearray | int]) -> int:
         ident = next(self._ids)
+        timeout = how.timeout
         self.sock.sendall(encode({"op": "exec", "id": ident, "argv": list(argv),
-                                  "env": dict(env), "cwd": cwd, "uid": uid, "gid": gid,
-                                  "timeout": timeout}))
+                                  "env": dict(env), "cwd": how.cwd, "uid": how.uid,
+                                  "gid": how.gid, "timeout": timeout, "pids": how.pids}))
         if stdin_fd is None:
             if stdin:
                 self.sock.sendall(encode({"op": "stdin", "id": ident}, stdin))
@@ -145,7 +157,11 @@ class Channel:
         with selectors.DefaultSelector() as sel:
             sel.register(self.sock, selectors.EVENT_READ)
             if stdin_fd is not None:
-                sel.register(stdin_fd, selectors.EVENT_READ)
+                try:
+                    sel.register(stdin_fd, selectors.EVENT_READ)
+                except PermissionError:  # a file or /dev/null, which epoll refuses: never
+                    self._send_file(ident, stdin_fd)  # blocks, so it is sent whole now
+                    stdin_fd = None
             while True:
                 frame = self._next(deadline, f"to run {argv[0]!r}", sel)
                 if frame is None:
@@ -167,6 +183,11 @@ class Channel:
                 elif op == "error":
                     raise SandboxError(f"the microVM's agent could not run {argv[0]!r}: "
                                        f"{header.get('message')}")
+
+    def _send_file(self, ident: int, fd: int) -> None:
+        while data := os.read(fd, _CHUNK):
+            self.sock.sendall(encode({"op": "stdin", "id": ident}, data))
+        self.sock.sendall(encode({"op": "stdin", "id": ident}))
 
     def _forward_stdin(self, ident: int, fd: int, sel: selectors.BaseSelector) -> None:
         try:

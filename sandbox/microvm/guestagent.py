@@ -7,8 +7,9 @@ asks; the agent answers with the request's `id`:
 
 - `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
-- `exec` (argv, env, cwd, uid, gid, timeout): starts the command in a new session as that uid
-  with no supplementary groups, and only the environment given; `stdin` frames feed it (an
+- `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session as that
+  uid with no supplementary groups, only the environment given, and at most `pids` processes
+  of that uid (RLIMIT_NPROC); `stdin` frames feed it (an
   empty payload closes it), `kill` signals its process group; the agent sends `out` frames
   (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124 past its timeout, 127 when
   it could not be started), after all its output. When the command ends, what it left in its
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import selectors
 import signal
 import struct
@@ -182,6 +184,9 @@ class Agent:
         if home and not os.path.isdir(home):
             os.makedirs(home, mode=0o700)
             os.chown(home, uid, gid)
+        # The child inherits the agent's limit; the agent, root, is not held to it.
+        pids = int(header.get("pids") or resource.RLIM_INFINITY)
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
         try:
             child = subprocess.Popen(
                 argv, env=env, cwd=header.get("cwd") or home or "/", user=uid, group=gid,

@@ -11,5 +11,9 @@ while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done <
 # Read-only and never changed underneath: the guest may cache what it read.
 $B mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 usr /usr || fail "9p /usr"
 $B mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp || fail "tmpfs /tmp"
+# The workspace, when the host shares one: written through as the run's uid.
+if $B grep -qsx workspace /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag; then
+    $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 workspace /workspace || fail "9p /workspace"
+fi
 $B ip link set lo up
 exec /usr/bin/python3 -I -S /sealgate/guestagent.py

@@ -92,7 +92,8 @@ def command(spec: Spec, agent_fd: int) -> list[str]:
     program = qemu()
     if program is None:
         raise SandboxError(f"{QEMU} is not installed (Debian package qemu-system-x86)")
-    machine = "microvm,x-option-roms=off,isa-serial=off,rtc=off"
+    # The RTC is the guest's only wall clock (read once at boot): certificates need the date.
+    machine = "microvm,x-option-roms=off,isa-serial=off,rtc=on"
     boot = _BOOT
     if spec.accel == "kvm":
         machine += ",pit=off,pic=off"

@@ -63,7 +63,7 @@ class Tier:
 _TABLE: dict[str, str | None] = {
     "bwrap": "bwrap",
     "gvisor": "gvisor",
-    "microvm": None,
+    "microvm": "microvm",
 }
 NAMES = tuple(_TABLE)
 DEFAULT = "bwrap"
