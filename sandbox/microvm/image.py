@@ -69,7 +69,13 @@ def build(base: Path | None = None) -> Image:
     """The image for the packages apt offers now, built if it is not cached. Raises
     SandboxError saying what failed."""
     base = base or image_dir()
-    kernel_pkg = _kernel_package()
+    try:
+        kernel_pkg = _kernel_package()
+    except SandboxError:
+        if os.geteuid() != 0:
+            raise
+        _apt(["apt-get", "update", "-qq"])  # a fresh machine's apt has no lists yet
+        kernel_pkg = _kernel_package()
     versions = {name: _candidate(name) for name in (kernel_pkg, BUSYBOX_PACKAGE)}
     key = _key(versions)
     target = base / key
