@@ -189,7 +189,9 @@ async def _create(request: web.Request) -> web.Response:
         raise BadRequest("'sandbox' (the id the rules name) is required")
     isolation = body.get("isolation", "bwrap")
     if isolation != "bwrap":
-        raise BadRequest(f"isolation {str(isolation)[:32]!r}: this daemon offers 'bwrap'")
+        raise BadRequest(f"isolation {str(isolation)[:32]!r}: this daemon's sandboxes are "
+                         "'bwrap' only (one-shot 'sealgate sandbox run --isolation' has the "
+                         "other tiers)")
     options = Options(
         sandbox=sandbox, limits=_limits(body.get("limits")), env=_env(body.get("env")),
         ttl=_number(body, "ttl", 600.0, low=1) or 600.0,

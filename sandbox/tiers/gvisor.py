@@ -6,9 +6,11 @@ The workload runs with `runsc run` on an OCI bundle generated for the run (never
 which serves the host's whole root through its gofer and copies the caller's environment):
 
 - the bundle, the staged files and runsc's state (`--root`) live in one directory per link,
-  `/run/sealgate/gvisor-<n>` (root only, on tmpfs), removed with the run (`runsc delete
-  --force` first, for whatever of the sandbox still runs) and by the next run after one that
-  died without its teardown (`clean_up`);
+  `/run/sealgate/gvisor-<n>` (root only, on tmpfs), removed with the run and by the next run
+  after one that died without its teardown (`clean_up`). What of the sandbox still runs is
+  killed with the run's cgroups, which hold every process of it (runsc, the Sentry, the gofer,
+  the Sentry's ptrace stubs), not by `runsc delete`: runsc reaches a sandbox over an abstract
+  socket of the sandbox's network namespace, and there is nothing else to undo;
 - the root is an empty read-only directory of that bundle holding the mount points and the
   /bin, /sbin, /lib links; the host's /usr and /etc (and any /lib* that is a directory) are
   bound read-only over it, /proc is gVisor's own, /tmp, /run, /home and the home directory are
@@ -41,7 +43,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,6 @@ from sealgate.sandbox.tiers import Started, Tier
 #   ptrace is the one that runs.
 NETWORK = "host"
 PLATFORM = "ptrace"
-_DELETE_SECONDS = 10.0
 # Host tasks per workload process under ptrace (its stub process and threads), and the Sentry's
 # and gofer's own: measured 347 host tasks for 48 processes inside, 2263 for 400.
 _TASKS_PER_PROCESS, _RUNTIME_TASKS = 8, 512
@@ -201,15 +201,8 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _remove(index: int) -> None:
-    """The run's sandbox (whatever of it still runs) and its directory. Never raises."""
-    base = place(index)
-    if not base.exists():
-        return
-    with contextlib.suppress(OSError, subprocess.SubprocessError, FileNotFoundError):
-        subprocess.run([tool("runsc"), "--root", str(base / "state"), "delete", "--force",
-                        _container(index)], capture_output=True, timeout=_DELETE_SECONDS,
-                       check=False)
-    shutil.rmtree(base, ignore_errors=True)
+    """The run's directory. Never raises."""
+    shutil.rmtree(place(index), ignore_errors=True)
 
 
 def _host_limits(limits: Limits) -> Limits:
