@@ -16,9 +16,9 @@ ahead, nor be used once expired.
 Payload: `x-amz-content-sha256` is kept as the client chose it: `UNSIGNED-PAYLOAD` and
 `STREAMING-UNSIGNED-PAYLOAD-TRAILER` (chunks not signed) as they are; a hex hash only if it is
 the body's (which needs the body, buffered); without the header, the body's hash is signed
-(presigned S3: `UNSIGNED-PAYLOAD`). Uploads signed chunk by chunk
-(`STREAMING-AWS4-HMAC-SHA256-PAYLOAD` and its kin) are refused: every chunk's signature chains
-on the one before, so each would have to be re-signed as it streams.
+(presigned S3: `UNSIGNED-PAYLOAD`). An upload signed chunk by chunk
+(`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`) has every chunk re-signed once it is buffered
+(`issuer.awschunked`); its trailer and ECDSA kin are refused.
 
 No error raised here quotes the secret, the session token or a key id the sandbox presented.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote
 
-from sealgate.issuer import sigv4
+from sealgate.issuer import awschunked, sigv4
 from sealgate.issuer.awskeys import AwsKeys
 from sealgate.issuer.httprequest import MutableRequest, query_elements, without_query_params
 from sealgate.issuer.processors import AwsSigV4Processor, InjectionError, RequestInapplicable
@@ -44,14 +44,15 @@ __all__ = [
     "AwsScopeRefused",
     "AwsStreamingSigned",
     "Presented",
+    "needs_body",
     "read",
     "resign",
-    "signature_of",
 ]
 
 MAX_SKEW: Final = 300  # seconds
 MAX_EXPIRES: Final = 7 * 24 * 3600
 UNSIGNED: Final = frozenset({"UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"})
+CHUNK_SIGNED: Final = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 _HEX_HASH: Final = re.compile(r"[0-9a-f]{64}")
 _CONTENT_SHA256: Final = "x-amz-content-sha256"
 _TOKEN: Final = "x-amz-security-token"  # noqa: S105 (a header name)
@@ -83,12 +84,16 @@ class Presented:
     claimed: str | None  # a hex hash the client put in x-amz-content-sha256, to check
 
     @property
+    def chunk_signed(self) -> bool:
+        return self.payload == CHUNK_SIGNED
+
+    @property
     def presigned(self) -> bool:
         return self.expires is not None
 
     @property
     def needs_body(self) -> bool:
-        return self.payload is None
+        return self.payload is None or self.chunk_signed
 
 
 def _one(values: list[str], what: str) -> str | None:
@@ -139,12 +144,13 @@ def _payload(request: MutableRequest, scope: sigv4.Scope, presigned: bool
     chosen = _one(request.get_header_values(_CONTENT_SHA256), "x-amz-content-sha256")
     if chosen is None:
         return ("UNSIGNED-PAYLOAD" if presigned and sigv4.is_s3(scope.service) else None), None
-    if chosen in UNSIGNED:
+    if chosen in UNSIGNED or (chosen == CHUNK_SIGNED and not presigned):
         return chosen, None
     if chosen.startswith("STREAMING-"):
         raise AwsStreamingSigned(
-            f"x-amz-content-sha256 {chosen[:64]!r}: uploads signed chunk by chunk are not "
-            "re-signed; sign the payload whole, or use UNSIGNED-PAYLOAD over HTTPS"
+            f"x-amz-content-sha256 {chosen[:64]!r}: of the uploads signed chunk by chunk only "
+            f"{CHUNK_SIGNED} (no trailer, not ECDSA) is re-signed; sign the payload whole, or "
+            "use UNSIGNED-PAYLOAD over HTTPS"
         )
     if not _HEX_HASH.fullmatch(chosen):
         raise RequestInapplicable("x-amz-content-sha256 is not a hex SHA-256 or a payload mode")
@@ -218,9 +224,24 @@ def _signed_headers(request: MutableRequest, presented: Presented, keys: AwsKeys
     return headers
 
 
+def needs_body(processor: AwsSigV4Processor, request: MutableRequest, now: float) -> bool:
+    """Whether `resign` will need the body (a payload hash to compute or check). Read from
+    `x-amz-content-sha256` where it can be, so the common request is read once, by `resign`;
+    a request this says needs its body is checked once the body is here (nothing is sent
+    before)."""
+    chosen = request.get_header_values(_CONTENT_SHA256)
+    if chosen or request.get_header_values("authorization"):
+        return not (len(chosen) == 1 and chosen[0] in UNSIGNED)
+    try:
+        return read(processor, request, now).needs_body  # presigned, or not signed at all
+    except InjectionError:
+        return False  # refused by `resign`, at once
+
+
 def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest, now: float
-           ) -> None:
-    """Check the sandbox's signature (`read`) and replace it with one made with `keys`."""
+           ) -> str:
+    """Check the sandbox's signature (`read`) and replace it with one made with `keys`.
+    Returns the new signature."""
     presented = read(processor, request, now)
     payload = presented.payload
     if payload is None:
@@ -230,10 +251,9 @@ def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest,
     # The sandbox's token (a placeholder, if any) never goes on; the real one goes where the
     # form says, before anything is signed.
     presigned = presented.presigned
-    request.set_header_values(
-        "X-Amz-Security-Token",
-        [keys.session_token] if keys.session_token is not None and not presigned else [],
-    )
+    token = [keys.session_token] if keys.session_token is not None and not presigned else []
+    if token or request.get_header_values(_TOKEN):
+        request.set_header_values("X-Amz-Security-Token", token)
     scope = presented.scope
     credential = scope.credential(keys.access_key_id)
     headers = _signed_headers(request, presented, keys)
@@ -249,6 +269,14 @@ def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest,
         request.get_method(), before, elements, headers, payload, s3=sigv4.is_s3(scope.service)
     )
     hex_signature = sigv4.signature(keys.secret_access_key, presented.amz_date, scope, canonical)
+    if presented.chunk_signed:
+        key = sigv4.signing_key(keys.secret_access_key, scope)
+        try:
+            body = awschunked.resign(request.get_body(), hex_signature, key, presented.amz_date,
+                                     scope)
+        except awschunked.ChunkError as exc:
+            raise RequestInapplicable(str(exc)) from None
+        request.set_body(body)
     if presigned:
         elements.append(f"X-Amz-Signature={hex_signature}")
         request.set_path(f"{before}?{'&'.join(elements)}")
@@ -256,11 +284,4 @@ def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest,
         request.set_header_values(
             "Authorization", [sigv4.authorization(credential, list(headers), hex_signature)]
         )
-
-
-def signature_of(request: MutableRequest) -> str | None:
-    """The signature `resign` wrote into `request`."""
-    for value in request.get_header_values("authorization"):
-        return value.rpartition("Signature=")[2] or None
-    _, elements = query_elements(request.get_path())
-    return _query_value(elements, "X-Amz-Signature")
+    return hex_signature

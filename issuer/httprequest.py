@@ -43,6 +43,9 @@ class MutableRequest(Protocol):
 
     def get_body(self) -> bytes: ...
 
+    def set_body(self, body: bytes) -> None:
+        """Replace the body with as many bytes (framing headers stay as they are)."""
+
 
 @dataclass
 class InMemoryRequest:
@@ -74,6 +77,9 @@ class InMemoryRequest:
 
     def get_body(self) -> bytes:
         return self.body
+
+    def set_body(self, body: bytes) -> None:
+        self.body = body
 
 
 def query_elements(path: str) -> tuple[str, list[str]]:

@@ -44,10 +44,12 @@ def _signature(key: str, message: bytes, encoding: str) -> str:
 
 def inject(
     processor: Processor, secret: str, request: MutableRequest, *, now: float | None = None
-) -> None:
+) -> str | None:
     """Put `secret` into `request` as `processor` says (`now`: the clock aws-sigv4 checks a
     request's date against). Raises SecretInvalid (checked first, so the request is untouched),
-    RequestInapplicable, or for aws-sigv4 the refusals of `issuer.awsresign`."""
+    RequestInapplicable, or for aws-sigv4 the refusals of `issuer.awsresign`. Returns what else
+    it wrote that an echo must not give away: aws-sigv4's signature (a presigned URL's is a
+    capability for days); None for the others."""
     check_secret(processor, secret)
     match processor:
         case BearerProcessor():
@@ -76,6 +78,7 @@ def inject(
             )
         case AwsSigV4Processor():
             keys = awskeys.parse(secret)
-            awsresign.resign(processor, keys, request, time.time() if now is None else now)
+            return awsresign.resign(processor, keys, request, time.time() if now is None else now)
         case _:
             assert_never(processor)
+    return None

@@ -144,8 +144,8 @@ class Reason(StrEnum):
     )
     AWS_STREAMING_SIGNED = (
         "aws_streaming_signed", 400,
-        "a SigV4 upload signed chunk by chunk (STREAMING-AWS4-HMAC-SHA256-PAYLOAD), which the "
-        "proxy does not re-sign",
+        "a SigV4 upload signed chunk by chunk with a trailer or ECDSA, which the proxy does not "
+        "re-sign",
     )
     CREDENTIALS_TOO_LARGE = (
         "credentials_too_large", 400,

@@ -140,11 +140,35 @@ class AwsFake:
             keys=self.keys, service=service, region=region, amz_date=amz_date,
             signed_headers=signed.split(";"), presigned=presigned,
         )
-        if not hmac.compare_digest(expected, given):
+        chunks_ok = content != "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" or self.chunks_verified(
+            seen.body, given, amz_date, region, service)
+        if not hmac.compare_digest(expected, given) or not chunks_ok:
             return _error(403, "SignatureDoesNotMatch",
                           "The request signature we calculated does not match the signature you "
                           "provided. Check your key and signing method.")
         return service, path, query
+
+    def chunks_verified(self, body: bytes, seed: str, amz_date: str, region: str,
+                        service: str) -> bool:
+        """Every chunk's signature of an aws-chunked body, chained from `seed`, as AWS checks
+        it (botocore derives the key and signs; the chunk's string to sign is AWS's)."""
+        request = AWSRequest()
+        request.context["timestamp"] = amz_date
+        auth = SigV4Auth(self.keys, service, region)
+        scope = f"{amz_date[:8]}/{region}/{service}/aws4_request"
+        previous, rest = seed, body
+        while True:
+            head, _, rest = rest.partition(b"\r\n")
+            size_hex, _, signature = head.partition(b";chunk-signature=")
+            size = int(size_hex, 16)
+            chunk, crlf, rest = rest[:size], rest[size:size + 2], rest[size + 2:]
+            text = "\n".join(("AWS4-HMAC-SHA256-PAYLOAD", amz_date, scope, previous,
+                              hashlib.sha256(b"").hexdigest(), hashlib.sha256(chunk).hexdigest()))
+            previous = str(auth.signature(text, request))
+            if crlf != b"\r\n" or not hmac.compare_digest(previous.encode(), signature):
+                return False
+            if not size:
+                return not rest
 
     def _s3(self, seen: Arrived, path: str, query: dict[str, str]) -> Reply:
         xml = {"Content-Type": "application/xml"}

@@ -65,19 +65,29 @@ class FlowRequest:
 
     def __init__(self, request: http.Request) -> None:
         self.request = request
+        # Lower-case name -> values, read in one pass when first asked: aws-sigv4 reads a
+        # dozen headers, and each `Headers.get_all` walks and decodes every field.
+        self._headers: dict[str, list[str]] | None = None
 
     def get_method(self) -> str:
         return self.request.method
 
     def get_header_values(self, name: str) -> list[str]:
-        values = self.request.headers.get_all(name)
+        if self._headers is None:
+            self._headers = {}
+            for key, value in self.request.headers.fields:
+                # Decoded as mitmproxy's own accessors decode them.
+                self._headers.setdefault(key.decode("utf-8", "surrogateescape").lower(), []
+                                         ).append(value.decode("utf-8", "surrogateescape"))
+        values = self._headers.get(name.lower(), [])
         if not values and name.lower() == "host" and self.request.authority:
             # HTTP/2 carries it as :authority, which becomes Host on an HTTP/1 upstream.
             return [self.request.authority]
-        return values
+        return list(values)
 
     def set_header_values(self, name: str, values: Sequence[str]) -> None:
         self.request.headers.set_all(name, list(values))
+        self._headers = None
 
     def get_path(self) -> str:
         return self.request.path
@@ -88,6 +98,10 @@ class FlowRequest:
 
     def get_body(self) -> bytes:
         return self.request.raw_content or b""
+
+    def set_body(self, body: bytes) -> None:
+        # Raw: `aws-chunked` is a Content-Encoding mitmproxy's `content` would try to apply.
+        self.request.raw_content = body
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,14 +233,10 @@ def write(
 
 
 def _needs_body(request: http.Request, cred: Credential) -> bool:
-    """Whether an aws-sigv4 credential signs this request's body; its signature is checked now,
-    so a request it will refuse is refused before its body is read."""
-    if not isinstance(cred.processor, AwsSigV4Processor):
-        return False
-    try:
-        return awsresign.read(cred.processor, FlowRequest(request), clock()).needs_body
-    except InjectionError as exc:
-        raise _denial(cred, exc) from None
+    """Whether an aws-sigv4 credential signs this request's body."""
+    return isinstance(cred.processor, AwsSigV4Processor) and awsresign.needs_body(
+        cred.processor, FlowRequest(request), clock()
+    )
 
 
 def _rewrite_headers(
@@ -262,12 +272,10 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
     try:
         if into is not None and _present(request, cred):
             into.overwrote.append(cred.target)
-        inject(cred.processor, cred.secret, FlowRequest(request), now=clock())
-        # A real signature is a capability for its request (a presigned URL's for up to 7
-        # days): one echoed back is masked like the keys.
-        if (into is not None and isinstance(cred.processor, AwsSigV4Processor)
-                and (signature := awsresign.signature_of(FlowRequest(request))) is not None):
-            into.needles.append(signature)
+        written = inject(cred.processor, cred.secret, FlowRequest(request), now=clock())
+        if into is not None and written is not None:
+            # Recorded only for what goes in with the headers: the scrubber is armed then.
+            into.needles.append(written)
     except InjectionError as exc:
         raise _denial(cred, exc) from None
 

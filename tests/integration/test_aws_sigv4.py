@@ -220,23 +220,38 @@ def main(s3):
     assert "behind the proxy's clock" in out["text"] or out["status"] == 400
 
 
-def test_a_chunk_signed_upload_is_refused(w: World) -> None:
-    code = """
-def main(s3):
+CHUNKED = """
+def main(s3, mode):
     import datetime, requests
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
             "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
             "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
-    chunk = b"5;chunk-signature=" + b"0" * 64 + b"\\r\\nhello\\r\\n"
-    r = requests.put(s3 + "/bkt/streamed", data=chunk,
+    # Signed by the sandbox with the placeholder keys: the proxy never checks these.
+    body = b"".join(b"%x;chunk-signature=%s\\r\\n%s\\r\\n" % (len(c), b"0" * 64, c)
+                    for c in (b"x" * 70000, b"hello", b""))
+    r = requests.put(s3 + "/bkt/streamed", data=body,
                      headers={"Authorization": auth, "X-Amz-Date": stamp,
                               "Content-Encoding": "aws-chunked",
-                              "X-Amz-Decoded-Content-Length": "5",
-                              "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"},
-                     timeout=20)
+                              "X-Amz-Decoded-Content-Length": "70005",
+                              "X-Amz-Content-SHA256": mode}, timeout=20)
+    got = None
+    if r.status_code == 200:
+        got = len(client("s3", s3).get_object(Bucket="bkt", Key="streamed")["Body"].read())
     return {"status": r.status_code, "reason": r.headers.get("x-sealgate-error"),
-            "text": r.text}
+            "text": r.text, "got": got}
 """
-    out = _refused(w, code, "aws_streaming_signed", s3=w.url(host=S3))
-    assert "chunk by chunk" in out["text"]
+
+
+def test_a_chunk_signed_upload_is_re_signed_chunk_by_chunk(w: World) -> None:
+    out = w.run(CLIENT + CHUNKED, aws_env(w, "aws-1"), s3=w.url(host=S3),
+                mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD").ok()
+    assert out["status"] == 200 and out["got"] == 70005, out
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/streamed" in fake.verified  # every chunk's signature checked
+
+
+def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
+    out = _refused(w, CHUNKED, "aws_streaming_signed", s3=w.url(host=S3),
+                   mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
+    assert "no trailer" in out["text"]

@@ -31,7 +31,7 @@ from sealgate.issuer.processors import (
     processor_from_object,
     processor_to_object,
 )
-from tests.awsfake import reference_signature
+from tests.awsfake import AwsFake, reference_signature
 
 VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "sigv4.json").read_text())
 TOKEN_VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "vectors.json").read_text())
@@ -260,7 +260,7 @@ def test_the_host_sent_is_the_host_signed() -> None:
     ({"skew": 301}, AwsClockSkew, "301 s behind"),
     ({"skew": -400}, AwsClockSkew, "400 s ahead"),
     ({"unsigned": True}, RequestInapplicable, "not signed with AWS Signature Version 4"),
-    ({"streaming": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}, AwsStreamingSigned, "chunk by chunk"),
+    ({"streaming": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"}, AwsStreamingSigned, "no trailer"),
     ({"presign_skew": 601}, AwsClockSkew, "expired 1 s ago"),
 ])
 def test_refusals(change: dict[str, Any], error: type[Exception], message: str) -> None:
@@ -276,3 +276,34 @@ def test_refusals(change: dict[str, Any], error: type[Exception], message: str) 
     with pytest.raises(error, match=message) as raised:
         inject(PROCESSOR, SECRET, request, now=now)
     assert REAL.secret_key not in str(raised.value) and "AKIAOTHER" not in str(raised.value)
+
+
+def _framed(*chunks: bytes) -> bytes:
+    return b"".join(b"%x;chunk-signature=%s\r\n%s\r\n" % (len(c), b"0" * 64, c) for c in chunks)
+
+
+def test_a_chunk_signed_body_is_re_signed_chunk_by_chunk() -> None:
+    body = _framed(b"a" * 8192, b"tail", b"")
+    request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", body, after={
+        "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        "Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": "8196"})
+    inject(PROCESSOR, SECRET, request, now=now)
+    _verified(request)
+    assert len(request.body) == len(body) and b"0" * 64 not in request.body
+    (auth,) = request.get_header_values("authorization")
+    seed = auth.rpartition("Signature=")[2]
+    amz_date = request.get_header_values("x-amz-date")[0]
+    fake = AwsFake(REAL)
+    assert fake.chunks_verified(request.body, seed, amz_date, "us-east-1", "s3")
+    assert not fake.chunks_verified(body, seed, amz_date, "us-east-1", "s3")
+
+
+@pytest.mark.parametrize("body", [
+    _framed(b"abc")[:-2], _framed(b"abc"), _framed(b"abc", b"") + b"x",
+    b"3;chunk-signature=short\r\nabc\r\n",
+])
+def test_a_malformed_chunk_signed_body_is_refused(body: bytes) -> None:
+    request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", body, after={
+        "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"})
+    with pytest.raises(RequestInapplicable, match="aws-chunked"):
+        inject(PROCESSOR, SECRET, request, now=now)
