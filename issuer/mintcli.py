@@ -28,6 +28,7 @@ _PROCESSOR_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
     "query": frozenset({"param"}),
     "hmac-sha256": frozenset({"header_name", "format", "hmac_message", "hmac_encoding"}),
     "placeholder": frozenset({"header_name", "placeholder"}),
+    "aws-sigv4": frozenset({"aws_services", "aws_regions", "placeholder"}),
 }
 _ALL_PROCESSOR_OPTIONS: Final = frozenset().union(*_PROCESSOR_OPTIONS.values())
 
@@ -65,6 +66,11 @@ def _processor(args: argparse.Namespace) -> pr.Processor:
         case "placeholder":
             return pr.PlaceholderProcessor(
                 header=args.header_name or "Authorization", placeholder=need("placeholder")
+            )
+        case "aws-sigv4":
+            return pr.AwsSigV4Processor(
+                services=need("aws_services"), regions=need("aws_regions"),
+                placeholder=args.placeholder or pr.AWS_PLACEHOLDER_KEY_ID,
             )
     raise CliError(f"unknown processor {kind!r}")
 
@@ -178,7 +184,15 @@ def add_mint(sub: Commands) -> None:
         choices=("hex", "base64"),
         help="hmac-sha256: signature encoding (default hex)",
     )
-    proc.add_argument("--placeholder", help="placeholder: the text to replace")
+    proc.add_argument(
+        "--placeholder",
+        help="placeholder: the text to replace; aws-sigv4: the key id the sandbox signs with "
+        f"(default {pr.AWS_PLACEHOLDER_KEY_ID})",
+    )
+    proc.add_argument("--aws-services", metavar="S3,STS",
+                      help="aws-sigv4: the services it re-signs for, comma-separated")
+    proc.add_argument("--aws-regions", metavar="REGIONS",
+                      help="aws-sigv4: the regions it re-signs for, comma-separated")
     bind = mint.add_mutually_exclusive_group()
     bind.add_argument("--bind-sandbox", metavar="ID", help="only this sandbox may use it")
     bind.add_argument("--bind-policy", metavar="POLICY", help="only this policy may use it")
