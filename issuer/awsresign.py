@@ -15,8 +15,9 @@ ahead, nor be used once expired.
 
 Payload: `x-amz-content-sha256` is kept as the client chose it: `UNSIGNED-PAYLOAD` and
 `STREAMING-UNSIGNED-PAYLOAD-TRAILER` (chunks not signed) as they are; a hex hash only if it is
-the body's (which needs the body, buffered); without the header, the body's hash is signed
-(presigned S3: `UNSIGNED-PAYLOAD`). An upload signed chunk by chunk
+the body's (checked once the body is buffered; one of unknown length is signed as claimed, and
+AWS checks it); without the header, the body's hash is signed (presigned S3: `UNSIGNED-PAYLOAD`;
+a GET of unknown length: the empty body's). An upload signed chunk by chunk
 (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`) has every chunk re-signed once it is buffered
 (`issuer.awschunked`); its trailer and ECDSA kin are refused.
 
@@ -55,6 +56,7 @@ UNSIGNED: Final = frozenset({"UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRA
 CHUNK_SIGNED: Final = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 _HEX_HASH: Final = re.compile(r"[0-9a-f]{64}")
 _CONTENT_SHA256: Final = "x-amz-content-sha256"
+_BODYLESS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _TOKEN: Final = "x-amz-security-token"  # noqa: S105 (a header name)
 _SIGNED_QUERY: Final = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
                         "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token")
@@ -142,8 +144,15 @@ def _payload(request: MutableRequest, scope: sigv4.Scope, presigned: bool
              ) -> tuple[str | None, str | None]:
     """(the payload hash to sign, or None for the body's; a hex hash to check against it)."""
     chosen = _one(request.get_header_values(_CONTENT_SHA256), "x-amz-content-sha256")
+    length = request.body_length()
     if chosen is None:
-        return ("UNSIGNED-PAYLOAD" if presigned and sigv4.is_s3(scope.service) else None), None
+        if presigned and sigv4.is_s3(scope.service):
+            return "UNSIGNED-PAYLOAD", None
+        if length is None and request.get_method() in _BODYLESS:
+            # An HTTP/2 GET says nothing of its body until it ends: signed as empty (a body
+            # after all fails AWS's own check of the signature).
+            return sigv4.EMPTY_SHA256, None
+        return None, None
     if chosen in UNSIGNED or (chosen == CHUNK_SIGNED and not presigned):
         return chosen, None
     if chosen.startswith("STREAMING-"):
@@ -154,6 +163,9 @@ def _payload(request: MutableRequest, scope: sigv4.Scope, presigned: bool
         )
     if not _HEX_HASH.fullmatch(chosen):
         raise RequestInapplicable("x-amz-content-sha256 is not a hex SHA-256 or a payload mode")
+    if length is None:
+        # Not buffered to be checked: signed as claimed, and AWS compares it with the body.
+        return chosen, None
     return None, chosen
 
 
@@ -230,10 +242,10 @@ def needs_body(processor: AwsSigV4Processor, request: MutableRequest, now: float
     a request this says needs its body is checked once the body is here (nothing is sent
     before)."""
     chosen = request.get_header_values(_CONTENT_SHA256)
-    if chosen or request.get_header_values("authorization"):
-        return not (len(chosen) == 1 and chosen[0] in UNSIGNED)
+    if (len(chosen) == 1 and chosen[0] in UNSIGNED) or request.body_length() == 0:
+        return False
     try:
-        return read(processor, request, now).needs_body  # presigned, or not signed at all
+        return read(processor, request, now).needs_body
     except InjectionError:
         return False  # refused by `resign`, at once
 

@@ -43,6 +43,10 @@ class MutableRequest(Protocol):
 
     def get_body(self) -> bytes: ...
 
+    def body_length(self) -> int | None:
+        """The body's length if it is known (here, declared, or none sent); None while a body
+        of unknown length (chunked, HTTP/2 frames without a Content-Length) is still coming."""
+
     def set_body(self, body: bytes) -> None:
         """Replace the body with as many bytes (framing headers stay as they are)."""
 
@@ -77,6 +81,9 @@ class InMemoryRequest:
 
     def get_body(self) -> bytes:
         return self.body
+
+    def body_length(self) -> int | None:
+        return len(self.body)
 
     def set_body(self, body: bytes) -> None:
         self.body = body

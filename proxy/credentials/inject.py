@@ -99,6 +99,18 @@ class FlowRequest:
     def get_body(self) -> bytes:
         return self.request.raw_content or b""
 
+    def body_length(self) -> int | None:
+        if self.request.raw_content is not None:
+            return len(self.request.raw_content)
+        declared = self.get_header_values("content-length")
+        if len(declared) == 1 and declared[0].isdigit():
+            return int(declared[0])
+        if self.get_header_values("transfer-encoding") or self.request.http_version in (
+            "HTTP/2.0", "HTTP/3",
+        ):
+            return None
+        return 0  # RFC 9112 6.3: neither header, no body
+
     def set_body(self, body: bytes) -> None:
         # Raw: `aws-chunked` is a Content-Encoding mitmproxy's `content` would try to apply.
         self.request.raw_content = body

@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AWS_PLACEHOLDER_SECRET
+from sealgate.issuer.processors import (
+    AWS_PLACEHOLDER_KEY_ID,
+    AWS_PLACEHOLDER_SECRET,
+    AwsSigV4Processor,
+)
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.sdk.kit import World, policy, rule, rules_file, world
@@ -33,7 +37,8 @@ REAL = Credentials("AKIACANARYKEYID00042", "CANARY/aws+secret/key0123456789abcde
 SECRET_JSON = json.dumps({"access_key_id": REAL.access_key, "secret_access_key": REAL.secret_key,
                           "session_token": REAL.token})
 S3, STS, DDB, SQS = (f"{s}.us-east-1.amazonaws.com" for s in ("s3", "sts", "dynamodb", "sqs"))
-KEYS = {"aws-1": "aws-key-sigv4-1", "plain-1": "plain-key-sigv4-1"}
+KEYS = {"aws-1": "aws-key-sigv4-1", "plain-1": "plain-key-sigv4-1",
+        "tokens-1": "tokens-key-sigv4-1"}
 
 
 def _sigv4(services: str) -> str:
@@ -49,8 +54,10 @@ def rules(port: int) -> str:
                    rule(SQS, [port], inject=_sigv4("s3"))),
             # Methods make the proxy intercept (a bare host rule would pass TLS through).
             policy("plain", rule(S3, [port], methods=["GET"])),
+            policy("tokens", rule(S3, [port]), tokens=True),
         ],
-        {"aws-1": ("aws", KEYS["aws-1"]), "plain-1": ("plain", KEYS["plain-1"])},
+        {"aws-1": ("aws", KEYS["aws-1"]), "plain-1": ("plain", KEYS["plain-1"]),
+         "tokens-1": ("tokens", KEYS["tokens-1"])},
         default=None,
     )
 
@@ -255,3 +262,48 @@ def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
     out = _refused(w, CHUNKED, "aws_streaming_signed", s3=w.url(host=S3),
                    mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
     assert "no trailer" in out["text"]
+
+
+ROUND_TRIP = CLIENT + """
+def main(s3):
+    c = client("s3", s3)
+    c.put_object(Bucket="bkt", Key="t.txt", Body=b"sealed keys")
+    return c.get_object(Bucket="bkt", Key="t.txt")["Body"].read().decode()
+"""
+
+
+def test_keys_in_a_sealed_token(w: World) -> None:
+    """The same processor sealed in a token (in the proxy credentials: boto3 cannot add a
+    header to every request) instead of brokered."""
+    token = w.mint(AwsSigV4Processor(services="s3", regions="us-east-1"), host=S3,
+                   secret=SECRET_JSON)
+    env = aws_env(w, "tokens-1")
+    env.update({k: v for k, v in w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}").items()
+                if "proxy" in k.lower()})
+    assert w.run(ROUND_TRIP, env, s3=w.url(host=S3)).ok() == "sealed keys"
+    assert w.fake.requests and all("AKIACANARY" in r.headers["authorization"]
+                                   for r in w.fake.requests)
+
+
+HTTP2 = """
+def main(s3):
+    import httpx
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    request = AWSRequest(method="GET", url=s3 + "/bkt/h2.txt")
+    S3SigV4Auth(Credentials("SEALGATEPLACEHOLDER", "x"), "s3", "us-east-1").add_auth(request)
+    with httpx.Client(http2=True, trust_env=True) as c:
+        c.put(s3 + "/bkt/h2.txt", content=b"over h2")  # refused: not signed
+        r = c.get(s3 + "/bkt/h2.txt", headers=dict(request.headers.items()))
+        return [r.http_version, r.status_code, r.text]
+"""
+
+
+def test_http2_client_signs_authority_as_host(w: World) -> None:
+    """Over HTTP/2 there is no Host header, only :authority, which the upstream receives as
+    Host: that is what is signed."""
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    fake.objects["/bkt/h2.txt"] = b"over h2"
+    out = w.run(HTTP2, aws_env(w, "aws-1"), s3=w.url(host=S3)).ok()
+    assert out == ["HTTP/2", 200, "over h2"], out

@@ -18,7 +18,7 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth, SigV4QueryAu
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sealgate.issuer import sigv4
+from sealgate.issuer import awsresign, sigv4
 from sealgate.issuer.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
 from sealgate.issuer.injection import InMemoryRequest, inject
 from sealgate.issuer.processors import (
@@ -307,3 +307,36 @@ def test_a_malformed_chunk_signed_body_is_refused(body: bytes) -> None:
         "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"})
     with pytest.raises(RequestInapplicable, match="aws-chunked"):
         inject(PROCESSOR, SECRET, request, now=now)
+
+
+class _Streaming(InMemoryRequest):
+    """A request whose body is still coming (chunked, or HTTP/2 without Content-Length)."""
+
+    def body_length(self) -> int | None:
+        return None
+
+
+def _streaming(request: InMemoryRequest) -> _Streaming:
+    return _Streaming(headers=request.headers, path=request.path, body=b"", method=request.method)
+
+
+def test_a_claimed_hash_of_a_body_of_unknown_length_is_signed_as_claimed() -> None:
+    claimed = hashlib.sha256(b"on its way").hexdigest()
+    request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k",
+                           after={"X-Amz-Content-SHA256": claimed})
+    streaming = _streaming(request)
+    assert not awsresign.needs_body(PROCESSOR, streaming, now)
+    inject(PROCESSOR, SECRET, streaming, now=now)
+    _verified(streaming)  # AWS compares the claim with the body it receives
+
+
+def test_unknown_lengths_without_a_payload_hash() -> None:
+    get, now = _signed("GET", "https://sts.us-east-1.amazonaws.com/?Action=GetCallerIdentity",
+                       service="sts")
+    assert not awsresign.needs_body(PROCESSOR, _streaming(get), now)  # signed as empty
+    streaming = _streaming(get)
+    inject(PROCESSOR, SECRET, streaming, now=now)
+    _verified(streaming, service="sts")
+    post, now = _signed("POST", "https://sts.us-east-1.amazonaws.com/", b"Action=X",
+                        service="sts")
+    assert awsresign.needs_body(PROCESSOR, _streaming(post), now)  # 411 from the pipeline
