@@ -112,7 +112,7 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     # sandbox's processes with runsc (it starts them attached): nothing of a run killed
     # outright goes on running until the next run cleans up.
     argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig", "KILL", "--",
-            tool("runsc"), *_flags(base), "run", "--bundle", str(bundle), _container(index)]
+            tool("runsc"), *_flags(base), "run", "--bundle", str(bundle), container(index)]
     # runsc's own environment: nothing of the sandbox's, which is in config.json.
     return Started(argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
 
@@ -122,7 +122,8 @@ def _flags(base: Path) -> list[str]:
             f"--platform={PLATFORM}"]
 
 
-def _container(index: int) -> str:
+def container(index: int) -> str:
+    """The runsc container of link `index`'s run."""
     return f"sg-{index}"
 
 
