@@ -9,6 +9,9 @@ Scenarios, each on its own proxy so that one's leftovers do not colour the next:
   churn    one request per new TLS connection (hey): RSS before, after, and after idling;
   hostile  an endless header, a slowloris crowd, idle CONNECTs that never send a ClientHello,
            a flood of connections from one address: each one's answer, and descriptors after;
+  fuzz     malformed protocol cases (mutated requests, framing games, junk): what each got,
+           and no internal error, traceback or crash;
+  fairness one sandbox flooding past its budget: its neighbour's p50 alone and meanwhile;
   faults   a worker SIGKILLed under load (--workers 2), SIGTERM with slow requests in flight.
 RSS is sampled every half second through the whole run for the chart. Results go to
 docs/reliability.md and docs/reliability.png.
@@ -21,6 +24,7 @@ import contextlib
 import hashlib
 import http.server
 import os
+import random
 import re
 import secrets
 import signal
@@ -280,6 +284,90 @@ def hostile(rig: Rig) -> None:
                 f"{refused} closed at once", refused >= 400 - 256)
 
 
+def _cases(rig: Rig, authority: str, auth: str, n: int) -> list[bytes]:
+    """`n` malformed protocol cases, the same every run: mutations of valid requests (bytes
+    inserted, cut, duplicated framing, bad versions and lengths) and plain junk."""
+    rnd = random.Random(13)
+    valid = [
+        _head(authority, auth) + b"\r\n",
+        (f"CONNECT {ORIGIN_NAME}:{rig.origin.https_port} HTTP/1.1\r\nHost: x\r\n"
+         f"Proxy-Authorization: Basic {auth}\r\n\r\n").encode() + b"\x16\x03\x01\x00\x05junk",
+        _head(authority, auth) + b"Content-Length: 5\r\n\r\nhello",
+        _head(authority, auth) + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ]
+    framing = [b"Content-Length: 5\r\nContent-Length: 6\r\n", b"Content-Length: -1\r\n",
+               b"Content-Length: 99999999999999999999\r\n", b"Transfer-Encoding: chunked\r\n"
+               b"Content-Length: 3\r\n", b"Transfer-Encoding: xchunked\r\n",
+               b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", b" folded: line\r\n",
+               b"Host: a\r\nHost: b\r\n", b"X: \x00\r\n", b"\xff\xfe: v\r\n"]
+    cases = []
+    for i in range(n):
+        base = bytearray(rnd.choice(valid))
+        kind = i % 5
+        if kind == 0:
+            for _ in range(rnd.randint(1, 4)):
+                base.insert(rnd.randrange(len(base)), rnd.choice(b"\x00\r\n\x7f\xff \t:%/@"))
+        elif kind == 1:
+            start = rnd.randrange(len(base))
+            del base[start:start + rnd.randint(1, 12)]
+        elif kind == 2:
+            line = base.index(b"\r\n") + 2
+            base[line:line] = rnd.choice(framing)
+        elif kind == 3:
+            version = rnd.choice([b"HTTP/1.2", b"HTTP/0.9", b"HTTP/2.0", b"HTTP/1.1 x", b"HTTP/"])
+            base = base.replace(b"HTTP/1.1", version, 1)
+        else:
+            base = bytearray(rnd.randbytes(rnd.randint(1, 300)))
+        cases.append(bytes(base))
+    return cases
+
+
+def _answer(port: int, case: bytes) -> str:
+    """What the proxy made of one case: its status, 'closed' without one, or 'held' (it waited
+    for more, as it may for a head that has not ended: the header deadline ends those)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(case)
+        sock.settimeout(3)
+        data = b""
+        try:
+            while b"\r\n" not in data and len(data) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except TimeoutError:
+            return "held"
+        except OSError:
+            return "closed"
+    parts = data.split(b" ", 2)
+    if len(parts) > 1 and data.startswith(b"HTTP/") and parts[1].isdigit():
+        return parts[1].decode()
+    return "closed" if not data else "other"
+
+
+def fuzz(rig: Rig) -> None:
+    p = rig.proxy("fuzz")
+    auth = base64.b64encode(f"{SANDBOX}:{rig.key}".encode()).decode()
+    authority = f"{ORIGIN_NAME}:{rig.origin.http_port}"
+    cases = _cases(rig, authority, auth, 300 if rig.run.quick else 2000)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda case: _answer(p.port, case), cases))
+    kinds: dict[str, int] = {}
+    for answer in answers:
+        key = answer if not answer.isdigit() else f"{answer[0]}xx"
+        kinds[key] = kinds.get(key, 0) + 1
+    alive = p.proc.poll() is None
+    log = p.tail(1_000_000)
+    audit = (rig.setup.work / "fuzz" / "audit.log").read_text(errors="replace")
+    internal = audit.count('"internal_error"') + answers.count("500")
+    rig.run.row("fuzz", f"{len(cases):,} malformed protocol cases",
+                ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())))
+    rig.run.row("fuzz", "internal errors, tracebacks, proxy alive after",
+                f"{internal} / {log.count('Traceback')} / {'yes' if alive else 'no'}",
+                internal == 0 and "Traceback" not in log and alive)
+
+
 FLOODER = "flood-1"
 # The issue's flooder: 5 requests a second, 4 connections.
 FLOOD_BUDGET = """
@@ -424,7 +512,8 @@ def faults(rig: Rig) -> None:
 
 
 SCENARIOS: list[tuple[str, Callable[[Rig], None]]] = [
-    ("load", load), ("churn", churn), ("hostile", hostile), ("fairness", fairness),
+    ("load", load), ("churn", churn), ("hostile", hostile), ("fuzz", fuzz),
+    ("fairness", fairness),
     ("faults", faults),
 ]
 

@@ -4,8 +4,10 @@ A closed connection leaves reference cycles behind (mitmproxy's layers, contexts
 at one another), which only a collection of the older generations frees; with the young
 generation's threshold raised for speed and start-up's objects frozen (proxy/master.py), those
 collections came so rarely that 20,000 new TLS connections took a worker from 90 to 200 MiB,
-none of it returned. So after every few hundred closed connections (or a few seconds with some)
-a full collection runs, and, once no request is in flight, the C allocator is asked to give the
+none of it returned. Every request leaves such cycles too (an HTTP stream is in its own
+context's layer list), and a keep-alive connection closes rarely. So after every few hundred
+closed connections, or a few seconds in which a connection or a request ended, a full collection
+runs, and, once no request is in flight, the C allocator is asked to give the
 freed pages back to the system (glibc's malloc_trim).
 """
 
@@ -38,6 +40,7 @@ class Reclaimer:
     ) -> None:
         self.clock = clock
         self._closed = 0
+        self._finished = 0
         self._last = clock()
         self._trim = trim or _trimmer()
         self._untrimmed = False
@@ -45,12 +48,17 @@ class Reclaimer:
     def closed(self) -> None:
         self._closed += 1
 
+    def finished(self) -> None:
+        """A request ended (its audit line was written)."""
+        self._finished += 1
+
     def tick(self, *, idle: bool) -> None:
         """Called about once a second; `idle` when no request is in flight."""
         now = self.clock()
-        if self._closed >= _EVERY_CLOSED or (self._closed and now - self._last >= _EVERY_SECONDS):
+        ended = self._closed or self._finished
+        if self._closed >= _EVERY_CLOSED or (ended and now - self._last >= _EVERY_SECONDS):
             gc.collect()
-            self._closed, self._last, self._untrimmed = 0, now, True
+            self._closed, self._finished, self._last, self._untrimmed = 0, 0, now, True
         if idle and self._untrimmed:
             self._trim()
             self._untrimmed = False

@@ -97,7 +97,7 @@ def install(
     HttpStream._handle_event = deadline.bounded_wait(  # type: ignore[method-assign]
         HttpStream._handle_event, bounds.response_seconds
     )
-    server.ConnectionHandler.wakeup = deadline.cancellable(  # type: ignore[method-assign, assignment]
+    server.ConnectionHandler.wakeup = deadline.endable(  # type: ignore[method-assign, assignment]
         server.ConnectionHandler.wakeup
     )
     _scoped(_http1, "http1", read_request_head=_marking_origin_form(http1.read_request_head))

@@ -562,6 +562,7 @@ class Sealgate:
     def _log_flow(self, flow: http.HTTPFlow) -> None:
         verdict: Verdict | None = flow.metadata.get(META)
         if verdict is not None:
+            self.reclaimer.finished()
             self._emit("request", **request_line(flow, verdict))
 
     def _emit(self, event: str, **fields: Any) -> None:

@@ -42,6 +42,26 @@ def test_collects_after_enough_closed_connections_and_trims_when_idle(
     assert (len(collected), len(trimmed)) == (2, 2)
 
 
+def test_requests_ending_on_open_connections_are_collected_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keep-alive load closes no connection; each request still leaves cycles."""
+    collected: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+    clock = Clock()
+    r = memory.Reclaimer(clock, trim=lambda: None)
+    for _ in range(10_000):
+        r.finished()
+    r.tick(idle=False)
+    assert collected == []  # not by count: a full collection per few hundred would cost
+    clock.now += memory._EVERY_SECONDS
+    r.tick(idle=False)
+    assert collected == [1]
+    clock.now += memory._EVERY_SECONDS
+    r.tick(idle=False)
+    assert collected == [1]  # nothing ended since
+
+
 def test_cycles_of_a_closed_connection_are_freed() -> None:
     """What the reclaimer is for: objects in a cycle outlive their last reference until a
     collection of their generation."""
