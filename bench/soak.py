@@ -58,7 +58,8 @@ from session import bench_session, parse_options, run_meta
 SCRIPT = "soak"
 TOOLS = ("hey", "nginx", "sealgate")
 SANDBOX = "soak-1"
-FLAGS = ["--header-timeout", "2", "--idle-timeout", "4", "--max-connections-per-source", "256"]
+FLAGS = ["--header-timeout", "2", "--handshake-timeout", "2", "--idle-timeout", "4",
+         "--max-connections-per-source", "256"]
 
 
 @dataclass
@@ -323,23 +324,29 @@ def _cases(rig: Rig, authority: str, auth: str, n: int) -> list[bytes]:
 
 
 def _answer(port: int, case: bytes) -> str:
-    """What the proxy made of one case: its status, 'closed' without one, or 'held' (it waited
-    for more, as it may for a head that has not ended: the header deadline ends those)."""
+    """What the proxy made of one case: its status, 'closed' without one, 'cut at a deadline'
+    (it waited for more, as it does for a head or a handshake that has not ended, until the
+    header or handshake deadline), or 'held' past those."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         with contextlib.suppress(OSError):
             sock.sendall(case)
-        sock.settimeout(3)
+        sock.settimeout(1)
         data = b""
-        try:
-            while b"\r\n" not in data and len(data) < 4096:
+        started = time.monotonic()
+        while b"\r\n" not in data and len(data) < 4096:
+            try:
                 chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        except TimeoutError:
-            return "held"
-        except OSError:
-            return "closed"
+            except TimeoutError:
+                if time.monotonic() - started > 6:  # both deadlines are 2 s here
+                    return "held"
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if not data and time.monotonic() - started > 1.5:
+                    return "cut at a deadline"
+                break
+            data += chunk
     parts = data.split(b" ", 2)
     if len(parts) > 1 and data.startswith(b"HTTP/") and parts[1].isdigit():
         return parts[1].decode()
@@ -363,9 +370,10 @@ def fuzz(rig: Rig) -> None:
     internal = audit.count('"internal_error"') + answers.count("500")
     rig.run.row("fuzz", f"{len(cases):,} malformed protocol cases",
                 ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())))
-    rig.run.row("fuzz", "internal errors, tracebacks, proxy alive after",
-                f"{internal} / {log.count('Traceback')} / {'yes' if alive else 'no'}",
-                internal == 0 and "Traceback" not in log and alive)
+    rig.run.row("fuzz", "internal errors, tracebacks, held past the deadlines, alive after",
+                f"{internal} / {log.count('Traceback')} / {kinds.get('held', 0)} / "
+                f"{'yes' if alive else 'no'}",
+                internal == 0 and "Traceback" not in log and "held" not in kinds and alive)
 
 
 FLOODER = "flood-1"
