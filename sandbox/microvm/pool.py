@@ -79,6 +79,10 @@ class Pool:
             return
         self._ready.put(booted)
 
+    def idle(self) -> int:
+        """How many booted VMs wait to be taken."""
+        return self._ready.qsize()
+
     def take(self, timeout: float = BOOT_SECONDS) -> Booted:
         """A booted VM, for the caller alone (it kills it when done); a replacement boots."""
         try:
