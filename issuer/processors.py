@@ -346,10 +346,14 @@ def check_secret(processor: Processor, secret: str) -> None:
     otherwise no control or surrogate characters; for aws-sigv4, its keys' JSON object."""
     if isinstance(processor, AwsSigV4Processor):
         try:
-            awskeys.parse(secret)
+            keys: awskeys.AwsKeys | None = awskeys.parse(secret)
             problem = None
         except ValueError as exc:
-            problem = str(exc)
+            keys, problem = None, str(exc)
+        if keys is not None and keys.role is not None:
+            # Assuming it means dialing the secret's STS endpoint: only the broker, whose
+            # secrets the operator wrote, may (anyone with the proxy's public key can mint).
+            problem = "an aws-sigv4 secret with role_arn is assumed only from a secret store"
         if problem is not None:
             raise SecretInvalid(problem)
         return

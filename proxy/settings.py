@@ -21,6 +21,7 @@ from mitmproxy.addonmanager import Loader
 from sealgate.audit import AuditLog
 from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.proxy import mitm
+from sealgate.proxy.credentials.awsroles import RoleSessions
 from sealgate.proxy.credentials.broker import Broker
 from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, open_store
 from sealgate.proxy.credentials.tokenizer import Tokenizer
@@ -186,7 +187,9 @@ def _broker(opts: Any) -> Broker:
     except SecretError as exc:
         raise exceptions.OptionsError(f"sealgate: secret stores: {exc}") from exc
     return Broker(
-        SecretBroker(stores, ttl=opts.sealgate_secret_ttl, stale_grace=opts.sealgate_secret_grace)
+        SecretBroker(stores, ttl=opts.sealgate_secret_ttl, stale_grace=opts.sealgate_secret_grace),
+        # STS, for aws-sigv4 roles, is verified against the upstream CA when one is given.
+        RoleSessions(cafile=opts.ssl_verify_upstream_trusted_ca or None),
     )
 
 

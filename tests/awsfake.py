@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import secrets
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +88,12 @@ class AwsFake:
     """The route for `FakeAPI`: checks every request's signature, then answers it."""
 
     keys: Credentials
+    # The principal that may assume a role (STS AssumeRole), and the keys that gave out.
+    base: Credentials | None = None
+    issued: dict[str, Credentials] = field(default_factory=dict)
+    assumed: list[dict[str, str]] = field(default_factory=list)  # each AssumeRole's form
+    expires_in: int = 3600
+    sts_down: bool = False
     objects: dict[str, bytes] = field(default_factory=dict)
     uploads: dict[str, dict[int, bytes]] = field(default_factory=dict)
     verified: list[str] = field(default_factory=list)  # "<service> <method> <path>", in order
@@ -95,19 +103,26 @@ class AwsFake:
         checked = self._check(seen)
         if isinstance(checked, Reply):
             return checked
-        service, path, query = checked
+        service, path, query, keys = checked
         with self._lock:
             self.verified.append(f"{service} {seen.method} {path}")
         if service == "s3":
             return self._s3(seen, path, query)
         if service == "sts":
-            return self._sts(seen)
+            return self._sts(seen, keys)
         if service == "dynamodb":
             return Reply(200, {"TableNames": ["alpha", "beta"]},
                          {"Content-Type": "application/x-amz-json-1.0"})
         return _error(400, "UnknownService", "the fake does not serve this service")
 
-    def _check(self, seen: Arrived) -> Reply | tuple[str, str, dict[str, str]]:
+    def _keys_for(self, akid: str) -> Credentials | None:
+        if akid == self.keys.access_key:
+            return self.keys
+        if self.base is not None and akid == self.base.access_key:
+            return self.base
+        return self.issued.get(akid)
+
+    def _check(self, seen: Arrived) -> Reply | tuple[str, str, dict[str, str], Credentials]:
         headers = seen.headers
         path, _, raw_query = seen.path.partition("?")
         query = dict(parse_qsl(raw_query, keep_blank_values=True))
@@ -125,10 +140,11 @@ class AwsFake:
         else:
             return _error(403, "AccessDenied", "Missing Authentication Token")
         akid, _date, region, service, _ = credential.split("/")
-        if akid != self.keys.access_key:
+        keys = self._keys_for(akid)
+        if keys is None:
             return _error(403, "InvalidAccessKeyId",
                           "The AWS Access Key Id you provided does not exist in our records.")
-        if token != self.keys.token:
+        if token != keys.token:
             return _error(403, "InvalidToken",
                           "The provided token is malformed or otherwise invalid.")
         content = headers.get("x-amz-content-sha256")
@@ -137,24 +153,24 @@ class AwsFake:
                           "header does not match what was computed.")
         expected = reference_signature(
             seen.method, f"https://{headers['host']}{seen.path}", seen.fields, seen.body,
-            keys=self.keys, service=service, region=region, amz_date=amz_date,
+            keys=keys, service=service, region=region, amz_date=amz_date,
             signed_headers=signed.split(";"), presigned=presigned,
         )
         chunks_ok = content != "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" or self.chunks_verified(
-            seen.body, given, amz_date, region, service)
+            seen.body, given, amz_date, region, service, keys)
         if not hmac.compare_digest(expected, given) or not chunks_ok:
             return _error(403, "SignatureDoesNotMatch",
                           "The request signature we calculated does not match the signature you "
                           "provided. Check your key and signing method.")
-        return service, path, query
+        return service, path, query, keys
 
     def chunks_verified(self, body: bytes, seed: str, amz_date: str, region: str,
-                        service: str) -> bool:
+                        service: str, keys: Credentials | None = None) -> bool:
         """Every chunk's signature of an aws-chunked body, chained from `seed`, as AWS checks
         it (botocore derives the key and signs; the chunk's string to sign is AWS's)."""
         request = AWSRequest()
         request.context["timestamp"] = amz_date
-        auth = SigV4Auth(self.keys, service, region)
+        auth = SigV4Auth(keys or self.keys, service, region)
         scope = f"{amz_date[:8]}/{region}/{service}/aws4_request"
         previous, rest = seed, body
         while True:
@@ -205,8 +221,10 @@ class AwsFake:
             return Reply(200, self.objects[path], {"Content-Type": "binary/octet-stream"})
         return _error(404, "NoSuchKey", "The specified key does not exist.")
 
-    def _sts(self, seen: Arrived) -> Reply:
+    def _sts(self, seen: Arrived, keys: Credentials) -> Reply:
         form: dict[str, Any] = dict(parse_qsl(seen.body.decode()))
+        if form.get("Action") == "AssumeRole":
+            return self._assume(form, keys)
         if form.get("Action") != "GetCallerIdentity":
             return _error(400, "InvalidAction", "the fake knows GetCallerIdentity only")
         xml = (
@@ -215,5 +233,28 @@ class AwsFake:
             f"<UserId>AIDAFAKEUSER</UserId><Account>{ACCOUNT}</Account>"
             "</GetCallerIdentityResult><ResponseMetadata><RequestId>fake</RequestId>"
             "</ResponseMetadata></GetCallerIdentityResponse>"
+        )
+        return Reply(200, xml.encode(), {"Content-Type": "text/xml"})
+
+    def _assume(self, form: dict[str, Any], keys: Credentials) -> Reply:
+        with self._lock:
+            self.assumed.append(form)
+        if self.sts_down:
+            return _error(503, "ServiceUnavailable", "the fake's STS is down")
+        if keys is not self.base:
+            return _error(403, "AccessDenied", "not authorized to perform sts:AssumeRole")
+        n = len(self.issued) + 1
+        temp = Credentials(f"ASIAFAKEROLE{n:08d}", f"role-secret/{secrets.token_urlsafe(24)}",
+                           f"role-token/{secrets.token_urlsafe(32)}")
+        self.issued[temp.access_key] = temp
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + self.expires_in))
+        xml = (
+            '<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+            "<AssumeRoleResult><Credentials>"
+            f"<AccessKeyId>{temp.access_key}</AccessKeyId>"
+            f"<SecretAccessKey>{temp.secret_key}</SecretAccessKey>"
+            f"<SessionToken>{temp.token}</SessionToken><Expiration>{expires}</Expiration>"
+            "</Credentials><AssumedRoleUser><Arn>x</Arn><AssumedRoleId>y</AssumedRoleId>"
+            "</AssumedRoleUser></AssumeRoleResult></AssumeRoleResponse>"
         )
         return Reply(200, xml.encode(), {"Content-Type": "text/xml"})

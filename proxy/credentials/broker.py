@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sealgate.issuer.processors import InjectionError
+from sealgate.issuer.processors import AwsSigV4Processor, InjectionError
+from sealgate.proxy.credentials.awsroles import RoleError, RoleSessions
 from sealgate.proxy.credentials.inject import Credential, credential
 from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError
 from sealgate.proxy.errors import Denial
@@ -23,11 +24,13 @@ from sealgate.reasons import Reason
 
 
 class Broker:
-    def __init__(self, secrets: SecretBroker) -> None:
+    def __init__(self, secrets: SecretBroker, roles: RoleSessions | None = None) -> None:
         self.secrets = secrets
+        self.roles = roles or RoleSessions()  # aws-sigv4 secrets that name a role to assume
         # By the identity of the rule entry (it is kept in the value, so the id stays its own):
-        # hashing a frozen dataclass per request costs more than the lookup it serves.
-        self._worked_out: dict[int, tuple[Injection, Secret, Credential]] = {}
+        # hashing a frozen dataclass per request costs more than the lookup it serves. With the
+        # text worked out: a role's keys change while the stored secret does not.
+        self._worked_out: dict[int, tuple[Injection, Secret, str, Credential]] = {}
         # The rule entries of the rules in force: a request that was waiting for its secret
         # across a reload must not bring back the credential of an entry that is gone.
         self._named: dict[int, Injection] = {}
@@ -61,20 +64,33 @@ class Broker:
                     raise Denial(Reason.SECRET_UNAVAILABLE,
                         f"a credential for this request is unavailable ({exc.reason})",
                     ) from None
+            text = secret.reveal()
+            if isinstance(injection.processor, AwsSigV4Processor):
+                text = await self._role_keys(text)
             known = self._worked_out.get(id(injection))
-            if known is not None and known[0] is injection and known[1] is secret:
-                found.append(known[2])
+            if (known is not None and known[0] is injection and known[1] is secret
+                    and known[2] == text):
+                found.append(known[3])
                 continue
             try:
-                cred = credential(
-                    injection.processor, secret.reveal(), f"broker:{injection.secret}"
-                )
+                cred = credential(injection.processor, text, f"broker:{injection.secret}")
             except InjectionError as exc:
                 raise Denial(exc.reason, str(exc)) from None
             if self._named.get(id(injection)) is injection:
-                self._worked_out[id(injection)] = (injection, secret, cred)
+                self._worked_out[id(injection)] = (injection, secret, text, cred)
             found.append(cred)
         return found
 
+    async def _role_keys(self, text: str) -> str:
+        """The keys an aws-sigv4 secret signs with: its own, or its role's."""
+        try:
+            return await self.roles.resolve(text)
+        except ValueError:
+            return text  # not keys at all: `credential` says what is wrong with it
+        except RoleError as exc:
+            raise Denial(Reason.SECRET_UNAVAILABLE,
+                         f"a credential for this request is unavailable ({exc})") from None
+
     async def close(self) -> None:
+        await self.roles.close()
         await self.secrets.close()

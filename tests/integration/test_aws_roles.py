@@ -1,0 +1,103 @@
+"""aws-sigv4 with a role: the store holds keys that may only assume a role (STS AssumeRole,
+with an external id), the proxy assumes it, caches the role's keys until shortly before they
+expire and signs boto3's requests with them. The sandbox holds the placeholder pair only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA
+from tests.sdk.kit import FakeAPI, World, policy, rule, rules_file, world
+
+pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
+
+from botocore.credentials import Credentials
+
+from tests.awsfake import AwsFake
+from tests.integration.test_aws_sigv4 import CLIENT, ROUND_TRIP, aws_env
+
+BASE = Credentials("AKIAROLEBASECANARY01", "CANARY/role+base/secret0123456789abcdef")
+S3, STS = "s3.us-east-1.amazonaws.com", "localhost"  # the proxy dials STS itself
+KEYS = {"role-1": "role-key-sigv4-1"}
+ROLE = "arn:aws:iam::123456789012:role/sealgate-ci"
+
+
+def rules(port: int) -> str:
+    return rules_file(
+        [policy("role", rule(S3, [port], inject="{type: aws-sigv4, services: [s3], "
+                                              "regions: [us-east-1]}"))],
+        {"role-1": ("role", KEYS["role-1"])}, default=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
+      ) -> Iterator[World]:
+    directory: Path = tmp_path_factory.mktemp("aws-roles")
+    aws = AwsFake(Credentials("AKIAUNUSEDSTATIC0001", "unused"), base=BASE)
+    fake = FakeAPI(test_ca, [S3, STS], aws)
+    secret = json.dumps({
+        "access_key_id": BASE.access_key, "secret_access_key": BASE.secret_key,
+        "role_arn": ROLE, "external_id": "sealgate-external-id",
+        "sts_endpoint": f"https://{STS}:{fake.port}",
+    })
+    with world(directory, test_ca, dns, [S3, STS], None, rules, KEYS, f"'{secret}'",
+               fake=fake) as made:
+        made.aws = aws  # type: ignore[attr-defined]
+        yield made
+    logged = made.proxy.audit_text() + made.proxy.stderr()
+    assert BASE.secret_key not in logged
+    for temp in aws.issued.values():
+        assert temp.secret_key not in logged and temp.token not in logged
+
+
+@pytest.fixture(autouse=True)
+def _fresh(w: World) -> None:
+    w.fake.reset()
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    aws.assumed.clear()
+    aws.sts_down, aws.expires_in = False, 3600
+
+
+def test_sts_down_before_any_keys_fails_closed(w: World) -> None:
+    """First in the module: the proxy holds no role keys yet."""
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    aws.sts_down = True
+    code = CLIENT + """
+def main(s3):
+    return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
+"""
+    out = w.run(code, aws_env(w, "role-1"), s3=w.url(host=S3)).ok()
+    assert (out["status"], out["reason"]) == (503, "secret_unavailable"), out
+    w.proxy.wait_audit(lambda e: e.get("reason") == "secret_unavailable")
+    assert 1 <= len(aws.assumed) <= 2  # boto3 retries a 503 once: one AssumeRole each
+    assert not [r for r in w.fake.requests if r.path.startswith("/b/")]  # S3 saw nothing
+
+
+def test_keys_close_to_expiry_are_asked_for_again(w: World) -> None:
+    """Before the next test (which counts one AssumeRole from keys close to expiry)."""
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    aws.expires_in = 200  # within the 5 minutes before expiry: every use asks again
+    w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok()
+    assert len(aws.assumed) >= 2
+    # STS down: the keys still valid are used; none left (expired), the request is refused.
+    aws.sts_down = True
+    assert w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok() == "sealed keys"
+
+
+def test_the_role_is_assumed_once_and_its_keys_sign(w: World) -> None:
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    for _ in range(2):
+        assert w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok() == "sealed keys"
+    (form,) = aws.assumed  # four S3 requests, one AssumeRole, signed with the base keys
+    assert form["RoleArn"] == ROLE and form["ExternalId"] == "sealgate-external-id"
+    s3 = [r for r in w.fake.requests if "Action=AssumeRole" not in r.body.decode(errors="replace")]
+    assert len(s3) == 4
+    for arrived in s3:
+        assert "ASIAFAKEROLE" in arrived.headers["authorization"]
+        assert arrived.headers["x-amz-security-token"].startswith("role-token/")
