@@ -30,8 +30,13 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+
+# Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
+# and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
+# pulls in) cost ~150 ms of its start there. Type checkers take any TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 PORT_NAME = "sealgate.agent"
 _MAX_FRAME = 64 << 20
@@ -73,17 +78,17 @@ class Frames:
         return out
 
 
-@dataclass
 class _Command:
-    id: int
-    pid: int
-    deadline: float | None
-    stdin: int | None
-    pending: bytearray = field(default_factory=bytearray)
-    closing: bool = False
-    outputs: set[int] = field(default_factory=set)
-    status: int | None = None
-    timed_out: bool = False
+    def __init__(self, ident: int, pid: int, deadline: float | None, stdin: int | None) -> None:
+        self.id = ident
+        self.pid = pid
+        self.deadline = deadline
+        self.stdin = stdin
+        self.pending = bytearray()
+        self.closing = False
+        self.outputs: set[int] = set()
+        self.status: int | None = None
+        self.timed_out = False
 
 
 class Agent:

@@ -20,15 +20,24 @@ ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}
 NOBODY = 65534
 
 
-def spec() -> vm.Spec:
+def spec(workspace: Path | None = None) -> vm.Spec:
     found = image.find()
     assert found is not None and ACCEL is not None
-    return vm.Spec(found, ACCEL, NOBODY, NOBODY, memory_mib=256)
+    return vm.Spec(found, ACCEL, NOBODY, NOBODY, memory_mib=256, workspace=workspace)
 
 
 @pytest.fixture(scope="module")
-def guest() -> Iterator[Channel]:
-    booted = pool.boot(spec())
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("microvm-workspace")
+    (path / "from-host.txt").write_text("made on the host\n")
+    os.chown(path, NOBODY, NOBODY)
+    path.parent.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def guest(workspace: Path) -> Iterator[Channel]:
+    booted = pool.boot(spec(workspace))
     try:
         yield booted.channel
     finally:
@@ -87,6 +96,22 @@ def test_files_put_and_got(guest: Channel) -> None:
     guest.put("/run/sealgate/ca.pem", b"-----BEGIN CERTIFICATE-----\n", mode=0o644)
     assert guest.get("/run/sealgate/ca.pem") == b"-----BEGIN CERTIFICATE-----\n"
     assert run(guest, "cat", "/run/sealgate/ca.pem").stdout.startswith(b"-----BEGIN")
+
+
+def test_the_workspace_is_shared_read_write(guest: Channel, workspace: Path) -> None:
+    assert run(guest, "cat", "/workspace/from-host.txt").stdout == b"made on the host\n"
+    assert run(guest, "sh", "-c", "echo from the guest > /workspace/out.txt").code == 0
+    assert (workspace / "out.txt").read_text() == "from the guest\n"
+    assert (workspace / "out.txt").stat().st_uid == NOBODY
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(guest: Channel) -> None:
+    bomb = ("import os, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n"
+            "    except BlockingIOError:\n        break\n    if pid == 0:\n        time.sleep(30)\n"
+            "        os._exit(0)\n    n += 1\nprint(n)\n")
+    done = run(guest, "python3", "-c", bomb, pids=16)
+    assert done.code == 0, done
+    assert 0 < int(done.stdout) < 16
 
 
 def test_the_warm_pool_hands_out_booted_vms_once() -> None:
