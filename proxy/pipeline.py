@@ -6,24 +6,18 @@
 
 `sealgate proxy` loads it into a lean master; `mitmdump -s proxy/addon.py` loads it into an
 existing mitmproxy. The hooks only string the steps together: the decision is one pure function
-(policy/decide.py), the configuration one immutable object swapped on reload (settings.py), the
-response side its own module (responses.py), and so are the records kept per connection and per
-request (flowstate.py) and the audit lines made of them (auditlines.py).
+(policy/decide.py), the configuration one immutable object swapped on reload (settings.py, by the
+addon's life around this path: lifecycle.py), the response side its own module (responses.py),
+and so are the records kept per connection and per request (flowstate.py) and the audit lines
+made of them (auditlines.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
-import signal
 import time
-from pathlib import Path
-from typing import Any
 
-from mitmproxy import connection, ctx, http, tls
-from mitmproxy.addonmanager import Loader
+from mitmproxy import connection, http, tls
 from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
@@ -31,18 +25,13 @@ from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.proxy import (
     baseurl,
     budget,
-    conncap,
     layers,
     limits,
-    memory,
     mitm,
     responses,
-    settings,
     upstream,
 )
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
-from sealgate.proxy.budget import BudgetLedger
-from sealgate.proxy.conncap import ConnectionGate
 from sealgate.proxy.credentials import presented
 from sealgate.proxy.credentials.inject import Credential, Injected, put, write
 from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
@@ -58,107 +47,20 @@ from sealgate.proxy.flowstate import (
     stream_request,
     unsafe_fields,
 )
-from sealgate.proxy.handshake import HandshakeDeadline
 from sealgate.proxy.identity import Identity
-from sealgate.proxy.memory import Reclaimer
-from sealgate.proxy.metrics import Metrics
+from sealgate.proxy.lifecycle import Lifecycle
 from sealgate.proxy.net import guard as guardmod
 from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
 from sealgate.proxy.policy.model import PathError, Policy, Rule, normalize_path
-from sealgate.proxy.settings import Settings
 from sealgate.reasons import Reason
 
 logger = logging.getLogger("sealgate")
 
 _NONE: frozenset[bytes] = frozenset()
 _TOKEN_KEY = frozenset({TOKEN_HEADER.encode()})  # removed from requests that carry tokens
-_RELOAD_POLL_SECONDS = 1.0
 
 
-class Sealgate:
-    def __init__(self) -> None:
-        self.settings: Settings | None = None
-        self.budgets = BudgetLedger()
-        self.conns: dict[str, Conn] = {}
-        self._pinned: dict[str, tuple[str, int]] = {}
-        self._watcher: asyncio.Task[None] | None = None
-        self._failure: tuple[object, str] | None = None  # the rules reload failure last told
-        self.in_flight: set[str] = set()  # flows between their request head and their end
-        self.gate = ConnectionGate(conncap.default_total(), 512)
-        self.reclaimer = Reclaimer()
-        self.metrics = Metrics()
-        self.handshakes = HandshakeDeadline()
-        self.addons = [self.handshakes]  # its hooks run after this addon's
-
-    # -- set-up ---------------------------------------------------------------------------
-
-    def load(self, loader: Loader) -> None:
-        settings.add_options(loader)
-
-    def configure(self, updated: set[str]) -> None:
-        old = self.settings
-        self.settings = settings.configure(old, updated, ctx.options)
-        settings.retire(old, self.settings)
-        if "sealgate_workers" in updated:
-            self.budgets = BudgetLedger(share=ctx.options.sealgate_workers)
-        if updated & {"sealgate_max_connections", "sealgate_max_connections_per_source"}:
-            self.gate.total = ctx.options.sealgate_max_connections or conncap.default_total()
-            self.gate.per_source = ctx.options.sealgate_max_connections_per_source
-
-    def running(self) -> None:
-        # The first line proves the sink works before any traffic is accepted.
-        self._emit("proxy_started", pid=os.getpid(),
-                   rules=[str(p) for p in self._state().rules.sources])
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, self.reload)
-        self._watcher = loop.create_task(self._every_second())
-
-    async def done(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-        if self.settings is not None:
-            await self.settings.broker.close()
-            self.settings.audit.close()
-
-    def reload(self, *, asked: bool = True) -> None:
-        """Re-read the rules and token keys; a broken file keeps what is in force and says why:
-        when asked (SIGHUP), and once per change of the file when the watcher finds it."""
-        before = self._state().rules_seen.identities
-        self.settings, failed = settings.reload(self._state(), ctx.options)
-        if failed is not None:
-            failure = (self.settings.rules_seen.identities, str(failed))
-            if asked or failure != self._failure:
-                logger.error("sealgate: rules reload failed, keeping the previous rules: %s",
-                             failed)
-                self._emit("rules_reload_failed", error=str(failed))
-            self._failure = failure
-        else:
-            self._failure = None
-            # The watcher reads a file again while its timestamp is too fresh to vouch for it
-            # (sealgate.watch): only a read of something that changed is a reload to report.
-            if asked or self.settings.rules_seen.identities != before:
-                self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
-
-    async def _every_second(self) -> None:
-        while True:
-            await asyncio.sleep(_RELOAD_POLL_SECONDS)
-            state = self.settings
-            if state is not None and state.rules_seen.changed():
-                self.reload(asked=False)
-            self.reclaimer.tick(idle=not self.in_flight)
-            for reason, count in self.gate.take_refused().items():
-                self._emit("connections_refused", reason=reason, count=count,
-                           open=self.gate.open)
-            if closed := self.handshakes.take_closed():
-                self._emit("handshake_timeout", count=closed,
-                           seconds=self.handshakes.seconds)
-            with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
-                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
-                                   connections_open=self.gate.open,
-                                   requests_in_flight=len(self.in_flight),
-                                   resident_bytes=memory.resident())
-
+class Sealgate(Lifecycle):
     # -- connections ----------------------------------------------------------------------
 
     def client_connected(self, client: connection.Client) -> None:
@@ -484,11 +386,6 @@ class Sealgate:
             verdict.reason = _upstream_failure(flow)
         self._log_flow(flow)
 
-    def drained(self, *, waited: float, cut: int) -> None:
-        """The drain's end (proxy/drain.py): what it waited for, and what it had to cut."""
-        self._emit("proxy_drained", pid=os.getpid(), waited_ms=round(waited * 1000, 1),
-                   cut=cut)
-
     # -- steps ----------------------------------------------------------------------------
 
     def _identify(
@@ -565,21 +462,11 @@ class Sealgate:
             self.reclaimer.finished()
             self._emit("request", **request_line(flow, verdict))
 
-    def _emit(self, event: str, **fields: Any) -> None:
-        self.metrics.count(event, fields)
-        if self.settings is not None:
-            self.settings.audit.emit(event, **fields)
-
     def _conn(self, client: connection.Client) -> Conn:
         conn = self.conns.get(client.id)
         if conn is None:
             conn = self.conns[client.id] = Conn()
         return conn
-
-    def _state(self) -> Settings:
-        if self.settings is None:
-            raise Denial(Reason.RULES_UNAVAILABLE, "the proxy is not configured")
-        return self.settings
 
 
 def _refusal(exc: Exception, doing: str) -> Denial:
