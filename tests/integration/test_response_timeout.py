@@ -4,10 +4,7 @@ dropped, and answered requests never hit by a timer left behind."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import ssl
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,63 +14,39 @@ import pytest
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, Proxy, key_digest
+from tests.rawserver import RawServer
 from tests.security.rawclient import h2_through_tunnel
 
 TIMEOUT = 1.0  # the proxy's --response-timeout here
 
 
-class Slow:
+class Slow(RawServer):
     """An HTTPS origin that answers `/wait/<seconds>` after that long, `/never` never (until the
     peer closes), anything else at once; it records each request and when the peer hung up."""
 
     def __init__(self, tls: tuple[Path, Path]) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
         self.paths: list[str] = []
         self.hung_up: list[float] = []  # monotonic times the peer closed a held connection
-        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._context.load_cert_chain(str(tls[0]), str(tls[1]))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__(tls)
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(30)
-        with contextlib.suppress(OSError), raw:
-            conn = self._context.wrap_socket(raw, server_side=True)
-            buf = b""
-            for _ in range(10_000):  # requests on one keep-alive connection
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                path = head.split(b" ", 2)[1].decode()
-                self.paths.append(path)
-                if path == "/never":
-                    if not conn.recv(1):  # the proxy gave up on it
-                        self.hung_up.append(time.monotonic())
+    def handle(self, conn: socket.socket) -> None:
+        buf = b""
+        for _ in range(10_000):  # requests on one keep-alive connection
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
                     return
-                if path.startswith("/wait/"):
-                    time.sleep(float(path.rsplit("/", 1)[1]))
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1].decode()
+            self.paths.append(path)
+            if path == "/never":
+                if not conn.recv(1):  # the proxy gave up on it
+                    self.hung_up.append(time.monotonic())
+                return
+            if path.startswith("/wait/"):
+                time.sleep(float(path.rsplit("/", 1)[1]))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import ssl
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +14,7 @@ from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, free_port, key_digest
 from tests.netns import require_root_net, run
+from tests.rawserver import RawServer
 from tests.security.rawclient import h2_through_tunnel
 
 
@@ -89,43 +87,16 @@ def test_refused_upstream_over_http2_is_the_same_json_502(fproxy: Proxy, dead_po
     assert b"127.0.0.1" not in r.body
 
 
-class Resetter:
+class Resetter(RawServer):
     """Accepts, reads the request, and closes without a byte of response."""
 
-    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.requests = 0
-        self._context = None
-        if tls is not None:
-            self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self._context.load_cert_chain(str(tls[0]), str(tls[1]))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+    requests = 0
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            conn.settimeout(2)
-            with contextlib.suppress(OSError):
-                if self._context is not None:
-                    conn = self._context.wrap_socket(conn, server_side=True)
-                if conn.recv(65536):
-                    self.requests += 1
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        conn.settimeout(2)
+        if conn.recv(65536):
+            self.requests += 1
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @pytest.fixture(scope="module")
