@@ -30,11 +30,10 @@ class Booted:
         self.machine.kill()
 
 
-def boot(spec: Spec, timeout: float = BOOT_SECONDS,
-         started: Callable[[Machine], None] = lambda _: None) -> Booted:
-    """A VM whose agent has answered. Raises SandboxError (the VM killed) if it did not."""
+def boot(spec: Spec, timeout: float = BOOT_SECONDS) -> Booted:
+    """A VM whose agent has answered, started by (and living as long as) the calling thread.
+    Raises SandboxError (the VM killed) if it did not answer."""
     machine = Machine(spec)
-    started(machine)
     channel = Channel(machine.sock)
     try:
         channel.wait_ready(timeout)
@@ -44,35 +43,42 @@ def boot(spec: Spec, timeout: float = BOOT_SECONDS,
 
 
 class Pool:
+    """`size` VMs kept booted. QEMU dies with the thread that started it (a parent-death
+    signal belongs to the thread), so one thread starts them all and lives as long as the
+    pool: a VM taken lives until its taker closes it or the pool is closed."""
+
     def __init__(self, spec: Callable[[], Spec], size: int) -> None:
         self._spec = spec
         self._ready: queue.Queue[Booted | SandboxError] = queue.Queue()
+        self._requests: queue.Queue[bool] = queue.Queue()  # True: boot one; False: stop
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._booting: set[Machine] = set()
-        self._threads: list[threading.Thread] = []
+        self._spawner = threading.Thread(target=self._spawn, daemon=True)
+        self._spawner.start()
         for _ in range(size):
-            self._refill()
+            self._requests.put(True)
 
-    def _refill(self) -> None:
-        thread = threading.Thread(target=self._boot_one, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    def _spawn(self) -> None:
+        while self._requests.get() and not self._closed.is_set():
+            try:
+                machine = Machine(self._spec())
+            except SandboxError as exc:
+                self._ready.put(exc)
+                continue
+            with self._lock:
+                self._booting.add(machine)
+            threading.Thread(target=self._wait, args=(machine,), daemon=True).start()
 
-    def _started(self, machine: Machine) -> None:
-        with self._lock:
-            self._booting.add(machine)
-        if self._closed.is_set():
-            machine.kill()
-
-    def _boot_one(self) -> None:
+    def _wait(self, machine: Machine) -> None:
+        channel = Channel(machine.sock)
         try:
-            booted: Booted | SandboxError = boot(self._spec(), started=self._started)
+            channel.wait_ready(BOOT_SECONDS)
+            booted: Booted | SandboxError = Booted(machine, channel)
         except SandboxError as exc:
-            booted = exc
+            booted = SandboxError(f"{exc}: {machine.failure()}")
         with self._lock:
-            if isinstance(booted, Booted):
-                self._booting.discard(booted.machine)
+            self._booting.discard(machine)
             closed = self._closed.is_set()
         if closed and isinstance(booted, Booted):
             booted.close()
@@ -84,25 +90,25 @@ class Pool:
         return self._ready.qsize()
 
     def take(self, timeout: float = BOOT_SECONDS) -> Booted:
-        """A booted VM, for the caller alone (it kills it when done); a replacement boots."""
+        """A booted VM, for the caller alone (it closes it when done); a replacement boots."""
         try:
             got = self._ready.get(timeout=timeout)
         except queue.Empty:
             raise SandboxError(f"no microVM booted within {timeout:g} s") from None
-        self._refill()
+        self._requests.put(True)
         if isinstance(got, SandboxError):
             raise got
         return got
 
     def close(self) -> None:
-        """Kill every idle VM, and those still booting once they are up."""
+        """Kill every VM of the pool's: idle, booting, and taken ones not yet closed."""
         self._closed.set()
+        self._requests.put(False)
         with self._lock:
             booting = list(self._booting)
-        for machine in booting:  # its boot then fails at once, and its thread ends
+        for machine in booting:  # its boot then fails at once
             machine.proc.kill()
-        for thread in self._threads:
-            thread.join(BOOT_SECONDS)
+        self._spawner.join(BOOT_SECONDS)
         while True:
             try:
                 got = self._ready.get_nowait()

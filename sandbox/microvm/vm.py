@@ -7,16 +7,17 @@
   image (`image`): no decompression inside the guest, the largest cost of a boot here.
 - The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
   the host's is involved and nothing else can connect to it.
-- QEMU starts as root (it opens the tap and the image files the run's uid cannot read) and
-  drops to the run's uid before the guest runs a single instruction (`-runas`; its capabilities
-  go with root), under its own seccomp filter (`-sandbox on` with everything optional denied:
-  no new privileges, no spawning, no resource changes). A 9p share of the workspace then
-  writes as that uid, like the other tiers' workloads.
+- QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group, no
+  capability in any set and no_new_privs, and it dies with its starter (a parent-death signal
+  that holds, being set after the uid changes). What that uid cannot open is handed to it as
+  descriptors by the root starter: the image's kernel and initramfs (read through
+  `/dev/fd/N`, so the root-only var/ on their path is never walked) and the tap (opened and
+  attached here, as root). It runs under its own seccomp filter (`-sandbox on` with everything
+  optional denied: obsolete calls, privilege changes, spawning, resource changes). A 9p share
+  of the workspace then writes as that uid, like the other tiers' workloads.
 - Nothing secret is on its command line (which `ps` shows): the kernel's command line holds
   only fixed boot options; the sandbox's address and files come over the agent's channel.
-- It is in its starter's cgroups, which the runtime empties at the end of a run; a parent-death
-  signal would not help (the kernel clears it when `-runas` changes the uid), so whoever
-  starts a Machine kills it (`kill`).
+- It is also in its starter's cgroups, which the runtime empties at the end of a run.
 
 The accelerator: KVM where the host's KVM runs an ordinary kernel; where KVM is PVM (a nested
 hypervisor that runs only kernels built as PVM guests, Debian's are not), or missing, the tier
@@ -26,9 +27,11 @@ still has its own kernel, but every instruction is translated, several times slo
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,8 @@ from sealgate.sandbox.microvm.image import Image
 QEMU = "qemu-system-x86_64"
 ACCEL_ENV = "SEALGATE_MICROVM_ACCEL"
 MEMORY_MIB = 512
+_TUNSETIFF = 0x400454CA
+_IFF_TAP, _IFF_NO_PI, _IFF_VNET_HDR = 0x0002, 0x1000, 0x4000
 _BOOT = ("console=hvc0 quiet panic=-1 ipv6.disable=1 rdinit=/init random.trust_cpu=on "
          "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests audit=0")
 
@@ -88,10 +93,27 @@ def qemu() -> str | None:
     return shutil.which(QEMU, path="/usr/bin:/usr/sbin:/bin:/sbin")
 
 
-def command(spec: Spec, agent_fd: int) -> list[str]:
+@dataclass(frozen=True)
+class Handed:
+    """The descriptors QEMU is started with, by what they are."""
+
+    agent: int
+    kernel: int
+    initrd: int
+    tap: int | None
+
+    def all(self) -> tuple[int, ...]:
+        return (self.agent, self.kernel, self.initrd,
+                *((self.tap,) if self.tap is not None else ()))
+
+
+def command(spec: Spec, fds: Handed) -> list[str]:
     program = qemu()
     if program is None:
         raise SandboxError(f"{QEMU} is not installed (Debian package qemu-system-x86)")
+    setpriv = shutil.which("setpriv", path="/usr/bin:/usr/sbin:/bin:/sbin")
+    if setpriv is None:
+        raise SandboxError("setpriv is not installed (Debian package util-linux)")
     # The RTC is the guest's only wall clock (read once at boot): certificates need the date.
     machine = "microvm,x-option-roms=off,isa-serial=off,rtc=on"
     boot = _BOOT
@@ -106,14 +128,15 @@ def command(spec: Spec, agent_fd: int) -> list[str]:
         cpu, accel = "max", "tcg"
         boot += f" tsc_early_khz={_host_tsc_khz()} mitigations=off"
     argv = [
+        setpriv, f"--reuid={spec.uid}", f"--regid={spec.gid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL", "--",
         program, "-M", machine, "-accel", accel, "-cpu", cpu,
         "-m", str(spec.memory_mib), "-smp", "1", "-nodefaults", "-no-user-config",
         "-nographic", "-no-reboot",
-        "-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny",
-        "-runas", f"{spec.uid}:{spec.gid}",
-        "-kernel", str(spec.image.kernel), "-initrd", str(spec.image.initrd), "-append", boot,
+        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-kernel", f"/dev/fd/{fds.kernel}", "-initrd", f"/dev/fd/{fds.initrd}", "-append", boot,
         "-device", "virtio-serial-device",
-        "-chardev", f"socket,id=agent,fd={agent_fd}",
+        "-chardev", f"socket,id=agent,fd={fds.agent}",
         "-device", "virtserialport,chardev=agent,name=sealgate.agent",
         "-chardev", (f"file,id=con,path={spec.console}" if spec.console else "null,id=con"),
         "-device", "virtconsole,chardev=con",
@@ -125,10 +148,23 @@ def command(spec: Spec, agent_fd: int) -> list[str]:
     if spec.workspace is not None:
         argv += ["-fsdev", f"local,id=ws,path={spec.workspace},security_model=none",
                  "-device", "virtio-9p-device,fsdev=ws,mount_tag=workspace"]
-    if spec.tap is not None:
-        argv += ["-netdev", f"tap,id=net,ifname={spec.tap},script=no,downscript=no",
+    if fds.tap is not None:
+        argv += ["-netdev", f"tap,id=net,fd={fds.tap}",
                  "-device", f"virtio-net-device,netdev=net,mac={spec.mac}"]
     return argv
+
+
+def open_tap(name: str) -> int:
+    """A descriptor of tap device `name` (made beforehand, in this namespace), with the
+    virtio-net header QEMU's tap backend expects."""
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(),
+                                                _IFF_TAP | _IFF_NO_PI | _IFF_VNET_HDR))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _host_tsc_khz() -> int:
@@ -144,16 +180,24 @@ class Machine:
 
     def __init__(self, spec: Spec) -> None:
         host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        opened: list[int] = []
         try:
-            argv = command(spec, guest_end.fileno())
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+            for path in (spec.image.kernel, spec.image.initrd):
+                opened.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            if spec.tap is not None:
+                opened.append(open_tap(spec.tap))
+            fds = Handed(guest_end.fileno(), opened[0], opened[1],
+                         opened[2] if spec.tap is not None else None)
+            self.proc = subprocess.Popen(command(spec, fds), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         pass_fds=(guest_end.fileno(),))
+                                         pass_fds=fds.all())
         except OSError as exc:
             host_end.close()
             raise SandboxError(f"cannot start {QEMU}: {exc}") from None
         finally:
             guest_end.close()
+            for fd in opened:
+                os.close(fd)
         self.sock = host_end
 
     def failure(self) -> str:

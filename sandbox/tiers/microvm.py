@@ -1,6 +1,7 @@
 """The microVM tier: the sandbox's processes run on their own kernel (Debian's, in a QEMU
 `microvm` guest), so an escape needs a bug in that guest kernel and then one in QEMU's devices
-or KVM, from a QEMU that runs as the run's uid under its own seccomp filter.
+or KVM, from a QEMU that runs as the run's uid, without capabilities, under its own seccomp
+filter.
 
 The host command is `sandbox.microvm.hostrun` (as root in the sandbox's namespace and cgroups,
 `launch.host_prefix`), handed its order on a memory file: it wires the namespace's end of the
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.launch import HOME, WORKSPACE, Launch, environment, host_prefix
+from sealgate.sandbox.launch import HOME, WORKSPACE, Launch, environment, host_prefix, tool
 from sealgate.sandbox.microvm import image, vm
 from sealgate.sandbox.microvm.hostrun import Order
 from sealgate.sandbox.tiers import Started, Tier
@@ -66,8 +67,10 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     fd = memfd(order.to_json(), undo)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     env.update({k: os.environ[k] for k in _PASSED_ENV if k in os.environ})
-    argv = [*host_prefix(launch, cgroups), sys.executable, "-I", "-m",
-            "sealgate.sandbox.microvm.hostrun", str(fd)]
+    # The launcher dies with the runtime, and QEMU with the launcher (`vm`): a runtime killed
+    # outright leaves no VM running, only what the next run cleans up.
+    argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig=KILL", "--",
+            sys.executable, "-I", "-m", "sealgate.sandbox.microvm.hostrun", str(fd)]
     return Started(argv, env, (fd,))
 
 

@@ -5,6 +5,8 @@ warm pool."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +29,16 @@ def spec(workspace: Path | None = None) -> vm.Spec:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("microvm-workspace")
-    (path / "from-host.txt").write_text("made on the host\n")
-    os.chown(path, NOBODY, NOBODY)
-    path.parent.chmod(0o755)
-    return path
+def workspace() -> Iterator[Path]:
+    # Where the run's uid can reach it (pytest's own temporary directories are root's only), as
+    # any tier's workspace must be.
+    path = Path(tempfile.mkdtemp(prefix="sealgate-microvm-ws-"))
+    try:
+        (path / "from-host.txt").write_text("made on the host\n")
+        os.chown(path, NOBODY, NOBODY)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
