@@ -60,6 +60,7 @@ class _Token:
     expires_at: float | None = None
     renewals: int = 0
     meta: dict[str, str] | None = None
+    write_paths: tuple[str, ...] = ()  # what it may also write (KV v2 create/update)
 
     def __post_init__(self) -> None:
         self.expires_at = time.monotonic() + self.ttl if self.ttl > 0 else None
@@ -141,6 +142,7 @@ class VaultFake:
         self._site: web.TCPSite | None = None
         self._port = 0
         self._down = False
+        self.writes: list[tuple[str, dict[str, Any]]] = []  # KV v2 writes: (API path, data)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -235,10 +237,14 @@ class VaultFake:
         renewable: bool = True,
         max_renewals: int | None = None,
         namespace: str = "",
+        write_paths: Iterable[str] = (),
     ) -> str:
-        """Create a token allowed to read `paths` (API paths, `*` globs, `+` = segment)."""
+        """Create a token allowed to read `paths` (API paths, `*` globs, `+` = segment) and to
+        write those of them in `write_paths`."""
         template = _TokenTemplate(tuple(paths), ttl, renewable, max_renewals, namespace)
-        return self._issue(template, token).token
+        record = self._issue(template, token)
+        record.write_paths = tuple(write_paths)
+        return record.token
 
     def revoke(self, token: str) -> None:
         with self._lock:
@@ -358,6 +364,10 @@ class VaultFake:
             mount, rest = self._split_mount(ns, path)
             if mount is not None:
                 return self._kv_read(record, ns, mount, rest, path)
+        if method in ("POST", "PUT"):
+            mount, rest = self._split_mount(ns, path)
+            if mount is not None and self._mounts[(ns, mount)] == 2 and rest.startswith("data/"):
+                return self._kv2_write(record, ns, mount, rest.removeprefix("data/"), path, body)
         return _errors(404, f'no handler for route "{path}". route entry not found.')
 
     def _health(self) -> web.Response:
@@ -410,6 +420,24 @@ class VaultFake:
             "version": len(versions),
         }
         return _json(_envelope(data={"data": dict(latest.data), "metadata": metadata}))
+
+    def _kv2_write(self, record: _Token, ns: str, mount: str, rest: str, api_path: str,
+                   body: dict[str, Any]) -> web.Response:
+        """KV v2's create-or-update, with check-and-set as Vault does it: `options.cas` must be
+        the current version (0: the secret must not exist yet), else 400."""
+        if not _allowed(record.paths, api_path) or not _allowed(record.write_paths, api_path):
+            return _errors(403, "permission denied")
+        data = body.get("data")
+        if not isinstance(data, dict):
+            return _errors(400, "no data provided")
+        versions = self._kv.setdefault((ns, mount, rest), [])
+        cas = (body.get("options") or {}).get("cas")
+        if cas is not None and cas != len(versions):
+            return _errors(400, "check-and-set parameter did not match the current version")
+        versions.append(_Version(dict(data), _now_iso()))
+        self.writes.append((api_path, dict(data)))
+        return _json(_envelope(data={"created_time": versions[-1].created, "version":
+                                     len(versions), "destroyed": False, "deletion_time": ""}))
 
     def _lookup_self(self, record: _Token) -> web.Response:
         created = int(record.created)

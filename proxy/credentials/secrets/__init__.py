@@ -119,6 +119,11 @@ class SecretBroker:
         parsed = self.check(ref)
         return await self._caches[parsed.store].get(parsed)
 
+    async def write(self, ref: SecretRef, value: str) -> None:
+        """Write a secret back (a rotated refresh token): the file store and Vault KV can be
+        written; the env store cannot (SecretConfigError)."""
+        await self._caches[self.check(ref).store].write(ref, value)
+
     async def close(self) -> None:
         for cache in self._caches.values():
             await cache.close()

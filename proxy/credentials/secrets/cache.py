@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sealgate.proxy.credentials.secrets.base import (
     Secret,
+    SecretConfigError,
     SecretError,
     SecretRef,
     SecretStore,
@@ -108,6 +109,17 @@ class SecretCache:
                 log.warning("secret %s: serving cached value within stale grace: %s", ref, exc)
                 return entry.secret
             raise
+
+    async def write(self, ref: SecretRef, value: str) -> None:
+        """Write `value` to the store, if it can be written (SecretError otherwise), and serve
+        it from now on."""
+        write = getattr(self.store, "write", None)
+        if write is None:
+            raise SecretConfigError(f"the {self.scheme} store cannot be written")
+        await write(ref, value)
+        entry = self._entries.get(ref)
+        if entry is not None:
+            self._entries[ref] = _Entry(Secret(value), entry.refresh_at, entry.expires)
 
     async def close(self) -> None:
         tasks = list(self._inflight.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable
@@ -48,6 +49,34 @@ class FileStore:
             return Secret(self._secrets[ref.path]), FILE_TTL
         except KeyError:
             raise SecretNotFound(f"secret {ref.path!r} is not in {self.path}") from None
+
+    async def write(self, ref: SecretRef, value: str) -> None:
+        """Set one secret (a rotated refresh token): the file is written anew, next to it and
+        renamed over it, mode 600, so a reader sees the old file or the new one whole. Written
+        as YAML or, if it was JSON, as JSON; comments do not survive."""
+        if ref.store != self.scheme:
+            raise SecretConfigError(f"{ref} is not a file secret reference")
+        self._reload_if_changed()
+        updated = {**self._secrets, ref.path: value}
+        try:
+            current = self.path.read_text(encoding="utf-8")
+        except OSError:
+            current = ""
+        text = (json.dumps(updated, indent=2) + "\n" if current.lstrip().startswith("{")
+                else yaml.safe_dump(updated, default_flow_style=False, width=1 << 20))
+        fresh = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        try:
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(fresh, self.path)
+        except OSError as exc:
+            fresh.unlink(missing_ok=True)
+            raise SecretUnavailable(
+                f"secrets file {self.path} cannot be written: {exc.strerror}") from None
+        self._secrets = updated
 
     async def close(self) -> None:
         self._secrets = {}

@@ -184,6 +184,31 @@ class VaultStore:
             raise SecretConfigError(f"vault secret {ref.path} field {ref.field!r} is not a string")
         return Secret(value), lease
 
+    async def write(self, ref: SecretRef, value: str) -> None:
+        """Set one field of a KV secret (a rotated refresh token), keeping its other fields:
+        on KV v2 with check-and-set on the version read, so a write between the two is not
+        lost but makes this one fail."""
+        if ref.store != self.scheme or ref.field is None:
+            raise SecretConfigError(f"{ref} is not a vault reference with a #field")
+        await self._ensure_login()
+        version, mount, secret_path = kv_location(ref.path)
+        kv = self._client.secrets.kv
+        what = f"write of {ref.path}"
+        if version == 2:
+            response = await self._call(f"read of {ref.path}", kv.v2.read_secret_version,
+                                        path=secret_path, mount_point=mount,
+                                        raise_on_deleted_version=True)
+            data, current = _dig(response, "data", "data"), _dig(response, "data", "metadata",
+                                                                 "version")
+            if not isinstance(data, dict) or not isinstance(current, int):
+                raise SecretUnavailable(f"vault answered the {what} with an unexpected shape")
+            await self._call(what, kv.v2.create_or_update_secret, path=secret_path,
+                             secret={**data, ref.field: value}, cas=current, mount_point=mount)
+        else:
+            data, _ = await self._read(ref.path)
+            await self._call(what, kv.v1.create_or_update_secret, path=secret_path,
+                             secret={**data, ref.field: value}, mount_point=mount)
+
     async def close(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
