@@ -25,10 +25,14 @@ from sealgate.issuer.processors import (
     AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,
+    GcpServiceAccountProcessor,
+    GitHubAppProcessor,
     HeaderProcessor,
     HmacProcessor,
+    OAuth2Processor,
     PlaceholderProcessor,
     Processor,
+    ProcessorInvalid,
     QueryProcessor,
     RequestInapplicable,
     check_secret,
@@ -79,6 +83,10 @@ def inject(
         case AwsSigV4Processor():
             keys = awskeys.parse(secret)
             return awsresign.resign(processor, keys, request, time.time() if now is None else now)
+        case OAuth2Processor() | GitHubAppProcessor() | GcpServiceAccountProcessor():
+            # What goes in is a token the proxy obtains with the secret: the proxy exchanges
+            # it first and injects the token as a header (`proxy.credentials.exchanges`).
+            raise ProcessorInvalid(f"a {processor.kind} secret is exchanged by the proxy first")
         case _:
             assert_never(processor)
     return None

@@ -27,6 +27,7 @@ from sealgate.reasons import Reason
 META: Final = "sealgate"  # the Verdict
 SCRUB: Final = "sealgate_scrub"  # the Scrubber of a request that carried a credential
 PENDING: Final = "sealgate_pending"  # body signatures to write once the body is here
+REJECTED: Final = "sealgate_rejected"  # obtained tokens to forget if the upstream answers 401
 
 STREAM_OVER: Final = 1024 * 1024  # bodies larger than this (or of unknown length) are streamed
 

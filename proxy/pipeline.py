@@ -40,6 +40,7 @@ from sealgate.proxy.errors import Denial, deny_response
 from sealgate.proxy.flowstate import (
     META,
     PENDING,
+    REJECTED,
     SCRUB,
     Conn,
     RequestFacts,
@@ -250,7 +251,7 @@ class Sealgate(Lifecycle):
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
-            injected = await self._inject(flow, facts, bound, decision.rule)
+            injected = await self._inject(flow, facts, bound, decision.rule, policy)
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
@@ -286,7 +287,8 @@ class Sealgate(Lifecycle):
                 flow.kill()
 
     async def _inject(
-        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None
+        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
+        policy: Policy,
     ) -> Injected:
         """The sandbox's sealed tokens (checked against `bound`), then the rule's brokered
         secrets, into the request."""
@@ -296,7 +298,8 @@ class Sealgate(Lifecycle):
             credentials += presented.opened(self._state().tokenizer, facts.tokens, bound)
         injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
         if injections:
-            credentials += await self._state().broker.credentials(injections)
+            credentials += await self._state().broker.credentials(
+                injections, guard=self._state().guard, policy=policy)
         if facts.tokens:
             strip = strip | _TOKEN_KEY
         injected = Injected()
@@ -313,6 +316,8 @@ class Sealgate(Lifecycle):
             flow.metadata[PENDING] = signed
         if injected.needles:
             flow.metadata[SCRUB] = injected.scrubber()
+        if injected.rejected:
+            flow.metadata[REJECTED] = injected.rejected
         return injected
 
     # -- upstream connections -------------------------------------------------------------

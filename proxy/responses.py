@@ -19,7 +19,7 @@ from mitmproxy import http
 from sealgate.proxy import baseurl, mitm
 from sealgate.proxy.credentials.decode import Undecodable, decode_whole, decoder
 from sealgate.proxy.credentials.scrub import Scrubber
-from sealgate.proxy.flowstate import META, SCRUB, STREAM_OVER, header
+from sealgate.proxy.flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
 from sealgate.proxy.net import guard
 from sealgate.reasons import Reason
 
@@ -40,6 +40,11 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         upgrade = header(response.headers, b"upgrade")
         _refuse(flow, emit, Reason.PROTOCOL_NOT_ALLOWED, upgrade=upgrade[:64])
         return
+    if response.status_code == 401:
+        # A token the proxy obtained was refused: the next request asks for a new one. This
+        # one is answered as it is, never retried (it may not be idempotent).
+        for forget in flow.metadata.get(REJECTED, ()):
+            forget()
     guard.strip_downstream_headers(response.headers)
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     if not scrubber:

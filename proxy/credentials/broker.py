@@ -14,19 +14,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sealgate.issuer.processors import AwsSigV4Processor, InjectionError
+from sealgate.issuer.grants import GrantError
+from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
 from sealgate.proxy.credentials.awsroles import RoleError, RoleSessions
+from sealgate.proxy.credentials.exchanged import ExchangeError
+from sealgate.proxy.credentials.exchanges import Exchanges
 from sealgate.proxy.credentials.inject import Credential, credential
 from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError
 from sealgate.proxy.errors import Denial
-from sealgate.proxy.policy.model import Injection, RuleSet
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.policy.model import Injection, Policy, RuleSet
 from sealgate.reasons import Reason
 
 
 class Broker:
-    def __init__(self, secrets: SecretBroker, roles: RoleSessions | None = None) -> None:
+    def __init__(self, secrets: SecretBroker, roles: RoleSessions | None = None,
+                 exchanges: Exchanges | None = None) -> None:
         self.secrets = secrets
         self.roles = roles or RoleSessions()  # aws-sigv4 secrets that name a role to assume
+        # Tokens obtained with a secret (oauth2, github-app, ...), verified as STS is.
+        self.exchanges = exchanges or Exchanges(secrets, cafile=self.roles.cafile)
         # By the identity of the rule entry (it is kept in the value, so the id stays its own):
         # hashing a frozen dataclass per request costs more than the lookup it serves. With the
         # text worked out: a role's keys change while the stored secret does not.
@@ -48,9 +55,10 @@ class Broker:
         for gone in self._worked_out.keys() - named.keys():
             del self._worked_out[gone]
 
-    async def credentials(self, injections: Sequence[Injection]) -> list[Credential]:
+    async def credentials(self, injections: Sequence[Injection], *, guard: Guard | None = None,
+                          policy: Policy | None = None) -> list[Credential]:
         """What a rule's `inject` entries put in, their secrets fetched (nearly always from
-        the cache)."""
+        the cache); a token endpoint dialed through `guard` under `policy`."""
         found = []
         for injection in injections:
             # One at a time: nearly always a cache hit, which a gather would turn into a task
@@ -65,6 +73,9 @@ class Broker:
                         f"a credential for this request is unavailable ({exc.reason})",
                     ) from None
             text = secret.reveal()
+            if isinstance(injection.processor, EXCHANGED):
+                found.append(await self._exchanged(injection, text, guard, policy))
+                continue
             if isinstance(injection.processor, AwsSigV4Processor):
                 text = await self._role_keys(text)
             known = self._worked_out.get(id(injection))
@@ -91,6 +102,23 @@ class Broker:
             raise Denial(Reason.SECRET_UNAVAILABLE,
                          f"a credential for this request is unavailable ({exc})") from None
 
+    async def _exchanged(self, injection: Injection, text: str, guard: Guard | None,
+                         policy: Policy | None) -> Credential:
+        """The token a token-exchange processor obtains with the secret."""
+        processor = injection.processor
+        assert isinstance(processor, EXCHANGED)
+        if guard is None or policy is None:
+            raise Denial(Reason.INTERNAL_ERROR, f"{processor.kind} needs the guard to dial")
+        try:
+            return await self.exchanges.credential(processor, injection.secret, text, guard,
+                                                   policy)
+        except GrantError as exc:
+            raise Denial(Reason.SECRET_INVALID, str(exc)) from None
+        except ExchangeError as exc:
+            raise Denial(Reason.SECRET_UNAVAILABLE,
+                         f"a credential for this request is unavailable ({exc})") from None
+
     async def close(self) -> None:
+        await self.exchanges.close()
         await self.roles.close()
         await self.secrets.close()

@@ -133,6 +133,9 @@ class Credential:
     # The reason a request it cannot apply to (no placeholder there) is refused with: a token's
     # own (`token_inapplicable`, as docs/token-format.md says) or the broker's.
     inapplicable: Reason = Reason.REQUEST_INAPPLICABLE
+    # For a token the proxy obtained (`credentials.exchanges`): forgets it, when the upstream
+    # answered 401 to it.
+    rejected: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.target.encode())
@@ -185,10 +188,13 @@ class Injected:
     labels: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     needles: list[str] = field(default_factory=list)
+    rejected: list[Callable[[], None]] = field(default_factory=list)  # see Credential
 
     def record(self, cred: Credential) -> None:
         self.labels.append(cred.label)
         self.needles.extend(cred.needles)
+        if cred.rejected is not None:
+            self.rejected.append(cred.rejected)
 
     def scrubber(self) -> Scrubber:
         """The response scrubber for what went in; a Denial (`credentials_too_large`) past

@@ -18,8 +18,11 @@ from sealgate.issuer.processors import (
     AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,
+    GcpServiceAccountProcessor,
+    GitHubAppProcessor,
     HeaderProcessor,
     HmacProcessor,
+    OAuth2Processor,
     PlaceholderProcessor,
     Processor,
     QueryProcessor,
@@ -116,6 +119,23 @@ def _how(processor: Processor) -> str:
             return (f"a SigV4 request signed with key id {placeholder} (header or presigned URL) "
                     f"re-signed with the secret's keys, for services {services} in regions "
                     f"{regions}")
+        case OAuth2Processor(token_url=url, grant=grant, scopes=scopes, scheme=scheme):
+            scoped = f" for scopes {scopes}" if scopes else ""
+            return (f"Authorization: {scheme} <access token>, obtained from {url} with the "
+                    f"secret's {grant.replace('_', ' ')} grant{scoped} (cached until shortly "
+                    "before it expires)")
+        case GitHubAppProcessor(installation_id=installation, api=api, scheme=scheme,
+                                repositories=repos, permissions=permissions):
+            narrowed = "".join(
+                f", {what} {value}" for what, value in (("repositories", repos),
+                                                        ("permissions", permissions)) if value)
+            return (f"Authorization: {scheme} <installation token>, obtained from "
+                    f"{api}/app/installations/{installation}/access_tokens with a JWT the "
+                    f"secret's app key signs{narrowed} (cached until shortly before it expires)")
+        case GcpServiceAccountProcessor(scopes=scopes, audience=audience):
+            what = f"an ID token for {audience}" if audience else f"an access token for {scopes}"
+            return (f"Authorization: Bearer <{what}>, obtained from the key's token_uri with a "
+                    "JWT-bearer assertion the key signs (cached until shortly before it expires)")
         case _:
             assert_never(processor)
 

@@ -26,7 +26,7 @@ __all__ = ["injections"]
 _INJECT_KEYS: Final = ("secret", "as")
 _VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
 # Processor fields that hold a comma-separated list, which rules may also write as a list.
-_LIST_FIELDS: Final = frozenset({"services", "regions"})
+_LIST_FIELDS: Final = frozenset({"services", "regions", "scopes", "repositories", "permissions"})
 
 
 def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:

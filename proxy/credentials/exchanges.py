@@ -1,0 +1,248 @@
+"""The token-exchange processors' credentials: a brokered secret exchanged for the token a
+request carries (`oauth2`, `github-app`, `gcp-service-account`; what is sent and read is
+`issuer.grants`), cached by `credentials.exchanged`, and injected as
+`Authorization: <scheme> <token>`.
+
+The token endpoint is dialed as sandbox traffic is: its name resolved and every answer checked
+by the guard under the policy of the request that needs the token (so an internal or metadata
+address only where that policy's allow_networks opens it, metadata never), the checked address
+dialed, TLS verified for the name (against `--upstream-ca` when given). Tokens are cached per
+policy's networks for that reason. A rotated refresh token is written back to the store where
+the store can be written, and kept in memory either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Final
+from urllib.parse import quote_plus, urlencode, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from sealgate.hostname import HostError, split_authority
+from sealgate.issuer import grants
+from sealgate.issuer.processors import (
+    GcpServiceAccountProcessor,
+    GitHubAppProcessor,
+    HeaderProcessor,
+    OAuth2Processor,
+)
+from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
+from sealgate.proxy.credentials.inject import Credential, credential
+from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, SecretRef
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.policy.model import Policy
+
+__all__ = ["ExchangeProcessor", "Exchanges"]
+
+log = logging.getLogger(__name__)
+
+ExchangeProcessor = OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
+Key = tuple[ExchangeProcessor, str, tuple[object, ...]]  # processor, secret ref, networks
+TIMEOUT: Final = 10.0
+MAX_ANSWER: Final = 64 << 10
+_FORM: Final = "application/x-www-form-urlencoded"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class _Pinned(AbstractResolver):
+    """aiohttp's resolver for one dial: the address the guard checked, and nothing else."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        v6 = ":" in self.address
+        return [ResolveResult(hostname=host, host=self.address, port=port,
+                              family=socket.AF_INET6 if v6 else socket.AF_INET, proto=0,
+                              flags=socket.AI_NUMERICHOST)]
+
+    async def close(self) -> None:
+        return None
+
+
+class Exchanges:
+    def __init__(self, secrets: SecretBroker, *, cafile: str | None = None,
+                 cache: Exchanged[Key] | None = None) -> None:
+        self.secrets = secrets
+        self.cache: Exchanged[Key] = cache or Exchanged()
+        self._ssl = ssl.create_default_context(cafile=cafile)
+        # (processor, ref) -> (digests of the stored texts a rotation replaced, the text now)
+        self._rotated: dict[tuple[ExchangeProcessor, str], tuple[frozenset[str], str]] = {}
+        self._worked_out: dict[Key, Credential] = {}
+
+    async def credential(self, processor: ExchangeProcessor, ref: SecretRef, stored: str,
+                         guard: Guard, policy: Policy) -> Credential:
+        """The credential for `processor` with the secret `stored` at `ref`. ExchangeError:
+        no token to be had; GrantError: the secret is not the processor's."""
+        text = self._current(processor, str(ref), stored)
+        parsed = _parse(processor, text)
+        key: Key = (processor, str(ref), policy.allow_networks)
+        source = _digest(text)
+        token = self.cache.fresh(key, source)
+        if token is None:
+            token = await self.cache.get(
+                key, source,
+                lambda: self._obtain(processor, ref, text, parsed, guard=guard, policy=policy))
+            # A rotation has replaced the refresh token the needles are to hold.
+            parsed = _parse(processor, self._current(processor, str(ref), stored))
+        known = self._worked_out.get(key)
+        if known is not None and known.secret == token:
+            return known
+        cred = credential(HeaderProcessor("Authorization", f"{processor.scheme} {{secret}}"
+                                          if not isinstance(processor, GcpServiceAccountProcessor)
+                                          else "Bearer {secret}"),
+                          token, f"broker:{ref}")
+        cred = dataclasses.replace(cred, needles=(*cred.needles, *_needles(parsed)),
+                                   rejected=_invalidator(self.cache, key, token))
+        self._worked_out[key] = cred
+        return cred
+
+    def _current(self, processor: ExchangeProcessor, ref: str, stored: str) -> str:
+        """The secret as it is now: the stored text, unless it is one a rotation replaced
+        (the store could not be written, or its cache has not seen the write yet)."""
+        rotated = self._rotated.get((processor, ref))
+        if rotated is None:
+            return stored
+        if _digest(stored) in rotated[0]:
+            return rotated[1]
+        if stored != rotated[1]:
+            del self._rotated[(processor, ref)]  # the operator wrote a new secret
+        return stored
+
+    async def _obtain(self, processor: ExchangeProcessor, ref: SecretRef, text: str,
+                      parsed: object, *, guard: Guard, policy: Policy) -> Obtained:
+        now = self.cache.clock()
+        try:
+            if isinstance(processor, OAuth2Processor):
+                assert isinstance(parsed, grants.OAuthClient)
+                url, headers, body = _oauth2(processor, parsed)
+            elif isinstance(processor, GitHubAppProcessor):
+                assert isinstance(parsed, grants.AppKey)
+                url = (f"{processor.api.rstrip('/')}/app/installations/"
+                       f"{processor.installation_id}/access_tokens")
+                headers = {"Authorization": f"Bearer {grants.app_jwt(parsed, now)}",
+                           "Accept": "application/vnd.github+json",
+                           "X-GitHub-Api-Version": "2022-11-28",
+                           "Content-Type": "application/json"}
+                body = json.dumps(processor.narrowed).encode()
+            else:
+                assert isinstance(parsed, grants.ServiceAccount)
+                scopes = None if processor.scopes is None else processor.scopes.replace(",", " ")
+                assertion = grants.service_account_assertion(
+                    parsed, scopes=scopes, audience=processor.audience, now=now)
+                url, headers = parsed.token_uri, {"Content-Type": _FORM}
+                body = urlencode({"grant_type": grants.JWT_BEARER,
+                                  "assertion": assertion}).encode()
+            status, answer = await self._post(url, headers, body, guard, policy)
+            found = grants.read_answer(status, answer, self.cache.clock(), kind=processor.kind)
+        except grants.GrantError as exc:
+            raise ExchangeError(str(exc)) from None
+        source = _digest(text)
+        if isinstance(parsed, grants.OAuthClient) and found.refresh_token is not None and \
+                found.refresh_token != parsed.refresh_token:
+            source = await self._rotate(processor, ref, text, parsed, found.refresh_token)
+        return Obtained(found.token, found.expires, source)
+
+    async def _rotate(self, processor: ExchangeProcessor, ref: SecretRef, text: str,
+                      parsed: grants.OAuthClient, refresh_token: str) -> str:
+        """Keep the rotated refresh token (the old one may be dead already) and write it back
+        where the store can be written. The digest of the secret as it is now."""
+        new = dataclasses.replace(parsed, refresh_token=refresh_token).to_json()
+        superseded = self._rotated.get((processor, str(ref)), (frozenset(), ""))[0]
+        self._rotated[(processor, str(ref))] = (superseded | {_digest(text)}, new)
+        try:
+            await self.secrets.write(ref, new)
+        except SecretError as exc:
+            log.warning("sealgate: %s: the rotated refresh token is kept in memory only: %s",
+                        ref, exc)
+        return _digest(new)
+
+    async def _post(self, url: str, headers: dict[str, str], body: bytes, guard: Guard,
+                    policy: Policy) -> tuple[int, object]:
+        parts = urlsplit(url)
+        try:
+            host, port = split_authority(parts.netloc, 443)
+        except HostError:
+            raise ExchangeError("the token endpoint's host is malformed") from None
+        try:
+            pin = await guard.pin(host, port, policy)
+        except Denial as exc:
+            raise ExchangeError(f"the token endpoint {host.name} is refused "
+                                f"({exc.reason})") from None
+        connector = aiohttp.TCPConnector(ssl=self._ssl, resolver=_Pinned(str(pin.address)),
+                                         force_close=True, use_dns_cache=False)
+        try:
+            async with aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+                headers={"User-Agent": "sealgate"},
+            ) as session, session.post(url, data=body, headers=headers,
+                                       allow_redirects=False) as answer:
+                status, raw = answer.status, await answer.content.read(MAX_ANSWER)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ExchangeError(f"the token endpoint {host.name} failed: "
+                                f"{type(exc).__name__}") from None
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+
+    async def close(self) -> None:
+        await self.cache.close()
+
+
+def _oauth2(processor: OAuth2Processor, client: grants.OAuthClient
+            ) -> tuple[str, dict[str, str], bytes]:
+    form = {"grant_type": processor.grant}
+    if client.refresh_token is not None:
+        form["refresh_token"] = client.refresh_token
+    if processor.scopes is not None:
+        form["scope"] = processor.scopes.replace(",", " ")
+    if processor.audience is not None:
+        form["audience"] = processor.audience
+    headers = {"Content-Type": _FORM, "Accept": "application/json"}
+    if client.client_id is not None:
+        if processor.client_auth == "basic" and client.client_secret is not None:
+            # RFC 6749 2.3.1: each form-encoded, then joined for Basic.
+            pair = f"{quote_plus(client.client_id)}:{quote_plus(client.client_secret)}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        else:
+            form["client_id"] = client.client_id
+            if client.client_secret is not None:
+                form["client_secret"] = client.client_secret
+    return processor.token_url, headers, urlencode(form).encode()
+
+
+def _parse(processor: ExchangeProcessor, text: str) -> object:
+    if isinstance(processor, OAuth2Processor):
+        return grants.parse_oauth(text, processor.grant)
+    if isinstance(processor, GitHubAppProcessor):
+        return grants.parse_app(text)
+    return grants.parse_service_account(text)
+
+
+def _needles(parsed: object) -> tuple[str, ...]:
+    """What of the secret an echo must not give away: refresh token, client secret, the
+    private key as written and as JSON escapes it."""
+    if isinstance(parsed, grants.OAuthClient):
+        return tuple(v for v in (parsed.refresh_token, parsed.client_secret) if v is not None)
+    if isinstance(parsed, grants.AppKey | grants.ServiceAccount):
+        return parsed.pem, json.dumps(parsed.pem)[1:-1]
+    return ()
+
+
+def _invalidator(cache: Exchanged[Key], key: Key, token: str) -> Callable[[], None]:
+    return lambda: cache.invalidate(key, token)

@@ -1,0 +1,210 @@
+"""oauth2: the proxy holds a refresh token (or a client id and secret), obtains access tokens
+from the token endpoint (dialed through the guard), caches them, persists rotated refresh
+tokens to the file store and injects `Authorization: Bearer`. The sandbox, plain `requests`,
+holds nothing. Faults: the endpoint slow or down, a revoked grant, an upstream 401, token
+endpoints at addresses the guard refuses."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA
+from tests.oauthfake import OAuthFake
+from tests.sdk.kit import World, masked, rules_file, world
+
+API, AUTH, INTERNAL = "api.example.com", "auth.example.com", "internal-auth.example.com"
+KEYS = {"app-1": "oauth-key-app-1"}
+CLIENT_ID, CLIENT_SECRET = "sealgate-ci", "CANARY-client-secret-0123456789"
+REFRESH = "CANARY-refresh-token-abcdef0123456789"
+SLOW_REFRESH = "CANARY-refresh-token-slow-0123456789"
+
+
+def _inject(path: str, secret: str, processor: str, port: int) -> str:
+    return (f"      - host: {API}\n        ports: [{port}]\n"
+            f"        paths: [\"/{path}/**\"]\n        inject:\n"
+            f"          - secret: file:{secret}\n            as: {processor}\n")
+
+
+def rules(port: int) -> str:
+    url = f"https://{AUTH}:{port}/token"
+    allow = "".join([
+        _inject("rt", "oauth_rt", f'{{type: oauth2, token_url: "{url}"}}', port),
+        _inject("body", "oauth_body", f'{{type: oauth2, token_url: "{url}", '
+                                      "client_auth: body}", port),
+        _inject("cc", "oauth_cc", f'{{type: oauth2, token_url: "{url}", '
+                                  "grant: client_credentials, scopes: [read, write]}", port),
+        _inject("slow", "oauth_slow", f'{{type: oauth2, token_url: "{url}"}}', port),
+        _inject("private", "oauth_rt", f'{{type: oauth2, token_url: '
+                                       f'"https://{INTERNAL}:{port}/token"}}', port),
+        _inject("metadata", "oauth_rt",
+                '{type: oauth2, token_url: "https://169.254.169.254/token"}', port),
+    ])
+    policy = (f"  app:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n")
+    return rules_file([policy], {"app-1": ("app", KEYS["app-1"])}, default=None)
+
+
+SECRETS = {
+    "oauth_rt": {"refresh_token": REFRESH, "client_id": CLIENT_ID,
+                 "client_secret": CLIENT_SECRET},
+    "oauth_body": {"refresh_token": REFRESH + "-body", "client_id": CLIENT_ID,
+                   "client_secret": CLIENT_SECRET},
+    "oauth_cc": {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET},
+    "oauth_slow": {"refresh_token": SLOW_REFRESH, "client_id": CLIENT_ID,
+                   "client_secret": CLIENT_SECRET},
+}
+
+GET = """
+def main(url, n=1, parallel=1):
+    import requests
+    from concurrent.futures import ThreadPoolExecutor
+    def one(_):
+        r = requests.get(url, timeout=25)
+        return [r.status_code, r.headers.get("x-sealgate-error"), r.text]
+    with ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(one, range(n)))
+"""
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
+      ) -> Iterator[World]:
+    directory: Path = tmp_path_factory.mktemp("oauth2")
+    fake = OAuthFake(client_id=CLIENT_ID, client_secret=CLIENT_SECRET, refresh_token=REFRESH)
+    fake.live_refresh |= {REFRESH + "-body", SLOW_REFRESH}
+    dns.set(INTERNAL, "A 10.9.9.9")
+    with world(directory, test_ca, dns, [API, AUTH], fake, rules, KEYS, "unused") as made:
+        secrets = directory / "secrets.yaml"
+        secrets.write_text(yaml.safe_dump({k: json.dumps(v) for k, v in SECRETS.items()}))
+        made.oauth = fake  # type: ignore[attr-defined]
+        yield made
+    logged = made.proxy.audit_text() + made.proxy.stderr()
+    for canary in (REFRESH, SLOW_REFRESH, CLIENT_SECRET, *fake.issued):
+        assert canary not in logged
+
+
+def _fake(w: World) -> OAuthFake:
+    fake: OAuthFake = w.oauth  # type: ignore[attr-defined]
+    return fake
+
+
+@pytest.fixture(autouse=True)
+def _fresh(w: World) -> None:
+    fake = _fake(w)
+    fake.delay, fake.down, fake.rotate, fake.expires_in = 0.0, False, True, 3600
+    fake.reset_counts()
+    fake.grants.clear()
+    w.fake.reset()
+
+
+def get(w: World, path: str, **args: int) -> list[list[object]]:
+    env = w.env("app-1")
+    assert not [v for v in env.values() if REFRESH in v or CLIENT_SECRET in v]
+    result: list[list[object]] = w.run(GET, env, url=w.url(path, host=API), **args).ok()
+    return result
+
+
+def stored(w: World, name: str) -> dict[str, str]:
+    secrets = yaml.safe_load((w.directory / "secrets.yaml").read_text())
+    value: dict[str, str] = json.loads(secrets[name])
+    return value
+
+
+def test_refresh_token_exchanged_once_cached_rotated_and_persisted(w: World) -> None:
+    fake = _fake(w)
+    answers = get(w, "/rt/me", n=3)
+    assert [a[0] for a in answers] == [200, 200, 200], answers[0][2]
+    assert fake.calls == 1  # three requests, one exchange
+    (grant,) = fake.grants
+    assert grant == {"grant_type": "refresh_token", "refresh_token": REFRESH}  # Basic auth
+    api = [r for r in w.fake.requests if r.path.startswith("/rt/")]
+    tokens = {r.headers["authorization"] for r in api}
+    assert len(tokens) == 1 and tokens.pop().startswith("Bearer at-")
+    # The upstream echoed the access token: masked on the way back.
+    sent = api[0].headers["authorization"].removeprefix("Bearer ")
+    assert sent not in str(answers) and masked(sent) in str(answers[0][2])
+    # The rotated refresh token went back to the file store; the old one is dead at the fake.
+    now = stored(w, "oauth_rt")
+    assert now["refresh_token"].startswith("rt-rotated-") and now["client_id"] == CLIENT_ID
+    assert REFRESH not in fake.live_refresh
+
+
+def test_upstream_401_invalidates_and_the_rotated_token_refreshes(w: World) -> None:
+    fake = _fake(w)
+    assert get(w, "/rt/a")[0][0] == 200
+    fake.reset_counts()
+    fake.revoke_access()
+    w.fake.reset()
+    (refused,) = get(w, "/rt/b")
+    assert refused[0] == 401  # passed on as it came, not retried by the proxy
+    assert len([r for r in w.fake.requests if r.path == "/rt/b"]) == 1
+    assert fake.calls == 0
+    assert get(w, "/rt/c")[0][0] == 200  # a new exchange, with the refresh token rotated last
+    assert fake.calls == 1 and fake.grants[-1]["refresh_token"].startswith("rt-rotated-")
+
+
+def test_client_credentials_with_scopes_and_body_authentication(w: World) -> None:
+    fake = _fake(w)
+    assert get(w, "/cc/x")[0][0] == 200
+    assert fake.grants[-1] == {"grant_type": "client_credentials", "scope": "read write"}
+    assert get(w, "/body/x")[0][0] == 200
+    assert fake.grants[-1]["client_id"] == CLIENT_ID  # and client_secret, left out of the log
+    assert w.fake.requests[-1].headers["authorization"].startswith("Bearer at-")
+
+
+def test_slow_endpoint_one_call_for_concurrent_requests_and_bounded_wait(w: World) -> None:
+    fake = _fake(w)
+    fake.delay = 7.0  # past the proxy's 5 s wait
+    started = time.monotonic()
+    answers = get(w, "/slow/x", n=6, parallel=6)
+    elapsed = time.monotonic() - started
+    assert {(a[0], a[1]) for a in answers} == {(503, "secret_unavailable")}, answers
+    assert "within 5 s" in str(answers[0][2])
+    assert elapsed < 6.5
+    assert fake.calls == 1 and fake.most_at_once == 1
+    assert not [r for r in w.fake.requests if r.path.startswith("/slow/")]
+    time.sleep(max(0.0, 7.5 - elapsed))  # the call ends; its token is then held
+    fake.delay = 0.0
+    assert get(w, "/slow/y")[0][0] == 200
+    assert fake.calls == 1
+
+
+def test_endpoint_down_fails_closed_without_a_pile_up(w: World) -> None:
+    fake = _fake(w)
+    assert get(w, "/cc/warm")[0][0] == 200
+    fake.down = True
+    fake.revoke_access()
+    assert get(w, "/cc/revoked")[0][0] == 401  # which drops the held token
+    fake.reset_counts()
+    answers = get(w, "/cc/x", n=5)
+    assert {(a[0], a[1]) for a in answers} == {(503, "secret_unavailable")}, answers
+    assert "503 temporarily_unavailable" in str(answers[0][2])
+    assert fake.calls == 1  # the failure is remembered for a few seconds, not retried per request
+
+
+def test_revoked_refresh_token_is_secret_unavailable_naming_the_code(w: World) -> None:
+    fake = _fake(w)
+    fake.live_refresh.clear()
+    fake.revoke_access()
+    get(w, "/body/warm")
+    time.sleep(0.2)
+    (answer,) = get(w, "/body/x")
+    assert (answer[0], answer[1]) == (503, "secret_unavailable")
+    assert "400 invalid_grant" in str(answer[2])
+    assert REFRESH not in str(answer[2]) and CLIENT_SECRET not in str(answer[2])
+
+
+@pytest.mark.parametrize(("path", "why"), [("/private/x", "private"),
+                                           ("/metadata/x", "metadata")])
+def test_token_endpoint_is_dialed_through_the_guard(w: World, path: str, why: str) -> None:
+    fake = _fake(w)
+    (answer,) = get(w, path)
+    assert (answer[0], answer[1]) == (503, "secret_unavailable"), answer
+    assert f"is refused ({why})" in str(answer[2])
+    assert fake.calls == 0 and not w.fake.requests
