@@ -21,7 +21,19 @@ from functools import cached_property
 from typing import ClassVar, Final
 
 from sealgate.issuer import awskeys, grants, jsonfields
-from sealgate.reasons import Reason, SealgateError
+from sealgate.issuer.exchangeprocessors import (
+    EXCHANGED,
+    GcpServiceAccountProcessor,
+    GitHubAppProcessor,
+    OAuth2Processor,
+    exchanged_secret,
+)
+from sealgate.issuer.injectionerrors import (
+    InjectionError,
+    ProcessorInvalid,
+    RequestInapplicable,
+    SecretInvalid,
+)
 
 __all__ = [
     "AWS_PLACEHOLDER_KEY_ID",
@@ -79,33 +91,6 @@ _AWS_NAME: Final = re.compile(r"[a-z0-9-]{1,64}")  # a region or a service, as s
 AWS_PLACEHOLDER_KEY_ID: Final = "SEALGATEPLACEHOLDER"
 AWS_PLACEHOLDER_SECRET: Final = "sealgate-placeholder-secret-access-key"  # noqa: S105 (public)
 
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-class InjectionError(SealgateError):
-    """Why a secret cannot be injected: one of the subclasses, each with its reason."""
-
-
-class ProcessorInvalid(InjectionError):
-    """A processor's settings break its rules: unknown type or field, a header a processor may
-    not set, a format without its slot, and so on."""
-
-    reason = Reason.PROCESSOR_INVALID
-
-
-class SecretInvalid(InjectionError):
-    """The processor cannot carry this secret (empty, too long, or characters that could end or
-    split a header). The message never quotes the secret."""
-
-    reason = Reason.SECRET_INVALID
-
-
-class RequestInapplicable(InjectionError):
-    """The request lacks what the processor needs (the placeholder it replaces), or is one it
-    cannot write to unambiguously (a query in a target with a `#`)."""
-
-    reason = Reason.REQUEST_INAPPLICABLE
 
 
 # --- text rules -------------------------------------------------------------------------------
@@ -279,130 +264,6 @@ class AwsSigV4Processor:
         return _aws_names(self.regions, "regions")
 
 
-# --- token exchanges: the proxy obtains the token it injects (`issuer.grants`) ----------------
-
-_SCOPE: Final = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,256}")  # RFC 6749 3.3 scope-token
-_SCHEMES: Final = ("Bearer", "token")
-
-
-def _scopes(value: str, what: str) -> None:
-    names = value.split(",")
-    if len(names) > 32 or not all(_SCOPE.fullmatch(name) for name in names):
-        raise ProcessorInvalid(f"{what} must be 1-32 scope tokens, comma-separated")
-
-
-def _scheme(value: str, what: str) -> None:
-    if value not in _SCHEMES:
-        raise ProcessorInvalid(f"{what} must be one of {', '.join(_SCHEMES)}")
-
-
-def _url(value: str, what: str) -> None:
-    try:
-        grants.https_url(value, what)
-    except grants.GrantError as exc:
-        raise ProcessorInvalid(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class OAuth2Processor:
-    """`Authorization: Bearer <access token>`, the token obtained from `token_url` with the
-    secret's refresh token (grant `refresh_token`) or client id and secret
-    (`client_credentials`, optionally for `scopes` and an `audience`). Behaviour in
-    `proxy.credentials.exchanges`."""
-
-    kind: ClassVar[str] = "oauth2"
-    header_secret: ClassVar[bool] = False
-    token_url: str
-    grant: str = "refresh_token"
-    scopes: str | None = None
-    audience: str | None = None
-    client_auth: str = "basic"  # client id and secret in HTTP Basic (RFC 6749 2.3.1) or the body
-    scheme: str = "Bearer"
-
-    def __post_init__(self) -> None:
-        _url(self.token_url, "oauth2 processor: token_url")
-        if self.grant not in ("refresh_token", "client_credentials"):
-            raise ProcessorInvalid(
-                "oauth2 processor: grant must be 'refresh_token' or 'client_credentials'")
-        if self.scopes is not None:
-            _scopes(self.scopes, "oauth2 processor: scopes")
-        if self.audience is not None and not _VISIBLE.fullmatch(self.audience[:512]):
-            raise ProcessorInvalid("oauth2 processor: audience must be visible ASCII")
-        if self.client_auth not in ("basic", "body"):
-            raise ProcessorInvalid("oauth2 processor: client_auth must be 'basic' or 'body'")
-        _scheme(self.scheme, "oauth2 processor: scheme")
-
-
-_GITHUB_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,100}")
-_GITHUB_PERMISSION: Final = re.compile(r"[a-z_]{1,64}:(read|write|admin)")
-
-
-@dataclass(frozen=True)
-class GitHubAppProcessor:
-    """`Authorization: token <installation token>`, the token obtained from GitHub's
-    `POST {api}/app/installations/{installation_id}/access_tokens` with a JWT the secret's app
-    key signs, optionally narrowed to `repositories` and `permissions` (`contents:read`)."""
-
-    kind: ClassVar[str] = "github-app"
-    header_secret: ClassVar[bool] = False
-    installation_id: str
-    api: str = "https://api.github.com"
-    repositories: str | None = None
-    permissions: str | None = None
-    scheme: str = "token"
-
-    def __post_init__(self) -> None:
-        if not (self.installation_id.isascii() and self.installation_id.isdigit()
-                and len(self.installation_id) <= 20):
-            raise ProcessorInvalid("github-app processor: installation_id must be digits")
-        _url(self.api, "github-app processor: api")
-        if self.repositories is not None:
-            names = self.repositories.split(",")
-            if len(names) > 500 or not all(_GITHUB_NAME.fullmatch(n) for n in names):
-                raise ProcessorInvalid("github-app processor: repositories must be repository "
-                                       "names (without the owner), comma-separated")
-        if self.permissions is not None and not all(
-            _GITHUB_PERMISSION.fullmatch(p) for p in self.permissions.split(",")
-        ):
-            raise ProcessorInvalid("github-app processor: permissions must be name:level "
-                                   "(read, write or admin), comma-separated")
-        _scheme(self.scheme, "github-app processor: scheme")
-
-    @cached_property
-    def narrowed(self) -> dict[str, object]:
-        """The access_tokens call's body."""
-        body: dict[str, object] = {}
-        if self.repositories is not None:
-            body["repositories"] = self.repositories.split(",")
-        if self.permissions is not None:
-            body["permissions"] = dict(p.split(":") for p in self.permissions.split(","))
-        return body
-
-
-@dataclass(frozen=True)
-class GcpServiceAccountProcessor:
-    """`Authorization: Bearer <token>` for a Google service account: an access token for
-    `scopes`, or with `audience` an ID token for it, obtained from the key's `token_uri` with a
-    JWT-bearer assertion the key signs."""
-
-    kind: ClassVar[str] = "gcp-service-account"
-    header_secret: ClassVar[bool] = False
-    scopes: str | None = None
-    audience: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.scopes is None) == (self.audience is None):
-            raise ProcessorInvalid(
-                "gcp-service-account processor: give scopes (an access token) or audience "
-                "(an ID token), one of them")
-        if self.scopes is not None:
-            _scopes(self.scopes, "gcp-service-account processor: scopes")
-        if self.audience is not None:
-            _url(self.audience, "gcp-service-account processor: audience")
-
-
-EXCHANGED: Final = (OAuth2Processor, GitHubAppProcessor, GcpServiceAccountProcessor)
-
 
 Processor = (
     BearerProcessor
@@ -510,17 +371,6 @@ def check_secret(processor: Processor, secret: str) -> None:
     problem = _unicode_problem(secret, MAX_SECRET_LENGTH)
     if problem:
         raise SecretInvalid(f"secret {problem}")
-
-
-def exchanged_secret(
-    processor: OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor, secret: str
-) -> grants.OAuthClient | grants.AppKey | grants.ServiceAccount:
-    """The parsed secret of a token-exchange processor; GrantError naming what is wrong."""
-    if isinstance(processor, OAuth2Processor):
-        return grants.parse_oauth(secret, processor.grant)
-    if isinstance(processor, GitHubAppProcessor):
-        return grants.parse_app(secret)
-    return grants.parse_service_account(secret)
 
 
 def target(processor: Processor) -> str:
