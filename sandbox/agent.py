@@ -13,7 +13,7 @@ commands or end its own sandbox; the daemon bounds and checks whatever comes bac
 Wire (a SOCK_SEQPACKET pair, one JSON message per packet, descriptors by SCM_RIGHTS):
 
     agent -> daemon  {"op": "ready"}                          once, when it serves
-    daemon -> agent  {"op": "exec", "id", "argv", "env", "cwd", "timeout"}
+    daemon -> agent  {"op": "exec", "id", "argv", "env", "cwd", "timeout", "pids"}
                          fds: stdin, stdout, stderr, status
                      {"op": "put", "id", "path", "size", "mode"}   fds: data (read), status
                      {"op": "get", "id", "path", "limit"}         fds: data (write), status
@@ -24,6 +24,16 @@ status descriptor and exits. A shim is a child subreaper: whatever its command s
 below it however it detaches (double fork, setsid), and when the command ends, times out or is
 killed, everything left below it is killed too. Nothing outlives its exec. A process that
 escapes even that (its shim killed under it) lands on the agent, which kills it.
+
+Under gVisor a shim cannot be a subreaper: a process that detaches from its command goes to
+the agent at once and is killed at the agent's next look (half a second at most), even while
+its command still runs.
+
+The channel is the agent's standard input (the one descriptor every isolation tier hands a
+sandbox's first process: gVisor's runsc passes no other). A shim waits for its command by
+SIGCHLD, not a pidfd (gVisor's kernel has no pidfd_open), and each command gets the sandbox's
+process limit as RLIMIT_NPROC (`pids`: what gVisor's kernel counts; under bubblewrap the
+cgroup already holds it, and the uid is the sandbox's own).
 """
 
 from __future__ import annotations
@@ -32,10 +42,10 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import socket
-import sys
 import time
 from typing import Any
 
@@ -54,11 +64,23 @@ def _prctl(option: int, value: int) -> None:
 
 
 def _children() -> list[int]:
+    me = os.getpid()
     try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as fh:
+        with open(f"/proc/self/task/{me}/children") as fh:
             return [int(p) for p in fh.read().split()]
     except OSError:
-        return []
+        pass
+    # gVisor's kernel has no `children` file: each process's parent, from its stat.
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # not a process, or gone
+            continue
+        if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
+            found.append(int(entry))
+    return found
 
 
 def _reap(usage: list[float]) -> None:
@@ -98,11 +120,16 @@ def _report(fd: int, answer: dict[str, Any]) -> None:
 
 def _exec(req: dict[str, Any], fds: list[int]) -> None:
     stdin, stdout, stderr, status = fds
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # gVisor's kernel makes only a PID namespace's init a subreaper (EINVAL for a shim): there
+    # what detaches from the command is handed to the agent, which kills it (`_orphans`).
+    with contextlib.suppress(OSError):
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     stop_r, stop_w = os.pipe()
     os.set_blocking(stop_w, False)
-    signal.set_wakeup_fd(stop_w)
-    signal.signal(signal.SIGUSR1, lambda *_: None)  # the daemon's "kill it" comes as this
+    signal.set_wakeup_fd(stop_w)  # wakes the wait below on either signal
+    killed: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda *_: killed.append(1))  # the daemon's "kill it"
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -117,24 +144,27 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
         return
     timeout = req.get("timeout")
     deadline = None if timeout is None else time.monotonic() + float(timeout)
-    pidfd = os.pidfd_open(pid)
-    ending = "exit"
+    ending, ended = "exit", None
     while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([pidfd, stop_r], [], [], left)
-        if pidfd in ready:
+        ended = os.wait4(pid, os.WNOHANG)
+        if ended[0] == pid:
             break
-        if stop_r in ready:
-            os.read(stop_r, 512)
+        if killed:
             ending = "killed"
             break
         if deadline is not None and time.monotonic() >= deadline:
             ending = "timed_out"
             break
+        # Any SIGCHLD (an orphan handed to us ends too) or SIGUSR1 wakes this; the timeout is
+        # the deadline's, and a bound in case a wakeup was lost to a full pipe.
+        left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+        if select.select([stop_r], [], [], left)[0]:
+            os.read(stop_r, 512)
     if ending != "exit":
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _, code, ru = os.wait4(pid, 0)
+        ended = os.wait4(pid, 0)
+    _, code, ru = ended
     usage = [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]
     _kill_tree(usage)
     answer: dict[str, Any] = {"ending": ending, "usage": {
@@ -159,6 +189,8 @@ def _command(req: dict[str, Any], stdin: int, stdout: int, stderr: int, err_w: i
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        pids = int(req["pids"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
         for target, fd in enumerate((stdin, stdout, stderr)):
             os.dup2(fd, target)
         os.closerange(3, err_w)
@@ -290,7 +322,7 @@ _OPS = {"exec": _exec, "put": _put, "get": _get}
 
 
 def main() -> None:
-    chan = socket.socket(fileno=int(sys.argv[1]))
+    chan = socket.socket(fileno=0)
     chan.set_inheritable(False)
     # Other processes of the sandbox's uid may not open our descriptors through /proc.
     _prctl(_PR_SET_DUMPABLE, 0)

@@ -187,15 +187,16 @@ async def _create(request: web.Request) -> web.Response:
     sandbox = body.get("sandbox")
     if not isinstance(sandbox, str) or not sandbox:
         raise BadRequest("'sandbox' (the id the rules name) is required")
-    isolation = body.get("isolation", "bwrap")
-    if isolation != "bwrap":
+    offered = request.app[_DAEMON].config.slots.isolation
+    isolation = body.get("isolation", offered)
+    if isolation != offered:
         raise BadRequest(f"isolation {str(isolation)[:32]!r}: this daemon's sandboxes are "
-                         "'bwrap' only (one-shot 'sealgate sandbox run --isolation' has the "
-                         "other tiers)")
+                         f"{offered!r} (sandboxd --isolation)")
     options = Options(
         sandbox=sandbox, limits=_limits(body.get("limits")), env=_env(body.get("env")),
         ttl=_number(body, "ttl", 600.0, low=1) or 600.0,
         idle_timeout=_number(body, "idle_timeout", 180.0, low=1) or 180.0,
+        isolation=offered,
     )
     session = await request.app[_DAEMON].create(options)
     return web.json_response(session.info(), status=201)

@@ -31,7 +31,7 @@ from typing import Any
 
 from sealgate.proxy.control import ControlError, call
 from sealgate.reasons import Reason
-from sealgate.sandbox import orphans, slot
+from sealgate.sandbox import orphans, slot, tiers
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.runtime import clean_up_stale
 from sealgate.sandbox.session import Options, Session, SessionError
@@ -230,7 +230,8 @@ class Daemon:
         self._wake.set()
         try:
             await asyncio.to_thread(self._register, taken, options.sandbox)
-            taken.group.apply(options.limits)
+            taken.group.apply(tiers.get(self.config.slots.isolation).host_limits(
+                options.limits))
         except SessionError as exc:
             # An untouched slot goes back, unless the pool was refilled meanwhile (the refill
             # starts as soon as a slot is taken): never over its size.

@@ -13,6 +13,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from sealgate.clikit import Commands
+from sealgate.sandbox import tiers
 from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE
 
 DEFAULT_SOCKET = Path("/run/sealgate/sandboxd.sock")
@@ -50,6 +51,11 @@ def register(sub: Commands) -> None:
     p.add_argument("--disk", default="1G",
                    help="each sandbox's writable layer (tmpfs, counted as its memory; "
                         "default 1G)")
+    # The tiers whose start runs the agent as a slot's first process (sandbox.slot); a
+    # microVM boots a guest agent of its own.
+    p.add_argument("--isolation", choices=("bwrap", "gvisor"), default=tiers.DEFAULT,
+                   help="what confines every sandbox of this daemon: bwrap or gvisor "
+                        f"(default {tiers.DEFAULT})")
     p.add_argument("--no-selftest", action="store_true",
                    help="report ready without first proving the network boundary holds")
     p.set_defaults(func=_run)

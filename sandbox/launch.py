@@ -54,7 +54,6 @@ class Launch:
     # (`sandbox.scratch`); what is not given is a tmpfs of bubblewrap's (or, for /workspace,
     # `workspace` or nothing).
     writable: Mapping[str, Path] = field(default_factory=dict)
-    pass_fds: tuple[int, ...] = ()  # descriptors the command itself is handed (the agent's)
     limits: Limits = field(default_factory=Limits)  # the workload's (`Tier.host_limits`)
 
 

@@ -96,6 +96,8 @@ def run(spec: Run) -> int:
                 stop.check()
                 _register(spec, link, undo)
                 stop.check()
+                # Unwound after the cgroups' removal, which kills every process of the run.
+                undo.callback(tier.clean_up, link.index)
                 try:
                     group = Group.create(f"run-{link.index}-{os.getpid()}",
                                          tier.host_limits(spec.limits))

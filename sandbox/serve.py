@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from sealgate.hostport import parse_hostport
-from sealgate.sandbox import firewall, selftest, slot
+from sealgate.sandbox import firewall, selftest, slot, tiers
 from sealgate.sandbox.api import make_app
 from sealgate.sandbox.cgroup import CgroupError, parse_size
 from sealgate.sandbox.daemon import Config, Daemon
@@ -42,9 +42,12 @@ class Settings:
             plan = Plan(range=args.range, gateway=args.gateway)
             slots = slot.Config(state=args.state.resolve(), proxy_port=args.proxy_port,
                                 transparent_port=args.transparent_port, plan=plan,
-                                uid_base=args.uid_base, disk=parse_size(args.disk))
+                                uid_base=args.uid_base, disk=parse_size(args.disk),
+                                isolation=args.isolation)
         except (NetworkError, SandboxError, CgroupError) as exc:
             raise ValueError(str(exc)) from None
+        if problem := tiers.available(args.isolation):
+            raise ValueError(f"isolation {args.isolation} is not available: {problem}")
         if not 0 <= args.pool <= 1024 or not 1 <= args.max_sandboxes <= len(plan.links):
             raise ValueError(f"--pool 0..1024 and --max-sandboxes 1..{len(plan.links)}")
         listen = key = tls = None

@@ -162,7 +162,8 @@ class Session:
         ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
         env = {**self.slot.environment, **self.options.env, **command.env}
         request = {"op": "exec", "id": ident, "argv": list(command.argv), "env": env,
-                   "cwd": command.cwd, "timeout": command.timeout}
+                   "cwd": command.cwd, "timeout": command.timeout,
+                   "pids": self.options.limits.pids}
         started = time.monotonic()
         finished = False
         tasks: list[asyncio.Task[None]] = []

@@ -23,14 +23,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealgate.sandbox import firewall, scratch
+from sealgate.sandbox import firewall, scratch, tiers
 from sealgate.sandbox.cgroup import CgroupError, Group, Limits
 from sealgate.sandbox.dns import LoopDns
 from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.launch import Launch, staged
+from sealgate.sandbox.launch import Launch, environment, staged
 from sealgate.sandbox.network import Link, Plan
 from sealgate.sandbox.runtime import prerequisites, remove_link, take_link, trust, unregister
-from sealgate.sandbox.tiers import bwrap
 
 AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
 PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
@@ -47,6 +46,7 @@ class Config:
     plan: Plan = field(default_factory=Plan)
     uid_base: int = 3_000_000
     disk: int = 1 << 30  # bytes of the scratch tmpfs
+    isolation: str = tiers.DEFAULT  # every slot's tier (`sandbox.tiers`)
 
     def __post_init__(self) -> None:
         if self.uid_base < 1000 or self.uid_base + len(self.plan.links) >= 1 << 31:
@@ -63,6 +63,7 @@ class Slot:
     process: subprocess.Popen[bytes]
     channel: socket.socket  # the daemon's end of the agent's
     environment: dict[str, str]  # what every command starts from
+    tier: tiers.Tier
     init: int | None = None  # the PID namespace's init, once the agent has said hello
 
     @property
@@ -75,13 +76,15 @@ def prepare(config: Config) -> Slot:
     its hello). Raises SandboxError with nothing left behind."""
     if not os.access(PYTHON, os.X_OK):
         raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
+    tier = tiers.get(config.isolation)
     program, proxy_ca = prerequisites(config.state)
     with contextlib.ExitStack() as undo:
         link, names = take_link(config.plan, config.state, config.proxy_port,
                                 config.transparent_port, names_kind=LoopDns, undo=undo)
         uid = config.uid_base + link.index
+        undo.callback(tier.clean_up, link.index)  # after the cgroups' removal kills the slot
         try:
-            group = Group.create(f"run-{link.index}-{os.getpid()}", Limits())
+            group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
         except CgroupError as exc:
             raise SandboxError(str(exc)) from None
         undo.callback(group.remove)
@@ -94,23 +97,21 @@ def prepare(config: Config) -> Slot:
                 handed.callback(theirs.close)
                 bundle, ca = trust(proxy_ca)
                 files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
-                command = [PYTHON, "-I", "-S", AGENT, str(theirs.fileno())]
-                launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
-                                {}, writable=places, pass_fds=(theirs.fileno(),))
-                started = bwrap.start(launch, group.dirs, handed)
+                launch = Launch(link, [PYTHON, "-I", "-S", AGENT], config.proxy_port, files,
+                                program, None, uid, uid, {}, writable=places)
+                started = tier.start(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
                 # prepares slots in its executor's threads, which live as long as the daemon
                 # (Python's pool never retires an idle worker), so the sandbox still dies with
                 # the daemon, never with a thread.
-                process = subprocess.Popen(
-                    started.argv, env=started.env, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=started.pass_fds)
+                process = subprocess.Popen(  # the agent's channel is its stdin
+                    started.argv, env=started.env, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, pass_fds=started.pass_fds)
         except OSError as exc:
             raise SandboxError(f"cannot start the sandbox: {exc}") from None
         undo.pop_all()
     ours.setblocking(False)
-    return Slot(link, names, group, uid, process, ours, started.env)
+    return Slot(link, names, group, uid, process, ours, environment(launch), tier)
 
 
 def release(slot: Slot, config: Config) -> None:
@@ -136,6 +137,7 @@ def dismantle(slot: Slot) -> None:
     """The rest, after `end`: cgroups, tmpfs, namespace, link, table and, last, the lease (so
     the index is not taken again before all of it is gone)."""
     slot.group.remove()
+    slot.tier.clean_up(slot.index)
     scratch.remove(slot.index)
     remove_link(slot.index, firewall.table_name(slot.link))
 

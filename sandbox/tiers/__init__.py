@@ -19,11 +19,12 @@ A tier is a module of this package defining `TIER`, a `Tier`:
 - `start(launch, cgroups, undo)`: the host command. It must run in `launch.link.netns`, put
   its first process in `cgroups` before anything of the sandbox runs (`launch.host_prefix`
   does both), never run the workload as root, and hand the sandbox no host path of the run's.
-  Whatever it makes on the host is removed by a callback on `undo`, which the runtime unwinds
-  after the command's processes are dead and before the link is removed;
-- `clean_up(index)`: what a run of this tier on link `index` leaves behind when its process
-  died without its teardown (SIGKILL), removed by the next run (`sandbox.lease`), after every
-  process of the dead run's cgroups has been killed.
+  What only its start needs (descriptors) goes on `undo`, which the caller unwinds once the
+  command has started (sandboxd) or is over (`sandbox run`), or when the start failed;
+- `clean_up(index)`: whatever it made on the host for the sandbox on link `index` that lasts
+  the sandbox's life, removed once every process of the sandbox's cgroups is dead: at
+  teardown (`sandbox.runtime`, `sandbox.slot`), after a start that failed, and by the next
+  run after one whose process died without its teardown (`sandbox.lease`).
 
 Adding a tier is its module and its entry in `_TABLE`.
 """

@@ -53,7 +53,7 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in args(launch, files, seccomp_fd)),
                     undo)
     return Started(argv(launch, args_fd, cgroups), environment(launch),
-                   (args_fd, seccomp_fd, *files.values(), *launch.pass_fds))
+                   (args_fd, seccomp_fd, *files.values()))
 
 
 def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path]) -> list[str]:

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.launch import (
     HOME,
     HOSTNAME,
@@ -92,13 +91,9 @@ def _unavailable() -> str | None:
 
 def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
     """Raises OSError (the bundle cannot be written, runsc is missing)."""
-    if launch.writable or launch.pass_fds:
-        raise SandboxError("the gvisor tier runs one-shot commands only (no scratch layer, no "
-                           "agent descriptors)")
     index = launch.link.index
     base = place(index)
     _remove(index)  # a directory no lease accounts for any more
-    undo.callback(_remove, index)
     bundle = base / "bundle"
     base.mkdir(mode=0o700)
     # Traversable by the sandbox's user (it is its /): the run's directory above keeps it
@@ -142,9 +137,13 @@ def _root(rootfs: Path, launch: Launch) -> list[dict[str, Any]]:
     for path in binds:
         mounts.append(_bind(path, path, "ro"))
     for path in ("/tmp", "/run", "/home"):  # noqa: S108 the sandbox's own, not the host's
-        mounts.append({"destination": path, "type": "tmpfs", "source": "tmpfs"})
-    mounts.append({"destination": HOME, "type": "tmpfs", "source": "tmpfs",
-                   "options": ["mode=0700", f"uid={launch.uid}", f"gid={launch.gid}"]})
+        if path not in launch.writable:
+            mounts.append({"destination": path, "type": "tmpfs", "source": "tmpfs"})
+    if HOME not in launch.writable:
+        mounts.append({"destination": HOME, "type": "tmpfs", "source": "tmpfs",
+                       "options": ["mode=0700", f"uid={launch.uid}", f"gid={launch.gid}"]})
+    for inside, host in launch.writable.items():  # the scratch layer's places (sandboxd)
+        mounts.append(_bind(str(host), inside, "rw"))
     if launch.workspace is not None:
         mounts.append(_bind(str(launch.workspace), WORKSPACE, "rw"))
     for mount in mounts:
@@ -180,7 +179,8 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
             "user": {"uid": launch.uid, "gid": launch.gid, "additionalGids": []},
             "args": list(launch.command),
             "env": [f"{name}={value}" for name, value in environment(launch).items()],
-            "cwd": WORKSPACE if launch.workspace is not None else HOME,
+            "cwd": WORKSPACE if launch.workspace is not None or WORKSPACE in launch.writable
+            else HOME,
             "capabilities": {kind: [] for kind in
                              ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "noNewPrivileges": True,
