@@ -198,6 +198,7 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
     cpio.add("sealgate/busybox", 0o100755, busybox.read_bytes())
     cpio.add("init", 0o100755, (_HERE / "init.sh").read_bytes())
     cpio.add("sealgate/guestagent.py", 0o100644, GUEST_FILES[0].read_bytes())
+    cpio.add("sealgate/empty", 0o100444)
     cpio.add("sealgate/modules/order", 0o100644, "".join(f"{n}\n" for n, _ in modules).encode())
     for name, data in modules:
         cpio.add(f"sealgate/modules/{name}", 0o100644, data)

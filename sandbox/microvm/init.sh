@@ -6,6 +6,9 @@ B=/sealgate/busybox
 fail() { echo "sealgate guest init: $*" > /dev/hvc0; $B reboot -f; }
 $B mount -t devtmpfs dev /dev || fail "devtmpfs"
 $B mount -t proc proc /proc || fail "proc"
+# The guest's boot line names nothing of the host's but its TSC rate under emulation; it reads
+# empty as on the other tiers.
+$B mount --bind /sealgate/empty /proc/cmdline || fail "/proc/cmdline"
 $B mount -t sysfs sys /sys || fail "sysfs"
 while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done < /sealgate/modules/order
 # Read-only and never changed underneath: the guest may cache what it read.
