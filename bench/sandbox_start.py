@@ -406,14 +406,14 @@ sys.exit(main())
 
 
 def start_daemon(setup: Setup, paths: dict[str, str], proxy: Proxy, name: str, pool: int,
-                 profile: Path | None = None) -> Daemon:
+                 profile: Path | None = None, isolation: str = "bwrap") -> Daemon:
     where = setup.work / name
     where.mkdir()
     sock = where / "sandboxd.sock"
     args = ["sandboxd", "--range", RANGE, "--gateway", GATEWAY, "--state", str(proxy.state),
             "--socket", str(sock), "--proxy-port", str(proxy.port),
             "--transparent-port", str(proxy.transparent_port), "--uid-base", str(UID_BASE),
-            "--pool", str(pool), "--max-sandboxes", str(MAX_SANDBOXES)]
+            "--pool", str(pool), "--max-sandboxes", str(MAX_SANDBOXES), "--isolation", isolation]
     if profile is None:
         argv = [paths["sealgate"], *args]
     else:

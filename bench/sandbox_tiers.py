@@ -1,7 +1,8 @@
 """The isolation tiers side by side: `sealgate sandbox run --isolation T` for every tier this
 machine can run (bubblewrap, gVisor, and any tier registered later), one table.
 
-Per tier: start to the workload's first instruction (the command is `date +%s%N`, which reads
+Per tier (sandboxd's rows for the tiers it runs: bwrap, gvisor): start to the workload's first
+instruction (the command is `date +%s%N`, which reads
 the clock first thing; the time from the CLI's exec to that reading), the whole run of
 `/bin/true` (set-up, run, teardown), the memory an idle sandbox holds (its cgroup's use and
 the PSS of its processes while it runs `sleep`), and the slowdown against bubblewrap of a
@@ -24,7 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from report import machine_facts
-from sandbox_start import GATEWAY, HOST_PATH, RANGE, pct, rollup, sealgate_cmd, start_proxy, timed
+from sandbox_start import (
+    GATEWAY,
+    HOST_PATH,
+    RANGE,
+    pct,
+    rollup,
+    run_true,
+    sealgate_cmd,
+    start_daemon,
+    start_proxy,
+    timed,
+)
 from services import ROOT, BenchError
 from session import bench_session
 
@@ -131,6 +143,25 @@ def workload(paths: dict[str, str], proxy: Any, tier: str, source: str) -> float
     return float(done.stdout) * 1000
 
 
+def daemon_figures(session: Any, paths: dict[str, str], proxy: Any, tier: str,
+                   cycles: int) -> dict[str, list[float]]:
+    """sandboxd --isolation TIER with a warm pool: create, the first exec of /bin/true and
+    later ones (client-side ms), each create from a full pool."""
+    daemon = start_daemon(session.setup, paths, proxy, f"sandboxd-{tier}", 2, isolation=tier)
+    found: dict[str, list[float]] = {"create": [], "first": [], "later": []}
+    try:
+        for _ in range(cycles):
+            daemon.settle()
+            ms, sb = timed(daemon.create)
+            found["create"].append(ms)
+            found["first"].append(run_true(sb)[0])
+            found["later"] += [run_true(sb)[0] for _ in range(4)]
+            sb.delete()
+    finally:
+        daemon.stop(session.setup)
+    return found
+
+
 def measure(paths: dict[str, str], proxy: Any, names: list[str], starts: int,
             repeats: int) -> dict[str, Any]:
     """Every figure, the tiers interleaved sample by sample: whatever else loads the machine
@@ -180,6 +211,12 @@ def document(result: dict[str, Any], meta: dict[str, str]) -> str:
     row("idle sandbox: cgroup memory / PSS (MiB)",
         [f"{figures[t]['idle']['cgroup']:.1f} / {figures[t]['idle']['pss']:.1f}" for t in names])
     row("idle sandbox: host processes", [str(figures[t]["idle"]["processes"]) for t in names])
+    for key, label in (("create", "sandboxd: create from the warm pool"),
+                       ("first", "sandboxd: first exec of /bin/true"),
+                       ("later", "sandboxd: later execs of /bin/true")):
+        row(f"{label}, p50 / p95 ms",
+            [f"{pct(d[key], 50):.0f} / {pct(d[key], 95):.0f}"
+             if (d := figures[t].get("sandboxd_ms")) else "n/a" for t in names])
     row("exec into a running sandbox (`runsc exec /bin/true`), p50 / p95 ms",
         [f"{pct(e, 50):.0f} / {pct(e, 95):.0f}" if (e := figures[t]["idle"]["exec_ms"]) else
          "n/a (sandboxd: [performance-sandbox.md](performance-sandbox.md))" for t in names])
@@ -222,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             proxy = start_proxy(session.setup, paths)
             result = measure(paths, proxy, names, starts, repeats)
+            for tier in (t for t in names if t in ("bwrap", "gvisor")):
+                print(f"{SCRIPT}: sandboxd --isolation {tier}", file=sys.stderr)
+                result["tiers"][tier]["sandboxd_ms"] = daemon_figures(session, paths, proxy,
+                                                                      tier, starts)
         finally:
             session.setup.services.stop_all()
             sealgate_cmd(paths, "sandbox", "teardown", "--range", RANGE, "--gateway", GATEWAY)
