@@ -19,4 +19,5 @@ if $B grep -qsx workspace /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag; then
     $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 workspace /workspace || fail "9p /workspace"
 fi
 $B ip link set lo up
+$B hostname sandbox
 exec /usr/bin/python3 -I -S /sealgate/guestagent.py

@@ -92,6 +92,7 @@ def test_its_own_kernel_and_no_host_proc(guest: Channel) -> None:
     # The host's boot line and processes are not the guest's: its /proc is its own kernel's,
     # and its boot line reads empty.
     assert run(guest, "cat", "/proc/cmdline").stdout == b""
+    assert run(guest, "cat", "/proc/sys/kernel/hostname").stdout == b"sandbox\n"
     pids = run(guest, "sh", "-c", "ls /proc | grep -c '^[0-9]'").stdout
     assert int(pids) < 100
     assert run(guest, "test", "-e", f"/proc/{os.getpid()}/cwd").code != 0
