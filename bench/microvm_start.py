@@ -248,6 +248,7 @@ def main() -> int:
         print(f"{SCRIPT}: cannot run a microVM here: {why if accel is None else missing}",
               file=sys.stderr)
         return 1
+    load = os.getloadavg()[0]
     try:
         figures: dict[str, Any] = {"accel": accel, "accel_why": why, "rounds": args.rounds,
                                    "work_rounds": args.work_rounds}
@@ -261,7 +262,9 @@ def main() -> int:
     if args.json:
         print(json.dumps({**figures, **summary(figures)}))
         return 0
+    # Emulated guests take whole cores: what else ran on the machine shows in every figure.
     meta = {**machine_facts(), "QEMU": _qemu_version(),
+            "load average (1 min), start / end": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
             "guest kernel": f"{figures['memory']['kernel']} (image {found.key})",
             "command": " ".join(["python", f"bench/{SCRIPT}.py", *sys.argv[1:]])}
     print(publish(args.docs, "performance-microvm", lambda c: draw(figures, c),

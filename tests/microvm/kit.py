@@ -1,10 +1,11 @@
 """For the microVM tier's tests: whether this machine can run a guest, and how.
 
 KVM is used where it runs Debian's kernel; where it cannot (missing, or PVM as on these
-machines) the tests run the guest under QEMU's emulation (`SEALGATE_MICROVM_ACCEL=tcg`, set
-here for this process and the `sealgate` it starts), which proves the same behaviour, only
-slower. Without QEMU or a built image (`make test` builds it before pytest: the session's own
-network namespace cannot reach apt) they skip, saying which.
+machines) the tests run the guest under QEMU's emulation (`ACCEL`, and `SEALGATE_MICROVM_ACCEL`
+in the environment of the `sealgate` they start: never this process's own, which other suites
+share), which proves the same behaviour, only slower. Without QEMU or a built image (`make
+test` builds it before pytest: the session's own network namespace cannot reach apt) they
+skip, saying which.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ def problem() -> str | None:
     return None
 
 
-if vm.kvm_problem() is not None:
-    os.environ.setdefault(vm.ACCEL_ENV, "tcg")
-ACCEL = vm.accelerator()[0]
+ACCEL = "kvm" if vm.kvm_problem() is None else "tcg"
+ACCEL_ENV = {vm.ACCEL_ENV: ACCEL}
 PROBLEM = problem()
 needs_vm = pytest.mark.skipif(PROBLEM is not None, reason=f"microVM: {PROBLEM}")

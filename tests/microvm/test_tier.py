@@ -12,11 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from sealgate.sandbox.microvm import vm
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 from tests.integration.test_sandbox import leftovers
-from tests.microvm.kit import needs_vm
+from tests.microvm.kit import ACCEL_ENV, needs_vm
 
 pytestmark = [pytest.mark.root, needs_vm]
 
@@ -24,8 +23,7 @@ RANGE, GATEWAY = "10.223.0.0/16", "10.223.255.254"
 PLAN = ["--range", RANGE, "--gateway", GATEWAY]
 
 
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-       **{k: v for k, v in os.environ.items() if k == vm.ACCEL_ENV}}
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **ACCEL_ENV}
 PIDS: list[int] = []  # of every `sealgate` run here, whose cgroups are named for it
 
 
