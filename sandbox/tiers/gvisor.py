@@ -64,11 +64,11 @@ from sealgate.sandbox.tiers import Started, Tier
 
 # Both measured on this runsc (0.0~20221219) and a 6.18 host, in docs/sandbox.md:
 # - `--network=sandbox` (gVisor's netstack) refuses to start: it takes a namespace holding
-#   net.core.rmem_default for the host's root namespace, and the kernel has had that sysctl in
-#   every namespace since 6.x. `host` is left: the Sentry makes its sockets in the sandbox's
-#   namespace, so every packet still leaves through the link and meets its table;
-# - `--platform=kvm` hangs while the Sentry sets up its virtual machine (nested KVM here);
-#   ptrace is the one that runs.
+#   net.core.rmem_default for the host's root namespace, and recent kernels (this host's 6.18)
+#   have that sysctl in every namespace. `host` is left: the Sentry makes its sockets in the
+#   sandbox's namespace, so every packet still leaves through the link and meets its table;
+# - `--platform=kvm` hangs while the Sentry sets up its virtual machine (this host's /dev/kvm
+#   is a nested PVM); ptrace is the one that runs.
 NETWORK = "host"
 PLATFORM = "ptrace"
 # Host tasks per workload process under ptrace (its stub process and threads), and the Sentry's
