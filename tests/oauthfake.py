@@ -108,6 +108,11 @@ class OAuthFake(_Counted):
         if token is None or self.access.get(token, 0) <= time.time():
             return Reply(401, {"error": "invalid_token"},
                          {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        if path.endswith("/leak"):
+            # An API that also holds the client's grant (one server for both): what it gives
+            # away must not reach the client either.
+            return Reply(200, {"refresh_tokens": sorted(self.live_refresh),
+                               "client_secret": self.client_secret})
         # An echo of the credential, as a debug endpoint would: the proxy must mask it.
         return Reply(200, {"path": path, "you_sent": seen.headers["authorization"]})
 

@@ -47,7 +47,8 @@ __all__ = ["ExchangeProcessor", "Exchanges"]
 log = logging.getLogger(__name__)
 
 ExchangeProcessor = OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
-Key = tuple[ExchangeProcessor, str, tuple[object, ...]]  # processor, secret ref, networks
+# The processor, the secret's reference and the policy's networks, as one string: hashed once.
+Key = str
 TIMEOUT: Final = 10.0
 MAX_ANSWER: Final = 64 << 10
 _FORM: Final = "application/x-www-form-urlencoded"
@@ -74,6 +75,19 @@ class _Pinned(AbstractResolver):
         return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Hot:
+    """What one rule entry's last request found: the next finds it with a few identity
+    checks, as long as the stored secret, the policy and the cached token are the same."""
+
+    processor: ExchangeProcessor
+    stored: str
+    networks: tuple[object, ...]
+    key: Key
+    source: str
+    cred: Credential
+
+
 class Exchanges:
     def __init__(self, secrets: SecretBroker, *, cafile: str | None = None,
                  cache: Exchanged[Key] | None = None) -> None:
@@ -83,14 +97,20 @@ class Exchanges:
         # (processor, ref) -> (digests of the stored texts a rotation replaced, the text now)
         self._rotated: dict[tuple[ExchangeProcessor, str], tuple[frozenset[str], str]] = {}
         self._worked_out: dict[Key, Credential] = {}
+        self._hot: dict[int, _Hot] = {}  # by the processor's identity: see _Hot
 
     async def credential(self, processor: ExchangeProcessor, ref: SecretRef, stored: str,
                          guard: Guard, policy: Policy) -> Credential:
         """The credential for `processor` with the secret `stored` at `ref`. ExchangeError:
         no token to be had; GrantError: the secret is not the processor's."""
+        hot = self._hot.get(id(processor))
+        if (hot is not None and hot.processor is processor and hot.stored is stored
+                and hot.networks is policy.allow_networks
+                and self.cache.fresh(hot.key, hot.source) is hot.cred.secret):
+            return hot.cred
         text = self._current(processor, str(ref), stored)
         parsed = _parse(processor, text)
-        key: Key = (processor, str(ref), policy.allow_networks)
+        key: Key = f"{processor!r}\0{ref}\0{policy.allow_networks!r}"
         source = _digest(text)
         token = self.cache.fresh(key, source)
         if token is None:
@@ -98,17 +118,23 @@ class Exchanges:
                 key, source,
                 lambda: self._obtain(processor, ref, text, parsed, guard=guard, policy=policy))
             # A rotation has replaced the refresh token the needles are to hold.
-            parsed = _parse(processor, self._current(processor, str(ref), stored))
+            text = self._current(processor, str(ref), stored)
+            parsed, source = _parse(processor, text), _digest(text)
         known = self._worked_out.get(key)
-        if known is not None and known.secret == token:
-            return known
+        if known is None or known.secret != token:
+            known = self._worked_out[key] = self._credential(processor, ref, parsed, key, token)
+        self._hot[id(processor)] = _Hot(processor, stored, policy.allow_networks, key, source,
+                                        known)
+        return known
+
+    def _credential(self, processor: ExchangeProcessor, ref: SecretRef, parsed: object,
+                    key: Key, token: str) -> Credential:
         cred = credential(HeaderProcessor("Authorization", f"{processor.scheme} {{secret}}"
                                           if not isinstance(processor, GcpServiceAccountProcessor)
                                           else "Bearer {secret}"),
                           token, f"broker:{ref}")
         cred = dataclasses.replace(cred, needles=(*cred.needles, *_needles(parsed)),
                                    rejected=_invalidator(self.cache, key, token))
-        self._worked_out[key] = cred
         return cred
 
     def _current(self, processor: ExchangeProcessor, ref: str, stored: str) -> str:

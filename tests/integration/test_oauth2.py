@@ -208,3 +208,14 @@ def test_token_endpoint_is_dialed_through_the_guard(w: World, path: str, why: st
     assert (answer[0], answer[1]) == (503, "secret_unavailable"), answer
     assert f"is refused ({why})" in str(answer[2])
     assert fake.calls == 0 and not w.fake.requests
+
+
+def test_refresh_token_and_client_secret_are_masked_in_responses(w: World) -> None:
+    fake = _fake(w)
+    fake.live_refresh.add(stored(w, "oauth_rt")["refresh_token"])  # earlier tests revoke
+    *_, answer = get(w, "/rt/leak", n=2)  # the first may meet a token revoked since
+    assert answer[0] == 200, answer
+    current = stored(w, "oauth_rt")["refresh_token"]
+    assert current in fake.live_refresh
+    assert current not in str(answer[2]) and masked(current) in str(answer[2])
+    assert CLIENT_SECRET not in str(answer[2]) and masked(CLIENT_SECRET) in str(answer[2])
