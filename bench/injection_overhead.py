@@ -1,5 +1,5 @@
 """Credential injection through sealgate: guard-only, a sealed token, a brokered secret, an AWS
-SigV4 request re-signed.
+SigV4 request re-signed, a cached `oauth2` access token.
 
     .venv/bin/python bench/injection_overhead.py            # full run, about 4.5 minutes
     .venv/bin/python bench/injection_overhead.py --quick    # about 1.5 minutes
@@ -10,7 +10,9 @@ origin over intercepted HTTPS keep-alive (hey, c=1 and c=16): (a) guard-only, no
 cache), policy `tokens: true`; (c) a secret brokered from the file store (a cache hit),
 `inject: [{secret: file:…, as: bearer}]`; (d) the GET signed with SigV4 and the placeholder
 keys as boto3 signs an S3 GET (payload hash of the empty body), re-signed by `aws-sigv4` with
-keys from the file store. Rounds interleave the three, ratios are taken within
+keys from the file store; (e) a brokered `oauth2` refresh token exchanged once at a token
+endpoint (a thread of this script, dialed through the guard) and its access token injected
+from the cache on every request. Rounds interleave the lanes, ratios are taken within
 a round and the median over rounds is reported, as in `proxy_overhead.py`; both are built from
 `services.py`, `rounds.py`, `report.py` and `session.py`. A pair of stock mitmdump processes, one
 streaming each response through sealgate's scrubber, shows what that step (taken by every
@@ -21,10 +23,15 @@ Results go to docs/performance-injection.md and .png; see bench/README.md.
 
 from __future__ import annotations
 
+import asyncio
+import http.server
 import json
 import secrets
+import ssl
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # issuer, tests as a script
 
+from fakes import OriginCA, StubDNS
 from report import (
     cpu_cells,
     figure,
@@ -73,6 +81,12 @@ from sealgate.issuer.injection import InMemoryRequest, inject
 from sealgate.issuer.keys import generate
 from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AwsSigV4Processor, BearerProcessor
 from sealgate.issuer.sigv4 import EMPTY_SHA256
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.exchanges import Exchanges
+from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.rulesfile import load_rules
 
 SCRIPT = "injection_overhead"
 TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid
@@ -85,7 +99,9 @@ LANES = {
     "token": ("bench-token", "(b) sealed token, cached (`tokens: true`)"),
     "broker": ("bench-broker", "(c) brokered secret, file store, cache hit"),
     "aws": ("bench-aws", "(d) `aws-sigv4`: a bodyless SigV4 GET re-signed"),
+    "oauth": ("bench-oauth", "(e) `oauth2`: a cached access token"),
 }
+OAUTH_SECRET_NAME = "bench_oauth"
 AWS_SECRET_NAME = "bench_aws_keys"
 # One signature for the whole run, hey sending fixed headers: dated ahead, so that it stays
 # within the proxy's 5 minutes of skew from 1 minute before the start until 9 after.
@@ -98,7 +114,8 @@ MITM_LANES = {
     "mitmdump-scrub": "stock mitmdump -q, response streamed through sealgate's `Scrubber`",
 }
 # lane -> the lane it is compared with
-BASES = {"token": "guard", "broker": "guard", "aws": "guard", "mitmdump-scrub": "mitmdump"}
+BASES = {"token": "guard", "broker": "guard", "aws": "guard", "oauth": "guard",
+         "mitmdump-scrub": "mitmdump"}
 SCRUB_ADDON = """import sys
 sys.path.insert(0, {root!r})
 from sealgate.proxy.credentials.scrub import Scrubber
@@ -115,6 +132,8 @@ TARGETS = [
          "guard", 0.95),
     Goal("(d) aws-sigv4 re-signing, bodyless GET, vs guard-only, c=16", "aws", KIND, 16, "aws",
          "guard", 0.85),
+    Goal("(e) oauth2, cached access token, vs guard-only, c=16", "oauth", KIND, 16, "oauth",
+         "guard", 0.95),
 ]
 MICRO_TIMEOUT = 240
 AUDIT_SETTLE_SECONDS = 0.5  # the audit log is written once per event-loop turn
@@ -140,13 +159,17 @@ def start(setup: Setup, paths: Mapping[str, str]) -> Path:
     ), public)
     headers = {"token": (f"Proxy-Tokenizer: {token}",), "aws": _sigv4_headers(now)}
     secrets_file = work / "secrets.yaml"
+    token_url = _token_endpoint(origin.ca)
+    oauth = json.dumps({"refresh_token": f"rt-{secrets.token_urlsafe(24)}", "client_id": "bench",
+                        "client_secret": f"cs-{secrets.token_urlsafe(24)}"})
     secrets_file.write_text(f"{SECRET_NAME}: brk-{secrets.token_urlsafe(24)}\n"
-                            f"{AWS_SECRET_NAME}: '{AWS_KEYS}'\n")
+                            f"{AWS_SECRET_NAME}: '{AWS_KEYS}'\n"
+                            f"{OAUTH_SECRET_NAME}: '{oauth}'\n")
     secrets_file.chmod(0o600)
 
     sandbox_keys = {lane: secrets.token_urlsafe(18) for lane in LANES}
     rules = work / "rules.yaml"
-    rules.write_text(_rules(origin.https_port, sandbox_keys))
+    rules.write_text(_rules(origin.https_port, sandbox_keys, token_url))
     service = start_sealgate(setup, paths, "sealgate", rules, resolver, origin,
                              "--token-keys", str(keys_dir),
                              "--secret-store", f"file:{secrets_file}")
@@ -178,13 +201,40 @@ def _sigv4_headers(now: int) -> tuple[str, ...]:
             f"SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={'0' * 64}")
 
 
-def _rules(https_port: int, keys: dict[str, str]) -> str:
-    """Four policies with the same rule; only the credential differs."""
-    header = {"guard": "", "token": "\n    tokens: true", "broker": "", "aws": ""}
+def _token_endpoint(ca: OriginCA) -> str:
+    """An OAuth2 token endpoint on loopback (a thread here: it is called once, then the proxy
+    serves its token from the cache), with a certificate for the origin's name; its URL."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.dumps({"access_token": f"at-{secrets.token_urlsafe(24)}",
+                               "token_type": "Bearer", "expires_in": 7200}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*(str(p) for p in ca.issue(ORIGIN_NAME)))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"https://{ORIGIN_NAME}:{server.server_address[1]}/token"
+
+
+def _rules(https_port: int, keys: dict[str, str], token_url: str) -> str:
+    """One policy per lane with the same rule; only the credential differs."""
+    header = {"guard": "", "token": "\n    tokens: true", "broker": "", "aws": "", "oauth": ""}
     aws = "{type: aws-sigv4, services: [s3], regions: [us-east-1]}"
+    oauth = f"{{type: oauth2, token_url: '{token_url}'}}"
     inject = {"guard": "", "token": "",
               "broker": f"\n        inject: [{{secret: 'file:{SECRET_NAME}', as: bearer}}]",
-              "aws": f"\n        inject: [{{secret: 'file:{AWS_SECRET_NAME}', as: {aws}}}]"}
+              "aws": f"\n        inject: [{{secret: 'file:{AWS_SECRET_NAME}', as: {aws}}}]",
+              "oauth": f"\n        inject: [{{secret: 'file:{OAUTH_SECRET_NAME}', as: {oauth}}}]"}
     policies = {lane: f"""{header[lane]}
     allow:
       - host: {ORIGIN_NAME}
@@ -225,7 +275,8 @@ def audit_counts(audit: Path) -> dict[str, AuditCount]:
 
 
 def check_audit(counts: dict[str, AuditCount]) -> None:
-    expected = {"guard": None, "token": "token", "broker": "broker", "aws": "broker"}
+    expected = {"guard": None, "token": "token", "broker": "broker", "aws": "broker",
+                "oauth": "broker"}
     for lane, count in counts.items():
         want = expected[lane]
         injected = count.injected.get(want, 0) if want else 0
@@ -271,6 +322,7 @@ def run_micro(pin: bool) -> dict[str, float] | str:
     figures = micro_figures(argv, "bench/injection_micro.py", MICRO_TIMEOUT)
     if isinstance(figures, dict):
         figures["aws_resign_us"] = _resign_us()
+        figures["oauth_hit_us"] = asyncio.run(_oauth_hit_us())
     return figures
 
 
@@ -289,6 +341,51 @@ def _resign_us(passes: int = 5, count: int = 2000) -> float:
         for request in batch:
             inject(processor, AWS_KEYS, request, now=now)
         best = min(best, (time.perf_counter() - started) / count * 1e6)
+    return best
+
+
+async def _oauth_hit_us(passes: int = 5, count: int = 5000) -> float:
+    """µs per `Broker.credentials` of lane (e)'s rule with its access token cached (the file
+    store's cache hit, the token's lookup, the credential worked out once), best of `passes`.
+    The token is obtained once from a token endpoint in this process, through a real guard."""
+    with tempfile.TemporaryDirectory() as work:
+        ca = OriginCA(Path(work))
+        token_url = _token_endpoint(ca)
+        secrets_file = Path(work) / "secrets.yaml"
+        secrets_file.write_text(f"{OAUTH_SECRET_NAME}: '{json.dumps({'refresh_token': 'rt-x'})}'\n")
+        secrets_file.chmod(0o600)
+        store = SecretBroker([FileStore(secrets_file)])
+        broker = Broker(store, exchanges=Exchanges(store, cafile=str(ca.path)))
+        dns = StubDNS().start()
+        dns.set(ORIGIN_NAME, "A 127.0.0.1")
+        host, port = dns.address
+        guard = Guard(Resolver.from_spec(f"{host}:{port}"))
+        rules_file = Path(work) / "rules.yaml"
+        rules_file.write_text(f"""version: 1
+policies:
+  e:
+    allow:
+      - host: {ORIGIN_NAME}
+        inject:
+          - secret: 'file:{OAUTH_SECRET_NAME}'
+            as: {{type: oauth2, token_url: '{token_url}'}}
+    allow_networks: [127.0.0.1/32]
+""")
+        rules = load_rules(rules_file)
+        policy = rules.policies["e"]
+        broker.check(rules)
+        injections = policy.rules[0].inject
+        try:
+            await broker.credentials(injections, guard=guard, policy=policy)
+            best = float("inf")
+            for _ in range(passes):
+                started = time.perf_counter()
+                for _ in range(count):
+                    await broker.credentials(injections, guard=guard, policy=policy)
+                best = min(best, (time.perf_counter() - started) / count * 1e6)
+        finally:
+            await broker.close()
+            dns.stop()
     return best
 
 
@@ -314,6 +411,8 @@ MICRO_LABELS = {
     "aws_resign_us": "`issuer.injection.inject`, aws-sigv4 re-signing lane (d)'s GET "
                      "(signature read and checked, canonical request, one HMAC with the cached "
                      "signing key), in the bench's own process",
+    "oauth_hit_us": "`Broker.credentials`, lane (e)'s oauth2 rule with its access token "
+                    "cached (secret from the store's cache, token looked up, credential reused)",
     "scrub_1k_response_us": "response scrubber over a buffered 1 KiB body (set up + search)",
     "secret_get_hit_us": "`SecretBroker.get`, file store, cache hit",
     "vault_get_hit_us": "`SecretBroker.get`, Vault store, cache hit",
@@ -340,7 +439,10 @@ def report(results: list[Result], micro: dict[str, float] | str, counts: dict[st
             f"the rule injects `file:{SECRET_NAME}` as a bearer; (d) each GET is signed with "
             "SigV4 and the placeholder keys as boto3 signs an S3 GET (`x-amz-content-sha256` "
             "of the empty body, so the proxy signs once the empty body is here), and the rule "
-            f"re-signs it with `aws-sigv4` and `file:{AWS_SECRET_NAME}`. (b)-(d) also ask for "
+            f"re-signs it with `aws-sigv4` and `file:{AWS_SECRET_NAME}`; (e) the rule injects "
+            f"`file:{OAUTH_SECRET_NAME}` with `oauth2`: a refresh token exchanged once at a "
+            "token endpoint on loopback (dialed through the guard), its access token then "
+            "served from the cache. (b)-(e) also ask for "
             "an identity encoding and scrub the (buffered) response, as every injected request "
             "does. Two stock mitmdump processes (c=16, reached as `127.0.0.1`) show what "
             "streaming responses through the scrubber instead would cost.",
@@ -349,7 +451,7 @@ def report(results: list[Result], micro: dict[str, float] | str, counts: dict[st
             "in brackets. Absolute req/s on this machine drift over minutes; trust the ratios "
             "more.",
         ],
-        "(b) and (c) within 5 % of guard-only: the req/s ratio must be at least 0.95; (d), "
+        "(b), (c) and (e) within 5 % of guard-only: the req/s ratio must be at least 0.95; (d), "
         "SigV4 re-signing of a bodyless request, within 15 %: at least 0.85. The last column is "
         "the same comparison from sealgate's CPU time per request (guard-only's over the lane's), "
         "which time slices taken by other work on the machine do not bend.",
@@ -400,6 +502,7 @@ def _attribution(results: list[Result], micro: dict[str, float] | str) -> list[s
         "token": ["tokenizer_authorise_cached_us", "write_bearer_us", "scrub_1k_response_us"],
         "broker": ["broker_credentials_hit_us", "write_bearer_us", "scrub_1k_response_us"],
         "aws": ["broker_credentials_hit_us", "aws_resign_us", "scrub_1k_response_us"],
+        "oauth": ["oauth_hit_us", "write_bearer_us", "scrub_1k_response_us"],
     }
     for lane, names in parts.items():
         summed = "not measured"
