@@ -14,6 +14,7 @@ Writes docs/performance-microvm.md and docs/performance-microvm.png (`--docs DIR
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -117,8 +118,8 @@ def workloads(found: image.Image, accel: str, rounds: int) -> dict[str, dict[str
     booted = pool.boot(spec(found, accel))
     try:
         for name, program in (("cpu", CPU_LOOP), ("syscalls", SYSCALL_LOOP)):
-            guest = best(rounds, lambda p=program: _in_guest(booted, p))
-            host = best(rounds, lambda p=program: _on_host(p))
+            guest = best(rounds, functools.partial(_in_guest, booted, program))
+            host = best(rounds, functools.partial(_on_host, program))
             out[name] = {"guest_s": guest, "host_s": host, "slowdown": guest / host}
     finally:
         booted.close()

@@ -50,8 +50,8 @@ def guest(workspace: Path) -> Iterator[Channel]:
         booted.close()
 
 
-def run(channel: Channel, *argv: str, **kw: object) -> Result:
-    return channel.run(argv, ENV, uid=NOBODY, gid=NOBODY, timeout=30, **kw)  # type: ignore[arg-type]
+def run(channel: Channel, *argv: str, stdin: bytes = b"", pids: int | None = None) -> Result:
+    return channel.run(argv, ENV, uid=NOBODY, gid=NOBODY, timeout=30, stdin=stdin, pids=pids)
 
 
 def test_commands_and_their_exit_statuses(guest: Channel) -> None:
