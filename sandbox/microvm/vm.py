@@ -7,14 +7,15 @@
   image (`image`): no decompression inside the guest, the largest cost of a boot here.
 - The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
   the host's is involved and nothing else can connect to it.
-- QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group, no
-  capability in any set and no_new_privs, and it dies with its starter (a parent-death signal
-  that holds, being set after the uid changes). What that uid cannot open is handed to it as
-  descriptors by the root starter: the image's kernel and initramfs (read through
-  `/dev/fd/N`, so the root-only var/ on their path is never walked) and the tap (opened and
-  attached here, as root). It runs under its own seccomp filter (`-sandbox on` with everything
-  optional denied: obsolete calls, privilege changes, spawning, resource changes). A 9p share
-  of the workspace then writes as that uid, like the other tiers' workloads.
+- QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group
+  (but /dev/kvm's, under KVM: `kvm_group`), no capability in any set and no_new_privs, and it
+  dies with its starter (a parent-death signal that holds, being set after the uid changes).
+  What that uid cannot open is handed to it as descriptors by the root starter: the image's
+  kernel and initramfs (read through `/dev/fd/N`, so the root-only var/ on their path is never
+  walked) and the tap (opened and attached here, as root). It runs under its own seccomp
+  filter (`-sandbox on` with everything optional denied: obsolete calls, privilege changes,
+  spawning, resource changes). A 9p share of the workspace then writes as that uid, like the
+  other tiers' workloads.
 - Nothing secret is on its command line (which `ps` shows): the kernel's command line holds
   only fixed boot options; the sandbox's address and files come over the agent's channel.
 - It is also in its starter's cgroups, which the runtime empties at the end of a run.
@@ -86,7 +87,20 @@ def kvm_problem() -> str | None:
             (modules / m).exists() for m in ("kvm_intel", "kvm_amd")):
         return ("KVM here is PVM (nested, without VMX/SVM), which runs only kernels built as "
                 "PVM guests; Debian's kernel is not one")
+    if kvm_group() is None:
+        return ("/dev/kvm is root's only, and QEMU runs as the sandbox's uid: give it a group "
+                "of its own (chgrp kvm /dev/kvm && chmod 660 /dev/kvm, as Debian's udev rule does)")
     return None
+
+
+def kvm_group() -> int | None:
+    """The group through which an unprivileged QEMU may use /dev/kvm (Debian's `kvm`, mode
+    0660), or None."""
+    try:
+        st = os.stat("/dev/kvm")
+    except OSError:
+        return None
+    return st.st_gid if st.st_gid != 0 and st.st_mode & 0o060 == 0o060 else None
 
 
 def qemu() -> str | None:
@@ -130,8 +144,11 @@ def command(spec: Spec, fds: Handed) -> list[str]:
         # measured ~2.2 s instead of ~3 s, CPU-bound code ~10 % faster.
         cpu, accel = "max,-avx,-avx2,-avx512f,-la57", "tcg"
         boot += f" tsc_early_khz={_host_tsc_khz()} mitigations=off"
+    # Its one supplementary group, under KVM: the one that may open /dev/kvm.
+    group = kvm_group() if spec.accel == "kvm" else None
+    groups = [f"--groups={group}"] if group is not None else ["--clear-groups"]
     argv = [
-        setpriv, f"--reuid={spec.uid}", f"--regid={spec.gid}", "--clear-groups",
+        setpriv, f"--reuid={spec.uid}", f"--regid={spec.gid}", *groups,
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL", "--",
         program, "-M", machine, "-accel", accel, "-cpu", cpu,
         "-m", str(spec.memory_mib), "-smp", "1", "-nodefaults", "-no-user-config",
