@@ -11,7 +11,9 @@ before it expires.
 - A failed call is not repeated for `retry_after` seconds: requests in between fail at once
   (or use the token still usable), so an endpoint that is down sees one call per key every few
   seconds, never one per request.
-- `invalidate` drops a token an upstream refused (401), so the next request asks again.
+- `invalidate` drops a token an upstream refused (401), so the next request asks again; at
+  most once per `retry_after` seconds per key, so an upstream that refuses every token (a
+  scope it will never grant) does not turn each request into a call to the token endpoint.
 
 Keys are whatever names one credential (its processor, its secret's reference, the policy's
 networks it is dialed under); `source` is what it was obtained from, and a held token obtained
@@ -69,6 +71,7 @@ class Exchanged(Generic[K]):
         self._held: dict[K, _Held] = {}
         self._flights: dict[K, asyncio.Task[Obtained]] = {}
         self._failed: dict[K, tuple[ExchangeError, float]] = {}  # the error, until when
+        self._invalidated: dict[K, float] = {}  # when a token of the key was last dropped
         self.calls = 0  # obtain calls started, for tests and the curious
 
     def fresh(self, key: K, source: str) -> str | None:
@@ -136,8 +139,11 @@ class Exchanged(Generic[K]):
         """Forget `value` if it is still what `key` holds (a 401 for an older token leaves a
         newer one alone)."""
         held = self._held.get(key)
-        if held is not None and held.obtained.value == value:
+        now = self.clock()
+        if held is not None and held.obtained.value == value and \
+                now >= self._invalidated.get(key, -self.retry_after) + self.retry_after:
             del self._held[key]
+            self._invalidated[key] = now
 
     async def close(self) -> None:
         flights = list(self._flights.values())

@@ -40,6 +40,8 @@ def rules(port: int) -> str:
                                       "client_auth: body}", port),
         _inject("cc", "oauth_cc", f'{{type: oauth2, token_url: "{url}", '
                                   "grant: client_credentials, scopes: [read, write]}", port),
+        _inject("exp", "oauth_exp", f'{{type: oauth2, token_url: "{url}", '
+                                    "grant: client_credentials}", port),
         _inject("slow", "oauth_slow", f'{{type: oauth2, token_url: "{url}"}}', port),
         _inject("private", "oauth_rt", f'{{type: oauth2, token_url: '
                                        f'"https://{INTERNAL}:{port}/token"}}', port),
@@ -56,6 +58,7 @@ SECRETS = {
     "oauth_body": {"refresh_token": REFRESH + "-body", "client_id": CLIENT_ID,
                    "client_secret": CLIENT_SECRET},
     "oauth_cc": {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET},
+    "oauth_exp": {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET},
     "oauth_slow": {"refresh_token": SLOW_REFRESH, "client_id": CLIENT_ID,
                    "client_secret": CLIENT_SECRET},
 }
@@ -219,3 +222,15 @@ def test_refresh_token_and_client_secret_are_masked_in_responses(w: World) -> No
     assert current in fake.live_refresh
     assert current not in str(answer[2]) and masked(current) in str(answer[2])
     assert CLIENT_SECRET not in str(answer[2]) and masked(CLIENT_SECRET) in str(answer[2])
+
+
+def test_an_expiring_token_is_refreshed_not_sent(w: World) -> None:
+    """A token of 2 s: refreshed behind it after 1 s, never sent in its last half second; the
+    fake's API refuses an expired one, so a stale token would show as a 401."""
+    fake = _fake(w)
+    fake.expires_in = 2
+    assert get(w, "/exp/a")[0][0] == 200
+    assert fake.calls == 1
+    time.sleep(2.2)
+    assert get(w, "/exp/b")[0][0] == 200
+    assert fake.calls == 2

@@ -121,3 +121,22 @@ def test_a_failed_refresh_keeps_the_usable_token_and_invalidate_drops_only_its_v
         assert await cache.get("k", "s", endpoint()) == "t4"
 
     run(body)
+
+
+def test_invalidation_at_most_once_per_retry_interval() -> None:
+    """An upstream refusing every token does not make every request a call."""
+    clock = Clock()
+    cache: Exchanged[str] = Exchanged(clock=clock)
+    endpoint = Endpoint(clock)
+
+    async def body() -> None:
+        assert await cache.get("k", "s", endpoint()) == "t1"
+        cache.invalidate("k", "t1")
+        assert await cache.get("k", "s", endpoint()) == "t2"
+        cache.invalidate("k", "t2")  # again within 5 s: kept
+        assert await cache.get("k", "s", endpoint()) == "t2" and endpoint.calls == 2
+        clock.now += 5
+        cache.invalidate("k", "t2")
+        assert await cache.get("k", "s", endpoint()) == "t3"
+
+    run(body)
