@@ -7,9 +7,10 @@ before it expires.
   token is still returned, until `usable_until` (30 s before expiry, or the last quarter of a
   short life): a token about to expire is not sent on a request that may take a while.
 - Past that, or with nothing held, a request waits for the one call (however many wait), at
-  most `wait` seconds, then fails (`ExchangeError`).
+  most `wait` seconds, then fails (`ExchangeError`), unless the held token has not expired yet:
+  close to expiry, it is still better than none.
 - A failed call is not repeated for `retry_after` seconds: requests in between fail at once
-  (or use the token still usable), so an endpoint that is down sees one call per key every few
+  (or use the token not yet expired), so an endpoint that is down sees one call per key every few
   seconds, never one per request.
 - `invalidate` drops a token an upstream refused (401), so the next request asks again; at
   most once per `retry_after` seconds per key, so an upstream that refuses every token (a
@@ -93,22 +94,23 @@ class Exchanged(Generic[K]):
         if failed is not None and now >= failed[1]:
             del self._failed[key]
             failed = None
-        usable = held is not None and now < held.usable_until
         if failed is not None:
-            if usable:
-                assert held is not None
-                return held.obtained.value
+            if held is not None and now < held.obtained.expires:
+                return held.obtained.value  # close to expiry, but better than no token
             raise failed[0]
         flight = self._flight(key, obtain)
-        if usable:
-            assert held is not None
+        if held is not None and now < held.usable_until:
             return held.obtained.value
         try:
             # Shielded: one waiting request that gives up (or is cancelled) must not cancel
             # the call the others wait on.
             async with asyncio.timeout(self.wait):
                 found = await asyncio.shield(flight)
-        except TimeoutError:
+        except (TimeoutError, ExchangeError) as exc:
+            if held is not None and self.clock() < held.obtained.expires:
+                return held.obtained.value
+            if isinstance(exc, ExchangeError):
+                raise
             raise ExchangeError(f"no answer from the token endpoint within {self.wait:g} s"
                                 ) from None
         # Its source may differ from `source`: a rotated refresh token is a new secret.

@@ -140,3 +140,21 @@ def test_invalidation_at_most_once_per_retry_interval() -> None:
         assert await cache.get("k", "s", endpoint()) == "t3"
 
     run(body)
+
+
+def test_when_the_endpoint_fails_a_token_not_yet_expired_is_used_then_none() -> None:
+    clock = Clock()
+    cache: Exchanged[str] = Exchanged(clock=clock)
+    endpoint = Endpoint(clock)
+
+    async def body() -> None:
+        assert await cache.get("k", "s", endpoint()) == "t1"
+        endpoint.fail = "down"
+        clock.now += 3600 - 10  # in its last 30 s: waited for a new one, which fails
+        assert await cache.get("k", "s", endpoint()) == "t1"
+        assert await cache.get("k", "s", endpoint()) == "t1" and endpoint.calls == 2
+        clock.now += 10  # expired: nothing to send
+        with pytest.raises(ExchangeError, match="down"):
+            await cache.get("k", "s", endpoint())
+
+    run(body)
