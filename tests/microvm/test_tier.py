@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,10 +68,10 @@ sandboxes:
             p.stop()
 
 
-def run(p: Proxy, *command: str) -> subprocess.CompletedProcess[str]:
+def run(p: Proxy, *command: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     return sealgate("sandbox", "run", *PLAN, "--sandbox", "vm-1", "--state", str(p.state),
                     "--proxy-port", str(p.port), "--transparent-port", str(p.transparent_port),
-                    "--isolation", "microvm", "--", *command)
+                    "--isolation", "microvm", *flags, "--", *command)
 
 
 def test_https_through_the_proxy_with_its_ca_trusted(vproxy: Proxy, origin_https: Origin) -> None:
@@ -138,8 +141,16 @@ def qemus() -> list[str]:
                           text=True).stdout.split()
 
 
-def test_exit_status_and_nothing_left(vproxy: Proxy) -> None:
-    assert run(vproxy, "sh", "-c", "exit 7").returncode == 7
+def test_exit_status_workspace_and_nothing_left(vproxy: Proxy) -> None:
+    workspace = Path(tempfile.mkdtemp(prefix="sg-microvm-ws-", dir="/tmp"))
+    try:
+        workspace.chmod(0o777)
+        done = run(vproxy, "sh", "-c", "pwd > out.txt; exit 7",
+                   flags=("--workspace", str(workspace)))
+        assert done.returncode == 7, done.stderr
+        assert (workspace / "out.txt").read_text() == "/workspace\n"
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
     assert ours(PIDS[-1]) == []
     assert qemus() == []
 
