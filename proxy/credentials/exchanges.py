@@ -175,8 +175,12 @@ class Exchanges:
                                   "assertion": assertion}).encode()
             status, answer = await self._post(url, headers, body, guard, policy)
             found = grants.read_answer(status, answer, self.cache.clock(), kind=processor.kind)
-        except grants.GrantError as exc:
+        except (grants.GrantError, ExchangeError) as exc:
+            # Named by reference and cause only, as the sandbox's refusal is.
+            log.warning("sealgate: %s for %s: no token: %s", processor.kind, ref, exc)
             raise ExchangeError(str(exc)) from None
+        log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, ref,
+                 found.expires - self.cache.clock())
         source = _digest(text)
         if isinstance(parsed, grants.OAuthClient) and found.refresh_token is not None and \
                 found.refresh_token != parsed.refresh_token:
