@@ -51,6 +51,7 @@ ExchangeProcessor = OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProc
 Key = str
 TIMEOUT: Final = 10.0
 MAX_ANSWER: Final = 64 << 10
+MAX_HOT: Final = 4096
 _FORM: Final = "application/x-www-form-urlencoded"
 
 
@@ -123,6 +124,8 @@ class Exchanges:
         known = self._worked_out.get(key)
         if known is None or known.secret != token:
             known = self._worked_out[key] = self._credential(processor, ref, parsed, key, token)
+        if len(self._hot) >= MAX_HOT:
+            self._hot.clear()  # entries of processors gone with reloaded rules
         self._hot[id(processor)] = _Hot(processor, stored, policy.allow_networks, key, source,
                                         known)
         return known
