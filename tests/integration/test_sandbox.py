@@ -23,6 +23,7 @@ from sealgate.proxy.control import call
 from sealgate.sandbox import tiers
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
+from tests.integration.tiers import ENV as TIER_ENV
 from tests.integration.tiers import TIERS
 
 pytestmark = pytest.mark.root
@@ -33,7 +34,7 @@ CANARY = "sk_live_sandbox_env_canary_5e1d"
 
 
 def sealgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CANARY_SECRET": CANARY}
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CANARY_SECRET": CANARY, **TIER_ENV}
     return subprocess.run([*SEALGATE, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -164,8 +165,9 @@ print(os.getuid(), status["CapEff"].strip(), io_uring, sorted(os.listdir("/run")
     uid, capeff, *rest = done.stdout.split(" ", 2)
     assert (uid, capeff) == ("65534", "0000000000000000")
     # io_uring_setup: EPERM from bubblewrap's seccomp filter. gVisor's kernel has an io_uring
-    # of its own (Go, in the Sentry), never the host's: EFAULT for the missing parameters.
-    assert ("(-1, 14)" if tier == "gvisor" else "(-1, 1)") in rest[0]
+    # of its own (Go, in the Sentry), and the microVM's guest kernel its own, never the host's:
+    # EFAULT for the missing parameters.
+    assert ("(-1, 1)" if tier == "bwrap" else "(-1, 14)") in rest[0]
     assert "['sealgate'] False" in rest[0]  # the proxy's state is not there
     assert "CANARY_SECRET" not in rest[0]
 
@@ -259,8 +261,8 @@ def sleeping_sandbox(p: Proxy, tier: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
          "--proxy-port", str(p.port), "--isolation", tier, "--", "sleep", "60"],
-        cwd=ROOT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cwd=ROOT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **TIER_ENV},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         for _ in range(200):  # up once a process runs in the namespace

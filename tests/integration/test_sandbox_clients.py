@@ -30,6 +30,7 @@ from tests.harness import (
     sandbox_gateway,
     secret_store,
 )
+from tests.integration.tiers import ENV as TIER_ENV
 from tests.integration.tiers import TIERS
 
 pytestmark = pytest.mark.root
@@ -127,7 +128,7 @@ def run(
          "--proxy-port", str(p.port), "--transparent-port", str(p.transparent_port), *ws,
          "--isolation", tier, "--", *command],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **TIER_ENV},
     )
 
 
