@@ -47,10 +47,11 @@ class AsyncSandbox:
     def create(cls, sandbox: str | None = None, *, policy: str | None = None,
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
-               daemon: str | None = None, key: str | None = None) -> _Creating:
+               isolation: str | None = None, daemon: str | None = None,
+               key: str | None = None) -> _Creating:
         """Awaitable (the sandbox) and an async context manager (deleted on the way out)."""
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout)
+                           idle_timeout=idle_timeout, isolation=isolation)
         return _Creating(cls._create(body, daemon, key))
 
     @classmethod

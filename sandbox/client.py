@@ -96,13 +96,13 @@ def exec_body(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | 
 
 def create_body(sandbox: str | None, *, policy: str | None, limits: Mapping[str, Any] | None,
                 env: Mapping[str, str] | None, ttl: float | None,
-                idle_timeout: float | None) -> dict[str, Any]:
+                idle_timeout: float | None, isolation: str | None = None) -> dict[str, Any]:
     name = sandbox or policy
     if not name:
         raise TypeError("name the sandbox id the rules know: Sandbox.create('ci-bot')")
     body: dict[str, Any] = {"sandbox": name}
     for key, value in (("limits", limits), ("env", env), ("ttl", ttl),
-                       ("idle_timeout", idle_timeout)):
+                       ("idle_timeout", idle_timeout), ("isolation", isolation)):
         if value is not None:
             body[key] = dict(value) if isinstance(value, Mapping) else value
     return body
@@ -253,11 +253,14 @@ class Sandbox:
     def create(cls, sandbox: str | None = None, *, policy: str | None = None,
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
-               daemon: str | None = None, key: str | None = None) -> Sandbox:
-        """A new sandbox known to the proxy as `sandbox` (`policy` is the same field)."""
+               isolation: str | None = None, daemon: str | None = None,
+               key: str | None = None) -> Sandbox:
+        """A new sandbox known to the proxy as `sandbox` (`policy` is the same field).
+        `isolation` names the tier the caller requires; the daemon refuses another than its
+        own (sandboxd --isolation) rather than run it weaker."""
         client = Client(daemon, key)
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout)
+                           idle_timeout=idle_timeout, isolation=isolation)
         return cls(client, client.call("POST", "/v1/sandboxes", body))
 
     def __enter__(self) -> Sandbox:

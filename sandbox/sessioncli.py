@@ -44,6 +44,8 @@ def register(ps: Any) -> None:
     c.add_argument("--cpus", type=float, help="CPU time in cores")
     c.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="a variable for every command of the sandbox (repeatable)")
+    c.add_argument("--isolation", choices=("bwrap", "gvisor", "microvm"),
+                   help="the tier required (refused if the daemon runs another)")
     c.add_argument("--json", action="store_true", help="print the sandbox as JSON")
     c.set_defaults(func=_refusing(_create))
 
@@ -140,7 +142,8 @@ def _create(args: argparse.Namespace) -> int:
     limits: dict[str, Any] = {k: v for k, v in (("pids", args.pids), ("memory", args.memory),
                                                  ("cpus", args.cpus)) if v is not None}
     sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
-                        ttl=args.ttl, idle_timeout=args.idle_timeout, daemon=args.daemon,
+                        ttl=args.ttl, idle_timeout=args.idle_timeout,
+                        isolation=args.isolation, daemon=args.daemon,
                         key=_client(args).key)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
     return 0

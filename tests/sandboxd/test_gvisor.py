@@ -10,6 +10,7 @@ network boundary holding for this tier. What the bubblewrap daemon's tests read 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.client import Sandbox
+from sealgate.sandbox.client import DaemonError, Sandbox
 from sealgate.sandbox.network import RUN_DIR
-from tests.harness import Origin, Proxy
+from tests.harness import ROOT, SEALGATE, Origin, Proxy
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
 from tests.sandboxd.test_sessions import BASE_ENV, ESCAPES
 
@@ -144,3 +145,15 @@ def test_deleting_leaves_only_the_pool(gvisord: Daemon) -> None:
             break
         time.sleep(0.1)
     assert len(gvisor_dirs()) == POOL
+
+
+def test_a_caller_requiring_a_tier_gets_it_or_a_refusal(gvisord: Daemon) -> None:
+    with Sandbox.create("ci-bot", daemon=str(gvisord.socket), isolation="gvisor") as made:
+        assert made.info["isolation"] == "gvisor"
+    with pytest.raises(DaemonError) as refused:
+        Sandbox.create("ci-bot", daemon=str(gvisord.socket), isolation="bwrap")
+    assert refused.value.status == 400 and "gvisor" in str(refused.value)
+    cli = subprocess.run([*SEALGATE, "sandbox", "create", "ci-bot", "--daemon",
+                          str(gvisord.socket), "--isolation", "microvm"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cli.returncode != 0 and "gvisor" in cli.stderr and "Traceback" not in cli.stderr
