@@ -10,7 +10,7 @@ A chunk's string to sign (AWS: "Transferring payload in multiple chunks"):
 `AWS4-HMAC-SHA256-PAYLOAD`, X-Amz-Date, the scope, the previous signature, the SHA-256 of the
 empty string and the SHA-256 of the chunk's data, one per line. Signatures are 64 characters
 before and after, so the body keeps its length and its Content-Length. The body is re-signed
-whole, once it is buffered (bounded by the request budget); trailers
+as it streams (`Resigner`: one chunk held at a time), never buffered whole; trailers
 (`...-PAYLOAD-TRAILER`) and ECDSA (SigV4a) are not read here.
 """
 
@@ -23,7 +23,7 @@ from typing import Final
 
 from sealgate.issuer.sigv4 import EMPTY_SHA256, Scope
 
-__all__ = ["ALGORITHM", "ChunkError", "resign"]
+__all__ = ["ALGORITHM", "ChunkError", "Resigner", "resign"]
 
 ALGORITHM: Final = "AWS4-HMAC-SHA256-PAYLOAD"
 _HEAD: Final = re.compile(rb"([0-9a-fA-F]{1,16});chunk-signature=[0-9a-f]{64}\r\n")
@@ -33,28 +33,61 @@ class ChunkError(ValueError):
     """A body that is not aws-chunked with a signature per chunk, as the header said."""
 
 
+class Resigner:
+    """Re-signs an aws-chunked body as it passes: `feed` takes the bytes as they come and
+    returns the re-signed chunks complete so far (b"" at the end, for a check that the body
+    ended with its final chunk). At most one chunk is held, bounded by `max_chunk`."""
+
+    def __init__(self, seed: str, key: bytes, amz_date: str, scope: Scope, *,
+                 max_chunk: int = 16 << 20) -> None:
+        self._prefix = f"{ALGORITHM}\n{amz_date}\n{scope.text}\n"
+        self._previous = seed
+        self._key = key
+        self._max = max_chunk
+        self._held = bytearray()
+        self._seen = 0  # bytes of the body before what is held
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Raises ChunkError for a body that is not what its header said."""
+        if self.done and data:
+            raise ChunkError("the aws-chunked body goes on after its final chunk")
+        self._held += data
+        out: list[bytes] = []
+        while not self.done:
+            head = _HEAD.match(self._held)
+            if head is None:
+                if len(self._held) > 100 or (self._held and b"\n" in self._held):
+                    raise ChunkError(f"the aws-chunked body has no chunk header at byte "
+                                     f"{self._seen}")
+                break
+            size = int(head.group(1), 16)
+            if size > self._max:
+                raise ChunkError(f"an aws-chunked chunk of {size} bytes (at most {self._max})")
+            start, end = head.end(), head.end() + size
+            if len(self._held) < end + 2:
+                break
+            if self._held[end:end + 2] != b"\r\n":
+                raise ChunkError(f"the aws-chunked body's chunk at byte {self._seen} is not "
+                                 f"{size} bytes")
+            chunk = bytes(self._held[start:end])
+            text = (f"{self._prefix}{self._previous}\n{EMPTY_SHA256}\n"
+                    f"{hashlib.sha256(chunk).hexdigest()}")
+            self._previous = hmac.digest(self._key, text.encode(), "sha256").hex()
+            out += [head.group(1), b";chunk-signature=", self._previous.encode(), b"\r\n",
+                    chunk, b"\r\n"]
+            del self._held[:end + 2]
+            self._seen += end + 2
+            self.done = size == 0
+        if not data and not self.done:
+            raise ChunkError("the aws-chunked body ended before its final chunk")
+        if self.done and self._held:
+            raise ChunkError("the aws-chunked body goes on after its final chunk")
+        return b"".join(out)
+
+
 def resign(body: bytes, seed: str, key: bytes, amz_date: str, scope: Scope) -> bytes:
     """`body` with every chunk signed again with `key` (the signing key of `scope`), from
     `seed` (the request's new signature)."""
-    prefix = f"{ALGORITHM}\n{amz_date}\n{scope.text}\n"
-    out: list[bytes] = []
-    previous, at = seed, 0
-    while True:
-        head = _HEAD.match(body, at)
-        if head is None:
-            raise ChunkError(f"the aws-chunked body has no chunk header at byte {at}")
-        size = int(head.group(1), 16)
-        start = head.end()
-        end = start + size
-        if body[end:end + 2] != b"\r\n":
-            raise ChunkError(f"the aws-chunked body's chunk at byte {at} is not {size} bytes")
-        data = body[start:end]
-        text = f"{prefix}{previous}\n{EMPTY_SHA256}\n{hashlib.sha256(data).hexdigest()}"
-        previous = hmac.digest(key, text.encode(), "sha256").hex()
-        out += [head.group(1), b";chunk-signature=", previous.encode(), b"\r\n", data, b"\r\n"]
-        at = end + 2
-        if not size:
-            break
-    if at != len(body):
-        raise ChunkError("the aws-chunked body goes on after its final chunk")
-    return b"".join(out)
+    resigner = Resigner(seed, key, amz_date, scope, max_chunk=len(body))
+    return resigner.feed(body) + resigner.feed(b"")

@@ -95,7 +95,7 @@ class Presented:
 
     @property
     def needs_body(self) -> bool:
-        return self.payload is None or self.chunk_signed
+        return self.payload is None
 
 
 def _one(values: list[str], what: str) -> str | None:
@@ -282,13 +282,16 @@ def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest,
     )
     hex_signature = sigv4.signature(keys.secret_access_key, presented.amz_date, scope, canonical)
     if presented.chunk_signed:
-        key = sigv4.signing_key(keys.secret_access_key, scope)
-        try:
-            body = awschunked.resign(request.get_body(), hex_signature, key, presented.amz_date,
-                                     scope)
-        except awschunked.ChunkError as exc:
-            raise RequestInapplicable(str(exc)) from None
-        request.set_body(body)
+        resigner = awschunked.Resigner(hex_signature, sigv4.signing_key(
+            keys.secret_access_key, scope), presented.amz_date, scope)
+
+        def resigned(data: bytes) -> bytes:
+            try:
+                return resigner.feed(data)
+            except awschunked.ChunkError as exc:
+                raise RequestInapplicable(str(exc)) from None
+
+        request.pass_body_through(resigned)
     if presigned:
         elements.append(f"X-Amz-Signature={hex_signature}")
         request.set_path(f"{before}?{'&'.join(elements)}")

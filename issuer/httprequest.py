@@ -7,7 +7,7 @@ use it without importing the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote, unquote_to_bytes
@@ -50,6 +50,11 @@ class MutableRequest(Protocol):
     def set_body(self, body: bytes) -> None:
         """Replace the body with as many bytes (framing headers stay as they are)."""
 
+    def pass_body_through(self, transform: Callable[[bytes], bytes]) -> None:
+        """Forward the body through `transform` as it comes, piece by piece, with b"" at its
+        end for what `transform` still holds; it returns as many bytes as it takes, in all (the
+        framing headers stay as they are), and raises InjectionError for a body it refuses."""
+
 
 @dataclass
 class InMemoryRequest:
@@ -87,6 +92,9 @@ class InMemoryRequest:
 
     def set_body(self, body: bytes) -> None:
         self.body = body
+
+    def pass_body_through(self, transform: Callable[[bytes], bytes]) -> None:
+        self.body = transform(self.body) + transform(b"")
 
 
 def query_elements(path: str) -> tuple[str, list[str]]:

@@ -147,9 +147,10 @@ def stream_request(
     """Large or unknown-length bodies stream instead of buffering (a sandbox must not fill the
     proxy's memory); unknown lengths count against the byte budget as they pass. Deciding here
     costs one comparison, where mitmproxy's stream_large_bodies re-derives each body's size."""
+    passing = request.stream if callable(request.stream) else None  # a processor's (aws-chunked)
     if facts.length is None and facts.chunked:
-        request.stream = meter
-    elif facts.length is not None and facts.length > STREAM_OVER:
+        request.stream = meter if passing is None else (lambda chunk: passing(meter(chunk)))
+    elif facts.length is not None and facts.length > STREAM_OVER and passing is None:
         request.stream = True
 
 

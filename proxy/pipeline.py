@@ -33,7 +33,7 @@ from sealgate.proxy import (
 )
 from sealgate.proxy.auditlines import connection_line, request_line, target_text
 from sealgate.proxy.credentials import presented
-from sealgate.proxy.credentials.inject import Credential, Injected, put, write
+from sealgate.proxy.credentials.inject import Credential, Injected, put, refused_body, write
 from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
 from sealgate.proxy.credentials.tokenizer import TokenRequest
 from sealgate.proxy.errors import Denial, deny_response
@@ -272,6 +272,8 @@ class Sealgate(Lifecycle):
         if flow.response is not None:
             return
         try:
+            if (refused := refused_body(flow.request)) is not None:
+                raise refused
             if (trailers := flow.request.trailers) is not None:
                 if unsafe_fields(trailers.fields):
                     raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in a trailer")
@@ -283,8 +285,10 @@ class Sealgate(Lifecycle):
             denial = _refusal(exc, "finishing a request")
             self._deny(flow, flow.metadata[META], denial, self._conn(flow.client_conn))
             if flow.request.stream:
-                # The body went out already; killed, the rest of it (trailers) does not.
-                flow.kill()
+                # The body went out already, all or part of it: the connection is cut, so its
+                # end (and trailers) never go, and the upstream waits for nothing more. A kill
+                # alone is not looked at again by mitmproxy before the end is sent.
+                mitm.cut_off(flow)
 
     async def _inject(
         self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,

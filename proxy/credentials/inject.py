@@ -16,6 +16,7 @@ injection path those rebuilds were most of its cost.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
@@ -114,6 +115,37 @@ class FlowRequest:
     def set_body(self, body: bytes) -> None:
         # Raw: `aws-chunked` is a Content-Encoding mitmproxy's `content` would try to apply.
         self.request.raw_content = body
+
+    def pass_body_through(self, transform: Callable[[bytes], bytes]) -> None:
+        request = self.request
+        if request.raw_content is not None:
+            self.set_body(transform(request.raw_content) + transform(b""))
+            return
+        # Streamed (whatever its size): after what already stands on the stream, the meter
+        # `flowstate.stream_request` puts before it. A body `transform` refuses halfway has
+        # part of it upstream already: nothing more goes, and the request hook refuses it and
+        # kills the flow before its end is sent (`refused_body`).
+        before = request.stream if callable(request.stream) else None
+
+        def passing(data: bytes) -> bytes:
+            if request in _REFUSED:
+                return b""
+            came = before(data) if before is not None else data
+            try:
+                return transform(came if isinstance(came, bytes) else b"".join(came))
+            except InjectionError as exc:
+                _REFUSED[request] = Denial(exc.reason, str(exc))
+                return b""
+
+        request.stream = passing
+
+
+_REFUSED: weakref.WeakKeyDictionary[http.Request, Denial] = weakref.WeakKeyDictionary()
+
+
+def refused_body(request: http.Request) -> Denial | None:
+    """The refusal of a body a processor refused as it streamed, if it did."""
+    return _REFUSED.get(request)
 
 
 @dataclass(frozen=True, slots=True)
