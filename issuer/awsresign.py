@@ -18,8 +18,8 @@ Payload: `x-amz-content-sha256` is kept as the client chose it: `UNSIGNED-PAYLOA
 the body's (checked once the body is buffered; one of unknown length is signed as claimed, and
 AWS checks it); without the header, the body's hash is signed (presigned S3: `UNSIGNED-PAYLOAD`;
 a GET of unknown length: the empty body's). An upload signed chunk by chunk
-(`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`) has every chunk re-signed once it is buffered
-(`issuer.awschunked`); its trailer and ECDSA kin are refused.
+(`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`) has its headers signed at once and every chunk re-signed
+as the body streams (`issuer.awschunked.Resigner`); its trailer and ECDSA kin are refused.
 
 No error raised here quotes the secret, the session token or a key id the sandbox presented.
 """

@@ -12,6 +12,7 @@ from zero when it is restarted, which Prometheus' rate() reads as the reset it i
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -85,11 +86,8 @@ class Metrics:
 
     def _observe(self, ms: float) -> None:
         self.duration_sum += ms
-        for index, bound in enumerate(BUCKETS_MS):
-            if ms <= bound:
-                self.buckets[index] += 1
-                return
-        self.buckets[-1] += 1
+        # The first bound at or above `ms`; past the last, the +Inf bucket.
+        self.buckets[bisect.bisect_left(BUCKETS_MS, ms)] += 1
 
 
 def exposition(directory: Path) -> str:

@@ -207,8 +207,10 @@ class Sealgate(Lifecycle):
                 verdict.identity = conn.identity
                 verdict.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
-            if (too_big := limits.parsed(request, limits.in_force())) is not None:
-                raise too_big  # an HTTP/1 head was refused as it was read; HTTP/2's are here
+            # An HTTP/1 head was checked as it was read (proxy/mitm.py); HTTP/2's are here.
+            if not request.http_version.startswith("HTTP/1") and (
+                    too_big := limits.parsed(request, limits.in_force())) is not None:
+                raise too_big
             facts = RequestFacts.of(request)
             transparent = isinstance(flow.client_conn.proxy_mode, mode_specs.TransparentMode)
             if (conn.target is None and not transparent and baseurl.applies(request.path)
