@@ -44,6 +44,8 @@ from mitmproxy.proxy.layers import websocket
 from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
+    RequestData,
+    RequestEndOfMessage,
     RequestHeaders,
     ResponseData,
     ResponseEndOfMessage,
@@ -268,11 +270,11 @@ def _answered_before_body(state: _State) -> _State:
     """A request refused at its headers (the pipeline set its response) is answered now,
     rather than after mitmproxy has read the whole body it announced (a declared
     Content-Length over the budget was uploaded in full before its 413). The body is not
-    wanted: one over a MiB, of unknown length, or not sent yet (`Expect: 100-continue`, which
-    the pipeline keeps mitmproxy from answering with an invitation) is cut off at once; a
-    smaller one is read and dropped (so that a client still writing it reads the refusal, not a
-    reset), then the connection closes. HTTP/1 only: closing an HTTP/2 connection would end
-    its other streams."""
+    wanted: one declared over a MiB, or not sent yet (`Expect: 100-continue`, which the
+    pipeline keeps mitmproxy from answering with an invitation) is cut off at once; otherwise up
+    to a MiB is read and dropped, so that a client still writing it (a chunked body's length is
+    unknown) reads the refusal rather than a reset, and the connection closes at its end or at
+    the MiB. HTTP/1 only: closing an HTTP/2 connection would end its other streams."""
 
     @functools.wraps(state)
     def wait_for_request_headers(self: HttpStream, event: Event) -> CommandGenerator[None]:
@@ -288,16 +290,35 @@ def _answered_before_body(state: _State) -> _State:
         ):
             return
         # Done with the request: the response ends the stream, whose later body is dropped.
-        self.client_state = self.state_done
+        length = flow.request.headers.get("content-length", "")
+        cut = waits or (length and (not length.isdigit() or int(length) > _LINGER_BYTES))
+        self.client_state = self.state_done if cut else _dropping(self)
         flow.response.headers["connection"] = "close"
         flow.response.timestamp_start = time.time()
         yield HttpResponseHeadersHook(flow)
         yield from self.send_response()
-        length = flow.request.headers.get("content-length", "")
-        if waits or not length.isdigit() or int(length) > _LINGER_BYTES:
+        if cut:
             yield commands.CloseConnection(self.context.client)
 
     return wait_for_request_headers
+
+
+def _dropping(stream: HttpStream) -> Callable[[Event], CommandGenerator[None]]:
+    """The client state of a refused request's body: read and dropped; the stream ends with the
+    body (mitmproxy then closes the connection) or once more than _LINGER_BYTES arrived."""
+    dropped = 0
+
+    def drop(event: Event) -> CommandGenerator[None]:
+        nonlocal dropped
+        if isinstance(event, RequestData):
+            dropped += len(event.data)
+        if isinstance(event, RequestEndOfMessage) or dropped > _LINGER_BYTES:
+            stream.client_state = stream.state_done
+            yield from stream.flow_done()
+            if dropped > _LINGER_BYTES:
+                yield commands.CloseConnection(stream.context.client)
+
+    return drop
 
 
 _LINGER_BYTES = 1 << 20

@@ -213,6 +213,46 @@ def test_a_client_writing_its_body_first_reads_the_refusal(bproxy: Proxy, origin
     assert origin.untouched()
 
 
+def _chunked_head(host: str, origin: Origin) -> bytes:
+    authority = f"{host}:{origin.port}"
+    return request_bytes("POST", f"http://{authority}/up", [
+        ("Host", authority), AUTH, ("Transfer-Encoding", "chunked"),
+    ])
+
+
+def _chunks(total: int, size: int = 16384) -> Iterator[bytes]:
+    for _ in range(total // size):
+        yield b"%x\r\n" % size + b"c" * size + b"\r\n"
+
+
+def test_a_chunked_body_written_first_reads_the_refusal(bproxy: Proxy, origin: Origin) -> None:
+    """Refused at its head (a host the rules do not name), a chunked body of unknown length is
+    read and dropped while the client writes it: a client that writes it all before reading
+    (as requests does) is not reset halfway, and reads the 403."""
+    with socket.create_connection(("127.0.0.1", bproxy.port), timeout=10) as sock:
+        sock.sendall(_chunked_head("elsewhere.test", origin))
+        time.sleep(0.2)  # the refusal is sent, the body not yet begun
+        for chunk in _chunks(768 * 1024):
+            sock.sendall(chunk)
+        sock.sendall(b"0\r\n\r\n")
+        response = refused(sock)
+    assert response.status == 403
+    assert origin.untouched()
+
+
+def test_an_endless_chunked_body_is_cut_off_after_a_mib(bproxy: Proxy, origin: Origin) -> None:
+    with socket.create_connection(("127.0.0.1", bproxy.port), timeout=10) as sock:
+        sock.sendall(_chunked_head("elsewhere.test", origin))
+        assert read_response(sock, timeout=10).status == 403
+        sent = 0
+        with contextlib.suppress(OSError):
+            for chunk in _chunks(16 * 1024 * 1024):
+                sock.sendall(chunk)
+                sent += len(chunk)
+        assert sent < 16 * 1024 * 1024
+    assert origin.untouched()
+
+
 def test_expect_100_continue_gets_the_refusal_instead(bproxy: Proxy, origin: Origin) -> None:
     with socket.create_connection(("127.0.0.1", bproxy.port), timeout=10) as sock:
         sock.sendall(_post_head(origin, 5_000_000, ("Expect", "100-continue")))
