@@ -1,7 +1,8 @@
 """The token-exchange processors, as data: the proxy obtains the token it injects with the
 secret (`oauth2`, `github-app`, `gcp-service-account`). Their secrets and calls are
 `issuer.grants`; the proxy's side is `proxy.credentials.exchanges`. Part of the one processor
-table (`issuer.processors`), never sealed in a token (`issuer.processors.check_secret`)."""
+table (`issuer.processors`), brokered or sealed: the proxy dials a sealed token's endpoint
+only where the sandbox's policy would let the sandbox POST to it itself."""
 
 from __future__ import annotations
 

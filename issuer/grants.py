@@ -9,9 +9,10 @@ answer is read, without I/O (the proxy dials: `proxy.credentials.exchanges`).
     gcp-service-account  the service-account key file Google hands out (type, client_email,
                          private_key, private_key_id, token_uri, ...)
 
-The token endpoint of oauth2 and GitHub's API are the rule's (`token_url`, `api`); Google's is
-the key's `token_uri`, as Google writes it. Both are the operator's: sealed tokens never carry
-these processors (`issuer.processors.check_secret`). No error raised here quotes a value.
+The token endpoint of oauth2 and GitHub's API are the processor's (`token_url`, `api`); Google's
+is the key's `token_uri`, as Google writes it. A sealed token's may be anyone's (whoever holds the
+proxy's public key can mint): the proxy dials it only where the sandbox's policy allows a POST
+(`proxy.credentials.exchanges`). No error raised here quotes a value.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ _PROCESSOR_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
     "hmac-sha256": frozenset({"header_name", "format", "hmac_message", "hmac_encoding"}),
     "placeholder": frozenset({"header_name", "placeholder"}),
     "aws-sigv4": frozenset({"aws_services", "aws_regions", "placeholder"}),
+    "oauth2": frozenset({"token_url", "grant", "scopes", "audience", "client_auth"}),
+    "github-app": frozenset({"installation_id", "github_api", "repositories", "permissions"}),
+    "gcp-service-account": frozenset({"scopes", "audience"}),
 }
 _ALL_PROCESSOR_OPTIONS: Final = frozenset().union(*_PROCESSOR_OPTIONS.values())
 
@@ -72,6 +75,20 @@ def _processor(args: argparse.Namespace) -> pr.Processor:
                 services=need("aws_services"), regions=need("aws_regions"),
                 placeholder=args.placeholder or pr.AWS_PLACEHOLDER_KEY_ID,
             )
+        case "oauth2":
+            return pr.OAuth2Processor(
+                token_url=need("token_url"), grant=args.grant or "refresh_token",
+                scopes=args.scopes, audience=args.audience,
+                client_auth=args.client_auth or "basic",
+            )
+        case "github-app":
+            return pr.GitHubAppProcessor(
+                installation_id=need("installation_id"),
+                api=args.github_api or "https://api.github.com",
+                repositories=args.repositories, permissions=args.permissions,
+            )
+        case "gcp-service-account":
+            return pr.GcpServiceAccountProcessor(scopes=args.scopes, audience=args.audience)
     raise CliError(f"unknown processor {kind!r}")
 
 
@@ -193,6 +210,21 @@ def add_mint(sub: Commands) -> None:
                       help="aws-sigv4: the services it re-signs for, comma-separated")
     proc.add_argument("--aws-regions", metavar="REGIONS",
                       help="aws-sigv4: the regions it re-signs for, comma-separated")
+    proc.add_argument("--token-url", help="oauth2: the token endpoint (the sandbox's policy "
+                      "must allow a POST to it)")
+    proc.add_argument("--grant", choices=("refresh_token", "client_credentials"),
+                      help="oauth2: the grant (default refresh_token)")
+    proc.add_argument("--scopes", help="oauth2, gcp-service-account: scopes, comma-separated")
+    proc.add_argument("--audience", help="oauth2: the audience; gcp-service-account: an ID "
+                      "token's audience")
+    proc.add_argument("--client-auth", choices=("basic", "body"),
+                      help="oauth2: client id and secret in HTTP Basic (default) or the body")
+    proc.add_argument("--installation-id", help="github-app: the installation")
+    proc.add_argument("--github-api", help="github-app: the API (default https://api.github.com)")
+    proc.add_argument("--repositories", help="github-app: narrow to these repositories, "
+                      "comma-separated")
+    proc.add_argument("--permissions", help="github-app: narrow to these, name:level, "
+                      "comma-separated")
     bind = mint.add_mutually_exclusive_group()
     bind.add_argument("--bind-sandbox", metavar="ID", help="only this sandbox may use it")
     bind.add_argument("--bind-policy", metavar="POLICY", help="only this policy may use it")

@@ -253,7 +253,8 @@ class Sealgate(Lifecycle):
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
-            injected = await self._inject(flow, facts, bound, decision.rule, policy)
+            injected = await self._inject(flow, facts, bound, decision.rule, identity=identity,
+                                          policy=policy)
             verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
@@ -294,18 +295,22 @@ class Sealgate(Lifecycle):
 
     async def _inject(
         self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
-        policy: Policy,
+        *, identity: Identity, policy: Policy,
     ) -> Injected:
-        """The sandbox's sealed tokens (checked against `bound`), then the rule's brokered
-        secrets, into the request."""
+        """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
+        obtained), then the rule's brokered secrets, into the request."""
         request = flow.request
+        state = self._state()
         credentials: list[Credential] = []
-        if facts.tokens:
-            credentials += presented.opened(self._state().tokenizer, facts.tokens, bound)
+        sealed = presented.opened(state.tokenizer, facts.tokens, bound) if facts.tokens else []
+        for opened in sealed:
+            credentials.append(opened if isinstance(opened, Credential) else await
+                               state.broker.sealed(opened, guard=state.guard, rules=state.rules,
+                                                   identity=identity, policy=policy))
         injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
         if injections:
-            credentials += await self._state().broker.credentials(
-                injections, guard=self._state().guard, policy=policy)
+            credentials += await state.broker.credentials(
+                injections, guard=state.guard, policy=policy)
         if facts.tokens:
             strip = strip | _TOKEN_KEY
         injected = Injected()

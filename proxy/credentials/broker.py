@@ -12,18 +12,21 @@ out the same secret object: a rotated secret is a new object, so it is worked ou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sealgate.issuer.grants import GrantError
 from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
 from sealgate.proxy.credentials.awsroles import RoleError, RoleSessions
 from sealgate.proxy.credentials.exchanged import ExchangeError
-from sealgate.proxy.credentials.exchanges import Exchanges
+from sealgate.proxy.credentials.exchanges import Endpoint, ExchangeProcessor, Exchanges
 from sealgate.proxy.credentials.inject import Credential, credential
-from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError
+from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError, SecretRef
+from sealgate.proxy.credentials.tokenizer import SealedExchange
 from sealgate.proxy.errors import Denial
+from sealgate.proxy.identity import Identity
 from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.policy.model import Injection, Policy, RuleSet
+from sealgate.proxy.policy.decide import Question, decide
+from sealgate.proxy.policy.model import Injection, PathError, Policy, RuleSet, normalize_path
 from sealgate.reasons import Reason
 
 
@@ -109,9 +112,32 @@ class Broker:
         assert isinstance(processor, EXCHANGED)
         if guard is None or policy is None:
             raise Denial(Reason.INTERNAL_ERROR, f"{processor.kind} needs the guard to dial")
+        return await self._exchange(processor, text, guard, policy, ref=injection.secret,
+                                    label=f"broker:{injection.secret}")
+
+    async def sealed(self, sealed: SealedExchange, *, guard: Guard, rules: RuleSet,
+                     identity: Identity, policy: Policy) -> Credential:
+        """The token a sealed token's exchange processor obtains, from an endpoint the
+        sandbox's policy lets it POST to (its minter, whoever that was, chose the endpoint)."""
+
+        def admit(endpoint: Endpoint) -> None:
+            decision = decide(rules, Question(identity, endpoint.host, endpoint.port, "https",
+                                              "POST", normalize_path(endpoint.path)))
+            if not decision.allowed:
+                raise Denial(decision.reason or Reason.NOT_ALLOWED,
+                             f"a token's {sealed.processor.kind} endpoint: {decision.detail}")
+
+        return await self._exchange(sealed.processor, sealed.secret, guard, policy, ref=None,
+                                    label=sealed.label, admit=admit)
+
+    async def _exchange(self, processor: ExchangeProcessor, text: str, guard: Guard,
+                        policy: Policy, *, ref: SecretRef | None, label: str,
+                        admit: Callable[[Endpoint], None] | None = None) -> Credential:
         try:
-            return await self.exchanges.credential(processor, injection.secret, text, guard,
-                                                   policy)
+            return await self.exchanges.credential(processor, text, guard, policy, ref=ref,
+                                                   label=label, admit=admit)
+        except PathError as exc:
+            raise Denial(exc.reason, f"a token's {processor.kind} endpoint: {exc}") from None
         except GrantError as exc:
             raise Denial(Reason.SECRET_INVALID, str(exc)) from None
         except ExchangeError as exc:

@@ -9,6 +9,12 @@ address only where that policy's allow_networks opens it, metadata never), the c
 dialed, TLS verified for the name (against `--upstream-ca` when given). Tokens are cached per
 policy's networks for that reason. A rotated refresh token is written back to the store where
 the store can be written, and kept in memory either way.
+
+A sealed token may carry one of these processors too. Anyone with the proxy's public key can
+mint one, naming any endpoint: so its endpoint is first put to the policy decision as a POST the
+sandbox itself would make (`admit`), and dialed only where that is allowed; the proxy then sends
+nothing the sandbox could not have sent there. Its rotated refresh token has no store to go
+back to and is kept in memory only (on this replica, until it restarts).
 """
 
 from __future__ import annotations
@@ -21,13 +27,13 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 from urllib.parse import quote_plus, urlencode, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from sealgate.hostname import HostError, split_authority
+from sealgate.hostname import Host, HostError, split_authority
 from sealgate.issuer import grants
 from sealgate.issuer.processors import (
     GcpServiceAccountProcessor,
@@ -42,7 +48,7 @@ from sealgate.proxy.errors import Denial
 from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.policy.model import Policy
 
-__all__ = ["ExchangeProcessor", "Exchanges"]
+__all__ = ["Endpoint", "ExchangeProcessor", "Exchanges"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ Key = str
 TIMEOUT: Final = 10.0
 MAX_ANSWER: Final = 64 << 10
 MAX_HOT: Final = 4096
+MAX_ROTATED: Final = 4096  # rotated secrets kept; a sandbox chooses how many sealed ones
 _FORM: Final = "application/x-www-form-urlencoded"
 
 
@@ -76,6 +83,24 @@ class _Pinned(AbstractResolver):
         return None
 
 
+class _Named(NamedTuple):
+    """Which secret: `ref` in a store, or None for one sealed in a token; `name` keys it,
+    `label` names it in logs and audit lines."""
+
+    ref: SecretRef | None
+    name: str
+    label: str
+
+
+class Endpoint(NamedTuple):
+    """Where a processor's token is asked for: the URL and its host, port and path."""
+
+    url: str
+    host: Host
+    port: int
+    path: str
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Hot:
     """What one rule entry's last request found: the next finds it with a few identity
@@ -83,7 +108,7 @@ class _Hot:
 
     processor: ExchangeProcessor
     stored: str
-    networks: tuple[object, ...]
+    policy: Policy
     key: Key
     source: str
     cred: Credential
@@ -100,42 +125,51 @@ class Exchanges:
         self._worked_out: dict[Key, Credential] = {}
         self._hot: dict[int, _Hot] = {}  # by the processor's identity: see _Hot
 
-    async def credential(self, processor: ExchangeProcessor, ref: SecretRef, stored: str,
-                         guard: Guard, policy: Policy) -> Credential:
-        """The credential for `processor` with the secret `stored` at `ref`. ExchangeError:
-        no token to be had; GrantError: the secret is not the processor's."""
+    async def credential(
+        self, processor: ExchangeProcessor, stored: str, guard: Guard, policy: Policy, *,
+        ref: SecretRef | None, label: str, admit: Callable[[Endpoint], None] | None = None,
+    ) -> Credential:
+        """The credential for `processor` with the secret `stored`, at `ref` in a store or
+        (None) sealed in a token; `admit` raises unless its endpoint may be dialed.
+        ExchangeError: no token to be had; GrantError: the secret is not the processor's."""
         hot = self._hot.get(id(processor))
         if (hot is not None and hot.processor is processor and hot.stored is stored
-                and hot.networks is policy.allow_networks
+                and hot.policy is policy
                 and self.cache.fresh(hot.key, hot.source) is hot.cred.secret):
             return hot.cred
-        text = self._current(processor, str(ref), stored)
+        named = _Named(ref, str(ref) if ref is not None else f"sealed:{_digest(stored)}", label)
+        name = named.name
+        text = self._current(processor, name, stored)
         parsed = _parse(processor, text)
-        key: Key = f"{processor!r}\0{ref}\0{policy.allow_networks!r}"
+        if admit is not None:
+            admit(_endpoint(processor, parsed))
+        key: Key = f"{processor!r}\0{name}\0{policy.allow_networks!r}"
         source = _digest(text)
         token = self.cache.fresh(key, source)
         if token is None:
             token = await self.cache.get(
-                key, source,
-                lambda: self._obtain(processor, ref, text, parsed, guard=guard, policy=policy))
+                key, source, lambda: self._obtain(processor, named, text, parsed, guard=guard,
+                                                  policy=policy))
             # A rotation has replaced the refresh token the needles are to hold.
-            text = self._current(processor, str(ref), stored)
+            text = self._current(processor, name, stored)
             parsed, source = _parse(processor, text), _digest(text)
         known = self._worked_out.get(key)
         if known is None or known.secret != token:
-            known = self._worked_out[key] = self._credential(processor, ref, parsed, key, token)
+            if len(self._worked_out) >= MAX_HOT:
+                self._worked_out.clear()  # a sandbox minting tokens chooses how many keys
+            known = self._worked_out[key] = self._credential(processor, label, parsed, key,
+                                                             token)
         if len(self._hot) >= MAX_HOT:
-            self._hot.clear()  # entries of processors gone with reloaded rules
-        self._hot[id(processor)] = _Hot(processor, stored, policy.allow_networks, key, source,
-                                        known)
+            self._hot.clear()  # entries of processors gone with reloaded rules or tokens
+        self._hot[id(processor)] = _Hot(processor, stored, policy, key, source, known)
         return known
 
-    def _credential(self, processor: ExchangeProcessor, ref: SecretRef, parsed: object,
+    def _credential(self, processor: ExchangeProcessor, label: str, parsed: object,
                     key: Key, token: str) -> Credential:
         cred = credential(HeaderProcessor("Authorization", f"{processor.scheme} {{secret}}"
                                           if not isinstance(processor, GcpServiceAccountProcessor)
                                           else "Bearer {secret}"),
-                          token, f"broker:{ref}")
+                          token, label)
         cred = dataclasses.replace(cred, needles=(*cred.needles, *_needles(parsed)),
                                    rejected=_invalidator(self.cache, key, token))
         return cred
@@ -152,17 +186,16 @@ class Exchanges:
             del self._rotated[(processor, ref)]  # the operator wrote a new secret
         return stored
 
-    async def _obtain(self, processor: ExchangeProcessor, ref: SecretRef, text: str,
+    async def _obtain(self, processor: ExchangeProcessor, named: _Named, text: str,
                       parsed: object, *, guard: Guard, policy: Policy) -> Obtained:
         now = self.cache.clock()
         try:
+            endpoint = _endpoint(processor, parsed)
             if isinstance(processor, OAuth2Processor):
                 assert isinstance(parsed, grants.OAuthClient)
-                url, headers, body = _oauth2(processor, parsed)
+                headers, body = _oauth2(processor, parsed)
             elif isinstance(processor, GitHubAppProcessor):
                 assert isinstance(parsed, grants.AppKey)
-                url = (f"{processor.api.rstrip('/')}/app/installations/"
-                       f"{processor.installation_id}/access_tokens")
                 headers = {"Authorization": f"Bearer {grants.app_jwt(parsed, now)}",
                            "Accept": "application/vnd.github+json",
                            "X-GitHub-Api-Version": "2022-11-28",
@@ -173,30 +206,37 @@ class Exchanges:
                 scopes = None if processor.scopes is None else processor.scopes.replace(",", " ")
                 assertion = grants.service_account_assertion(
                     parsed, scopes=scopes, audience=processor.audience, now=now)
-                url, headers = parsed.token_uri, {"Content-Type": _FORM}
+                headers = {"Content-Type": _FORM}
                 body = urlencode({"grant_type": grants.JWT_BEARER,
                                   "assertion": assertion}).encode()
-            status, answer = await self._post(url, headers, body, guard, policy)
+            status, answer = await self._post(endpoint, headers, body, guard, policy)
             found = grants.read_answer(status, answer, self.cache.clock(), kind=processor.kind)
         except (grants.GrantError, ExchangeError) as exc:
             # Named by reference and cause only, as the sandbox's refusal is.
-            log.warning("sealgate: %s for %s: no token: %s", processor.kind, ref, exc)
+            log.warning("sealgate: %s for %s: no token: %s", processor.kind, named.label, exc)
             raise ExchangeError(str(exc)) from None
-        log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, ref,
+        log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, named.label,
                  found.expires - self.cache.clock())
         source = _digest(text)
         if isinstance(parsed, grants.OAuthClient) and found.refresh_token is not None and \
                 found.refresh_token != parsed.refresh_token:
-            source = await self._rotate(processor, ref, text, parsed, found.refresh_token)
+            source = await self._rotate(processor, named, text, parsed, found.refresh_token)
         return Obtained(found.token, found.expires, source)
 
-    async def _rotate(self, processor: ExchangeProcessor, ref: SecretRef, text: str,
+    async def _rotate(self, processor: ExchangeProcessor, named: _Named, text: str,
                       parsed: grants.OAuthClient, refresh_token: str) -> str:
         """Keep the rotated refresh token (the old one may be dead already) and write it back
         where the store can be written. The digest of the secret as it is now."""
         new = dataclasses.replace(parsed, refresh_token=refresh_token).to_json()
-        superseded = self._rotated.get((processor, str(ref)), (frozenset(), ""))[0]
-        self._rotated[(processor, str(ref))] = (superseded | {_digest(text)}, new)
+        ref, name = named.ref, named.name
+        superseded = self._rotated.get((processor, name), (frozenset(), ""))[0]
+        if len(self._rotated) >= MAX_ROTATED:
+            del self._rotated[next(iter(self._rotated))]
+        self._rotated[(processor, name)] = (superseded | {_digest(text)}, new)
+        if ref is None:
+            log.warning("sealgate: %s for a sealed token: the rotated refresh token is kept in "
+                        "memory only (the token still holds the old one)", processor.kind)
+            return _digest(new)
         try:
             await self.secrets.write(ref, new)
         except SecretError as exc:
@@ -204,13 +244,9 @@ class Exchanges:
                         ref, exc)
         return _digest(new)
 
-    async def _post(self, url: str, headers: dict[str, str], body: bytes, guard: Guard,
-                    policy: Policy) -> tuple[int, object]:
-        parts = urlsplit(url)
-        try:
-            host, port = split_authority(parts.netloc, 443)
-        except HostError:
-            raise ExchangeError("the token endpoint's host is malformed") from None
+    async def _post(self, endpoint: Endpoint, headers: dict[str, str], body: bytes,
+                    guard: Guard, policy: Policy) -> tuple[int, object]:
+        url, host, port = endpoint.url, endpoint.host, endpoint.port
         try:
             pin = await guard.pin(host, port, policy)
         except Denial as exc:
@@ -237,8 +273,26 @@ class Exchanges:
         await self.cache.close()
 
 
+def _endpoint(processor: ExchangeProcessor, parsed: object) -> Endpoint:
+    """Where the token is asked for; ExchangeError for a URL no policy could name."""
+    if isinstance(processor, OAuth2Processor):
+        url = processor.token_url
+    elif isinstance(processor, GitHubAppProcessor):
+        url = (f"{processor.api.rstrip('/')}/app/installations/"
+               f"{processor.installation_id}/access_tokens")
+    else:
+        assert isinstance(parsed, grants.ServiceAccount)
+        url = parsed.token_uri
+    parts = urlsplit(url)
+    try:
+        host, port = split_authority(parts.netloc, 443)
+    except HostError:
+        raise ExchangeError("the token endpoint's host is malformed") from None
+    return Endpoint(url, host, port, (parts.path or "/") + (f"?{parts.query}" * bool(parts.query)))
+
+
 def _oauth2(processor: OAuth2Processor, client: grants.OAuthClient
-            ) -> tuple[str, dict[str, str], bytes]:
+            ) -> tuple[dict[str, str], bytes]:
     form = {"grant_type": processor.grant}
     if client.refresh_token is not None:
         form["refresh_token"] = client.refresh_token
@@ -256,7 +310,7 @@ def _oauth2(processor: OAuth2Processor, client: grants.OAuthClient
             form["client_id"] = client.client_id
             if client.client_secret is not None:
                 form["client_secret"] = client.client_secret
-    return processor.token_url, headers, urlencode(form).encode()
+    return headers, urlencode(form).encode()
 
 
 def _parse(processor: ExchangeProcessor, text: str) -> object:

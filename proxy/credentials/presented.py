@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from sealgate.hostname import Host
 from sealgate.issuer import TokenError
 from sealgate.proxy.credentials.inject import Credential
-from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.credentials.tokenizer import SealedExchange, Tokenizer, TokenRequest
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.identity import Identifier
 from sealgate.reasons import Reason
@@ -46,7 +46,7 @@ def check_tunnel(
 
 def opened(
     tokenizer: Tokenizer | None, tokens: Sequence[str], request: TokenRequest
-) -> list[Credential]:
+) -> list[Credential | SealedExchange]:
     """What the tokens inject, each checked in full against `request`."""
     with _refused():
         return _keys(tokenizer).authorise(tokens, request)

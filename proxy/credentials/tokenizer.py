@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sealgate.hostname import Host
@@ -30,6 +30,12 @@ from sealgate.issuer import (
     validity,
 )
 from sealgate.issuer.keys import Keyring
+from sealgate.issuer.processors import (
+    EXCHANGED,
+    GcpServiceAccountProcessor,
+    GitHubAppProcessor,
+    OAuth2Processor,
+)
 from sealgate.proxy.credentials.inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
@@ -56,10 +62,20 @@ class TokenRequest(NamedTuple):
         return f"TokenRequest{tuple.__repr__(shown)}"
 
 
+@dataclass(frozen=True, slots=True)
+class SealedExchange:
+    """A token whose processor obtains what goes in (`oauth2`, `github-app`,
+    `gcp-service-account`): its secret is exchanged first (`Broker.sealed`)."""
+
+    processor: OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
+    secret: str = field(repr=False)
+    label: str
+
+
 @dataclass(slots=True)
 class _Opened:
     claims: Claims
-    credential: Credential
+    credential: Credential | SealedExchange
     start: int  # validity(claims): usable while start <= now < end
     end: int
     passed: TokenRequest | None = None  # the last request binding and scope let through
@@ -84,9 +100,11 @@ class Tokenizer:
             claims = unseal(token, self.keyring)
             label = f"token:{claims.kid}:{claims.jti or '-'}"
             # Claims refuse a secret their processor cannot carry, so this does not raise.
-            cred = credential(
-                claims.processor, claims.secret, label,
-                inapplicable=TokenInapplicable.reason,
+            cred: Credential | SealedExchange = (
+                SealedExchange(claims.processor, claims.secret, label)
+                if isinstance(claims.processor, EXCHANGED) else
+                credential(claims.processor, claims.secret, label,
+                           inapplicable=TokenInapplicable.reason)
             )
             opened = self._opened[token] = _Opened(claims, cred, *validity(claims))
             if len(self._opened) > self.cache_size:
@@ -138,7 +156,7 @@ class Tokenizer:
 
     def authorise(
         self, header_values: Sequence[str], request: TokenRequest
-    ) -> list[Credential]:
+    ) -> list[Credential | SealedExchange]:
         """Every token in every `Proxy-Tokenizer` value, in order; all must pass. Returns what
         each one injects.
 

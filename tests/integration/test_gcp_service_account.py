@@ -2,7 +2,9 @@
 assertion (RS256; the fake Google verifies it with the key's public key, its iss, aud and
 scope) and injects the access token it gets; for a rule with an audience, an ID token
 (`target_audience`, the answer's `id_token`), as a Cloud Run service wants. The sandbox calls
-Google's APIs with plain `requests` and no credential (google-auth is not a dependency here)."""
+Google's APIs with plain `requests` and no credential (google-auth is not a dependency here).
+Or the key file comes sealed in a token, its token_uri dialed where the sandbox's policy allows a
+POST to it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import jwt
 import pytest
 import yaml
 
+from sealgate.issuer.processors import GcpServiceAccountProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GoogleFake, rsa_key
@@ -22,7 +25,7 @@ from tests.sdk.kit import World, rules_file, world
 TOKEN_HOST, STORAGE, RUN = "oauth2.googleapis.com", "storage.googleapis.com", "svc-abc.a.run.app"
 EMAIL = "ci-runner@project-1.iam.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
-KEYS = {"job-1": "gcp-key-job-1"}
+KEYS = {"job-1": "gcp-key-job-1", "job-2": "gcp-key-job-2"}
 KEY, PEM = rsa_key()
 
 
@@ -34,8 +37,14 @@ def rules(port: int) -> str:
 
     allow = (rule(STORAGE, f'scopes: ["{SCOPE}"]')
              + rule(RUN, f'audience: "https://{RUN}"'))
-    return rules_file([f"  job:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n"],
-                      {"job-1": ("job", KEYS["job-1"])}, default=None)
+    sealed = (f"  sealed:\n    tokens: true\n    allow:\n"
+              f"      - host: {STORAGE}\n        ports: [{port}]\n"
+              f"      - host: {TOKEN_HOST}\n        ports: [{port}]\n        methods: [POST]\n"
+              "    allow_networks: [127.0.0.1/32]\n")
+    return rules_file([f"  job:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
+                       sealed],
+                      {"job-1": ("job", KEYS["job-1"]), "job-2": ("sealed", KEYS["job-2"])},
+                      default=None)
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +104,17 @@ def test_id_token_for_an_audience(w: World) -> None:
     sent = w.fake.last().headers["authorization"].removeprefix("Bearer ")
     assert jwt.decode(sent, fake.signer.public_key(), algorithms=["RS256"],
                       audience=f"https://{RUN}")["email"] == EMAIL
+
+
+def test_the_key_file_sealed_in_a_token(w: World) -> None:
+    fake: GoogleFake = w.google  # type: ignore[attr-defined]
+    before = fake.calls
+    key_file = json.loads(yaml.safe_load((w.directory / "secrets.yaml").read_text())["gcp_key"])
+    token = w.mint(GcpServiceAccountProcessor(scopes=SCOPE), host=STORAGE,
+                   secret=json.dumps(key_file))
+    env = w.env("job-2", key=f"{KEYS['job-2']},{token}")
+    status, _, _ = w.run(GET, env, url=w.url("/storage/v1/b/bucket", host=STORAGE)).ok()
+    assert status == 200
+    assert fake.calls == before + 1 and fake.claims[-1]["scope"] == SCOPE
+    (read,) = [r for r in w.fake.requests if r.path == "/storage/v1/b/bucket"]
+    assert read.headers["authorization"].removeprefix("Bearer ") in fake.tokens

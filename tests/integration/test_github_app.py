@@ -1,7 +1,9 @@
 """github-app, the CodeRabbit case: a review bot's sandbox runs PyGithub with no token at all;
 the proxy holds the app's id and private key, signs the app JWT, exchanges it for an
 installation token (narrowed to the rule's repositories and permissions) at the fake GitHub,
-which verifies the JWT with the app's public key, and injects `Authorization: token`."""
+which verifies the JWT with the app's public key, and injects `Authorization: token`. Or the
+app's key comes sealed in a token the sandbox carries in its proxy credentials (PyGithub itself
+unchanged), exchanged where the sandbox's policy lets it POST to the installation's endpoint."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sealgate.issuer.processors import GitHubAppProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GitHubFake, rsa_key
@@ -21,7 +24,7 @@ pytest.importorskip("github", reason="PyGithub is not installed (pip install -e 
 
 HOST = "api.github.com"
 APP_ID, INSTALLATION = "314159", "2718"
-KEYS = {"bot-1": "github-app-key-bot-1"}
+KEYS = {"bot-1": "github-app-key-bot-1", "bot-2": "github-app-key-bot-2"}
 KEY, PEM = rsa_key()
 
 
@@ -36,8 +39,16 @@ def rules(port: int) -> str:
     allow = (rule("/repos/acme/**", "gh_app", ", repositories: [widgets], "
                   'permissions: ["contents:read", "pull_requests:write"]')
              + rule("/repos/other/**", "gh_wrong"))
-    return rules_file([f"  bot:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n"],
-                      {"bot-1": ("bot", KEYS["bot-1"])}, default=None)
+    sealed = (f"  sealed:\n    tokens: true\n    allow:\n"
+              f"      - host: {HOST}\n        ports: [{port}]\n"
+              "        paths: [\"/repos/acme/**\"]\n"
+              f"      - host: {HOST}\n        ports: [{port}]\n        methods: [POST]\n"
+              f"        paths: [\"/app/installations/{INSTALLATION}/access_tokens\"]\n"
+              "    allow_networks: [127.0.0.1/32]\n")
+    return rules_file([f"  bot:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
+                       sealed],
+                      {"bot-1": ("bot", KEYS["bot-1"]), "bot-2": ("sealed", KEYS["bot-2"])},
+                      default=None)
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +117,17 @@ def test_a_key_github_does_not_know_fails_closed(w: World) -> None:
     assert (status, reason) == (503, "secret_unavailable")
     assert "github-app token endpoint answered 401" in data
     assert not [r for r in w.fake.requests if r.path.startswith("/repos/")]
+
+
+def test_the_apps_key_sealed_in_a_token_pygithub_unchanged(w: World) -> None:
+    fake = _fake(w)
+    token = w.mint(GitHubAppProcessor(INSTALLATION, api=f"https://{HOST}:{w.fake.port}",
+                                      repositories="widgets"),
+                   host=HOST, secret=json.dumps({"app_id": APP_ID, "private_key": PEM}))
+    env = w.env("bot-2", key=f"{KEYS['bot-2']},{token}")
+    assert not [v for v in env.values() if "BEGIN" in v]
+    name, private, _ = w.run(REPO, env, base=w.url(), name="acme/widgets").ok()
+    assert (name, private) == ("acme/widgets", True)
+    assert fake.calls == 1 and fake.asked[-1] == {"repositories": ["widgets"]}
+    (repo_read,) = [r for r in w.fake.requests if r.path == "/repos/acme/widgets"]
+    assert repo_read.headers["authorization"].removeprefix("token ") in fake.tokens

@@ -2,7 +2,8 @@
 from the token endpoint (dialed through the guard), caches them, persists rotated refresh
 tokens to the file store and injects `Authorization: Bearer`. The sandbox, plain `requests`,
 holds nothing. Faults: the endpoint slow or down, a revoked grant, an upstream 401, token
-endpoints at addresses the guard refuses."""
+endpoints at addresses the guard refuses. Sealed: a token carrying the refresh token, its
+endpoint dialed only where the sandbox's own policy allows a POST to it."""
 
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sealgate.issuer.processors import OAuth2Processor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import OAuthFake
 from tests.sdk.kit import World, masked, rules_file, world
 
 API, AUTH, INTERNAL = "api.example.com", "auth.example.com", "internal-auth.example.com"
-KEYS = {"app-1": "oauth-key-app-1"}
+# app-1 brokered; app-2 and app-3 carry sealed tokens, app-3's policy not allowing AUTH.
+KEYS = {"app-1": "oauth-key-app-1", "app-2": "oauth-key-app-2", "app-3": "oauth-key-app-3"}
 CLIENT_ID, CLIENT_SECRET = "sealgate-ci", "CANARY-client-secret-0123456789"
 REFRESH = "CANARY-refresh-token-abcdef0123456789"
 SLOW_REFRESH = "CANARY-refresh-token-slow-0123456789"
+SEALED_REFRESH = "CANARY-refresh-token-sealed-0123456789"
 
 
 def _inject(path: str, secret: str, processor: str, port: int) -> str:
@@ -49,7 +53,16 @@ def rules(port: int) -> str:
                 '{type: oauth2, token_url: "https://169.254.169.254/token"}', port),
     ])
     policy = (f"  app:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n")
-    return rules_file([policy], {"app-1": ("app", KEYS["app-1"])}, default=None)
+    api = f"      - host: {API}\n        ports: [{port}]\n        paths: [\"/sealed/**\"]\n"
+    posts = "".join(f"      - host: {host}\n        ports: [{port}]\n        methods: [POST]\n"
+                    "        paths: [/token]\n" for host in (AUTH, INTERNAL))
+    sealed = (f"  sealed:\n    tokens: true\n    allow:\n{api}{posts}"
+              "    allow_networks: [127.0.0.1/32]\n")
+    narrow = f"  narrow:\n    tokens: true\n    allow:\n{api}    allow_networks: [127.0.0.1/32]\n"
+    return rules_file([policy, sealed, narrow], {
+        "app-1": ("app", KEYS["app-1"]), "app-2": ("sealed", KEYS["app-2"]),
+        "app-3": ("narrow", KEYS["app-3"]),
+    }, default=None)
 
 
 SECRETS = {
@@ -80,7 +93,7 @@ def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
       ) -> Iterator[World]:
     directory: Path = tmp_path_factory.mktemp("oauth2")
     fake = OAuthFake(client_id=CLIENT_ID, client_secret=CLIENT_SECRET, refresh_token=REFRESH)
-    fake.live_refresh |= {REFRESH + "-body", SLOW_REFRESH}
+    fake.live_refresh |= {REFRESH + "-body", SLOW_REFRESH, SEALED_REFRESH}
     dns.set(INTERNAL, "A 10.9.9.9")
     with world(directory, test_ca, dns, [API, AUTH], fake, rules, KEYS, "unused") as made:
         secrets = directory / "secrets.yaml"
@@ -88,7 +101,7 @@ def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
         made.oauth = fake  # type: ignore[attr-defined]
         yield made
     logged = made.proxy.audit_text() + made.proxy.stderr()
-    for canary in (REFRESH, SLOW_REFRESH, CLIENT_SECRET, *fake.issued):
+    for canary in (REFRESH, SLOW_REFRESH, SEALED_REFRESH, CLIENT_SECRET, *fake.issued):
         assert canary not in logged
 
 
@@ -106,10 +119,13 @@ def _fresh(w: World) -> None:
     w.fake.reset()
 
 
-def get(w: World, path: str, **args: int) -> list[list[object]]:
-    env = w.env("app-1")
+def get(w: World, path: str, *, sandbox: str = "app-1", token: str | None = None,
+        **args: int) -> list[list[object]]:
+    env = w.env(sandbox)
     assert not [v for v in env.values() if REFRESH in v or CLIENT_SECRET in v]
-    result: list[list[object]] = w.run(GET, env, url=w.url(path, host=API), **args).ok()
+    code = GET if token is None else GET.replace(
+        "timeout=25)", f"timeout=25, headers={{'Proxy-Tokenizer': {token!r}}})")
+    result: list[list[object]] = w.run(code, env, url=w.url(path, host=API), **args).ok()
     return result
 
 
@@ -234,3 +250,56 @@ def test_an_expiring_token_is_refreshed_not_sent(w: World) -> None:
     time.sleep(2.2)
     assert get(w, "/exp/b")[0][0] == 200
     assert fake.calls == 2
+
+
+# -- sealed in a token ----------------------------------------------------------------------------
+
+
+def sealed_token(w: World, token_url: str, refresh: str = SEALED_REFRESH) -> str:
+    secret = json.dumps({"refresh_token": refresh, "client_id": CLIENT_ID,
+                         "client_secret": CLIENT_SECRET})
+    return w.mint(OAuth2Processor(token_url), host=API, secret=secret)
+
+
+def test_a_sealed_refresh_token_is_exchanged_where_the_policy_allows_its_endpoint(
+    w: World,
+) -> None:
+    fake = _fake(w)
+    fake.live_refresh.add(SEALED_REFRESH)  # earlier tests revoke
+    token = sealed_token(w, f"https://{AUTH}:{w.fake.port}/token")
+    answers = get(w, "/sealed/me", sandbox="app-2", token=token, n=3)
+    assert [a[0] for a in answers] == [200, 200, 200], answers[0][2]
+    assert fake.calls == 1  # three requests, one exchange, as brokered
+    assert fake.grants == [{"grant_type": "refresh_token", "refresh_token": SEALED_REFRESH}]
+    api = [r for r in w.fake.requests if r.path.startswith("/sealed/")]
+    assert {r.headers["authorization"] for r in api} == {f"Bearer {fake.issued[-1]}"}
+    assert not [r for r in api if "proxy-tokenizer" in r.headers]
+    # Rotated at the fake: the token still holds the old one, the proxy the new one.
+    assert SEALED_REFRESH not in fake.live_refresh
+    fake.revoke_access()
+    w.fake.reset()
+    assert get(w, "/sealed/a", sandbox="app-2", token=token)[0][0] == 401  # drops the held one
+    assert get(w, "/sealed/b", sandbox="app-2", token=token)[0][0] == 200
+    assert fake.grants[-1]["refresh_token"].startswith("rt-rotated-")
+    assert "kept in memory only" in w.proxy.stderr()
+
+
+@pytest.mark.parametrize(("sandbox", "endpoint", "reason", "why"), [
+    ("app-3", f"https://{AUTH}:{{port}}/token", "not_allowed", "is not allowed"),
+    ("app-2", f"https://{AUTH}:{{port}}/other", "not_allowed", "is not allowed"),
+    ("app-2", "https://169.254.169.254/token", "not_allowed", "is not allowed"),
+    ("app-2", f"https://{INTERNAL}:{{port}}/token", "secret_unavailable", "refused (private)"),
+])
+def test_a_sealed_tokens_endpoint_is_dialed_only_as_the_sandbox_could_post_to_it(
+    w: World, sandbox: str, endpoint: str, reason: str, why: str
+) -> None:
+    """Anyone with the proxy's public key can mint a token naming any endpoint: it is dialed
+    only where the sandbox's own policy lets it POST (app-3's does not name AUTH; app-2's allows
+    only /token), and then through the guard (INTERNAL resolves to a private address)."""
+    fake = _fake(w)
+    token = sealed_token(w, endpoint.format(port=w.fake.port))
+    (answer,) = get(w, "/sealed/x", sandbox=sandbox, token=token)
+    assert (answer[0], answer[1]) == (403 if reason == "not_allowed" else 503, reason), answer
+    assert why in str(answer[2]), answer
+    assert ("a token's oauth2 endpoint" in str(answer[2])) == (reason == "not_allowed")
+    assert fake.calls == 0 and not w.fake.requests

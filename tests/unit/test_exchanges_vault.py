@@ -68,7 +68,8 @@ policies:
         guard = Guard(Resolver.from_spec(f"{host}:{port}"))
         try:
             stored = (await secrets.get(REF)).reveal()
-            cred = await exchanges.credential(processor, REF, stored, guard, policy)
+            cred = await exchanges.credential(processor, stored, guard, policy, ref=REF,
+                                              label=f"broker:{REF}")
             return cred.secret, stored
         finally:
             await exchanges.close()

@@ -1,7 +1,7 @@
 """The token-exchange processors as data and their secrets (issuer/grants.py): fields checked
 as rules load them, secrets read naming fields only, the JWTs verified with PyJWT (not our
-code) and the public key, answers read as each service writes them, never sealed in a token,
-explained without a value."""
+code) and the public key, answers read as each service writes them, sealed only with their own
+secrets, explained without a value."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import pytest
 from sealgate.issuer import Claims, HostPattern, grants
 from sealgate.issuer import processors as pr
 from sealgate.issuer.errors import TokenMalformed
-from sealgate.issuer.keys import generate
+from sealgate.issuer.keys import Keyring, generate
+from sealgate.issuer.token import unseal
 from sealgate.proxy.policy.explain import injects
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.oauthfake import rsa_key
+from tests.unit.test_issuer_cli import run_here
 
 KEY, PEM = rsa_key()
 APP = json.dumps({"app_id": 4242, "private_key": PEM})
@@ -128,16 +130,66 @@ def test_answers_as_each_service_writes_them() -> None:
         grants.read_answer(401, {"error": "CANARY value with spaces"}, now, kind="oauth2")
 
 
-@pytest.mark.parametrize(("processor", "secret"), [
-    (pr.OAuth2Processor("https://evil.example/token"), json.dumps({"refresh_token": "r"})),
-    (pr.GitHubAppProcessor("1", api="https://evil.example"), APP),
-    (pr.GcpServiceAccountProcessor(scopes="x"), ACCOUNT),
+@pytest.mark.parametrize(("processor", "secret", "wrong"), [
+    (pr.OAuth2Processor("https://auth.example/token"), json.dumps({"refresh_token": "r"}),
+     json.dumps({"client_id": "CANARY-id"})),
+    (pr.GitHubAppProcessor("1", api="https://api.example"), APP,
+     json.dumps({"app_id": 1, "private_key": "CANARY-key"})),
+    (pr.GcpServiceAccountProcessor(scopes="x"), ACCOUNT,
+     json.dumps({"type": "user", "private_key": "CANARY-key"})),
 ])
-def test_never_sealed_in_a_token(tmp_path: Path, processor: pr.Processor, secret: str) -> None:
-    """Anyone with the proxy's public key can seal a token: one that named a token endpoint
-    would make the proxy send what it likes where it likes."""
+def test_sealed_in_a_token_with_its_secret_checked(
+    tmp_path: Path, processor: pr.Processor, secret: str, wrong: str
+) -> None:
+    """Sealed as brokered (the proxy dials the endpoint only where the sandbox's policy
+    allows a POST to it: tests/integration/test_oauth2.py); a secret that is not the
+    processor's is refused at minting, naming no value."""
     public = generate(tmp_path / "keys")
     now = int(time.time())
-    with pytest.raises(TokenMalformed, match="only from a secret store"):
-        Claims(kid=public.kid, secret=secret, processor=processor,
-               hosts=(HostPattern("api.example.com", 443),), exp=now + 60, iat=now)
+
+    def claims(text: str) -> Claims:
+        return Claims(kid=public.kid, secret=text, processor=processor,
+                      hosts=(HostPattern("api.example.com", 443),), exp=now + 60, iat=now)
+
+    assert claims(secret).processor == processor
+    with pytest.raises(TokenMalformed) as refused:
+        claims(wrong)
+    assert "CANARY" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("args", "secret", "expected"), [
+    (["--inject", "oauth2", "--token-url", "https://auth.example.com/token", "--grant",
+      "client_credentials", "--scopes", "read,write"],
+     json.dumps({"client_id": "c", "client_secret": "CANARY-mint-secret"}),
+     pr.OAuth2Processor("https://auth.example.com/token", grant="client_credentials",
+                        scopes="read,write")),
+    (["--inject", "github-app", "--installation-id", "77", "--repositories", "widgets",
+      "--permissions", "contents:read"], APP,
+     pr.GitHubAppProcessor("77", repositories="widgets", permissions="contents:read")),
+    (["--inject", "gcp-service-account", "--audience", "https://svc.a.run.app"], ACCOUNT,
+     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app")),
+])
+def test_mint_seals_an_exchange_processor(
+    tmp_path: Path, args: list[str], secret: str, expected: pr.Processor
+) -> None:
+    public = generate(tmp_path / "keys")
+    done = run_here("mint", "--key", tmp_path / "keys" / f"{public.kid}.pub", "--host",
+                    "api.example.com", *args, "--secret-env", "SECRET", env={"SECRET": secret})
+    assert done.returncode == 0, done.stderr
+    claims = unseal(done.stdout.strip(), Keyring.load(tmp_path / "keys"))
+    assert claims.processor == expected and claims.secret == secret
+
+
+def test_mint_refuses_an_exchange_processor_without_its_fields(tmp_path: Path) -> None:
+    public = generate(tmp_path / "keys")
+    key = tmp_path / "keys" / f"{public.kid}.pub"
+    missing = run_here("mint", "--key", key, "--host", "api.example.com", "--inject", "oauth2",
+                       "--secret-env", "SECRET", env={"SECRET": '{"refresh_token": "r"}'})
+    assert missing.returncode != 0 and "--token-url" in missing.stderr
+    stray = run_here("mint", "--key", key, "--host", "api.example.com", "--inject", "bearer",
+                     "--installation-id", "1", "--secret-env", "SECRET", env={"SECRET": "x"})
+    assert stray.returncode != 0 and "does not take --installation-id" in stray.stderr
+    wrong = run_here("mint", "--key", key, "--host", "api.example.com", "--inject", "github-app",
+                     "--installation-id", "1", "--secret-env", "SECRET",
+                     env={"SECRET": '{"private_key": "CANARY-pem"}'})
+    assert wrong.returncode != 0 and "app_id" in wrong.stderr and "CANARY" not in wrong.stderr
