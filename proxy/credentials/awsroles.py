@@ -1,19 +1,19 @@
 """Temporary AWS keys the proxy obtains itself: STS AssumeRole with the keys of a brokered
 `aws-sigv4` secret that names a role (`issuer.awskeys.AssumeRole`).
 
-The role's keys are cached until 5 minutes before they expire, and asked for again from then
-on, one call per role at a time however many requests wait for it; while a refresh fails, keys
-that have not expired yet are still used. With none left, the request fails closed (503
-`secret_unavailable`). The STS endpoint comes from the secret, which only the operator writes
-(sealed tokens may not name a role: `issuer.processors.check_secret`), and is dialed as a Vault
-store is, with verified TLS (against `--upstream-ca` when given), never through a sandbox's
-policy. No error raised here quotes a key or a token; STS's answer is read for its error code
-only.
+The role's keys are cached as every credential the proxy obtains is (`credentials.exchanged`):
+asked for again in their last 5 minutes, one call per role at a time however many requests wait
+for it, at most 5 s of waiting, keys that have not expired still used while a refresh fails, a
+failed call not repeated for 5 s. With none left, the request fails closed (503
+`secret_unavailable`). STS is dialed as sandbox traffic is (`credentials.dial`: through the
+guard under the policy of the request that needs the keys), so keys are cached per policy's
+networks. The endpoint comes from the secret, which only the operator writes (sealed tokens may
+not name a role: `issuer.processors.check_secret`). No error raised here quotes a key or a
+token; STS's answer is read for its error code only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import ssl
@@ -23,17 +23,17 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import urlencode, urlsplit
 
-import aiohttp
-
 from sealgate.issuer import awskeys, sigv4
 from sealgate.issuer.awskeys import AwsKeys
+from sealgate.proxy.credentials import dial
+from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.policy.model import Policy
 
-__all__ = ["RoleError", "RoleSessions"]
+__all__ = ["RoleSessions"]
 
-REFRESH_BEFORE: Final = 300.0  # seconds before expiry a role's keys are asked for again
-TIMEOUT: Final = 10.0
-MAX_ANSWER: Final = 64 << 10
 _FORM: Final = "application/x-www-form-urlencoded; charset=utf-8"
+_SOURCE: Final = "sts"  # the keys obtained are the role's; the base keys are in the cache key
 # The few leaf elements read from STS's XML: by pattern, not with an XML parser (no entities,
 # no nesting to walk); a value with markup or an entity in it is not a value.
 _ELEMENT: Final = re.compile(
@@ -41,48 +41,31 @@ _ELEMENT: Final = re.compile(
 )
 
 
-class RoleError(Exception):
-    """STS did not give the role's keys; the message names the failure, no value."""
-
-
 class RoleSessions:
     def __init__(self, *, cafile: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cafile = cafile
         self.clock = clock
-        self._held: dict[AwsKeys, tuple[str, float]] = {}  # base keys -> (role's keys, expiry)
-        self._asking: dict[AwsKeys, asyncio.Future[tuple[str, float]]] = {}
-        self._http: aiohttp.ClientSession | None = None
-        self.calls = 0  # AssumeRole calls made, for tests and the curious
+        # By the base keys and the networks of the policy they were dialed under.
+        self.cache: Exchanged[tuple[AwsKeys, tuple[object, ...]]] = Exchanged(clock=clock)
+        self._ssl = ssl.create_default_context(cafile=cafile)
 
-    async def resolve(self, secret: str) -> str:
+    async def resolve(self, secret: str, guard: Guard | None, policy: Policy | None) -> str:
         """The keys to sign with: `secret` itself, or, when it names a role, the role's
-        (in the same JSON form). Raises ValueError for a secret that is not keys, RoleError."""
+        (in the same JSON form), STS dialed through `guard` under `policy`. Raises ValueError
+        for a secret that is not keys, ExchangeError when the role's keys cannot be had."""
         base = awskeys.parse(secret)
         if base.role is None:
             return secret
-        now = self.clock()
-        held = self._held.get(base)
-        if held is not None and now < held[1] - REFRESH_BEFORE:
-            return held[0]
-        try:
-            return (await self._ask(base))[0]
-        except RoleError:
-            if held is not None and now < held[1]:
-                return held[0]
-            raise
+        if guard is None or policy is None:
+            raise ExchangeError("assuming a role needs the guard to dial STS")
+        key = (base, policy.allow_networks)
+        held = self.cache.fresh(key, _SOURCE)
+        if held is not None:
+            return held
+        return await self.cache.get(key, _SOURCE, lambda: self._assume(base, guard, policy))
 
-    async def _ask(self, base: AwsKeys) -> tuple[str, float]:
-        asking = self._asking.get(base)
-        if asking is None:
-            asking = self._asking[base] = asyncio.ensure_future(self._assume(base))
-            asking.add_done_callback(lambda _: self._asking.pop(base, None))
-        # Shielded: one waiting request that is cancelled must not cancel the call for all.
-        found = await asyncio.shield(asking)
-        self._held[base] = found
-        return found
-
-    async def _assume(self, base: AwsKeys) -> tuple[str, float]:
+    async def _assume(self, base: AwsKeys, guard: Guard, policy: Policy) -> Obtained:
         role = base.role
         assert role is not None
         form = {"Action": "AssumeRole", "Version": "2011-06-15", "RoleArn": role.role_arn,
@@ -105,27 +88,14 @@ class RoleSessions:
         headers["authorization"] = sigv4.authorization(
             scope.credential(base.access_key_id), sorted(headers), signature
         )
-        self.calls += 1
-        try:
-            async with self._client().post(role.sts_endpoint.rstrip("/") + "/", data=body,
-                                           headers=headers) as answer:
-                status, text = answer.status, await answer.content.read(MAX_ANSWER)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise RoleError(f"STS AssumeRole failed: {type(exc).__name__}") from None
-        return _keys(status, text, self.clock())
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            context = ssl.create_default_context(cafile=self.cafile)
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-                connector=aiohttp.TCPConnector(ssl=context),
-            )
-        return self._http
+        status, text = await dial.post(dial.endpoint(role.sts_endpoint.rstrip("/") + "/"),
+                                       headers, body, guard=guard, policy=policy, tls=self._ssl,
+                                       what="STS AssumeRole at")
+        secret, expires = _keys(status, text, self.clock())
+        return Obtained(secret, expires, _SOURCE)
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self.cache.close()
 
 
 def _keys(status: int, text: bytes, now: float) -> tuple[str, float]:
@@ -135,13 +105,13 @@ def _keys(status: int, text: bytes, now: float) -> tuple[str, float]:
     if status != 200:
         code = found.get("Code", "")
         named = code if code.isalnum() and len(code) <= 64 else "an error"
-        raise RoleError(f"STS AssumeRole answered {status} {named}")
+        raise ExchangeError(f"STS AssumeRole answered {status} {named}")
     try:
         keys = AwsKeys(found["AccessKeyId"], found["SecretAccessKey"], found["SessionToken"])
         expires = datetime.fromisoformat(found["Expiration"].replace("Z", "+00:00")).timestamp()
         awskeys.parse(secret := keys.to_json())
     except (KeyError, ValueError):
-        raise RoleError("STS AssumeRole's answer holds no usable keys") from None
+        raise ExchangeError("STS AssumeRole's answer holds no usable keys") from None
     if expires <= now:
-        raise RoleError("STS AssumeRole's keys have expired already")
+        raise ExchangeError("STS AssumeRole's keys have expired already")
     return secret, expires

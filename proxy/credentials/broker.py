@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 
 from sealgate.issuer.grants import GrantError
 from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
-from sealgate.proxy.credentials.awsroles import RoleError, RoleSessions
+from sealgate.proxy.credentials.awsroles import RoleSessions
+from sealgate.proxy.credentials.dial import Endpoint
 from sealgate.proxy.credentials.exchanged import ExchangeError
-from sealgate.proxy.credentials.exchanges import Endpoint, ExchangeProcessor, Exchanges
+from sealgate.proxy.credentials.exchanges import ExchangeProcessor, Exchanges
 from sealgate.proxy.credentials.inject import Credential, credential
 from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError, SecretRef
 from sealgate.proxy.credentials.tokenizer import SealedExchange
@@ -80,7 +81,7 @@ class Broker:
                 found.append(await self._exchanged(injection, text, guard, policy))
                 continue
             if isinstance(injection.processor, AwsSigV4Processor):
-                text = await self._role_keys(text)
+                text = await self._role_keys(text, guard, policy)
             known = self._worked_out.get(id(injection))
             if (known is not None and known[0] is injection and known[1] is secret
                     and known[2] == text):
@@ -95,13 +96,14 @@ class Broker:
             found.append(cred)
         return found
 
-    async def _role_keys(self, text: str) -> str:
-        """The keys an aws-sigv4 secret signs with: its own, or its role's."""
+    async def _role_keys(self, text: str, guard: Guard | None, policy: Policy | None) -> str:
+        """The keys an aws-sigv4 secret signs with: its own, or its role's (STS dialed
+        through `guard` under `policy`)."""
         try:
-            return await self.roles.resolve(text)
+            return await self.roles.resolve(text, guard, policy)
         except ValueError:
             return text  # not keys at all: `credential` says what is wrong with it
-        except RoleError as exc:
+        except ExchangeError as exc:
             raise Denial(Reason.SECRET_UNAVAILABLE,
                          f"a credential for this request is unavailable ({exc})") from None
 

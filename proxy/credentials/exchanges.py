@@ -3,12 +3,10 @@ request carries (`oauth2`, `github-app`, `gcp-service-account`; what is sent and
 `issuer.grants`), cached by `credentials.exchanged`, and injected as
 `Authorization: <scheme> <token>`.
 
-The token endpoint is dialed as sandbox traffic is: its name resolved and every answer checked
-by the guard under the policy of the request that needs the token (so an internal or metadata
-address only where that policy's allow_networks opens it, metadata never), the checked address
-dialed, TLS verified for the name (against `--upstream-ca` when given). Tokens are cached per
-policy's networks for that reason. A rotated refresh token is written back to the store where
-the store can be written, and kept in memory either way.
+The token endpoint is dialed as sandbox traffic is (`credentials.dial`: through the guard under
+the policy of the request that needs the token), so tokens are cached per policy's networks. A
+rotated refresh token is written back to the store where the store can be written, and kept in
+memory either way.
 
 A sealed token may carry one of these processors too. Anyone with the proxy's public key can
 mint one, naming any endpoint: so its endpoint is first put to the policy decision as a POST the
@@ -24,16 +22,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-import socket
 import ssl
 from collections.abc import Callable
 from typing import Final, NamedTuple
-from urllib.parse import quote_plus, urlencode, urlsplit
+from urllib.parse import quote_plus, urlencode
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-
-from sealgate.hostname import Host, HostError, split_authority
 from sealgate.issuer import grants
 from sealgate.issuer.processors import (
     GcpServiceAccountProcessor,
@@ -41,10 +34,11 @@ from sealgate.issuer.processors import (
     HeaderProcessor,
     OAuth2Processor,
 )
+from sealgate.proxy.credentials import dial
+from sealgate.proxy.credentials.dial import Endpoint
 from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
 from sealgate.proxy.credentials.inject import Credential, credential
 from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, SecretRef
-from sealgate.proxy.errors import Denial
 from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.policy.model import Policy
 
@@ -55,8 +49,6 @@ log = logging.getLogger(__name__)
 ExchangeProcessor = OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
 # The processor, the secret's reference and the policy's networks, as one string: hashed once.
 Key = str
-TIMEOUT: Final = 10.0
-MAX_ANSWER: Final = 64 << 10
 MAX_HOT: Final = 4096
 MAX_ROTATED: Final = 4096  # rotated secrets kept; a sandbox chooses how many sealed ones
 _FORM: Final = "application/x-www-form-urlencoded"
@@ -66,23 +58,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-class _Pinned(AbstractResolver):
-    """aiohttp's resolver for one dial: the address the guard checked, and nothing else."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        v6 = ":" in self.address
-        return [ResolveResult(hostname=host, host=self.address, port=port,
-                              family=socket.AF_INET6 if v6 else socket.AF_INET, proto=0,
-                              flags=socket.AI_NUMERICHOST)]
-
-    async def close(self) -> None:
-        return None
-
-
 class _Named(NamedTuple):
     """Which secret: `ref` in a store, or None for one sealed in a token; `name` keys it,
     `label` names it in logs and audit lines."""
@@ -90,15 +65,6 @@ class _Named(NamedTuple):
     ref: SecretRef | None
     name: str
     label: str
-
-
-class Endpoint(NamedTuple):
-    """Where a processor's token is asked for: the URL and its host, port and path."""
-
-    url: str
-    host: Host
-    port: int
-    path: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -246,24 +212,8 @@ class Exchanges:
 
     async def _post(self, endpoint: Endpoint, headers: dict[str, str], body: bytes,
                     guard: Guard, policy: Policy) -> tuple[int, object]:
-        url, host, port = endpoint.url, endpoint.host, endpoint.port
-        try:
-            pin = await guard.pin(host, port, policy)
-        except Denial as exc:
-            raise ExchangeError(f"the token endpoint {host.name} is refused "
-                                f"({exc.reason})") from None
-        connector = aiohttp.TCPConnector(ssl=self._ssl, resolver=_Pinned(str(pin.address)),
-                                         force_close=True, use_dns_cache=False)
-        try:
-            async with aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-                headers={"User-Agent": "sealgate"},
-            ) as session, session.post(url, data=body, headers=headers,
-                                       allow_redirects=False) as answer:
-                status, raw = answer.status, await answer.content.read(MAX_ANSWER)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ExchangeError(f"the token endpoint {host.name} failed: "
-                                f"{type(exc).__name__}") from None
+        status, raw = await dial.post(endpoint, headers, body, guard=guard, policy=policy,
+                                      tls=self._ssl, what="the token endpoint")
         try:
             return status, json.loads(raw)
         except ValueError:
@@ -274,21 +224,14 @@ class Exchanges:
 
 
 def _endpoint(processor: ExchangeProcessor, parsed: object) -> Endpoint:
-    """Where the token is asked for; ExchangeError for a URL no policy could name."""
+    """Where the token is asked for."""
     if isinstance(processor, OAuth2Processor):
-        url = processor.token_url
-    elif isinstance(processor, GitHubAppProcessor):
-        url = (f"{processor.api.rstrip('/')}/app/installations/"
-               f"{processor.installation_id}/access_tokens")
-    else:
-        assert isinstance(parsed, grants.ServiceAccount)
-        url = parsed.token_uri
-    parts = urlsplit(url)
-    try:
-        host, port = split_authority(parts.netloc, 443)
-    except HostError:
-        raise ExchangeError("the token endpoint's host is malformed") from None
-    return Endpoint(url, host, port, (parts.path or "/") + (f"?{parts.query}" * bool(parts.query)))
+        return dial.endpoint(processor.token_url)
+    if isinstance(processor, GitHubAppProcessor):
+        return dial.endpoint(f"{processor.api.rstrip('/')}/app/installations/"
+                             f"{processor.installation_id}/access_tokens")
+    assert isinstance(parsed, grants.ServiceAccount)
+    return dial.endpoint(parsed.token_uri)
 
 
 def _oauth2(processor: OAuth2Processor, client: grants.OAuthClient

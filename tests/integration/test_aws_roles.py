@@ -5,6 +5,7 @@ expire and signs boto3's requests with them. The sandbox holds the placeholder p
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +19,12 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[t
 
 from botocore.credentials import Credentials
 
+from sealgate.proxy.credentials import exchanged
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import CLIENT, ROUND_TRIP, aws_env
 
 BASE = Credentials("AKIAROLEBASECANARY01", "CANARY/role+base/secret0123456789abcdef")
-S3, STS = "s3.us-east-1.amazonaws.com", "localhost"  # the proxy dials STS itself
+S3, STS = "s3.us-east-1.amazonaws.com", "sts.us-east-1.amazonaws.com"  # the proxy dials STS
 KEYS = {"role-1": "role-key-sigv4-1"}
 ROLE = "arn:aws:iam::123456789012:role/sealgate-ci"
 
@@ -75,19 +77,23 @@ def main(s3):
     out = w.run(code, aws_env(w, "role-1"), s3=w.url(host=S3)).ok()
     assert (out["status"], out["reason"]) == (503, "secret_unavailable"), out
     w.proxy.wait_audit(lambda e: e.get("reason") == "secret_unavailable")
-    assert 1 <= len(aws.assumed) <= 2  # boto3 retries a 503 once: one AssumeRole each
+    # boto3 retries a 503: the failure is remembered for 5 s, so STS saw one call.
+    assert len(aws.assumed) == 1
     assert not [r for r in w.fake.requests if r.path.startswith("/b/")]  # S3 saw nothing
+    time.sleep(exchanged.RETRY_AFTER)  # for the next test: STS may be asked again
 
 
 def test_keys_close_to_expiry_are_asked_for_again(w: World) -> None:
     """Before the next test (which counts one AssumeRole from keys close to expiry)."""
     aws: AwsFake = w.aws  # type: ignore[attr-defined]
-    aws.expires_in = 200  # within the 5 minutes before expiry: every use asks again
-    w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok()
-    assert len(aws.assumed) >= 2
-    # STS down: the keys still valid are used; none left (expired), the request is refused.
-    aws.sts_down = True
+    aws.expires_in = 2  # refreshed from its second half on, behind the requests using it
     assert w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok() == "sealed keys"
+    first = len(aws.assumed)
+    assert first == 1
+    time.sleep(1.2)
+    assert w.run(ROUND_TRIP, aws_env(w, "role-1"), s3=w.url(host=S3)).ok() == "sealed keys"
+    assert len(aws.assumed) == 2
+    time.sleep(2.1)  # the short keys lapse: the next test starts with none usable
 
 
 def test_the_role_is_assumed_once_and_its_keys_sign(w: World) -> None:

@@ -5,80 +5,49 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
 from sealgate.issuer import awskeys
 from sealgate.issuer.processors import AwsSigV4Processor, SecretInvalid, check_secret
 from sealgate.proxy.credentials import awsroles
-from sealgate.proxy.credentials.awsroles import RoleError, RoleSessions
+from sealgate.proxy.credentials.awsroles import RoleSessions
+from sealgate.proxy.credentials.exchanged import ExchangeError
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.model import Policy
+from sealgate.proxy.policy.rulesfile import load_rules
+from tests.dnsstub import StubDNS
 
 BASE = {"access_key_id": "AKIAROLEBASEUNIT0001", "secret_access_key": "base/SECRET"}
 ROLE = {**BASE, "role_arn": "arn:aws:iam::123456789012:role/ci", "external_id": "ext-1"}
 TEMP = json.dumps({"access_key_id": "ASIATEMPUNIT00000001", "secret_access_key": "t/S",
-                   "session_token": "tok"})
+                   "session_token": "tok"})  # as STS's answer below reads
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _sessions(answers: list[tuple[str, float] | Exception], clock: Clock,
-              delay: float = 0.0) -> tuple[RoleSessions, list[int]]:
-    sessions = RoleSessions(clock=clock)
-    calls: list[int] = []
-
-    async def assume(base: awskeys.AwsKeys) -> tuple[str, float]:
-        calls.append(1)
-        await asyncio.sleep(delay)
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    sessions._assume = assume  # type: ignore[method-assign]
-    return sessions, calls
+@pytest.fixture
+def guarded(tmp_path: Path, dns: StubDNS) -> tuple[Guard, Policy]:
+    """A real guard on the tests' stub DNS, and a policy opening loopback only."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("version: 1\npolicies:\n  p:\n    allow:\n      - host: s3.amazonaws.com\n"
+                     "    allow_networks: [127.0.0.1/32]\n")
+    host, port = dns.address
+    return Guard(Resolver.from_spec(f"{host}:{port}")), load_rules(rules).policies["p"]
 
 
-def test_keys_without_a_role_are_used_as_they_are() -> None:
-    sessions, calls = _sessions([], Clock())
-    assert asyncio.run(sessions.resolve(json.dumps(BASE))) == json.dumps(BASE)
-    assert not calls
+def _resolve(sessions: RoleSessions, secret: str, guarded: tuple[Guard, Policy]) -> str:
+    async def once() -> str:
+        try:
+            return await sessions.resolve(secret, *guarded)
+        finally:
+            await sessions.close()
+
+    return asyncio.run(once())
 
 
-def test_one_call_for_many_waiting_requests_then_cached_until_before_expiry() -> None:
-    clock = Clock()
-    sessions, calls = _sessions([(TEMP, clock.now + 3600), (TEMP, clock.now + 7200)], clock,
-                                delay=0.01)
-
-    async def many() -> list[str]:
-        return await asyncio.gather(*(sessions.resolve(json.dumps(ROLE)) for _ in range(20)))
-
-    assert asyncio.run(many()) == [TEMP] * 20
-    assert len(calls) == 1
-    clock.now += 3600 - awsroles.REFRESH_BEFORE - 1
-    asyncio.run(sessions.resolve(json.dumps(ROLE)))
-    assert len(calls) == 1
-    clock.now += 2  # inside the last 5 minutes: asked again
-    asyncio.run(sessions.resolve(json.dumps(ROLE)))
-    assert len(calls) == 2
-
-
-def test_a_failed_refresh_uses_keys_not_yet_expired_then_fails_closed() -> None:
-    clock = Clock()
-    sessions, calls = _sessions(
-        [(TEMP, clock.now + 400), RoleError("down"), RoleError("down")], clock)
-    asyncio.run(sessions.resolve(json.dumps(ROLE)))
-    clock.now += 200
-    assert asyncio.run(sessions.resolve(json.dumps(ROLE))) == TEMP  # refresh failed, still valid
-    clock.now += 300
-    with pytest.raises(RoleError):
-        asyncio.run(sessions.resolve(json.dumps(ROLE)))
-    assert len(calls) == 3
+def test_keys_without_a_role_are_used_as_they_are(guarded: tuple[Guard, Policy]) -> None:
+    assert _resolve(RoleSessions(), json.dumps(BASE), guarded) == json.dumps(BASE)
 
 
 def test_sts_answers_are_read_for_keys_or_an_error_code() -> None:
@@ -88,27 +57,30 @@ def test_sts_answers_are_read_for_keys_or_an_error_code() -> None:
           b"</AssumeRoleResponse>")
     secret, expires = awsroles._keys(200, ok, 1_000_000.0)
     assert json.loads(secret) == json.loads(TEMP) and expires > 1_000_000
-    with pytest.raises(RoleError, match="answered 403 AccessDenied"):
+    with pytest.raises(ExchangeError, match="answered 403 AccessDenied"):
         awsroles._keys(403, b"<Error><Code>AccessDenied</Code><Message>m</Message></Error>", 0)
-    with pytest.raises(RoleError, match="no usable keys"):
+    with pytest.raises(ExchangeError, match="no usable keys"):
         awsroles._keys(200, b"<x>not keys</x>", 0)
-    with pytest.raises(RoleError, match="expired already"):
+    with pytest.raises(ExchangeError, match="expired already"):
         awsroles._keys(200, ok, 2e9)
 
 
-def test_an_unreachable_sts_is_a_role_error_naming_no_value() -> None:
-    sessions = RoleSessions()
+def test_an_unreachable_sts_is_an_error_naming_no_value(guarded: tuple[Guard, Policy]) -> None:
     secret = json.dumps({**ROLE, "sts_endpoint": "https://127.0.0.1:9"})
-
-    async def once() -> None:
-        try:
-            await sessions.resolve(secret)
-        finally:
-            await sessions.close()
-
-    with pytest.raises(RoleError) as raised:
-        asyncio.run(once())
+    with pytest.raises(ExchangeError, match=r"STS AssumeRole at 127\.0\.0\.1 failed") as raised:
+        _resolve(RoleSessions(), secret, guarded)
     assert "base/SECRET" not in str(raised.value) and "ext-1" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("answer", "why"), [("A 10.9.9.9", "private"),
+                                             ("A 169.254.169.254", "metadata")])
+def test_sts_is_dialed_through_the_guard(guarded: tuple[Guard, Policy], dns: StubDNS,
+                                         answer: str, why: str) -> None:
+    """A name that resolves to an address the policy does not open is never dialed."""
+    dns.set("sts.internal.test", answer)
+    secret = json.dumps({**ROLE, "sts_endpoint": "https://sts.internal.test"})
+    with pytest.raises(ExchangeError, match=rf"sts.internal.test is refused \({why}\)"):
+        _resolve(RoleSessions(), secret, guarded)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
