@@ -11,10 +11,16 @@ scrubbing are then the intercepting path's, by construction.
 
 Only an origin-form request on the explicit listener, outside any tunnel, is read this way
 (`mitm.origin_form`): inside a tunnel, or in absolute form, `/_/` is an ordinary path.
+
+Some SDKs percent-encode the base URL's path as they join it (botocore writes
+`/_/s3.amazonaws.com%3A443`, `%40` for the `@`): in the `/_/` segment, and only there, the
+escapes of the characters an authority and a token list are written with (`: @ , [ ]`) are read
+as those characters, once; any other escape stays, and no host has one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,6 +34,7 @@ from sealgate.reasons import Reason
 
 PREFIX: Final = "/_/"
 _DEFAULT_PORT: Final = 443
+_DELIMITER: Final = re.compile(r"%(3A|40|2C|5B|5D)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +65,7 @@ def rewrite(request: http.Request) -> BaseUrl:
     rest = request.path[len(PREFIX):]
     end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     segment, path = rest[:end], rest[end:]
-    tokens, at, authority = segment.rpartition("@")
+    tokens, at, authority = _DELIMITER.sub(_unescaped, segment).rpartition("@")
     if not authority:
         raise Denial(Reason.BAD_REQUEST, "a base-URL request is /_/<host>[:<port>]/<path>")
     if at and not tokens:
@@ -71,6 +78,10 @@ def rewrite(request: http.Request) -> BaseUrl:
     # The Host the client sent names the proxy; the upstream is told its own name.
     request.host_header = named.authority
     return named
+
+
+def _unescaped(escape: re.Match[str]) -> str:
+    return chr(int(escape.group(1), 16))
 
 
 def redirected(location: str, named: BaseUrl) -> str | None:

@@ -58,7 +58,7 @@ def rules(port: int) -> str:
         ],
         {"aws-1": ("aws", KEYS["aws-1"]), "plain-1": ("plain", KEYS["plain-1"]),
          "tokens-1": ("tokens", KEYS["tokens-1"])},
-        default=None,
+        default="tokens",  # base-URL mode: a client on loopback with no proxy credentials
     )
 
 
@@ -332,6 +332,21 @@ def test_keys_in_a_sealed_token(w: World) -> None:
     assert w.run(ROUND_TRIP, env, s3=w.url(host=S3)).ok() == "sealed keys"
     assert w.fake.requests and all("AKIACANARY" in r.headers["authorization"]
                                    for r in w.fake.requests)
+
+
+def test_boto3_in_base_url_mode_with_the_keys_in_a_token(w: World) -> None:
+    """No proxy, no CA: boto3's endpoint_url is the base URL with a token in it. botocore
+    percent-encodes the prefix's ':' and '@' as it joins the path; the proxy reads them."""
+    token = w.mint(AwsSigV4Processor(services="s3", regions="us-east-1"), host=S3,
+                   secret=SECRET_JSON)
+    env = {k: v for k, v in aws_env(w, "tokens-1").items()
+           if "proxy" not in k.lower() and "CA" not in k and "CERT" not in k}
+    assert w.run(ROUND_TRIP, env, s3=w.base_url(host=S3, tokens=[token])).ok() == "sealed keys"
+    assert [r.method for r in w.fake.requests] == ["PUT", "GET"]
+    assert all("AKIACANARY" in r.headers["authorization"] and r.path.startswith("/bkt/")
+               for r in w.fake.requests)
+    line = w.proxy.wait_audit(lambda e: e.get("method") == "PUT" and e.get("base_url"))
+    assert (line["decision"], line["policy"]) == ("allow", "tokens")
 
 
 HTTP2 = """
