@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -33,8 +34,6 @@ from sealgate.proxy.flowstate import META, Verdict
 from sealgate.reasons import Reason
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
-
-
 class Deadline(commands.RequestWakeup):
     """A response deadline: a wake-up that can be called off once the response has come."""
 
@@ -42,6 +41,15 @@ class Deadline(commands.RequestWakeup):
         super().__init__(delay)
         self.met = False
         self.woken: asyncio.Future[bool] | None = None  # its timer's, while that waits
+
+
+_WAITING: weakref.WeakSet[Deadline] = weakref.WeakSet()  # timers waiting now, this worker
+
+
+def pending() -> int:
+    """How many response deadlines are waiting: requests sent in full, no response head yet.
+    A met deadline's timer ends at once, so this is never more than the requests waiting."""
+    return len(_WAITING)
 
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:
@@ -136,9 +144,11 @@ def endable(wakeup: _Wakeup) -> _Wakeup:
         loop = asyncio.get_running_loop()
         request.woken = woken = loop.create_future()
         timer = loop.call_later(request.delay, _wake, woken)
+        _WAITING.add(request)
         try:
             fired = await woken
         finally:
+            _WAITING.discard(request)
             timer.cancel()
             request.woken = None
             self.wakeup_timer.discard(asyncio.current_task())

@@ -17,7 +17,7 @@ from typing import Any
 from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
-from sealgate.proxy import conncap, memory, settings
+from sealgate.proxy import conncap, deadline, memory, settings
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.conncap import ConnectionGate
 from sealgate.proxy.errors import Denial
@@ -119,7 +119,8 @@ class Lifecycle:
                 self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
                                    connections_open=self.gate.open,
                                    requests_in_flight=len(self.in_flight),
-                                   resident_bytes=memory.resident())
+                                   resident_bytes=memory.resident(),
+                                   response_deadlines_pending=deadline.pending())
 
     def drained(self, *, waited: float, cut: int) -> None:
         """The drain's end (proxy/drain.py): what it waited for, and what it had to cut."""

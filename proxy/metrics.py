@@ -36,8 +36,10 @@ _HELP: Final = {
     "connections_open": "Client connections open now.",
     "requests_in_flight": "Requests decided and not yet answered.",
     "resident_bytes": "The worker's resident memory.",
+    "response_deadlines_pending": "Requests sent upstream in full, waiting for a response head.",
 }
-_GAUGES: Final = frozenset({"connections_open", "requests_in_flight", "resident_bytes"})
+_GAUGES: Final = frozenset({"connections_open", "requests_in_flight", "resident_bytes",
+                            "response_deadlines_pending"})
 
 
 class Metrics:

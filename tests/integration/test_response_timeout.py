@@ -4,6 +4,8 @@ dropped, and answered requests never hit by a timer left behind."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -113,11 +115,33 @@ def test_a_rule_gives_a_long_polling_api_its_own_timeout(rproxy: Proxy, slow: Sl
     assert (r.status_code, r.json()["reason"]) == (504, "upstream_timeout")
 
 
+def pending_deadlines(p: Proxy) -> float:
+    """The workers' `response_deadlines_pending`, from snapshots written after now."""
+    since = time.time()
+    directory = p.state / "metrics"
+    for _ in range(60):
+        snaps = [json.loads(f.read_text()) for f in directory.glob("*.json")
+                 if f.stat().st_mtime > since + 0.05]
+        if snaps:
+            return float(sum(s["gauges"]["response_deadlines_pending"] for s in snaps))
+        time.sleep(0.05)
+    raise AssertionError("no metrics snapshot within 3 s")
+
+
 def test_answered_requests_leave_no_timer_behind(rproxy: Proxy, slow: Slow) -> None:
-    """Deadlines met on a keep-alive connection fire nothing into its later requests. (That a
-    met deadline's timer is cancelled at once, not left asleep, shows only in memory under load:
-    bench/soak.py's keep-alive run.)"""
+    """A met deadline's timer ends at once (the rule's 4 s deadlines would still be asleep
+    here), and deadlines met on a keep-alive connection fire nothing into its later requests."""
     with client(rproxy) as c:
+        for i in range(30):
+            got = c.get(f"https://longpoll.test:{slow.port}/quick/{i}", timeout=10)
+            assert got.status_code == 200
+        assert pending_deadlines(rproxy) == 0
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client(rproxy).get,
+                                  f"https://longpoll.test:{slow.port}/wait/2.5", timeout=10)
+            time.sleep(0.3)
+            assert pending_deadlines(rproxy) == 1  # the gauge does count a waiting request
+            assert waiting.result().status_code == 200
         for i in range(30):
             assert c.get(f"https://api.test:{slow.port}/quick/{i}", timeout=10).status_code == 200
         time.sleep(TIMEOUT * 1.5)  # every one of those deadlines would have fired by now
