@@ -7,9 +7,9 @@ for it, at most 5 s of waiting, keys that have not expired still used while a re
 failed call not repeated for 5 s. With none left, the request fails closed (503
 `secret_unavailable`). STS is dialed as sandbox traffic is (`credentials.dial`: through the
 guard under the policy of the request that needs the keys), so keys are cached per policy's
-networks. The endpoint comes from the secret, which only the operator writes (sealed tokens may
-not name a role: `issuer.processors.check_secret`). No error raised here quotes a key or a
-token; STS's answer is read for its error code only.
+networks. The endpoint comes from the secret: the operator's, or a sealed token's, which the
+broker first puts to the policy decision as a POST the sandbox would make (`Broker.sealed`). No
+error raised here quotes a key or a token; STS's answer is read for its error code only.
 """
 
 from __future__ import annotations

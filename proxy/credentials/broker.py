@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sealgate.issuer import awskeys
 from sealgate.issuer.grants import GrantError
 from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
+from sealgate.proxy.credentials import dial
 from sealgate.proxy.credentials.awsroles import RoleSessions
 from sealgate.proxy.credentials.dial import Endpoint
 from sealgate.proxy.credentials.exchanged import ExchangeError
@@ -29,6 +31,8 @@ from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.policy.decide import Question, decide
 from sealgate.proxy.policy.model import Injection, PathError, Policy, RuleSet, normalize_path
 from sealgate.reasons import Reason
+
+_MAX_SEALED = 4096
 
 
 class Broker:
@@ -45,6 +49,8 @@ class Broker:
         # The rule entries of the rules in force: a request that was waiting for its secret
         # across a reload must not bring back the credential of an entry that is gone.
         self._named: dict[int, Injection] = {}
+        # Sealed role keys worked out, by the identity of the opened token's (kept) value.
+        self._sealed_roles: dict[int, tuple[SealedExchange, str, Credential]] = {}
 
     def check(self, rules: RuleSet) -> None:
         """Every secret a rule names must have a store; raises SecretConfigError. Credentials
@@ -119,18 +125,44 @@ class Broker:
 
     async def sealed(self, sealed: SealedExchange, *, guard: Guard, rules: RuleSet,
                      identity: Identity, policy: Policy) -> Credential:
-        """The token a sealed token's exchange processor obtains, from an endpoint the
-        sandbox's policy lets it POST to (its minter, whoever that was, chose the endpoint)."""
+        """What a sealed token's exchange processor obtains (a token, a role's keys), from an
+        endpoint the sandbox's policy lets it POST to (its minter, whoever that was, chose
+        the endpoint)."""
+        processor = sealed.processor
 
         def admit(endpoint: Endpoint) -> None:
+            try:
+                path = normalize_path(endpoint.path)
+            except PathError as exc:
+                raise Denial(exc.reason, f"a token's {processor.kind} endpoint: {exc}") from None
             decision = decide(rules, Question(identity, endpoint.host, endpoint.port, "https",
-                                              "POST", normalize_path(endpoint.path)))
+                                              "POST", path))
             if not decision.allowed:
                 raise Denial(decision.reason or Reason.NOT_ALLOWED,
-                             f"a token's {sealed.processor.kind} endpoint: {decision.detail}")
+                             f"a token's {processor.kind} endpoint: {decision.detail}")
 
-        return await self._exchange(sealed.processor, sealed.secret, guard, policy, ref=None,
-                                    label=sealed.label, admit=admit)
+        if not isinstance(processor, AwsSigV4Processor):
+            return await self._exchange(processor, sealed.secret, guard, policy, ref=None,
+                                        label=sealed.label, admit=admit)
+        role = awskeys.parse(sealed.secret).role
+        assert role is not None  # as the tokenizer found
+        try:
+            admit(dial.endpoint(role.sts_endpoint))
+        except ExchangeError as exc:
+            raise Denial(Reason.SECRET_INVALID, str(exc)) from None
+        text = await self._role_keys(sealed.secret, guard, policy)
+        known = self._sealed_roles.get(id(sealed))
+        if known is not None and known[0] is sealed and known[1] == text:
+            return known[2]
+        try:
+            cred = credential(processor, text, sealed.label,
+                              inapplicable=Reason.TOKEN_INAPPLICABLE)
+        except InjectionError as exc:
+            raise Denial(exc.reason, str(exc)) from None
+        if len(self._sealed_roles) >= _MAX_SEALED:
+            self._sealed_roles.clear()  # a sandbox minting tokens chooses how many
+        self._sealed_roles[id(sealed)] = (sealed, text, cred)
+        return cred
 
     async def _exchange(self, processor: ExchangeProcessor, text: str, guard: Guard,
                         policy: Policy, *, ref: SecretRef | None, label: str,
@@ -138,8 +170,6 @@ class Broker:
         try:
             return await self.exchanges.credential(processor, text, guard, policy, ref=ref,
                                                    label=label, admit=admit)
-        except PathError as exc:
-            raise Denial(exc.reason, f"a token's {processor.kind} endpoint: {exc}") from None
         except GrantError as exc:
             raise Denial(Reason.SECRET_INVALID, str(exc)) from None
         except ExchangeError as exc:

@@ -23,6 +23,7 @@ from sealgate.issuer import (
     TokenInapplicable,
     TokenMalformed,
     TokenScope,
+    awskeys,
     check_binding,
     check_scope,
     check_time,
@@ -32,6 +33,7 @@ from sealgate.issuer import (
 from sealgate.issuer.keys import Keyring
 from sealgate.issuer.processors import (
     EXCHANGED,
+    AwsSigV4Processor,
     GcpServiceAccountProcessor,
     GitHubAppProcessor,
     OAuth2Processor,
@@ -65,9 +67,11 @@ class TokenRequest(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class SealedExchange:
     """A token whose processor obtains what goes in (`oauth2`, `github-app`,
-    `gcp-service-account`): its secret is exchanged first (`Broker.sealed`)."""
+    `gcp-service-account`, `aws-sigv4` keys that name a role): its secret is exchanged first
+    (`Broker.sealed`)."""
 
-    processor: OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
+    processor: (OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
+                | AwsSigV4Processor)
     secret: str = field(repr=False)
     label: str
 
@@ -100,12 +104,8 @@ class Tokenizer:
             claims = unseal(token, self.keyring)
             label = f"token:{claims.kid}:{claims.jti or '-'}"
             # Claims refuse a secret their processor cannot carry, so this does not raise.
-            cred: Credential | SealedExchange = (
-                SealedExchange(claims.processor, claims.secret, label)
-                if isinstance(claims.processor, EXCHANGED) else
-                credential(claims.processor, claims.secret, label,
-                           inapplicable=TokenInapplicable.reason)
-            )
+            cred = _sealed(claims, label) or credential(
+                claims.processor, claims.secret, label, inapplicable=TokenInapplicable.reason)
             opened = self._opened[token] = _Opened(claims, cred, *validity(claims))
             if len(self._opened) > self.cache_size:
                 self._evict()
@@ -182,6 +182,17 @@ class Tokenizer:
                 opened.passed = request
             granted.append(opened.credential)
         return granted
+
+
+def _sealed(claims: Claims, label: str) -> SealedExchange | None:
+    """What a token whose processor must obtain what goes in opens to: None for the others."""
+    processor = claims.processor
+    if isinstance(processor, AwsSigV4Processor):
+        if awskeys.parse(claims.secret).role is None:
+            return None
+    elif not isinstance(processor, EXCHANGED):
+        return None
+    return SealedExchange(processor, claims.secret, label)
 
 
 def _elements(values: Sequence[str]) -> list[str]:

@@ -19,21 +19,29 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[t
 
 from botocore.credentials import Credentials
 
+from sealgate.issuer.processors import AwsSigV4Processor
 from sealgate.proxy.credentials import exchanged
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import CLIENT, ROUND_TRIP, aws_env
 
 BASE = Credentials("AKIAROLEBASECANARY01", "CANARY/role+base/secret0123456789abcdef")
 S3, STS = "s3.us-east-1.amazonaws.com", "sts.us-east-1.amazonaws.com"  # the proxy dials STS
-KEYS = {"role-1": "role-key-sigv4-1"}
+KEYS = {"role-1": "role-key-sigv4-1", "sealed-1": "role-key-sealed-1",
+        "narrow-1": "role-key-narrow-1"}
 ROLE = "arn:aws:iam::123456789012:role/sealgate-ci"
 
 
 def rules(port: int) -> str:
+    """role-1 brokered; sealed-1 and narrow-1 carry the role in a token, and only sealed-1's
+    policy lets the sandbox POST to STS."""
     return rules_file(
         [policy("role", rule(S3, [port], inject="{type: aws-sigv4, services: [s3], "
-                                              "regions: [us-east-1]}"))],
-        {"role-1": ("role", KEYS["role-1"])}, default=None,
+                                              "regions: [us-east-1]}")),
+         policy("sealed", rule(S3, [port]), rule(STS, [port], methods=["POST"], paths=["/"]),
+                tokens=True),
+         policy("narrow", rule(S3, [port]), tokens=True)],
+        {"role-1": ("role", KEYS["role-1"]), "sealed-1": ("sealed", KEYS["sealed-1"]),
+         "narrow-1": ("narrow", KEYS["narrow-1"])}, default=None,
     )
 
 
@@ -51,6 +59,7 @@ def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
     with world(directory, test_ca, dns, [S3, STS], None, rules, KEYS, f"'{secret}'",
                fake=fake) as made:
         made.aws = aws  # type: ignore[attr-defined]
+        made.role_secret = secret  # type: ignore[attr-defined]
         yield made
     logged = made.proxy.audit_text() + made.proxy.stderr()
     assert BASE.secret_key not in logged
@@ -107,3 +116,36 @@ def test_the_role_is_assumed_once_and_its_keys_sign(w: World) -> None:
     for arrived in s3:
         assert "ASIAFAKEROLE" in arrived.headers["authorization"]
         assert arrived.headers["x-amz-security-token"].startswith("role-token/")
+
+
+def _sealed_env(w: World, sandbox: str) -> dict[str, str]:
+    # Its own session name: not the brokered role's keys, which the proxy may hold already.
+    secret = json.dumps({**json.loads(w.role_secret),  # type: ignore[attr-defined]
+                         "role_session_name": "sealed-session"})
+    token = w.mint(AwsSigV4Processor(services="s3", regions="us-east-1"), host=S3, secret=secret)
+    env = aws_env(w, sandbox)
+    env.update({k: v for k, v in w.env(sandbox, key=f"{KEYS[sandbox]},{token}").items()
+                if "proxy" in k.lower()})
+    return env
+
+
+def test_the_role_sealed_in_a_token_where_the_policy_allows_sts(w: World) -> None:
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert w.run(ROUND_TRIP, _sealed_env(w, "sealed-1"), s3=w.url(host=S3)).ok() == "sealed keys"
+    (form,) = aws.assumed
+    assert form["RoleSessionName"] == "sealed-session" and form["RoleArn"] == ROLE
+    s3 = [r for r in w.fake.requests if "Action=AssumeRole" not in r.body.decode(errors="replace")]
+    assert len(s3) == 2 and all("ASIAFAKEROLE" in r.headers["authorization"] for r in s3)
+
+
+def test_a_sealed_role_is_not_assumed_where_the_policy_does_not_allow_sts(w: World) -> None:
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    code = CLIENT + """
+def main(s3):
+    return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
+"""
+    out = w.run(code, _sealed_env(w, "narrow-1"), s3=w.url(host=S3)).ok()
+    assert (out["status"], out["reason"]) == (403, "not_allowed"), out
+    line = w.proxy.wait_audit(lambda e: e.get("sandbox") == "narrow-1" and e.get("reason"))
+    assert line["reason"] == "not_allowed"
+    assert not aws.assumed and not w.fake.requests

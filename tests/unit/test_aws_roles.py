@@ -101,9 +101,11 @@ def test_role_fields_need_a_role() -> None:
         awskeys.parse(json.dumps({**BASE, "external_id": "ext-1"}))
 
 
-def test_a_sealed_token_may_not_name_a_role() -> None:
-    """Assuming dials the secret's STS endpoint: a token anyone can mint must not choose it."""
+def test_a_sealed_token_may_name_a_role() -> None:
+    """Sealed as brokered: the proxy dials the token's STS endpoint only where the sandbox's
+    policy allows a POST to it (tests/integration/test_aws_roles.py)."""
     processor = AwsSigV4Processor(services="s3", regions="us-east-1")
     check_secret(processor, json.dumps(BASE))
-    with pytest.raises(SecretInvalid, match="only from a secret store"):
-        check_secret(processor, json.dumps(ROLE))
+    check_secret(processor, json.dumps(ROLE))
+    with pytest.raises(SecretInvalid, match="role_arn"):
+        check_secret(processor, json.dumps({**ROLE, "role_arn": "not an arn"}))
