@@ -345,17 +345,19 @@ def check_secret(processor: Processor, secret: str) -> None:
         # sandbox's policy lets it POST (`proxy.credentials.broker`).
         try:
             awskeys.parse(secret)
+            return
         except ValueError as exc:
-            raise SecretInvalid(str(exc)) from None
-        return
+            problem = str(exc)
+        raise SecretInvalid(problem)  # outside the handler: no context that could quote it
     if isinstance(processor, EXCHANGED):
         # Sealed too: the proxy dials a sealed token's endpoint only where the sandbox's own
         # policy lets it POST (`proxy.credentials.exchanges`).
         try:
             exchanged_secret(processor, secret)
+            return
         except grants.GrantError as exc:
-            raise SecretInvalid(str(exc)) from None
-        return
+            problem = str(exc)
+        raise SecretInvalid(problem)
     if processor.header_secret:
         if not _VISIBLE.fullmatch(secret) or len(secret) > MAX_SECRET_LENGTH:
             raise SecretInvalid(
