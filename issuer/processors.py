@@ -365,9 +365,8 @@ def check_secret(processor: Processor, secret: str) -> None:
                 f"1-{MAX_SECRET_LENGTH} visible ASCII characters"
             )
         return
-    problem = _unicode_problem(secret, MAX_SECRET_LENGTH)
-    if problem:
-        raise SecretInvalid(f"secret {problem}")
+    if unicode := _unicode_problem(secret, MAX_SECRET_LENGTH):
+        raise SecretInvalid(f"secret {unicode}")
 
 
 def target(processor: Processor) -> str:
