@@ -20,7 +20,8 @@ from sealgate.issuer.processors import GcpServiceAccountProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GoogleFake, rsa_key
-from tests.sdk.kit import World, rules_file, world
+from tests.sdk.kit import World, policy, rules_file, world
+from tests.sdk.kit import rule as allowing
 
 TOKEN_HOST, STORAGE, RUN = "oauth2.googleapis.com", "storage.googleapis.com", "svc-abc.a.run.app"
 EMAIL = "ci-runner@project-1.iam.gserviceaccount.com"
@@ -37,10 +38,8 @@ def rules(port: int) -> str:
 
     allow = (rule(STORAGE, f'scopes: ["{SCOPE}"]')
              + rule(RUN, f'audience: "https://{RUN}"'))
-    sealed = (f"  sealed:\n    tokens: true\n    allow:\n"
-              f"      - host: {STORAGE}\n        ports: [{port}]\n"
-              f"      - host: {TOKEN_HOST}\n        ports: [{port}]\n        methods: [POST]\n"
-              "    allow_networks: [127.0.0.1/32]\n")
+    sealed = policy("sealed", allowing(STORAGE, [port]),
+                    allowing(TOKEN_HOST, [port], methods=["POST"]), tokens=True)
     return rules_file([f"  job:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
                        sealed],
                       {"job-1": ("job", KEYS["job-1"]), "job-2": ("sealed", KEYS["job-2"])},

@@ -18,7 +18,8 @@ from sealgate.issuer.processors import GitHubAppProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GitHubFake, rsa_key
-from tests.sdk.kit import World, masked, rules_file, world
+from tests.sdk.kit import World, masked, policy, rules_file, world
+from tests.sdk.kit import rule as allowing
 
 pytest.importorskip("github", reason="PyGithub is not installed (pip install -e '.[test]')")
 
@@ -39,12 +40,10 @@ def rules(port: int) -> str:
     allow = (rule("/repos/acme/**", "gh_app", ", repositories: [widgets], "
                   'permissions: ["contents:read", "pull_requests:write"]')
              + rule("/repos/other/**", "gh_wrong"))
-    sealed = (f"  sealed:\n    tokens: true\n    allow:\n"
-              f"      - host: {HOST}\n        ports: [{port}]\n"
-              "        paths: [\"/repos/acme/**\"]\n"
-              f"      - host: {HOST}\n        ports: [{port}]\n        methods: [POST]\n"
-              f"        paths: [\"/app/installations/{INSTALLATION}/access_tokens\"]\n"
-              "    allow_networks: [127.0.0.1/32]\n")
+    sealed = policy("sealed", allowing(HOST, [port], paths=["/repos/acme/**"]),
+                    allowing(HOST, [port], methods=["POST"],
+                             paths=[f"/app/installations/{INSTALLATION}/access_tokens"]),
+                    tokens=True)
     return rules_file([f"  bot:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
                        sealed],
                       {"bot-1": ("bot", KEYS["bot-1"]), "bot-2": ("sealed", KEYS["bot-2"])},

@@ -19,7 +19,8 @@ from sealgate.issuer.processors import OAuth2Processor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import OAuthFake
-from tests.sdk.kit import World, masked, rules_file, world
+from tests.sdk.kit import World, masked, policy, rules_file, world
+from tests.sdk.kit import rule as allowing
 
 API, AUTH, INTERNAL = "api.example.com", "auth.example.com", "internal-auth.example.com"
 # app-1 brokered; app-2 and app-3 carry sealed tokens, app-3's policy not allowing AUTH.
@@ -52,14 +53,12 @@ def rules(port: int) -> str:
         _inject("metadata", "oauth_rt",
                 '{type: oauth2, token_url: "https://169.254.169.254/token"}', port),
     ])
-    policy = (f"  app:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n")
-    api = f"      - host: {API}\n        ports: [{port}]\n        paths: [\"/sealed/**\"]\n"
-    posts = "".join(f"      - host: {host}\n        ports: [{port}]\n        methods: [POST]\n"
-                    "        paths: [/token]\n" for host in (AUTH, INTERNAL))
-    sealed = (f"  sealed:\n    tokens: true\n    allow:\n{api}{posts}"
-              "    allow_networks: [127.0.0.1/32]\n")
-    narrow = f"  narrow:\n    tokens: true\n    allow:\n{api}    allow_networks: [127.0.0.1/32]\n"
-    return rules_file([policy, sealed, narrow], {
+    brokered = f"  app:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n"
+    api = allowing(API, [port], paths=["/sealed/**"])
+    posts = [allowing(host, [port], methods=["POST"], paths=["/token"])
+             for host in (AUTH, INTERNAL)]
+    return rules_file([brokered, policy("sealed", api, *posts, tokens=True),
+                       policy("narrow", api, tokens=True)], {
         "app-1": ("app", KEYS["app-1"]), "app-2": ("sealed", KEYS["app-2"]),
         "app-3": ("narrow", KEYS["app-3"]),
     }, default=None)
