@@ -118,9 +118,14 @@ class Daemon:
             self._preparing -= 1
         loop = asyncio.get_running_loop()
         try:
-            hello = await asyncio.wait_for(loop.sock_recv(made.channel, 4096), _HELLO_SECONDS)
-            if json.loads(hello or b"null") != {"op": "ready"}:
-                raise SandboxError("the sandbox's agent did not start (is /usr/bin/python3 "
+            hello = await asyncio.wait_for(loop.sock_recv(made.channel, 4096),
+                                           max(_HELLO_SECONDS, made.tier.ready_seconds))
+            said = json.loads(hello or b"null")
+            if said != {"op": "ready"}:
+                # A tier that serves the protocol itself (`Tier.serve`) says why it failed.
+                why = said.get("detail") if isinstance(said, dict) else None
+                raise SandboxError(str(why)[:2000] if why else
+                                   "the sandbox's agent did not start (is /usr/bin/python3 "
                                    "the host system's Python 3?)")
         except (TimeoutError, ValueError, OSError) as exc:
             await self._release(made)

@@ -51,11 +51,9 @@ def register(sub: Commands) -> None:
     p.add_argument("--disk", default="1G",
                    help="each sandbox's writable layer (tmpfs, counted as its memory; "
                         "default 1G)")
-    # The tiers whose start runs the agent as a slot's first process (sandbox.slot); a
-    # microVM boots a guest agent of its own.
-    p.add_argument("--isolation", choices=("bwrap", "gvisor"), default=tiers.DEFAULT,
-                   help="what confines every sandbox of this daemon: bwrap or gvisor "
-                        f"(default {tiers.DEFAULT})")
+    p.add_argument("--isolation", choices=tiers.NAMES, default=tiers.DEFAULT,
+                   help="what confines every sandbox of this daemon: "
+                        f"{', '.join(tiers.NAMES)} (default {tiers.DEFAULT})")
     p.add_argument("--no-selftest", action="store_true",
                    help="report ready without first proving the network boundary holds")
     p.set_defaults(func=_run)

@@ -99,7 +99,8 @@ def prepare(config: Config) -> Slot:
                 files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
                 launch = Launch(link, [PYTHON, "-I", "-S", AGENT], config.proxy_port, files,
                                 program, None, uid, uid, {}, writable=places)
-                started = tier.start(launch, group.dirs, handed)
+                # A tier whose workload cannot run the agent serves its protocol itself.
+                started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
                 # prepares slots in its executor's threads, which live as long as the daemon
                 # (Python's pool never retires an idle worker), so the sandbox still dies with

@@ -83,6 +83,13 @@ class Channel:
                 raise SandboxError(f"the microVM's agent sent a bad frame: {exc}") from None
         return self._queue.pop(0)
 
+    def take_over(self) -> tuple[Frames, list[tuple[dict[str, Any], bytes]]]:
+        """The frame parser and the frames read but not yet asked for, for a caller that reads
+        the socket itself from here on (many requests at once: `hostserve`); this channel is
+        not used again."""
+        queued, self._queue = self._queue, []
+        return self._frames, queued
+
     def wait_ready(self, timeout: float) -> str:
         """Wait for the agent's first word; the guest kernel's release."""
         header, _ = self._expect("to start", time.monotonic() + timeout, None, {"ready"})

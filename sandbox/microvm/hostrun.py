@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm import image, vm
-from sealgate.sandbox.microvm.channel import Channel
+from sealgate.sandbox.microvm import image, pool, vm
+from sealgate.sandbox.microvm.pool import Booted
 
 SETUP_FAILED = 125
 BRIDGE = "sgvmbr"
@@ -73,7 +73,9 @@ def wire(sandbox_if: str) -> None:
                            f"{done.stderr.strip()}")
 
 
-def run(order: Order) -> int:
+def start(order: Order) -> Booted:
+    """Steps 1 to 3: the namespace wired, the VM booted on it and given its address and the
+    staged files; the caller kills it (`Booted.close`). Raises SandboxError."""
     found = image.find()
     if found is None:
         raise SandboxError("no microVM image: run scripts/microvm-image")
@@ -84,21 +86,28 @@ def run(order: Order) -> int:
     spec = vm.Spec(found, accel, order.uid, order.gid, tap=TAP,
                    workspace=Path(order.workspace) if order.workspace else None,
                    memory_mib=order.memory_mib)
-    machine = vm.Machine(spec)
     try:
-        channel = Channel(machine.sock)
-        try:
-            channel.wait_ready(_BOOT_SECONDS)
-        except SandboxError:
-            raise SandboxError(f"the microVM did not start: {machine.failure()}") from None
-        channel.network(order.address, order.gateway)
+        booted = pool.boot(spec, _BOOT_SECONDS)
+    except SandboxError as exc:
+        raise SandboxError(f"the microVM did not start: {exc}") from None
+    try:
+        booted.channel.network(order.address, order.gateway)
         for path, text in order.files.items():
             if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
-                channel.put(path, text.encode("latin-1"))
-        return channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
-                              cwd=order.cwd, pids=order.pids, stdin_fd=0)
+                booted.channel.put(path, text.encode("latin-1"))
+    except BaseException:
+        booted.close()
+        raise
+    return booted
+
+
+def run(order: Order) -> int:
+    booted = start(order)
+    try:
+        return booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
+                                     cwd=order.cwd, pids=order.pids, stdin_fd=0)
     finally:
-        machine.kill()
+        booted.close()
 
 
 def main() -> int:

@@ -5,6 +5,12 @@ Each VM is booted fresh for the pool and used by one taker only, then killed: a 
 handed out twice, and none is restored from a snapshot, so no two sandboxes ever share a
 guest's memory, its random state or anything a command left. The pool boots a replacement in
 the background as each one is taken.
+
+`Pool` holds VMs without a network, all started by one process. `sealgate sandboxd
+--isolation microvm` keeps its warm pool as slots instead (`sandbox.slot`): each VM needs its
+own namespace, tap and cgroups, with a root launcher in them (`hostserve`), so each slot boots
+its one VM there with `boot`, and the daemon's pool of slots is the pool of booted VMs, under
+the same rule: one VM per sandbox, killed with it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,13 @@ A tier is a module of this package defining `TIER`, a `Tier`:
 - `clean_up(index)`: whatever it made on the host for the sandbox on link `index` that lasts
   the sandbox's life, removed once every process of the sandbox's cgroups is dead: at
   teardown (`sandbox.runtime`, `sandbox.slot`), after a start that failed, and by the next
-  run after one whose process died without its teardown (`sandbox.lease`).
+  run after one whose process died without its teardown (`sandbox.lease`);
+- `serve` (optional): for sandboxd's slots, the host command whose first process speaks the
+  daemon's agent protocol (`sandbox.agent`'s wire) on its standard input, for a tier whose
+  workload cannot run that agent itself (a microVM: no descriptor crosses into a guest).
+  Without it the slot's command is the agent, run by `start`. `ready_seconds` bounds how long
+  a slot's first process may take to say it serves (a guest's boot under emulation takes
+  seconds).
 
 Adding a tier is its module and its entry in `_TABLE`.
 """
@@ -58,6 +64,8 @@ class Tier:
     start: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started]
     clean_up: Callable[[int], None]
     host_limits: Callable[[Limits], Limits] = lambda limits: limits
+    serve: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started] | None = None
+    ready_seconds: float = 10.0
 
 
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.

@@ -36,7 +36,9 @@ from sealgate.sandbox.tiers.bwrap import memfd
 
 _MAX_GUEST_MIB = 2048
 _QEMU_MIB = 256  # QEMU's own memory beside the guest's: its code, device state, 9p buffers
-_QEMU_TASKS = 64  # its threads (vCPU, I/O, 9p workers) and the launcher's few processes
+# QEMU's threads (vCPU, I/O, 9p workers) and the launcher's few processes; a sandboxd slot's
+# server (`hostserve`) also runs two threads per request, at most 128 requests at once.
+_QEMU_TASKS = 64 + 2 * 128 + 8
 _PASSED_ENV = (vm.ACCEL_ENV, "SEALGATE_MICROVM_DIR")
 
 
@@ -55,23 +57,41 @@ def _guest_mib(limits: Limits) -> int:
     return max(128, min(limits.memory >> 20, _MAX_GUEST_MIB))
 
 
-def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
+def _order(launch: Launch, command: list[str], workspace: Path | None) -> Order:
     link = launch.link
-    order = Order(
-        command=list(launch.command), env=environment(launch),
+    return Order(
+        command=command, env=environment(launch),
         files={path: data.decode("latin-1") for path, data in launch.files.items()},
         sandbox_if=link.sandbox_if, address=f"{link.sandbox_ip}/30", gateway=str(link.host_ip),
-        uid=launch.uid, gid=launch.gid, cwd=WORKSPACE if launch.workspace else HOME,
+        uid=launch.uid, gid=launch.gid, cwd=WORKSPACE if workspace else HOME,
         pids=launch.limits.pids, memory_mib=_guest_mib(launch.limits),
-        workspace=str(launch.workspace) if launch.workspace else None)
+        workspace=str(workspace) if workspace else None)
+
+
+def _host_command(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack,
+                  module: str, order: Order) -> Started:
     fd = memfd(order.to_json(), undo)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     env.update({k: os.environ[k] for k in _PASSED_ENV if k in os.environ})
     # The launcher dies with the runtime, and QEMU with the launcher (`vm`): a runtime killed
     # outright leaves no VM running, only what the next run cleans up.
     argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig=KILL", "--",
-            sys.executable, "-I", "-m", "sealgate.sandbox.microvm.hostrun", str(fd)]
+            sys.executable, "-I", "-m", f"sealgate.sandbox.microvm.{module}", str(fd)]
     return Started(argv, env, (fd,))
+
+
+def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
+    return _host_command(launch, cgroups, undo, "hostrun",
+                         _order(launch, list(launch.command), launch.workspace))
+
+
+def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
+    """A sandboxd slot (`sandbox.microvm.hostserve`): its VM booted and serving the daemon's
+    agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so the
+    daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
+    the slot); the guest's RAM is fixed at its boot, before any create names its limits."""
+    return _host_command(launch, cgroups, undo, "hostserve",
+                         _order(launch, [], launch.writable.get(WORKSPACE)))
 
 
 def _clean_up(_: int) -> None:
@@ -82,4 +102,7 @@ def _host_limits(limits: Limits) -> Limits:
     return Limits(_QEMU_TASKS, (_guest_mib(limits) + _QEMU_MIB) << 20, limits.cpus)
 
 
-TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits)
+# A slot's first process says it serves once its guest has booted: seconds under emulation,
+# several at once on a loaded host.
+TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve,
+            ready_seconds=90.0)

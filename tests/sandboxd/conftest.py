@@ -16,6 +16,7 @@ import pytest
 from sealgate.sandbox.client import Client, DaemonError
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
+from tests.integration import tiers
 
 RANGE, GATEWAY = "10.216.0.0/16", "10.216.255.254"
 PLAN = ["--range", RANGE, "--gateway", GATEWAY]
@@ -93,7 +94,7 @@ class Daemon:
             return self.process.wait()
 
 
-def start_daemon(proxy: Proxy, where: Path, *extra: str) -> Daemon:
+def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30) -> Daemon:
     sock = where / "sandboxd.sock"
     log = where / "sandboxd.log"
     with open(log, "a") as out:
@@ -102,10 +103,10 @@ def start_daemon(proxy: Proxy, where: Path, *extra: str) -> Daemon:
              "--proxy-port", str(proxy.port), "--transparent-port", str(proxy.transparent_port),
              "--uid-base", str(UID_BASE), *extra],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **tiers.ENV})
     daemon = Daemon(process, sock, log)
     try:
-        daemon.wait_ready()
+        daemon.wait_ready(ready)
     except BaseException:
         daemon.stop()  # never left running past its test
         raise

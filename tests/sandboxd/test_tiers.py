@@ -1,0 +1,153 @@
+"""`sealgate sandboxd --isolation T` for every tier this machine can run: the same daemon, API
+and host-side boundary, whatever runs the workload.
+
+Each tier's daemon starts with its self-test (a canary sandbox tries every forbidden way out,
+judged by what reached the daemon's own listeners), so a ready daemon has shown the network
+boundary holding on its tier. Then, through the real API: a command's output streamed and its
+status, files in and out, the kernel it runs on (the host's for bubblewrap, gVisor's, or the
+guest's own in a microVM), HTTPS and plain HTTP through the proxy with its CA trusted, two
+sandboxes that share nothing (for a microVM, two VMs: two kernels, two QEMUs), and a delete
+that leaves nothing but the refilled pool: no process of the sandbox's (QEMU included), no
+namespace (its tap and bridge were in it), link, table, mount or registration.
+
+Where KVM cannot run the microVM's guest, it runs under emulation (`tests.integration.tiers`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sealgate.sandbox.client import Sandbox
+from tests.harness import Origin, Proxy
+from tests.integration.tiers import TIERS
+from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
+from tests.sandboxd.test_lifecycle import gone_or_ended, picture, same_as
+
+pytestmark = [pytest.mark.root]
+
+POOL = 1  # a microVM is ~300 MiB and seconds of emulated boot
+STRONG = {"gvisor", "microvm"}  # tiers whose workload runs on a kernel that is not the host's
+_FETCH = """
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode(), end="")
+"""
+
+
+@pytest.fixture(scope="module", params=TIERS)
+def tierd(request: pytest.FixtureRequest, dproxy: Proxy,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Daemon]]:
+    tier = str(request.param)
+    daemon = start_daemon(dproxy, tmp_path_factory.mktemp(f"sandboxd-{tier}"), "--pool",
+                          str(POOL), "--isolation", tier, ready=240)
+    yield tier, daemon
+    daemon.stop()
+
+
+def create(daemon: Daemon) -> Sandbox:
+    return Sandbox.create("ci-bot", daemon=str(daemon.socket))
+
+
+def qemus(uid: int) -> list[int]:
+    """QEMU processes running as `uid` (a microVM sandbox's: QEMU runs as its uid)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().startswith("qemu-system") \
+                    and proc.stat().st_uid == uid:
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_commands_files_and_the_proxy(tierd: tuple[str, Daemon], origin_https: Origin) -> None:
+    tier, daemon = tierd
+    with create(daemon) as sb:
+        assert sb.info["isolation"] == tier and sb.info["uid"] >= UID_BASE
+        kernel = sb.run(["uname", "-r"])
+        assert kernel.ok, kernel.stderr
+        assert (kernel.text.strip() != os.uname().release) == (tier in STRONG), kernel.text
+        # Output streams as it comes: the first line arrives while the command still runs.
+        events = sb.stream(["sh", "-c", "echo first; sleep 2; echo second >&2; exit 3"])
+        start = time.monotonic()
+        first = next(events)
+        assert first == ("stdout", b"first\n") and time.monotonic() - start < 2
+        rest = list(events)
+        assert rest[0] == ("stderr", b"second\n")
+        assert rest[-1][0] == "exit" and rest[-1][1].exit_code == 3  # type: ignore[union-attr]
+        done = sb.run(["sh", "-c", "cat; kill -TERM $$"], stdin=b"in\n")
+        assert (done.exit_code, done.signal, done.stdout) == (143, 15, b"in\n")
+        assert sb.run(["sleep", "30"], timeout=1).ending == "timed_out"
+        assert sb.run(["pwd"]).text == "/workspace\n"
+        sb.write("dir/in.txt", b"from the host\n" * 10_000)
+        assert sb.run(["sh", "-c", "wc -c < dir/in.txt"]).text.strip() == "140000"
+        assert sb.run(["sh", "-c", "echo made inside > out.txt"]).ok
+        assert sb.read("out.txt") == b"made inside\n"
+        assert sb.read("dir/in.txt") == b"from the host\n" * 10_000
+        # Real clients through the proxy, its CA trusted; a host outside the policy refused.
+        got = sb.run(["curl", "-sS", "-m", "20", f"https://api.test:{origin_https.port}/t"])
+        assert (got.exit_code, got.stdout) == (0, b"hello from origin\n"), got.stderr
+        got = sb.run(["python3", "-c", _FETCH, f"https://api.test:{origin_https.port}/py"])
+        assert (got.exit_code, got.stdout) == (0, b"hello from origin\n"), got.stderr
+        refused = sb.run(["curl", "-sS", "-m", "20", "-o", "/dev/null", "-w", "%{http_code}",
+                          f"https://other.test:{origin_https.port}/"])
+        assert refused.exit_code != 0 or refused.text == "403", refused
+    assert {"/t", "/py"} <= {seen.path for seen in origin_https.requests}
+
+
+def test_two_sandboxes_share_nothing(tierd: tuple[str, Daemon]) -> None:
+    tier, daemon = tierd
+    with create(daemon) as a, create(daemon) as b:
+        assert a.info["address"] != b.info["address"] and a.info["uid"] != b.info["uid"]
+        assert a.run(["sh", "-c", "echo mine > only-a"]).ok
+        assert b.run(["ls"]).text == ""
+        boot = ["cat", "/proc/sys/kernel/random/boot_id"]
+        if tier == "microvm":  # two guests, two kernels booted each for its sandbox
+            assert a.run(boot).text != b.run(boot).text
+            assert len(qemus(a.info["uid"])) == len(qemus(b.info["uid"])) == 1
+            assert qemus(a.info["uid"]) != qemus(b.info["uid"])
+
+
+def test_a_delete_leaves_only_the_pool(tierd: tuple[str, Daemon], dproxy: Proxy) -> None:
+    tier, daemon = tierd
+    before = picture(daemon, dproxy, POOL)
+    assert before.orphans == [] and before.sandboxes == 0
+    sb = create(daemon)
+    vms = qemus(sb.info["uid"])
+    assert len(vms) == (1 if tier == "microvm" else 0)
+    assert sb.run(["true"]).ok
+    sb.delete()
+    after = same_as(daemon, dproxy, before, POOL)
+    assert after.held["netns"] == after.held["tables"] == POOL
+    for pid in vms:  # its VM is gone, not handed to the next sandbox
+        assert not Path(f"/proc/{pid}").exists()
+    with create(daemon) as again:
+        assert not set(qemus(again.info["uid"])) & set(vms)
+    if tier == "microvm":
+        taps = subprocess.run(["ip", "-o", "link", "show", "type", "tun"], capture_output=True,
+                              text=True, check=True, timeout=20).stdout
+        assert "sgvmtap" not in taps  # taps live in the sandboxes' namespaces only
+
+
+def test_a_vm_that_ends_ends_its_sandbox(tierd: tuple[str, Daemon], dproxy: Proxy) -> None:
+    """QEMU killed from the host: the slot's server sees its guest end and exits, and the
+    daemon deletes the sandbox (its end, not a hang on the next request)."""
+    tier, daemon = tierd
+    if tier != "microvm":
+        pytest.skip("a microVM's own end (the other tiers' agent dying: test_lifecycle)")
+    before = picture(daemon, dproxy, POOL)
+    sb = create(daemon)
+    for pid in qemus(sb.info["uid"]):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not gone_or_ended(sb):
+        assert time.monotonic() < deadline, sb.refresh()
+        time.sleep(0.1)
+    same_as(daemon, dproxy, before, POOL)
