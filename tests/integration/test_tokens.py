@@ -45,7 +45,7 @@ from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest, running_proxy
 from tests.security.rawclient import (
     RawResponse,
-    h2_through_tunnel,
+    h2_get,
     open_tunnel,
     proxy_auth,
     read_response,
@@ -377,12 +377,8 @@ def test_token_over_http2(
     origin.echo = True
     target = f"api.test:{origin.port}"
     token = mint(keys[1], BearerProcessor(), origin.port)
-    r, alpn = h2_through_tunnel(
-        tproxy.port, target, ("bot-1", KEYS["bot-1"]), tproxy.ca,
-        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", "/h2"),
-         ("proxy-tokenizer", token)],
-    )
-    assert alpn == "h2"
+    r = h2_get(tproxy.port, target, ("bot-1", KEYS["bot-1"]), tproxy.ca, "/h2",
+               [("proxy-tokenizer", token)])
     assert r.status == 200, r.body[:300]
     seen = origin.requests[-1]
     assert seen.headers["authorization"] == f"Bearer {CANARY}"

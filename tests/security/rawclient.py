@@ -266,6 +266,17 @@ def h2_through_tunnel(
             return h2_exchange(tls, headers, body), tls.selected_alpn_protocol()
 
 
+def h2_get(port: int, target: str, who: tuple[str, str], cafile: Path, path: str,
+           extra: Sequence[tuple[str, str]] = ()) -> RawResponse:
+    """GET `path` through a tunnel to `target` over HTTP/2, which the proxy must have chosen."""
+    r, alpn = h2_through_tunnel(port, target, who, cafile, [
+        (":method", "GET"), (":scheme", "https"), (":authority", target), (":path", path),
+        *extra,
+    ])
+    assert alpn == "h2", alpn
+    return r
+
+
 def _text(value: str | bytes) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 

@@ -22,7 +22,7 @@ from tests.harness import Origin, Proxy
 from tests.integration.test_lifecycle import rules_allowing
 from tests.security.rawclient import (
     RawResponse,
-    h2_through_tunnel,
+    h2_get,
     proxy_auth,
     read_response,
     request_bytes,
@@ -285,12 +285,7 @@ def test_http2_streams_get_the_head_bounds(
 ) -> None:
     target = f"limited.test:{origin_https.port}"
     origin_https.reset()
-    r, alpn = h2_through_tunnel(
-        proxy.port, target, ("bot-1", KEYS["bot-1"]), proxy.ca,
-        [(":method", "GET"), (":scheme", "https"), (":authority", target), (":path", path),
-         *extra],
-    )
-    assert alpn == "h2"
+    r = h2_get(proxy.port, target, ("bot-1", KEYS["bot-1"]), proxy.ca, path, extra)
     assert r.status == status, (label, r.body[:200])
     assert r.json()["reason"] in ("uri_too_long", "headers_too_large")
     assert not origin_https.requests
