@@ -231,12 +231,29 @@ def _walk(path: str, create: bool) -> tuple[int, str]:
             except OSError:
                 _refuse_link(fd, name)
                 raise
+            _same_entry(fd, name, nxt)
             os.close(fd)
             fd = nxt
     except BaseException:
         os.close(fd)
         raise
     return fd, parts[-1]
+
+
+def _same_entry(parent: int, name: str, opened: int) -> None:
+    """What was opened is the directory entry itself, not where a link there leads: gVisor's
+    kernel (2022-12) follows a link to a directory even under O_NOFOLLOW | O_DIRECTORY. A link
+    put there after the open is refused the same way (it is not what was opened)."""
+    try:
+        entry = os.lstat(name, dir_fd=parent)
+        got = os.fstat(opened)
+        same = (entry.st_dev, entry.st_ino) == (got.st_dev, got.st_ino)
+    except OSError:
+        same = False
+    if not same:
+        os.close(opened)
+        _refuse_link(parent, name)
+        raise ValueError(f"{name[:255]!r} changed while it was opened")
 
 
 def _refuse_link(parent: int, name: str) -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.client import Sandbox
+from sealgate.reasons import Reason
+from sealgate.sandbox.client import DaemonError, Sandbox
 from tests.harness import Origin, Proxy
 from tests.integration.tiers import TIERS
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
@@ -151,3 +152,21 @@ def test_a_vm_that_ends_ends_its_sandbox(tierd: tuple[str, Daemon], dproxy: Prox
         assert time.monotonic() < deadline, sb.refresh()
         time.sleep(0.1)
     same_as(daemon, dproxy, before, POOL)
+
+
+def test_files_never_follow_a_link(tierd: tuple[str, Daemon]) -> None:
+    """put and get walk the workspace as the sandbox's uid and never through a link, whatever
+    runs them (in a microVM: the same agent code, inside the guest; under gVisor, whose kernel
+    follows a link to a directory despite O_NOFOLLOW, the walk checks what it opened)."""
+    _, daemon = tierd
+    with create(daemon) as sb:
+        assert sb.run(["sh", "-c", "ln -s /etc/passwd pw && ln -s /etc d && mkdir dir"]).ok
+        for reason, path, attempt in ((Reason.BAD_PATH, "pw", lambda: sb.read("pw")),
+                                      (Reason.BAD_PATH, "d/passwd", lambda: sb.read("d/passwd")),
+                                      (Reason.BAD_PATH, "d/planted",
+                                       lambda: sb.write("d/planted", b"x")),
+                                      (Reason.NO_SUCH_FILE, "dir", lambda: sb.read("dir"))):
+            with pytest.raises(DaemonError) as refused:
+                attempt()
+            assert refused.value.reason is reason, (path, refused.value)
+        assert sb.run(["test", "!", "-e", "/etc/planted"]).ok
