@@ -236,11 +236,18 @@ def sandbox_memory(uid: int, daemon_pid: int) -> tuple[int, int, int, int]:
 # -- the processes --------------------------------------------------------------------------
 
 
+# The caller's PYTHONPATH passes, so a run can measure a checkout other than the venv's; and
+# how the microVM tier runs its guest (emulation where KVM cannot run it) and where its image is.
+PASSED = ("PYTHONPATH", "SEALGATE_MICROVM_ACCEL", "SEALGATE_MICROVM_DIR")
+
+
+def sealgate_env() -> dict[str, str]:
+    return {"PATH": HOST_PATH, **{k: os.environ[k] for k in PASSED if k in os.environ}}
+
+
 def sealgate_cmd(paths: dict[str, str], *args: str, timeout: float = 120
                  ) -> subprocess.CompletedProcess[str]:
-    # The caller's PYTHONPATH passes, so a run can measure a checkout other than the venv's.
-    env = {"PATH": HOST_PATH, **({"PYTHONPATH": os.environ["PYTHONPATH"]}
-                                 if "PYTHONPATH" in os.environ else {})}
+    env = sealgate_env()
     return subprocess.run([paths["sealgate"], *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env, check=False)
 
