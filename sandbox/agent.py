@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -130,18 +131,14 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
     killed: list[int] = []
     signal.signal(signal.SIGUSR1, lambda *_: killed.append(1))  # the daemon's "kill it"
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _command(req, stdin, stdout, stderr, err_w)
-    for fd in (stdin, stdout, stderr, err_w):
-        os.close(fd)
-    failure = os.read(err_r, 4096)
-    usage = [0.0, 0.0, 0.0]
-    if failure:
-        os.waitpid(pid, 0)
-        _report(status, {"error": failure.decode(errors="replace"), "exit": 127})
+    try:
+        pid = _spawn(req, stdin, stdout, stderr)
+    except _NotStarted as exc:
+        _report(status, {"error": str(exc), "exit": 127})
         return
+    finally:
+        for fd in (stdin, stdout, stderr):
+            os.close(fd)
     timeout = req.get("timeout")
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     ending, ended = "exit", None
@@ -180,35 +177,72 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
     _report(status, answer)
 
 
-def _command(req: dict[str, Any], stdin: int, stdout: int, stderr: int, err_w: int) -> None:
-    """In the command's process: its descriptors, its session, then exec (never returns)."""
+class _NotStarted(Exception):
+    """The command could not be started; the message says why (never a traceback)."""
+
+
+# Reset to their default in the command: Python ignores SIGPIPE, and the shim handles the rest.
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGUSR1, signal.SIGCHLD, signal.SIGINT,
+                    signal.SIGTERM)
+
+
+def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
+    """Start the command in its own session with its descriptors, the process limit and
+    default signals: by posix_spawn (vfork, then exec), not a fork of the shim, whose copy of
+    a Python address space costs 16 ms under gVisor's ptrace platform (fork and exec 25 ms,
+    posix_spawn 10 ms, measured in runsc). What the command needs set that posix_spawn cannot
+    set is set on the shim first: it does nothing after but wait."""
     try:
-        os.setsid()
-        for sig in (signal.SIGPIPE, signal.SIGUSR1, signal.SIGCHLD, signal.SIGINT,
-                    signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        pids = int(req["pids"])
-        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
-        for target, fd in enumerate((stdin, stdout, stderr)):
-            os.dup2(fd, target)
-        os.closerange(3, err_w)
-        os.closerange(err_w + 1, 1 << 16)
-        cwd = str(req.get("cwd") or _WORKSPACE)
-        try:
-            os.chdir(cwd)
-        except OSError as exc:  # named as the directory's, not blamed on the program
-            os.write(err_w, f"cwd {cwd}: {exc.strerror or exc}".encode()[:4000])
-            os._exit(127)
         argv = [str(a) for a in req["argv"]]
         env = {str(k): str(v) for k, v in req["env"].items()}
-        os.execvpe(argv[0], argv, env)  # noqa: S606 (the command is the point)
+        pids = int(req["pids"])
+        cwd = str(req.get("cwd") or _WORKSPACE)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _NotStarted(f"bad request: {type(exc).__name__}") from None
+    if not argv:
+        raise _NotStarted("bad request: an empty argv")
+    try:
+        os.chdir(cwd)
+    except OSError as exc:  # named as the directory's, not blamed on the program
+        raise _NotStarted(f"cwd {cwd}: {exc.strerror or exc}"[:4000]) from None
+    resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    # Only 0, 1 and 2 go to the command: what came with a request is inheritable.
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(int(name), False)
+    try:
+        program = _which(argv[0], env.get("PATH", os.defpath))
+        return os.posix_spawn(
+            program, argv, env, setsid=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=(),
+            file_actions=[(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, stdout, 1),
+                          (os.POSIX_SPAWN_DUP2, stderr, 2)],
+        )
     except OSError as exc:
-        os.write(err_w, f"{req['argv'][0]}: {exc.strerror or exc}".encode()[:4000])
-    except Exception as exc:  # a malformed request: said, never a traceback
-        os.write(err_w, f"bad request: {type(exc).__name__}".encode())
-    os._exit(127)
+        raise _NotStarted(f"{argv[0]}: {exc.strerror or exc}"[:4000]) from None
+
+
+def _which(name: str, path: str) -> str:
+    """The program execvp would run for `name`: itself if it names a path, else the first
+    executable file of that name in `path`'s directories. OSError (ENOENT, or EACCES for one
+    found but not executable) otherwise."""
+    if "/" in name:
+        return name
+    denied = False
+    for directory in path.split(":"):
+        candidate = os.path.join(directory or ".", name)
+        try:
+            info = os.stat(candidate)
+        except OSError:
+            continue
+        if info.st_mode & 61440 != 32768:
+            continue
+        if os.access(candidate, os.X_OK):
+            return candidate
+        denied = True
+    code = errno.EACCES if denied else errno.ENOENT
+    raise OSError(code, os.strerror(code))
 
 
 def _walk(path: str, create: bool) -> tuple[int, str]:

@@ -87,6 +87,12 @@ def test_commands_files_and_the_proxy(tierd: tuple[str, Daemon], origin_https: O
         assert (done.exit_code, done.signal, done.stdout) == (143, 15, b"in\n")
         assert sb.run(["sleep", "30"], timeout=1).ending == "timed_out"
         assert sb.run(["pwd"]).text == "/workspace\n"
+        # Only its standard streams go to a command: none of the agent's or its status's.
+        fds = sb.run(["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"])
+        assert fds.text == "['0', '1', '2', '3']\n", fds  # 3: the listing's own
+        missing = sb.run(["no-such-program-anywhere"])
+        assert missing.exit_code == 127  # why: in `error`, or the microVM's guest on stderr
+        assert "no-such-program-anywhere" in (missing.error or missing.stderr.decode())
         sb.write("dir/in.txt", b"from the host\n" * 10_000)
         assert sb.run(["sh", "-c", "wc -c < dir/in.txt"]).text.strip() == "140000"
         assert sb.run(["sh", "-c", "echo made inside > out.txt"]).ok
