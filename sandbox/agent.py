@@ -33,7 +33,8 @@ The channel is the agent's standard input (the one descriptor every isolation ti
 sandbox's first process: gVisor's runsc passes no other). A shim waits for its command by
 SIGCHLD, not a pidfd (gVisor's kernel has no pidfd_open), and each command gets the sandbox's
 process limit as RLIMIT_NPROC (`pids`: what gVisor's kernel counts; under bubblewrap the
-cgroup already holds it, and the uid is the sandbox's own).
+cgroup already holds it, and the uid is the sandbox's own), set on its shim, which starts it
+(`_spawn`).
 """
 
 from __future__ import annotations
