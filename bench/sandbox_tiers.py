@@ -11,7 +11,8 @@ CPU-bound, a system-call-heavy and a file-heavy workload, each timed inside the 
 Where KVM cannot run the microVM's guest (this host's nested PVM), the microVM runs under
 QEMU's emulation (TCG), as the tests run it; the document says which.
 
-Writes docs/performance-sandbox-tiers.md (`--docs DIR` elsewhere); `--json` prints the figures.
+Writes docs/performance-sandbox-tiers.md and its chart, docs/performance-sandbox-tiers.png
+(`--docs DIR` elsewhere); `--json` prints the figures.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report import machine_facts
+from report import figure, machine_facts, publish, save
 from sandbox_start import (
     GATEWAY,
     HOST_PATH,
@@ -193,7 +194,42 @@ def measure(paths: dict[str, str], proxy: Any, names: list[str], starts: int,
     return {"tiers": figures, "cli_ms": cli, "loadavg": Path("/proc/loadavg").read_text()}
 
 
-def document(result: dict[str, Any], meta: dict[str, str]) -> str:
+def draw(result: dict[str, Any], chart: Path) -> None:
+    """Latencies per tier (p50, log scale) and each workload's slowdown against the first."""
+    figures = result["tiers"]
+    names = list(figures)
+    fig, (latency, slow) = figure([3, 2], (11, 3.8))
+    series = {"start → first instruction": [pct(figures[t]["first_instruction_ms"], 50)
+                                            for t in names]}
+    for key, label in (("create", "sandboxd create"), ("first", "sandboxd first exec"),
+                       ("later", "sandboxd later exec")):
+        series[label] = [pct(d[key], 50) if (d := figures[t].get("sandboxd_ms")) else 0.0
+                         for t in names]
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        latency.bar([x + i * width for x in range(len(names))], values, width, label=label)
+    latency.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(names))], names)
+    latency.set_yscale("log")
+    latency.set_ylabel("ms, p50 (log)")
+    latency.set_title("start and exec by tier")
+    latency.legend(fontsize=8)
+    base = names[0]
+    width = 0.8 / len(names)
+    for i, tier in enumerate(names):
+        ratios = [statistics.median(figures[tier]["workloads_ms"][w])
+                  / statistics.median(figures[base]["workloads_ms"][w]) for w in WORKLOADS]
+        slow.bar([x + i * width for x in range(len(WORKLOADS))], ratios, width, label=tier)
+    slow.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(WORKLOADS))],
+                    [w.split(" (")[0] for w in WORKLOADS])
+    slow.set_yscale("log")
+    slow.axhline(1.0, color="black", linewidth=0.8)
+    slow.set_ylabel(f"time / {base}'s (log)")
+    slow.set_title("workload slowdown")
+    slow.legend(fontsize=8)
+    save(fig, chart)
+
+
+def document(result: dict[str, Any], meta: dict[str, str], chart: Path) -> str:
     figures, cli = result["tiers"], statistics.median(result["cli_ms"])
     names = list(figures)
     lines = [
@@ -202,6 +238,7 @@ def document(result: dict[str, Any], meta: dict[str, str]) -> str:
         "the one-shot `sealgate sandbox run --isolation TIER` on this machine, behind the same "
         "network boundary (namespace, nftables table, name server, registration with the "
         "proxy), with its default limits (1 core of CPU time, 4G memory).", "",
+        f"![start, exec and slowdown by tier]({chart.name})", "",
         "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
     ]
 
@@ -281,11 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(["bench/sandbox_tiers.py", *(argv or sys.argv[1:])]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "duration": f"{(time.monotonic() - started) / 60:.1f} min"}
-    args.docs.mkdir(parents=True, exist_ok=True)
-    target = args.docs / "performance-sandbox-tiers.md"
-    target.write_text(document(result, meta))
-    print(json.dumps(result, indent=1) if args.json else target.read_text())
-    print(f"wrote {target}", file=sys.stderr)
+    wrote = publish(args.docs, "performance-sandbox-tiers", lambda c: draw(result, c),
+                    lambda c: document(result, meta, c))
+    print(json.dumps(result, indent=1) if args.json else
+          (args.docs / "performance-sandbox-tiers.md").read_text())
+    print(wrote, file=sys.stderr)
     return 0
 
 
