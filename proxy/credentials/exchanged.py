@@ -16,6 +16,10 @@ before it expires.
   most once per `retry_after` seconds per key, so an upstream that refuses every token (a
   scope it will never grant) does not turn each request into a call to the token endpoint.
 
+At most `max_keys` keys are remembered (held tokens, failures, invalidations each), the least
+recently obtained forgotten first: a sandbox that may send sealed tokens chooses how many keys
+there are (anyone with the proxy's public key can mint).
+
 Keys are whatever names one credential (its processor, its secret's reference, the policy's
 networks it is dialed under); `source` is what it was obtained from, and a held token obtained
 from another source (the operator changed the secret) is not used.
@@ -32,11 +36,13 @@ from typing import Final, Generic, TypeVar
 __all__ = ["ExchangeError", "Exchanged", "Obtained"]
 
 K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 REFRESH_AHEAD: Final = 300.0
 USABLE_MARGIN: Final = 30.0
 WAIT: Final = 5.0
 RETRY_AFTER: Final = 5.0
+MAX_KEYS: Final = 16384
 
 
 class ExchangeError(Exception):
@@ -65,10 +71,11 @@ def _held(obtained: Obtained, now: float) -> _Held:
 
 class Exchanged(Generic[K]):
     def __init__(self, *, clock: Callable[[], float] = time.time, wait: float = WAIT,
-                 retry_after: float = RETRY_AFTER) -> None:
+                 retry_after: float = RETRY_AFTER, max_keys: int = MAX_KEYS) -> None:
         self.clock = clock
         self.wait = wait
         self.retry_after = retry_after
+        self.max_keys = max_keys
         self._held: dict[K, _Held] = {}
         self._flights: dict[K, asyncio.Task[Obtained]] = {}
         self._failed: dict[K, tuple[ExchangeError, float]] = {}  # the error, until when
@@ -129,13 +136,20 @@ class Exchanged(Generic[K]):
         try:
             found = await obtain()
         except ExchangeError as exc:
-            self._failed[key] = (exc, self.clock() + self.retry_after)
+            self._keep(self._failed, key, (exc, self.clock() + self.retry_after))
             raise
         finally:
             self._flights.pop(key, None)
-        self._held[key] = _held(found, self.clock())
+        self._keep(self._held, key, _held(found, self.clock()))
         self._failed.pop(key, None)
         return found
+
+    def _keep(self, entries: dict[K, V], key: K, value: V) -> None:
+        """Set `key` as the newest entry, forgetting the oldest past `max_keys`."""
+        entries.pop(key, None)
+        entries[key] = value
+        while len(entries) > self.max_keys:
+            del entries[next(iter(entries))]
 
     def invalidate(self, key: K, value: str) -> None:
         """Forget `value` if it is still what `key` holds (a 401 for an older token leaves a
@@ -145,7 +159,7 @@ class Exchanged(Generic[K]):
         if held is not None and held.obtained.value == value and \
                 now >= self._invalidated.get(key, -self.retry_after) + self.retry_after:
             del self._held[key]
-            self._invalidated[key] = now
+            self._keep(self._invalidated, key, now)
 
     async def close(self) -> None:
         flights = list(self._flights.values())

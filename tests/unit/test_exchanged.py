@@ -158,3 +158,32 @@ def test_when_the_endpoint_fails_a_token_not_yet_expired_is_used_then_none() -> 
             await cache.get("k", "s", endpoint())
 
     run(body)
+
+
+def test_at_most_max_keys_are_remembered_the_oldest_forgotten() -> None:
+    """A sandbox minting sealed tokens chooses the keys: held tokens and failures alike stay
+    bounded, and a key used again is the newest."""
+    clock = Clock()
+    endpoint = Endpoint(clock)
+    cache: Exchanged[str] = Exchanged(clock=clock, max_keys=3)
+
+    async def body() -> None:
+        for key in ("a", "b", "c"):
+            await cache.get(key, "s", endpoint())
+        cache.invalidate("a", "t1")
+        await cache.get("a", "s", endpoint())  # obtained again: now the newest
+        await cache.get("d", "s", endpoint())  # past 3: "b", the oldest, goes
+        assert [cache.fresh(k, "s") is not None for k in "abcd"] == [True, False, True, True]
+        endpoint.fail = "down"
+        for key in ("e", "f", "g", "h"):
+            with pytest.raises(ExchangeError):
+                await cache.get(key, "s", endpoint())
+        calls = endpoint.calls
+        with pytest.raises(ExchangeError):
+            await cache.get("e", "s", endpoint())  # its failure forgotten: asked again
+        assert endpoint.calls == calls + 1
+        with pytest.raises(ExchangeError):
+            await cache.get("h", "s", endpoint())  # remembered: not asked
+        assert endpoint.calls == calls + 1
+
+    run(body)
