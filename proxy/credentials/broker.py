@@ -49,8 +49,9 @@ class Broker:
         # The rule entries of the rules in force: a request that was waiting for its secret
         # across a reload must not bring back the credential of an entry that is gone.
         self._named: dict[int, Injection] = {}
-        # Sealed role keys worked out, by the identity of the opened token's (kept) value.
-        self._sealed_roles: dict[int, tuple[SealedExchange, str, Credential]] = {}
+        # Sealed role keys worked out, by the identity of the opened token's (kept) value, with
+        # the policy its STS endpoint was admitted under.
+        self._sealed_roles: dict[int, tuple[SealedExchange, Policy, str, Credential]] = {}
 
     def check(self, rules: RuleSet) -> None:
         """Every secret a rule names must have a store; raises SecretConfigError. Credentials
@@ -144,16 +145,18 @@ class Broker:
         if not isinstance(processor, AwsSigV4Processor):
             return await self._exchange(processor, sealed.secret, guard, policy, ref=None,
                                         label=sealed.label, admit=admit)
-        role = awskeys.parse(sealed.secret).role
-        assert role is not None  # as the tokenizer found
-        try:
-            admit(dial.endpoint(role.sts_endpoint))
-        except ExchangeError as exc:
-            raise Denial(Reason.SECRET_INVALID, str(exc)) from None
-        text = await self._role_keys(sealed.secret, guard, policy)
         known = self._sealed_roles.get(id(sealed))
-        if known is not None and known[0] is sealed and known[1] == text:
-            return known[2]
+        if known is None or known[0] is not sealed or known[1] is not policy:
+            known = None  # not yet admitted under this policy
+            role = awskeys.parse(sealed.secret).role
+            assert role is not None  # as the tokenizer found
+            try:
+                admit(dial.endpoint(role.sts_endpoint))
+            except ExchangeError as exc:
+                raise Denial(Reason.SECRET_INVALID, str(exc)) from None
+        text = await self._role_keys(sealed.secret, guard, policy)
+        if known is not None and known[2] == text:
+            return known[3]
         try:
             cred = credential(processor, text, sealed.label,
                               inapplicable=Reason.TOKEN_INAPPLICABLE)
@@ -161,7 +164,7 @@ class Broker:
             raise Denial(exc.reason, str(exc)) from None
         if len(self._sealed_roles) >= _MAX_SEALED:
             self._sealed_roles.clear()  # a sandbox minting tokens chooses how many
-        self._sealed_roles[id(sealed)] = (sealed, text, cred)
+        self._sealed_roles[id(sealed)] = (sealed, policy, text, cred)
         return cred
 
     async def _exchange(self, processor: ExchangeProcessor, text: str, guard: Guard,
