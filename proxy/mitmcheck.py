@@ -147,6 +147,11 @@ def _refused_at_headers() -> None:
     _names(inspect.unwrap(HttpStream.state_consume_request_body), "send_response",
            "HttpResponseHeadersHook")
     _params(HttpStream.send_response, "(self, already_streamed=)")
+    # A refused body being dropped (mitm._dropping) ends the stream itself, at the body's end:
+    # send_response ends it only when the client side is done.
+    _names(HttpStream.send_response, "client_state", "state_done", "flow_done")
+    _params(HttpStream.flow_done, "(self)")
+    _names(HttpStream.flow_done, "DropStream", "ResponseEndOfMessage")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Server.read_headers")
