@@ -42,7 +42,7 @@ from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, Secret
 from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.policy.model import Policy
 
-__all__ = ["Endpoint", "ExchangeProcessor", "Exchanges"]
+__all__ = ["ExchangeProcessor", "Exchanges"]
 
 log = logging.getLogger(__name__)
 
