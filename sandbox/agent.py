@@ -39,6 +39,7 @@ cgroup already holds it, and the uid is the sandbox's own), set on its shim, whi
 
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes
 import errno
@@ -48,6 +49,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import time
 from typing import Any
 
@@ -182,9 +184,11 @@ class _NotStarted(Exception):
     """The command could not be started; the message says why (never a traceback)."""
 
 
-# Reset to their default in the command: Python ignores SIGPIPE, and the shim handles the rest.
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGUSR1, signal.SIGCHLD, signal.SIGINT,
-                    signal.SIGTERM)
+# Reset to their default in the command: Python ignores SIGPIPE and SIGXFSZ, and the shim
+# handles the rest. (glibc's posix_spawn leaves its own two internal signals, 32 and 33,
+# ignored: no program sends them.)
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGUSR1, signal.SIGCHLD,
+                    signal.SIGINT, signal.SIGTERM)
 
 
 def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
@@ -206,13 +210,16 @@ def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
         os.chdir(cwd)
     except OSError as exc:  # named as the directory's, not blamed on the program
         raise _NotStarted(f"cwd {cwd}: {exc.strerror or exc}"[:4000]) from None
-    resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
-    # Only 0, 1 and 2 go to the command: what came with a request is inheritable.
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) > 2:
-                with contextlib.suppress(OSError):
-                    os.set_inheritable(int(name), False)
+    # Never above the hard limit the agent was given (raising it is refused): a create may
+    # ask for more processes than the host lets a uid have, and then gets the host's bound.
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    limit = pids if hard == resource.RLIM_INFINITY else min(pids, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    except (OSError, ValueError) as exc:
+        raise _NotStarted(f"process limit {pids}: {exc}") from None
+    # Only 0, 1 and 2 go to the command: every other descriptor here is close-on-exec (the
+    # request's came so, `main`; Python opens its own so; none was inherited, `main`).
     try:
         program = _which(argv[0], env.get("PATH", os.defpath))
         return os.posix_spawn(
@@ -227,17 +234,18 @@ def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
 def _which(name: str, path: str) -> str:
     """The program execvp would run for `name`: itself if it names a path, else the first
     executable file of that name in `path`'s directories. OSError (ENOENT, or EACCES for one
-    found but not executable) otherwise."""
+    found but not executable) otherwise. Unlike execvp, a first match that cannot be executed
+    (ENOEXEC: a script without `#!`, another architecture) is not passed over for a later one."""
     if "/" in name:
         return name
     denied = False
-    for directory in path.split(":"):
+    for directory in path.split(os.pathsep):
         candidate = os.path.join(directory or ".", name)
         try:
             info = os.stat(candidate)
         except OSError:
             continue
-        if info.st_mode & 61440 != 32768:
+        if not stat.S_ISREG(info.st_mode):
             continue
         if os.access(candidate, os.X_OK):
             return candidate
@@ -298,7 +306,7 @@ def _refuse_link(parent: int, name: str) -> None:
         info = os.lstat(name, dir_fd=parent)
     except OSError:
         return
-    if info.st_mode & 61440 == 40960:
+    if stat.S_ISLNK(info.st_mode):
         raise ValueError(f"{name[:255]!r} is a symbolic link: never followed")
 
 
@@ -345,7 +353,7 @@ def _get(req: dict[str, Any], fds: list[int]) -> None:
             _refuse_link(parent, name)
             raise
         info = os.fstat(fd)
-        if info.st_mode & 61440 != 32768:
+        if not stat.S_ISREG(info.st_mode):
             _report(status, {"error": "not a regular file"})
             return
         if info.st_size > int(req["limit"]):
@@ -376,6 +384,9 @@ _OPS = {"exec": _exec, "put": _put, "get": _get}
 def main() -> None:
     chan = socket.socket(fileno=0)
     chan.set_inheritable(False)
+    # Nothing but the channel (and 1, 2) is meant to come from whoever started us: anything
+    # else would reach every command (commands inherit what is not close-on-exec).
+    os.closerange(3, 1 << 16)
     # Other processes of the sandbox's uid may not open our descriptors through /proc.
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -387,12 +398,24 @@ def main() -> None:
         if not ready:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(chan, _MAX_MESSAGE, 8)
+            message, fds = receive(chan)
         except OSError:
             return
         if not message:
             return  # the daemon is gone: so is the sandbox
         _serve(chan, message, fds, shims)
+
+
+def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
+    """One request and its descriptors, close-on-exec: they reach a command only as its 0, 1
+    and 2. (socket.recv_fds drops its `flags` argument in CPython 3.11: recvmsg, then.)"""
+    fds = array.array("i")
+    message, ancillary, _, _ = chan.recvmsg(_MAX_MESSAGE, socket.CMSG_LEN(8 * fds.itemsize),
+                                            socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return message, list(fds)
 
 
 def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int]) -> None:

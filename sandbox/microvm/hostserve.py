@@ -39,13 +39,13 @@ import threading
 import time
 from typing import Any
 
+from sealgate.sandbox.agent import receive
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm import hostrun
 from sealgate.sandbox.microvm.guestagent import TIMED_OUT, encode
 from sealgate.sandbox.microvm.pool import Booted
 from sealgate.sandbox.slot import AGENT  # where every slot stages the agent's source
 
-_MAX_MESSAGE = 1 << 20
 _MAX_RUNNING = 128  # requests at once (the daemon sends at most 64 per sandbox)
 _QUEUED = 64  # frames held per request before the guest's channel is held back
 _CHUNK = 1 << 16
@@ -125,7 +125,7 @@ class Server:
         chan.send(b'{"op": "ready"}')
         while True:
             try:
-                message, fds, _, _ = socket.recv_fds(chan, _MAX_MESSAGE, 8)
+                message, fds = receive(chan)
             except OSError:
                 return
             if not message:

@@ -16,6 +16,7 @@ Where KVM cannot run the microVM's guest, it runs under emulation (`tests.integr
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -90,6 +91,16 @@ def test_commands_files_and_the_proxy(tierd: tuple[str, Daemon], origin_https: O
         # Only its standard streams go to a command: none of the agent's or its status's.
         fds = sb.run(["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"])
         assert fds.text == "['0', '1', '2', '3']\n", fds  # 3: the listing's own
+        # Signals a program expects at their default, Python's ignored ones reset: a writer to
+        # a closed pipe dies of SIGPIPE (141), not of EPIPE (1); SigIgn, where /proc has it
+        # (gVisor's has not), shows SIGXFSZ too.
+        piped = sb.run(["sh", "-c", "(yes; echo $? >&2) | head -c1 > /dev/null"])
+        assert piped.stderr.strip().endswith(b"141"), piped
+        status = sb.run(["cat", "/proc/self/status"]).text
+        for line in status.splitlines():
+            if line.startswith("SigIgn:"):
+                ignored = int(line.split()[1], 16)
+                assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1))
         missing = sb.run(["no-such-program-anywhere"])
         assert missing.exit_code == 127  # why: in `error`, or the microVM's guest on stderr
         assert "no-such-program-anywhere" in (missing.error or missing.stderr.decode())
@@ -107,6 +118,18 @@ def test_commands_files_and_the_proxy(tierd: tuple[str, Daemon], origin_https: O
                           f"https://other.test:{origin_https.port}/"])
         assert refused.exit_code != 0 or refused.text == "403", refused
     assert {"/t", "/py"} <= {seen.path for seen in origin_https.requests}
+
+
+def test_a_process_limit_above_the_hosts_still_runs(tierd: tuple[str, Daemon]) -> None:
+    """A create may ask for more processes than the host's hard RLIMIT_NPROC: its commands get
+    the host's bound, never a failed start."""
+    _, daemon = tierd
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # the daemon's, which it passes on
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard RLIMIT_NPROC here to ask above")
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket), limits={"pids": hard + 1}) as sb:
+        done = sb.run(["sh", "-c", "echo ran"])
+        assert (done.exit_code, done.text, done.ending) == (0, "ran\n", "exit"), done
 
 
 def test_two_sandboxes_share_nothing(tierd: tuple[str, Daemon]) -> None:
