@@ -145,31 +145,37 @@ class Server:
             return
         wanted = {"exec": 4, "put": 2, "get": 2}.get(str(op))
         if wanted is not None and len(fds) == wanted and self._slots.acquire(blocking=False):
+            # Known before its thread runs: a kill right behind the request finds it.
+            opened = self.guest.open()
+            gid = self._running[ident] = opened[0]
             try:
-                threading.Thread(target=self._request, args=(str(op), ident, req, fds),
+                threading.Thread(target=self._request, args=(str(op), ident, opened, req, fds),
                                  daemon=True).start()
                 return
             except RuntimeError:  # no thread to be had: this request is lost, not the VM
+                self._running.pop(ident, None)
+                self.guest.close(gid)
                 self._slots.release()
         for fd in fds:  # the daemon then sees no status: the request is lost
             os.close(fd)
 
-    def _request(self, op: str, ident: int, req: dict[str, Any], fds: list[int]) -> None:
-        try:
-            self._serve_one(op, ident, req, fds)
-        finally:
-            self._slots.release()
-
-    def _serve_one(self, op: str, ident: int, req: dict[str, Any], fds: list[int]) -> None:
-        gid, frames = self.guest.open()
-        self._running[ident] = gid
+    def _request(self, op: str, ident: int,
+                 opened: tuple[int, queue.Queue[tuple[dict[str, Any], bytes]]],
+                 req: dict[str, Any], fds: list[int]) -> None:
+        gid, frames = opened
         try:
             if op == "exec":
                 self._exec(gid, frames, req, fds)
             else:
                 self._file(gid, frames, op, req, fds)
         except Exception as exc:  # the request's failure, never the sandbox's end
-            print(f"sealgate microvm slot: {op}: {exc}", file=sys.stderr)
+            # Said on its status (the daemon reads no stderr of ours), if that is still open.
+            status = fds[-1]
+            if status >= 0:
+                _write_all(status, (json.dumps({
+                    "exit": None, "ending": "lost",
+                    "error": f"the microVM's launcher failed the {op}: {type(exc).__name__}",
+                }) + "\n").encode())
         finally:
             self._running.pop(ident, None)
             self._killed.discard(gid)
@@ -177,6 +183,7 @@ class Server:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            self._slots.release()
 
     def _start(self, gid: int, argv: list[str], env: dict[str, Any], stdin: int, *,
                cwd: str | None, timeout: float | None, pids: int | None = None) -> None:
