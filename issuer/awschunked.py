@@ -23,7 +23,7 @@ from typing import Final
 
 from sealgate.issuer.sigv4 import EMPTY_SHA256, Scope
 
-__all__ = ["ALGORITHM", "ChunkError", "Resigner", "resign"]
+__all__ = ["ALGORITHM", "ChunkError", "Resigner"]
 
 ALGORITHM: Final = "AWS4-HMAC-SHA256-PAYLOAD"
 _HEAD: Final = re.compile(rb"([0-9a-fA-F]{1,16});chunk-signature=[0-9a-f]{64}\r\n")
@@ -85,9 +85,3 @@ class Resigner:
             raise ChunkError("the aws-chunked body goes on after its final chunk")
         return b"".join(out)
 
-
-def resign(body: bytes, seed: str, key: bytes, amz_date: str, scope: Scope) -> bytes:
-    """`body` with every chunk signed again with `key` (the signing key of `scope`), from
-    `seed` (the request's new signature)."""
-    resigner = Resigner(seed, key, amz_date, scope, max_chunk=len(body))
-    return resigner.feed(body) + resigner.feed(b"")

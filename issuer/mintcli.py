@@ -50,6 +50,10 @@ def _processor(args: argparse.Namespace) -> pr.Processor:
             raise CliError(f"--inject {kind} needs --{name.replace('_', '-')}")
         return value
 
+    def chosen(**fields: str) -> dict[str, str]:
+        """The processor's fields (name -> option) the command line set."""
+        return {f: getattr(args, o) for f, o in fields.items() if getattr(args, o) is not None}
+
     match kind:
         case "bearer":
             return pr.BearerProcessor()
@@ -76,17 +80,12 @@ def _processor(args: argparse.Namespace) -> pr.Processor:
                 placeholder=args.placeholder or pr.AWS_PLACEHOLDER_KEY_ID,
             )
         case "oauth2":
-            return pr.OAuth2Processor(
-                token_url=need("token_url"), grant=args.grant or "refresh_token",
-                scopes=args.scopes, audience=args.audience,
-                client_auth=args.client_auth or "basic",
-            )
+            # Only what was given: the processor's own defaults stay the one source.
+            return pr.OAuth2Processor(token_url=need("token_url"), **chosen(
+                grant="grant", scopes="scopes", audience="audience", client_auth="client_auth"))
         case "github-app":
-            return pr.GitHubAppProcessor(
-                installation_id=need("installation_id"),
-                api=args.github_api or "https://api.github.com",
-                repositories=args.repositories, permissions=args.permissions,
-            )
+            return pr.GitHubAppProcessor(installation_id=need("installation_id"), **chosen(
+                api="github_api", repositories="repositories", permissions="permissions"))
         case "gcp-service-account":
             return pr.GcpServiceAccountProcessor(scopes=args.scopes, audience=args.audience)
     raise CliError(f"unknown processor {kind!r}")

@@ -675,7 +675,8 @@ def test_vectors_cover_every_reason_and_processor() -> None:
         "token_inapplicable",
     }
     kinds = {json.loads(v["plaintext"])["processor"]["type"] for v in VECTORS["valid"]}
-    # The token-exchange processors are never sealed (tests/unit/test_grants.py).
+    # The token-exchange processors have no vector: their sealing is tested in
+    # tests/unit/test_grants.py, their use in tests/integration/test_oauth2.py and the like.
     assert kinds == set(pr.PROCESSOR_TYPES) - {cls.kind for cls in pr.EXCHANGED}
 
 
