@@ -26,7 +26,7 @@ from tests.sdk.kit import rule as allowing
 TOKEN_HOST, STORAGE, RUN = "oauth2.googleapis.com", "storage.googleapis.com", "svc-abc.a.run.app"
 EMAIL = "ci-runner@project-1.iam.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
-KEYS = {"job-1": "gcp-key-job-1", "job-2": "gcp-key-job-2"}
+KEYS = {"job-1": "gcp-key-job-1", "job-2": "gcp-key-job-2", "job-3": "gcp-key-job-3"}
 KEY, PEM = rsa_key()
 
 
@@ -40,9 +40,11 @@ def rules(port: int) -> str:
              + rule(RUN, f'audience: "https://{RUN}"'))
     sealed = policy("sealed", allowing(STORAGE, [port]),
                     allowing(TOKEN_HOST, [port], methods=["POST"]), tokens=True)
+    narrow = policy("narrow", allowing(STORAGE, [port]), tokens=True)  # no token_uri
     return rules_file([f"  job:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
-                       sealed],
-                      {"job-1": ("job", KEYS["job-1"]), "job-2": ("sealed", KEYS["job-2"])},
+                       sealed, narrow],
+                      {"job-1": ("job", KEYS["job-1"]), "job-2": ("sealed", KEYS["job-2"]),
+                       "job-3": ("narrow", KEYS["job-3"])},
                       default=None)
 
 
@@ -105,15 +107,32 @@ def test_id_token_for_an_audience(w: World) -> None:
                       audience=f"https://{RUN}")["email"] == EMAIL
 
 
+def _sealed_key(w: World) -> str:
+    key_file = json.loads(yaml.safe_load((w.directory / "secrets.yaml").read_text())["gcp_key"])
+    return w.mint(GcpServiceAccountProcessor(scopes=SCOPE), host=STORAGE,
+                  secret=json.dumps(key_file))
+
+
 def test_the_key_file_sealed_in_a_token(w: World) -> None:
     fake: GoogleFake = w.google  # type: ignore[attr-defined]
     before = fake.calls
-    key_file = json.loads(yaml.safe_load((w.directory / "secrets.yaml").read_text())["gcp_key"])
-    token = w.mint(GcpServiceAccountProcessor(scopes=SCOPE), host=STORAGE,
-                   secret=json.dumps(key_file))
+    token = _sealed_key(w)
     env = w.env("job-2", key=f"{KEYS['job-2']},{token}")
     status, _, _ = w.run(GET, env, url=w.url("/storage/v1/b/bucket", host=STORAGE)).ok()
     assert status == 200
     assert fake.calls == before + 1 and fake.claims[-1]["scope"] == SCOPE
     (read,) = [r for r in w.fake.requests if r.path == "/storage/v1/b/bucket"]
     assert read.headers["authorization"].removeprefix("Bearer ") in fake.tokens
+
+
+def test_a_sealed_key_file_is_not_exchanged_where_the_policy_does_not_allow_its_token_uri(
+    w: World,
+) -> None:
+    fake: GoogleFake = w.google  # type: ignore[attr-defined]
+    before = fake.calls
+    w.fake.reset()
+    env = w.env("job-3", key=f"{KEYS['job-3']},{_sealed_key(w)}")
+    status, reason, body = w.run(GET, env, url=w.url("/storage/v1/b/x", host=STORAGE)).ok()
+    assert (status, reason) == (403, "not_allowed"), body
+    assert "a token's gcp-service-account endpoint" in body
+    assert fake.calls == before and not w.fake.requests

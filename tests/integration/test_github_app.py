@@ -25,7 +25,8 @@ pytest.importorskip("github", reason="PyGithub is not installed (pip install -e 
 
 HOST = "api.github.com"
 APP_ID, INSTALLATION = "314159", "2718"
-KEYS = {"bot-1": "github-app-key-bot-1", "bot-2": "github-app-key-bot-2"}
+KEYS = {"bot-1": "github-app-key-bot-1", "bot-2": "github-app-key-bot-2",
+        "bot-3": "github-app-key-bot-3"}
 KEY, PEM = rsa_key()
 
 
@@ -44,9 +45,12 @@ def rules(port: int) -> str:
                     allowing(HOST, [port], methods=["POST"],
                              paths=[f"/app/installations/{INSTALLATION}/access_tokens"]),
                     tokens=True)
+    # bot-3's policy reads the repositories but may not POST for an installation token.
+    narrow = policy("narrow", allowing(HOST, [port], paths=["/repos/acme/**"]), tokens=True)
     return rules_file([f"  bot:\n    allow:\n{allow}    allow_networks: [127.0.0.1/32]\n",
-                       sealed],
-                      {"bot-1": ("bot", KEYS["bot-1"]), "bot-2": ("sealed", KEYS["bot-2"])},
+                       sealed, narrow],
+                      {"bot-1": ("bot", KEYS["bot-1"]), "bot-2": ("sealed", KEYS["bot-2"]),
+                       "bot-3": ("narrow", KEYS["bot-3"])},
                       default=None)
 
 
@@ -130,3 +134,14 @@ def test_the_apps_key_sealed_in_a_token_pygithub_unchanged(w: World) -> None:
     assert fake.calls == 1 and fake.asked[-1] == {"repositories": ["widgets"]}
     (repo_read,) = [r for r in w.fake.requests if r.path == "/repos/acme/widgets"]
     assert repo_read.headers["authorization"].removeprefix("token ") in fake.tokens
+
+
+def test_a_sealed_app_key_is_not_exchanged_where_the_policy_does_not_allow_it(w: World) -> None:
+    fake = _fake(w)
+    token = w.mint(GitHubAppProcessor(INSTALLATION, api=f"https://{HOST}:{w.fake.port}"),
+                   host=HOST, secret=json.dumps({"app_id": APP_ID, "private_key": PEM}))
+    status, reason, data = w.run(REPO, w.env("bot-3", key=f"{KEYS['bot-3']},{token}"),
+                                 base=w.url(), name="acme/widgets").ok()
+    assert (status, reason) == (403, "not_allowed"), data
+    assert "a token's github-app endpoint" in data
+    assert fake.calls == 0 and not w.fake.requests
