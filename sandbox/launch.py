@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sealgate import clientenv
 from sealgate.hostport import format_hostport
+from sealgate.sandbox import parentdeath
 from sealgate.sandbox.cgroup import Limits
 from sealgate.sandbox.network import Link
 
@@ -114,7 +115,8 @@ _JOIN = 'for d do [ "$d" = -- ] && break; echo 0 > "$d/cgroup.procs" || exit 125
 
 
 def host_prefix(launch: Launch, cgroups: Sequence[Path]) -> list[str]:
-    """The head of every tier's host command line: into the cgroups, then the namespace; the
-    tier's program follows, still root."""
-    return [tool("sh"), "-c", _JOIN, "sh", *(str(c) for c in cgroups), "--",
+    """The head of every tier's host command line: dying with the runtime, into the cgroups,
+    then the namespace; the tier's program follows, still root (a tier that changes the uid
+    arms the parent-death signal again after it: `parentdeath`)."""
+    return [*parentdeath.armed(), tool("sh"), "-c", _JOIN, "sh", *(str(c) for c in cgroups), "--",
             tool("ip"), "netns", "exec", launch.link.netns]

@@ -121,19 +121,21 @@ def lock() -> Iterator[None]:
         yield
 
 
-def create(plan: Plan) -> Link:
-    """A new namespace and link at the lowest free index (hold `lock()`); torn down again if
-    any step fails."""
+def free(plan: Plan) -> Link:
+    """The link at the lowest free index, not built yet (hold `lock()` until it is leased)."""
     index = next((i for i in range(len(plan.links)) if not _exists(i)), None)
     if index is None:
         raise NetworkError(f"all {len(plan.links)} sandbox links of {plan.range} are in use")
-    link = _link(plan, index)
+    return _link(plan, index)
+
+
+def build(link: Link) -> None:
+    """Its namespace and link; torn down again if any step fails."""
     try:
         _build(link)
     except BaseException:
-        destroy(index)
+        destroy(link.index)
         raise
-    return link
 
 
 def lease_path(index: int) -> Path:

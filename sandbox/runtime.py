@@ -46,6 +46,7 @@ from sealgate.sandbox.dns import FakeDns, LoopDns
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.launch import NOBODY, Launch, staged
 from sealgate.sandbox.network import Link, Plan
+from sealgate.sandbox.watchdog import Watchdog
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -105,6 +106,7 @@ def run(spec: Run) -> int:
                     raise SandboxError(str(exc)) from None
                 undo.callback(group.remove)
                 try:
+                    undo.callback(Watchdog(group.dirs).stop)
                     bundle, ca = trust(proxy_ca)
                     launch = Launch(link, spec.command, spec.proxy_port,
                                     staged(link, bundle, ca), program, spec.workspace, spec.uid,
@@ -145,11 +147,14 @@ def take_link(
         with network.lock():
             for left in lease.stale():
                 clean_up_after(left)
-            link = network.create(plan)
+            link = network.free(plan)
             table = firewall.table_name(link)
-
-            undo.callback(remove_link, link.index, table)
+            # Leased before any of it exists: a run killed at whatever instant after this
+            # leaves a stale lease, so the next run cleans up what it had built (a namespace
+            # built first was lost for good, and its index with it, when the kill came between).
             lease.take(link.index, state, str(link.sandbox_ip))
+            undo.callback(remove_link, link.index, table)
+            network.build(link)
             try:
                 names = names_kind(link.host_ip, link.host_ip)
             except OSError as exc:

@@ -9,7 +9,8 @@
   the host's is involved and nothing else can connect to it.
 - QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group
   (but /dev/kvm's, under KVM: `kvm_group`), no capability in any set and no_new_privs, and it
-  dies with its starter (a parent-death signal that holds, being set after the uid changes).
+  dies with its starter (a parent-death signal that holds, being set after the uid changes,
+  and checked for a starter dead before it was set: `parentdeath`).
   What that uid cannot open is handed to it as descriptors by the root starter: the image's
   kernel and initramfs (read through `/dev/fd/N`, so the root-only var/ on their path is never
   walked) and the tap (opened and attached here, as root). It runs under its own seccomp
@@ -37,6 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sealgate.sandbox import parentdeath
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm.image import Image
 
@@ -125,9 +127,6 @@ def command(spec: Spec, fds: Handed) -> list[str]:
     program = qemu()
     if program is None:
         raise SandboxError(f"{QEMU} is not installed (Debian package qemu-system-x86)")
-    setpriv = shutil.which("setpriv", path="/usr/bin:/usr/sbin:/bin:/sbin")
-    if setpriv is None:
-        raise SandboxError("setpriv is not installed (Debian package util-linux)")
     # The RTC is the guest's only wall clock (read once at boot): certificates need the date.
     machine = "microvm,x-option-roms=off,isa-serial=off,rtc=on"
     boot = _BOOT
@@ -148,8 +147,8 @@ def command(spec: Spec, fds: Handed) -> list[str]:
     group = kvm_group() if spec.accel == "kvm" else None
     groups = [f"--groups={group}"] if group is not None else ["--clear-groups"]
     argv = [
-        setpriv, f"--reuid={spec.uid}", f"--regid={spec.gid}", *groups,
-        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL", "--",
+        *parentdeath.armed(f"--reuid={spec.uid}", f"--regid={spec.gid}", *groups,
+                           "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"),
         program, "-M", machine, "-accel", accel, "-cpu", cpu,
         "-m", str(spec.memory_mib), "-smp", "1", "-nodefaults", "-no-user-config",
         "-nographic", "-no-reboot",

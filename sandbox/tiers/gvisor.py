@@ -103,11 +103,11 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     mounts += _staged(base / "files", launch)
     config = _config(launch, mounts)
     (bundle / "config.json").write_text(json.dumps(config))
-    # runsc dies with the runtime (the parent-death signal outlives its exec), and the
-    # sandbox's processes with runsc (it starts them attached): nothing of a run killed
+    # runsc dies with the runtime (the prefix's parent-death signal outlives its exec), and
+    # the sandbox's processes with runsc (it starts them attached): nothing of a run killed
     # outright goes on running until the next run cleans up.
-    argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig", "KILL", "--",
-            tool("runsc"), *_flags(base), "run", "--bundle", str(bundle), container(index)]
+    argv = [*host_prefix(launch, cgroups), tool("runsc"), *_flags(base), "run",
+            "--bundle", str(bundle), container(index)]
     # runsc's own environment: nothing of the sandbox's, which is in config.json.
     return Started(argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
 

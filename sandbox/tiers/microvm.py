@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.launch import HOME, WORKSPACE, Launch, environment, host_prefix, tool
+from sealgate.sandbox.launch import HOME, WORKSPACE, Launch, environment, host_prefix
 from sealgate.sandbox.microvm import image, vm
 from sealgate.sandbox.microvm.hostrun import Order
 from sealgate.sandbox.tiers import Started, Tier
@@ -75,8 +75,8 @@ def _host_command(launch: Launch, cgroups: Sequence[Path], undo: contextlib.Exit
     env.update({k: os.environ[k] for k in _PASSED_ENV if k in os.environ})
     # The launcher dies with the runtime, and QEMU with the launcher (`vm`): a runtime killed
     # outright leaves no VM running, only what the next run cleans up.
-    argv = [*host_prefix(launch, cgroups), tool("setpriv"), "--pdeathsig=KILL", "--",
-            sys.executable, "-I", "-m", f"sealgate.sandbox.microvm.{module}", str(fd)]
+    argv = [*host_prefix(launch, cgroups), sys.executable, "-I", "-m",
+            f"sealgate.sandbox.microvm.{module}", str(fd)]
     return Started(argv, env, (fd,))
 
 

@@ -250,25 +250,45 @@ def test_env_passes_only_what_is_named_and_never_root(sproxy: Proxy, tier: str) 
 
 
 def in_namespace(netns: str) -> list[str]:
-    """The processes in network namespace `netns`."""
-    return subprocess.run(["ip", "netns", "pids", netns], capture_output=True,
-                          text=True).stdout.split()
+    """The processes in network namespace `netns` (what `ip netns pids` prints, without a
+    process of its own: fast enough to catch a sandbox as it starts)."""
+    try:
+        target = os.stat(f"/run/netns/{netns}")
+    except FileNotFoundError:
+        return []
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            found = os.stat(f"/proc/{pid}/ns/net") if pid.isdigit() else None
+        except OSError:  # gone meanwhile
+            continue
+        if found is not None and (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+            pids.append(pid)
+    return pids
+
+
+def registered(p: Proxy) -> bool:
+    return call(p.state / "control.sock", "GET", "/v1/sources")[1]["sources"] != {}
 
 
 @contextlib.contextmanager
-def sleeping_sandbox(p: Proxy, tier: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`sealgate sandbox run -- sleep 60`, once its sandbox runs; killed on the way out."""
+def sleeping_sandbox(
+    p: Proxy, tier: str, *, early: bool = False
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`sealgate sandbox run -- sleep 60`, once it is registered with the proxy and a process
+    of it runs in its namespace (`early`: once any process does, the link's set-up's own
+    included); killed on the way out."""
     proc = subprocess.Popen(
         [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
          "--proxy-port", str(p.port), "--isolation", tier, "--", "sleep", "60"],
         cwd=ROOT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **TIER_ENV},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        for _ in range(200):  # up once a process runs in the namespace
-            if in_namespace("sg-0"):
+        for _ in range(2000):
+            if in_namespace("sg-0") and (early or registered(p)):
                 break
-            time.sleep(0.05)
+            time.sleep(0.005)
         else:
             raise AssertionError("the sandbox did not start")
         yield proc
@@ -316,10 +336,35 @@ def test_the_next_run_cleans_up_after_one_killed_outright(sproxy: Proxy, tier: s
         time.sleep(0.05)
     assert in_namespace("sg-0") == []
     assert leftovers() != []
-    assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1]["sources"] != {}
+    assert registered(sproxy)
     assert run(sproxy, "true", tier=tier).returncode == 0
     assert leftovers() == []
     assert call(sproxy.state / "control.sock", "GET", "/v1/sources")[1] == {"sources": {}}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_runtime_killed_as_its_sandbox_starts_leaves_nothing_running(
+    sproxy: Proxy, tier: str
+) -> None:
+    """The kill lands as the first process enters the sandbox's namespace: while the link is
+    being built, or before the tier's program has armed its parent-death signal, some of the
+    times. What was started must die all the same, not run on orphaned until the next run,
+    which must still find (by its lease) and remove all of it. Every other time the whole
+    process group is killed, the runtime's watchdog with it if it were in that group."""
+    for attempt in range(6 if tier == "bwrap" else 2):
+        with sleeping_sandbox(sproxy, tier, early=True) as proc:
+            if attempt % 2:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait(timeout=30)
+        for _ in range(100):
+            if not in_namespace("sg-0"):
+                break
+            time.sleep(0.05)
+        assert in_namespace("sg-0") == []
+        assert run(sproxy, "true", tier=tier).returncode == 0
+    assert leftovers() == []
 
 
 @pytest.mark.skipif(tiers.available("gvisor") is not None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import struct
 import subprocess
 from ipaddress import IPv4Address, IPv4Network
@@ -59,8 +60,12 @@ def test_launch_line_carries_no_environment_and_drops_everything() -> None:
     # bubblewrap reads its arguments from a descriptor: its command line, which the sandbox
     # can read as PID 1's, says nothing of the host's paths.
     assert line[-5:] == ["--args", "10", "--", "curl", "https://x.example/"]
-    # The first process joins the run's cgroups, then enters the namespace.
-    assert line[0].endswith("/sh") and line[3:6] == ["sh", str(group), "--"]
+    # The first process dies with the runtime (its parent checked once that is armed), joins
+    # the run's cgroups, then enters the namespace.
+    assert line[0].endswith("/setpriv") and line[1:3] == ["--pdeathsig=KILL", "--"]
+    assert line[6:8] == ["sh", str(os.getpid())]
+    join = line.index(str(group))
+    assert line[join - 4].endswith("/sh") and line[join - 1:join + 2] == ["sh", str(group), "--"]
     at = line.index("netns")
     assert line[at - 1].endswith("/ip") and line[at:at + 3] == ["netns", "exec", "sg-3"]
     assert "--reuid=65534" in line
@@ -224,7 +229,7 @@ def test_the_launch_joins_every_group_before_it_runs_anything(tmp_path: Path) ->
         (group / "cgroup.procs").write_text("")
     launch = Launch(LINK, ["true"], 3128, {}, b"")
     line = argv(launch, 10, groups)
-    script = line[: line.index("--") + 1]
+    script = line[: line.index("--", line.index(str(groups[-1]))) + 1]
     done = subprocess.run([*script, "sh", "-c", "cat " + " ".join(
         str(g / "cgroup.procs") for g in groups)], capture_output=True, text=True, timeout=10)
     # Each group was written before the command ran (a real cgroup.procs takes "0": the writer).
@@ -234,3 +239,23 @@ def test_the_launch_joins_every_group_before_it_runs_anything(tmp_path: Path) ->
     failed = subprocess.run([*script, "sh", "-c", "echo ran"], capture_output=True, text=True,
                             timeout=10)
     assert failed.returncode == 125 and "ran" not in failed.stdout
+
+
+def test_a_launch_whose_launcher_is_gone_goes_no_further(tmp_path: Path) -> None:
+    """Once its parent-death signal is armed, the launch checks its parent is still the
+    process that built the line: one started by another (as one orphaned before the signal
+    was armed is, by pid 1) stops there, before it joins a group or runs anything."""
+    group = tmp_path / "a"
+    group.mkdir()
+    (group / "cgroup.procs").write_text("")
+    line = argv(Launch(LINK, ["true"], 3128, {}, b""), 10, [group])
+    script = line[: line.index("--", line.index(str(group))) + 1]
+    command = [*script, "sh", "-c", "echo ran"]
+    ours = subprocess.run(command, capture_output=True, text=True, timeout=10)
+    assert (ours.returncode, ours.stdout) == (0, "ran\n")
+    (group / "cgroup.procs").write_text("")
+    # The same line, started by a shell of its own rather than by this process.
+    other = subprocess.run(["sh", "-c", '"$@"; exit $?', "sh", *command], capture_output=True,
+                           text=True, timeout=10)
+    assert (other.returncode, other.stdout) == (125, "")
+    assert (group / "cgroup.procs").read_text() == ""
