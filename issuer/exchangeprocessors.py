@@ -14,12 +14,12 @@ from typing import ClassVar, Final
 from sealgate.issuer import grants
 from sealgate.issuer.injectionerrors import ProcessorInvalid
 
-__all__ = ["EXCHANGED", "GcpServiceAccountProcessor", "GitHubAppProcessor", "OAuth2Processor",
-           "exchanged_secret"]
+__all__ = ["EXCHANGED", "SCHEMES", "GcpServiceAccountProcessor", "GitHubAppProcessor",
+           "OAuth2Processor", "exchanged_secret"]
 
 _VISIBLE: Final = re.compile(r"[\x21-\x7e]{1,512}")
 _SCOPE: Final = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,256}")  # RFC 6749 3.3 scope-token
-_SCHEMES: Final = ("Bearer", "token")
+SCHEMES: Final = ("Bearer", "token")
 
 
 def _scopes(value: str, what: str) -> None:
@@ -29,8 +29,8 @@ def _scopes(value: str, what: str) -> None:
 
 
 def _scheme(value: str, what: str) -> None:
-    if value not in _SCHEMES:
-        raise ProcessorInvalid(f"{what} must be one of {', '.join(_SCHEMES)}")
+    if value not in SCHEMES:
+        raise ProcessorInvalid(f"{what} must be one of {', '.join(SCHEMES)}")
 
 
 def _url(value: str, what: str) -> None:

@@ -29,8 +29,9 @@ _PROCESSOR_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
     "hmac-sha256": frozenset({"header_name", "format", "hmac_message", "hmac_encoding"}),
     "placeholder": frozenset({"header_name", "placeholder"}),
     "aws-sigv4": frozenset({"aws_services", "aws_regions", "placeholder"}),
-    "oauth2": frozenset({"token_url", "grant", "scopes", "audience", "client_auth"}),
-    "github-app": frozenset({"installation_id", "github_api", "repositories", "permissions"}),
+    "oauth2": frozenset({"token_url", "grant", "scopes", "audience", "client_auth", "scheme"}),
+    "github-app": frozenset({"installation_id", "github_api", "repositories", "permissions",
+                             "scheme"}),
     "gcp-service-account": frozenset({"scopes", "audience"}),
 }
 _ALL_PROCESSOR_OPTIONS: Final = frozenset().union(*_PROCESSOR_OPTIONS.values())
@@ -82,10 +83,12 @@ def _processor(args: argparse.Namespace) -> pr.Processor:
         case "oauth2":
             # Only what was given: the processor's own defaults stay the one source.
             return pr.OAuth2Processor(token_url=need("token_url"), **chosen(
-                grant="grant", scopes="scopes", audience="audience", client_auth="client_auth"))
+                grant="grant", scopes="scopes", audience="audience", client_auth="client_auth",
+                scheme="scheme"))
         case "github-app":
             return pr.GitHubAppProcessor(installation_id=need("installation_id"), **chosen(
-                api="github_api", repositories="repositories", permissions="permissions"))
+                api="github_api", repositories="repositories", permissions="permissions",
+                scheme="scheme"))
         case "gcp-service-account":
             return pr.GcpServiceAccountProcessor(scopes=args.scopes, audience=args.audience)
     raise CliError(f"unknown processor {kind!r}")
@@ -224,6 +227,9 @@ def add_mint(sub: Commands) -> None:
                       "comma-separated")
     proc.add_argument("--permissions", help="github-app: narrow to these, name:level, "
                       "comma-separated")
+    proc.add_argument("--scheme", choices=pr.SCHEMES,
+                      help="oauth2, github-app: Authorization's scheme for the token (default "
+                      "Bearer for oauth2, token for github-app)")
     bind = mint.add_mutually_exclusive_group()
     bind.add_argument("--bind-sandbox", metavar="ID", help="only this sandbox may use it")
     bind.add_argument("--bind-policy", metavar="POLICY", help="only this policy may use it")

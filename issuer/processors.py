@@ -23,6 +23,7 @@ from typing import ClassVar, Final
 from sealgate.issuer import awskeys, grants, jsonfields
 from sealgate.issuer.exchangeprocessors import (
     EXCHANGED,
+    SCHEMES,
     GcpServiceAccountProcessor,
     GitHubAppProcessor,
     OAuth2Processor,
@@ -41,6 +42,7 @@ __all__ = [
     "EXCHANGED",
     "MAX_SECRET_LENGTH",
     "PROCESSOR_TYPES",
+    "SCHEMES",
     "AwsSigV4Processor",
     "BasicProcessor",
     "BearerProcessor",

@@ -20,7 +20,7 @@ from sealgate.issuer.token import unseal
 from sealgate.proxy.policy.explain import injects
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.oauthfake import rsa_key
-from tests.unit.test_issuer_cli import run_here
+from tests.unit.test_issuer_cli import CANARY, run, run_here
 
 KEY, PEM = rsa_key()
 APP = json.dumps({"app_id": 4242, "private_key": PEM})
@@ -157,27 +157,34 @@ def test_sealed_in_a_token_with_its_secret_checked(
     assert "CANARY" not in str(refused.value)
 
 
-@pytest.mark.parametrize(("args", "secret", "expected"), [
+@pytest.mark.parametrize(("args", "secret", "expected", "scheme"), [
     (["--inject", "oauth2", "--token-url", "https://auth.example.com/token", "--grant",
       "client_credentials", "--scopes", "read,write"],
      json.dumps({"client_id": "c", "client_secret": "CANARY-mint-secret"}),
      pr.OAuth2Processor("https://auth.example.com/token", grant="client_credentials",
-                        scopes="read,write")),
+                        scopes="read,write"), "Bearer"),
     (["--inject", "github-app", "--installation-id", "77", "--repositories", "widgets",
       "--permissions", "contents:read"], APP,
-     pr.GitHubAppProcessor("77", repositories="widgets", permissions="contents:read")),
+     pr.GitHubAppProcessor("77", repositories="widgets", permissions="contents:read"), "token"),
     (["--inject", "gcp-service-account", "--audience", "https://svc.a.run.app"], ACCOUNT,
-     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app")),
+     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app"), None),
+    (["--inject", "oauth2", "--token-url", "https://auth.example.com/token", "--scheme",
+      "token"], json.dumps({"refresh_token": "r"}),
+     pr.OAuth2Processor("https://auth.example.com/token", scheme="token"), "token"),
+    (["--inject", "github-app", "--installation-id", "77", "--scheme", "Bearer"], APP,
+     pr.GitHubAppProcessor("77", scheme="Bearer"), "Bearer"),
 ])
 def test_mint_seals_an_exchange_processor(
-    tmp_path: Path, args: list[str], secret: str, expected: pr.Processor
+    tmp_path: Path, args: list[str], secret: str, expected: pr.Processor, scheme: str | None
 ) -> None:
+    """Without --scheme the processor's default scheme is sealed, with it the one given."""
     public = generate(tmp_path / "keys")
     done = run_here("mint", "--key", tmp_path / "keys" / f"{public.kid}.pub", "--host",
                     "api.example.com", *args, "--secret-env", "SECRET", env={"SECRET": secret})
     assert done.returncode == 0, done.stderr
     claims = unseal(done.stdout.strip(), Keyring.load(tmp_path / "keys"))
     assert claims.processor == expected and claims.secret == secret
+    assert getattr(claims.processor, "scheme", None) == scheme
 
 
 def test_mint_refuses_an_exchange_processor_without_its_fields(tmp_path: Path) -> None:
@@ -193,3 +200,21 @@ def test_mint_refuses_an_exchange_processor_without_its_fields(tmp_path: Path) -
                      "--installation-id", "1", "--secret-env", "SECRET",
                      env={"SECRET": '{"private_key": "CANARY-pem"}'})
     assert wrong.returncode != 0 and "app_id" in wrong.stderr and "CANARY" not in wrong.stderr
+
+
+def test_mint_refuses_a_scheme_it_cannot_inject(tmp_path: Path) -> None:
+    """A scheme the processors do not take is a usage error (status 2, the choices named, no
+    traceback, nothing of the secret); a processor without a scheme does not take one."""
+    public = generate(tmp_path / "keys")
+    key = tmp_path / "keys" / f"{public.kid}.pub"
+    secret = {"SECRET": json.dumps({"refresh_token": CANARY})}
+    bad = run("mint", "--key", key, "--host", "api.example.com", "--inject", "oauth2",
+              "--token-url", "https://auth.example.com/token", "--scheme", "Basic",
+              "--secret-env", "SECRET", env=secret)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "--scheme" in bad.stderr and "'Bearer', 'token'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    stray = run_here("mint", "--key", key, "--host", "api.example.com", "--inject",
+                     "gcp-service-account", "--scopes", "x", "--scheme", "Bearer",
+                     "--secret-env", "SECRET", env={"SECRET": ACCOUNT})
+    assert stray.returncode == 1 and "does not take --scheme" in stray.stderr
