@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's sealgate, not whichever one is 
 
 from fakes import Vault  # noqa: E402
 from mitmproxy import http  # noqa: E402
+from rounds import percentile  # noqa: E402
 from services import pinned  # noqa: E402
 
 from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
@@ -66,11 +67,6 @@ async def _aper_op(body: Callable[[], Awaitable[object]], number: int, repeat: i
             await body()
         best = min(best, time.perf_counter() - start)
     return best / number * 1e6
-
-
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 def _mint(public: PublicKeyEntry, jti: str) -> str:
@@ -167,8 +163,8 @@ default_policy: null
             start = time.perf_counter()
             await cold.get(SecretRef("file", f"name_{i}"))
             misses.append(time.perf_counter() - start)
-    figures["file_miss_p50_us"] = _percentile(misses, 0.5) * 1e6
-    figures["file_miss_p99_us"] = _percentile(misses, 0.99) * 1e6
+    figures["file_miss_p50_us"] = percentile(misses, 50) * 1e6
+    figures["file_miss_p99_us"] = percentile(misses, 99) * 1e6
     await cache.close()
     return figures
 
@@ -191,8 +187,8 @@ async def _vault_figures(vault: Vault, work: Path) -> dict[str, float]:
             start = time.perf_counter()
             await cache.get(ref)
             misses.append(time.perf_counter() - start)
-        figures["vault_miss_p50_ms"] = _percentile(misses, 0.5) * 1e3
-        figures["vault_miss_p99_ms"] = _percentile(misses, 0.99) * 1e3
+        figures["vault_miss_p50_ms"] = percentile(misses, 50) * 1e3
+        figures["vault_miss_p99_ms"] = percentile(misses, 99) * 1e3
         return figures
     finally:
         await cache.close()

@@ -20,7 +20,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from report import figure, machine_facts, publish, save
+from rounds import percentile
 from services import ROOT
 
 from sealgate.sandbox.errors import SandboxError
@@ -41,11 +41,6 @@ GUEST_MIB = 512
 TARGET_COLD_MS, TARGET_WARM_MS = 500.0, 30.0
 CPU_LOOP = "s = 0\nfor i in range(3_000_000):\n    s += i * i\n"
 SYSCALL_LOOP = "import os\nfor _ in range(200_000):\n    os.getppid()\n"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def spec(found: image.Image, accel: str) -> vm.Spec:
@@ -174,8 +169,8 @@ def summary(figures: dict[str, Any]) -> dict[str, float]:
     flat: dict[str, float] = {}
     for key in ("agent_ready_ms", "first_command_ms", "pool_first_command_ms", "exec_ms"):
         values = figures[key]
-        flat[f"{key}_p50"] = statistics.median(values)
-        flat[f"{key}_p95"] = pct(values, 0.95)
+        flat[f"{key}_p50"] = percentile(values, 50)
+        flat[f"{key}_p95"] = percentile(values, 95)
     return flat
 
 
@@ -183,8 +178,8 @@ def draw(figures: dict[str, Any], chart: Path) -> None:
     fig, (latency, slow) = figure([3, 1.4], (10, 3.6))
     labels = ["cold: boot to\nfirst command", "warm pool:\nfirst command", "running VM:\ncommand"]
     keys = ["first_command_ms", "pool_first_command_ms", "exec_ms"]
-    p50 = [statistics.median(figures[k]) for k in keys]
-    p95 = [pct(figures[k], 0.95) for k in keys]
+    p50 = [percentile(figures[k], 50) for k in keys]
+    p95 = [percentile(figures[k], 95) for k in keys]
     xs = range(len(keys))
     latency.bar([x - 0.2 for x in xs], p50, width=0.4, label="p50", color="#4c72b0")
     latency.bar([x + 0.2 for x in xs], p95, width=0.4, label="p95", color="#dd8452")
@@ -228,7 +223,7 @@ def render(figures: dict[str, Any], meta: dict[str, str], chart: Path) -> str:
             ("sandboxd: later execs of /bin/true, through the API", "later", ""),
         ]
         table += "\n" + "\n".join(
-            f"| {label} | {pct(served[key], 0.5):.0f} | {pct(served[key], 0.95):.0f} | "
+            f"| {label} | {percentile(served[key], 50):.0f} | {percentile(served[key], 95):.0f} | "
             f"{target} |" for label, key, target in daemon_rows)
     served_rounds = (f"{len(served['create'])} creates, "
                      f"{len(served['later']) // max(1, len(served['create']))} later execs each"

@@ -193,6 +193,19 @@ def extra_cpu_us(results: list[Result], kind: str, c: int, num: str, den: str) -
     return out
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (q in 0-100), linear between samples (NaN for none). Every
+    benchmark's p50 and p95 come from here, so two documents give the same figure for the same
+    samples."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
 def cpu_per_request(result: Result) -> float | None:
     if result.sample is None or result.proxy_cpu_s is None or not result.sample.requests:
         return None

@@ -27,6 +27,7 @@ from typing import Any
 
 from fakes import free_port
 from report import figure, machine_facts, publish, save
+from rounds import percentile
 from services import ROOT, BenchError, Service, Setup, rules_yaml
 from session import bench_session
 
@@ -75,17 +76,6 @@ QUICK = Plan(bare=100, bwrap=30, oneshot=3, cold=10, warm=20, later=3, api=50, s
 # -- figures --------------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile, linear between samples (NaN for none)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q / 100
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
 @dataclass
 class Figures:
     """Everything measured: samples in ms by name, and single values."""
@@ -100,20 +90,20 @@ class Figures:
         self.samples.setdefault(name, []).append(ms)
 
     def p50(self, name: str) -> float:
-        return pct(self.samples.get(name, []), 50)
+        return percentile(self.samples.get(name, []), 50)
 
     def p95(self, name: str) -> float:
-        return pct(self.samples.get(name, []), 95)
+        return percentile(self.samples.get(name, []), 95)
 
     def summary(self) -> dict[str, Any]:
         return {
-            "latency_ms": {name: {"n": len(v), "p50": round(pct(v, 50), 3),
-                                  "p95": round(pct(v, 95), 3), "min": round(min(v), 3),
+            "latency_ms": {name: {"n": len(v), "p50": round(percentile(v, 50), 3),
+                                  "p95": round(percentile(v, 95), 3), "min": round(min(v), 3),
                                   "max": round(max(v), 3)}
                            for name, v in self.samples.items() if v},
             "values": {k: round(v, 3) for k, v in self.values.items()},
             "cycles_per_second_by_second": self.series,
-            "profile_ms": {name: {"n": len(v), "p50": round(pct(v, 50), 3),
+            "profile_ms": {name: {"n": len(v), "p50": round(percentile(v, 50), 3),
                                   "mean": round(statistics.fmean(v), 3)}
                            for name, v in self.profile.items() if v},
             "notes": self.notes,
@@ -886,7 +876,7 @@ def document(fig: Figures, meta: dict[str, str], plan: Plan, chart: Path) -> str
                 "also take in the self-test's two canaries, the pool's first fill and the slots "
                 "released at the stop.", "",
                 "| step | n | p50 ms | mean ms |", "|---|---|---|---|"]
-        out += [f"| {name} | {len(v)} | {_f(pct(v, 50))} | {_f(statistics.fmean(v))} |"
+        out += [f"| {name} | {len(v)} | {_f(percentile(v, 50))} | {_f(statistics.fmean(v))} |"
                 for name, v in sorted(fig.profile.items()) if v]
     if fig.notes:
         out += ["", "## Notes", "", *[f"* {note}" for note in fig.notes]]

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from report import figure, machine_facts, publish, save
+from rounds import percentile
 from sandbox_start import (
     GATEWAY,
     HOST_PATH,
     RANGE,
-    pct,
     rollup,
     run_true,
     sealgate_cmd,
@@ -199,11 +199,11 @@ def draw(result: dict[str, Any], chart: Path) -> None:
     figures = result["tiers"]
     names = list(figures)
     fig, (latency, slow) = figure([3, 2], (11, 3.8))
-    series = {"start → first instruction": [pct(figures[t]["first_instruction_ms"], 50)
-                                            for t in names]}
+    series = {"start → first instruction": [
+        percentile(figures[t]["first_instruction_ms"], 50) for t in names]}
     for key, label in (("create", "sandboxd create"), ("first", "sandboxd first exec"),
                        ("later", "sandboxd later exec")):
-        series[label] = [pct(d[key], 50) if (d := figures[t].get("sandboxd_ms")) else 0.0
+        series[label] = [percentile(d[key], 50) if (d := figures[t].get("sandboxd_ms")) else 0.0
                          for t in names]
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
@@ -247,10 +247,10 @@ def document(result: dict[str, Any], meta: dict[str, str], chart: Path) -> str:
 
     for key, label in (("first_instruction_ms", "start → first instruction"),
                        ("whole_run_ms", "whole run of /bin/true (set-up, run, teardown)")):
-        row(f"{label}, p50 / p95 ms", [f"{pct(figures[t][key], 50):.0f} / "
-                                        f"{pct(figures[t][key], 95):.0f}" for t in names])
+        row(f"{label}, p50 / p95 ms", [f"{percentile(figures[t][key], 50):.0f} / "
+                                       f"{percentile(figures[t][key], 95):.0f}" for t in names])
     row("... less the CLI's own start (p50, ms)",
-        [f"{pct(figures[t]['first_instruction_ms'], 50) - cli:.0f}" for t in names])
+        [f"{percentile(figures[t]['first_instruction_ms'], 50) - cli:.0f}" for t in names])
     row("idle sandbox: cgroup memory / PSS (MiB)",
         [f"{figures[t]['idle']['cgroup']:.1f} / {figures[t]['idle']['pss']:.1f}" for t in names])
     row("idle sandbox: host processes", [str(figures[t]["idle"]["processes"]) for t in names])
@@ -258,10 +258,11 @@ def document(result: dict[str, Any], meta: dict[str, str], chart: Path) -> str:
                        ("first", "sandboxd: first exec of /bin/true"),
                        ("later", "sandboxd: later execs of /bin/true")):
         row(f"{label}, p50 / p95 ms",
-            [f"{pct(d[key], 50):.0f} / {pct(d[key], 95):.0f}"
+            [f"{percentile(d[key], 50):.0f} / {percentile(d[key], 95):.0f}"
              if (d := figures[t].get("sandboxd_ms")) else "n/a" for t in names])
     row("exec into a running sandbox (`runsc exec /bin/true`), p50 / p95 ms",
-        [f"{pct(e, 50):.0f} / {pct(e, 95):.0f}" if (e := figures[t]["idle"]["exec_ms"]) else
+        [f"{percentile(e, 50):.0f} / {percentile(e, 95):.0f}"
+         if (e := figures[t]["idle"]["exec_ms"]) else
          "n/a (sandboxd: [performance-sandbox.md](performance-sandbox.md))" for t in names])
     base = names[0]
     for name in WORKLOADS:
