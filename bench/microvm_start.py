@@ -29,9 +29,9 @@ from typing import Any
 
 from report import figure, machine_facts, publish, save
 from rounds import percentile
-from services import ROOT
+from services import ROOT, BenchError
 
-from sealgate.sandbox.errors import SandboxError
+from sealgate.reasons import SealgateError
 from sealgate.sandbox.microvm import image, pool, vm
 
 SCRIPT = "microvm_start"
@@ -50,7 +50,7 @@ def spec(found: image.Image, accel: str) -> vm.Spec:
 def true(booted: pool.Booted) -> None:
     done = booted.channel.run(["true"], ENV, uid=NOBODY, gid=NOBODY, timeout=60)
     if done.code != 0:
-        raise SandboxError(f"true in the guest exited with {done.code}")
+        raise BenchError(f"true in the guest exited with {done.code}")
 
 
 def cold(found: image.Image, accel: str, rounds: int) -> dict[str, list[float]]:
@@ -137,11 +137,14 @@ def _in_guest(booted: pool.Booted, program: str) -> None:
     done = booted.channel.run(["python3", "-I", "-S", "-c", program], ENV, uid=NOBODY,
                               gid=NOBODY, timeout=600)
     if done.code != 0:
-        raise SandboxError(f"the workload failed in the guest: {done.stderr[-300:]!r}")
+        raise BenchError(f"the workload failed in the guest: {done.stderr[-300:]!r}")
 
 
 def _on_host(program: str) -> None:
-    subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", program], check=True, timeout=600)
+    done = subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", program], capture_output=True,
+                          text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"the workload failed on the host: {done.stderr[-300:]!r}")
 
 
 def daemon(cycles: int) -> dict[str, list[float]]:
@@ -156,7 +159,7 @@ def daemon(cycles: int) -> dict[str, list[float]]:
         plan = ("--range", RANGE, "--gateway", GATEWAY)
         done = sealgate_cmd(paths, "sandbox", "setup", *plan)
         if done.returncode != 0:
-            raise SandboxError(f"sealgate sandbox setup: {done.stderr}")
+            raise BenchError(f"sealgate sandbox setup: {done.stderr}")
         try:
             proxy = start_proxy(session.setup, paths)
             return daemon_figures(session, paths, proxy, "microvm", cycles)
@@ -295,7 +298,9 @@ def main() -> int:
         figures["workloads"] = workloads(found, accel, args.work_rounds)
         if args.sandboxd > 0:
             figures["sandboxd"] = daemon(args.sandboxd)
-    except SandboxError as exc:
+    except (BenchError, SealgateError) as exc:
+        # Most of the run is outside bench_session (which ends a run on a BenchError with its
+        # message), and the microVM tier and sandboxd's client raise their own errors.
         print(f"{SCRIPT}: {exc}", file=sys.stderr)
         return 1
     if args.json:
