@@ -1,4 +1,5 @@
-"""The stand-ins the benchmarks run against: an origin CA, a name server, a Vault.
+"""The stand-ins the benchmarks run against: an origin CA, a name server, a Vault, an OAuth2
+token endpoint.
 
 The benchmarks keep their own (tests/ has fuller fakes for the test suite): a benchmark must
 not change when a test's fake learns a new failure mode, and a package never depends on its
@@ -10,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
+import http.server
 import ipaddress
 import json
 import secrets
 import socket
+import ssl
 import threading
 from pathlib import Path
 from typing import Any
@@ -168,6 +171,44 @@ class Vault:
         metadata = {"created_time": "2026-01-01T00:00:00Z", "custom_metadata": None,
                     "deletion_time": "", "destroyed": False, "version": 1}
         return _json(_envelope(data={"data": data, "metadata": metadata}))
+
+
+class TokenEndpoint:
+    """An OAuth2 token endpoint over HTTPS on loopback, with a certificate from `ca` for `name`,
+    from a thread of its own: every POST gets a fresh bearer access token valid for 2 hours.
+    Plain and threaded: a benchmark calls it once, then the proxy serves the token from its
+    cache."""
+
+    def __init__(self, ca: OriginCA, name: str) -> None:
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TokenHandler)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*(str(p) for p in ca.issue(name)))
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.url = f"https://{name}:{self._server.server_address[1]}/token"
+
+    def start(self) -> TokenEndpoint:
+        threading.Thread(target=self._server.serve_forever, name="bench-token-endpoint",
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _TokenHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = json.dumps({"access_token": f"at-{secrets.token_urlsafe(24)}",
+                           "token_type": "Bearer", "expires_in": 7200}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 def _envelope(**fields: Any) -> dict[str, Any]:

@@ -24,14 +24,12 @@ Results go to docs/performance-injection.md and .png; see bench/README.md.
 from __future__ import annotations
 
 import asyncio
-import http.server
+import contextlib
 import json
 import secrets
-import ssl
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # issuer, tests as a script
 
-from fakes import OriginCA, StubDNS
+from fakes import OriginCA, StubDNS, TokenEndpoint
 from report import (
     cpu_cells,
     figure,
@@ -142,9 +140,9 @@ AUDIT_SETTLE_SECONDS = 0.5  # the audit log is written once per event-loop turn
 # -- the set-up: origin, DNS, token keys, secrets file, one sealgate ---------------------------
 
 
-def start(setup: Setup, paths: Mapping[str, str]) -> Path:
-    """Start nginx, the stub DNS server, sealgate and the two mitmdumps; return sealgate's
-    audit log."""
+def start(setup: Setup, paths: Mapping[str, str], stack: contextlib.ExitStack) -> Path:
+    """Start nginx, the stub DNS server, the token endpoint (stopped by `stack`), sealgate and
+    the two mitmdumps; return sealgate's audit log."""
     work = setup.work
     origin = start_origin(setup, paths, ORIGIN_NAME)
     resolver = start_dns(setup, ORIGIN_NAME)
@@ -159,7 +157,8 @@ def start(setup: Setup, paths: Mapping[str, str]) -> Path:
     ), public)
     headers = {"token": (f"Proxy-Tokenizer: {token}",), "aws": _sigv4_headers(now)}
     secrets_file = work / "secrets.yaml"
-    token_url = _token_endpoint(origin.ca)
+    endpoint = TokenEndpoint(origin.ca, ORIGIN_NAME).start()
+    stack.callback(endpoint.stop)
     oauth = json.dumps({"refresh_token": f"rt-{secrets.token_urlsafe(24)}", "client_id": "bench",
                         "client_secret": f"cs-{secrets.token_urlsafe(24)}"})
     secrets_file.write_text(f"{SECRET_NAME}: brk-{secrets.token_urlsafe(24)}\n"
@@ -169,7 +168,7 @@ def start(setup: Setup, paths: Mapping[str, str]) -> Path:
 
     sandbox_keys = {lane: secrets.token_urlsafe(18) for lane in LANES}
     rules = work / "rules.yaml"
-    rules.write_text(_rules(origin.https_port, sandbox_keys, token_url))
+    rules.write_text(_rules(origin.https_port, sandbox_keys, endpoint.url))
     service = start_sealgate(setup, paths, "sealgate", rules, resolver, origin,
                              "--token-keys", str(keys_dir),
                              "--secret-store", f"file:{secrets_file}")
@@ -199,31 +198,6 @@ def _sigv4_headers(now: int) -> tuple[str, ...]:
     return (f"X-Amz-Date: {stamp}", f"X-Amz-Content-SHA256: {EMPTY_SHA256}",
             f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, "
             f"SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={'0' * 64}")
-
-
-def _token_endpoint(ca: OriginCA) -> str:
-    """An OAuth2 token endpoint on loopback (a thread here: it is called once, then the proxy
-    serves its token from the cache), with a certificate for the origin's name; its URL."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            body = json.dumps({"access_token": f"at-{secrets.token_urlsafe(24)}",
-                               "token_type": "Bearer", "expires_in": 7200}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(*(str(p) for p in ca.issue(ORIGIN_NAME)))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"https://{ORIGIN_NAME}:{server.server_address[1]}/token"
 
 
 def _rules(https_port: int, keys: dict[str, str], token_url: str) -> str:
@@ -350,7 +324,7 @@ async def _oauth_hit_us(passes: int = 5, count: int = 5000) -> float:
     The token is obtained once from a token endpoint in this process, through a real guard."""
     with tempfile.TemporaryDirectory() as work:
         ca = OriginCA(Path(work))
-        token_url = _token_endpoint(ca)
+        endpoint = TokenEndpoint(ca, ORIGIN_NAME).start()
         secrets_file = Path(work) / "secrets.yaml"
         secrets_file.write_text(f"{OAUTH_SECRET_NAME}: '{json.dumps({'refresh_token': 'rt-x'})}'\n")
         secrets_file.chmod(0o600)
@@ -368,7 +342,7 @@ policies:
       - host: {ORIGIN_NAME}
         inject:
           - secret: 'file:{OAUTH_SECRET_NAME}'
-            as: {{type: oauth2, token_url: '{token_url}'}}
+            as: {{type: oauth2, token_url: '{endpoint.url}'}}
     allow_networks: [127.0.0.1/32]
 """)
         rules = load_rules(rules_file)
@@ -386,6 +360,7 @@ policies:
         finally:
             await broker.close()
             dns.stop()
+            endpoint.stop()
     return best
 
 
@@ -661,10 +636,10 @@ def main(argv: list[str] | None = None) -> int:
         setup = session.setup
         print("micro-benchmarks (bench/injection_micro.py) ...", file=sys.stderr)
         micro = run_micro(setup.pin)
-        with setup.orchestrator_pinned():
+        with setup.orchestrator_pinned(), contextlib.ExitStack() as stack:
             print(f"starting nginx, stub DNS, sealgate and two mitmdumps in {setup.work} ...",
                   file=sys.stderr)
-            audit = start(setup, session.paths)
+            audit = start(setup, session.paths, stack)
             results = run_rounds(setup, plan(), options.rounds, options.seconds, round_note,
                                  lambda: checked_audit(audit))
         counts = checked_audit(audit)
