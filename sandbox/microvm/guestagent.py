@@ -12,7 +12,8 @@ asks; the agent answers with the request's `id`:
   of that uid (RLIMIT_NPROC); `stdin` frames feed it (an
   empty payload closes it), `kill` signals its process group; the agent sends `out` frames
   (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124 past its timeout, 127 when
-  it could not be started), after all its output. When the command ends, what it left in its
+  it could not be started; and `signal` N or `timed_out`, so that a command's own exit 143
+  or 124 is not read as one), after all its output. When the command ends, what it left in its
   session is killed.
 
 The agent holds nothing the host has not handed it: no credential, no key.
@@ -289,10 +290,16 @@ class Agent:
                 self.sel.unregister(cmd.stdin)
             os.close(cmd.stdin)
             cmd.stdin = None
-        code = cmd.status
-        code = TIMED_OUT if cmd.timed_out else (128 - code if code < 0 else code)
+        status = cmd.status
+        ended: dict[str, Any] = {"op": "exit", "id": cmd.id}
+        if cmd.timed_out:
+            ended.update(code=TIMED_OUT, timed_out=True)
+        elif status < 0:
+            ended.update(code=128 - status, signal=-status)
+        else:
+            ended["code"] = status
         del self.commands[cmd.id]
-        self.send({"op": "exit", "id": cmd.id, "code": code})
+        self.send(ended)
 
 
 def _wait_writable(fd: int) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 from sealgate.sandbox.agent import receive
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm import hostrun
-from sealgate.sandbox.microvm.guestagent import TIMED_OUT, encode
+from sealgate.sandbox.microvm.guestagent import encode
 from sealgate.sandbox.microvm.pool import Booted
 from sealgate.sandbox.slot import AGENT  # where every slot stages the agent's source
 
@@ -210,27 +210,27 @@ class Server:
         stdin, stdout, stderr, status = fds
         fds[0] = -1  # the feeder's now
         timeout = req.get("timeout")
-        started = time.monotonic()
         self._start(gid, [str(a) for a in req["argv"]], dict(req.get("env") or {}), stdin,
                     cwd=req.get("cwd"), timeout=None if timeout is None else float(timeout),
                     pids=req.get("pids"))
-        code, error = _drain(frames, {1: stdout, 2: stderr}, timeout)
+        ended, error = _drain(frames, {1: stdout, 2: stderr}, timeout)
         for fd in (stdout, stderr):
             os.close(fd)
         fds[1] = fds[2] = -1
-        answer: dict[str, Any] = {"exit": code, "ending": "exit"}
-        if code is None:
+        answer: dict[str, Any] = {"exit": None, "ending": "exit"}
+        if ended is None:
             answer.update(ending="lost", error=error or "the guest did not report the command")
-        elif code == TIMED_OUT and timeout is not None and \
-                time.monotonic() - started >= float(timeout):
-            answer["ending"] = "timed_out"
         else:
-            if gid in self._killed:
-                answer["ending"] = "killed"
-            if 128 < code <= 128 + 64:  # the guest reports signal N as 128 + N
-                answer["signal"] = code - 128
-        if error is not None and code is not None:
-            answer["error"] = error
+            answer["exit"] = int(ended["code"])
+            if ended.get("timed_out") is True:
+                answer["ending"] = "timed_out"
+            else:
+                if gid in self._killed:
+                    answer["ending"] = "killed"
+                if isinstance(ended.get("signal"), int):
+                    answer["signal"] = ended["signal"]
+            if error is not None:
+                answer["error"] = error
         _write_all(status, (json.dumps(answer) + "\n").encode())
 
     def _file(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], op: str,
@@ -252,10 +252,12 @@ class Server:
         _drain(frames, outputs, None, status_first=op == "get")
 
 
-def _drain(frames: queue.Queue[tuple[dict[str, Any], bytes]], outputs: dict[int, int],
-           timeout: float | None, *, status_first: bool = False) -> tuple[int | None, str | None]:
+def _drain(
+    frames: queue.Queue[tuple[dict[str, Any], bytes]], outputs: dict[int, int],
+    timeout: float | None, *, status_first: bool = False,
+) -> tuple[dict[str, Any] | None, str | None]:
     """Write a command's output to `outputs` (fd 1, 2 -> descriptor; what has none is dropped)
-    until its exit: (its code, the guest's error), or (None, why) if it never came."""
+    until its exit: (the guest's exit frame, its error), or (None, why) if it never came."""
     limit = _NO_LIMIT if timeout is None else float(timeout) + _EXIT_GRACE
     deadline = time.monotonic() + limit
     closed: set[int] = set()
@@ -284,9 +286,9 @@ def _drain(frames: queue.Queue[tuple[dict[str, Any], bytes]], outputs: dict[int,
                         closed.add(1)
                 held.clear()
         elif op == "exit":
-            return int(header["code"]), None
+            return header, None
         elif op == "error":
-            return 127, str(header.get("message"))[:500]
+            return {"code": 127}, str(header.get("message"))[:500]
     return None, "the guest did not report the command in time"
 
 

@@ -88,6 +88,10 @@ def test_commands_files_and_the_proxy(tierd: tuple[str, Daemon], origin_https: O
         done = sb.run(["sh", "-c", "cat; kill -TERM $$"], stdin=b"in\n")
         assert (done.exit_code, done.signal, done.stdout) == (143, 15, b"in\n")
         assert sb.run(["sleep", "30"], timeout=1).ending == "timed_out"
+        # A command's own exit codes that look like a signal's or a timeout's are its own.
+        for code in (143, 124):
+            own = sb.run(["sh", "-c", f"exit {code}"], timeout=30)
+            assert (own.exit_code, own.signal, own.ending) == (code, None, "exit"), own
         assert sb.run(["pwd"]).text == "/workspace\n"
         # Only its standard streams go to a command: none of the agent's or its status's.
         fds = sb.run(["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"])
