@@ -239,16 +239,42 @@ def test_refresh_token_and_client_secret_are_masked_in_responses(w: World) -> No
     assert CLIENT_SECRET not in str(answer[2]) and masked(CLIENT_SECRET) in str(answer[2])
 
 
-def test_an_expiring_token_is_refreshed_not_sent(w: World) -> None:
-    """A token of 2 s: refreshed behind it after 1 s, never sent in its last half second; the
-    fake's API refuses an expired one, so a stale token would show as a 401."""
+TIMED = """
+def main(url, due):
+    import time, requests
+    start, status, sent = None, [], []
+    for path, at in due:
+        if start is not None:
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            sent.append(time.monotonic() - start)
+        status.append(requests.get(url + path, timeout=25).status_code)
+        start = start or time.monotonic()
+    return {"status": status, "sent": sent}
+"""
+
+
+def test_an_expiring_token_is_refreshed_ahead_and_never_sent_late(w: World) -> None:
+    """A token of 4 s is refreshed behind it after 2 s (the request then still carries it,
+    the next one the new token) and is not sent in its last second: a request then waits for
+    a new one. The fake counts the calls; the origin says which token each request carried
+    (the fake's API also refuses an expired one: a stale token would show as a 401)."""
     fake = _fake(w)
-    fake.expires_in = 2
-    assert get(w, "/exp/a")[0][0] == 200
-    assert fake.calls == 1
-    time.sleep(2.2)
-    assert get(w, "/exp/b")[0][0] == 200
-    assert fake.calls == 2
+    fake.expires_in = 4
+    before = len(fake.issued)
+    # Seconds after /a's answer (about when its token was obtained): /b in the refresh window
+    # (2-3 s), /c once the refresh behind /b is done, /d 3.4 s into /b's new token's life.
+    due = [("a", 0.0), ("b", 2.3), ("c", 2.6), ("d", 5.7)]
+    ran: dict[str, list[float]] = w.run(TIMED, w.env("app-1"), url=w.url("/exp/", host=API),
+                                        due=due).ok()
+    assert ran["status"] == [200] * len(due)
+    late = [(path, at, sent) for (path, at), sent in zip(due[1:], ran["sent"], strict=True)
+            if sent > at + 0.25]
+    assert not late, f"the client ran late, missing the windows: {late}"
+    assert fake.calls == 3
+    first, behind, waited_for = (f"Bearer {token}" for token in fake.issued[before:])
+    carried = {r.path.removeprefix("/exp/"): r.headers["authorization"]
+               for r in w.fake.requests if r.path.startswith("/exp/")}
+    assert carried == {"a": first, "b": first, "c": behind, "d": waited_for}
 
 
 # -- sealed in a token ----------------------------------------------------------------------------
