@@ -20,8 +20,9 @@ from pathlib import Path
 
 from sealgate.sandbox.launch import tool
 
-# Rounds of at most ~20 ms, up to ~2 s: the pids limit bounds what each round must kill, and
-# a group read empty twice running is over (a process may be between two of its groups).
+# Up to 100 rounds, 20 ms apart while there was something to kill (the pids limit bounds
+# what a round must kill); over once the groups read empty twice running, for a fork that was
+# under way as its parent was killed.
 _SCRIPT = """trap '' INT TERM HUP
 read -r done && exit 0
 empty=0 n=0
