@@ -262,13 +262,15 @@ def test_an_expiring_token_is_refreshed_ahead_and_never_sent_late(w: World) -> N
     fake.expires_in = 4
     before = len(fake.issued)
     # Seconds after /a's answer (about when its token was obtained): /b in the refresh window
-    # (2-3 s), /c once the refresh behind /b is done, /d 3.4 s into /b's new token's life.
-    due = [("a", 0.0), ("b", 2.3), ("c", 2.6), ("d", 5.7)]
+    # (2-3 s), /c once the refresh behind /b is done, /d 3.5 s into /b's new token's life.
+    due = [("a", 0.0), ("b", 2.3), ("c", 2.6), ("d", 5.8)]
     ran: dict[str, list[float]] = w.run(TIMED, w.env("app-1"), url=w.url("/exp/", host=API),
                                         due=due).ok()
     assert ran["status"] == [200] * len(due)
+    # Up to 0.4 s of delay on any request (a slow machine's scheduling) still lands each in
+    # its window: /b before 3 s, /d between 3 and 4 s after /b (whose token it is).
     late = [(path, at, sent) for (path, at), sent in zip(due[1:], ran["sent"], strict=True)
-            if sent > at + 0.25]
+            if sent > at + 0.4]
     assert not late, f"the client ran late, missing the windows: {late}"
     assert fake.calls == 3
     first, behind, waited_for = (f"Bearer {token}" for token in fake.issued[before:])
