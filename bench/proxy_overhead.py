@@ -30,6 +30,7 @@ from report import (
     figure,
     flagged,
     fmt_ratio,
+    fmt_x,
     grouped_bars,
     head,
     machine_facts,
@@ -42,7 +43,7 @@ from report import (
     target_line,
     target_row,
 )
-from rounds import Cell, Goal, Result, Row, ratios, rows, run_rounds
+from rounds import Cell, Goal, Result, Row, ratios, reaches, rows, run_rounds
 from services import (
     BODY_PATH,
     ORIGIN_NAME,
@@ -335,9 +336,9 @@ def draw(results: list[Result], path: Path) -> None:
         if not values:
             continue
         median = statistics.median(values)
-        ratio_bar(ax, y, values, "tab:green" if median >= need else "tab:red")
+        ratio_bar(ax, y, values, "tab:green" if reaches(median, need) else "tab:red")
         ax.plot([need, need], [y - 0.42, y + 0.42], color="black", linestyle="--")
-        ax.annotate(f"{median:.2f}x (needs {need:g}x)", (max(median, need), y),
+        ax.annotate(f"{fmt_x(median, need)}x (needs {need:g}x)", (max(median, need), y),
                     xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
     ax.set_yticks(range(len(TARGETS)), [g.label.replace(", ", "\n", 1) for g in TARGETS],
                   fontsize=7)

@@ -7,6 +7,7 @@ matplotlib (imported only when a chart is drawn).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import statistics
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rounds import Cell, Goal, Result, Row
+from rounds import VERDICT_DIGITS, Cell, Goal, Result, Row
 from services import ROOT
 
 if TYPE_CHECKING:
@@ -40,7 +41,15 @@ def ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
-def _x(value: float) -> str:
+# Closer than this to its target a ratio gets VERDICT_DIGITS digits: with two, a median of
+# 0.847 would print as the 0.85 it does not reach. Farther off, two are on the right side.
+NEAR_TARGET = 0.01
+
+
+def fmt_x(value: float, need: float | None = None) -> str:
+    """A ratio, with the digits its verdict against `need` is taken at when it is near it."""
+    if need is not None and abs(value - need) < NEAR_TARGET:
+        return f"{value:.{VERDICT_DIGITS}f}"
     return f"{value:.2f}" if value >= 0.095 else f"{value:.2g}"
 
 
@@ -54,8 +63,8 @@ def median_range(values: list[float], fmt: Callable[[float], str], to: str, unit
     return f"{fmt(median)}{unit} ({fmt(min(values))}{to}{fmt(max(values))})"
 
 
-def fmt_ratio(values: list[float]) -> str:
-    return median_range(values, _x, "-", "x")
+def fmt_ratio(values: list[float], need: float | None = None) -> str:
+    return median_range(values, functools.partial(fmt_x, need=need), "-", "x")
 
 
 def cpu_cells(row: Row) -> tuple[str, str]:
@@ -110,7 +119,7 @@ def target_row(results: list[Result], goal: Goal, *, cpu: bool) -> str:
     met = goal.met(results)
     verdict = "-" if met is None else "**met**" if met else "**not met**"
     cpu_ratio = fmt_ratio(goal.cpu_ratios(results)) if cpu else "-"
-    return (f"| {goal.label} | ≥ {goal.need:g}x | {fmt_ratio(goal.ratios(results))} | "
+    return (f"| {goal.label} | ≥ {goal.need:g}x | {fmt_ratio(goal.ratios(results), goal.need)} | "
             f"{verdict} | {cpu_ratio} |")
 
 
@@ -118,7 +127,7 @@ def target_line(results: list[Result], goal: Goal, *, cpu: bool) -> str:
     """The goal's line in the console summary."""
     met = "met" if goal.met(results) else "NOT met"
     cpu_ratio = f"; from CPU per request {fmt_ratio(goal.cpu_ratios(results))}" if cpu else ""
-    return (f"target {goal.label}: {fmt_ratio(goal.ratios(results))} "
+    return (f"target {goal.label}: {fmt_ratio(goal.ratios(results), goal.need)} "
             f"(needs >= {goal.need:g}x) {met}{cpu_ratio}")
 
 

@@ -212,6 +212,16 @@ def cpu_per_request(result: Result) -> float | None:
     return result.proxy_cpu_s / result.sample.requests
 
 
+# A target is judged on its median to this many digits, which is how a report prints a median
+# near its target (report.fmt_x): the verdict must agree with the figure printed beside it.
+VERDICT_DIGITS = 3
+
+
+def reaches(median: float, need: float) -> bool:
+    """Whether a median ratio meets `need`, to VERDICT_DIGITS digits."""
+    return round(median, VERDICT_DIGITS) >= need
+
+
 @dataclass(frozen=True)
 class Goal:
     """A target from the issue: `num`'s req/s over `den`'s, within a round, at least `need`."""
@@ -233,7 +243,7 @@ class Goal:
     def met(self, results: list[Result]) -> bool | None:
         """Whether the median ratio reaches `need`; None when nothing was measured."""
         values = self.ratios(results)
-        return statistics.median(values) >= self.need if values else None
+        return reaches(statistics.median(values), self.need) if values else None
 
 
 @dataclass
