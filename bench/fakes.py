@@ -80,7 +80,7 @@ class OriginCA:
         )
 
 
-class StubDNS(BaseResolver):
+class StubDNS(BaseResolver):  # type: ignore[misc]  # dnslib ships no types
     """A name server on loopback (UDP) for the names `set`; others are NXDOMAIN. Its thread
     takes the starting thread's CPU affinity."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -458,8 +459,8 @@ def baselines(fig: Figures, plan: Plan, paths: dict[str, str], progress: Progres
     for i in range(plan.bwrap):
         for name, argv in (("bwrap: binds only", minimal), ("bwrap: the sandbox's namespaces",
                                                             like)):
-            ms, done = timed(lambda a=argv: subprocess.run(a, env=env, capture_output=True,
-                                                           check=False))
+            ms, done = timed(functools.partial(subprocess.run, argv, env=env,
+                                               capture_output=True, check=False))
             if done.returncode != 0:
                 raise BenchError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace')}")
             fig.add(name, ms)
