@@ -10,6 +10,7 @@ proxy's file store; the sandbox's environment holds the documented placeholder p
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,10 +63,10 @@ def rules(port: int) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
-      ) -> Iterator[World]:
-    directory: Path = tmp_path_factory.mktemp("aws-sigv4")
+@contextlib.contextmanager
+def aws_world(directory: Path, test_ca: OriginCA, dns: StubDNS) -> Iterator[World]:
+    """A proxy with `rules` in front of an AwsFake (`World.aws`), the real keys in its store;
+    at the end, a check that none of them was logged."""
     fake = AwsFake(REAL)
     # The file store is YAML: the JSON object goes in quoted, as one string.
     with world(directory, test_ca, dns, [S3, STS, DDB, SQS], fake, rules, KEYS,
@@ -75,6 +76,13 @@ def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
     logged = made.proxy.audit_text() + made.proxy.stderr()
     for canary in (REAL.secret_key, REAL.token, REAL.access_key):
         assert canary not in logged
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
+      ) -> Iterator[World]:
+    with aws_world(tmp_path_factory.mktemp("aws-sigv4"), test_ca, dns) as made:
+        yield made
 
 
 @pytest.fixture(autouse=True)
@@ -174,7 +182,7 @@ def main(s3):
     assert out["status"] == 403 and "InvalidAccessKeyId" in out["text"], out
 
 
-def _refused(w: World, code: str, reason: str, **args: Any) -> dict[str, Any]:
+def run_refused(w: World, code: str, reason: str, **args: Any) -> dict[str, Any]:
     env = aws_env(w, "aws-1", **args.pop("env", {}))
     out: dict[str, Any] = w.run(CLIENT + code, env, **args).ok()
     assert out.get("reason") == reason, out
@@ -185,7 +193,7 @@ def _refused(w: World, code: str, reason: str, **args: Any) -> dict[str, Any]:
 
 
 def test_a_region_the_rule_does_not_name_is_refused(w: World) -> None:
-    out = _refused(w, """
+    out = run_refused(w, """
 def main(s3):
     return refused(lambda: client("s3", s3, region="eu-west-1").get_object(Bucket="b", Key="k"))
 """, "aws_scope", s3=w.url(host=S3))
@@ -193,14 +201,14 @@ def main(s3):
 
 
 def test_a_service_the_rule_does_not_name_is_refused(w: World) -> None:
-    _refused(w, """
+    run_refused(w, """
 def main(sqs):
     return refused(lambda: client("sqs", sqs).list_queues())
 """, "aws_scope", sqs=w.url(host=SQS))
 
 
 def test_a_real_looking_key_id_is_refused(w: World) -> None:
-    out = _refused(w, """
+    out = run_refused(w, """
 def main(s3):
     return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
 """, "request_inapplicable", s3=w.url(host=S3), env={"AWS_ACCESS_KEY_ID": "AKIASOMEREALKEY00001"})
@@ -208,7 +216,7 @@ def main(s3):
 
 
 def test_an_unsigned_request_is_refused(w: World) -> None:
-    _refused(w, """
+    run_refused(w, """
 def main(s3):
     import botocore
     return refused(lambda: client("s3", s3, signature_version=botocore.UNSIGNED)
@@ -217,7 +225,7 @@ def main(s3):
 
 
 def test_a_skewed_clock_is_refused(w: World) -> None:
-    out = _refused(w, """
+    out = run_refused(w, """
 def main(s3):
     import datetime, botocore.auth
     real = botocore.auth.get_current_datetime
@@ -225,92 +233,6 @@ def main(s3):
     return refused(lambda: client("s3", s3).get_object(Bucket="b", Key="k"))
 """, "aws_clock_skew", s3=w.url(host=S3))
     assert "behind the proxy's clock" in out["text"] or out["status"] == 400
-
-
-CHUNKED = """
-def main(s3, mode):
-    import datetime, requests
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
-            "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
-            "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
-    # Signed by the sandbox with the placeholder keys: the proxy never checks these.
-    body = b"".join(b"%x;chunk-signature=%s\\r\\n%s\\r\\n" % (len(c), b"0" * 64, c)
-                    for c in (b"x" * 70000, b"hello", b""))
-    r = requests.put(s3 + "/bkt/streamed", data=body,
-                     headers={"Authorization": auth, "X-Amz-Date": stamp,
-                              "Content-Encoding": "aws-chunked",
-                              "X-Amz-Decoded-Content-Length": "70005",
-                              "X-Amz-Content-SHA256": mode}, timeout=20)
-    got = None
-    if r.status_code == 200:
-        got = len(client("s3", s3).get_object(Bucket="bkt", Key="streamed")["Body"].read())
-    return {"status": r.status_code, "reason": r.headers.get("x-sealgate-error"),
-            "text": r.text, "got": got}
-"""
-
-
-def test_a_chunk_signed_upload_is_re_signed_chunk_by_chunk(w: World) -> None:
-    out = w.run(CLIENT + CHUNKED, aws_env(w, "aws-1"), s3=w.url(host=S3),
-                mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD").ok()
-    assert out["status"] == 200 and out["got"] == 70005, out
-    fake: AwsFake = w.aws  # type: ignore[attr-defined]
-    assert "s3 PUT /bkt/streamed" in fake.verified  # every chunk's signature checked
-
-
-MANY_CHUNKS = """
-def main(s3, key, sizes, broken):
-    import datetime, requests
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
-            "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
-            "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
-    chunks = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes)] + [b""]
-    # `broken`: the second chunk says it is one byte longer than it is.
-    body = b"".join(b"%x;chunk-signature=%s\\r\\n%s\\r\\n" % (
-        len(c) + (1 if broken and i == 1 else 0), b"0" * 64, c) for i, c in enumerate(chunks))
-    try:
-        r = requests.put(s3 + "/bkt/" + key, data=body,
-                         headers={"Authorization": auth, "X-Amz-Date": stamp,
-                                  "Content-Encoding": "aws-chunked",
-                                  "X-Amz-Decoded-Content-Length": str(sum(sizes)),
-                                  "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"},
-                         timeout=30)
-        status = r.status_code
-    except requests.RequestException:
-        status = 0  # the proxy cut the upload off
-    got = None
-    if status == 200:
-        got = len(client("s3", s3).get_object(Bucket="bkt", Key=key)["Body"].read())
-    return {"status": status, "got": got}
-"""
-
-
-def test_a_large_chunk_signed_upload_streams_through_re_signed(w: World) -> None:
-    """4 MiB in 64 KiB chunks, over the size the proxy buffers: re-signed as it passes."""
-    sizes = [65536] * 64
-    out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="big",
-                sizes=sizes, broken=False).ok()
-    assert out == {"status": 200, "got": sum(sizes)}
-    fake: AwsFake = w.aws  # type: ignore[attr-defined]
-    assert "s3 PUT /bkt/big" in fake.verified
-
-
-def test_a_chunk_signed_upload_broken_halfway_never_completes_upstream(w: World) -> None:
-    out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="broken",
-                sizes=[65536] * 4, broken=True).ok()
-    assert out["status"] != 200
-    fake: AwsFake = w.aws  # type: ignore[attr-defined]
-    assert "s3 PUT /bkt/broken" not in fake.verified
-    assert not [k for k in fake.objects if "broken" in k]
-    line = w.proxy.wait_audit(lambda e: e.get("path") == "/bkt/broken" and e.get("reason"))
-    assert (line["decision"], line["reason"]) == ("deny", "request_inapplicable")
-
-
-def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
-    out = _refused(w, CHUNKED, "aws_streaming_signed", s3=w.url(host=S3),
-                   mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
-    assert "no trailer" in out["text"]
 
 
 ROUND_TRIP = CLIENT + """
@@ -321,15 +243,20 @@ def main(s3):
 """
 
 
-def test_keys_in_a_sealed_token(w: World) -> None:
-    """The same processor sealed in a token (in the proxy credentials: boto3 cannot add a
-    header to every request) instead of brokered."""
+def sealed_env(w: World) -> dict[str, str]:
+    """The placeholder keys, and the real ones in a sealed token in the proxy credentials
+    (boto3 cannot add a header to every request)."""
     token = w.mint(AwsSigV4Processor(services="s3", regions="us-east-1"), host=S3,
                    secret=SECRET_JSON)
     env = aws_env(w, "tokens-1")
     env.update({k: v for k, v in w.env("tokens-1", key=f"{KEYS['tokens-1']},{token}").items()
                 if "proxy" in k.lower()})
-    assert w.run(ROUND_TRIP, env, s3=w.url(host=S3)).ok() == "sealed keys"
+    return env
+
+
+def test_keys_in_a_sealed_token(w: World) -> None:
+    """The same processor sealed in a token instead of brokered."""
+    assert w.run(ROUND_TRIP, sealed_env(w), s3=w.url(host=S3)).ok() == "sealed keys"
     assert w.fake.requests and all("AKIACANARY" in r.headers["authorization"]
                                    for r in w.fake.requests)
 

@@ -1,0 +1,124 @@
+"""Chunk-signed uploads (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`, aws-chunked) through the proxy,
+re-signed chunk by chunk as they stream, for the fake AWS that checks every chunk's signature
+with the real keys (tests/awsfake.py), whole or broken halfway.
+The world is test_aws_sigv4's: boto3's placeholder keys in the sandbox, the real keys brokered
+(sandbox aws-1) or sealed in a token (tokens-1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA
+from tests.sdk.kit import World
+
+pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
+
+from tests.awsfake import AwsFake
+from tests.integration.test_aws_sigv4 import (
+    CLIENT,
+    S3,
+    aws_env,
+    aws_world,
+    run_refused,
+)
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA, dns: StubDNS
+      ) -> Iterator[World]:
+    with aws_world(tmp_path_factory.mktemp("aws-chunked"), test_ca, dns) as made:
+        yield made
+
+
+@pytest.fixture(autouse=True)
+def _fresh(w: World) -> None:
+    w.fake.reset()
+
+
+CHUNKED = """
+def main(s3, mode):
+    import datetime, requests
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
+            "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
+            "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
+    # Signed by the sandbox with the placeholder keys: the proxy never checks these.
+    body = b"".join(b"%x;chunk-signature=%s\\r\\n%s\\r\\n" % (len(c), b"0" * 64, c)
+                    for c in (b"x" * 70000, b"hello", b""))
+    r = requests.put(s3 + "/bkt/streamed", data=body,
+                     headers={"Authorization": auth, "X-Amz-Date": stamp,
+                              "Content-Encoding": "aws-chunked",
+                              "X-Amz-Decoded-Content-Length": "70005",
+                              "X-Amz-Content-SHA256": mode}, timeout=20)
+    got = None
+    if r.status_code == 200:
+        got = len(client("s3", s3).get_object(Bucket="bkt", Key="streamed")["Body"].read())
+    return {"status": r.status_code, "reason": r.headers.get("x-sealgate-error"),
+            "text": r.text, "got": got}
+"""
+
+
+def test_a_chunk_signed_upload_is_re_signed_chunk_by_chunk(w: World) -> None:
+    out = w.run(CLIENT + CHUNKED, aws_env(w, "aws-1"), s3=w.url(host=S3),
+                mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD").ok()
+    assert out["status"] == 200 and out["got"] == 70005, out
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/streamed" in fake.verified  # every chunk's signature checked
+
+
+MANY_CHUNKS = """
+def main(s3, key, sizes, broken):
+    import datetime, requests
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    auth = ("AWS4-HMAC-SHA256 Credential=SEALGATEPLACEHOLDER/" + stamp[:8] +
+            "/us-east-1/s3/aws4_request, SignedHeaders=content-encoding;host;"
+            "x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length, Signature=" + "0" * 64)
+    chunks = [bytes([65 + i % 26]) * n for i, n in enumerate(sizes)] + [b""]
+    # `broken`: the second chunk says it is one byte longer than it is.
+    body = b"".join(b"%x;chunk-signature=%s\\r\\n%s\\r\\n" % (
+        len(c) + (1 if broken and i == 1 else 0), b"0" * 64, c) for i, c in enumerate(chunks))
+    try:
+        r = requests.put(s3 + "/bkt/" + key, data=body,
+                         headers={"Authorization": auth, "X-Amz-Date": stamp,
+                                  "Content-Encoding": "aws-chunked",
+                                  "X-Amz-Decoded-Content-Length": str(sum(sizes)),
+                                  "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"},
+                         timeout=30)
+        status = r.status_code
+    except requests.RequestException:
+        status = 0  # the proxy cut the upload off
+    got = None
+    if status == 200:
+        got = len(client("s3", s3).get_object(Bucket="bkt", Key=key)["Body"].read())
+    return {"status": status, "got": got}
+"""
+
+
+def test_a_large_chunk_signed_upload_streams_through_re_signed(w: World) -> None:
+    """4 MiB in 64 KiB chunks, over the size the proxy buffers: re-signed as it passes."""
+    sizes = [65536] * 64
+    out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="big",
+                sizes=sizes, broken=False).ok()
+    assert out == {"status": 200, "got": sum(sizes)}
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/big" in fake.verified
+
+
+def test_a_chunk_signed_upload_broken_halfway_never_completes_upstream(w: World) -> None:
+    out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="broken",
+                sizes=[65536] * 4, broken=True).ok()
+    assert out["status"] != 200
+    fake: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/broken" not in fake.verified
+    assert not [k for k in fake.objects if "broken" in k]
+    line = w.proxy.wait_audit(lambda e: e.get("path") == "/bkt/broken" and e.get("reason"))
+    assert (line["decision"], line["reason"]) == ("deny", "request_inapplicable")
+
+
+def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
+    out = run_refused(w, CHUNKED, "aws_streaming_signed", s3=w.url(host=S3),
+                      mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
+    assert "no trailer" in out["text"]
