@@ -109,6 +109,9 @@ def install(
     _http1.Http1Client.send = _framed_for_http1(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
     )
+    HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]
+        HttpStream.state_stream_request_body
+    )
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )
@@ -325,14 +328,18 @@ _LINGER_BYTES = 1 << 20
 
 
 def _no_empty_chunks(state: _State) -> _State:
-    """An empty HTTP/2 DATA frame in the middle of a response reaches a stream function as b"",
-    which is also how mitmproxy says the body ended: the scrubber would let out the tail it held
-    back, and a secret split around the empty frame would pass unmasked. Such an event carries
-    nothing, so it is dropped before the stream function sees it."""
+    """An empty HTTP/2 DATA frame in the middle of a body reaches a stream function as b"",
+    which is also how mitmproxy says the body ended. In a response the scrubber would let out
+    the tail it held back, and a secret split around the empty frame would pass unmasked; in a
+    request aws-sigv4's re-signer (`awschunked.Resigner`) would find the body cut short before
+    its final chunk and refuse a client that did nothing wrong. Such an event carries nothing,
+    so it is dropped here, before any stream function sees it: b"" keeps the one meaning every
+    stream function relies on, which lets the re-signer check that the body really ended with
+    its final chunk."""
 
     @functools.wraps(state)
     def stream_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
-        if isinstance(event, ResponseData) and not event.data:
+        if isinstance(event, RequestData | ResponseData) and not event.data:
             return
         yield from state(self, event)
 

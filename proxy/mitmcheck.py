@@ -190,6 +190,13 @@ def _response_deadline() -> None:
     _fields(events.Wakeup, "command")
 
 
+@_checks("mitmproxy.proxy.layers.http.HttpStream.state_stream_request_body")
+def _stream_request_body() -> None:
+    _params(HttpStream.state_stream_request_body, "(self, event)")
+    _names(HttpStream.start_request_stream, "state_stream_request_body")  # as below
+    _fields(_events.RequestData, "stream_id", "data")
+
+
 @_checks("mitmproxy.proxy.layers.http.HttpStream.state_stream_response_body")
 def _stream_body() -> None:
     _params(HttpStream.state_stream_response_body, "(self, event)")

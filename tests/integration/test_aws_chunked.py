@@ -1,11 +1,12 @@
 """Chunk-signed uploads (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`, aws-chunked) through the proxy,
 re-signed chunk by chunk as they stream, for the fake AWS that checks every chunk's signature
-with the real keys (tests/awsfake.py), whole or broken halfway.
+with the real keys (tests/awsfake.py): over HTTP/1 and HTTP/2, whole or broken halfway.
 The world is test_aws_sigv4's: boto3's placeholder keys in the sandbox, the real keys brokered
 (sandbox aws-1) or sealed in a token (tokens-1)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,14 +17,17 @@ from tests.sdk.kit import World
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
 
+from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import (
     CLIENT,
+    KEYS,
     S3,
     aws_env,
     aws_world,
     run_refused,
 )
+from tests.security.rawclient import h2_through_tunnel
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,39 @@ def test_a_large_chunk_signed_upload_streams_through_re_signed(w: World) -> None
     assert out == {"status": 200, "got": sum(sizes)}
     fake: AwsFake = w.aws  # type: ignore[attr-defined]
     assert "s3 PUT /bkt/big" in fake.verified
+
+
+def _chunk_signed(chunks: list[bytes]) -> tuple[list[tuple[str, str]], bytes]:
+    """A chunk-signed upload of `chunks` as the sandbox signs it, with the placeholder keys
+    (zeros: the proxy never checks them): its SigV4 headers, and its body with the final
+    chunk."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    auth = (f"AWS4-HMAC-SHA256 Credential={AWS_PLACEHOLDER_KEY_ID}/{stamp[:8]}/us-east-1/s3/"
+            "aws4_request, SignedHeaders=content-encoding;host;x-amz-content-sha256;"
+            f"x-amz-date;x-amz-decoded-content-length, Signature={'0' * 64}")
+    body = b"".join(b"%x;chunk-signature=%s\r\n%s\r\n" % (len(c), b"0" * 64, c)
+                    for c in [*chunks, b""])
+    return [("authorization", auth), ("x-amz-date", stamp), ("content-encoding", "aws-chunked"),
+            ("x-amz-decoded-content-length", str(sum(map(len, chunks)))),
+            ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
+            ("content-length", str(len(body)))], body
+
+
+def test_an_empty_http2_data_frame_in_a_chunk_signed_upload_is_not_its_end(w: World) -> None:
+    """HTTP/2 lets a client send an empty DATA frame anywhere; the re-signer reads b"" as the
+    body's end, so mitmproxy's event for it must never reach it."""
+    chunks = [bytes([97 + i]) * 5000 for i in range(6)]
+    headers, body = _chunk_signed(chunks)
+    frames = [body[at:at + 8192] for at in range(0, len(body), 8192)]
+    frames.insert(len(frames) // 2, b"")
+    target = f"{S3}:{w.fake.port}"
+    answer, alpn = h2_through_tunnel(w.proxy.port, target, ("aws-1", KEYS["aws-1"]), w.proxy.ca, [
+        (":method", "PUT"), (":scheme", "https"), (":authority", target),
+        (":path", "/bkt/h2-empty-frame"), *headers], frames)
+    assert (alpn, answer.status) == ("h2", 200), answer
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/h2-empty-frame" in aws.verified
+    assert aws.objects["/bkt/h2-empty-frame"] == b"".join(chunks)
 
 
 def test_a_chunk_signed_upload_broken_halfway_never_completes_upstream(w: World) -> None:

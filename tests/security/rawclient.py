@@ -205,12 +205,13 @@ def tls_wrap(
 
 
 def h2_exchange(
-    tls: ssl.SSLSocket, headers: Sequence[tuple[str, str]], body: bytes = b"", *,
-    timeout: float = TIMEOUT,
+    tls: ssl.SSLSocket, headers: Sequence[tuple[str, str]], body: bytes | Sequence[bytes] = b"",
+    *, timeout: float = TIMEOUT,
 ) -> RawResponse:
     """One HTTP/2 request over a TLS socket that negotiated h2. The headers (pseudo-headers
     first) go out exactly as given: h2's own validation and normalisation are off, so a test can
-    send what a client library would refuse to."""
+    send what a client library would refuse to. A sequence for `body` is its DATA frames, each
+    sent as it is (an empty one too), within the peer's first flow-control window."""
     config = h2.config.H2Configuration(
         client_side=True, header_encoding="utf-8", validate_outbound_headers=False,
         normalize_outbound_headers=False, validate_inbound_headers=False,
@@ -218,9 +219,10 @@ def h2_exchange(
     conn = h2.connection.H2Connection(config=config)
     conn.initiate_connection()
     stream = conn.get_next_available_stream_id()
-    conn.send_headers(stream, list(headers), end_stream=not body)
-    if body:
-        conn.send_data(stream, body, end_stream=True)
+    frames = ([body] if body else []) if isinstance(body, bytes) else list(body)
+    conn.send_headers(stream, list(headers), end_stream=not frames)
+    for n, frame in enumerate(frames, 1):
+        conn.send_data(stream, frame, end_stream=n == len(frames))
     tls.sendall(conn.data_to_send())
     deadline = time.monotonic() + timeout
     status, answer, data, trailers = 0, {}, b"", {}
@@ -254,7 +256,7 @@ def h2_exchange(
 
 def h2_through_tunnel(
     port: int, target: str, who: tuple[str, str], cafile: Path,
-    headers: Sequence[tuple[str, str]], body: bytes = b"",
+    headers: Sequence[tuple[str, str]], body: bytes | Sequence[bytes] = b"",
 ) -> tuple[RawResponse, str | None]:
     """CONNECT `target` as sandbox `who`, TLS offering only h2 with the target's name as SNI,
     one request. Returns the response and the protocol the proxy chose."""
