@@ -62,10 +62,13 @@ clock: Callable[[], float] = time.time
 
 
 class FlowRequest:
-    """`issuer.injection.MutableRequest` over a mitmproxy request."""
+    """`issuer.injection.MutableRequest` over a mitmproxy request, for credential `cred`: a
+    streamed body its processor refuses gets the reason `cred`'s other refusals get (`_denial`:
+    a sealed token's is `token_inapplicable`)."""
 
-    def __init__(self, request: http.Request) -> None:
+    def __init__(self, request: http.Request, cred: Credential) -> None:
         self.request = request
+        self._cred = cred
         # Lower-case name -> values, read in one pass when first asked: aws-sigv4 reads a
         # dozen headers, and each `Headers.get_all` walks and decodes every field.
         self._headers: dict[str, list[str]] | None = None
@@ -134,7 +137,7 @@ class FlowRequest:
             try:
                 return transform(came if isinstance(came, bytes) else b"".join(came))
             except InjectionError as exc:
-                _REFUSED[request] = Denial(exc.reason, str(exc))
+                _REFUSED[request] = _denial(self._cred, exc)
                 return b""
 
         request.stream = passing
@@ -285,7 +288,7 @@ def write(
 def _needs_body(request: http.Request, cred: Credential) -> bool:
     """Whether an aws-sigv4 credential signs this request's body."""
     return isinstance(cred.processor, AwsSigV4Processor) and awsresign.needs_body(
-        cred.processor, FlowRequest(request), clock()
+        cred.processor, FlowRequest(request, cred), clock()
     )
 
 
@@ -322,7 +325,7 @@ def put(request: http.Request, cred: Credential, into: Injected | None = None) -
     try:
         if into is not None and _present(request, cred):
             into.overwrote.append(cred.target)
-        written = inject(cred.processor, cred.secret, FlowRequest(request), now=clock())
+        written = inject(cred.processor, cred.secret, FlowRequest(request, cred), now=clock())
         if into is not None and written is not None:
             # Recorded only for what goes in with the headers: the scrubber is armed then.
             into.needles.append(written)

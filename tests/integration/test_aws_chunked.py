@@ -26,6 +26,7 @@ from tests.integration.test_aws_sigv4 import (
     aws_env,
     aws_world,
     run_refused,
+    sealed_env,
 )
 from tests.security.rawclient import h2_through_tunnel
 
@@ -144,15 +145,23 @@ def test_an_empty_http2_data_frame_in_a_chunk_signed_upload_is_not_its_end(w: Wo
     assert aws.objects["/bkt/h2-empty-frame"] == b"".join(chunks)
 
 
-def test_a_chunk_signed_upload_broken_halfway_never_completes_upstream(w: World) -> None:
-    out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="broken",
-                sizes=[65536] * 4, broken=True).ok()
+@pytest.mark.parametrize(("sealed", "reason"), [(False, "request_inapplicable"),
+                                                (True, "token_inapplicable")],
+                         ids=["brokered", "sealed"])
+def test_a_chunk_signed_upload_broken_halfway_never_completes_upstream(
+    w: World, sealed: bool, reason: str
+) -> None:
+    """Refused as it streams, with the reason the credential's other refusals give."""
+    key = f"broken-{'sealed' if sealed else 'brokered'}"
+    env = sealed_env(w) if sealed else aws_env(w, "aws-1")
+    out = w.run(CLIENT + MANY_CHUNKS, env, s3=w.url(host=S3), key=key, sizes=[65536] * 4,
+                broken=True).ok()
     assert out["status"] != 200
     fake: AwsFake = w.aws  # type: ignore[attr-defined]
-    assert "s3 PUT /bkt/broken" not in fake.verified
+    assert f"s3 PUT /bkt/{key}" not in fake.verified
     assert not [k for k in fake.objects if "broken" in k]
-    line = w.proxy.wait_audit(lambda e: e.get("path") == "/bkt/broken" and e.get("reason"))
-    assert (line["decision"], line["reason"]) == ("deny", "request_inapplicable")
+    line = w.proxy.wait_audit(lambda e: e.get("path") == f"/bkt/{key}" and e.get("reason"))
+    assert (line["decision"], line["reason"]) == ("deny", reason)
 
 
 def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
