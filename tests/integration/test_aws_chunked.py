@@ -1,6 +1,6 @@
 """Chunk-signed uploads (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`, aws-chunked) through the proxy,
 re-signed chunk by chunk as they stream, for the fake AWS that checks every chunk's signature
-with the real keys (tests/awsfake.py): over HTTP/1 and HTTP/2, whole or broken halfway.
+with the real keys (tests/awsfake.py): over HTTP/1 and HTTP/2, paused halfway, broken halfway.
 The world is test_aws_sigv4's: boto3's placeholder keys in the sandbox, the real keys brokered
 (sandbox aws-1) or sealed in a token (tokens-1)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
-from tests.sdk.kit import World
+from tests.sdk.kit import FakeAPI, World
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
 
@@ -28,7 +28,15 @@ from tests.integration.test_aws_sigv4 import (
     run_refused,
     sealed_env,
 )
-from tests.security.rawclient import h2_through_tunnel
+from tests.security.rawclient import (
+    TIMEOUT,
+    h2_through_tunnel,
+    open_tunnel,
+    proxy_auth,
+    read_response,
+    request_bytes,
+    tls_wrap,
+)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +111,8 @@ def main(s3, key, sizes, broken):
 
 
 def test_a_large_chunk_signed_upload_streams_through_re_signed(w: World) -> None:
-    """4 MiB in 64 KiB chunks, over the size the proxy buffers: re-signed as it passes."""
+    """4 MiB in 64 KiB chunks, re-signed (that it streams, under the request budget, only the
+    paused upload below can tell)."""
     sizes = [65536] * 64
     out = w.run(CLIENT + MANY_CHUNKS, aws_env(w, "aws-1"), s3=w.url(host=S3), key="big",
                 sizes=sizes, broken=False).ok()
@@ -126,6 +135,39 @@ def _chunk_signed(chunks: list[bytes]) -> tuple[list[tuple[str, str]], bytes]:
             ("x-amz-decoded-content-length", str(sum(map(len, chunks)))),
             ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
             ("content-length", str(len(body)))], body
+
+
+def test_a_chunk_signed_upload_reaches_the_origin_re_signed_while_the_client_is_sending(
+    w: World,
+) -> None:
+    """The client stops halfway: re-signed chunks are at the fake before it sends the rest (a
+    proxy that buffered the body, whatever its size, would have sent the fake nothing yet)."""
+    fake = w.fake
+    assert isinstance(fake, FakeAPI)
+    chunks = [bytes([65 + i]) * 65536 for i in range(8)]
+    headers, body = _chunk_signed(chunks)
+    target = f"{S3}:{fake.port}"
+    sock, tunnel = open_tunnel(w.proxy.port, target, [
+        ("Proxy-Authorization", proxy_auth("aws-1", KEYS["aws-1"]))])
+    with sock, tls_wrap(sock, S3, w.proxy.ca) as tls:
+        assert tunnel.status == 200
+        tls.sendall(request_bytes("PUT", "/bkt/paused", [("Host", target), *headers])
+                    + body[:len(body) // 2])
+        # The first four chunks have been sent whole: the proxy holds only one still coming.
+        framed = (len(body) - len(_chunk_signed([])[1])) // len(chunks) * 4
+        deadline = time.monotonic() + TIMEOUT
+        while len(fake.arriving) < framed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        early = bytes(fake.arriving)
+        assert len(early) >= framed, f"{len(early)} bytes at the fake before the rest was sent"
+        tls.sendall(body[len(body) // 2:])
+        answer = read_response(tls)
+    assert answer.status == 200, answer
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert "s3 PUT /bkt/paused" in aws.verified and aws.objects["/bkt/paused"] == b"".join(chunks)
+    # What came early is the start of the body that verified: re-signed chunks, not the
+    # sandbox's zeros.
+    assert fake.last().body.startswith(early) and b"0" * 64 not in early
 
 
 def test_an_empty_http2_data_frame_in_a_chunk_signed_upload_is_not_its_end(w: World) -> None:

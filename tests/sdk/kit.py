@@ -127,6 +127,10 @@ class FakeAPI:
         self.route = route
         self.requests: list[Arrived] = []
         self.connections = 0
+        # The Content-Length body being read, as far as it has come (of the request to start
+        # last): a test sees from it (a copy, `bytes(fake.arriving)`) what reached the fake
+        # before the client sent the rest.
+        self.arriving = bytearray()
         self._lock = threading.Lock()
         fake = self
 
@@ -144,8 +148,7 @@ class FakeAPI:
                 if "chunked" in self.headers.get("transfer-encoding", "").lower():
                     body = self._read_chunked()
                 else:
-                    length = int(self.headers.get("content-length") or 0)
-                    body = self.rfile.read(length) if length else b""
+                    body = self._read(int(self.headers.get("content-length") or 0))
                 seen = Arrived(self.command, self.path, list(self.headers.items()), body,
                                self.number, self.sni)
                 with fake._lock:
@@ -174,6 +177,15 @@ class FakeAPI:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _read(self, length: int) -> bytes:
+                fake.arriving = body = bytearray()
+                while len(body) < length:
+                    piece = self.rfile.read1(min(length - len(body), 65536))
+                    if not piece:
+                        break
+                    body += piece
+                return bytes(body)
 
             def _read_chunked(self) -> bytes:
                 body = b""
