@@ -18,7 +18,7 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth, SigV4QueryAu
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sealgate.issuer import awsresign, sigv4
+from sealgate.issuer import awschunked, awsresign, sigv4
 from sealgate.issuer.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
 from sealgate.issuer.injection import InMemoryRequest, inject
 from sealgate.issuer.processors import (
@@ -296,6 +296,28 @@ def test_a_chunk_signed_body_is_re_signed_chunk_by_chunk() -> None:
     fake = AwsFake(REAL)
     assert fake.chunks_verified(request.body, seed, amz_date, "us-east-1", "s3")
     assert not fake.chunks_verified(body, seed, amz_date, "us-east-1", "s3")
+
+
+def test_a_chunk_signed_body_is_re_signed_the_same_however_it_arrives() -> None:
+    """Split in two at every byte, and byte by byte: what `Resigner` holds of a chunk header or
+    of a chunk waits for the rest, and the output is the body fed whole, which verifies."""
+    body = _framed(b"a" * 150, b"\r\n", b"b", b"c" * 17, b"")
+    amz_date = "20260101T120000Z"
+    scope = sigv4.Scope(REAL.access_key, amz_date[:8], "us-east-1", "s3")
+    seed = hashlib.sha256(b"the request's signature").hexdigest()
+
+    def resigned(pieces: list[bytes]) -> bytes:
+        resigner = awschunked.Resigner(seed, sigv4.signing_key(REAL.secret_key, scope),
+                                       amz_date, scope)
+        out = b"".join(resigner.feed(piece) for piece in pieces)
+        return out + resigner.feed(b"")
+
+    whole = resigned([body])
+    assert len(whole) == len(body)
+    assert AwsFake(REAL).chunks_verified(whole, seed, amz_date, "us-east-1", "s3")
+    for cut in range(1, len(body)):  # no piece is b"", which is the end
+        assert resigned([body[:cut], body[cut:]]) == whole, cut
+    assert resigned([body[at:at + 1] for at in range(len(body))]) == whole
 
 
 @pytest.mark.parametrize("body", [
