@@ -25,9 +25,12 @@ below it however it detaches (double fork, setsid), and when the command ends, t
 killed, everything left below it is killed too. Nothing outlives its exec. A process that
 escapes even that (its shim killed under it) lands on the agent, which kills it.
 
-Under gVisor a shim cannot be a subreaper: a process that detaches from its command goes to
-the agent at once and is killed at the agent's next look (half a second at most), even while
-its command still runs.
+Under gVisor a shim cannot be a subreaper, so there the agent starts each command itself
+(`_Direct`: no shim, no fork of this process on an exec), and a process that detaches from its
+command goes to the agent at once and is killed at the agent's next look (half a second at
+most), even while its command still runs. Puts and gets still have their shims.
+
+(Over 400 lines for a reason: the sandbox is handed this one file, which imports nothing.)
 
 The channel is the agent's standard input (the one descriptor every isolation tier hands a
 sandbox's first process: gVisor's runsc passes no other). A shim waits for its command by
@@ -167,6 +170,11 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
     _, code, ru = ended
     usage = [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]
     _kill_tree(usage)
+    _report(status, _answer(ending, code, usage))
+
+
+def _answer(ending: str, code: int, usage: list[float]) -> dict[str, Any]:
+    """The status line of a command that ended (`code` as wait4 gives it)."""
     answer: dict[str, Any] = {"ending": ending, "usage": {
         "user_seconds": round(usage[0], 6), "system_seconds": round(usage[1], 6),
         "max_rss_kib": int(usage[2])}}
@@ -177,7 +185,83 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
         answer["exit"] = os.WEXITSTATUS(code)
     if ending == "timed_out":
         answer["exit"] = 124
-    _report(status, answer)
+    return answer
+
+
+class _Running:
+    def __init__(self, pid: int, status: int, deadline: float | None) -> None:
+        self.pid, self.status, self.deadline = pid, status, deadline
+        self.ending = "exit"
+
+
+class _Direct:
+    """The commands the agent starts itself, without a shim: where it is its PID namespace's
+    init, as under gVisor (bubblewrap keeps an init of its own), a shim cannot be a subreaper
+    anyway (gVisor's kernel refuses it), so what detaches from a command comes to the agent
+    either way, and a shim would only cost a fork of this Python process on every exec: 27 ms
+    under gVisor's ptrace platform, half of an exec then. The command's process limit is then
+    the agent's own (`_spawn` sets it here: it can only be lowered, and the create's is the
+    same for every command), which its put and get shims count against too."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, _Running] = {}  # request id -> its command
+
+    def start(self, ident: int, req: dict[str, Any], fds: list[int]) -> None:
+        stdin, stdout, stderr, status = fds
+        try:
+            pid = _spawn(req, stdin, stdout, stderr)
+        except _NotStarted as exc:
+            _report(status, {"error": str(exc), "exit": 127})
+            os.close(status)
+            return
+        finally:
+            for fd in (stdin, stdout, stderr):
+                os.close(fd)
+        timeout = req.get("timeout")
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        self.running[ident] = _Running(pid, status, deadline)
+
+    def kill(self, ident: int, ending: str = "killed") -> bool:
+        run = self.running.get(ident)
+        if run is None:
+            return False
+        run.ending = ending
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # its session's group: setsid made it the leader
+        return True
+
+    def wait_seconds(self) -> float:
+        """Until the next look is due: half a second, or a deadline's sooner."""
+        now = time.monotonic()
+        due = [r.deadline - now for r in self.running.values()
+               if r.deadline is not None and r.ending == "exit"]
+        return max(0.0, min([0.5, *due]))
+
+    def collect(self) -> None:
+        """Reap every child that has ended (a shim, an orphan, a command: a command's status is
+        reported) and kill the commands past their deadline."""
+        by_pid = {r.pid: ident for ident, r in self.running.items()}
+        while True:
+            try:  # looked at first, reaped after: a pid cannot be reused while it is a zombie
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if info is None:
+                break
+            ident = by_pid.get(info.si_pid)
+            if ident is not None:  # what it left in its session goes with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(info.si_pid, signal.SIGKILL)
+            _, code, ru = os.wait4(info.si_pid, 0)
+            if ident is not None:
+                run = self.running.pop(ident)
+                _report(run.status, _answer(run.ending, code,
+                                            [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]))
+                os.close(run.status)
+        now = time.monotonic()
+        for ident, run in list(self.running.items()):
+            if run.deadline is not None and now >= run.deadline and run.ending == "exit":
+                self.kill(ident, "timed_out")
 
 
 class _NotStarted(Exception):
@@ -391,19 +475,26 @@ def main() -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     shims: dict[int, int] = {}  # request id -> the shim serving it
+    direct = _Direct() if os.getpid() == 1 else None
+    wake_r, wake_w = os.pipe()  # a command's end wakes the loop at once
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     chan.send(b'{"op": "ready"}')
     while True:
-        ready, _, _ = select.select([chan], [], [], 0.5)
-        _orphans(shims)
-        if not ready:
-            continue
-        try:
-            message, fds = receive(chan)
-        except OSError:
-            return
-        if not message:
-            return  # the daemon is gone: so is the sandbox
-        _serve(chan, message, fds, shims)
+        wait = 0.5 if direct is None else direct.wait_seconds()
+        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], wait)
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        if chan.fileno() in ready:
+            try:
+                message, fds = receive(chan)
+            except OSError:
+                return
+            if not message:
+                return  # the daemon is gone: so is the sandbox
+            _serve(chan, message, fds, shims, direct)
+        _orphans(shims, direct)
 
 
 def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
@@ -418,7 +509,8 @@ def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
     return message, list(fds)
 
 
-def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int]) -> None:
+def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int],
+           direct: _Direct | None) -> None:
     try:
         req = json.loads(message)
         op, ident = req["op"], int(req["id"])
@@ -428,6 +520,8 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         return
     if op == "kill":
         pid = shims.get(ident)
+        if direct is not None and direct.kill(ident):
+            return
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
@@ -437,9 +531,19 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         for fd in fds:
             os.close(fd)
         return
-    pid = os.fork()
+    if direct is not None and op == "exec":
+        direct.start(ident, req, fds)
+        return
+    try:
+        pid = os.fork()
+    except OSError as exc:  # the sandbox's process limit, reached
+        _report(fds[-1], {"error": f"cannot start: {exc.strerror}", "exit": 127})
+        for fd in fds:
+            os.close(fd)
+        return
     if pid == 0:
         try:
+            signal.set_wakeup_fd(-1)  # the agent's
             chan.close()  # a shim speaks only on its own descriptors
             handler(req, fds)
         finally:
@@ -449,11 +553,15 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         os.close(fd)
 
 
-def _orphans(shims: dict[int, int]) -> None:
-    """Reap ended shims; kill anything else that has come to us: a process whose shim was
-    killed under it, which must not outlive its exec."""
-    _reap([0.0, 0.0, 0.0])
-    live = set(shims.values())
+def _orphans(shims: dict[int, int], direct: _Direct | None) -> None:
+    """Reap ended shims (and commands: their status said); kill anything else that has come
+    to us: a process whose shim was killed under it, which must not outlive its exec."""
+    if direct is None:
+        _reap([0.0, 0.0, 0.0])
+        live = set(shims.values())
+    else:
+        direct.collect()
+        live = {*shims.values(), *(r.pid for r in direct.running.values())}
     for pid in _children():
         if pid not in live:
             with contextlib.suppress(ProcessLookupError):

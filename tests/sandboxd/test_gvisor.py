@@ -134,6 +134,11 @@ def test_the_process_limit_of_create_holds_inside(gvisord: Daemon) -> None:
         assert done.ok, done.stderr
         assert 0 < int(done.text) < 48
         assert small.run(["true"]).ok  # the bomb failed its forks; the sandbox lives
+        # The limit is the command's hard one too: it cannot raise it back.
+        raise_it = ("import resource; r = resource.RLIMIT_NPROC; print(resource.getrlimit(r))\n"
+                    "try:\n resource.setrlimit(r, (4096, 4096)); print('raised')\n"
+                    "except ValueError: print('refused')")
+        assert small.run(["python3", "-c", raise_it]).text == "(48, 48)\nrefused\n"
 
 
 def test_deleting_leaves_only_the_pool(gvisord: Daemon) -> None:

@@ -137,6 +137,24 @@ def test_a_process_limit_above_the_hosts_still_runs(tierd: tuple[str, Daemon]) -
         assert (done.exit_code, done.text, done.ending) == (0, "ran\n", "exit"), done
 
 
+def test_a_command_whose_caller_leaves_is_killed(tierd: tuple[str, Daemon]) -> None:
+    """A caller that stops reading a streamed command and closes its connection: the command
+    is killed, the sandbox serves on."""
+    _, daemon = tierd
+    with create(daemon) as sb:
+        events = sb.stream(["sh", "-c", "echo started; exec sleep 307"], timeout=120)
+        assert next(events) == ("stdout", b"started\n")
+        events.close()  # the connection with it
+        listing = ""
+        for _ in range(100):
+            listing = sb.run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).text
+            if "sleep 307" not in listing:
+                break
+            time.sleep(0.1)
+        assert "sleep 307" not in listing, listing
+        assert sb.run(["true"]).ok
+
+
 def test_two_sandboxes_share_nothing(tierd: tuple[str, Daemon]) -> None:
     tier, daemon = tierd
     with create(daemon) as a, create(daemon) as b:
