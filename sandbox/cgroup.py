@@ -21,7 +21,7 @@ from pathlib import Path
 from sealgate.reasons import Reason, SealgateError
 
 ROOT = Path("/sys/fs/cgroup")
-_PARENT = "sealgate"
+PARENT = "sealgate"
 _PERIOD_US = 100_000
 
 
@@ -81,7 +81,7 @@ class Group:
         return group
 
     def _v2(self, name: str, limits: Limits) -> None:
-        parent = ROOT / _PARENT
+        parent = ROOT / PARENT
         parent.mkdir(exist_ok=True)
         available = (ROOT / "cgroup.controllers").read_text().split()
         missing = {"pids", "memory", "cpu"} - set(available)
@@ -98,7 +98,7 @@ class Group:
         for controller in ("pids", "memory", "cpu"):
             if not (ROOT / controller).is_dir():
                 raise CgroupError(f"no cgroup v1 {controller} hierarchy at {ROOT / controller}")
-            group = ROOT / controller / _PARENT / name
+            group = ROOT / controller / PARENT / name
             group.mkdir(parents=True)
             self.dirs.append(group)
         self.apply(limits)
@@ -129,7 +129,7 @@ class Group:
             controllers = list(ROOT.iterdir())  # v1: one hierarchy each
         except OSError:
             controllers = []
-        places = [ROOT / _PARENT / name, *(c / _PARENT / name for c in controllers)]
+        places = [ROOT / PARENT / name, *(c / PARENT / name for c in controllers)]
         return cls([d for d in places if d.is_dir()])
 
     def _members(self) -> Iterator[int]:

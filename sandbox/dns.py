@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -30,7 +31,7 @@ from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 
 _TTL = 60
 _MAX_QUERY = 512
-_POLL_SECONDS = 0.2
+_JOIN_SECONDS = 2.0
 RATE = 50  # queries a second, per sandbox
 BURST = 100
 
@@ -99,8 +100,12 @@ class FakeDns(_Names):
 
     def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
         super().__init__(bind, answer)
-        self._sock.settimeout(_POLL_SECONDS)
+        self._sock.setblocking(False)
         self._stop = threading.Event()
+        # Wakes the thread at once on close: a packet to the socket itself would be dropped by
+        # the sandbox's own table (only the sandbox may ask), leaving the thread to a poll's
+        # end, which had every run's teardown wait 100-200 ms for it.
+        self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name="sealgate-sandbox-dns",
                                         daemon=True)
 
@@ -109,14 +114,12 @@ class FakeDns(_Names):
 
     def close(self) -> None:
         self._stop.set()
-        # Wakes a thread waiting in recvfrom now, not at its next poll.
         with contextlib.suppress(OSError):
-            waker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            waker.sendto(b"", self._sock.getsockname())
-            waker.close()
+            self._wake_w.send(b"x")
         if self._thread.is_alive():
-            self._thread.join(2 * _POLL_SECONDS + 1)
-        self._sock.close()
+            self._thread.join(_JOIN_SECONDS)
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            sock.close()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -124,7 +127,9 @@ class FakeDns(_Names):
             if (delay := self._bucket.wait()) > 0:
                 self._stop.wait(delay)
                 continue
-            self._one()
+            ready, _, _ = select.select([self._sock, self._wake_r], [], [])
+            if self._sock in ready:
+                self._one()
 
 
 class LoopDns(_Names):

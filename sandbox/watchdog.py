@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from sealgate.sandbox.cgroup import PARENT
 from sealgate.sandbox.launch import tool
 
 # Up to 100 rounds, 20 ms apart while there was something to kill (the pids limit bounds
@@ -38,6 +39,11 @@ done
 
 class Watchdog:
     def __init__(self, groups: Sequence[Path]) -> None:
+        # It kills whatever the groups hold: never anything but a run's own groups, below
+        # sealgate's parent (handed the host's root group, it would kill every process).
+        if not groups or any(g.parent.name != PARENT or not g.name.startswith("run-")
+                             for g in groups):
+            raise ValueError(f"not a run's cgroups: {[str(g) for g in groups]}")
         self._proc = subprocess.Popen(
             [tool("sh"), "-c", _SCRIPT, "sh", *(str(g) for g in groups)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -21,6 +21,7 @@ from sealgate.sandbox.network import Link, NetworkError, Plan
 from sealgate.sandbox.seccomp import SeccompUnsupported, program
 from sealgate.sandbox.tiers.bwrap import args as bwrap_args
 from sealgate.sandbox.tiers.bwrap import argv
+from sealgate.sandbox.watchdog import Watchdog
 
 LINK = Link(3, "sg-3", "sgh3", "sgn3", IPv4Address("10.200.0.13"), IPv4Address("10.200.0.14"),
             IPv4Address("10.200.255.254"))
@@ -259,3 +260,16 @@ def test_a_launch_whose_launcher_is_gone_goes_no_further(tmp_path: Path) -> None
                            text=True, timeout=10)
     assert (other.returncode, other.stdout) == (125, "")
     assert (group / "cgroup.procs").read_text() == ""
+
+
+@pytest.mark.parametrize("groups", [
+    [], ["cgroup"], ["cgroup/pids"], ["cgroup/pids/sealgate"], ["cgroup/pids/user.slice/run-1-2"],
+    ["cgroup/pids/sealgate/run-1-2", "cgroup/memory"],
+])
+def test_the_watchdog_takes_only_a_runs_own_groups(groups: list[str], tmp_path: Path) -> None:
+    """It kills every member of its groups when the runtime dies: handed anything but a run's
+    groups (the host's root group would be every process), it refuses before it starts. (Paths
+    below a temporary directory, named like the host's: a watchdog that did start would find
+    nothing there to kill.)"""
+    with pytest.raises(ValueError, match="not a run's cgroups"):
+        Watchdog([tmp_path / g for g in groups])
