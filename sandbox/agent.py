@@ -126,7 +126,7 @@ def _report(fd: int, answer: dict[str, Any]) -> None:
 
 
 def _exec(req: dict[str, Any], fds: list[int]) -> None:
-    stdin, stdout, stderr, status = fds
+    status = fds[3]
     # gVisor's kernel makes only a PID namespace's init a subreaper (EINVAL for a shim): there
     # what detaches from the command is handed to the agent, which kills it (`_orphans`).
     with contextlib.suppress(OSError):
@@ -137,16 +137,10 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
     killed: list[int] = []
     signal.signal(signal.SIGUSR1, lambda *_: killed.append(1))  # the daemon's "kill it"
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    try:
-        pid = _spawn(req, stdin, stdout, stderr)
-    except _NotStarted as exc:
-        _report(status, {"error": str(exc), "exit": 127})
+    started = _start(req, fds)
+    if started is None:
         return
-    finally:
-        for fd in (stdin, stdout, stderr):
-            os.close(fd)
-    timeout = req.get("timeout")
-    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    pid, deadline = started
     ending, ended = "exit", None
     while True:
         ended = os.wait4(pid, os.WNOHANG)
@@ -171,6 +165,22 @@ def _exec(req: dict[str, Any], fds: list[int]) -> None:
     usage = [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]
     _kill_tree(usage)
     _report(status, _answer(ending, code, usage))
+
+
+def _start(req: dict[str, Any], fds: list[int]) -> tuple[int, float | None] | None:
+    """The request's command started on its descriptors (all closed here but the status):
+    its pid and deadline, or None, said on the status, if it could not be started."""
+    stdin, stdout, stderr, status = fds
+    try:
+        pid = _spawn(req, stdin, stdout, stderr)
+    except _NotStarted as exc:
+        _report(status, {"error": str(exc), "exit": 127})
+        return None
+    finally:
+        for fd in (stdin, stdout, stderr):
+            os.close(fd)
+    timeout = req.get("timeout")
+    return pid, None if timeout is None else time.monotonic() + float(timeout)
 
 
 def _answer(ending: str, code: int, usage: list[float]) -> dict[str, Any]:
@@ -207,19 +217,11 @@ class _Direct:
         self.running: dict[int, _Running] = {}  # request id -> its command
 
     def start(self, ident: int, req: dict[str, Any], fds: list[int]) -> None:
-        stdin, stdout, stderr, status = fds
-        try:
-            pid = _spawn(req, stdin, stdout, stderr)
-        except _NotStarted as exc:
-            _report(status, {"error": str(exc), "exit": 127})
-            os.close(status)
+        started = _start(req, fds)
+        if started is None:
+            os.close(fds[3])
             return
-        finally:
-            for fd in (stdin, stdout, stderr):
-                os.close(fd)
-        timeout = req.get("timeout")
-        deadline = None if timeout is None else time.monotonic() + float(timeout)
-        self.running[ident] = _Running(pid, status, deadline)
+        self.running[ident] = _Running(started[0], fds[3], started[1])
 
     def kill(self, ident: int, ending: str = "killed") -> bool:
         run = self.running.get(ident)
