@@ -60,6 +60,7 @@ _MAX_MESSAGE = 1 << 20
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _KILL_ROUNDS = 10_000  # each round kills every child; a tree is gone long before
+_REAPS = 256  # children the agent reaps at one look
 _CHUNK = 1 << 16
 _WORKSPACE = "/workspace"
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -172,6 +173,11 @@ def _start(req: dict[str, Any], fds: list[int]) -> tuple[int, float | None] | No
     its pid and deadline, or None, said on the status, if it could not be started."""
     stdin, stdout, stderr, status = fds
     try:
+        timeout = req.get("timeout")
+        try:
+            seconds = None if timeout is None else float(timeout)
+        except (TypeError, ValueError):
+            raise _NotStarted("bad request: timeout") from None
         pid = _spawn(req, stdin, stdout, stderr)
     except _NotStarted as exc:
         _report(status, {"error": str(exc), "exit": 127})
@@ -179,8 +185,7 @@ def _start(req: dict[str, Any], fds: list[int]) -> tuple[int, float | None] | No
     finally:
         for fd in (stdin, stdout, stderr):
             os.close(fd)
-    timeout = req.get("timeout")
-    return pid, None if timeout is None else time.monotonic() + float(timeout)
+    return pid, None if seconds is None else time.monotonic() + seconds
 
 
 def _answer(ending: str, code: int, usage: list[float]) -> dict[str, Any]:
@@ -213,7 +218,8 @@ class _Direct:
     the agent's own (`_spawn` sets it here: it can only be lowered, and the create's is the
     same for every command), which its put and get shims count against too."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, starts: bool) -> None:
+        self.starts = starts  # execs are started here, not by shims
         self.running: dict[int, _Running] = {}  # request id -> its command
 
     def start(self, ident: int, req: dict[str, Any], fds: list[int]) -> None:
@@ -227,10 +233,20 @@ class _Direct:
         run = self.running.get(ident)
         if run is None:
             return False
-        run.ending = ending
+        try:  # one that has ended already (not yet reaped) keeps its own status
+            ended = os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            ended = None
+        if run.ending == "exit" and ended is None:
+            run.ending = ending
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)  # its session's group: setsid made it the leader
         return True
+
+    def descriptors(self) -> list[int]:
+        """What a shim forked now must close first: the running commands' status pipes (a copy
+        kept open would hold their callers' statuses back until the shim ended)."""
+        return [r.status for r in self.running.values()]
 
     def wait_seconds(self) -> float:
         """Until the next look is due: half a second, or a deadline's sooner."""
@@ -239,11 +255,17 @@ class _Direct:
                if r.deadline is not None and r.ending == "exit"]
         return max(0.0, min([0.5, *due]))
 
-    def collect(self) -> None:
-        """Reap every child that has ended (a shim, an orphan, a command: a command's status is
-        reported) and kill the commands past their deadline."""
+    def collect(self) -> set[int]:
+        """Kill the commands past their deadline; reap children that have ended (a shim, an
+        orphan, a command: its status said), at most `_REAPS` a call, so that a workload making
+        dead orphans without end cannot keep the agent from its requests; the pids reaped."""
+        now = time.monotonic()
+        for overdue, run in list(self.running.items()):
+            if run.deadline is not None and now >= run.deadline and run.ending == "exit":
+                self.kill(overdue, "timed_out")
         by_pid = {r.pid: ident for ident, r in self.running.items()}
-        while True:
+        reaped: set[int] = set()
+        for _ in range(_REAPS):
             try:  # looked at first, reaped after: a pid cannot be reused while it is a zombie
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -255,15 +277,13 @@ class _Direct:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(info.si_pid, signal.SIGKILL)
             _, code, ru = os.wait4(info.si_pid, 0)
+            reaped.add(info.si_pid)
             if ident is not None:
                 run = self.running.pop(ident)
                 _report(run.status, _answer(run.ending, code,
                                             [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]))
                 os.close(run.status)
-        now = time.monotonic()
-        for ident, run in list(self.running.items()):
-            if run.deadline is not None and now >= run.deadline and run.ending == "exit":
-                self.kill(ident, "timed_out")
+        return reaped
 
 
 class _NotStarted(Exception):
@@ -294,6 +314,8 @@ def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
         raise _NotStarted("bad request: an empty argv")
     try:
         os.chdir(cwd)
+    except ValueError:  # an embedded NUL
+        raise _NotStarted("bad request: cwd") from None
     except OSError as exc:  # named as the directory's, not blamed on the program
         raise _NotStarted(f"cwd {cwd}: {exc.strerror or exc}"[:4000]) from None
     # Never above the hard limit the agent was given (raising it is refused): a create may
@@ -315,6 +337,8 @@ def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
         )
     except OSError as exc:
         raise _NotStarted(f"{argv[0]}: {exc.strerror or exc}"[:4000]) from None
+    except ValueError:  # an embedded NUL in the argv or the environment
+        raise _NotStarted("bad request: a NUL in the argv or the environment") from None
 
 
 def _which(name: str, path: str) -> str:
@@ -477,15 +501,15 @@ def main() -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     shims: dict[int, int] = {}  # request id -> the shim serving it
-    direct = _Direct() if os.getpid() == 1 else None
+    # The reaper of every child, and the starter of commands where the agent is the init.
+    direct = _Direct(starts=os.getpid() == 1)
     wake_r, wake_w = os.pipe()  # a command's end wakes the loop at once
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     chan.send(b'{"op": "ready"}')
     while True:
-        wait = 0.5 if direct is None else direct.wait_seconds()
-        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], wait)
+        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], direct.wait_seconds())
         if wake_r in ready:
             os.read(wake_r, 512)
         if chan.fileno() in ready:
@@ -512,7 +536,7 @@ def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int],
-           direct: _Direct | None) -> None:
+           direct: _Direct) -> None:
     try:
         req = json.loads(message)
         op, ident = req["op"], int(req["id"])
@@ -522,7 +546,7 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         return
     if op == "kill":
         pid = shims.get(ident)
-        if direct is not None and direct.kill(ident):
+        if direct.kill(ident):
             return
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -533,7 +557,7 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         for fd in fds:
             os.close(fd)
         return
-    if direct is not None and op == "exec":
+    if direct.starts and op == "exec":
         direct.start(ident, req, fds)
         return
     try:
@@ -547,6 +571,8 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         try:
             signal.set_wakeup_fd(-1)  # the agent's
             chan.close()  # a shim speaks only on its own descriptors
+            for fd in direct.descriptors():
+                os.close(fd)
             handler(req, fds)
         finally:
             os._exit(0)
@@ -555,22 +581,18 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         os.close(fd)
 
 
-def _orphans(shims: dict[int, int], direct: _Direct | None) -> None:
+def _orphans(shims: dict[int, int], direct: _Direct) -> None:
     """Reap ended shims (and commands: their status said); kill anything else that has come
     to us: a process whose shim was killed under it, which must not outlive its exec."""
-    if direct is None:
-        _reap([0.0, 0.0, 0.0])
-        live = set(shims.values())
-    else:
-        direct.collect()
-        live = {*shims.values(), *(r.pid for r in direct.running.values())}
+    reaped = direct.collect()
+    for ident, pid in list(shims.items()):
+        if pid in reaped:  # forgotten as it is reaped: its pid may be another's at once
+            del shims[ident]
+    live = {*shims.values(), *(r.pid for r in direct.running.values())}
     for pid in _children():
         if pid not in live:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    for ident, pid in list(shims.items()):
-        if not os.path.exists(f"/proc/{pid}"):
-            del shims[ident]
 
 
 if __name__ == "__main__":

@@ -104,9 +104,15 @@ def run(spec: Run) -> int:
                                          tier.host_limits(spec.limits))
                 except CgroupError as exc:
                     raise SandboxError(str(exc)) from None
-                undo.callback(group.remove)
                 try:
-                    undo.callback(Watchdog(group.dirs).stop)
+                    watchdog = Watchdog(group.dirs)
+                except OSError as exc:
+                    group.remove()
+                    raise SandboxError(f"cannot prepare the run: {exc}") from None
+                # Stood down only once the groups are empty: a kill during the teardown
+                # before that still has it empty them.
+                undo.callback(_remove_watched, group, watchdog)
+                try:
                     bundle, ca = trust(proxy_ca)
                     launch = Launch(link, spec.command, spec.proxy_port,
                                     staged(link, bundle, ca), program, spec.workspace, spec.uid,
@@ -119,6 +125,13 @@ def run(spec: Run) -> int:
         except _Stopped as exc:
             return 128 + exc.signum
     return code
+
+
+def _remove_watched(group: Group, watchdog: Watchdog) -> None:
+    try:
+        group.remove()
+    finally:
+        watchdog.stop()
 
 
 def prerequisites(state: Path) -> tuple[bytes, Path]:
