@@ -26,7 +26,7 @@ killed, everything left below it is killed too. Nothing outlives its exec. A pro
 escapes even that (its shim killed under it) lands on the agent, which kills it.
 
 Under gVisor a shim cannot be a subreaper, so there the agent starts each command itself
-(`_Direct`: no shim, no fork of this process on an exec), and a process that detaches from its
+(`_Commands`: no shim, no fork of this process on an exec), and a process that detaches from its
 command goes to the agent at once and is killed at the agent's next look (half a second at
 most), even while its command still runs. Puts and gets still have their shims.
 
@@ -128,10 +128,9 @@ def _report(fd: int, answer: dict[str, Any]) -> None:
 
 def _exec(req: dict[str, Any], fds: list[int]) -> None:
     status = fds[3]
-    # gVisor's kernel makes only a PID namespace's init a subreaper (EINVAL for a shim): there
-    # what detaches from the command is handed to the agent, which kills it (`_orphans`).
-    with contextlib.suppress(OSError):
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # A shim serves execs only where the agent is not its namespace's init (bubblewrap), and
+    # there it may be a subreaper (gVisor's kernel would refuse: `_Commands`).
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     stop_r, stop_w = os.pipe()
     os.set_blocking(stop_w, False)
     signal.set_wakeup_fd(stop_w)  # wakes the wait below on either signal
@@ -209,14 +208,15 @@ class _Running:
         self.ending = "exit"
 
 
-class _Direct:
-    """The commands the agent starts itself, without a shim: where it is its PID namespace's
-    init, as under gVisor (bubblewrap keeps an init of its own), a shim cannot be a subreaper
-    anyway (gVisor's kernel refuses it), so what detaches from a command comes to the agent
-    either way, and a shim would only cost a fork of this Python process on every exec: 27 ms
-    under gVisor's ptrace platform, half of an exec then. The command's process limit is then
-    the agent's own (`_spawn` sets it here: it can only be lowered, and the create's is the
-    same for every command), which its put and get shims count against too."""
+class _Commands:
+    """The agent's children, reaped here (a command's status said), and the commands it starts
+    itself, without a shim (`starts`): where it is its PID namespace's init, as under gVisor
+    (bubblewrap keeps an init of its own), a shim cannot be a subreaper anyway (gVisor's kernel
+    refuses it), so what detaches from a command comes to the agent either way, and a shim
+    would only cost a fork of this Python process on every exec: 27 ms under gVisor's ptrace
+    platform, half of an exec then. The command's process limit is then the agent's own
+    (`_spawn` sets it here: it can only be lowered, and the create's is the same for every
+    command), which its put and get shims count against too."""
 
     def __init__(self, *, starts: bool) -> None:
         self.starts = starts  # execs are started here, not by shims
@@ -302,7 +302,8 @@ def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
     default signals: by posix_spawn (vfork, then exec), not a fork of the shim, whose copy of
     a Python address space costs 16 ms under gVisor's ptrace platform (fork and exec 25 ms,
     posix_spawn 10 ms, measured in runsc). What the command needs set that posix_spawn cannot
-    set is set on the shim first: it does nothing after but wait."""
+    set is set on the caller first: a shim, which does nothing after but wait, or the agent,
+    whose own work needs neither its cwd nor more processes than the sandbox may have."""
     try:
         argv = [str(a) for a in req["argv"]]
         env = {str(k): str(v) for k, v in req["env"].items()}
@@ -501,26 +502,32 @@ def main() -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     shims: dict[int, int] = {}  # request id -> the shim serving it
-    # The reaper of every child, and the starter of commands where the agent is the init.
-    direct = _Direct(starts=os.getpid() == 1)
+    # The reaper of every child, and the starter of execs where the agent is the init.
+    commands = _Commands(starts=os.getpid() == 1)
     wake_r, wake_w = os.pipe()  # a command's end wakes the loop at once
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     chan.send(b'{"op": "ready"}')
     while True:
-        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], direct.wait_seconds())
+        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], commands.wait_seconds())
         if wake_r in ready:
             os.read(wake_r, 512)
         if chan.fileno() in ready:
-            try:
-                message, fds = receive(chan)
-            except OSError:
+            if (got := request(chan)) is None:
                 return
-            if not message:
-                return  # the daemon is gone: so is the sandbox
-            _serve(chan, message, fds, shims, direct)
-        _orphans(shims, direct)
+            _serve(chan, *got, shims, commands)
+        _orphans(shims, commands)
+
+
+def request(chan: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The daemon's next request and its descriptors; None once the daemon is gone (and with
+    it the sandbox)."""
+    try:
+        message, fds = receive(chan)
+    except OSError:
+        return None
+    return (message, fds) if message else None
 
 
 def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
@@ -536,7 +543,7 @@ def receive(chan: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int],
-           direct: _Direct) -> None:
+           commands: _Commands) -> None:
     try:
         req = json.loads(message)
         op, ident = req["op"], int(req["id"])
@@ -545,9 +552,9 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
             os.close(fd)
         return
     if op == "kill":
-        pid = shims.get(ident)
-        if direct.kill(ident):
+        if commands.kill(ident):
             return
+        pid = shims.get(ident)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
@@ -557,8 +564,8 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         for fd in fds:
             os.close(fd)
         return
-    if direct.starts and op == "exec":
-        direct.start(ident, req, fds)
+    if commands.starts and op == "exec":
+        commands.start(ident, req, fds)
         return
     try:
         pid = os.fork()
@@ -571,7 +578,7 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         try:
             signal.set_wakeup_fd(-1)  # the agent's
             chan.close()  # a shim speaks only on its own descriptors
-            for fd in direct.descriptors():
+            for fd in commands.descriptors():
                 os.close(fd)
             handler(req, fds)
         finally:
@@ -581,14 +588,14 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         os.close(fd)
 
 
-def _orphans(shims: dict[int, int], direct: _Direct) -> None:
+def _orphans(shims: dict[int, int], commands: _Commands) -> None:
     """Reap ended shims (and commands: their status said); kill anything else that has come
     to us: a process whose shim was killed under it, which must not outlive its exec."""
-    reaped = direct.collect()
+    reaped = commands.collect()
     for ident, pid in list(shims.items()):
         if pid in reaped:  # forgotten as it is reaped: its pid may be another's at once
             del shims[ident]
-    live = {*shims.values(), *(r.pid for r in direct.running.values())}
+    live = {*shims.values(), *(r.pid for r in commands.running.values())}
     for pid in _children():
         if pid not in live:
             with contextlib.suppress(ProcessLookupError):

@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any
 
-from sealgate.sandbox.agent import receive
+from sealgate.sandbox.agent import request
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm import hostrun
 from sealgate.sandbox.microvm.guestagent import encode
@@ -123,14 +123,8 @@ class Server:
 
     def serve(self, chan: socket.socket) -> None:
         chan.send(b'{"op": "ready"}')
-        while True:
-            try:
-                message, fds = receive(chan)
-            except OSError:
-                return
-            if not message:
-                return  # the daemon is gone: so is the sandbox
-            self._dispatch(message, fds)
+        while (got := request(chan)) is not None:
+            self._dispatch(*got)
 
     def _dispatch(self, message: bytes, fds: list[int]) -> None:
         try:
