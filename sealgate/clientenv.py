@@ -32,6 +32,11 @@ TRUST_VARIABLES = (
     "GIT_SSL_CAINFO",
     "CARGO_HTTP_CAINFO",
     "DENO_CERT",
+    # npm: NODE_EXTRA_CA_CERTS is dropped once npm has a `cafile` or `ca` of its own (Debian's
+    # images often configure one), since npm then hands Node that list in place of its roots.
+    # Its config from the environment overrides every npmrc's; npm reads npm_config_* in any
+    # case and exports this lower-case form to scripts itself.
+    "npm_config_cafile",
 )
 
 
