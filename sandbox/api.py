@@ -72,6 +72,10 @@ def error(reason: Reason, detail: str) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # aiohttp's parser takes a request line without a version as HTTP/0.9 and would answer
+    # it; its other refusals of what is not HTTP/1.x are apiserver.py's.
+    if request.version.major != 1:
+        return error(Reason.BAD_REQUEST, "not an HTTP/1.x request: no HTTP version")
     # Only the unix socket's own connections go without the key: a connection whose transport
     # is already gone (so its listener cannot be told) must show it like a TCP one.
     sockname = request.transport.get_extra_info("sockname") if request.transport else None

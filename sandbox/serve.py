@@ -19,6 +19,7 @@ from aiohttp import web
 from sealgate.hostport import parse_hostport
 from sealgate.sandbox import firewall, selftest, slot, tiers
 from sealgate.sandbox.api import make_app
+from sealgate.sandbox.apiserver import Runner
 from sealgate.sandbox.cgroup import CgroupError, parse_size
 from sealgate.sandbox.daemon import Config, Daemon
 from sealgate.sandbox.errors import SandboxError
@@ -124,7 +125,7 @@ async def _serve(settings: Settings) -> int:
                                   "checks": [dataclasses.asdict(c) for c in checks]})
 
     app.router.add_get("/v1/selftest", selftest_call)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = Runner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
