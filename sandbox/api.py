@@ -28,12 +28,11 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
 from sealgate.sandbox.daemon import Daemon
-from sealgate.sandbox.session import Command, Options, SessionError, check_path
+from sealgate.sandbox.session import MAX_REQUEST, Command, Options, SessionError, check_path
 
 MAX_JSON = 24 << 20  # a command's stdin, base64'd, and its other fields
 MAX_STDIN = 16 << 20
 MAX_FILE = 1 << 30
-MAX_ARGS = 4096
 MAX_ENV = 1024
 MAX_CAPTURE = 16 << 20  # per stream, when the output is not streamed
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
@@ -223,9 +222,15 @@ async def _delete(request: web.Request) -> web.Response:
 
 def _command(body: dict[str, Any]) -> Command:
     argv = body.get("argv")
-    if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGS or not all(
+    # No count of its own: argv shares the agent's request (MAX_REQUEST, its JSON, checked as
+    # it is sent) with env and cwd, and the kernel takes whatever fits in that. Each item is at
+    # least 4 of those bytes (`"", `), so a longer list is refused before any work on it.
+    if isinstance(argv, list) and len(argv) > MAX_REQUEST // 4:
+        raise SessionError(f"argv, env and cwd together over {MAX_REQUEST} bytes",
+                           reason=Reason.TOO_LARGE)
+    if not isinstance(argv, list) or not argv or not all(
             isinstance(a, str) and "\0" not in a for a in argv):
-        raise BadRequest(f"'argv' must be a list of 1 to {MAX_ARGS} strings without NUL")
+        raise BadRequest("'argv' must be a list of at least one string without NUL")
     cwd = body.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")
                             or "\0" in cwd):

@@ -249,7 +249,6 @@ BAD_EXECS: list[tuple[Any, str]] = [
     ({"argv": ["true"], "shell": True}, "bad_request"),
     ({}, "bad_request"), ({"argv": "true"}, "bad_request"), ({"argv": []}, "bad_request"),
     ({"argv": [1]}, "bad_request"), ({"argv": ["a\0b"]}, "bad_request"),
-    ({"argv": ["x"] * 5000}, "bad_request"),
     ({"argv": ["true"], "cwd": "relative"}, "bad_request"),
     ({"argv": ["true"], "cwd": 1}, "bad_request"),
     ({"argv": ["true"], "stdin": "not base64!"}, "bad_request"),

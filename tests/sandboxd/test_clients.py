@@ -128,6 +128,22 @@ def test_a_request_too_big_for_the_agent_is_refused_and_the_sandbox_serves_on(
         assert sb.run(["echo", "still here"]).stdout == b"still here\n"
 
 
+def test_argv_is_capped_by_its_bytes_not_by_a_count(sandboxd: Daemon) -> None:
+    """The one cap docs/sandbox-api.md names for argv: the 128 KiB it shares with env and cwd.
+    Far more than 4,096 short items fit in it, and the kernel takes them; a list that cannot
+    fit is too_large however short its items."""
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        counted = sb.run(["sh", "-c", 'echo "$#"', "sh", *["a"] * 20_000])
+        assert counted.stdout == b"20000\n", counted
+        for argv in (["true", *["a"] * 30_000], ["true", *[""] * 40_000]):
+            try:
+                sb.run(argv)
+                raise AssertionError(f"an argv of {len(argv)} items was sent")
+            except DaemonError as exc:
+                assert (exc.code, exc.status) == ("too_large", 413)
+        assert sb.refresh()["running"] == 0
+
+
 def test_concurrent_cold_creates_stop_at_the_daemons_maximum(
     dproxy: Proxy, tmp_path: Path
 ) -> None:
