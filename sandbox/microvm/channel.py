@@ -20,9 +20,54 @@ from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm.guestagent import Frames, encode
 
 _CHUNK = 65536
+# The guest's headers are small (an op, an id, an exit code, a message cut to 500 characters);
+# only a `get`'s payload is large.
+_GUEST_HEADER_MAX = 16 << 10
+# What the guest's answers carry: the ops the host expects, each with the fields it needs;
+# a field's type and range wherever it appears.
+_GUEST_OPS: dict[str, tuple[str, ...]] = {
+    "ready": ("kernel",), "ok": ("id",), "data": ("id",), "error": ("message",),
+    "started": ("id", "pid"), "out": ("id", "fd"), "exit": ("id", "code"),
+}
+_GUEST_FIELDS: dict[str, type | tuple[int, int]] = {
+    "kernel": str, "message": str, "timed_out": bool,
+    "id": (0, 1 << 62), "pid": (1, 1 << 30), "fd": (1, 2), "code": (0, 255), "signal": (1, 64),
+}
 _REQUEST_SECONDS = 10.0
 _EXIT_GRACE = 10.0  # how long past a command's own timeout the guest may take to report it
 _NO_LIMIT = 7 * 86400.0  # a command given no timeout (epoll takes at most ~24 days)
+
+
+class GuestFrames(Frames):
+    """Frames from the guest, which the host does not trust (its kernel and agent may be an
+    attacker's): a header is bounded in size and nesting before it is parsed, and must be one
+    of the answers the host expects, its fields of their types. Anything else is a ValueError,
+    and what follows a bad frame cannot be trusted either: the caller ends the VM's use."""
+
+    def __init__(self) -> None:
+        super().__init__(max_header=_GUEST_HEADER_MAX)
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        frames = super().feed(data)
+        for header, _ in frames:
+            _check(header)
+        return frames
+
+
+def _check(header: dict[str, Any]) -> None:
+    op = header.get("op")
+    needed = _GUEST_OPS.get(op) if isinstance(op, str) else None
+    if needed is None:
+        raise ValueError(f"an answer the host never asked for: {str(op)[:40]!r}")
+    if missing := [name for name in needed if name not in header]:
+        raise ValueError(f"a {op!r} frame without {', '.join(missing)}")
+    for name, value in header.items():
+        kind = _GUEST_FIELDS.get(name)
+        if isinstance(kind, tuple):  # an int (never a bool) in that range
+            if type(value) is not int or not kind[0] <= value <= kind[1]:
+                raise ValueError(f"a {op!r} frame's {name} is {str(value)[:40]!r}")
+        elif kind is not None and type(value) is not kind:
+            raise ValueError(f"a {op!r} frame's {name} is not a {kind.__name__}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +91,7 @@ class _Limits:
 class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._frames = Frames()
+        self._frames = GuestFrames()
         self._queue: list[tuple[dict[str, Any], bytes]] = []
         self._ids = itertools.count(1)
         self.kernel = ""
@@ -83,7 +128,7 @@ class Channel:
                 raise SandboxError(f"the microVM's agent sent a bad frame: {exc}") from None
         return self._queue.pop(0)
 
-    def take_over(self) -> tuple[Frames, list[tuple[dict[str, Any], bytes]]]:
+    def take_over(self) -> tuple[GuestFrames, list[tuple[dict[str, Any], bytes]]]:
         """The frame parser and the frames read but not yet asked for, for a caller that reads
         the socket itself from here on (many requests at once: `hostserve`); this channel is
         not used again."""

@@ -37,11 +37,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sealgate.sandbox.agent import request
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm import hostrun
+from sealgate.sandbox.microvm.channel import GuestFrames
 from sealgate.sandbox.microvm.guestagent import encode
 from sealgate.sandbox.microvm.pool import Booted
 from sealgate.sandbox.slot import AGENT  # where every slot stages the agent's source
@@ -103,14 +105,29 @@ class _Guest:
                 continue  # held back while its request lives and has not read it
 
     def read(self) -> None:
-        """Until the guest ends; then this process ends (the daemon sees the sandbox end)."""
-        try:
-            while data := self.sock.recv(_CHUNK):
-                for frame in self._frames.feed(data):
-                    self._deliver(frame)
-        except (OSError, ValueError):
-            pass
+        """Until the guest ends or sends what is not a frame; then this process ends (the
+        daemon sees the sandbox end), saying why."""
+        why = relay(self.sock, self._frames, self._deliver)
+        print(f"sealgate microVM launcher: {why}; the sandbox ends", file=sys.stderr, flush=True)
         _end(self.booted, 0)
+
+
+def relay(sock: socket.socket, frames: GuestFrames,
+          deliver: Callable[[tuple[dict[str, Any], bytes]], None]) -> str:
+    """Hand each of the guest's frames to `deliver` until its channel ends; why it ended. A bad
+    frame ends it too (`GuestFrames`: the guest is not trusted), and so does any failure here:
+    a reader that died and left the VM running would lose every later request."""
+    try:
+        while data := sock.recv(_CHUNK):
+            for frame in frames.feed(data):
+                deliver(frame)
+    except OSError as exc:
+        return f"the guest's channel failed: {exc}"
+    except ValueError as exc:
+        return f"the guest sent a bad frame: {exc}"
+    except Exception as exc:  # whatever it is, it ends this VM only
+        return f"reading the guest failed: {type(exc).__name__}"
+    return "the guest ended"
 
 
 class Server:
@@ -130,7 +147,7 @@ class Server:
         try:
             req = json.loads(message)
             op, ident = req["op"], int(req["id"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             op, ident = None, 0
         if op == "kill":
             if (gid := self._running.get(ident)) is not None:
