@@ -66,6 +66,12 @@ def register(sub: Commands) -> None:
                         "redirected) has to finish the handshake; closed after")
     p.add_argument("--header-timeout", type=float, default=env("SEALGATE_HEADER_TIMEOUT", "10"),
                    help="seconds a request head may take from its first byte (408 after)")
+    p.add_argument("--linger-timeout", type=float,
+                   default=env("SEALGATE_LINGER_TIMEOUT", "5"),
+                   help="seconds after refusing a request at its head that its body is still "
+                        "read and dropped, so that a client still sending it reads the refusal")
+    p.add_argument("--linger-bytes", type=int, default=64 * 1024 * 1024,
+                   help="most bytes of refused bodies read and dropped per connection")
     p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
                    help="most bytes of a request head, line and fields (431 over)")
     p.add_argument("--max-header-fields", type=int, default=100,
@@ -159,7 +165,8 @@ def _limits(args: argparse.Namespace) -> Limits:
 
     try:
         return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
-                      args.header_timeout, args.idle_timeout, args.response_timeout)
+                      args.header_timeout, args.idle_timeout, args.response_timeout,
+                      linger_bytes=args.linger_bytes, linger_seconds=args.linger_timeout)
     except ValueError as exc:
         raise SystemExit(f"sealgate: {exc}") from None
 

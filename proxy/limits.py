@@ -1,5 +1,6 @@
-"""How big and how slow a client's request head may be, how long a connection may idle, and how
-long an upstream may take to answer (proxy/deadline.py).
+"""How big and how slow a client's request head may be, how long a connection may idle, how long
+an upstream may take to answer (proxy/deadline.py), and how much of a refused body is read
+after its refusal (proxy/linger.py).
 
 mitmproxy buffers an HTTP/1 request head until its blank line however long that takes and
 however large it grows (a 16 MB header, 100,000 fields and a 4 MB URI all went upstream; one
@@ -27,10 +28,14 @@ class Limits:
     header_seconds: float = 10.0  # from a head's first byte to its blank line
     idle_seconds: float = 60.0  # a connection with nothing sent either way is closed
     response_seconds: float = 60.0  # from a request sent in full to its response head
+    # A refused request's body read and dropped after its refusal (proxy/linger.py): the most
+    # bytes per connection, and for how long from the refusal.
+    linger_bytes: int = 64 * 1024 * 1024
+    linger_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("header_bytes", "header_fields", "uri_bytes", "header_seconds",
-                     "idle_seconds", "response_seconds"):
+                     "idle_seconds", "response_seconds", "linger_bytes", "linger_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

@@ -13,6 +13,8 @@ The patches, and why:
 - upstream dials bounded, upstream failures answered as JSON (proxy/upstream.py);
 - request heads bounded in size and time while they are read, idle connections closed
   (proxy/limits.py), an upstream's wait for its response head bounded (proxy/deadline.py);
+- a request refused at its head answered before its body, which is read and dropped within
+  bounds so that a client still sending it reads the refusal (proxy/linger.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -45,17 +47,15 @@ from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
     RequestData,
-    RequestEndOfMessage,
     RequestHeaders,
     ResponseData,
     ResponseEndOfMessage,
     ResponseHeaders,
     ResponseProtocolError,
 )
-from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 from mitmproxy.utils import asyncio_utils
 
-from sealgate.proxy import deadline, limits, speedups, upstream
+from sealgate.proxy import deadline, limits, linger, speedups, upstream
 from sealgate.proxy.mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
@@ -115,8 +115,8 @@ def install(
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )
-    HttpStream.state_wait_for_request_headers = _answered_before_body(  # type: ignore[method-assign]
-        HttpStream.state_wait_for_request_headers
+    HttpStream.state_wait_for_request_headers = linger.answered_before_body(  # type: ignore[method-assign]
+        HttpStream.state_wait_for_request_headers, bounds
     )
     websocket.WebsocketLayer._handle_event = _scrub_setup(
         websocket.WebsocketLayer.start
@@ -267,64 +267,6 @@ def _framed_for_http1(send: _Send) -> _Send:
 
 
 _State = Callable[[HttpStream, Event], CommandGenerator[None]]
-
-
-def _answered_before_body(state: _State) -> _State:
-    """A request refused at its headers (the pipeline set its response) is answered now,
-    rather than after mitmproxy has read the whole body it announced (a declared
-    Content-Length over the budget was uploaded in full before its 413). The body is not
-    wanted: one declared over a MiB, or not sent yet (`Expect: 100-continue`, which the
-    pipeline keeps mitmproxy from answering with an invitation) is cut off at once; otherwise up
-    to a MiB is read and dropped, so that a client still writing it (a chunked body's length is
-    unknown) reads the refusal rather than a reset, and the connection closes at its end or at
-    the MiB. HTTP/1 only: closing an HTTP/2 connection would end its other streams."""
-
-    @functools.wraps(state)
-    def wait_for_request_headers(self: HttpStream, event: Event) -> CommandGenerator[None]:
-        waits = isinstance(event, RequestHeaders) and (
-            event.request.headers.get("expect", "").lower() == "100-continue"
-        )
-        yield from state(self, event)
-        flow = self.flow
-        if not (
-            isinstance(event, RequestHeaders) and not event.end_stream
-            and self.client_state == self.state_consume_request_body
-            and flow.response is not None and flow.request.http_version.startswith("HTTP/1")
-        ):
-            return
-        # Done with the request: the response ends the stream, whose later body is dropped.
-        length = flow.request.headers.get("content-length", "")
-        cut = waits or (length and (not length.isdigit() or int(length) > _LINGER_BYTES))
-        self.client_state = self.state_done if cut else _dropping(self)
-        flow.response.headers["connection"] = "close"
-        flow.response.timestamp_start = time.time()
-        yield HttpResponseHeadersHook(flow)
-        yield from self.send_response()
-        if cut:
-            yield commands.CloseConnection(self.context.client)
-
-    return wait_for_request_headers
-
-
-def _dropping(stream: HttpStream) -> Callable[[Event], CommandGenerator[None]]:
-    """The client state of a refused request's body: read and dropped; the stream ends with the
-    body (mitmproxy then closes the connection) or once more than _LINGER_BYTES arrived."""
-    dropped = 0
-
-    def drop(event: Event) -> CommandGenerator[None]:
-        nonlocal dropped
-        if isinstance(event, RequestData):
-            dropped += len(event.data)
-        if isinstance(event, RequestEndOfMessage) or dropped > _LINGER_BYTES:
-            stream.client_state = stream.state_done
-            yield from stream.flow_done()
-            if dropped > _LINGER_BYTES:
-                yield commands.CloseConnection(stream.context.client)
-
-    return drop
-
-
-_LINGER_BYTES = 1 << 20
 
 
 def _no_empty_chunks(state: _State) -> _State:

@@ -147,11 +147,15 @@ def _refused_at_headers() -> None:
     _names(inspect.unwrap(HttpStream.state_consume_request_body), "send_response",
            "HttpResponseHeadersHook")
     _params(HttpStream.send_response, "(self, already_streamed=)")
-    # A refused body being dropped (mitm._dropping) ends the stream itself, at the body's end:
+    # A refused body being dropped (linger._dropping) ends the stream itself, at the body's end:
     # send_response ends it only when the client side is done.
     _names(HttpStream.send_response, "client_state", "state_done", "flow_done")
     _params(HttpStream.flow_done, "(self)")
     _names(HttpStream.flow_done, "DropStream", "ResponseEndOfMessage")
+    # HTTP/2: an end sent twice is not sent twice; a refused body past its bounds is reset
+    # (CANCEL) once its answer is out.
+    _names(_http2.Http2Connection._handle_event, "is_open_for_us", "end_stream", "is_closed",
+           "CLIENT_CLOSED_REQUEST", "CANCEL", "reset_stream")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Server.read_headers")

@@ -8,6 +8,7 @@ and names the destination by SNI or Host, never by the address the sandbox chose
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 from tests.conftest import session_rules
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy
-from tests.netns import Netns, netns, run
+from tests.netns import Netns, in_netns, netns, run
+from tests.security.rawclient import request_bytes, tls_wrap, upload_whole
 
 pytestmark = pytest.mark.root
 
@@ -136,3 +138,25 @@ def test_passed_through_tls_goes_to_the_sni_name_not_the_dialed_address(
     )
     assert out.stdout.endswith("200"), out
     assert https_origin.requests[-1].path == "/passed-through"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_refused_upload_written_whole_reads_its_refusal(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin], tls: bool
+) -> None:
+    """Redirected, a request refused at its head (a body over the 10 MiB budget over HTTP; a
+    POST where only GET is allowed over intercepted TLS) is answered while the client writes
+    the body; the client writes it all, then reads the refusal (proxy/linger.py)."""
+    assert sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1").returncode == 0
+    origin = origins[1] if tls else origins[0]
+    host = "limited.test" if tls else "api.test"
+    sock = in_netns(sandbox_ns.name, lambda: socket.create_connection(
+        (sandbox_ns.host_ip, origin.port), timeout=10))
+    with tls_wrap(sock, host, tproxy.ca) if tls else sock as conn:
+        size = 16 * 1024 * 1024
+        head = request_bytes("POST", "/ok/up", [("Host", f"{host}:{origin.port}"),
+                                                ("Content-Length", str(size))])
+        response = upload_whole(conn, head, size, chunked=False)
+    assert (response.status, response.reason) == (
+        (403, "not_allowed") if tls else (413, "request_too_large"))
+    assert origin.untouched() and origin.bytes_received == 0

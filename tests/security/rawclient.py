@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "LoopbackTrap",
     "NoResponse",
     "RawResponse",
+    "body_pieces",
     "connect_answer",
     "exchange",
     "h2_exchange",
@@ -38,6 +39,7 @@ __all__ = [
     "read_response",
     "request_bytes",
     "tls_wrap",
+    "upload_whole",
 ]
 
 TIMEOUT = 5.0
@@ -108,6 +110,26 @@ def read_response(sock: socket.socket, *, timeout: float = TIMEOUT) -> RawRespon
         buffer += chunk
     head, _, body = buffer.partition(_HEAD_END)
     return _finish(sock, head, body, deadline, has_body=True)
+
+
+def body_pieces(size: int, *, chunked: bool) -> Iterator[bytes]:
+    """`size` bytes of body in 64 KiB writes, as chunks (and the last one) when `chunked`."""
+    piece = b"u" * 65536
+    for _ in range(size // len(piece)):
+        yield b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+    if chunked:
+        yield b"0\r\n\r\n"
+
+
+def upload_whole(sock: socket.socket, head: bytes, size: int, *, chunked: bool) -> RawResponse:
+    """The head, then the whole body (a failed write raises), then the answer, as a client that
+    writes before it reads; the connection must close after the answer."""
+    sock.sendall(head)
+    for piece in body_pieces(size, chunked=chunked):
+        sock.sendall(piece)
+    response = read_response(sock, timeout=10)
+    assert sock.recv(1) == b""
+    return response
 
 
 def open_tunnel(

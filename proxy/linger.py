@@ -1,0 +1,128 @@
+"""A request refused at its head is answered at once, and the body it goes on sending is read and
+dropped, within bounds, before the connection closes.
+
+mitmproxy reads a request's whole body before an addon's answer goes out, so a declared
+Content-Length over the budget was uploaded in full before its 413 (and over HTTP/2 buffered in
+the proxy's memory, however large). The pipeline decides at the head; the refusal is sent then.
+
+Closing the connection right after it does not work either: a client that writes its whole body
+before it reads (requests, http.client, httpx) is still writing, the proxy's kernel answers the
+bytes it never read with a reset, and over TLS the client's next write fails with an EOF it does
+not read past. A 50 MB upload over `max_request_bytes` ended in "EOF occurred in violation of
+protocol" instead of the 413 its client was to read (a chunked upload refused with 411 saw the
+same, now and then). So what the client still sends is read and dropped: never buffered, never
+sent upstream (no upstream connection is opened for a request answered at its head), until the
+body ends, when HTTP/1's connection closes (the refusal says `Connection: close`) and HTTP/2's
+stream is done. A refusal must not become a way to make the proxy read without end, or to hold a
+connection, so this lingering is bounded (proxy/limits.py):
+
+- `linger_bytes` (64 MiB): the most refused body bytes read from one connection. It covers
+  uploads a sandbox may really send (the default `max_request_bytes` is 10 MiB), and costs no
+  memory: bytes are counted and dropped.
+- `linger_seconds` (5 s) from the refusal: data that comes later ends the lingering. A client
+  that goes quiet instead is closed at the idle timeout, as any quiet connection is.
+
+Past either bound HTTP/1's connection is closed (a client still writing then sees a reset, seconds
+after its refusal arrived), and HTTP/2's stream is reset (CANCEL) while the connection's other
+streams go on. A request whose client waits for an invitation (`Expect: 100-continue`) sends no
+body after a refusal: over HTTP/1 its connection closes at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from collections.abc import Callable
+
+from mitmproxy import connection
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy import commands
+from mitmproxy.proxy.events import Event
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers.http import HttpStream, SendHttp
+from mitmproxy.proxy.layers.http._events import (
+    RequestData,
+    RequestEndOfMessage,
+    RequestHeaders,
+    ResponseEndOfMessage,
+    ResponseProtocolError,
+)
+from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
+
+from sealgate.proxy import limits
+
+# Refused body bytes read so far, per client connection (over HTTP/2, all its streams').
+_DROPPED: weakref.WeakKeyDictionary[connection.Client, int] = weakref.WeakKeyDictionary()
+
+_State = Callable[[HttpStream, Event], CommandGenerator[None]]
+
+
+def answered_before_body(state: _State, bounds: limits.Limits) -> _State:
+    """HttpStream's first client state, with a request refused at its headers (the pipeline set
+    its response) answered at once and its body left to `_dropping`."""
+
+    @functools.wraps(state)
+    def wait_for_request_headers(self: HttpStream, event: Event) -> CommandGenerator[None]:
+        waits = isinstance(event, RequestHeaders) and (
+            event.request.headers.get("expect", "").lower() == "100-continue"
+        )
+        yield from state(self, event)
+        flow = self.flow
+        if not (
+            isinstance(event, RequestHeaders) and not event.end_stream
+            and self.client_state == self.state_consume_request_body
+            and flow.response is not None
+        ):
+            return
+        http1 = flow.request.http_version.startswith("HTTP/1")
+        cut = waits and http1
+        self.client_state = self.state_done if cut else _dropping(self, bounds)
+        if http1:
+            flow.response.headers["connection"] = "close"
+        flow.response.timestamp_start = time.time()
+        yield HttpResponseHeadersHook(flow)
+        yield from self.send_response()
+        if cut:
+            yield commands.CloseConnection(self.context.client)
+        elif not http1:
+            # The stream's end, which send_response leaves for the body's: an HTTP/2 client
+            # reading as it sends has its whole answer now (a second end is not sent).
+            yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+
+    return wait_for_request_headers
+
+
+def _dropping(
+    stream: HttpStream, bounds: limits.Limits
+) -> Callable[[Event], CommandGenerator[None]]:
+    """The client state of a refused request's body: counted and dropped until it ends (then
+    the stream is done: mitmproxy closes an HTTP/1 connection after it) or a bound is passed."""
+    client = stream.context.client
+    began = time.monotonic()
+
+    def drop(event: Event) -> CommandGenerator[None]:
+        if isinstance(event, RequestData):
+            dropped = _DROPPED[client] = _DROPPED.get(client, 0) + len(event.data)
+            if dropped > bounds.linger_bytes or time.monotonic() - began > bounds.linger_seconds:
+                yield from _end(stream)
+                yield from _cut_off(stream)
+        elif isinstance(event, RequestEndOfMessage):
+            yield from _end(stream)
+        # Trailers are dropped with the body.
+
+    return drop
+
+
+def _end(stream: HttpStream) -> CommandGenerator[None]:
+    stream.client_state = stream.state_done
+    yield from stream.flow_done()
+
+
+def _cut_off(stream: HttpStream) -> CommandGenerator[None]:
+    if stream.flow.request.http_version.startswith("HTTP/1"):
+        yield commands.CloseConnection(stream.context.client)
+    else:  # its answer has gone out whole: the stream is reset (CANCEL), the connection stays
+        yield SendHttp(ResponseProtocolError(stream.stream_id, "sealgate: refused body too long",
+                                             status_codes.CLIENT_CLOSED_REQUEST),
+                       stream.context.client)

@@ -1,0 +1,333 @@
+"""A request refused at its head is answered before its body, and a client that goes on to write
+the whole body (as requests and http.client do) reads the refusal instead of a reset.
+
+The proxy reads and drops what the client still sends (proxy/linger.py) until the body ends, and
+only within bounds: past `--linger-bytes` or `--linger-timeout` an HTTP/1 connection is closed
+and an HTTP/2 stream reset, the connection's other streams going on. On every path (plain HTTP,
+an intercepted tunnel, base-URL mode, HTTP/2; transparent mode in test_transparent.py), with a
+declared length or chunked, nothing reaches the origin: no connection, no byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+import requests
+
+from tests.conftest import KEYS
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.security.rawclient import (
+    body_pieces,
+    open_tunnel,
+    proxy_auth,
+    read_response,
+    request_bytes,
+    tls_wrap,
+    upload_whole,
+)
+
+AUTH = ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))
+BIG = 16 * 1024 * 1024  # well past socket buffers (a few MiB on loopback) and the budget
+
+
+def _rules(http_port: int, https_port: int) -> str:
+    # api.test's methods make its tunnels intercepted; PUT is refused at the head (403).
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{http_port}, {https_port}]
+        methods: [GET, POST]
+    allow_networks: [127.0.0.1/32]
+    budgets:
+      max_request_bytes: 1000
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: null
+"""
+
+
+def _proxy(directory: Path, http: Origin, https: Origin, dns: StubDNS, ca: OriginCA,
+           *args: str) -> Proxy:
+    return Proxy(directory, _rules(http.port, https.port), resolver=dns.address,
+                 upstream_ca=ca.path, extra_args=list(args))
+
+
+@pytest.fixture(scope="module")
+def rproxy(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin, origin_https: Origin,
+           dns: StubDNS, test_ca: OriginCA) -> Iterator[Proxy]:
+    p = _proxy(tmp_path_factory.mktemp("refused"), origin_http, origin_https, dns, test_ca)
+    yield p
+    p.stop()
+    assert "Traceback" not in p.stderr()
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin, origin_https: Origin,
+          dns: StubDNS, test_ca: OriginCA) -> Iterator[Proxy]:
+    """Lingering bounded at 2 MiB and 1 s."""
+    p = _proxy(tmp_path_factory.mktemp("tight"), origin_http, origin_https, dns, test_ca,
+               "--linger-bytes", str(2 * 1024 * 1024), "--linger-timeout", "1")
+    yield p
+    p.stop()
+    assert "Traceback" not in p.stderr()
+
+
+@pytest.fixture()
+def origins(origin_http: Origin, origin_https: Origin) -> tuple[Origin, Origin]:
+    origin_http.reset()
+    origin_https.reset()
+    return origin_http, origin_https
+
+
+def untouched(origins: tuple[Origin, Origin]) -> bool:
+    """Nothing of a refused request went anywhere: not a connection, not a byte."""
+    return all((o.connections, o.bytes_received, o.requests) == (0, 0, []) for o in origins)
+
+
+def _head(target: str, authority: str, *, chunked: bool, size: int = BIG) -> bytes:
+    framing = ("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(size))
+    # Chunked (no length to refuse) goes as a PUT, which the rules refuse at the head.
+    return request_bytes("PUT" if chunked else "POST", target, [("Host", authority), AUTH,
+                                                                framing])
+
+
+@contextlib.contextmanager
+def _through(proxy: Proxy, path: str, origins: tuple[Origin, Origin]
+             ) -> Iterator[tuple[socket.socket, str, str]]:
+    """A connection to the proxy for `path`, and the target and authority to write."""
+    http_origin, https_origin = origins
+    if path == "tunnel":
+        authority = f"api.test:{https_origin.port}"
+        sock, answer = open_tunnel(proxy.port, authority, [AUTH], timeout=10)
+        assert answer.status == 200
+        with tls_wrap(sock, "api.test", proxy.ca) as tls:
+            yield tls, "/up", authority
+        return
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        if path == "plain":
+            authority = f"api.test:{http_origin.port}"
+            yield sock, f"http://{authority}/up", authority
+        else:  # base-URL mode: the upstream named in the path, HTTPS out
+            yield sock, f"/_/api.test:{https_origin.port}/up", f"127.0.0.1:{proxy.port}"
+
+
+def test_a_50_mb_upload_over_the_budget_reads_its_413(
+    rproxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    """requests writes the whole body before it reads: through an intercepted tunnel its next
+    write after a close failed with a TLS EOF, and the 413 was never read."""
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies = {"https": rproxy.url("bot-1", KEYS["bot-1"])}
+    session.verify = str(rproxy.ca)
+    r = session.post(f"https://api.test:{origins[1].port}/upload", data=b"x" * 50_000_000,
+                     timeout=30)
+    assert r.status_code == 413
+    assert r.headers["X-Sealgate-Error"] == "request_too_large"
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert untouched(origins)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+@pytest.mark.parametrize("path", ["plain", "tunnel", "base-url"])
+def test_a_client_writing_its_whole_body_reads_the_refusal(
+    rproxy: Proxy, origins: tuple[Origin, Origin], path: str, chunked: bool
+) -> None:
+    with _through(rproxy, path, origins) as (sock, target, authority):
+        head = _head(target, authority, chunked=chunked)
+        response = upload_whole(sock, head, BIG, chunked=chunked)
+    assert (response.status, response.reason) == ((403, "not_allowed") if chunked
+                                                  else (413, "request_too_large"))
+    assert untouched(origins)
+
+
+def test_expect_100_continue_gets_the_refusal_instead(
+    rproxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    with socket.create_connection(("127.0.0.1", rproxy.port), timeout=10) as sock:
+        sock.sendall(_head(f"http://api.test:{origins[0].port}/up", f"api.test:{origins[0].port}",
+                           chunked=False).replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n"))
+        response = read_response(sock, timeout=10)  # no body sent at all
+        assert sock.recv(1) == b""  # closed at once: no body is coming
+    assert (response.status, response.reason) == (413, "request_too_large")
+    assert untouched(origins)
+
+
+def test_a_body_within_the_budget_still_goes(rproxy: Proxy, origin_http: Origin) -> None:
+    origin_http.reset()
+    authority = f"api.test:{origin_http.port}"
+    with socket.create_connection(("127.0.0.1", rproxy.port), timeout=10) as sock:
+        sock.sendall(request_bytes("POST", f"http://{authority}/up", [
+            ("Host", authority), AUTH, ("Content-Length", "900"), ("Expect", "100-continue")]))
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n") and len(interim) < 4096:
+            interim += sock.recv(1)
+        assert interim.startswith(b"HTTP/1.1 100"), interim  # invited: it is within budget
+        sock.sendall(b"y" * 900)
+        assert read_response(sock, timeout=10).status == 200
+    assert [len(s.body) for s in origin_http.requests] == [900]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+def test_a_body_past_the_byte_bound_is_cut_off(
+    tight: Proxy, origins: tuple[Origin, Origin], chunked: bool
+) -> None:
+    """The refusal is read before the body; then at most 2 MiB of it (and what the sockets'
+    buffers hold) is taken before the connection is closed."""
+    with _through(tight, "plain", origins) as (sock, target, authority):
+        sock.sendall(_head(target, authority, chunked=chunked, size=64 * 1024 * 1024))
+        response = read_response(sock, timeout=10)
+        sent = 0
+        with contextlib.suppress(OSError):
+            for piece in body_pieces(64 * 1024 * 1024, chunked=chunked):
+                sock.sendall(piece)
+                sent += len(piece)
+    assert response.status == (403 if chunked else 413)
+    assert sent < 32 * 1024 * 1024  # of 64 MiB: 2 MiB and what the socket buffers held
+    assert untouched(origins)
+
+
+def test_a_body_still_coming_after_the_time_bound_is_cut_off(
+    tight: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    with _through(tight, "tunnel", origins) as (sock, target, authority):
+        sock.sendall(_head(target, authority, chunked=False))
+        assert read_response(sock, timeout=10).status == 413
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            while time.monotonic() - started < 8:  # 16 KiB every 0.1 s: under the byte bound
+                sock.sendall(b"s" * 16384)
+                time.sleep(0.1)
+    assert time.monotonic() - started < 4
+    assert untouched(origins)
+
+
+# -- HTTP/2: the refused stream is answered at once, the connection goes on ---------------------
+
+
+class _H2:
+    """An HTTP/2 connection through an intercepted tunnel, as a client that uploads a body in
+    full before it looks at the answer, within flow control."""
+
+    def __init__(self, proxy: Proxy, authority: str) -> None:
+        self.authority = authority
+        sock, answer = open_tunnel(proxy.port, authority, [AUTH], timeout=10)
+        assert answer.status == 200
+        self.tls: ssl.SSLSocket = tls_wrap(sock, "api.test", proxy.ca, alpn=["h2"])
+        assert self.tls.selected_alpn_protocol() == "h2"
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.seen: dict[int, list[h2.events.Event]] = {}
+        self._flush()
+
+    def _flush(self) -> None:
+        if data := self.conn.data_to_send():
+            self.tls.sendall(data)
+
+    def pump(self, timeout: float = 10) -> None:
+        """Read what the proxy sent; wait up to `timeout` for it (0: only what has come)."""
+        if not timeout and not (self.tls.pending() or select.select([self.tls], [], [], 0)[0]):
+            return
+        self.tls.settimeout(timeout or None)
+        data = self.tls.recv(65536)
+        if not data:
+            raise ConnectionError("the proxy closed the HTTP/2 connection")
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                    event.stream_id)
+            self.seen.setdefault(getattr(event, "stream_id", 0), []).append(event)
+        self._flush()
+
+    def start(self, method: str, path: str, length: int | None) -> int:
+        stream = self.conn.get_next_available_stream_id()
+        headers = [(":method", method), (":scheme", "https"), (":authority", self.authority),
+                   (":path", path)]
+        self.conn.send_headers(stream, headers + ([("content-length", str(length))]
+                                                  if length is not None else []),
+                               end_stream=length is None)
+        self._flush()
+        return stream
+
+    def sendbody_pieces(self, stream: int, size: int) -> int:
+        """Send up to `size` bytes and end the stream; how many went before a reset, if one
+        came."""
+        sent = 0
+        while sent < size:
+            self.pump(0)  # the proxy's window is large: a reset is noticed as it comes
+            if self.reset(stream):
+                return sent
+            window = min(self.conn.local_flow_control_window(stream),
+                         self.conn.max_outbound_frame_size, size - sent)
+            if window <= 0:
+                self.pump()
+                continue
+            self.conn.send_data(stream, b"h" * window)
+            self._flush()
+            sent += window
+        self.conn.end_stream(stream)
+        self._flush()
+        return sent
+
+    def reset(self, stream: int) -> bool:
+        return any(isinstance(e, h2.events.StreamReset) for e in self.seen.get(stream, []))
+
+    def answer(self, stream: int) -> tuple[int, bytes]:
+        """The stream's status and body, once its end has come."""
+        while not any(isinstance(e, h2.events.StreamEnded) for e in self.seen.get(stream, [])):
+            assert not self.reset(stream)
+            self.pump()
+        events = self.seen[stream]
+        status = next(int(dict(e.headers)[":status"]) for e in events
+                      if isinstance(e, h2.events.ResponseReceived))
+        return status, b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+
+
+def test_http2_a_refused_upload_is_answered_before_its_body_and_the_connection_goes_on(
+    rproxy: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    """Answered whole (END_STREAM) before a byte of the body was sent: a refused HTTP/2 body
+    was read (and held in memory) in full first. Then the body is dropped as it comes, the
+    stream is never reset, and the connection's next request goes to the origin."""
+    client = _H2(rproxy, f"api.test:{origins[1].port}")
+    with client.tls:
+        stream = client.start("POST", "/up", BIG)
+        status, body = client.answer(stream)
+        assert status == 413 and b'"reason":"request_too_large"' in body
+        assert client.sendbody_pieces(stream, BIG) == BIG
+        status, body = client.answer(client.start("GET", "/after", None))
+        assert not client.reset(stream)
+    assert (status, body) == (200, b"hello from origin\n")
+    # Only the GET reached the origin, and no byte of the refused body.
+    assert [s.path for s in origins[1].requests] == ["/after"]
+    assert origins[1].bytes_received == 0
+
+
+def test_http2_a_body_past_the_bound_has_its_stream_reset(
+    tight: Proxy, origins: tuple[Origin, Origin]
+) -> None:
+    client = _H2(tight, f"api.test:{origins[1].port}")
+    with client.tls:
+        stream = client.start("POST", "/up", 64 * 1024 * 1024)
+        assert client.answer(stream)[0] == 413
+        sent = client.sendbody_pieces(stream, 64 * 1024 * 1024)
+        status, _ = client.answer(client.start("GET", "/after", None))
+    assert client.reset(stream) and sent < 32 * 1024 * 1024  # of 64 MiB, seen late: buffers
+    assert status == 200  # the connection's other streams go on
+    assert [s.path for s in origins[1].requests] == ["/after"]
+    assert origins[1].bytes_received == 0
