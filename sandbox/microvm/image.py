@@ -38,6 +38,7 @@ MODULES = ("virtio_ring", "virtio", "virtio_mmio", "failover", "net_failover", "
 _HERE = Path(__file__).resolve().parent
 GUEST_FILES = (_HERE / "guestagent.py", _HERE / "init.sh")
 DEFAULT_DIR = _HERE.parents[1] / "var" / "microvm"
+DIR_ENV = "SEALGATE_MICROVM_DIR"
 _APT_TIMEOUT = 300
 
 
@@ -49,7 +50,7 @@ class Image:
 
 
 def image_dir() -> Path:
-    return Path(os.environ.get("SEALGATE_MICROVM_DIR", str(DEFAULT_DIR)))
+    return Path(os.environ.get(DIR_ENV, str(DEFAULT_DIR)))
 
 
 def find() -> Image | None:

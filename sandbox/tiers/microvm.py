@@ -39,7 +39,7 @@ _QEMU_MIB = 256  # QEMU's own memory beside the guest's: its code, device state,
 # QEMU's threads (vCPU, I/O, 9p workers) and the launcher's few processes; a sandboxd slot's
 # server (`hostserve`) also runs two threads per request, at most 128 requests at once.
 _QEMU_TASKS = 64 + 2 * 128 + 8
-_PASSED_ENV = (vm.ACCEL_ENV, "SEALGATE_MICROVM_DIR")
+_PASSED_ENV = (vm.ACCEL_ENV, image.DIR_ENV)
 
 
 def _unavailable() -> str | None:

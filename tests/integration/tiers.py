@@ -4,7 +4,8 @@ program missing, no guest image) is skipped with the reason the tier itself give
 
 Where KVM cannot run the microVM's guest (no /dev/kvm, or a nested PVM host like this one),
 the microVM runs under QEMU's emulation (TCG) for the tests: the same guest kernel, the same
-boundary around it, only slower. `ENV` is what `sealgate sandbox run` needs for that."""
+boundary around it, only slower. `ENV` is what `sealgate sandbox run` needs for that (and the
+guest image's directory, when the suite was given one)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import os
 import pytest
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.microvm import vm
+from sealgate.sandbox.microvm import image, vm
 
 ENV = {} if vm.kvm_problem() is None else {vm.ACCEL_ENV: "tcg"}
+# A guest image other than var/microvm's, when the suite is pointed at one, for the sealgate
+# the tests start too.
+ENV.update({k: os.environ[k] for k in (image.DIR_ENV,) if k in os.environ})
 
 
 def _problem(name: str) -> str | None:

@@ -18,7 +18,7 @@ import pytest
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 from tests.integration.test_sandbox import leftovers
-from tests.microvm.kit import ACCEL_ENV, needs_vm
+from tests.microvm.kit import VM_ENV, needs_vm
 
 pytestmark = [pytest.mark.root, needs_vm]
 
@@ -26,7 +26,7 @@ RANGE, GATEWAY = "10.223.0.0/16", "10.223.255.254"
 PLAN = ["--range", RANGE, "--gateway", GATEWAY]
 
 
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **ACCEL_ENV}
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **VM_ENV}
 PIDS: list[int] = []  # of every `sealgate` run here, whose cgroups are named for it
 
 

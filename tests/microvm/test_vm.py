@@ -5,53 +5,16 @@ warm pool."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.microvm import image, pool, vm
+from sealgate.sandbox.microvm import pool
 from sealgate.sandbox.microvm.channel import Channel, Result
-from tests.microvm.kit import ACCEL, needs_vm
+from tests.microvm.kit import ACCEL, ENV, NOBODY, needs_vm, run, spec
 
 pytestmark = [pytest.mark.root, needs_vm]
-ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}
-NOBODY = 65534
-
-
-def spec(workspace: Path | None = None) -> vm.Spec:
-    found = image.find()
-    assert found is not None and ACCEL is not None
-    return vm.Spec(found, ACCEL, NOBODY, NOBODY, memory_mib=256, workspace=workspace)
-
-
-@pytest.fixture(scope="module")
-def workspace() -> Iterator[Path]:
-    # Where the run's uid can reach it (pytest's own temporary directories are root's only), as
-    # any tier's workspace must be.
-    path = Path(tempfile.mkdtemp(prefix="sealgate-microvm-ws-"))
-    try:
-        (path / "from-host.txt").write_text("made on the host\n")
-        os.chown(path, NOBODY, NOBODY)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def guest(workspace: Path) -> Iterator[Channel]:
-    booted = pool.boot(spec(workspace))
-    try:
-        yield booted.channel
-    finally:
-        booted.close()
-
-
-def run(channel: Channel, *argv: str, stdin: bytes = b"", pids: int | None = None) -> Result:
-    return channel.run(argv, ENV, uid=NOBODY, gid=NOBODY, timeout=30, stdin=stdin, pids=pids)
 
 
 def test_commands_and_their_exit_statuses(guest: Channel) -> None:
