@@ -149,17 +149,27 @@ class Agent:
                          if c.deadline is not None and c.status is None]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             for key, _ in self.sel.select(timeout):
-                kind, cmd = key.data
-                if kind == "port":
-                    self._from_host()
-                elif kind == "wake":
-                    _drain(self.wake_r)
-                    self._reap()
-                elif kind == "out":
-                    self._output(cmd, key.fd)
-                elif kind == "in":
-                    self._feed(cmd)
+                kind, target = key.data
+                try:
+                    self._event(kind, target, key.fd)
+                except Exception as exc:
+                    if kind == "port":
+                        raise  # the host's channel is broken: nothing more can be served
+                    # Anything else is one command's trouble, never the agent's end: PID 1's
+                    # end is the VM's, with every other command running in it.
+                    print(f"sealgate guest agent: {kind}: {exc!r}", file=sys.stderr)
             self._timeouts()
+
+    def _event(self, kind: str, cmd: Any, fd: int) -> None:
+        if kind == "port":
+            self._from_host()
+        elif kind == "wake":
+            _drain(self.wake_r)
+            self._reap()
+        elif kind == "out":
+            self._output(cmd, fd)
+        elif kind == "in":
+            self._feed(cmd)
 
     def _from_host(self) -> None:
         try:
@@ -290,6 +300,12 @@ class Agent:
                 return
             if pid == 0:
                 return
+            if not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+                # A stop is not an end. Without WUNTRACED, only a child the agent traces
+                # reports one: a command that asked it to (PTRACE_TRACEME). The agent resumes
+                # no one, so it stays stopped until its end or timeout kills it, as under any
+                # parent that traces no one.
+                continue
             cmd = self.by_pid.pop(pid, None)
             if cmd is None:
                 continue  # an orphan of some command's, reparented to PID 1

@@ -1,0 +1,46 @@
+"""A microVM sandbox's commands against each other and its guest agent, through sandboxd's real
+API (`sandbox.microvm.hostserve` relaying to the guest): what one command does to the guest
+must end that command only, never the agent (PID 1: its end is the VM's) nor the commands
+running beside it. The same attacks one at a time over the agent's channel:
+`tests/microvm/test_guest.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sealgate.sandbox.client import Result, Sandbox
+from tests.harness import Proxy
+from tests.microvm.kit import needs_vm
+from tests.microvm.test_guest import TRACEME
+from tests.sandboxd.conftest import Daemon, start_daemon
+
+pytestmark = [pytest.mark.root, needs_vm]
+
+
+@pytest.fixture(scope="module")
+def vmd(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd-microvm"), "--pool", "1",
+                          "--isolation", "microvm", "--no-selftest", ready=240)
+    yield daemon
+    daemon.stop()
+
+
+def create(daemon: Daemon) -> Sandbox:
+    return Sandbox.create("ci-bot", daemon=str(daemon.socket))
+
+
+def test_a_traced_command_leaves_the_others_running(vmd: Daemon) -> None:
+    """A command that makes the agent its tracer and stops ends at its own timeout; the command
+    running beside it finishes with all its output, and the sandbox serves on."""
+    with create(vmd) as sb:
+        other = sb.stream(["sh", "-c", "echo started; sleep 4; echo finished"], timeout=60)
+        assert next(other) == ("stdout", b"started\n")
+        traced = sb.run(["python3", "-c", TRACEME], timeout=2)
+        assert (traced.exit_code, traced.ending) == (124, "timed_out"), traced
+        rest = list(other)
+        assert rest[0] == ("stdout", b"finished\n")
+        ended = rest[-1][1]
+        assert isinstance(ended, Result) and (ended.exit_code, ended.ending) == (0, "exit")
+        assert sb.run(["echo", "serving"]).text == "serving\n"
