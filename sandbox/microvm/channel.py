@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm.guestagent import Frames, encode
+from sealgate.sandbox.microvm.frames import Frames, encode
 
 _CHUNK = 65536
 # The guest's headers are small (an op, an id, an exit code, a message cut to 500 characters);

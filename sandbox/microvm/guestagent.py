@@ -1,9 +1,9 @@
 """The agent inside the microVM: PID 1 of the guest, run by the host's python3 (`-I -S`, the
 standard library only) through the /usr the host shares read-only, driven by the host over a
-virtio console port (`channel`).
+virtio console port (`channel`). In the guest it is `microvm.guestagent`, beside `frames` and
+`guestos` in /sealgate (the image's), so its imports of this package's are relative.
 
-A frame is a 4-byte big-endian length, then a JSON header line, then the raw payload. The host
-asks; the agent answers with the request's `id`:
+The frames are `frames`'s. The host asks; the agent answers with the request's `id`:
 
 - `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
@@ -21,17 +21,16 @@ The agent holds nothing the host has not handed it: no credential, no key.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
 import resource
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import time
+
+from .frames import MAX_FRAME, Frames, encode
+from .guestos import configure, killpg, port_path, put
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -40,67 +39,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
-PORT_NAME = "sealgate.agent"
-_MAX_FRAME = 64 << 20
-_MAX_DEPTH = 16  # a header's nesting; exec's, the deepest, is 2 (its argv and env)
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_NOT_NESTING = re.compile(rb"[^\[\]{}]+")
 TIMED_OUT = 124
 NOT_STARTED = 127
 _CHUNK = 65536
-
-
-def encode(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    head = json.dumps(header, separators=(",", ":")).encode() + b"\n"
-    return struct.pack(">I", len(head) + len(payload)) + head + payload
-
-
-def decode(frame: bytes, max_header: int = _MAX_FRAME) -> tuple[dict[str, Any], bytes]:
-    """A frame's header (a JSON object) and payload; ValueError for anything else. The
-    header's size and nesting are bounded before it is parsed: json's parser recurses, and a
-    deeply nested header would raise RecursionError, which no caller expects."""
-    end = frame.find(b"\n", 0, max_header + 1)
-    if end < 0:
-        raise ValueError(f"a frame without a header line of at most {max_header} bytes")
-    head = frame[:end]
-    if _nesting(head) > _MAX_DEPTH:
-        raise ValueError(f"a frame's header nests deeper than {_MAX_DEPTH}")
-    header = json.loads(head)  # bad JSON, bad UTF-8, a number too long: all ValueErrors
-    if not isinstance(header, dict):
-        raise ValueError("a frame's header is not an object")
-    return header, frame[end + 1:]
-
-
-def _nesting(head: bytes) -> int:
-    """How deep a header's arrays and objects nest, counted past its strings (an unterminated
-    one's brackets are counted too, which can only overstate it)."""
-    depth = deepest = 0
-    for byte in _NOT_NESTING.sub(b"", _STRINGS.sub(b"", head)):
-        depth += 1 if byte in b"[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-class Frames:
-    """Frames out of a byte stream fed in pieces; a header over `max_header` bytes is refused
-    without being parsed."""
-
-    def __init__(self, max_header: int = _MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self._max_header = max_header
-
-    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
-        self._buf += data
-        out = []
-        while len(self._buf) >= 4:
-            (size,) = struct.unpack(">I", self._buf[:4])
-            if size > _MAX_FRAME:
-                raise ValueError(f"a frame of {size} bytes")
-            if len(self._buf) < 4 + size:
-                break
-            out.append(decode(bytes(self._buf[4:4 + size]), self._max_header))
-            del self._buf[:4 + size]
-        return out
 
 
 class _Command:
@@ -190,15 +131,15 @@ class Agent:
         if op == "ping":
             self.send({"op": "ok", "id": ident})
         elif op == "net":
-            _configure(str(header["address"]), str(header["gateway"]))
+            configure(str(header["address"]), str(header["gateway"]))
             self.send({"op": "ok", "id": ident})
         elif op == "put":
-            _put(str(header["path"]), payload, int(header.get("mode", 0o644)),
+            put(str(header["path"]), payload, int(header.get("mode", 0o644)),
                  int(header.get("uid", 0)), int(header.get("gid", 0)))
             self.send({"op": "ok", "id": ident})
         elif op == "get":
             with open(str(header["path"]), "rb") as fh:
-                self.send({"op": "data", "id": ident}, fh.read(_MAX_FRAME - 4096))
+                self.send({"op": "data", "id": ident}, fh.read(MAX_FRAME - 4096))
         elif op == "exec":
             self._exec(header)
         elif op == "stdin":
@@ -209,7 +150,7 @@ class Agent:
         elif op == "kill":
             cmd = self.commands[int(header["id"])]
             if cmd.status is None:
-                _killpg(cmd.pid, int(header.get("signal", signal.SIGKILL)))
+                killpg(cmd.pid, int(header.get("signal", signal.SIGKILL)))
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -311,7 +252,7 @@ class Agent:
                 continue  # an orphan of some command's, reparented to PID 1
             cmd.status = os.waitstatus_to_exitcode(status)
             # What it left in its session goes with it, so nothing holds its output open.
-            _killpg(cmd.pid, signal.SIGKILL)
+            killpg(cmd.pid, signal.SIGKILL)
             self._finish(cmd)
 
     def _timeouts(self) -> None:
@@ -320,7 +261,7 @@ class Agent:
             if cmd.status is None and cmd.deadline is not None and now >= cmd.deadline:
                 cmd.timed_out = True
                 cmd.deadline = None
-                _killpg(cmd.pid, signal.SIGKILL)
+                killpg(cmd.pid, signal.SIGKILL)
 
     def _finish(self, cmd: _Command) -> None:
         if cmd.status is None or cmd.outputs:
@@ -356,53 +297,11 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _killpg(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
-
-
-def _configure(address: str, gateway: str) -> None:
-    for argv in (["ip", "addr", "add", address, "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                 ["ip", "route", "add", "default", "via", gateway]):
-        done = subprocess.run(["/sealgate/busybox", *argv], capture_output=True, check=False)
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
-
-
-def _put(path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
-    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-    tmp = f"{path}.sealgate-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fchown(fd, uid, gid)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _port() -> str:
-    base = "/sys/class/virtio-ports"
-    for name in sorted(os.listdir(base)):
-        try:
-            with open(f"{base}/{name}/name") as fh:
-                if fh.read().strip() == PORT_NAME:
-                    return f"/dev/{name}"
-        except FileNotFoundError:  # a console port has no name
-            continue
-    raise FileNotFoundError(f"no virtio port named {PORT_NAME}")
-
-
 def main() -> None:
     try:
-        with open(_port(), "r+b", buffering=0) as port:
+        with open(port_path(), "r+b", buffering=0) as port:
             Agent(port).run()
     finally:
         # PID 1 must not return: the guest would panic. The host sees the VM end.
         print(f"sealgate guest agent ended: {sys.exc_info()[1]!r}", file=sys.stderr)
         os.execv("/sealgate/busybox", ["reboot", "-f"])  # noqa: S606 - a fixed program
-
-
-if __name__ == "__main__":
-    main()

@@ -44,7 +44,7 @@ from sealgate.sandbox.agent import request
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm import hostrun
 from sealgate.sandbox.microvm.channel import GuestFrames
-from sealgate.sandbox.microvm.guestagent import encode
+from sealgate.sandbox.microvm.frames import encode
 from sealgate.sandbox.microvm.pool import Booted
 from sealgate.sandbox.slot import AGENT  # where every slot stages the agent's source
 

@@ -7,7 +7,7 @@ directory, never installed on the host (that would touch the host's boot). The i
 written here, as a newc cpio: a static busybox (Debian's `busybox-static`, unpacked the same
 way), the handful of modules the guest needs (virtio over MMIO, its network, console port and
 9p), an `/init` that mounts /usr and starts the guest agent, and the agent itself
-(`guestagent.py`, run by the host's python3 through the shared /usr).
+(`guestagent.py`, `frames.py` and `guestos.py`, run by the host's python3 through the shared /usr).
 
 An image lives in `<dir>/<key>/`, the key a hash of the two packages' versions and of every
 file of this package that ends up in the guest, so a change to any of them builds a new one;
@@ -36,7 +36,9 @@ BUSYBOX_PACKAGE = "busybox-static"
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "failover", "net_failover", "virtio_net",
            "virtio_console", "virtio-rng", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p")
 _HERE = Path(__file__).resolve().parent
-GUEST_FILES = (_HERE / "guestagent.py", _HERE / "init.sh")
+# The agent's modules: the package microvm in the guest's /sealgate.
+GUEST_MODULES = ("frames.py", "guestagent.py", "guestos.py")
+GUEST_FILES = (*(_HERE / name for name in GUEST_MODULES), _HERE / "init.sh")
 DEFAULT_DIR = _HERE.parents[1] / "var" / "microvm"
 DIR_ENV = "SEALGATE_MICROVM_DIR"
 _APT_TIMEOUT = 300
@@ -192,13 +194,16 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
     system tree (/usr) comes from the host over 9p; merged-/usr links make /bin, /lib... of it."""
     cpio = _Cpio()
     for name in ("dev", "proc", "sys", "usr", "tmp", "run", "etc", "etc/ssl", "etc/ssl/certs",
-                 "home", "workspace", "sealgate", "sealgate/modules", "root", "mnt"):
+                 "home", "workspace", "sealgate", "sealgate/modules", "sealgate/microvm", "root",
+                 "mnt"):
         cpio.add(name, 0o040755 if name not in ("tmp",) else 0o041777)
     for name in ("bin", "sbin", "lib", "lib64"):
         cpio.add(name, 0o120777, f"usr/{name}".encode())
     cpio.add("sealgate/busybox", 0o100755, busybox.read_bytes())
     cpio.add("init", 0o100755, (_HERE / "init.sh").read_bytes())
-    cpio.add("sealgate/guestagent.py", 0o100644, GUEST_FILES[0].read_bytes())
+    cpio.add("sealgate/microvm/__init__.py", 0o100644)
+    for name in GUEST_MODULES:
+        cpio.add(f"sealgate/microvm/{name}", 0o100644, (_HERE / name).read_bytes())
     cpio.add("sealgate/empty", 0o100444)
     cpio.add("sealgate/modules/order", 0o100644, "".join(f"{n}\n" for n, _ in modules).encode())
     for name, data in modules:

@@ -20,4 +20,5 @@ if $B grep -qsx workspace /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag; then
 fi
 $B ip link set lo up
 $B hostname sandbox
-exec /usr/bin/python3 -I -S /sealgate/guestagent.py
+# The agent is the package microvm in /sealgate (-I puts no script's directory on the path).
+exec /usr/bin/python3 -I -S -c 'import sys; sys.path.insert(0, "/sealgate"); from microvm.guestagent import main; main()'

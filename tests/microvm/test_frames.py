@@ -14,7 +14,7 @@ import pytest
 
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm.channel import Channel, GuestFrames
-from sealgate.sandbox.microvm.guestagent import encode
+from sealgate.sandbox.microvm.frames import encode
 from sealgate.sandbox.microvm.hostserve import relay
 
 
