@@ -1,14 +1,32 @@
 """The agent inside a long-lived sandbox: what the daemon asks of it, it does as the sandbox.
 
 This file runs *inside* the sandbox, under the host's `/usr/bin/python3 -I -S`, handed over in
-memory like the sandbox's other files; it imports nothing of sealgate's. It is started by
-bubblewrap with everything a sandbox's command gets (its uid, no capabilities, the seccomp
-filter, the namespaces, the cgroup, a built environment), and every command it starts inherits
-exactly that: nothing here can grant more, so the confinement of each exec is the first one's
-by construction, not by repeating a set-up.
+memory like the sandbox's other files; it imports nothing of sealgate's. It is the first process
+of the sandbox (its PID namespace's init on every tier: bubblewrap runs it `--as-pid-1`, runsc
+as the container's process), with the sandbox's uid, namespaces, cgroups and built environment,
+and two capabilities its commands never get: CAP_SYS_ADMIN and CAP_SETPCAP in the sandbox's own
+user namespace (nothing on the host), to give each command namespaces of its own and then take
+every capability out of its reach, the bounding set's too.
 
-The workload may tamper with the agent (same uid): the most it gains is to lie about its own
-commands or end its own sandbox; the daemon bounds and checks whatever comes back.
+**The workload cannot reach the agent.** Each command starts as the init of a PID namespace of
+its own, nested under the agent's, with a mount namespace of its own whose /proc is that PID
+namespace's (`_become`). From inside, the command's /proc shows its own processes and nothing
+else: the agent, its channel, other commands and their descriptors have no pid a command can
+name, so no signal (SIGSTOP and `kill -9 -1` included), /proc/N/mem, /proc/N/fd, ptrace or
+prlimit reaches them. That holds on gVisor too, whose kernel lets a process of the same uid
+open a non-dumpable one's /proc/N/fd. The command gets no capability (the ambient set cleared,
+every set emptied, no_new_privs), so it cannot undo its namespaces, mount, or make new ones;
+then the seccomp filter (`--seccomp`, the same program on every tier) is installed, and the
+command is executed. The sandbox's uid is shared, so the protection is the namespaces: a
+command shares files with the agent's other commands (the workspace is the point), never a
+process.
+
+**Nothing a command starts outlives it.** When a command's init (the command itself) ends, the
+kernel kills every process left in its PID namespace, however it detached (setsid, double
+fork), and the agent learns of the end only once they are gone (a namespace's init is reaped
+after its last process). Nothing of a command can leave its namespace. A command's end,
+timeout or kill is its init's end, which only the agent (outside) sees and reports: the
+status descriptor never enters the command's namespace.
 
 Wire (a SOCK_SEQPACKET pair, one JSON message per packet, descriptors by SCM_RIGHTS):
 
@@ -19,25 +37,13 @@ Wire (a SOCK_SEQPACKET pair, one JSON message per packet, descriptors by SCM_RIG
                      {"op": "get", "id", "path", "limit"}         fds: data (write), status
                      {"op": "kill", "id"}
 
-Each request is served by a child of the agent (a shim) that writes one JSON line to its
-status descriptor and exits. A shim is a child subreaper: whatever its command starts stays
-below it however it detaches (double fork, setsid), and when the command ends, times out or is
-killed, everything left below it is killed too. Nothing outlives its exec. A process that
-escapes even that (its shim killed under it) lands on the agent, which kills it.
-
-Under gVisor a shim cannot be a subreaper, so there the agent starts each command itself
-(`_Commands`: no shim, no fork of this process on an exec), and a process that detaches from its
-command goes to the agent at once and is killed at the agent's next look (half a second at
-most), even while its command still runs. Puts and gets still have their shims.
+An exec is answered on its status descriptor by the agent, one JSON line, when the command's
+namespace is empty; a put or get by a child of the agent (a shim: no capability, the seccomp
+filter), which writes its line and exits. The channel is the agent's standard input (the one
+descriptor every isolation tier hands a sandbox's first process: gVisor's runsc passes no
+other). The agent waits by SIGCHLD, not a pidfd (gVisor's kernel has no pidfd_open).
 
 (Over 400 lines for a reason: the sandbox is handed this one file, which imports nothing.)
-
-The channel is the agent's standard input (the one descriptor every isolation tier hands a
-sandbox's first process: gVisor's runsc passes no other). A shim waits for its command by
-SIGCHLD, not a pidfd (gVisor's kernel has no pidfd_open), and each command gets the sandbox's
-process limit as RLIMIT_NPROC (`pids`: what gVisor's kernel counts; under bubblewrap the
-cgroup already holds it, and the uid is the sandbox's own), set on its shim, which starts it
-(`_spawn`).
 """
 
 from __future__ import annotations
@@ -53,138 +59,154 @@ import select
 import signal
 import socket
 import stat
+import sys
 import time
 from typing import Any
 
 _MAX_MESSAGE = 1 << 20
-_PR_SET_DUMPABLE = 4
-_PR_SET_CHILD_SUBREAPER = 36
-_KILL_ROUNDS = 10_000  # each round kills every child; a tree is gone long before
 _REAPS = 256  # children the agent reaps at one look
 _CHUNK = 1 << 16
 _WORKSPACE = "/workspace"
+_COVERS = "/run/sealgate/covers"  # the agent's read-only tmpfs of what hides host files
 _libc = ctypes.CDLL(None, use_errno=True)
+# The clone runs Python on both sides: the call must keep the GIL (a PyDLL), or the child
+# would start by taking a lock its parent's copy held.
+_pylibc = ctypes.PyDLL(None, use_errno=True)
+_pylibc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_void_p]
+
+# linux/prctl.h, sched.h, mount.h, capability.h, seccomp.h (x86_64)
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 4, 38, 22
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_PR_CAPBSET_READ, _PR_CAPBSET_DROP = 23, 24
+_SECCOMP_MODE_FILTER = 2
+_SYS_CLONE, _SYS_CAPSET = 56, 126
+_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_CAP_VERSION_3 = 0x20080522
 
 
-def _prctl(option: int, value: int) -> None:
-    if _libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl")
+def _check(result: int, what: str) -> None:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def _children() -> list[int]:
-    me = os.getpid()
+def _prctl(option: int, value: int, arg: int = 0) -> None:
+    # Every argument a long: an address passed as a plain int would be cut to 32 bits.
+    _check(_libc.prctl(*(ctypes.c_ulong(a) for a in (option, value, arg, 0, 0))),
+           f"prctl {option}")
+
+
+def _mount(source: str | None, target: str, kind: str | None, flags: int,
+           data: str | None = None) -> None:
+    _check(_libc.mount(_bytes(source), target.encode(), _bytes(kind), flags,
+                       None if data is None else ctypes.c_char_p(data.encode())),
+           f"mount {target}")
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+class _Filter(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+class _Confinement:
+    """What the agent adds to each command (and shim) on top of the sandbox's own: the
+    sandbox's uid where the agent's is another (`user`), no capability, no_new_privs, the
+    seccomp filter, and, where the kernel's namespaces serve (`own_namespaces`), a command's
+    own PID and mount namespaces with a /proc of their own, covered where it would show the
+    host."""
+
+    def __init__(self, seccomp: bytes | None, covers: list[str], own_namespaces: bool,
+                 user: tuple[int, int] | None) -> None:
+        self._program = ctypes.create_string_buffer(seccomp or b"", len(seccomp or b""))
+        self._filter = _Filter(len(seccomp or b"") // 8, ctypes.cast(self._program,
+                                                                      ctypes.c_char_p))
+        self._seccomp = seccomp is not None
+        self.covers = covers  # /proc files (cmdline) whose host content must not show
+        self.own_namespaces = own_namespaces
+        self.user = user
+
+    def prepare(self) -> None:
+        """Once, in the agent: its own mount namespace (the one bubblewrap made belongs to an
+        outer user namespace, where the agent may not mount), holding an empty read-only file
+        to lay over each command's /proc files that would show the host."""
+        if not self.covers:
+            return
+        _check(_libc.unshare(_CLONE_NEWNS), "unshare")
+        _private()
+        os.makedirs(_COVERS, mode=0o755, exist_ok=True)
+        _mount("tmpfs", _COVERS, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               "size=4k,nr_inodes=8,mode=0755")
+        os.close(os.open(f"{_COVERS}/empty", os.O_WRONLY | os.O_CREAT, 0o444))
+        _mount(None, _COVERS, None,
+               _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+    def namespaces(self) -> None:
+        """In a command's first process, PID 1 of its new namespaces: its own /proc."""
+        if not self.own_namespaces:
+            return
+        _private()
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        for path in self.covers:
+            _mount(f"{_COVERS}/empty", path, None, _MS_BIND)
+            _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID
+                   | _MS_NODEV | _MS_NOEXEC)
+
+    def drop(self) -> None:
+        """The sandbox's uid, no capability in any set, none to gain by exec, then the filter:
+        last, since it refuses what the steps before need."""
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        for cap in range(64):  # while CAP_SETPCAP, which allows it, is still held
+            if _libc.prctl(ctypes.c_ulong(_PR_CAPBSET_READ), ctypes.c_ulong(cap), 0, 0, 0) == 1:
+                _prctl(_PR_CAPBSET_DROP, cap)
+        if self.user is not None:  # every capability left goes with the uid 0
+            uid, gid = self.user
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        try:
+            _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+        except OSError as exc:  # a kernel without ambient capabilities (gVisor's) has none
+            if exc.errno != errno.EINVAL:
+                raise
+        header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+        data = (ctypes.c_uint32 * 6)()
+        _check(_libc.syscall(_SYS_CAPSET, header, data), "capset")
+        if self._seccomp:
+            _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._filter))
+
+
+def _private() -> None:
+    """No mount made from here on flows to another mount namespace. gVisor's kernel has no
+    mount propagation to change (EINVAL): nothing flows there to begin with."""
     try:
-        with open(f"/proc/self/task/{me}/children") as fh:
-            return [int(p) for p in fh.read().split()]
-    except OSError:
-        pass
-    # gVisor's kernel has no `children` file: each process's parent, from its stat.
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:  # not a process, or gone
-            continue
-        if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
-            found.append(int(entry))
-    return found
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
 
 
-def _reap(usage: list[float]) -> None:
-    """Collect every child that has ended, adding up what it used."""
-    while True:
-        try:
-            pid, _, ru = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        usage[0] += ru.ru_utime
-        usage[1] += ru.ru_stime
-        usage[2] = max(usage[2], ru.ru_maxrss)
-
-
-def _kill_tree(usage: list[float]) -> None:
-    """Kill everything below this process: a killed child's own children are handed to us
-    (we are their subreaper), so round after round the tree empties."""
-    for _ in range(_KILL_ROUNDS):
-        alive = _children()
-        if not alive:
-            break
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.001)
-        _reap(usage)
-    _reap(usage)
+def _clone(namespaces: bool) -> int:
+    """fork(), with `namespaces` the child the init of a new PID namespace with a new mount
+    namespace: its pid, or 0 in the child. Python's os.fork cannot take flags (os.unshare is
+    3.12's, and would move the agent's own later children too)."""
+    flags = (_CLONE_NEWPID | _CLONE_NEWNS if namespaces else 0) | signal.SIGCHLD
+    pid = _pylibc.syscall(ctypes.c_long(_SYS_CLONE), ctypes.c_ulong(flags), None, None, None,
+                          ctypes.c_ulong(0))
+    _check(pid, "clone")
+    return int(pid)
 
 
 def _report(fd: int, answer: dict[str, Any]) -> None:
     data = (json.dumps(answer) + "\n").encode()
     with contextlib.suppress(OSError):
         os.write(fd, data)
-
-
-def _exec(req: dict[str, Any], fds: list[int]) -> None:
-    status = fds[3]
-    # A shim serves execs only where the agent is not its namespace's init (bubblewrap), and
-    # there it may be a subreaper (gVisor's kernel would refuse: `_Commands`).
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    stop_r, stop_w = os.pipe()
-    os.set_blocking(stop_w, False)
-    signal.set_wakeup_fd(stop_w)  # wakes the wait below on either signal
-    killed: list[int] = []
-    signal.signal(signal.SIGUSR1, lambda *_: killed.append(1))  # the daemon's "kill it"
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    started = _start(req, fds)
-    if started is None:
-        return
-    pid, deadline = started
-    ending, ended = "exit", None
-    while True:
-        ended = os.wait4(pid, os.WNOHANG)
-        if ended[0] == pid:
-            break
-        if killed:
-            ending = "killed"
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            ending = "timed_out"
-            break
-        # Any SIGCHLD (an orphan handed to us ends too) or SIGUSR1 wakes this; the timeout is
-        # the deadline's, and a bound in case a wakeup was lost to a full pipe.
-        left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
-        if select.select([stop_r], [], [], left)[0]:
-            os.read(stop_r, 512)
-    if ending != "exit":
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        ended = os.wait4(pid, 0)
-    _, code, ru = ended
-    usage = [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]
-    _kill_tree(usage)
-    _report(status, _answer(ending, code, usage))
-
-
-def _start(req: dict[str, Any], fds: list[int]) -> tuple[int, float | None] | None:
-    """The request's command started on its descriptors (all closed here but the status):
-    its pid and deadline, or None, said on the status, if it could not be started."""
-    stdin, stdout, stderr, status = fds
-    try:
-        timeout = req.get("timeout")
-        try:
-            seconds = None if timeout is None else float(timeout)
-        except (TypeError, ValueError):
-            raise _NotStarted("bad request: timeout") from None
-        pid = _spawn(req, stdin, stdout, stderr)
-    except _NotStarted as exc:
-        _report(status, {"error": str(exc), "exit": 127})
-        return None
-    finally:
-        for fd in (stdin, stdout, stderr):
-            os.close(fd)
-    return pid, None if seconds is None else time.monotonic() + seconds
 
 
 def _answer(ending: str, code: int, usage: list[float]) -> dict[str, Any]:
@@ -203,31 +225,47 @@ def _answer(ending: str, code: int, usage: list[float]) -> dict[str, Any]:
 
 
 class _Running:
-    def __init__(self, pid: int, status: int, deadline: float | None) -> None:
-        self.pid, self.status, self.deadline = pid, status, deadline
+    def __init__(self, pid: int, status: int, report: int, deadline: float | None) -> None:
+        self.pid, self.status, self.report, self.deadline = pid, status, report, deadline
         self.ending = "exit"
+
+    def code(self, init: int) -> int:
+        """The command's wait status as its init said it, or, where the init said nothing (it
+        was killed: the command with it), the init's own."""
+        try:
+            said = os.read(self.report, 64)
+        except OSError:
+            said = b""
+        finally:
+            os.close(self.report)
+        try:
+            return int(said) if said else init
+        except ValueError:
+            return init
 
 
 class _Commands:
-    """The agent's children, reaped here (a command's status said), and the commands it starts
-    itself, without a shim (`starts`): where it is its PID namespace's init, as under gVisor
-    (bubblewrap keeps an init of its own), a shim cannot be a subreaper anyway (gVisor's kernel
-    refuses it), so what detaches from a command comes to the agent either way, and a shim
-    would only cost a fork of this Python process on every exec: 27 ms under gVisor's ptrace
-    platform, half of an exec then. The command's process limit is then the agent's own
-    (`_spawn` sets it here: it can only be lowered, and the create's is the same for every
-    command), which its put and get shims count against too."""
+    """The agent's children, reaped here: the commands it starts (each its namespace's init),
+    whose statuses it says, and the put and get shims."""
 
-    def __init__(self, *, starts: bool) -> None:
-        self.starts = starts  # execs are started here, not by shims
+    def __init__(self, confinement: _Confinement) -> None:
+        self.confinement = confinement
         self.running: dict[int, _Running] = {}  # request id -> its command
 
     def start(self, ident: int, req: dict[str, Any], fds: list[int]) -> None:
-        started = _start(req, fds)
-        if started is None:
-            os.close(fds[3])
+        status = fds[3]
+        try:
+            command = _Command.of(req)
+            pid, report = command.launch(fds[:3], self.confinement)
+        except _NotStarted as exc:
+            _report(status, {"error": str(exc), "exit": 127})
+            os.close(status)
             return
-        self.running[ident] = _Running(started[0], fds[3], started[1])
+        finally:
+            for fd in fds[:3]:
+                os.close(fd)
+        deadline = None if command.timeout is None else time.monotonic() + command.timeout
+        self.running[ident] = _Running(pid, status, report, deadline)
 
     def kill(self, ident: int, ending: str = "killed") -> bool:
         run = self.running.get(ident)
@@ -240,7 +278,7 @@ class _Commands:
         if run.ending == "exit" and ended is None:
             run.ending = ending
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(run.pid, signal.SIGKILL)  # its session's group: setsid made it the leader
+            os.kill(run.pid, signal.SIGKILL)  # its namespace's init: the kernel kills the rest
         return True
 
     def descriptors(self) -> list[int]:
@@ -256,9 +294,9 @@ class _Commands:
         return max(0.0, min([0.5, *due]))
 
     def collect(self) -> set[int]:
-        """Kill the commands past their deadline; reap children that have ended (a shim, an
-        orphan, a command: its status said), at most `_REAPS` a call, so that a workload making
-        dead orphans without end cannot keep the agent from its requests; the pids reaped."""
+        """Kill the commands past their deadline; reap children that have ended (a shim, a
+        command: its status said), at most `_REAPS` a call; the pids reaped. A stopped or
+        traced child is not an ended one (WEXITED only)."""
         now = time.monotonic()
         for overdue, run in list(self.running.items()):
             if run.deadline is not None and now >= run.deadline and run.ending == "exit":
@@ -266,21 +304,17 @@ class _Commands:
         by_pid = {r.pid: ident for ident, r in self.running.items()}
         reaped: set[int] = set()
         for _ in range(_REAPS):
-            try:  # looked at first, reaped after: a pid cannot be reused while it is a zombie
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            try:
+                pid, code, ru = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
-            if info is None:
+            if pid == 0:
                 break
-            ident = by_pid.get(info.si_pid)
-            if ident is not None:  # what it left in its session goes with it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(info.si_pid, signal.SIGKILL)
-            _, code, ru = os.wait4(info.si_pid, 0)
-            reaped.add(info.si_pid)
+            reaped.add(pid)
+            ident = by_pid.get(pid)
             if ident is not None:
                 run = self.running.pop(ident)
-                _report(run.status, _answer(run.ending, code,
+                _report(run.status, _answer(run.ending, run.code(code),
                                             [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]))
                 os.close(run.status)
         return reaped
@@ -290,56 +324,142 @@ class _NotStarted(Exception):
     """The command could not be started; the message says why (never a traceback)."""
 
 
-# Reset to their default in the command: Python ignores SIGPIPE and SIGXFSZ, and the shim
-# handles the rest. (glibc's posix_spawn leaves its own two internal signals, 32 and 33,
-# ignored: no program sends them.)
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGUSR1, signal.SIGCHLD,
-                    signal.SIGINT, signal.SIGTERM)
+# Reset to their default in the command: Python ignores SIGPIPE and SIGXFSZ, and the agent
+# handles SIGCHLD.
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT,
+                    signal.SIGTERM, signal.SIGUSR1)
 
 
-def _spawn(req: dict[str, Any], stdin: int, stdout: int, stderr: int) -> int:
-    """Start the command in its own session with its descriptors, the process limit and
-    default signals: by posix_spawn (vfork, then exec), not a fork of the shim, whose copy of
-    a Python address space costs 16 ms under gVisor's ptrace platform (fork and exec 25 ms,
-    posix_spawn 10 ms, measured in runsc). What the command needs set that posix_spawn cannot
-    set is set on the caller first: a shim, which does nothing after but wait, or the agent,
-    whose own work needs neither its cwd nor more processes than the sandbox may have."""
-    try:
-        argv = [str(a) for a in req["argv"]]
-        env = {str(k): str(v) for k, v in req["env"].items()}
-        pids = int(req["pids"])
-        cwd = str(req.get("cwd") or _WORKSPACE)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _NotStarted(f"bad request: {type(exc).__name__}") from None
-    if not argv:
-        raise _NotStarted("bad request: an empty argv")
-    try:
-        os.chdir(cwd)
-    except ValueError:  # an embedded NUL
-        raise _NotStarted("bad request: cwd") from None
-    except OSError as exc:  # named as the directory's, not blamed on the program
-        raise _NotStarted(f"cwd {cwd}: {exc.strerror or exc}"[:4000]) from None
-    # Never above the hard limit the agent was given (raising it is refused): a create may
-    # ask for more processes than the host lets a uid have, and then gets the host's bound.
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    limit = pids if hard == resource.RLIM_INFINITY else min(pids, hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-    except (OSError, ValueError) as exc:
-        raise _NotStarted(f"process limit {pids}: {exc}") from None
-    # Only 0, 1 and 2 go to the command: every other descriptor here is close-on-exec (the
-    # request's came so, `main`; Python opens its own so; none was inherited, `main`).
-    try:
-        program = _which(argv[0], env.get("PATH", os.defpath))
-        return os.posix_spawn(
-            program, argv, env, setsid=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=(),
-            file_actions=[(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, stdout, 1),
-                          (os.POSIX_SPAWN_DUP2, stderr, 2)],
-        )
-    except OSError as exc:
-        raise _NotStarted(f"{argv[0]}: {exc.strerror or exc}"[:4000]) from None
-    except ValueError:  # an embedded NUL in the argv or the environment
-        raise _NotStarted("bad request: a NUL in the argv or the environment") from None
+class _Command:
+    """An exec request, checked in the agent before anything is started."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, pids: int,
+                 timeout: float | None) -> None:
+        self.argv, self.env, self.cwd, self.pids, self.timeout = argv, env, cwd, pids, timeout
+
+    @classmethod
+    def of(cls, req: dict[str, Any]) -> _Command:
+        try:
+            argv = [str(a) for a in req["argv"]]
+            env = {str(k): str(v) for k, v in req["env"].items()}
+            pids = int(req["pids"])
+            cwd = str(req.get("cwd") or _WORKSPACE)
+            timeout = req.get("timeout")
+            seconds = None if timeout is None else float(timeout)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _NotStarted(f"bad request: {type(exc).__name__}") from None
+        if not argv:
+            raise _NotStarted("bad request: an empty argv")
+        if any("\0" in part for part in (*argv, cwd, *env, *env.values())):
+            raise _NotStarted("bad request: a NUL in the argv, the environment or the cwd")
+        return cls(argv, env, cwd, pids, seconds)
+
+    def launch(self, fds: list[int], confinement: _Confinement) -> tuple[int, int]:
+        """Start the command (`_child`): the pid of the agent's child (the command, or its
+        namespace's init) and the descriptor on which an init says how the command ended, once
+        the command is executing; _NotStarted with the reason if it could not be."""
+        errors_r, errors_w = os.pipe2(os.O_CLOEXEC)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            try:
+                pid = _clone(confinement.own_namespaces)
+            except OSError as exc:  # the process limit, reached
+                raise _NotStarted(f"cannot start: {exc.strerror}") from None
+            if pid == 0:
+                os.close(errors_r)
+                os.close(report_r)
+                self._child(fds, confinement, errors_w, report_w)  # never returns
+            os.close(errors_w)
+            errors_w = -1
+            said = _read_all(errors_r)  # nothing, once the command runs
+        except BaseException:
+            os.close(report_r)
+            raise
+        finally:
+            os.close(errors_r)
+            os.close(report_w)
+            if errors_w >= 0:
+                os.close(errors_w)
+        if said:
+            os.close(report_r)
+            os.waitpid(pid, 0)
+            raise _NotStarted(said.decode(errors="replace")[:4000])
+        return pid, report_r
+
+    def _child(self, fds: list[int], confinement: _Confinement, errors: int,
+               report: int) -> None:
+        """In the clone: the command's session, namespaces, directory, limits and confinement,
+        then the command. Whatever fails before the command runs is said on `errors` and ends
+        the clone (the agent reaps it)."""
+        try:
+            signal.set_wakeup_fd(-1)  # the agent's
+            for number in _DEFAULT_SIGNALS:
+                signal.signal(number, signal.SIG_DFL)
+            os.setsid()
+            confinement.namespaces()
+            try:
+                os.chdir(self.cwd)
+            except OSError as exc:  # named as the directory's, not blamed on the program
+                raise _NotStarted(f"cwd {self.cwd}: {exc.strerror or exc}") from None
+            # Never above the hard limit the agent was given (raising it is refused): a create
+            # may ask for more processes than the host lets a uid have, and then gets the
+            # host's bound.
+            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+            limit = self.pids if hard == resource.RLIM_INFINITY else min(self.pids, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+            except (OSError, ValueError) as exc:
+                raise _NotStarted(f"process limit {self.pids}: {exc}") from None
+            confinement.drop()
+            try:
+                program = _which(self.argv[0], self.env.get("PATH", os.defpath))
+                if not confinement.own_namespaces:  # the clone becomes the command
+                    for target, fd in enumerate(fds):
+                        os.dup2(fd, target)
+                    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                    os.execve(program, self.argv, self.env)  # noqa: S606 argv, not a shell
+                command = os.posix_spawn(
+                    program, self.argv, self.env, setsid=True, setsigdef=_DEFAULT_SIGNALS,
+                    setsigmask=(), file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
+                                                 for target, fd in enumerate(fds)])
+            except OSError as exc:
+                raise _NotStarted(f"{self.argv[0]}: {exc.strerror or exc}") from None
+        except _NotStarted as exc:
+            said = str(exc)
+        except BaseException as exc:  # the clone must never return into the agent
+            said = f"cannot start: {exc}"
+        else:
+            for fd in (*fds, errors):  # the command's streams are its own; it has started
+                os.close(fd)
+            self._init(command, report)
+        with contextlib.suppress(OSError):
+            os.write(errors, said.encode()[:4000] or b"cannot start")
+        os._exit(127)
+
+    @staticmethod
+    def _init(command: int, report: int) -> None:
+        """PID 1 of the command's namespaces, the command PID 2 (so that it keeps a process's
+        usual signals: an init ignores those it has no handler for, even its own): reap what
+        comes, and once the command ends say its wait status on `report` and exit, which ends
+        the namespace with whatever is left in it. It holds no capability and runs under the
+        filter like the command; it is not dumpable (the agent's copy), so the command cannot
+        open its descriptors or memory; the worst a command can do to it is to itself."""
+        while True:
+            try:
+                pid, code = os.waitpid(-1, 0)
+            except ChildProcessError:  # cannot be: the command is ours until reaped
+                os._exit(1)
+            if pid == command:
+                with contextlib.suppress(OSError):
+                    os.write(report, b"%d" % code)
+                os._exit(0)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _which(name: str, path: str) -> str:
@@ -489,21 +609,23 @@ def _said(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ValueError) else f"missing field {exc}"
 
 
-_OPS = {"exec": _exec, "put": _put, "get": _get}
+_OPS = {"put": _put, "get": _get}
 
 
-def main() -> None:
+def main(args: list[str]) -> None:
+    """`args`: see `_options`."""
     chan = socket.socket(fileno=0)
     chan.set_inheritable(False)
     # Nothing but the channel (and 1, 2) is meant to come from whoever started us: anything
     # else would reach every command (commands inherit what is not close-on-exec).
     os.closerange(3, 1 << 16)
-    # Other processes of the sandbox's uid may not open our descriptors through /proc.
+    # No process of the sandbox's uid may open our descriptors or memory through /proc,
+    # should one ever see us.
     _prctl(_PR_SET_DUMPABLE, 0)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    confinement = _options(args)
+    confinement.prepare()
     shims: dict[int, int] = {}  # request id -> the shim serving it
-    # The reaper of every child, and the starter of execs where the agent is the init.
-    commands = _Commands(starts=os.getpid() == 1)
+    commands = _Commands(confinement)
     wake_r, wake_w = os.pipe()  # a command's end wakes the loop at once
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -518,6 +640,34 @@ def main() -> None:
                 return
             _serve(chan, *got, shims, commands)
         _orphans(shims, commands)
+
+
+def _options(args: list[str]) -> _Confinement:
+    """`--seccomp PATH`: the filter program every command and shim runs under;
+    `--own-namespaces`: each command in PID and mount namespaces of its own, with its own /proc
+    (where the kernel's serve: gVisor 2022-12's shares one mount namespace among all, and its
+    /proc fails `ps` in a nested PID namespace); `--cover PATH`: a /proc file of the host's
+    each command sees empty (repeatable); `--user UID:GID`: the sandbox's uid, where the agent
+    runs as another (gVisor's uid 0: none of the host's)."""
+    seccomp, covers, own_namespaces, user = None, [], False, None
+    args = list(args)
+    while args:
+        flag = args.pop(0)
+        if flag == "--own-namespaces":
+            own_namespaces = True
+        elif flag in ("--seccomp", "--cover", "--user") and args:
+            value = args.pop(0)
+            if flag == "--seccomp":
+                with open(value, "rb") as fh:
+                    seccomp = fh.read()
+            elif flag == "--cover":
+                covers.append(value)
+            else:
+                uid, gid = value.split(":")
+                user = (int(uid), int(gid))
+        else:
+            raise SystemExit(f"agent: bad flag {flag[:40]!r}")
+    return _Confinement(seccomp, covers, own_namespaces, user)
 
 
 def request(chan: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -547,25 +697,22 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
     try:
         req = json.loads(message)
         op, ident = req["op"], int(req["id"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         for fd in fds:
             os.close(fd)
         return
     if op == "kill":
-        if commands.kill(ident):
-            return
-        pid = shims.get(ident)
-        if pid is not None:
+        if not commands.kill(ident) and (pid := shims.get(ident)) is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGUSR1)
+                os.kill(pid, signal.SIGKILL)
+        return
+    if op == "exec" and len(fds) == 4:
+        commands.start(ident, req, fds)
         return
     handler = _OPS.get(op)
-    if handler is None or len(fds) != (4 if op == "exec" else 2):
+    if handler is None or len(fds) != 2:
         for fd in fds:
             os.close(fd)
-        return
-    if commands.starts and op == "exec":
-        commands.start(ident, req, fds)
         return
     try:
         pid = os.fork()
@@ -580,6 +727,7 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
             chan.close()  # a shim speaks only on its own descriptors
             for fd in commands.descriptors():
                 os.close(fd)
+            commands.confinement.drop()
             handler(req, fds)
         finally:
             os._exit(0)
@@ -589,8 +737,9 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
 
 
 def _orphans(shims: dict[int, int], commands: _Commands) -> None:
-    """Reap ended shims (and commands: their status said); kill anything else that has come
-    to us: a process whose shim was killed under it, which must not outlive its exec."""
+    """Reap ended shims and commands (their statuses said); kill anything else that has come to
+    the agent: where commands share its PID namespace (gVisor), what one left behind, however
+    it detached, which must not outlive it. (In a namespace of its own it cannot come here.)"""
     reaped = commands.collect()
     for ident, pid in list(shims.items()):
         if pid in reaped:  # forgotten as it is reaped: its pid may be another's at once
@@ -602,5 +751,25 @@ def _orphans(shims: dict[int, int], commands: _Commands) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _children() -> list[int]:
+    me = os.getpid()
+    try:
+        with open(f"/proc/self/task/{me}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        pass
+    # gVisor's kernel has no `children` file: each process's parent, from its stat.
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # not a process, or gone
+            continue
+        if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
+            found.append(int(entry))
+    return found
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -56,6 +56,11 @@ class Launch:
     # `workspace` or nothing).
     writable: Mapping[str, Path] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)  # the workload's (`Tier.host_limits`)
+    # The command is sandboxd's agent (`sandbox.agent`), not the workload: it gives each
+    # command PID and mount namespaces of its own, for which it holds CAP_SYS_ADMIN in the
+    # sandbox's user namespace, and installs `seccomp` on each command itself (it could not
+    # make namespaces under the filter).
+    agent: bool = False
 
 
 def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:

@@ -32,6 +32,7 @@ from sealgate.sandbox.network import Link, Plan
 from sealgate.sandbox.runtime import prerequisites, remove_link, take_link, trust, unregister
 
 AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
+SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command
 PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
 _AGENT_SOURCE = Path(__file__).with_name("agent.py")
 
@@ -96,9 +97,11 @@ def prepare(config: Config) -> Slot:
             with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
                 handed.callback(theirs.close)
                 bundle, ca = trust(proxy_ca)
-                files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes()}
-                launch = Launch(link, [PYTHON, "-I", "-S", AGENT], config.proxy_port, files,
-                                program, None, uid, uid, {}, writable=places)
+                files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes(),
+                         SECCOMP: program}
+                launch = Launch(link, [PYTHON, "-I", "-S", AGENT, "--seccomp", SECCOMP],
+                                config.proxy_port, files, program, None, uid, uid, {},
+                                writable=places, agent=True)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon

@@ -13,7 +13,16 @@ namespaces, no capabilities and a seccomp filter.
 - the staged files are handed to bubblewrap by content, through memory file descriptors, and
   so are bubblewrap's own arguments: no host path of the run shows in the sandbox's mount
   table, nor on the command line of its PID 1 (bubblewrap), which it can read;
-- the seccomp filter of `sandbox.seccomp` is installed last, just before the command runs.
+- the seccomp filter of `sandbox.seccomp` is installed last, just before the command runs;
+- the command is its PID namespace's init (`--as-pid-1`): no process of bubblewrap's is in the
+  sandbox for the workload to signal or write into, and when the command ends the kernel kills
+  whatever it left.
+
+sandboxd's agent (`launch.agent`) is started the same way but for three things it needs to give
+each command namespaces of its own (`sandbox.agent`): CAP_SYS_ADMIN and CAP_SETPCAP in the
+sandbox's user namespace, no filter (it installs it on each command), and no file laid over
+/proc (a fresh /proc may not be mounted where one is partly hidden): it lays its own over each
+command's.
 """
 
 from __future__ import annotations
@@ -48,26 +57,37 @@ def _unavailable() -> str | None:
 
 def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
     """Raises OSError (a descriptor that cannot be made, a missing program)."""
-    files = {path: memfd(data, undo) for path, data in launch.files.items()}
-    seccomp_fd = memfd(launch.seccomp, undo)
+    staged = dict(launch.files)
+    command = list(launch.command)
+    if launch.agent:  # each command's own /proc, the agent's empty file over these
+        command.append("--own-namespaces")
+        for path in [p for p in staged if p.startswith("/proc/")]:
+            del staged[path]
+            command += ["--cover", path]
+    files = {path: memfd(data, undo) for path, data in staged.items()}
+    seccomp_fd = None if launch.agent else memfd(launch.seccomp, undo)
     args_fd = memfd(b"".join(os.fsencode(a) + b"\0" for a in args(launch, files, seccomp_fd)),
                     undo)
-    return Started(argv(launch, args_fd, cgroups), environment(launch),
-                   (args_fd, seccomp_fd, *files.values()))
+    passed = (args_fd, *files.values(), *([] if seccomp_fd is None else [seccomp_fd]))
+    return Started(argv(launch, args_fd, cgroups, command), environment(launch), passed)
 
 
-def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path]) -> list[str]:
+def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path],
+         command: Sequence[str] | None = None) -> list[str]:
     """The host's command line: into the cgroups, the namespace, the uid, then bubblewrap, whose
     arguments (`args`) are read from `args_fd`."""
     return [*host_prefix(launch, cgroups),
             tool("setpriv"), f"--reuid={launch.uid}", f"--regid={launch.gid}", "--clear-groups",
-            "--", tool("bwrap"), "--args", str(args_fd), "--", *launch.command]
+            "--", tool("bwrap"), "--args", str(args_fd), "--",
+            *(launch.command if command is None else command)]
 
 
-def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int) -> list[str]:
+def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int | None) -> list[str]:
     """bubblewrap's arguments; `files` are the staged files' descriptors, by path inside."""
-    out = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns",
-           "--hostname", HOSTNAME, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+    out = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns", "--as-pid-1",
+           "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
+    out += ["--cap-drop", "ALL"] + (
+        ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if launch.agent else [])
     for path in SYSTEM_DIRS:
         out += ["--ro-bind", path, path]
     for path in SYSTEM_LINKS:
@@ -90,7 +110,9 @@ def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int) -> list[str]
         out += ["--bind", str(launch.workspace), WORKSPACE]
     if launch.workspace is not None or WORKSPACE in launch.writable:
         chdir = WORKSPACE
-    out += ["--chdir", chdir, "--seccomp", str(seccomp_fd)]
+    out += ["--chdir", chdir]
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
     return out
 
 

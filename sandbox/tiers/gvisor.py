@@ -176,13 +176,16 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
-            "user": {"uid": launch.uid, "gid": launch.gid, "additionalGids": []},
-            "args": list(launch.command),
+            # sandboxd's agent runs as gVisor's uid 0 (`_capabilities`), its commands as the
+            # sandbox's uid.
+            "user": {"uid": 0 if launch.agent else launch.uid,
+                     "gid": 0 if launch.agent else launch.gid, "additionalGids": []},
+            "args": [*launch.command, *(["--user", f"{launch.uid}:{launch.gid}"]
+                                       if launch.agent else [])],
             "env": [f"{name}={value}" for name, value in environment(launch).items()],
             "cwd": WORKSPACE if launch.workspace is not None or WORKSPACE in launch.writable
             else HOME,
-            "capabilities": {kind: [] for kind in
-                             ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "capabilities": _capabilities(launch),
             "noNewPrivileges": True,
             # The workload's process limit, counted by gVisor's kernel (the sandbox's uid has
             # no other process there); the host's cgroup bounds the runtime (`_host_limits`).
@@ -199,6 +202,18 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
                            {"type": "network", "path": f"/run/netns/{launch.link.netns}"}],
         },
     }
+
+
+def _capabilities(launch: Launch) -> dict[str, list[str]]:
+    """None for the workload. sandboxd's agent runs as uid 0 of gVisor's kernel (none of the
+    host's: the Sentry's own) with the capabilities it needs to start each command as the
+    sandbox's uid with none (SETUID, SETGID, SETPCAP) and to kill what it leaves (KILL); never
+    in the inheritable or ambient sets (`sandbox.agent`). A uid of its own is what keeps the workload from the agent
+    here: this kernel lets a process of the same uid open a non-dumpable one's /proc/N/fd, and
+    its mount namespaces do not keep a command's /proc its own."""
+    held = ["CAP_SETPCAP", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"] if launch.agent else []
+    return {"bounding": held, "effective": held, "permitted": held, "inheritable": [],
+            "ambient": []}
 
 
 def _remove(index: int) -> None:

@@ -132,7 +132,9 @@ def test_the_process_limit_of_create_holds_inside(gvisord: Daemon) -> None:
     with Sandbox.create("ci-bot", daemon=str(gvisord.socket), limits={"pids": 48}) as small:
         done = small.run(["python3", "-c", BOMB], timeout=60)
         assert done.ok, done.stderr
-        assert 0 < int(done.text) < 48
+        # At most 48 of the sandbox's uid, the bomb's own process among them: gVisor's kernel
+        # lets one more through than Linux's (its check follows the count).
+        assert 0 < int(done.text) <= 48
         assert small.run(["true"]).ok  # the bomb failed its forks; the sandbox lives
         # The limit is the command's hard one too: it cannot raise it back.
         raise_it = ("import resource; r = resource.RLIMIT_NPROC; print(resource.getrlimit(r))\n"
