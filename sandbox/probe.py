@@ -5,7 +5,12 @@ what its own listeners on the host received (`sandbox.selftest`).
 
 Input on stdin: {"tcp": [[name, host, port], ...], "udp": [[name, host, port], ...],
 "http": [[name, url, proxy-or-null], ...], "absent": [[name, path], ...], "dns": name,
-"proxy": [host, port]}.
+"proxy": [host, port], "reach": true}.
+
+`reach`: which other processes the probe could signal, list the descriptors of or open the
+memory of (`_reach`; nothing is sent or written). Its own namespace's init, its parent, is not
+counted as signalled: an init takes no signal from inside but those it handles, and holds
+nothing (`sandbox.agent`).
 """
 
 from __future__ import annotations
@@ -68,6 +73,32 @@ def _dns(name: str) -> list[str]:
         return [f"failed: {type(exc).__name__}"]
 
 
+def _reach() -> dict[str, list[int]]:
+    me, parent = os.getpid(), os.getppid()
+    found: dict[str, list[int]] = {"signal": [], "fds": [], "mem": []}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            os.kill(pid, 0)
+            if not (pid == 1 and parent == 1):
+                found["signal"].append(pid)
+        except OSError:
+            pass
+        try:
+            os.listdir(f"/proc/{pid}/fd")
+            found["fds"].append(pid)
+        except OSError:
+            pass
+        try:
+            os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
+            found["mem"].append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def main() -> None:
     plan: dict[str, Any] = json.loads(sys.stdin.read())
     seen: dict[str, Any] = {}
@@ -81,6 +112,8 @@ def main() -> None:
         seen[name] = "present" if os.path.exists(path) else "absent"
     if "dns" in plan:
         seen["dns"] = _dns(plan["dns"])
+    if plan.get("reach"):
+        seen["reach"] = _reach()
     try:
         with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as fh:
             seen["ipv6_disabled"] = fh.read().strip() == "1"

@@ -8,8 +8,8 @@ packet that reaches one of them fails its check, whatever the canary was told. T
 and UDP to the host (its loopback, the end of the sandbox's link, the gateway's other ports),
 to the outside, to another sandbox; DNS (every name is the proxy's; nothing is forwarded);
 IPv6; the cloud metadata address, directly and through the proxy; the proxy's control socket
-and the daemon's own socket (absent from the sandbox). And the one way allowed: the proxy
-answers on the gateway.
+and the daemon's own socket (absent from the sandbox); the agent, which no command may signal
+or open (`sandbox.agent`). And the one way allowed: the proxy answers on the gateway.
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ async def _checks(a: Session, b: Session, listeners: _Listeners, proxy_port: int
                   f"http://{gw}:{proxy_port}"]],
         "absent": [[f"{path.name} not in the sandbox", str(path)] for path in sockets],
         "dns": "metadata.google.internal",
+        "reach": True,
     }
     source = _PROBE.read_bytes().decode()
     out = bytearray()
@@ -172,6 +173,11 @@ def _judge(plan: dict[str, Any], seen: dict[str, Any], host: str, arrived: list[
                         str(seen.get("dns"))))
     checks.append(Check("IPv6 off in the sandbox", seen.get("ipv6_disabled") is True,
                         str(seen.get("ipv6_disabled"))))
+    reach = seen.get("reach")
+    checks.append(Check("no other process within a command's reach",
+                        isinstance(reach, dict) and not any(reach.values()),
+                        "none" if reach == {"signal": [], "fds": [], "mem": []} else
+                        f"could signal, list the descriptors of, open the memory of: {reach}"))
     checks.append(Check("nothing arrived on the host", not arrived,
                         ", ".join(arrived) or "nothing"))
     checks.append(Check("nothing arrived in another sandbox", reached_other == b"0",

@@ -208,9 +208,10 @@ def _capabilities(launch: Launch) -> dict[str, list[str]]:
     """None for the workload. sandboxd's agent runs as uid 0 of gVisor's kernel (none of the
     host's: the Sentry's own) with the capabilities it needs to start each command as the
     sandbox's uid with none (SETUID, SETGID, SETPCAP) and to kill what it leaves (KILL); never
-    in the inheritable or ambient sets (`sandbox.agent`). A uid of its own is what keeps the workload from the agent
-    here: this kernel lets a process of the same uid open a non-dumpable one's /proc/N/fd, and
-    its mount namespaces do not keep a command's /proc its own."""
+    in the inheritable or ambient sets (`sandbox.agent`). A uid of its own is what keeps the
+    workload from the agent here: this kernel lets a process of the same uid open a
+    non-dumpable one's /proc/N/fd, and its mount namespaces do not keep a command's /proc its
+    own."""
     held = ["CAP_SETPCAP", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"] if launch.agent else []
     return {"bounding": held, "effective": held, "permitted": held, "inheritable": [],
             "ambient": []}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sealgate.sandbox import selftest
 from sealgate.sandbox.client import Client, DaemonError
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon, start_daemon
@@ -23,6 +24,7 @@ EXPECTED = {
     "control.sock not in the sandbox", "sandboxd.sock not in the sandbox",
     "names answer only with the proxy", "IPv6 off in the sandbox",
     "nothing arrived on the host", "nothing arrived in another sandbox",
+    "no other process within a command's reach",
 }
 
 
@@ -31,7 +33,7 @@ def test_the_daemon_is_ready_only_after_its_self_test_passes(
 ) -> None:
     daemon = start_daemon(dproxy, tmp_path, "--pool", "1")
     try:
-        assert "self-test passed (19 checks)" in daemon.log.read_text()
+        assert "self-test passed (20 checks)" in daemon.log.read_text()
         done = subprocess.run([*SEALGATE, "sandbox", "selftest", "--json", "--daemon",
                                str(daemon.socket)], cwd=ROOT, capture_output=True, text=True,
                               timeout=120, check=False)
@@ -70,3 +72,27 @@ def test_a_failed_check_is_named_and_no_sandbox_is_created(
         assert "self-test failed: the proxy answers" in str(refused.value)
     finally:
         daemon.stop()
+
+
+def test_the_reach_check_fails_where_a_command_can_reach_another_process() -> None:
+    """The check can fail: the canary's probe run where the protection is off (outside any
+    sandbox, as a uid beside another process of that uid, which is what a command saw of
+    bubblewrap's init and the agent before #22) reports what it could reach, and the check
+    fails naming it."""
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    other = subprocess.Popen([*drop, "sleep", "30"])
+    try:
+        time.sleep(0.2)  # past setpriv's exec: the sleep runs as that uid
+        probe = subprocess.run([*drop, "/usr/bin/python3", "-I", "-S",
+                                str(ROOT / "sandbox" / "probe.py")],
+                               input=json.dumps({"reach": True}), capture_output=True,
+                               text=True, timeout=60, check=True)
+        seen = json.loads(probe.stdout)
+        assert other.pid in seen["reach"]["signal"], seen["reach"]
+        checks = selftest._judge({"tcp": [], "udp": [], "http": [], "absent": []}, seen,
+                                 "10.0.0.1", [], b"0")
+        reach = next(c for c in checks if c.name == "no other process within a command's reach")
+        assert not reach.ok and str(other.pid) in reach.detail, reach
+    finally:
+        other.kill()
+        other.wait()
