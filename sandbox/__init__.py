@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sealgate.sandbox.client import Client, CommandFailed, DaemonError, Result, Sandbox
+from sealgate.sandbox.client import (
+    CallTimeout,
+    Client,
+    CommandFailed,
+    DaemonError,
+    Result,
+    Sandbox,
+)
 
 if TYPE_CHECKING:
     from sealgate.sandbox.aclient import AsyncSandbox
 
-__all__ = ["AsyncSandbox", "Client", "CommandFailed", "DaemonError", "Result", "Sandbox"]
+__all__ = ["AsyncSandbox", "CallTimeout", "Client", "CommandFailed", "DaemonError", "Result",
+           "Sandbox"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,154 +11,56 @@ The daemon is found at `daemon=` or `$SEALGATE_SANDBOXD`: a unix socket path (de
 /run/sealgate/sandboxd.sock) or an `http(s)://host:port` URL, whose bearer key is `key=` or
 `$SEALGATE_SANDBOXD_KEY`. The sync client uses only the standard library, so a harness (and the
 CLI) pays nothing for aiohttp; the async one imports it when first used.
+
+Every call takes `call_timeout`: the seconds it may take in all, its answer read to the end
+included (None: no limit). By default 60 s, and for a command its own `timeout` plus 30 s (the
+daemon reports a command's time-out as its answer). Past it the call raises `CallTimeout`
+(reason `client_timeout`), never the "cannot be reached" of a daemon that refused or was not
+there; the connection is closed, and a command whose caller left is killed.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import http.client
 import json
 import os
 import socket
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
+from sealgate.sandbox.clientshared import (
+    DEFAULT,
+    DEFAULT_DAEMON,
+    GRACE,
+    TIMEOUT,
+    CallLimit,
+    CallTimeout,
+    Collected,
+    CommandFailed,
+    DaemonError,
+    Result,
+    call_limit,
+    create_body,
+    error_of,
+    event_of,
+    exec_body,
+    file_path,
+    stream_cut,
+    timed_out,
+    unreachable,
+)
 
-DEFAULT_DAEMON = "/run/sealgate/sandboxd.sock"
-_TIMEOUT = 60.0
-
-
-class DaemonError(SealgateError):
-    """The daemon refused a call, or could not be reached: `reason` says which (a `Reason`;
-    `code` its name), `status` the HTTP status (0: never answered)."""
-
-    def __init__(self, message: str, *, reason: Reason, status: int) -> None:
-        super().__init__(message, reason=reason)
-        self.status = status
-
-    @property
-    def code(self) -> str:
-        return self.reason.value
-
-
-@dataclass(frozen=True)
-class Result:
-    """How a command ended. `exit_code` is None when it was lost (its supervisor inside the
-    sandbox was killed); a signal shows as 128 + N, a timeout as 124 with `ending` "timed_out".
-    """
-
-    exit_code: int | None
-    stdout: bytes = b""
-    stderr: bytes = b""
-    ending: str = "exit"  # exit | timed_out | killed | lost
-    signal: int | None = None
-    usage: Mapping[str, float] = field(default_factory=dict)
-    duration_ms: float = 0.0
-    error: str | None = None  # e.g. the command was not found
-    truncated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def text(self) -> str:
-        return self.stdout.decode(errors="replace")
-
-    @classmethod
-    def of(cls, status: Mapping[str, Any], stdout: bytes, stderr: bytes) -> Result:
-        return cls(exit_code=status.get("exit"), stdout=stdout, stderr=stderr,
-                   ending=str(status.get("ending", "exit")), signal=status.get("signal"),
-                   usage=dict(status.get("usage") or {}),
-                   duration_ms=float(status.get("duration_ms", 0.0)),
-                   error=status.get("error"), truncated=bool(status.get("truncated", False)))
-
-
-def exec_body(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,
-              stdin: bytes | None, timeout: float | None, stream: bool) -> dict[str, Any]:
-    if isinstance(argv, str):
-        raise TypeError("argv is a list of strings, not one string (no shell is implied)")
-    body: dict[str, Any] = {"argv": list(argv), "timeout": timeout, "stream": stream}
-    if env:
-        body["env"] = dict(env)
-    if cwd is not None:
-        body["cwd"] = cwd
-    if stdin:
-        body["stdin"] = base64.b64encode(stdin).decode()
-    return body
-
-
-def create_body(sandbox: str | None, *, policy: str | None, limits: Mapping[str, Any] | None,
-                env: Mapping[str, str] | None, ttl: float | None,
-                idle_timeout: float | None, isolation: str | None = None) -> dict[str, Any]:
-    name = sandbox or policy
-    if not name:
-        raise TypeError("name the sandbox id the rules know: Sandbox.create('ci-bot')")
-    body: dict[str, Any] = {"sandbox": name}
-    for key, value in (("limits", limits), ("env", env), ("ttl", ttl),
-                       ("idle_timeout", idle_timeout), ("isolation", isolation)):
-        if value is not None:
-            body[key] = dict(value) if isinstance(value, Mapping) else value
-    return body
-
-
-def error_of(status: int, raw: bytes) -> DaemonError:
-    try:
-        body = json.loads(raw)
-        reason = Reason.of(str(body["error"]))
-        detail = str(body.get("detail", ""))
-    except (ValueError, KeyError, TypeError):
-        reason, detail = Reason.INTERNAL_ERROR, raw[:200].decode(errors="replace")
-    return DaemonError(f"{reason.value}: {detail}", reason=reason, status=status)
-
-
-def event_of(line: bytes) -> tuple[str, bytes | Result]:
-    """One line of an exec's stream: ("stdout" | "stderr", bytes) or ("exit", Result)."""
-    try:
-        event = json.loads(line)
-        if "exit" in event:
-            return "exit", Result.of(event, b"", b"")
-        name = "stdout" if "stdout" in event else "stderr"
-        return name, base64.b64decode(event[name])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise DaemonError("the daemon's stream held a line that is not an event",
-                          reason=Reason.INTERNAL_ERROR, status=200) from None
-
-
-def stream_cut() -> DaemonError:
-    return DaemonError("the command's stream ended without its exit status",
-                       reason=Reason.INTERNAL_ERROR, status=200)
-
-
-class Collected:
-    """A command's output gathered as it streams; its Result, output included, at the end."""
-
-    def __init__(self, check: bool) -> None:
-        self._check = check
-        self._out, self._err = bytearray(), bytearray()
-
-    def add(self, name: str, data: bytes | Result) -> Result | None:
-        if isinstance(data, Result):
-            result = dataclasses.replace(data, stdout=bytes(self._out), stderr=bytes(self._err))
-            if self._check and not result.ok:
-                raise CommandFailed(result)
-            return result
-        (self._out if name == "stdout" else self._err).extend(data)
-        return None
-
-
-def file_path(ident: str, path: str) -> str:
-    return f"/v1/sandboxes/{quote(ident, safe='')}/files/{quote(path.lstrip('/'), safe='/')}"
-
+__all__ = ["DEFAULT", "DEFAULT_DAEMON", "Answer", "CallLimit", "CallTimeout", "Client",
+           "CommandFailed", "DaemonError", "Result", "Sandbox"]
+_T = TypeVar("_T")
 
 class _Unix(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
+    def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("sandboxd", timeout=timeout)
         self._path = path
 
@@ -168,17 +70,75 @@ class _Unix(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
+class _Deadline:
+    """One call's limit, kept as socket time-outs: each wait is given what is left of it."""
+
+    def __init__(self, seconds: float | None, where: str) -> None:
+        self.seconds, self.where = seconds, where
+        self._at = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float | None:
+        if self._at is None:
+            return None
+        left = self._at - time.monotonic()
+        if left <= 0:
+            raise timed_out(self.where, self.seconds)
+        return left
+
+
+class Answer:
+    """A call's answer as it is read, every read within the call's limit; a context manager
+    that closes its connection."""
+
+    def __init__(self, conn: http.client.HTTPConnection, sock: socket.socket,
+                 response: http.client.HTTPResponse, deadline: _Deadline) -> None:
+        self._conn, self._sock, self.response, self._deadline = conn, sock, response, deadline
+        self.status = response.status
+
+    def __enter__(self) -> Answer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._conn.close()
+        self.response.close()
+
+    def _wait(self, read: Callable[[], _T]) -> _T:
+        try:
+            self._sock.settimeout(self._deadline.left())
+            return read()
+        except TimeoutError:  # the socket's, or the deadline's own CallTimeout
+            raise timed_out(self._deadline.where, self._deadline.seconds) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise DaemonError(f"the daemon's answer was cut: {exc}", reason=Reason.INTERNAL_ERROR,
+                              status=self.status) from None
+
+    def read(self, most: int | None = None) -> bytes:
+        """The body (its first `most` bytes), a chunk per wait so that none outlasts the limit."""
+        got = bytearray()
+        while most is None or len(got) < most:
+            chunk = self._wait(lambda: self.response.read1(1 << 16))
+            if not chunk:
+                break
+            got += chunk
+        return bytes(got if most is None else got[:most])
+
+    def lines(self) -> Iterator[bytes]:
+        while line := self._wait(self.response.readline):
+            yield line
+
+
 class Client:
-    """One daemon; a connection per call (a unix socket costs next to nothing to open)."""
+    """One daemon; a connection per call (a unix socket costs next to nothing to open).
+    `timeout` is the limit of a call that names none (None: no limit)."""
 
     def __init__(self, daemon: str | None = None, key: str | None = None,
-                 timeout: float = _TIMEOUT) -> None:
+                 timeout: float | None = TIMEOUT) -> None:
         self.daemon = daemon or os.environ.get("SEALGATE_SANDBOXD") or DEFAULT_DAEMON
         self.key = key or os.environ.get("SEALGATE_SANDBOXD_KEY")
         self.timeout = timeout
 
-    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        wait = self.timeout if timeout is None else timeout
+    def _connection(self, wait: float | None) -> http.client.HTTPConnection:
         if "://" not in self.daemon:
             return _Unix(self.daemon, wait)
         url = urlsplit(self.daemon)
@@ -195,46 +155,50 @@ class Client:
 
     def open(self, method: str, path: str, body: bytes | None = None, *,
              headers: Mapping[str, str] | None = None,
-             timeout: float | None = None) -> tuple[http.client.HTTPConnection,
-                                                    http.client.HTTPResponse]:
-        """The response, unread (the caller closes the connection); DaemonError for a refusal
-        or a daemon that cannot be reached."""
-        conn = self._connection(timeout)
+             call_timeout: CallLimit = DEFAULT) -> Answer:
+        """The answer, its body unread (`with` it); DaemonError for a refusal or a daemon that
+        cannot be reached, CallTimeout past the call's limit."""
+        deadline = _Deadline(call_limit(call_timeout, self.timeout), self.daemon)
+        conn = self._connection(deadline.left())
         try:
             conn.request(method, path, body=body, headers=self._headers(headers))
+            # Kept: http.client lets go of its socket once the answer is to close it.
+            sock = conn.sock
+            sock.settimeout(deadline.left())
             response = conn.getresponse()
+        except TimeoutError:
+            conn.close()
+            raise timed_out(deadline.where, deadline.seconds) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise DaemonError(f"the sandbox daemon at {self.daemon} cannot be reached: {exc}",
-                              reason=Reason.AT_CAPACITY, status=0) from None
+            raise unreachable(self.daemon, exc) from None
+        answer = Answer(conn, sock, response, deadline)
         if response.status >= 300:
-            raw = response.read(1 << 16)
-            conn.close()
-            raise error_of(response.status, raw)
-        return conn, response
-
-    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
-             timeout: float | None = None) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        conn, response = self.open(method, path, data, timeout=timeout)
-        try:
-            answer = json.loads(response.read())
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise DaemonError(f"the daemon's answer was cut or not JSON: {exc}",
-                              reason=Reason.INTERNAL_ERROR, status=response.status) from None
-        finally:
-            conn.close()
-        if not isinstance(answer, dict):
-            raise DaemonError("the daemon answered with something other than an object",
-                              reason=Reason.INTERNAL_ERROR, status=response.status)
+            with answer:
+                raise error_of(response.status, answer.read(1 << 16))
         return answer
 
-    def list(self) -> list[dict[str, Any]]:
-        return list(self.call("GET", "/v1/sandboxes")["sandboxes"])
-
-    def health(self) -> dict[str, Any]:
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+             call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        with self.open(method, path, data, call_timeout=call_timeout) as answer:
+            raw = answer.read()
         try:
-            return self.call("GET", "/v1/health")
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise DaemonError(f"the daemon's answer is not JSON: {exc}",
+                              reason=Reason.INTERNAL_ERROR, status=answer.status) from None
+        if not isinstance(parsed, dict):
+            raise DaemonError("the daemon answered with something other than an object",
+                              reason=Reason.INTERNAL_ERROR, status=answer.status)
+        return parsed
+
+    def list(self, *, call_timeout: CallLimit = DEFAULT) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/v1/sandboxes", call_timeout=call_timeout)["sandboxes"])
+
+    def health(self, *, call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        try:
+            return self.call("GET", "/v1/health", call_timeout=call_timeout)
         except DaemonError as exc:
             if exc.status == 503:
                 return {"ready": False, "problem": str(exc)}
@@ -254,14 +218,15 @@ class Sandbox:
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
                isolation: str | None = None, daemon: str | None = None,
-               key: str | None = None) -> Sandbox:
+               key: str | None = None, call_timeout: CallLimit = DEFAULT) -> Sandbox:
         """A new sandbox known to the proxy as `sandbox` (`policy` is the same field).
         `isolation` names the tier the caller requires; the daemon refuses another than its
-        own (sandboxd --isolation) rather than run it weaker."""
+        own (sandboxd --isolation) rather than run it weaker. `call_timeout` is this call's
+        (a cold create can take long: a microVM's boot)."""
         client = Client(daemon, key)
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
                            idle_timeout=idle_timeout, isolation=isolation)
-        return cls(client, client.call("POST", "/v1/sandboxes", body))
+        return cls(client, client.call("POST", "/v1/sandboxes", body, call_timeout=call_timeout))
 
     def __enter__(self) -> Sandbox:
         return self
@@ -270,74 +235,65 @@ class Sandbox:
                  traceback: TracebackType | None) -> None:
         self.delete()
 
-    def delete(self) -> None:
+    def delete(self, *, call_timeout: CallLimit = DEFAULT) -> None:
         """Delete the sandbox (everything of it); one already gone is fine."""
         try:
-            self.client.call("DELETE", f"/v1/sandboxes/{quote(self.id, safe='')}")
+            self.client.call("DELETE", f"/v1/sandboxes/{quote(self.id, safe='')}",
+                             call_timeout=call_timeout)
         except DaemonError as exc:
             if exc.reason not in (Reason.NO_SUCH_SANDBOX, Reason.SANDBOX_ENDED):
                 raise
 
-    def refresh(self) -> dict[str, Any]:
-        self.info = self.client.call("GET", f"/v1/sandboxes/{quote(self.id, safe='')}")
+    def refresh(self, *, call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        self.info = self.client.call("GET", f"/v1/sandboxes/{quote(self.id, safe='')}",
+                                     call_timeout=call_timeout)
         return self.info
 
     def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                cwd: str | None = None, stdin: bytes | None = None,
-               timeout: float | None = 600.0) -> Iterator[tuple[str, bytes | Result]]:
-        """("stdout" | "stderr", bytes) as the command writes them, then ("exit", Result)."""
+               timeout: float | None = 600.0,
+               call_timeout: CallLimit = DEFAULT) -> Iterator[tuple[str, bytes | Result]]:
+        """("stdout" | "stderr", bytes) as the command writes them, then ("exit", Result).
+        `timeout` is the command's (exit 124 past it), `call_timeout` this call's."""
         body = json.dumps(exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                                      stream=True)).encode()
-        wait = None if timeout is None else timeout + 30
-        conn, response = self.client.open(
-            "POST", f"/v1/sandboxes/{quote(self.id, safe='')}/exec", body,
-            timeout=wait if wait is not None else 24 * 3600.0)
-        try:
-            for line in response:
+        limit = call_limit(call_timeout, None if timeout is None else timeout + GRACE)
+        with self.client.open("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/exec", body,
+                              call_timeout=limit) as answer:
+            for line in answer.lines():
                 name, data = event_of(line)
                 yield name, data
                 if name == "exit":
                     return
-        except (OSError, http.client.HTTPException) as exc:
-            raise DaemonError(f"the command's stream was cut: {exc}",
-                              reason=Reason.INTERNAL_ERROR, status=200) from None
-        finally:
-            conn.close()
         raise stream_cut()
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, stdin: bytes | None = None, timeout: float | None = 600.0,
-            check: bool = False) -> Result:
+            check: bool = False, call_timeout: CallLimit = DEFAULT) -> Result:
         """Run a command to its end: its output and how it ended (a CommandFailed for a
         non-zero exit with `check`)."""
         collected = Collected(check)
-        for name, data in self.stream(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout):
+        for name, data in self.stream(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                                      call_timeout=call_timeout):
             if (result := collected.add(name, data)) is not None:
                 return result
         raise stream_cut()
 
-    def write(self, path: str, data: bytes, *, mode: int = 0o644) -> int:
+    def write(self, path: str, data: bytes, *, mode: int = 0o644,
+              call_timeout: CallLimit = DEFAULT) -> int:
         """Write a file of the workspace (parents made); the bytes written."""
-        conn, response = self.client.open(
-            "PUT", f"{file_path(self.id, path)}?mode={mode:o}", bytes(data),
-            headers={"Content-Type": "application/octet-stream"})
+        with self.client.open("PUT", f"{file_path(self.id, path)}?mode={mode:o}", bytes(data),
+                              headers={"Content-Type": "application/octet-stream"},
+                              call_timeout=call_timeout) as answer:
+            raw = answer.read()
         try:
-            return int(json.loads(response.read())["size"])
-        finally:
-            conn.close()
+            return int(json.loads(raw)["size"])
+        except (ValueError, KeyError, TypeError):
+            raise DaemonError("the daemon's answer to a write has no size",
+                              reason=Reason.INTERNAL_ERROR, status=answer.status) from None
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes:
         """A file of the workspace."""
-        conn, response = self.client.open("GET", file_path(self.id, path))
-        try:
-            return response.read()
-        finally:
-            conn.close()
-
-
-class CommandFailed(SealgateError):
-    def __init__(self, result: Result) -> None:
-        super().__init__(f"the command ended with {result.exit_code} ({result.ending})",
-                         reason=Reason.BAD_REQUEST)
-        self.result = result
-
+        with self.client.open("GET", file_path(self.id, path),
+                              call_timeout=call_timeout) as answer:
+            return answer.read()

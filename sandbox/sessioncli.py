@@ -2,8 +2,9 @@
 (the same calls as `sealgate.sandbox.Sandbox`), for people and shell scripts.
 
 `exec` streams the command's stdout and stderr to ours as they come and exits with its status
-(124 for a time-out); a refusal of the daemon's is one line on stderr and exit 125. `--json`
-gives what a machine reads.
+(124 for a time-out); a refusal of the daemon's, a daemon that cannot be reached or a call past
+its `--call-timeout` is one line on stderr (its reason first) and exit 125. `--json` gives what
+a machine reads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from typing import Any
 from urllib.parse import quote
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import DEFAULT_DAEMON, Client, DaemonError, Result, Sandbox
+from sealgate.sandbox.client import (
+    DEFAULT,
+    DEFAULT_DAEMON,
+    CallLimit,
+    Client,
+    DaemonError,
+    Result,
+    Sandbox,
+)
+from sealgate.sandbox.clientshared import call_limit
 
 _REFUSED = 125
 
@@ -32,6 +42,11 @@ def register(ps: Any) -> None:
                                  "http(s)://host:port ($SEALGATE_SANDBOXD)")
         parser.add_argument("--key-file", type=Path,
                             help="the bearer key of a TCP daemon ($SEALGATE_SANDBOXD_KEY)")
+        parser.add_argument("--call-timeout", type=_call_timeout, default=DEFAULT,
+                            metavar="SECONDS",
+                            help="the most the call may take before this client gives up "
+                                 "(client_timeout, exit 125); 0: no limit (default 60; exec: "
+                                 "its --timeout + 30; selftest: 300)")
 
     c = ps.add_parser("create", help="create a long-lived sandbox (sandboxd); prints its id")
     client_args(c)
@@ -94,6 +109,16 @@ def register(ps: Any) -> None:
     rm.set_defaults(func=_refusing(_rm))
 
 
+def _call_timeout(text: str) -> CallLimit:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds, 0 for no limit: {text[:16]!r}")
+    return seconds or None
+
+
 def _octal(text: str) -> int:
     try:
         return int(text, 8) & 0o777
@@ -144,7 +169,7 @@ def _create(args: argparse.Namespace) -> int:
     sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
                         ttl=args.ttl, idle_timeout=args.idle_timeout,
                         isolation=args.isolation, daemon=args.daemon,
-                        key=_client(args).key)
+                        key=_client(args).key, call_timeout=args.call_timeout)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
     return 0
 
@@ -157,10 +182,10 @@ def _exec(args: argparse.Namespace) -> int:
     result: Result | None = None
     if args.json:
         result = sb.run(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
-                        timeout=args.timeout)
+                        timeout=args.timeout, call_timeout=args.call_timeout)
     else:
         for name, data in sb.stream(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
-                                    timeout=args.timeout):
+                                    timeout=args.timeout, call_timeout=args.call_timeout):
             if isinstance(data, Result):
                 result = data
                 break
@@ -191,13 +216,15 @@ def _put(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sealgate: {args.local}: {exc.strerror}", file=sys.stderr)
         return 2
-    size = Sandbox(_client(args), {"id": args.id}).write(args.path, data, mode=args.mode)
+    size = Sandbox(_client(args), {"id": args.id}).write(args.path, data, mode=args.mode,
+                                                         call_timeout=args.call_timeout)
     print(f"{args.path}: {size} bytes", file=sys.stderr)
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
-    data = Sandbox(_client(args), {"id": args.id}).read(args.path)
+    data = Sandbox(_client(args), {"id": args.id}).read(args.path,
+                                                        call_timeout=args.call_timeout)
     if args.local == "-":
         sys.stdout.buffer.write(data)
         return 0
@@ -210,7 +237,7 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    sandboxes = _client(args).list()
+    sandboxes = _client(args).list(call_timeout=args.call_timeout)
     if args.json:
         print(json.dumps(sandboxes, indent=2))
         return 0
@@ -229,14 +256,16 @@ def _rm(args: argparse.Namespace) -> int:
     client = _client(args)
     for ident in args.ids:
         try:
-            client.call("DELETE", f"/v1/sandboxes/{quote(ident, safe='')}")
+            client.call("DELETE", f"/v1/sandboxes/{quote(ident, safe='')}",
+                        call_timeout=args.call_timeout)
         except DaemonError as exc:  # the others are still deleted
             code = _refused(exc)
     return code
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    answer = _client(args).call("GET", "/v1/selftest", timeout=300)
+    answer = _client(args).call("GET", "/v1/selftest", call_timeout=call_limit(args.call_timeout,
+                                                                                300.0))
     if args.json:
         print(json.dumps(answer, indent=2))
     else:

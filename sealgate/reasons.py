@@ -248,6 +248,11 @@ class Reason(StrEnum):
     BAD_PATH = ("bad_path", 400, "a file path outside the workspace: absolute, '..', a link")
     NO_SUCH_FILE = ("no_such_file", 404, "no regular file at that path of the workspace")
     TOO_LARGE = ("too_large", 413, "a body, file, stdin or field over its cap")
+    CLIENT_TIMEOUT = (
+        "client_timeout", 504,
+        "the daemon's client gave up: the call's own time limit (`call_timeout`) passed before "
+        "its answer ended (raised by the client, never answered by the daemon)",
+    )
 
 
 _BY_CODE: dict[str, Reason] = {member.value: member for member in Reason}
