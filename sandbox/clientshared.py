@@ -45,7 +45,7 @@ class DaemonError(SealgateError):
 class CallTimeout(DaemonError, TimeoutError):
     """The call's own limit (`call_timeout`) passed before the daemon's answer ended; reason
     `client_timeout`, status 0. The daemon may have begun what was asked; a command whose
-    caller left is killed by the daemon."""
+    caller left is killed by the daemon, a create run to its end and undone."""
 
 
 def call_limit(given: CallLimit, default: float | None) -> float | None:

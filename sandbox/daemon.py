@@ -214,10 +214,24 @@ class Daemon:
             raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
                                "sandboxes", reason=Reason.AT_CAPACITY)
         self._creating += 1
+        # A create runs to its end even when its caller leaves (aiohttp then cancels the
+        # handler, a client past its call_timeout among others): a slot being made in a thread
+        # cannot be stopped halfway, and one cancelled there was never released (its link,
+        # namespace, table and agent held until the daemon stopped). What it made is deleted.
+        work = asyncio.create_task(self._create(options))
+        work.add_done_callback(self._created)
         try:
-            return await self._create(options)
-        finally:
-            self._creating -= 1
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(self._abandoned)
+            raise
+
+    def _created(self, _: asyncio.Task[Session]) -> None:
+        self._creating -= 1
+
+    def _abandoned(self, work: asyncio.Task[Session]) -> None:
+        if not work.cancelled() and work.exception() is None:
+            self._background(self.delete(work.result().id, "its creator left"))
 
     async def _create(self, options: Options) -> Session:
         if self._closing:

@@ -1,16 +1,18 @@
 """The clients' own time limit, per call (`call_timeout`), against a real daemon: a call that
 outlasts it raises CallTimeout (reason `client_timeout`, status 0, a TimeoutError) at about
 that limit, on the sync client, the asyncio one and the CLI; a daemon that is not there is
-still "cannot be reached" (`at_capacity`, status 0), never a time-out; and a command whose
-call gave up does not live on in the sandbox.
+still "cannot be reached" (`at_capacity`, status 0), never a time-out; and what a call gave up
+on does not live on in the daemon (the command is killed, the create undone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,8 @@ import pytest
 
 from sealgate.reasons import Reason
 from sealgate.sandbox import AsyncSandbox, CallTimeout, Client, DaemonError, Sandbox
-from tests.harness import ROOT, SEALGATE, free_port
-from tests.sandboxd.conftest import Daemon
+from tests.harness import ROOT, SEALGATE, Proxy, free_port
+from tests.sandboxd.conftest import Daemon, start_daemon
 
 
 def timed_out(call: Callable[[], Any]) -> tuple[CallTimeout, float]:
@@ -121,3 +123,30 @@ def test_the_cli_says_a_timeout_and_exits_125(sandboxd: Daemon, sb: Sandbox) -> 
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 125 and "client_timeout" in done.stderr, done.stderr
     assert "cannot be reached" not in done.stderr
+
+
+def held(daemon: Daemon) -> list[str]:
+    """The links a daemon holds (its leases): each slot it made and has not released."""
+    return [p.name for p in Path("/run/sealgate").glob("lease-*.json")
+            if json.loads(p.read_text()).get("pid") == daemon.process.pid]
+
+
+def test_a_create_given_up_on_is_undone(dproxy: Proxy, tmp_path: Path) -> None:
+    """Cold creates (no pool: a slot is made for each, hundreds of ms) past tiny limits, the
+    caller gone while its slot was being made: time-outs, and the daemon is left with no
+    sandbox and no slot (a slot abandoned halfway was never released)."""
+    daemon = start_daemon(dproxy, tmp_path, "--pool", "0", "--no-selftest")
+    try:
+        for limit in (0.003, 0.01, 0.03, 0.1):
+            timed_out(partial(Sandbox.create, "ci-bot", daemon=str(daemon.socket),
+                              call_timeout=limit))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (held(daemon) or daemon.client.list()):
+            time.sleep(0.1)
+        assert (held(daemon), daemon.client.list()) == ([], [])
+        health = daemon.client.health()
+        assert (health["sandboxes"], health["preparing"]) == (0, 0), health
+        with Sandbox.create("ci-bot", daemon=str(daemon.socket), call_timeout=60) as made:
+            assert made.run(["echo", "ok"]).stdout == b"ok\n"
+    finally:
+        daemon.stop()
