@@ -7,7 +7,7 @@ import http.client
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import requests
@@ -37,6 +37,23 @@ def scrape(port: int) -> str:
     return r.text
 
 
+def workers(text: str) -> set[str]:
+    return set(re.findall(r'worker="(\d+)"', text))
+
+
+def scrape_until(port: int, ready: Callable[[str], bool], timeout: float = 20.0) -> str:
+    """Scrape until `ready` says the figures are in (or the timeout), and return the last.
+    A worker writes its snapshot a second after it starts serving and every second after, and
+    the proxy says it is ready once worker 0 is: the other may still be starting (seconds, on a
+    loaded machine), while one keep-alive client's requests all go to one worker."""
+    deadline = time.monotonic() + timeout
+    text = scrape(port)
+    while not ready(text) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        text = scrape(port)
+    return text
+
+
 def total(text: str, name: str, **labels: str) -> float:
     """The sum over workers of the samples of `name` that carry `labels`."""
     found = 0.0
@@ -59,33 +76,28 @@ def test_requests_are_counted_by_decision_and_reason(
             assert c.get(f"http://api.test:{origin_http.port}/m", timeout=5).status_code == 200
         denied = c.get(f"http://other.test:{origin_http.port}/m?k={CANARY}", timeout=5)
         assert denied.status_code == 403
-    text = ""
-    for _ in range(40):  # snapshots are written once a second
-        text = scrape(port)
-        if total(text, "sealgate_requests_total", decision="allow") >= 3 and total(
-                text, "sealgate_requests_total", decision="deny", reason="not_allowed") >= 1:
-            break
-        time.sleep(0.25)
+    text = scrape_until(port, lambda t: len(workers(t)) == 2 and total(
+        t, "sealgate_requests_total", decision="allow") >= 3 and total(
+        t, "sealgate_requests_total", decision="deny", reason="not_allowed") >= 1)
     assert total(text, "sealgate_requests_total", decision="allow", reason="") >= 3
     assert total(text, "sealgate_requests_total", decision="deny", reason="not_allowed") >= 1
     assert total(text, "sealgate_request_duration_ms_count") >= 4
     assert "# TYPE sealgate_request_duration_ms histogram" in text
     assert total(text, "sealgate_resident_bytes") > 10 * 1024 * 1024
-    workers = set(re.findall(r'worker="(\d+)"', text))
-    assert len(workers) == 2  # each worker's own series
+    assert len(workers(text)) == 2  # each worker's own series
     assert CANARY not in text and KEYS["bot-1"] not in text
 
 
 def test_the_control_socket_serves_the_same(mproxy: tuple[Proxy, int]) -> None:
     p, port = mproxy
+    both = workers(scrape_until(port, lambda t: len(workers(t)) == 2))
     conn = _UnixHTTP(str(p.state / "control.sock"))
     conn.request("GET", "/v1/metrics")
     answer = conn.getresponse()
     assert answer.status == 200
     text = answer.read().decode()
     assert "# TYPE sealgate_requests_total counter" in text
-    assert set(re.findall(r'worker="(\d+)"', text)) == set(re.findall(r'worker="(\d+)"',
-                                                                       scrape(port)))
+    assert workers(text) == both
 
 
 def test_only_metrics_are_on_the_tcp_listener(mproxy: tuple[Proxy, int]) -> None:
