@@ -7,20 +7,23 @@ The frames are `frames`'s. The host asks; the agent answers with the request's `
 
 - `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
-- `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session as that
-  uid with no supplementary groups, only the environment given, and at most `pids` processes
-  of that uid (RLIMIT_NPROC); `stdin` frames feed it (an
-  empty payload closes it), `kill` signals its process group; the agent sends `out` frames
-  (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124 past its timeout, 127 when
-  it could not be started; and `signal` N or `timed_out`, so that a command's own exit 143
-  or 124 is not read as one), after all its output. When the command ends, what it left in its
-  session is killed.
+- `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session and a
+  cgroup of its own as that uid with no supplementary groups, only the environment given, and
+  at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
+  payload closes it), `kill` signals its process group (SIGKILL, the default: its cgroup);
+  the agent sends `out` frames (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124
+  past its timeout, 127 when it could not be started; and `signal` N or `timed_out`, so that
+  a command's own exit 143 or 124 is not read as one), after all its output. When the command
+  ends or times out, everything it started is killed, whatever session it moved to (nothing
+  leaves its cgroup without root), and its exit is said once they are gone.
 
 The agent holds nothing the host has not handed it: no credential, no key.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import resource
 import selectors
@@ -30,7 +33,7 @@ import sys
 import time
 
 from .frames import MAX_FRAME, Frames, encode
-from .guestos import configure, killpg, port_path, put
+from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -42,12 +45,17 @@ if TYPE_CHECKING:
 TIMED_OUT = 124
 NOT_STARTED = 127
 _CHUNK = 65536
+_GONE_SECONDS = 5.0  # for what a command left to die of its kill before its exit is said anyway
+_GONE_POLL = 0.02  # how often the agent looks meanwhile
 
 
 class _Command:
-    def __init__(self, ident: int, pid: int, deadline: float | None, stdin: int | None) -> None:
+    def __init__(self, ident: int, pid: int, group: str, deadline: float | None,
+                 stdin: int | None) -> None:
         self.id = ident
         self.pid = pid
+        self.group: str | None = group  # its cgroup, until it is removed (empty)
+        self.gone_by = 0.0  # once it ended: when its exit is said, whatever is left of it
         self.deadline = deadline
         self.stdin = stdin
         self.pending = bytearray()
@@ -64,6 +72,7 @@ class Agent:
         self.commands: dict[int, _Command] = {}
         self.by_pid: dict[int, _Command] = {}
         self.frames = Frames()
+        self.groups = itertools.count(1)
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -85,11 +94,7 @@ class Agent:
     def run(self) -> None:
         self.send({"op": "ready", "kernel": os.uname().release})
         while True:
-            now = time.monotonic()
-            deadlines = [c.deadline for c in self.commands.values()
-                         if c.deadline is not None and c.status is None]
-            timeout = max(0.0, min(deadlines) - now) if deadlines else None
-            for key, _ in self.sel.select(timeout):
+            for key, _ in self.sel.select(self._wait()):
                 kind, target = key.data
                 try:
                     self._event(kind, target, key.fd)
@@ -100,6 +105,17 @@ class Agent:
                     # end is the VM's, with every other command running in it.
                     print(f"sealgate guest agent: {kind}: {exc!r}", file=sys.stderr)
             self._timeouts()
+            for cmd in [c for c in self.commands.values() if c.status is not None]:
+                self._finish(cmd)  # once what it left is gone
+
+    def _wait(self) -> float | None:
+        """Until the next deadline, or a short look while an ended command's group empties."""
+        now = time.monotonic()
+        waits = [c.deadline - now for c in self.commands.values()
+                 if c.deadline is not None and c.status is None]
+        if any(c.status is not None and c.group for c in self.commands.values()):
+            waits.append(_GONE_POLL)
+        return max(0.0, min(waits)) if waits else None
 
     def _event(self, kind: str, cmd: Any, fd: int) -> None:
         if kind == "port":
@@ -149,8 +165,11 @@ class Agent:
             self._feed(cmd)
         elif op == "kill":
             cmd = self.commands[int(header["id"])]
-            if cmd.status is None:
-                killpg(cmd.pid, int(header.get("signal", signal.SIGKILL)))
+            sig = int(header.get("signal", signal.SIGKILL))
+            if cmd.status is None and sig == signal.SIGKILL:
+                _kill(cmd)
+            elif cmd.status is None:
+                killpg(cmd.pid, sig)
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -168,12 +187,15 @@ class Agent:
         # The child inherits the agent's limit; the agent, root, is not held to it.
         pids = int(header.get("pids") or resource.RLIM_INFINITY)
         resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+        group = f"{CGROUPS}/command-{next(self.groups)}"
+        os.mkdir(group)
         try:
-            child = subprocess.Popen(
-                argv, env=env, cwd=header.get("cwd") or home or "/", user=uid, group=gid,
-                extra_groups=[], start_new_session=True, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+            child = born_in(group, argv, env=env, cwd=header.get("cwd") or home or "/",
+                            user=uid, group=gid, extra_groups=[], start_new_session=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, close_fds=True)
         except (OSError, subprocess.SubprocessError) as exc:
+            os.rmdir(group)  # the failed child was reaped: nothing is in it
             self.send({"op": "out", "id": ident, "fd": 2},
                       f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
                       if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
@@ -184,8 +206,8 @@ class Agent:
         assert child.stdin and child.stdout and child.stderr
         stdin = os.dup(child.stdin.fileno())
         timeout = header.get("timeout")
-        cmd = _Command(ident, child.pid, time.monotonic() + float(timeout) if timeout else None,
-                       stdin)
+        cmd = _Command(ident, child.pid, group,
+                       time.monotonic() + float(timeout) if timeout else None, stdin)
         os.set_blocking(stdin, False)
         for pipe, fd in ((child.stdout, 1), (child.stderr, 2)):
             dup = os.dup(pipe.fileno())
@@ -251,8 +273,10 @@ class Agent:
             if cmd is None:
                 continue  # an orphan of some command's, reparented to PID 1
             cmd.status = os.waitstatus_to_exitcode(status)
-            # What it left in its session goes with it, so nothing holds its output open.
-            killpg(cmd.pid, signal.SIGKILL)
+            # Everything it started goes with it, whatever session it moved to: nothing
+            # outlives it or holds its output open.
+            _kill(cmd)
+            cmd.gone_by = time.monotonic() + _GONE_SECONDS
             self._finish(cmd)
 
     def _timeouts(self) -> None:
@@ -261,10 +285,10 @@ class Agent:
             if cmd.status is None and cmd.deadline is not None and now >= cmd.deadline:
                 cmd.timed_out = True
                 cmd.deadline = None
-                killpg(cmd.pid, signal.SIGKILL)
+                _kill(cmd)
 
     def _finish(self, cmd: _Command) -> None:
-        if cmd.status is None or cmd.outputs:
+        if cmd.status is None or cmd.outputs or not _gone(cmd):
             return
         if cmd.stdin is not None:
             if cmd.stdin in self.sel.get_map():
@@ -295,6 +319,27 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _kill(cmd: _Command) -> None:
+    """SIGKILL for every process of the command's, at once (its cgroup's)."""
+    if cmd.group is not None and not kill_group(cmd.group):
+        killpg(cmd.pid, signal.SIGKILL)  # never expected; its session, at least
+
+
+def _gone(cmd: _Command) -> bool:
+    """Whether nothing of the ended command runs any more (its group removed, which only an
+    empty one can be), or what is left has had its time to die: its exit is said then, and an
+    empty group that cannot be removed is left behind."""
+    if cmd.group is None:
+        return True
+    try:
+        os.rmdir(cmd.group)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY and time.monotonic() < cmd.gone_by:
+            return False
+    cmd.group = None
+    return True
 
 
 def main() -> None:

@@ -10,6 +10,9 @@ $B mount -t proc proc /proc || fail "proc"
 # empty as on the other tiers.
 $B mount --bind /sealgate/empty /proc/cmdline || fail "/proc/cmdline"
 $B mount -t sysfs sys /sys || fail "sysfs"
+# A group per command (the agent's): what a command starts cannot leave it, so it can all be
+# killed. favordynmods: a move between groups (the agent's, twice per command) is cheap.
+$B mount -t cgroup2 -o nosuid,nodev,noexec,favordynmods cgroup2 /sys/fs/cgroup || fail "cgroup2"
 while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done < /sealgate/modules/order
 # Read-only and never changed underneath: the guest may cache what it read.
 $B mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 usr /usr || fail "9p /usr"
