@@ -168,6 +168,10 @@ class Channel:
     def network(self, address: str, gateway: str) -> None:
         self.request({"op": "net", "address": address, "gateway": gateway})
 
+    def seal(self) -> None:
+        """The guest's root read-only from here on (puts outside /run and /tmp fail)."""
+        self.request({"op": "seal"})
+
     def put(self, path: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         self.request({"op": "put", "path": path, "mode": mode, "uid": uid, "gid": gid}, data)
 

@@ -7,6 +7,8 @@ The frames are `frames`'s. The host asks; the agent answers with the request's `
 
 - `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
+- `seal`: the guest's root read-only, once the host has put what it stages there (the first
+  `exec` does it if the host has not), so that only the scratch mounts are writable;
 - `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session and a
   cgroup of its own as that uid with no supplementary groups, only the environment given, and
   at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
@@ -33,7 +35,7 @@ import sys
 import time
 
 from .frames import MAX_FRAME, Frames, encode
-from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put
+from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -73,6 +75,7 @@ class Agent:
         self.by_pid: dict[int, _Command] = {}
         self.frames = Frames()
         self.groups = itertools.count(1)
+        self.sealed = False
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -149,6 +152,9 @@ class Agent:
         elif op == "net":
             configure(str(header["address"]), str(header["gateway"]))
             self.send({"op": "ok", "id": ident})
+        elif op == "seal":
+            self._seal()
+            self.send({"op": "ok", "id": ident})
         elif op == "put":
             put(str(header["path"]), payload, int(header.get("mode", 0o644)),
                  int(header.get("uid", 0)), int(header.get("gid", 0)))
@@ -180,6 +186,7 @@ class Agent:
         uid, gid = int(header["uid"]), int(header["gid"])
         if uid == 0 or gid == 0:
             raise ValueError("a command never runs as root")
+        self._seal()  # if the host has not: no command runs with the root writable
         home = env.get("HOME")
         if home and not os.path.isdir(home):
             os.makedirs(home, mode=0o700)
@@ -220,6 +227,11 @@ class Agent:
         self.commands[ident] = cmd
         self.by_pid[child.pid] = cmd
         self.send({"op": "started", "id": ident, "pid": child.pid})
+
+    def _seal(self) -> None:
+        if not self.sealed:
+            seal()
+            self.sealed = True
 
     def _output(self, target: tuple[_Command, int], fd: int) -> None:
         cmd, which = target

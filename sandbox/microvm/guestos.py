@@ -51,9 +51,18 @@ def kill_group(cgroup: str) -> bool:
 def configure(address: str, gateway: str) -> None:
     for argv in (["ip", "addr", "add", address, "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
                  ["ip", "route", "add", "default", "via", gateway]):
-        done = subprocess.run(["/sealgate/busybox", *argv], capture_output=True, check=False)
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
+        _busybox(argv)
+
+
+def seal() -> None:
+    """The guest's root (the initramfs: /etc, the agent, busybox) read-only, for root too."""
+    _busybox(["mount", "-o", "remount,ro", "/"])
+
+
+def _busybox(argv: list[str]) -> None:
+    done = subprocess.run(["/sealgate/busybox", *argv], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
 
 
 def put(path: str, data: bytes, mode: int, uid: int, gid: int) -> None:

@@ -10,7 +10,7 @@ staged files, the addresses; never on a command line, which `ps` shows), then:
    table, its name server, the proxy) sees exactly what it sees for any tier;
 2. boots the VM on that tap (`vm`), as the run's uid, with the workspace shared read-write;
 3. gives the guest its address and route, and the staged files (the CA bundle, resolv.conf,
-   ...), over the agent's channel;
+   ...), over the agent's channel, and then has its root made read-only;
 4. runs the command as the run's uid with the clean environment, its input and output this
    process's own, and exits with its status (125 when the VM could not be had).
 """
@@ -95,6 +95,7 @@ def start(order: Order) -> Booted:
         for path, text in order.files.items():
             if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
                 booted.channel.put(path, text.encode("latin-1"))
+        booted.channel.seal()  # here, at set-up, rather than at the first command
     except BaseException:
         booted.close()
         raise

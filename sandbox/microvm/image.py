@@ -193,6 +193,7 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
     """The guest's whole root: busybox, modules, /init, the agent, a minimal /etc. The
     system tree (/usr) comes from the host over 9p; merged-/usr links make /bin, /lib... of it."""
     cpio = _Cpio()
+    cpio.add(".", 0o040755)  # the root, else the kernel's own: 1777, anyone's to write in
     for name in ("dev", "proc", "sys", "usr", "tmp", "run", "etc", "etc/ssl", "etc/ssl/certs",
                  "home", "workspace", "sealgate", "sealgate/modules", "sealgate/microvm", "root",
                  "mnt"):
