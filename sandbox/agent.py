@@ -619,6 +619,12 @@ def main(args: list[str]) -> None:
     # Nothing but the channel (and 1, 2) is meant to come from whoever started us: anything
     # else would reach every command (commands inherit what is not close-on-exec).
     os.closerange(3, 1 << 16)
+    # Its output goes nowhere; the sandbox's own /dev/null, not what was handed over (a host
+    # descriptor under gVisor, which the self-test could not tell from a channel).
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (1, 2):
+        os.dup2(null, fd, inheritable=False)
+    os.close(null)
     # No process of the sandbox's uid may open our descriptors or memory through /proc,
     # should one ever see us.
     _prctl(_PR_SET_DUMPABLE, 0)

@@ -7,7 +7,7 @@ Input on stdin: {"tcp": [[name, host, port], ...], "udp": [[name, host, port], .
 "http": [[name, url, proxy-or-null], ...], "absent": [[name, path], ...], "dns": name,
 "proxy": [host, port], "reach": true}.
 
-`reach`: which other processes the probe could signal, list the descriptors of or open the
+`reach`: which other processes the probe could signal, open the descriptors of or open the
 memory of (`_reach`; nothing is sent or written). Its own namespace's init, its parent, is not
 counted as signalled: an init takes no signal from inside but those it handles, and holds
 nothing (`sandbox.agent`).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import sys
 import urllib.request
 from typing import Any
@@ -73,6 +74,28 @@ def _dns(name: str) -> list[str]:
         return [f"failed: {type(exc).__name__}"]
 
 
+def _opens_a_descriptor(pid: int) -> bool:
+    """Whether one of `pid`'s descriptors could be opened through /proc (a socket never can),
+    /dev/null aside: gVisor's kernel (2022-12) lists and opens another uid's that way, and the
+    agent's standard output and error are the sandbox's /dev/null."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            opened = os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(opened)
+        finally:
+            os.close(opened)
+        if not (stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3)):
+            return True
+    return False
+
+
 def _reach() -> dict[str, list[int]]:
     me, parent = os.getpid(), os.getppid()
     found: dict[str, list[int]] = {"signal": [], "fds": [], "mem": []}
@@ -86,11 +109,8 @@ def _reach() -> dict[str, list[int]]:
                 found["signal"].append(pid)
         except OSError:
             pass
-        try:
-            os.listdir(f"/proc/{pid}/fd")
+        if _opens_a_descriptor(pid):
             found["fds"].append(pid)
-        except OSError:
-            pass
         try:
             os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
             found["mem"].append(pid)

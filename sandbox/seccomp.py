@@ -12,7 +12,11 @@ A deny list on top of namespaces and dropped capabilities, aimed at what those l
 - system calls newer than this list (ENOSYS, as if the kernel did not have them);
 - new namespaces and mounts (a user namespace gives back capabilities inside it);
 - TIOCSTI and TIOCLINUX, which push keystrokes into the terminal the sandbox was started from;
-- socket families other than UNIX, IPv4 and IPv6 (netlink, packet, vsock, alg, ...).
+- socket families other than UNIX, IPv4 and IPv6 (netlink, packet, vsock, alg, ...);
+- socket options that need CAP_NET_ADMIN on Linux (a packet mark, transparent proxying, buffers
+  past the system's bounds): refused by the host's kernel anyway under bubblewrap, refused here
+  so that a kernel that would grant them (gVisor's Sentry, for one) never sees them: a mark
+  could meet a host rule that trusts marks.
 
 Only the native x86_64 ABI may make system calls: an i386 or x32 call (other numbers, which a
 per-number filter would misread) kills the process. Other architectures are refused when the
@@ -60,7 +64,7 @@ _X86_64_DENIED: Final = {
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442,
 }
-_CLONE, _CLONE3, _SOCKET, _IOCTL = 56, 435, 41, 16
+_CLONE, _CLONE3, _SOCKET, _IOCTL, _SETSOCKOPT = 56, 435, 41, 16, 54
 # Calls newer than the kernels this list was written against (6.17 ends at 469) are not
 # implemented as far as the sandbox knows: a deny list must not let tomorrow's through.
 _FIRST_UNKNOWN = 470
@@ -69,6 +73,10 @@ _CLONE_NEW = 0x10000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x
     | 0x02000000 | 0x00000080
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 _FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+# level -> option names refused: SOL_SOCKET's SO_SNDBUFFORCE, SO_RCVBUFFORCE, SO_MARK; SOL_IP's
+# IP_TRANSPARENT; SOL_IPV6's IPV6_TRANSPARENT.
+REFUSED_OPTIONS: Final = {1: (32, 33, 36), 0: (19,), 41: (75,)}
+_ARG2: Final = 32
 
 Instruction = tuple[int, int, int, int]  # code, jt, jf, k
 
@@ -104,10 +112,22 @@ def _x86_64() -> list[Instruction]:
     families = [(_JEQ_K, len(_FAMILIES) - i, 0, f) for i, f in enumerate(_FAMILIES)]
     body.append([(_JEQ_K, 0, len(families) + 3, _SOCKET), _ld(_ARG0), *families,
                  _ret(_ERRNO | errno.EAFNOSUPPORT), _ret(_ALLOW)])
+    body.append(_setsockopt(deny))
     body.append([(_JEQ_K, 0, 5, _IOCTL), _ld(_ARG1),
                  (_JEQ_K, 1, 0, _TIOCSTI), (_JEQ_K, 0, 1, _TIOCLINUX), deny, _ret(_ALLOW)])
     body.append([_ret(_ALLOW)])
     return [instruction for block in body for instruction in block]
+
+
+def _setsockopt(deny: Instruction) -> list[Instruction]:
+    """setsockopt(fd, level, name, ...): the refused options denied, every other allowed."""
+    levels: list[Instruction] = []
+    for level, names in REFUSED_OPTIONS.items():
+        test = [_ld(_ARG2), *((_JEQ_K, len(names) - i, 0, name) for i, name in enumerate(names)),
+                _ret(_ALLOW), deny]
+        levels += [(_JEQ_K, 0, len(test), level), *test]
+    levels.append(_ret(_ALLOW))
+    return [(_JEQ_K, 0, len(levels) + 1, _SETSOCKOPT), _ld(_ARG1), *levels]
 
 
 def _ld(offset: int) -> Instruction:

@@ -177,7 +177,7 @@ def _judge(plan: dict[str, Any], seen: dict[str, Any], host: str, arrived: list[
     checks.append(Check("no other process within a command's reach",
                         isinstance(reach, dict) and not any(reach.values()),
                         "none" if reach == {"signal": [], "fds": [], "mem": []} else
-                        f"could signal, list the descriptors of, open the memory of: {reach}"))
+                        f"could signal, open the descriptors of, open the memory of: {reach}"))
     checks.append(Check("nothing arrived on the host", not arrived,
                         ", ".join(arrived) or "nothing"))
     checks.append(Check("nothing arrived in another sandbox", reached_other == b"0",

@@ -60,6 +60,7 @@ from sealgate.sandbox.launch import (
     tool,
 )
 from sealgate.sandbox.network import RUN_DIR
+from sealgate.sandbox.seccomp import REFUSED_OPTIONS
 from sealgate.sandbox.tiers import Started, Tier
 
 # Both measured on this runsc (0.0~20221219) and a 6.18 host, in docs/sandbox.md:
@@ -114,7 +115,7 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
 
 def _flags(base: Path) -> list[str]:
     return ["--root", str(base / "state"), "--ignore-cgroups", f"--network={NETWORK}",
-            f"--platform={PLATFORM}"]
+            f"--platform={PLATFORM}", "--oci-seccomp"]  # the spec's filter (`_seccomp`)
 
 
 def container(index: int) -> str:
@@ -200,8 +201,21 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
             "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
                            {"type": "mount"},
                            {"type": "network", "path": f"/run/netns/{launch.link.netns}"}],
+            "seccomp": _seccomp(),
         },
     }
+
+
+def _seccomp() -> dict[str, Any]:
+    """The socket options `sandbox.seccomp` refuses on every tier (those Linux grants only with
+    CAP_NET_ADMIN), refused by gVisor's kernel too, which would take them: EPERM, as bubblewrap's
+    host kernel says. (sandboxd's agent installs the whole filter on each command as well.)"""
+    rules = [{"names": ["setsockopt"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+              "args": [{"index": 1, "value": level, "op": "SCMP_CMP_EQ"},
+                       {"index": 2, "value": name, "op": "SCMP_CMP_EQ"}]}
+             for level, names in REFUSED_OPTIONS.items() for name in names]
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": rules}
 
 
 def _capabilities(launch: Launch) -> dict[str, list[str]]:

@@ -377,3 +377,25 @@ def test_gvisor_runs_the_workload_on_its_own_kernel(sproxy: Proxy) -> None:
     assert release != os.uname().release
     assert version != Path("/proc/version").read_text().strip()
     assert "Starting gVisor..." in log[0]
+
+
+SOCKET_OPTIONS = r"""
+import socket
+for level, name, what in ((socket.SOL_SOCKET, 36, "SO_MARK"), (socket.SOL_IP, 19,
+                          "IP_TRANSPARENT"), (socket.SOL_SOCKET, 33, "SO_RCVBUFFORCE")):
+    with socket.socket() as s:
+        try:
+            s.setsockopt(level, name, 1)
+            print(what, "set")
+        except OSError as exc:
+            print(what, exc.errno)
+"""
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_socket_options_that_need_net_admin_are_refused(sproxy: Proxy, tier: str) -> None:
+    """The same refusals on every tier (#22): a packet mark could meet a host rule trusting
+    marks; gVisor's kernel granted SO_MARK and IP_TRANSPARENT before its filter refused them."""
+    done = run(sproxy, "python3", "-c", SOCKET_OPTIONS, tier=tier)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["SO_MARK 1", "IP_TRANSPARENT 1", "SO_RCVBUFFORCE 1", ""]

@@ -23,6 +23,7 @@ import pytest
 
 from sealgate.sandbox.client import DaemonError, Sandbox
 from tests.harness import Proxy
+from tests.integration.test_sandbox import SOCKET_OPTIONS
 from tests.integration.tiers import TIERS
 from tests.sandboxd.conftest import Daemon, start_daemon
 
@@ -36,7 +37,8 @@ me = os.getpid()
 def visible():
     return sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me)
 
-seen = {"visible": {}, "mem_opened": [], "fds_listed": [], "signalled": []}
+seen = {"visible": {}, "mem_opened": [], "fds_listed": [], "fds_opened": [],
+        "signalled": []}
 for pid in visible():
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -53,6 +55,18 @@ for pid in visible():
         seen["fds_listed"].append([pid, [os.readlink(f"/proc/{pid}/fd/{n}") for n in fds]])
     except OSError:
         pass
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        names = []
+    for n in names:
+        try:  # a socket never opens so; /dev/null (the agent's output on gVisor) is nothing
+            fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        if os.fstat(fd).st_rdev != os.makedev(1, 3):
+            seen["fds_opened"].append([pid, int(n)])
+        os.close(fd)
 for sig in (signal.SIGSTOP, signal.SIGKILL):
     for pid in visible():
         try:
@@ -124,7 +138,7 @@ def test_a_command_cannot_reach_the_agent(tierd: tuple[str, Daemon]) -> None:
         # Nothing it could see holds the agent's channel or lets itself be written: what it
         # could open is its own (on bubblewrap its init, on gVisor and the microVM the agent,
         # root there, which it cannot open).
-        assert seen["mem_opened"] == [], seen
+        assert seen["mem_opened"] == [] and seen["fds_opened"] == [], seen
         sockets = [(pid, fds) for pid, fds in seen["fds_listed"]
                    if any(fd.startswith("socket:") for fd in fds)]
         assert sockets == [], seen
@@ -140,3 +154,12 @@ def test_a_command_cannot_reach_the_agent(tierd: tuple[str, Daemon]) -> None:
         assert _size(sb, "heartbeat") == first, f"{tier}: the spy outlived its command"
         assert _size(sb, "stolen") == 0, sb.read("stolen")
         assert sb.run(["echo", "serving"]).text == "serving\n"
+
+
+def test_socket_options_that_need_net_admin_are_refused(tierd: tuple[str, Daemon]) -> None:
+    """The same refusals for sandboxd's commands as for one-shot runs (test_sandbox)."""
+    _, daemon = tierd
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket)) as sb:
+        done = sb.run(["python3", "-c", SOCKET_OPTIONS])
+        assert done.text.split("\n") == ["SO_MARK 1", "IP_TRANSPARENT 1", "SO_RCVBUFFORCE 1",
+                                         ""], done

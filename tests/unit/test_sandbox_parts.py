@@ -161,6 +161,15 @@ def _decide(code: bytes, nr: int, *args: int, arch: int = 0xC000003E) -> int:
     (16, (0, (1 << 32) | 0x5412), 0xC000003E, 0x00050001),  # cmd is an unsigned int
     (16, (0, 0x541C), 0xC000003E, 0x00050001),  # TIOCLINUX
     (16, (0, 0x5401), 0xC000003E, 0x7FFF0000),  # TCGETS
+    (54, (3, 1, 36), 0xC000003E, 0x00050001),  # setsockopt(SOL_SOCKET, SO_MARK)
+    (54, (3, 1, 32), 0xC000003E, 0x00050001),  # SO_SNDBUFFORCE
+    (54, (3, 1, 33), 0xC000003E, 0x00050001),  # SO_RCVBUFFORCE
+    (54, (3, 0, 19), 0xC000003E, 0x00050001),  # setsockopt(SOL_IP, IP_TRANSPARENT)
+    (54, (3, 41, 75), 0xC000003E, 0x00050001),  # setsockopt(SOL_IPV6, IPV6_TRANSPARENT)
+    (54, (3, 1, 2), 0xC000003E, 0x7FFF0000),  # SO_REUSEADDR
+    (54, (3, 6, 1), 0xC000003E, 0x7FFF0000),  # TCP_NODELAY
+    (54, (3, 0, 15), 0xC000003E, 0x7FFF0000),  # IP_FREEBIND
+    (54, (3, 41, 36), 0xC000003E, 0x7FFF0000),  # SOL_IPV6's 36 is not SO_MARK
 ])
 def test_seccomp_decisions(nr: int, args: tuple[int, ...], arch: int, verdict: int) -> None:
     assert _decide(program("x86_64"), nr, *args, arch=arch) == verdict
