@@ -399,3 +399,30 @@ def test_socket_options_that_need_net_admin_are_refused(sproxy: Proxy, tier: str
     done = run(sproxy, "python3", "-c", SOCKET_OPTIONS, tier=tier)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["SO_MARK 1", "IP_TRANSPARENT 1", "SO_RCVBUFFORCE 1", ""]
+
+
+ALONE = r"""
+import os
+me = os.getpid()
+others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+writable = []
+for pid in others:
+    try:
+        os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
+        writable.append(pid)
+    except OSError:
+        pass
+print(me, others, writable)
+"""
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_one_shot_command_is_its_sandbox_s_first_process(sproxy: Proxy, tier: str) -> None:
+    """No process of the runtime's is in the sandbox for the command to write into (#22):
+    bubblewrap's init was PID 1, of the command's uid, its memory writable through /proc."""
+    done = run(sproxy, "python3", "-c", ALONE, tier=tier)
+    assert done.returncode == 0, done.stderr
+    me, others, writable = done.stdout.split(" ", 2)
+    assert writable.strip() == "[]", done.stdout
+    if tier != "microvm":  # the guest's own kernel threads and agent (root) are there
+        assert (me, others) == ("1", "[]"), done.stdout
