@@ -105,17 +105,21 @@ def _dropping(
         if isinstance(event, RequestData):
             dropped = _DROPPED[client] = _DROPPED.get(client, 0) + len(event.data)
             if dropped > bounds.linger_bytes or time.monotonic() - began > bounds.linger_seconds:
-                yield from _end(stream)
+                # What is left of the body, already queued behind this event (it arrives while
+                # a hook is pending) or still to come, is dropped unread: mitmproxy's errored
+                # state takes any event, its done state none (an AssertionError per event).
+                yield from _end(stream, stream.state_errored)
                 yield from _cut_off(stream)
         elif isinstance(event, RequestEndOfMessage):
-            yield from _end(stream)
+            yield from _end(stream, stream.state_done)
         # Trailers are dropped with the body.
 
     return drop
 
 
-def _end(stream: HttpStream) -> CommandGenerator[None]:
-    stream.client_state = stream.state_done
+def _end(stream: HttpStream, state: Callable[[Event], CommandGenerator[None]]
+         ) -> CommandGenerator[None]:
+    stream.client_state = state
     yield from stream.flow_done()
 
 

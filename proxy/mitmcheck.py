@@ -152,6 +152,10 @@ def _refused_at_headers() -> None:
     _names(HttpStream.send_response, "client_state", "state_done", "flow_done")
     _params(HttpStream.flow_done, "(self)")
     _names(HttpStream.flow_done, "DropStream", "ResponseEndOfMessage")
+    # Past a bound the rest of a refused body goes to the errored state, which takes any event.
+    _expect(callable(HttpStream.state_errored)
+            and not hasattr(HttpStream.state_errored, "__wrapped__"),
+            "HttpStream.state_errored now checks the events it is given")
     # HTTP/2: an end sent twice is not sent twice; a refused body past its bounds is reset
     # (CANCEL) once its answer is out.
     _names(_http2.Http2Connection._handle_event, "is_open_for_us", "end_stream", "is_closed",

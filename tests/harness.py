@@ -269,6 +269,7 @@ class Proxy:
         extra_args: list[str] | None = None,
         transparent_host: str | None = None,
         listen_host: str = "127.0.0.1",
+        mitmproxy_errors: bool = False,  # mitmproxy's error records on stderr (tests.mitmlog)
     ) -> None:
         self.workdir = workdir
         self.upstream_ca = upstream_ca
@@ -280,8 +281,9 @@ class Proxy:
             self.rules.write_text(rules)
         self.port = free_port()
         self.transparent_port = free_port() if transparent_host else None
+        command = [sys.executable, "-m", "tests.mitmlog"] if mitmproxy_errors else SEALGATE
         args = [
-            *SEALGATE, "proxy",
+            *command, "proxy",
             "--listen", f"{listen_host}:{self.port}",
             "--rules", str(self.rules),
             "--state", str(self.state),
