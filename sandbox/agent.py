@@ -128,6 +128,7 @@ class _Confinement:
         self._filter = _Filter(len(seccomp or b"") // 8, ctypes.cast(self._program,
                                                                       ctypes.c_char_p))
         self._seccomp = seccomp is not None
+        self._installed = False
         self.covers = covers  # /proc files (cmdline) whose host content must not show
         self.own_namespaces = own_namespaces
         self.user = user
@@ -136,6 +137,10 @@ class _Confinement:
         """Once, in the agent: its own mount namespace (the one bubblewrap made belongs to an
         outer user namespace, where the agent may not mount), holding an empty read-only file
         to lay over each command's /proc files that would show the host."""
+        if not self.own_namespaces:
+            # Nothing the agent does here needs what the filter refuses: its commands and
+            # shims inherit it from it rather than each installing it (5 ms under gVisor).
+            self._install()
         if not self.covers:
             return
         _check(_libc.unshare(_CLONE_NEWNS), "unshare")
@@ -178,8 +183,13 @@ class _Confinement:
         header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
         data = (ctypes.c_uint32 * 6)()
         _check(_libc.syscall(_SYS_CAPSET, header, data), "capset")
-        if self._seccomp:
+        self._install()
+
+    def _install(self) -> None:
+        if self._seccomp and not self._installed:
+            _prctl(_PR_SET_NO_NEW_PRIVS, 1)
             _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._filter))
+            self._installed = True
 
 
 def _private() -> None:
@@ -231,7 +241,8 @@ class _Running:
 
     def code(self, init: int) -> int:
         """The command's wait status as its init said it, or, where the init said nothing (it
-        was killed: the command with it), the init's own."""
+        was killed: the command with it, or there is none: the child is the command), the
+        child's own."""
         try:
             said = os.read(self.report, 64)
         except OSError:
@@ -401,15 +412,7 @@ class _Command:
                 os.chdir(self.cwd)
             except OSError as exc:  # named as the directory's, not blamed on the program
                 raise _NotStarted(f"cwd {self.cwd}: {exc.strerror or exc}") from None
-            # Never above the hard limit the agent was given (raising it is refused): a create
-            # may ask for more processes than the host lets a uid have, and then gets the
-            # host's bound.
-            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-            limit = self.pids if hard == resource.RLIM_INFINITY else min(self.pids, hard)
-            try:
-                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-            except (OSError, ValueError) as exc:
-                raise _NotStarted(f"process limit {self.pids}: {exc}") from None
+            _limit_processes(self.pids)
             confinement.drop()
             try:
                 program = _which(self.argv[0], self.env.get("PATH", os.defpath))
@@ -453,6 +456,18 @@ class _Command:
                 with contextlib.suppress(OSError):
                     os.write(report, b"%d" % code)
                 os._exit(0)
+
+
+def _limit_processes(pids: int) -> None:
+    """RLIMIT_NPROC, soft and hard, never above the hard limit the agent was given (raising it
+    is refused): a create may ask for more processes than the host lets a uid have, and then
+    gets the host's bound."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    limit = pids if hard == resource.RLIM_INFINITY else min(pids, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    except (OSError, ValueError) as exc:
+        raise _NotStarted(f"process limit {pids}: {exc}") from None
 
 
 def _read_all(fd: int) -> bytes:

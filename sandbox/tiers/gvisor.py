@@ -30,10 +30,12 @@ which serves the host's whole root through its gofer and copies the caller's env
   manage cgroups itself (`--ignore-cgroups`);
 - networking (`--network`) and platform (`--platform`): see `NETWORK` and `PLATFORM`.
 
-bubblewrap's seccomp filter is not installed: the workload's calls never reach the host's
-kernel, and the Sentry implements none of what the filter refuses that touches the host
-(io_uring, bpf, perf events, userfaultfd, kernel modules, kexec); the Sentry is itself
-confined by runsc's own filter.
+bubblewrap's seccomp filter is not installed on one-shot runs: the workload's calls never reach
+the host's kernel, and the Sentry implements none of what the filter refuses that touches the
+host (io_uring, bpf, perf events, userfaultfd, kernel modules, kexec); the Sentry is itself
+confined by runsc's own filter. The socket options the filter refuses are refused here too, by
+the spec's own seccomp rules (`_seccomp`, runsc's `--oci-seccomp`): gVisor's kernel would grant
+a mark or transparent proxying. sandboxd's agent installs the whole filter on its commands.
 """
 
 from __future__ import annotations
