@@ -196,8 +196,8 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
     cpio.add(".", 0o040755)  # the root, else the kernel's own: 1777, anyone's to write in
     for name in ("dev", "proc", "sys", "usr", "tmp", "run", "etc", "etc/ssl", "etc/ssl/certs",
                  "home", "workspace", "sealgate", "sealgate/modules", "sealgate/microvm", "root",
-                 "mnt"):
-        cpio.add(name, 0o040755 if name not in ("tmp",) else 0o041777)
+                 "mnt", "var", "var/tmp"):
+        cpio.add(name, 0o040755)  # /tmp and /var/tmp are tmpfs mounts of their own
     for name in ("bin", "sbin", "lib", "lib64"):
         cpio.add(name, 0o120777, f"usr/{name}".encode())
     cpio.add("sealgate/busybox", 0o100755, busybox.read_bytes())

@@ -5,7 +5,7 @@
 # Nothing is mounted with setuid or file capabilities honoured (nosuid: the shared /usr has
 # setuid-root programs), nor device nodes but devtmpfs's; the root itself (the initramfs) is
 # made read-only by the agent once the host has staged its files, before any command runs, so
-# a command writes only to the scratch places mounted here: /tmp, /home, /workspace.
+# a command writes only to the scratch places mounted here: /tmp, /var/tmp, /home, /workspace.
 B=/sealgate/busybox
 fail() { echo "sealgate guest init: $*" > /dev/hvc0; $B reboot -f; }
 $B mount -t devtmpfs -o nosuid,noexec dev /dev || fail "devtmpfs"
@@ -21,6 +21,7 @@ while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done <
 # Read-only and never changed underneath: the guest may cache what it read.
 $B mount -t 9p -o trans=virtio,version=9p2000.L,ro,nosuid,nodev,cache=loose,msize=512000 usr /usr || fail "9p /usr"
 $B mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp || fail "tmpfs /tmp"
+$B mount -t tmpfs -o mode=1777,nosuid,nodev var-tmp /var/tmp || fail "tmpfs /var/tmp"
 # The agent makes each command's home here, and stages files in /run (root's).
 $B mount -t tmpfs -o mode=755,nosuid,nodev home /home || fail "tmpfs /home"
 $B mount -t tmpfs -o mode=755,nosuid,nodev run /run || fail "tmpfs /run"

@@ -146,9 +146,10 @@ for place in sys.argv[1:]:
 
 def test_only_the_scratch_places_are_writable(guest: Channel) -> None:
     """The guest's root (the initramfs, which was writable by anyone at / itself) is read-only,
-    for root too; the system /usr too; a command writes in /tmp, its home and the workspace."""
+    for root too; the system /usr too; a command writes in /tmp, /var/tmp, its home and the
+    workspace, as on the other tiers."""
     read_only = ["/", "/etc", "/root", "/sealgate", "/usr/bin", "/home"]
-    scratch = ["/tmp", "/home/sandbox", "/workspace"]
+    scratch = ["/tmp", "/var/tmp", "/home/sandbox", "/workspace"]
     done = run(guest, "python3", "-c", CREATE, *read_only, *scratch)
     assert done.code == 0, done
     said = dict(line.split() for line in done.stdout.decode().splitlines())
