@@ -17,5 +17,8 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Another install running (a CI image's unattended upgrades, a second `make`) holds apt's locks:
+# wait for them, up to ten minutes, rather than fail.
+wait_locks=(-o DPkg::Lock::Timeout=600)
+apt-get "${wait_locks[@]}" update -qq >/dev/null
+apt-get "${wait_locks[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
