@@ -80,6 +80,7 @@ class Pool:
         channel = Channel(machine.sock)
         try:
             channel.wait_ready(BOOT_SECONDS)
+            channel.seal()  # nothing to stage in these: the root read-only now, not at a take
             booted: Booted | SandboxError = Booted(machine, channel)
         except SandboxError as exc:
             booted = SandboxError(f"{exc}: {machine.failure()}")
