@@ -11,29 +11,23 @@ declared length or chunked, nothing reaches the origin: no connection, no byte.
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
-import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 import requests
 
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.security.bodyclient import H2Upload, through
 from tests.security.rawclient import (
     body_pieces,
-    open_tunnel,
     proxy_auth,
     read_response,
     request_bytes,
-    tls_wrap,
     upload_whole,
 )
 
@@ -115,20 +109,8 @@ def _head(target: str, authority: str, *, chunked: bool, size: int = BIG) -> byt
 def _through(proxy: Proxy, path: str, origins: tuple[Origin, Origin]
              ) -> Iterator[tuple[socket.socket, str, str]]:
     """A connection to the proxy for `path`, and the target and authority to write."""
-    http_origin, https_origin = origins
-    if path == "tunnel":
-        authority = f"api.test:{https_origin.port}"
-        sock, answer = open_tunnel(proxy.port, authority, [AUTH], timeout=10)
-        assert answer.status == 200
-        with tls_wrap(sock, "api.test", proxy.ca) as tls:
-            yield tls, "/up", authority
-        return
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
-        if path == "plain":
-            authority = f"api.test:{http_origin.port}"
-            yield sock, f"http://{authority}/up", authority
-        else:  # base-URL mode: the upstream named in the path, HTTPS out
-            yield sock, f"/_/api.test:{https_origin.port}/up", f"127.0.0.1:{proxy.port}"
+    with through(proxy, path, origins[0].port, origins[1].port, AUTH) as (sock, base, authority):
+        yield sock, base + "/up", authority
 
 
 def test_a_50_mb_upload_over_the_budget_reads_its_413(
@@ -248,92 +230,13 @@ def test_a_body_that_came_while_its_refusal_was_held_is_dropped_past_the_bound(
 # -- HTTP/2: the refused stream is answered at once, the connection goes on ---------------------
 
 
-class _H2:
-    """An HTTP/2 connection through an intercepted tunnel, as a client that uploads a body in
-    full before it looks at the answer, within flow control."""
-
-    def __init__(self, proxy: Proxy, authority: str) -> None:
-        self.authority = authority
-        sock, answer = open_tunnel(proxy.port, authority, [AUTH], timeout=10)
-        assert answer.status == 200
-        self.tls: ssl.SSLSocket = tls_wrap(sock, "api.test", proxy.ca, alpn=["h2"])
-        assert self.tls.selected_alpn_protocol() == "h2"
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(
-            client_side=True, header_encoding="utf-8"))
-        self.conn.initiate_connection()
-        self.seen: dict[int, list[h2.events.Event]] = {}
-        self._flush()
-
-    def _flush(self) -> None:
-        if data := self.conn.data_to_send():
-            self.tls.sendall(data)
-
-    def pump(self, timeout: float = 10) -> None:
-        """Read what the proxy sent; wait up to `timeout` for it (0: only what has come)."""
-        if not timeout and not (self.tls.pending() or select.select([self.tls], [], [], 0)[0]):
-            return
-        self.tls.settimeout(timeout or None)
-        data = self.tls.recv(65536)
-        if not data:
-            raise ConnectionError("the proxy closed the HTTP/2 connection")
-        for event in self.conn.receive_data(data):
-            if isinstance(event, h2.events.DataReceived):
-                self.conn.acknowledge_received_data(event.flow_controlled_length,
-                                                    event.stream_id)
-            self.seen.setdefault(getattr(event, "stream_id", 0), []).append(event)
-        self._flush()
-
-    def start(self, method: str, path: str, length: int | None) -> int:
-        stream = self.conn.get_next_available_stream_id()
-        headers = [(":method", method), (":scheme", "https"), (":authority", self.authority),
-                   (":path", path)]
-        self.conn.send_headers(stream, headers + ([("content-length", str(length))]
-                                                  if length is not None else []),
-                               end_stream=length is None)
-        self._flush()
-        return stream
-
-    def sendbody_pieces(self, stream: int, size: int) -> int:
-        """Send up to `size` bytes and end the stream; how many went before a reset, if one
-        came."""
-        sent = 0
-        while sent < size:
-            self.pump(0)  # the proxy's window is large: a reset is noticed as it comes
-            if self.reset(stream):
-                return sent
-            window = min(self.conn.local_flow_control_window(stream),
-                         self.conn.max_outbound_frame_size, size - sent)
-            if window <= 0:
-                self.pump()
-                continue
-            self.conn.send_data(stream, b"h" * window)
-            self._flush()
-            sent += window
-        self.conn.end_stream(stream)
-        self._flush()
-        return sent
-
-    def reset(self, stream: int) -> bool:
-        return any(isinstance(e, h2.events.StreamReset) for e in self.seen.get(stream, []))
-
-    def answer(self, stream: int) -> tuple[int, bytes]:
-        """The stream's status and body, once its end has come."""
-        while not any(isinstance(e, h2.events.StreamEnded) for e in self.seen.get(stream, [])):
-            assert not self.reset(stream)
-            self.pump()
-        events = self.seen[stream]
-        status = next(int(dict(e.headers)[":status"]) for e in events
-                      if isinstance(e, h2.events.ResponseReceived))
-        return status, b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
-
-
 def test_http2_a_refused_upload_is_answered_before_its_body_and_the_connection_goes_on(
     rproxy: Proxy, origins: tuple[Origin, Origin]
 ) -> None:
     """Answered whole (END_STREAM) before a byte of the body was sent: a refused HTTP/2 body
     was read (and held in memory) in full first. Then the body is dropped as it comes, the
     stream is never reset, and the connection's next request goes to the origin."""
-    client = _H2(rproxy, f"api.test:{origins[1].port}")
+    client = H2Upload(rproxy, f"api.test:{origins[1].port}", AUTH)
     with client.tls:
         stream = client.start("POST", "/up", BIG)
         status, body = client.answer(stream)
@@ -350,7 +253,7 @@ def test_http2_a_refused_upload_is_answered_before_its_body_and_the_connection_g
 def test_http2_a_body_past_the_bound_has_its_stream_reset(
     tight: Proxy, origins: tuple[Origin, Origin]
 ) -> None:
-    client = _H2(tight, f"api.test:{origins[1].port}")
+    client = H2Upload(tight, f"api.test:{origins[1].port}", AUTH)
     with client.tls:
         stream = client.start("POST", "/up", 64 * 1024 * 1024)
         assert client.answer(stream)[0] == 413
