@@ -250,10 +250,15 @@ def _framed_for_http1(send: _Send) -> _Send:
     """mitmproxy writes an HTTP/2 or 3 request into HTTP/1 with the body that follows unframed
     when the client declared no Content-Length, so the origin reads the body's bytes as the
     next request (carrying, from sealgate, the credential of the one that was allowed). A body
-    of unknown length goes chunked, as RFC 9112 has an intermediary frame it."""
+    of unknown length goes chunked, as RFC 9112 has an intermediary frame it. And an empty
+    piece of a body is not written: chunked, it would be the last chunk, the body's end (a
+    stream function passes on nothing while it holds what came, aws-chunked's re-signer a
+    chunk still coming; or once it refused the body, whose end must never go)."""
 
     @functools.wraps(send)
     def framed(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
+        if isinstance(event, RequestData) and not event.data:
+            return
         if isinstance(event, RequestHeaders) and not event.end_stream:
             request = event.request
             if (request.is_http2 or request.is_http3) and not (
