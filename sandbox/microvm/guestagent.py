@@ -35,7 +35,7 @@ import sys
 import time
 
 from .frames import MAX_FRAME, Frames, encode
-from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal
+from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal, warm_up
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -356,6 +356,7 @@ def _gone(cmd: _Command) -> bool:
 
 def main() -> None:
     try:
+        warm_up()
         with open(port_path(), "r+b", buffering=0) as port:
             Agent(port).run()
     finally:
