@@ -178,6 +178,9 @@ class _Confinement:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+            # Until it executes, this is a copy of the agent's memory (other commands' inputs
+            # in it) with the workload's uid: a uid change may make it dumpable again.
+            _prctl(_PR_SET_DUMPABLE, 0)
         try:
             _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
         except OSError as exc:  # a kernel without ambient capabilities (gVisor's) has none
@@ -265,12 +268,13 @@ class _Commands:
     def __init__(self, confinement: _Confinement) -> None:
         self.confinement = confinement
         self.running: dict[int, _Running] = {}  # request id -> its command
+        self.own: list[int] = []  # the agent's own descriptors beyond the channel
 
     def start(self, ident: int, req: dict[str, Any], fds: list[int]) -> None:
         status = fds[3]
         try:
             command = _Command.of(req)
-            pid, report = command.launch(fds[:3], self.confinement)
+            pid, report = command.launch(fds[:3], self.confinement, self.descriptors())
         except _NotStarted as exc:
             _report(status, {"error": str(exc), "exit": 127})
             os.close(status)
@@ -296,9 +300,10 @@ class _Commands:
         return True
 
     def descriptors(self) -> list[int]:
-        """What a shim forked now must close first: the running commands' status pipes (a copy
-        kept open would hold their callers' statuses back until the shim ended)."""
-        return [r.status for r in self.running.values()]
+        """What a clone of the agent (a command's init, a shim) must close first: the channel,
+        the loop's wake-up pipe, the running commands' status and report pipes (a copy kept
+        open would hold their callers' statuses back until the clone ended)."""
+        return [0, *self.own, *(fd for r in self.running.values() for fd in (r.status, r.report))]
 
     def wait_seconds(self) -> float:
         """Until the next look is due: half a second, or a deadline's sooner."""
@@ -368,7 +373,8 @@ class _Command:
             raise _NotStarted("bad request: a NUL in the argv, the environment or the cwd")
         return cls(argv, env, cwd, pids, seconds)
 
-    def launch(self, fds: list[int], confinement: _Confinement) -> tuple[int, int]:
+    def launch(self, fds: list[int], confinement: _Confinement,
+               others: list[int]) -> tuple[int, int]:
         """Start the command (`_child`): the pid of the agent's child (the command, or its
         namespace's init) and the descriptor on which an init says how the command ended, once
         the command is executing; _NotStarted with the reason if it could not be."""
@@ -382,7 +388,7 @@ class _Command:
             if pid == 0:
                 os.close(errors_r)
                 os.close(report_r)
-                self._child(fds, confinement, errors_w, report_w)  # never returns
+                self._child(fds, confinement, errors_w, report_w, others)  # never returns
             os.close(errors_w)
             errors_w = -1
             said = _read_all(errors_r)  # nothing, once the command runs
@@ -400,13 +406,15 @@ class _Command:
             raise _NotStarted(said.decode(errors="replace")[:4000])
         return pid, report_r
 
-    def _child(self, fds: list[int], confinement: _Confinement, errors: int,
-               report: int) -> None:
+    def _child(self, fds: list[int], confinement: _Confinement, errors: int, report: int,
+               others: list[int]) -> None:
         """In the clone: the command's session, namespaces, directory, limits and confinement,
         then the command. Whatever fails before the command runs is said on `errors` and ends
         the clone (the agent reaps it)."""
         try:
-            signal.set_wakeup_fd(-1)  # the agent's
+            signal.set_wakeup_fd(-1)  # the agent's, closed next with the rest of its own
+            for fd in others:
+                os.close(fd)
             for number in _DEFAULT_SIGNALS:
                 signal.signal(number, signal.SIG_DFL)
             os.setsid()
@@ -651,6 +659,7 @@ def main(args: list[str]) -> None:
     shims: dict[int, int] = {}  # request id -> the shim serving it
     commands = _Commands(confinement)
     wake_r, wake_w = os.pipe()  # a command's end wakes the loop at once
+    commands.own += [wake_r, wake_w]
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -748,7 +757,7 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
     if pid == 0:
         try:
             signal.set_wakeup_fd(-1)  # the agent's
-            chan.close()  # a shim speaks only on its own descriptors
+            chan.detach()  # a shim speaks only on its own descriptors (the channel is fd 0)
             for fd in commands.descriptors():
                 os.close(fd)
             commands.confinement.drop()

@@ -10,6 +10,7 @@ of the caller's environment, and leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -402,9 +403,9 @@ def test_socket_options_that_need_net_admin_are_refused(sproxy: Proxy, tier: str
 
 
 ALONE = r"""
-import os
+import json, os
 me = os.getpid()
-others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
 writable = []
 for pid in others:
     try:
@@ -412,7 +413,7 @@ for pid in others:
         writable.append(pid)
     except OSError:
         pass
-print(me, others, writable)
+print(json.dumps([me, others, writable]))
 """
 
 
@@ -422,7 +423,7 @@ def test_a_one_shot_command_is_its_sandbox_s_first_process(sproxy: Proxy, tier: 
     bubblewrap's init was PID 1, of the command's uid, its memory writable through /proc."""
     done = run(sproxy, "python3", "-c", ALONE, tier=tier)
     assert done.returncode == 0, done.stderr
-    me, others, writable = done.stdout.split(" ", 2)
-    assert writable.strip() == "[]", done.stdout
+    me, others, writable = json.loads(done.stdout)
+    assert writable == [], done.stdout
     if tier != "microvm":  # the guest's own kernel threads and agent (root) are there
-        assert (me, others) == ("1", "[]"), done.stdout
+        assert (me, others) == (1, []), done.stdout

@@ -229,8 +229,9 @@ def test_nothing_outlives_its_command(make: Make) -> None:
 def test_a_timeout_kills_only_its_own_command(make: Make) -> None:
     sb = make()
     results: list[Result] = []
+    # Long enough to be running still when the short one's end is checked, on a loaded machine.
     long = threading.Thread(target=lambda: results.append(
-        run(sb, "sleep 1.5; echo long-done", timeout=30)))
+        run(sb, "sleep 4; echo long-done", timeout=30)))
     long.start()
     try:
         start = time.monotonic()
@@ -240,10 +241,32 @@ def test_a_timeout_kills_only_its_own_command(make: Make) -> None:
         assert took < 3, took
         # Its children are gone, the other command's sleep is not.
         left = " ".join(host_processes(sb.info["uid"]).values())
-        assert "sleep 301" not in left and "sleep 1.5" in left, left
+        assert "sleep 301" not in left and "sleep 4" in left, left
     finally:
         long.join(30)
     assert [(r.exit_code, r.ending, r.text) for r in results] == [(0, "exit", "long-done\n")]
+
+
+def test_a_command_started_later_holds_nothing_of_an_earlier_one(make: Make) -> None:
+    """A command's end is reported when it ends, not when one started after it does: the later
+    one's init (a clone of the agent) closes the agent's descriptors of other commands. Fails
+    with the init keeping them: the short command's status waits for the long one."""
+    sb = make()
+    results: list[tuple[float, Result]] = []
+
+    def short() -> None:
+        start = time.monotonic()
+        done = run(sb, "sleep 0.5; echo short", timeout=30)
+        results.append((time.monotonic() - start, done))
+
+    first = threading.Thread(target=short)
+    first.start()
+    time.sleep(0.2)  # the short one runs; the long one starts beside it
+    long = run(sb, "sleep 4; echo long", timeout=30)
+    first.join(30)
+    assert long.text == "long\n"
+    [(took, done)] = results
+    assert done.text == "short\n" and took < 3, (took, done)
 
 
 # -- 5. two sandboxes, two identities -------------------------------------------------------
