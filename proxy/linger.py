@@ -75,22 +75,32 @@ def answered_before_body(state: _State, bounds: limits.Limits) -> _State:
             and flow.response is not None
         ):
             return
-        http1 = flow.request.http_version.startswith("HTTP/1")
-        cut = waits and http1
-        self.client_state = self.state_done if cut else _dropping(self, bounds)
-        if http1:
-            flow.response.headers["connection"] = "close"
-        flow.response.timestamp_start = time.time()
-        yield HttpResponseHeadersHook(flow)
-        yield from self.send_response()
-        if cut:
-            yield commands.CloseConnection(self.context.client)
-        elif not http1:
-            # The stream's end, which send_response leaves for the body's: an HTTP/2 client
-            # reading as it sends has its whole answer now (a second end is not sent).
-            yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+        yield from answer(self, bounds, close=waits and flow.request.http_version.startswith(
+            "HTTP/1"))
 
     return wait_for_request_headers
+
+
+def answer(stream: HttpStream, bounds: limits.Limits, *, close: bool = False
+           ) -> CommandGenerator[None]:
+    """The flow's response (a refusal) sent now, while the request's body is still to come,
+    and that body dropped as it comes (`_dropping`); with `close`, an HTTP/1 connection closed
+    after the response instead (its client waits for 100-continue: no body is coming)."""
+    flow = stream.flow
+    assert flow.response is not None
+    http1 = flow.request.http_version.startswith("HTTP/1")
+    stream.client_state = stream.state_done if close else _dropping(stream, bounds)
+    if http1:
+        flow.response.headers["connection"] = "close"
+    flow.response.timestamp_start = time.time()
+    yield HttpResponseHeadersHook(flow)
+    yield from stream.send_response()
+    if close:
+        yield commands.CloseConnection(stream.context.client)
+    elif not http1:
+        # The stream's end, which send_response leaves for the body's: an HTTP/2 client
+        # reading as it sends has its whole answer now (a second end is not sent).
+        yield SendHttp(ResponseEndOfMessage(stream.stream_id), stream.context.client)
 
 
 def _dropping(
@@ -109,7 +119,7 @@ def _dropping(
                 # a hook is pending) or still to come, is dropped unread: mitmproxy's errored
                 # state takes any event, its done state none (an AssertionError per event).
                 yield from _end(stream, stream.state_errored)
-                yield from _cut_off(stream)
+                yield from cut_off(stream)
         elif isinstance(event, RequestEndOfMessage):
             yield from _end(stream, stream.state_done)
         # Trailers are dropped with the body.
@@ -123,10 +133,12 @@ def _end(stream: HttpStream, state: Callable[[Event], CommandGenerator[None]]
     yield from stream.flow_done()
 
 
-def _cut_off(stream: HttpStream) -> CommandGenerator[None]:
+def cut_off(stream: HttpStream) -> CommandGenerator[None]:
+    """The client's side of the stream ended now: an HTTP/1 connection closed, an HTTP/2
+    stream reset (CANCEL) while the connection's other streams go on."""
     if stream.flow.request.http_version.startswith("HTTP/1"):
         yield commands.CloseConnection(stream.context.client)
-    else:  # its answer has gone out whole: the stream is reset (CANCEL), the connection stays
+    else:  # its answer's head has gone out: the stream is reset, not answered
         yield SendHttp(ResponseProtocolError(stream.stream_id, "sealgate: refused body too long",
                                              status_codes.CLIENT_CLOSED_REQUEST),
                        stream.context.client)
