@@ -63,9 +63,10 @@ class BudgetLedger:
     def admit_request(self, key: str, limits: Budgets, declared_bytes: int | None) -> None:
         """Take one request from the rate budget, or refuse with how long to wait.
 
-        A declared body counts against the total at once. A body of unknown length (chunked)
-        streams through `meter` and counts as it goes; it can overrun the per-request cap by
-        what one request carries, after which the total budget refuses the next request.
+        A declared body over the per-request cap is refused here, and one within it counts
+        against the total at once. A body of unknown length (chunked) streams through `meter`,
+        counting what goes upstream as it goes; proxy/bodycap.py holds it to the per-request
+        cap (the piece that passes it is neither forwarded nor counted).
         """
         ledger = self._ledger(key, limits)
         if declared_bytes is not None and declared_bytes > limits.max_request_bytes:

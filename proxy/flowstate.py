@@ -74,6 +74,7 @@ class Verdict:
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named
     response_timeout: float | None = None  # the rule's, over the proxy's (proxy/deadline.py)
+    max_request_bytes: int | None = None  # the policy's, held to as a body streams (bodycap.py)
 
 
 @dataclass(slots=True)

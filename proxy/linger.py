@@ -25,7 +25,8 @@ connection, so this lingering is bounded (proxy/limits.py):
 Past either bound HTTP/1's connection is closed (a client still writing then sees a reset, seconds
 after its refusal arrived), and HTTP/2's stream is reset (CANCEL) while the connection's other
 streams go on. A request whose client waits for an invitation (`Expect: 100-continue`) sends no
-body after a refusal: over HTTP/1 its connection closes at once.
+body after a refusal: over HTTP/1 its connection closes at once. A body refused in the middle, as
+it streamed past its request's cap (proxy/bodycap.py), is answered and dropped the same way.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ The patches, and why:
 - request heads bounded in size and time while they are read, idle connections closed
   (proxy/limits.py), an upstream's wait for its response head bounded (proxy/deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
-  bounds so that a client still sending it reads the refusal (proxy/linger.py);
+  bounds so that a client still sending it reads the refusal (proxy/linger.py), and a
+  streamed body cut off past its request's cap, upstream and downstream (proxy/bodycap.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
 - per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -55,7 +56,7 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.utils import asyncio_utils
 
-from sealgate.proxy import deadline, limits, linger, speedups, upstream
+from sealgate.proxy import bodycap, deadline, limits, linger, speedups, upstream
 from sealgate.proxy.mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
@@ -110,8 +111,10 @@ def install(
         _http1.Http1Client.send
     )
     HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]
-        HttpStream.state_stream_request_body
+        bodycap.counted(HttpStream.state_stream_request_body, bounds)
     )
+    HttpStream.handle_protocol_error = bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
+        HttpStream.handle_protocol_error)
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )

@@ -205,6 +205,22 @@ def _stream_request_body() -> None:
     _fields(_events.RequestData, "stream_id", "data")
 
 
+@_checks("mitmproxy.proxy.layers.http.HttpStream (a streamed body's cap)")
+def _body_cap() -> None:
+    # proxy/bodycap.py answers with its refusal only while nothing of the upstream's answer
+    # has gone to the client: its head awaited, or its body read whole before it is sent.
+    _names(inspect.unwrap(HttpStream.state_wait_for_response_headers),
+           "state_consume_response_body", "start_response_stream")
+    _names(HttpStream.start_response_stream, "state_stream_response_body")
+    _names(inspect.unwrap(HttpStream.state_consume_response_body), "send_response")
+    _names(HttpStream.send_response, "server_state", "state_done")
+    # Protocol errors reach a stream through the method patched to quiet its aborted upstream.
+    _names(inspect.unwrap(HttpStream._handle_event), "handle_protocol_error")
+    # A hook has one argument (the proxy's connection handlers take no other).
+    _names(mode_servers.ProxyConnectionHandler.handle_hook, "args")
+    _fields(flow.Error, "msg")
+
+
 @_checks("mitmproxy.proxy.layers.http.HttpStream.state_stream_response_body")
 def _stream_body() -> None:
     _params(HttpStream.state_stream_response_body, "(self, event)")

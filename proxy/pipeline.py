@@ -245,6 +245,7 @@ class Sealgate(Lifecycle):
             # budget
             budget_key = conn.budget_key or ""
             self.budgets.admit_request(budget_key, policy.budgets, facts.length)
+            verdict.max_request_bytes = policy.budgets.max_request_bytes
             # guard: addresses, pinned; credentials over plain HTTP only to allow_networks
             verdict.pin = await self._state().guard.pin(host, port, policy)
             if (secured := decision.secure_for(verdict.pin.address)) is not decision:
@@ -292,6 +293,21 @@ class Sealgate(Lifecycle):
                 # end (and trailers) never go, and the upstream waits for nothing more. A kill
                 # alone is not looked at again by mitmproxy before the end is sent.
                 mitm.cut_off(flow)
+
+    def request_body_over_cap(self, flow: http.HTTPFlow) -> None:
+        """A streamed body passed its request's max_request_bytes (proxy/bodycap.py, which has
+        aborted the upstream request, and sends the client this refusal when nothing of an
+        answer has gone to it, or else ends its connection or stream). A body a processor
+        refused on the way is refused for what it found, as it would have been at its end."""
+        verdict: Verdict = flow.metadata[META]
+        denial = refused_body(flow.request) or Denial(
+            Reason.REQUEST_TOO_LARGE, f"request body over {verdict.max_request_bytes} bytes")
+        conn = self._conn(flow.client_conn)
+        if flow.response is None:
+            self._deny(flow, verdict, denial, conn)
+        else:  # the upstream's answer has begun: the line says why it was cut off
+            conn.denied += 1
+            verdict.decision, verdict.reason = "deny", denial.reason
 
     async def _inject(
         self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,

@@ -245,3 +245,40 @@ def test_a_chunk_signed_upload_with_trailer_is_refused(w: World) -> None:
     out = run_refused(w, CHUNKED, "aws_streaming_signed", s3=w.url(host=S3),
                       mode="STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
     assert "no trailer" in out["text"]
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["whole", "broken"])
+def test_a_chunk_signed_upload_without_a_length_is_held_to_the_request_cap(
+    w: World, broken: bool
+) -> None:
+    """Chunked on the wire (no Content-Length to refuse at the head), 12 chunks of 1 MiB past
+    the policy's default 10 MiB: refused as it streams through the re-signer, with nothing
+    stored and at most the cap at the fake. A body the re-signer refused on the way (its
+    second chunk one byte short) is refused for that, not for its size, when it reaches the
+    cap: it went on being read to the end before, however long."""
+    chunks = [bytes([65 + i]) * (1 << 20) for i in range(12)]
+    headers, body = _chunk_signed(chunks)
+    if broken:
+        body = body.replace(b"\r\n" + chunks[1], b"\r\n" + chunks[1][1:], 1)
+    headers = [(k, v) for k, v in headers if k != "content-length"]
+    key = f"/bkt/over-cap-{'broken' if broken else 'whole'}"
+    target = f"{S3}:{w.fake.port}"
+    sock, tunnel = open_tunnel(w.proxy.port, target, [
+        ("Proxy-Authorization", proxy_auth("aws-1", KEYS["aws-1"]))])
+    with sock, tls_wrap(sock, S3, w.proxy.ca) as tls:
+        assert tunnel.status == 200
+        tls.sendall(request_bytes("PUT", key, [("Host", target), *headers,
+                                               ("Transfer-Encoding", "chunked")]))
+        for at in range(0, len(body), 65536):
+            piece = body[at:at + 65536]
+            tls.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        tls.sendall(b"0\r\n\r\n")
+        answer = read_response(tls)
+    reason = "request_inapplicable" if broken else "request_too_large"
+    assert (answer.status, answer.headers.get("x-sealgate-error")) == (
+        400 if broken else 413, reason)
+    aws: AwsFake = w.aws  # type: ignore[attr-defined]
+    assert f"s3 PUT {key}" not in aws.verified and key not in aws.objects
+    assert all(len(r.body) <= 10 << 20 for r in w.fake.requests if r.path == key)
+    line = w.proxy.wait_audit(lambda e: e.get("path") == key and e.get("reason"))
+    assert (line["decision"], line["reason"]) == ("deny", reason)

@@ -160,3 +160,21 @@ def test_a_refused_upload_written_whole_reads_its_refusal(
     assert (response.status, response.reason) == (
         (403, "not_allowed") if tls else (413, "request_too_large"))
     assert origin.untouched() and origin.bytes_received == 0
+
+
+def test_a_chunked_upload_over_the_cap_is_cut_off_redirected(
+    tproxy: Proxy, sandbox_ns: Netns, origins: tuple[Origin, Origin]
+) -> None:
+    """Redirected, a chunked body (no length to refuse at the head) is held to the policy's
+    10 MiB cap as it streams (proxy/bodycap.py): the client reads its 413, and the origin got
+    no more than the cap (tests/security/test_body_cap.py checks, with origins that read the
+    framing strictly, that it never got the request's end). All 16 MiB went before."""
+    assert sources(tproxy, "add", sandbox_ns.ns_ip, "bot-1").returncode == 0
+    origin = origins[0]
+    with in_netns(sandbox_ns.name, lambda: socket.create_connection(
+            (sandbox_ns.host_ip, origin.port), timeout=10)) as conn:
+        head = request_bytes("POST", "/up", [("Host", f"api.test:{origin.port}"),
+                                             ("Transfer-Encoding", "chunked")])
+        response = upload_whole(conn, head, 16 * 1024 * 1024, chunked=True)
+    assert (response.status, response.reason) == (413, "request_too_large")
+    assert origin.bytes_received <= 10 * 1024 * 1024
