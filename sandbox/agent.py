@@ -1,32 +1,33 @@
 """The agent inside a long-lived sandbox: what the daemon asks of it, it does as the sandbox.
 
 This file runs *inside* the sandbox, under the host's `/usr/bin/python3 -I -S`, handed over in
-memory like the sandbox's other files; it imports nothing of sealgate's. It is the first process
-of the sandbox (its PID namespace's init on every tier: bubblewrap runs it `--as-pid-1`, runsc
-as the container's process), with the sandbox's uid, namespaces, cgroups and built environment,
-and two capabilities its commands never get: CAP_SYS_ADMIN and CAP_SETPCAP in the sandbox's own
-user namespace (nothing on the host), to give each command namespaces of its own and then take
-every capability out of its reach, the bounding set's too.
+memory like the sandbox's other files; it imports nothing of sealgate's. It is the sandbox's
+first process (its PID namespace's init: bubblewrap runs it `--as-pid-1`, runsc as the
+container's process), with the sandbox's namespaces, cgroups and built environment. The tier
+says how it is kept from the workload (`_options`), and docs/sandbox.md why:
 
-**The workload cannot reach the agent.** Each command starts as the init of a PID namespace of
-its own, nested under the agent's, with a mount namespace of its own whose /proc is that PID
-namespace's (`_become`). From inside, the command's /proc shows its own processes and nothing
-else: the agent, its channel, other commands and their descriptors have no pid a command can
-name, so no signal (SIGSTOP and `kill -9 -1` included), /proc/N/mem, /proc/N/fd, ptrace or
-prlimit reaches them. That holds on gVisor too, whose kernel lets a process of the same uid
-open a non-dumpable one's /proc/N/fd. The command gets no capability (the ambient set cleared,
-every set emptied, no_new_privs), so it cannot undo its namespaces, mount, or make new ones;
-then the seccomp filter (`--seccomp`, the same program on every tier) is installed, and the
-command is executed. The sandbox's uid is shared, so the protection is the namespaces: a
-command shares files with the agent's other commands (the workspace is the point), never a
-process.
+- **bubblewrap** (`--own-namespaces`): the agent has the sandbox's uid and two capabilities of
+  the sandbox's own user namespace (nothing on the host) that its commands never get:
+  CAP_SYS_ADMIN and CAP_SETPCAP. Each command runs as PID 2 of a PID and mount namespace of
+  its own, nested under the agent's, below an init cloned from the agent (`_Command._init`:
+  not dumpable, no capability, the seccomp filter), with a /proc of its own whose cmdline the
+  agent covers (`--cover`). From inside, /proc shows the command's own processes and its
+  init: the agent, its channel, other commands and their descriptors have no pid a command
+  can name, so no signal (SIGSTOP and `kill -9 -1` included), /proc/N/mem, /proc/N/fd or
+  prlimit reaches them. When the command ends its init says its status and exits, and the
+  kernel kills whatever is left in the namespace, however it detached, before the agent reaps
+  the init: nothing outlives its command, and its end is always learned (a timeout or kill is
+  the agent's SIGKILL to the init, from outside).
+- **gVisor** (`--user UID:GID`), whose namespaces do not serve (its mount namespaces are
+  shared, its /proc fails `ps` in a nested PID namespace, and it lets the same uid open a
+  non-dumpable process's /proc/N/fd): the agent is gVisor's uid 0 and each command a clone
+  that takes the sandbox's uid and no capability, so nothing of the workload may signal the
+  agent or open it. What a command leaves comes to the agent (the init) and is killed at its
+  next look (`_orphans`).
 
-**Nothing a command starts outlives it.** When a command's init (the command itself) ends, the
-kernel kills every process left in its PID namespace, however it detached (setsid, double
-fork), and the agent learns of the end only once they are gone (a namespace's init is reaped
-after its last process). Nothing of a command can leave its namespace. A command's end,
-timeout or kill is its init's end, which only the agent (outside) sees and reports: the
-status descriptor never enters the command's namespace.
+Every command gets no capability in any set, no_new_privs, and the seccomp filter (`--seccomp`,
+the same program on every tier: installed by the agent on each command, or on itself where it
+needs nothing the filter refuses).
 
 Wire (a SOCK_SEQPACKET pair, one JSON message per packet, descriptors by SCM_RIGHTS):
 
@@ -262,8 +263,9 @@ class _Running:
 
 
 class _Commands:
-    """The agent's children, reaped here: the commands it starts (each its namespace's init),
-    whose statuses it says, and the put and get shims."""
+    """The agent's children, reaped here: the commands it starts (each command's init, or the
+    command itself where it has no namespaces of its own), whose statuses it says, and the put
+    and get shims."""
 
     def __init__(self, confinement: _Confinement) -> None:
         self.confinement = confinement
