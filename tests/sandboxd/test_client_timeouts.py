@@ -22,6 +22,7 @@ from sealgate.reasons import Reason
 from sealgate.sandbox import AsyncSandbox, CallTimeout, Client, DaemonError, Sandbox
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import Daemon, start_daemon
+from tests.sandboxd.test_api_input import eventually_idle
 
 
 def timed_out(call: Callable[[], Any]) -> tuple[CallTimeout, float]:
@@ -44,15 +45,6 @@ def unreachable(call: Callable[[], Any]) -> None:
     assert (exc.code, exc.status) == ("at_capacity", 0) and "cannot be reached" in str(exc), exc
 
 
-def idle(sb: Sandbox, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if sb.refresh()["running"] == 0:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 def sb(sandboxd: Daemon) -> Iterator[Sandbox]:
     box = Sandbox.create("ci-bot", daemon=str(sandboxd.socket))
@@ -66,7 +58,7 @@ def test_a_command_past_the_calls_limit_is_a_timeout(sb: Sandbox) -> None:
     _, took = timed_out(lambda: list(sb.stream(["sh", "-c", "echo one; sleep 2"],
                                                call_timeout=0.5)))
     assert 0.45 <= took < 1.5, took
-    assert idle(sb)  # the caller left: its commands were killed
+    assert eventually_idle(sb)  # the caller left: its commands were killed
     # The command's own timeout is another thing: its exit 124 is an answer.
     result = sb.run(["sleep", "2"], timeout=0.3, call_timeout=5)
     assert (result.exit_code, result.ending) == (124, "timed_out")
