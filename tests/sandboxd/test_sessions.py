@@ -261,7 +261,8 @@ def test_a_command_started_later_holds_nothing_of_an_earlier_one(make: Make) -> 
 
     first = threading.Thread(target=short)
     first.start()
-    time.sleep(0.2)  # the short one runs; the long one starts beside it
+    # The short one runs (not a guess at how long its start takes): the long one starts after.
+    assert eventually(lambda: "sleep 0.5" in " ".join(host_processes(sb.info["uid"]).values()))
     long = run(sb, "sleep 4; echo long", timeout=30)
     first.join(30)
     assert long.text == "long\n"
