@@ -29,7 +29,7 @@ run: $(STAMP) deps
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench
-	$(VENV)/bin/mypy --strict sealgate
+	$(PY) scripts/typecheck
 
 test: $(STAMP) deps lint microvm-image
 	$(PY) -m pytest -q

@@ -8,14 +8,14 @@ request `sealgate.issuer.injection`. The issuer's own callers, service and comma
 namespace too; the modules it gathers never import it, so it sits above them.
 """
 
-from sealgate.issuer.checks import (
+from .checks import (
     CLOCK_SKEW_SECONDS,
     check_binding,
     check_scope,
     check_time,
     validity,
 )
-from sealgate.issuer.errors import (
+from .errors import (
     TokenBinding,
     TokenError,
     TokenExpired,
@@ -24,8 +24,8 @@ from sealgate.issuer.errors import (
     TokenMalformed,
     TokenScope,
 )
-from sealgate.issuer.scope import DEFAULT_PORT, HostPattern
-from sealgate.issuer.token import (
+from .scope import DEFAULT_PORT, HostPattern
+from .token import (
     CLAIMS_VERSION,
     MAX_LIFETIME_SECONDS,
     MAX_TOKEN_LENGTH,

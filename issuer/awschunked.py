@@ -21,7 +21,7 @@ import hmac
 import re
 from typing import Final
 
-from sealgate.issuer.sigv4 import EMPTY_SHA256, Scope
+from .sigv4 import EMPTY_SHA256, Scope
 
 __all__ = ["ALGORITHM", "ChunkError", "Resigner"]
 

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote
 
-from sealgate.issuer import awschunked, sigv4
-from sealgate.issuer.awskeys import AwsKeys
-from sealgate.issuer.httprequest import MutableRequest, query_elements, without_query_params
-from sealgate.issuer.processors import AwsSigV4Processor, InjectionError, RequestInapplicable
 from sealgate.reasons import Reason
+
+from . import awschunked, sigv4
+from .awskeys import AwsKeys
+from .httprequest import MutableRequest, query_elements, without_query_params
+from .processors import AwsSigV4Processor, InjectionError, RequestInapplicable
 
 __all__ = [
     "MAX_EXPIRES",

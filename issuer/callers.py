@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Final, assert_never
 
 from sealgate import issuer as tk
-from sealgate.issuer import jsonfields
-from sealgate.issuer import processors as pr
 from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFile, YamlFileError
+
+from . import jsonfields
+from . import processors as pr
 
 __all__ = [
     "BINDING_KINDS",

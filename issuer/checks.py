@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from typing import Final, assert_never
 
 from sealgate.hostname import HostError, canonical_name
-from sealgate.issuer.errors import TokenBinding, TokenExpired, TokenScope
-from sealgate.issuer.jsonfields import show
-from sealgate.issuer.scope import path_allowed
-from sealgate.issuer.token import (
+
+from .errors import TokenBinding, TokenExpired, TokenScope
+from .jsonfields import show
+from .scope import path_allowed
+from .token import (
     AuthDigestBinding,
     Claims,
     PolicyBinding,

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from sealgate import issuer as tk
 from sealgate.clikit import Commands
-from sealgate.issuer import keys
-from sealgate.issuer.clibase import emit_json, format_age, run
-from sealgate.issuer.mintcli import add_mint
-from sealgate.issuer.servecli import add_issuer
+
+from . import keys
+from .clibase import emit_json, format_age, run
+from .mintcli import add_mint
+from .servecli import add_issuer
 
 __all__ = ["register"]
 

@@ -17,8 +17,9 @@ from typing import Final
 
 from sealgate import issuer as tk
 from sealgate.files import read_regular
-from sealgate.issuer import callers, keys
-from sealgate.issuer import processors as pr
+
+from . import callers, keys
+from . import processors as pr
 
 __all__ = ["CliError", "emit_json", "format_age", "parse_duration", "read_source", "run"]
 

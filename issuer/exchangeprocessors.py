@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, Final
 
-from sealgate.issuer import grants
-from sealgate.issuer.injectionerrors import ProcessorInvalid
+from . import grants
+from .injectionerrors import ProcessorInvalid
 
 __all__ = ["EXCHANGED", "SCHEMES", "GcpServiceAccountProcessor", "GitHubAppProcessor",
            "OAuth2Processor", "exchanged_secret"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote, unquote_to_bytes
 
-from sealgate.issuer.processors import RequestInapplicable
+from .processors import RequestInapplicable
 
 __all__ = [
     "InMemoryRequest",

@@ -14,14 +14,14 @@ import hmac
 import time
 from typing import assert_never
 
-from sealgate.issuer import awskeys, awsresign
-from sealgate.issuer.httprequest import (
+from . import awskeys, awsresign
+from .httprequest import (
     InMemoryRequest,
     MutableRequest,
     has_query_param,
     set_query_param,
 )
-from sealgate.issuer.processors import (
+from .processors import (
     AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,

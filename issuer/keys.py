@@ -20,8 +20,9 @@ from typing import Final, TypeVar
 from nacl.public import PrivateKey
 
 from sealgate.files import read_regular
-from sealgate.issuer.jsonfields import load_json_object
 from sealgate.reasons import Reason, SealgateError
+
+from .jsonfields import load_json_object
 
 __all__ = [
     "KeyFileError",

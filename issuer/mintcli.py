@@ -12,9 +12,10 @@ from typing import Final
 
 from sealgate import issuer as tk
 from sealgate.clikit import Commands
-from sealgate.issuer import keys
-from sealgate.issuer import processors as pr
-from sealgate.issuer.clibase import CliError, emit_json, parse_duration, read_source, run
+
+from . import keys
+from . import processors as pr
+from .clibase import CliError, emit_json, parse_duration, read_source, run
 
 __all__ = ["DEFAULT_TTL", "add_mint"]
 

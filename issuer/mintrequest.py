@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Final
 
 from sealgate import issuer as tk
-from sealgate.issuer import callers as cl
-from sealgate.issuer import jsonfields
 from sealgate.reasons import Reason, SealgateError
+
+from . import callers as cl
+from . import jsonfields
 
 __all__ = [
     "BadJson",

@@ -20,8 +20,8 @@ from dataclasses import fields as dataclass_fields
 from functools import cached_property
 from typing import ClassVar, Final
 
-from sealgate.issuer import awskeys, grants, jsonfields
-from sealgate.issuer.exchangeprocessors import (
+from . import awskeys, grants, jsonfields
+from .exchangeprocessors import (
     EXCHANGED,
     SCHEMES,
     GcpServiceAccountProcessor,
@@ -29,7 +29,7 @@ from sealgate.issuer.exchangeprocessors import (
     OAuth2Processor,
     exchanged_secret,
 )
-from sealgate.issuer.injectionerrors import (
+from .injectionerrors import (
     InjectionError,
     ProcessorInvalid,
     RequestInapplicable,

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sealgate import hostname
-from sealgate.issuer.errors import TokenMalformed
-from sealgate.issuer.jsonfields import show
+
+from .errors import TokenMalformed
+from .jsonfields import show
 
 __all__ = ["DEFAULT_PORT", "HostPattern", "check_path_prefix", "path_allowed"]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 from sealgate.audit import AuditLog
 from sealgate.clikit import Commands
 from sealgate.hostport import parse_hostport
-from sealgate.issuer.clibase import CliError, run
-from sealgate.issuer.service import Issuer
+
+from .clibase import CliError, run
+from .service import Issuer
 
 __all__ = ["add_issuer", "parse_listen"]
 
@@ -42,7 +43,7 @@ def _is_loopback(host: str) -> bool:
 def _issuer_serve(args: argparse.Namespace) -> int:
     def body() -> int:
         # Imported here: aiohttp is needed by this command only, not by every `sealgate` run.
-        from sealgate.issuer import webapp
+        from . import webapp
 
         host, port = parse_listen(args.listen)
         if (args.tls_cert is None) != (args.tls_key is None):

@@ -19,9 +19,10 @@ from typing import Final, TypeVar
 
 from sealgate import issuer as tk
 from sealgate.audit import AuditLog
-from sealgate.issuer import callers as cl
-from sealgate.issuer import keys
-from sealgate.issuer.mintrequest import (
+
+from . import callers as cl
+from . import keys
+from .mintrequest import (
     InvalidRequest,
     RateLimited,
     Unauthenticated,

@@ -24,10 +24,10 @@ from typing import Final
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
-from sealgate.issuer.errors import TokenInvalid, TokenMalformed
-from sealgate.issuer.jsonfields import load_json_object, missing, show, unknown
-from sealgate.issuer.keys import Keyring, PublicKeyEntry
-from sealgate.issuer.processors import (
+from .errors import TokenInvalid, TokenMalformed
+from .jsonfields import load_json_object, missing, show, unknown
+from .keys import Keyring, PublicKeyEntry
+from .processors import (
     Processor,
     ProcessorInvalid,
     SecretInvalid,
@@ -35,7 +35,7 @@ from sealgate.issuer.processors import (
     processor_from_object,
     processor_to_object,
 )
-from sealgate.issuer.scope import HostPattern, check_path_prefix
+from .scope import HostPattern, check_path_prefix
 
 __all__ = [
     "CLAIMS_VERSION",

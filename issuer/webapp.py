@@ -25,11 +25,12 @@ from cryptography import x509
 
 from sealgate import issuer as tk
 from sealgate.hostport import format_hostport
-from sealgate.issuer import callers as cl
-from sealgate.issuer import keys
-from sealgate.issuer.mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
-from sealgate.issuer.service import Issuer
 from sealgate.reasons import Reason
+
+from . import callers as cl
+from . import keys
+from .mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
+from .service import Issuer
 
 __all__ = ["MAX_BODY_BYTES", "ServeOptions", "make_app", "serve", "tls_context"]
 

@@ -7,6 +7,6 @@ error pages (proxy/upstream.py, wired in by proxy/mitm.py), workers, and the lea
 master's speed.
 """
 
-from sealgate.proxy.pipeline import Sealgate
+from .pipeline import Sealgate
 
 addons = [Sealgate()]

@@ -13,8 +13,9 @@ from mitmproxy import http
 
 from sealgate.hostname import Host
 from sealgate.hostport import format_hostport
-from sealgate.proxy.credentials.scrub import Scrubber
-from sealgate.proxy.flowstate import SCRUB, Conn, Verdict, header
+
+from .credentials.scrub import Scrubber
+from .flowstate import SCRUB, Conn, Verdict, header
 
 
 def request_line(flow: http.HTTPFlow, verdict: Verdict) -> dict[str, Any]:

@@ -28,9 +28,10 @@ from mitmproxy import http
 
 from sealgate.hostname import Host
 from sealgate.hostport import format_hostport
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.guard import parse_target
 from sealgate.reasons import Reason
+
+from .errors import Denial
+from .net.guard import parse_target
 
 PREFIX: Final = "/_/"
 _DEFAULT_PORT: Final = 443

@@ -42,9 +42,10 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
-from sealgate.proxy import limits, linger
-from sealgate.proxy.flowstate import META, Verdict
 from sealgate.reasons import Reason
+
+from . import limits, linger
+from .flowstate import META, Verdict
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
 _CUT = "_sealgate_body_cut"  # set once the body passed its cap and its upstream was aborted

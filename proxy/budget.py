@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.policy.model import Budgets
 from sealgate.reasons import Reason
+
+from .errors import Denial
+from .policy.model import Budgets
 
 # A spent budget's refusal is answered this many seconds late. Answered at once, a client that
 # ignores Retry-After turns the proxy's cheapest answer into its busiest work: a flooder at c=32

@@ -18,8 +18,8 @@ from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport, parse_hostport
 
 if TYPE_CHECKING:
-    from sealgate.proxy.limits import Limits
-    from sealgate.proxy.master import ProxyConfig
+    from .limits import Limits
+    from .master import ProxyConfig
 
 
 def register(sub: Commands) -> None:
@@ -131,7 +131,7 @@ def register(sub: Commands) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
-    from sealgate.proxy.master import ProxyConfig
+    from .master import ProxyConfig
 
     for item in args.set:
         if "=" not in item:
@@ -161,7 +161,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    from sealgate.proxy.limits import Limits
+    from .limits import Limits
 
     try:
         return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
@@ -174,7 +174,7 @@ def _limits(args: argparse.Namespace) -> Limits:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
-    from sealgate.proxy import mitm
+    from . import mitm
 
     config = config_from_args(args)
     try:
@@ -184,8 +184,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
     except mitm.MitmproxyMismatch as exc:
         print(exc, file=sys.stderr)
         return 2
-    from sealgate.proxy import supervisor
-    from sealgate.proxy.master import prepare
+    from . import supervisor
+    from .master import prepare
 
     if args.worker_index is None:
         prepare(config)
@@ -207,7 +207,7 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 def _run_ca(args: argparse.Namespace) -> int:
-    from sealgate.proxy.ca import ca_paths, ensure_ca
+    from .ca import ca_paths, ensure_ca
 
     confdir = Path(args.state).resolve() / "ca"
     # Never a new CA by accident: one made here, where the proxy does not look, would be
@@ -229,7 +229,8 @@ def _run_env(args: argparse.Namespace) -> int:
     from urllib.parse import quote
 
     from sealgate import clientenv
-    from sealgate.proxy.ca import ca_paths
+
+    from .ca import ca_paths
 
     cert = ca_paths(Path(args.state).resolve() / "ca")[1]
     if not cert.is_file():
@@ -277,7 +278,7 @@ def _closed_to_others(path: Path) -> list[Path]:
 
 
 def _run_sources(args: argparse.Namespace) -> int:
-    from sealgate.proxy.control import ControlError, call, socket_path
+    from .control import ControlError, call, socket_path
 
     base = "/v1/sources"
     try:

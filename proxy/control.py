@@ -25,10 +25,11 @@ from typing import Any
 
 from aiohttp import web
 
-from sealgate.proxy import metrics
-from sealgate.proxy.policy.rulesfile import RulesError, load_rules
-from sealgate.proxy.registry import RegistryError, SourceRegistry
 from sealgate.reasons import Reason
+
+from . import metrics
+from .policy.rulesfile import RulesError, load_rules
+from .registry import RegistryError, SourceRegistry
 
 _MAX_BODY = 4096
 

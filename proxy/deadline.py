@@ -30,8 +30,9 @@ from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, SendHttp
 from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
 
-from sealgate.proxy.flowstate import META, Verdict
 from sealgate.reasons import Reason
+
+from .flowstate import META, Verdict
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
 class Deadline(commands.RequestWakeup):

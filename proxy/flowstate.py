@@ -16,12 +16,13 @@ from typing import Final
 from mitmproxy import http
 
 from sealgate.hostname import Host
-from sealgate.proxy.baseurl import BaseUrl
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.identity import Identity
-from sealgate.proxy.net.guard import Pin
-from sealgate.proxy.policy.model import Policy
 from sealgate.reasons import Reason
+
+from .baseurl import BaseUrl
+from .errors import Denial
+from .identity import Identity
+from .net.guard import Pin
+from .policy.model import Policy
 
 # Keys of a flow's metadata.
 META: Final = "sealgate"  # the Verdict

@@ -22,7 +22,7 @@ from mitmproxy import connection, ctx, exceptions, http, tcp, tls
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import mode_specs
 
-from sealgate.proxy import mitm
+from . import mitm
 
 OPTION = "sealgate_handshake_timeout"
 

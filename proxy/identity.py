@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sealgate.issuer import TOKEN_PREFIX
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.policy.model import RuleSet
-from sealgate.proxy.registry import SourceRegistry
+
 from sealgate.reasons import Reason
+
+from .errors import Denial
+from .policy.model import RuleSet
+from .registry import SourceRegistry
 
 Via = Literal["proxy-auth", "source", "default"]
 

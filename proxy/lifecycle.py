@@ -17,16 +17,17 @@ from typing import Any
 from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
-from sealgate.proxy import conncap, deadline, memory, settings
-from sealgate.proxy.budget import BudgetLedger
-from sealgate.proxy.conncap import ConnectionGate
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.flowstate import Conn
-from sealgate.proxy.handshake import HandshakeDeadline
-from sealgate.proxy.memory import Reclaimer
-from sealgate.proxy.metrics import Metrics
-from sealgate.proxy.settings import Settings
 from sealgate.reasons import Reason
+
+from . import conncap, deadline, memory, settings
+from .budget import BudgetLedger
+from .conncap import ConnectionGate
+from .errors import Denial
+from .flowstate import Conn
+from .handshake import HandshakeDeadline
+from .memory import Reclaimer
+from .metrics import Metrics
+from .settings import Settings
 
 logger = logging.getLogger("sealgate")
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from mitmproxy import http
 
-from sealgate.proxy.errors import Denial
 from sealgate.reasons import Reason
+
+from .errors import Denial
 
 
 @dataclass(frozen=True, slots=True)

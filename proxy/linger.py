@@ -51,7 +51,7 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 
-from sealgate.proxy import limits
+from . import limits
 
 # Refused body bytes read so far, per client connection (over HTTP/2, all its streams').
 _DROPPED: weakref.WeakKeyDictionary[connection.Client, int] = weakref.WeakKeyDictionary()

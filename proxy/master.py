@@ -25,11 +25,12 @@ from mitmproxy import ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
 from sealgate.hostport import format_hostport
-from sealgate.proxy import mitm
-from sealgate.proxy.ca import ensure_ca
-from sealgate.proxy.drain import Lifecycle, drain
-from sealgate.proxy.limits import Limits
-from sealgate.proxy.pipeline import Sealgate
+
+from . import mitm
+from .ca import ensure_ca
+from .drain import Lifecycle, drain
+from .limits import Limits
+from .pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,

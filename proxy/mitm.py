@@ -56,8 +56,8 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.utils import asyncio_utils
 
-from sealgate.proxy import bodycap, deadline, limits, linger, speedups, upstream
-from sealgate.proxy.mitmcheck import mismatches
+from . import bodycap, deadline, limits, linger, speedups, upstream
+from .mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
 

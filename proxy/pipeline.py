@@ -22,7 +22,9 @@ from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
 from sealgate.hostname import Host, HostError, canonical_host
-from sealgate.proxy import (
+from sealgate.reasons import Reason
+
+from . import (
     baseurl,
     budget,
     layers,
@@ -31,13 +33,13 @@ from sealgate.proxy import (
     responses,
     upstream,
 )
-from sealgate.proxy.auditlines import connection_line, request_line, target_text
-from sealgate.proxy.credentials import presented
-from sealgate.proxy.credentials.inject import Credential, Injected, put, refused_body, write
-from sealgate.proxy.credentials.tokenizer import HEADER as TOKEN_HEADER
-from sealgate.proxy.credentials.tokenizer import TokenRequest
-from sealgate.proxy.errors import Denial, deny_response
-from sealgate.proxy.flowstate import (
+from .auditlines import connection_line, request_line, target_text
+from .credentials import presented
+from .credentials.inject import Credential, Injected, put, refused_body, write
+from .credentials.tokenizer import HEADER as TOKEN_HEADER
+from .credentials.tokenizer import TokenRequest
+from .errors import Denial, deny_response
+from .flowstate import (
     META,
     PENDING,
     REJECTED,
@@ -48,12 +50,11 @@ from sealgate.proxy.flowstate import (
     stream_request,
     unsafe_fields,
 )
-from sealgate.proxy.identity import Identity
-from sealgate.proxy.lifecycle import Lifecycle
-from sealgate.proxy.net import guard as guardmod
-from sealgate.proxy.policy.decide import Decision, Question, decide, policy_for
-from sealgate.proxy.policy.model import PathError, Policy, Rule, normalize_path
-from sealgate.reasons import Reason
+from .identity import Identity
+from .lifecycle import Lifecycle
+from .net import guard as guardmod
+from .policy.decide import Decision, Question, decide, policy_for
+from .policy.model import PathError, Policy, Rule, normalize_path
 
 logger = logging.getLogger("sealgate")
 

@@ -16,12 +16,13 @@ from typing import Protocol
 
 from mitmproxy import http
 
-from sealgate.proxy import baseurl, mitm
-from sealgate.proxy.credentials.decode import Undecodable, decode_whole, decoder
-from sealgate.proxy.credentials.scrub import Scrubber
-from sealgate.proxy.flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
-from sealgate.proxy.net import guard
 from sealgate.reasons import Reason
+
+from . import baseurl, mitm
+from .credentials.decode import Undecodable, decode_whole, decoder
+from .credentials.scrub import Scrubber
+from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
+from .net import guard
 
 logger = logging.getLogger("sealgate")
 

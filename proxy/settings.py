@@ -17,23 +17,24 @@ from typing import Any
 
 from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
+from sealgate.issuer.keys import KeyFileError, Keyring
 
 from sealgate.audit import AuditLog
-from sealgate.issuer.keys import KeyFileError, Keyring
-from sealgate.proxy import mitm
-from sealgate.proxy.credentials.awsroles import RoleSessions
-from sealgate.proxy.credentials.broker import Broker
-from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, open_store
-from sealgate.proxy.credentials.tokenizer import Tokenizer
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.identity import Identifier
-from sealgate.proxy.net import guard as guardmod
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.net.resolver import Resolver
-from sealgate.proxy.policy.model import RuleSet
-from sealgate.proxy.policy.rulesfile import RulesError, load_rules
-from sealgate.proxy.registry import SourceRegistry
 from sealgate.watch import Snapshot
+
+from . import mitm
+from .credentials.awsroles import RoleSessions
+from .credentials.broker import Broker
+from .credentials.secrets import SecretBroker, SecretError, open_store
+from .credentials.tokenizer import Tokenizer
+from .errors import Denial
+from .identity import Identifier
+from .net import guard as guardmod
+from .net.guard import Guard
+from .net.resolver import Resolver
+from .policy.model import RuleSet
+from .policy.rulesfile import RulesError, load_rules
+from .registry import SourceRegistry
 
 logger = logging.getLogger("sealgate")
 

@@ -23,10 +23,10 @@ from collections import deque
 
 from aiohttp import web
 
-from sealgate.proxy import control
-from sealgate.proxy.drain import Lifecycle
-from sealgate.proxy.master import ProxyConfig, serve
-from sealgate.proxy.registry import SourceRegistry
+from . import control
+from .drain import Lifecycle
+from .master import ProxyConfig, serve
+from .registry import SourceRegistry
 
 _STOP_MARGIN = 10.0  # past the drain timeout, how long a worker may take before it is killed
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0

@@ -19,8 +19,9 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.net.http import http1
 
-from sealgate.proxy.errors import Denial, deny_response
 from sealgate.reasons import Reason
+
+from .errors import Denial, deny_response
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 # What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a

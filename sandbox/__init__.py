@@ -1,6 +1,6 @@
 """The sandbox runtime, and the client a harness drives it with:
 
-    from sealgate.sandbox import Sandbox
+    from . import Sandbox
     with Sandbox.create("ci-bot") as sb:
         sb.run(["pytest", "-q"])
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sealgate.sandbox.client import (
+from .client import (
     CallTimeout,
     Client,
     CommandFailed,
@@ -22,7 +22,7 @@ from sealgate.sandbox.client import (
 )
 
 if TYPE_CHECKING:
-    from sealgate.sandbox.aclient import AsyncSandbox
+    from .aclient import AsyncSandbox
 
 __all__ = ["AsyncSandbox", "CallTimeout", "Client", "CommandFailed", "DaemonError", "Result",
            "Sandbox"]
@@ -30,7 +30,7 @@ __all__ = ["AsyncSandbox", "CallTimeout", "Client", "CommandFailed", "DaemonErro
 
 def __getattr__(name: str) -> Any:
     if name == "AsyncSandbox":
-        from sealgate.sandbox.aclient import AsyncSandbox
+        from .aclient import AsyncSandbox
 
         return AsyncSandbox
     raise AttributeError(f"module 'sealgate.sandbox' has no attribute {name!r}")

@@ -23,7 +23,8 @@ from urllib.parse import quote
 import aiohttp
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.clientshared import (
+
+from .clientshared import (
     DEFAULT,
     DEFAULT_DAEMON,
     GRACE,

@@ -26,9 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
-from sealgate.sandbox.daemon import Daemon
-from sealgate.sandbox.session import MAX_REQUEST, Command, Options, SessionError, check_path
+
+from .cgroup import CgroupError, Limits, parse_size
+from .daemon import Daemon
+from .session import MAX_REQUEST, Command, Options, SessionError, check_path
 
 MAX_JSON = 24 << 20  # a command's stdin, base64'd, and its other fields
 MAX_STDIN = 16 << 20

@@ -21,7 +21,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
 from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox.api import error
+
+from .api import error
 
 _LOG = logging.getLogger("sealgate.sandbox.api")
 

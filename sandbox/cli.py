@@ -16,9 +16,10 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from sealgate.clikit import Commands
-from sealgate.sandbox import sessioncli, tiers
-from sealgate.sandbox.cgroup import CgroupError, Limits, parse_size
-from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
+
+from . import sessioncli, tiers
+from .cgroup import CgroupError, Limits, parse_size
+from .network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
 
 def register(sub: Commands) -> None:
@@ -97,19 +98,19 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from sealgate.sandbox.runtime import setup
+    from .runtime import setup
 
     return _guarded(lambda: setup(_plan(args)))
 
 
 def _teardown(args: argparse.Namespace) -> int:
-    from sealgate.sandbox.runtime import teardown
+    from .runtime import teardown
 
     return _guarded(lambda: teardown(_plan(args)))
 
 
 def _gc(_: argparse.Namespace) -> int:
-    from sealgate.sandbox.runtime import clean_up_stale
+    from .runtime import clean_up_stale
 
     def clean() -> None:
         for left in clean_up_stale():
@@ -132,8 +133,8 @@ def _guarded(action: Callable[[], None]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sealgate.sandbox.errors import SandboxError
-    from sealgate.sandbox.runtime import Run, run
+    from .errors import SandboxError
+    from .runtime import Run, run
 
     if problem := _root():
         print(problem, file=sys.stderr)

@@ -33,7 +33,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.clientshared import (
+
+from .clientshared import (
     DEFAULT,
     DEFAULT_DAEMON,
     GRACE,

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sealgate.proxy.control import ControlError, call
+
 from sealgate.reasons import Reason
-from sealgate.sandbox import orphans, slot, tiers
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.runtime import clean_up_stale
-from sealgate.sandbox.session import Options, Session, SessionError
+
+from . import orphans, slot, tiers
+from .errors import SandboxError
+from .runtime import clean_up_stale
+from .session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
 _ENDED_KEPT = 4096

@@ -13,8 +13,9 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from sealgate.clikit import Commands
-from sealgate.sandbox import tiers
-from sealgate.sandbox.network import DEFAULT_GATEWAY, DEFAULT_RANGE
+
+from . import tiers
+from .network import DEFAULT_GATEWAY, DEFAULT_RANGE
 
 DEFAULT_SOCKET = Path("/run/sealgate/sandboxd.sock")
 
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         print("sealgate sandboxd needs root (network namespaces, nftables, cgroups)",
               file=sys.stderr)
         return 2
-    from sealgate.sandbox import serve  # aiohttp only when the daemon runs
+    from . import serve  # aiohttp only when the daemon runs
 
     try:
         settings = serve.Settings.of(args)

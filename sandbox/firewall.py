@@ -27,8 +27,9 @@ import subprocess
 from collections.abc import Collection
 
 from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox import dns
-from sealgate.sandbox.network import Link, Plan
+
+from . import dns
+from .network import Link, Plan
 
 # One limit for every query of the sandbox, whatever its sockets and ports.
 _DNS_RATE = f"{dns.RATE}/second burst {dns.BURST} packets"

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from sealgate import clientenv
 from sealgate.hostport import format_hostport
-from sealgate.sandbox import parentdeath
-from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.network import Link
+
+from . import parentdeath
+from .cgroup import Limits
+from .network import Link
 
 NOBODY = 65534
 WORKSPACE = "/workspace"

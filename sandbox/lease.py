@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sealgate.sandbox.network import RUN_DIR, lease_path
+from .network import RUN_DIR, lease_path
 
 
 @dataclass(frozen=True)

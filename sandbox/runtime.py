@@ -40,13 +40,14 @@ from typing import Any, TypeVar
 
 from sealgate.proxy.ca import ca_paths
 from sealgate.proxy.control import ControlError, call
-from sealgate.sandbox import firewall, lease, network, scratch, seccomp, tiers
-from sealgate.sandbox.cgroup import CgroupError, Group, Limits
-from sealgate.sandbox.dns import FakeDns, LoopDns
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.launch import NOBODY, Launch, staged
-from sealgate.sandbox.network import Link, Plan
-from sealgate.sandbox.watchdog import Watchdog
+
+from . import firewall, lease, network, scratch, seccomp, tiers
+from .cgroup import CgroupError, Group, Limits
+from .dns import FakeDns, LoopDns
+from .errors import SandboxError
+from .launch import NOBODY, Launch, staged
+from .network import Link, Plan
+from .watchdog import Watchdog
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

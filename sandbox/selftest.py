@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from sealgate.reasons import SealgateError
-from sealgate.sandbox.daemon import Daemon
-from sealgate.sandbox.session import Command, Options, Session
+
+from .daemon import Daemon
+from .session import Command, Options, Session
 
 _PROBE = Path(__file__).with_name("probe.py")
 _OUTSIDE = "198.51.100.7"  # TEST-NET-2: never a real host

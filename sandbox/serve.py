@@ -17,14 +17,15 @@ from pathlib import Path
 from aiohttp import web
 
 from sealgate.hostport import parse_hostport
-from sealgate.sandbox import firewall, selftest, slot, tiers
-from sealgate.sandbox.api import make_app
-from sealgate.sandbox.apiserver import Runner
-from sealgate.sandbox.cgroup import CgroupError, parse_size
-from sealgate.sandbox.daemon import Config, Daemon
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.network import NetworkError, Plan
-from sealgate.sandbox.runtime import setup
+
+from . import firewall, selftest, slot, tiers
+from .api import make_app
+from .apiserver import Runner
+from .cgroup import CgroupError, parse_size
+from .daemon import Config, Daemon
+from .errors import SandboxError
+from .network import NetworkError, Plan
+from .runtime import setup
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sealgate.reasons import Reason, SealgateError
-from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.pipes import Writer, feed, open_pipe, pump, read_all
-from sealgate.sandbox.slot import Slot
+
+from .cgroup import Limits
+from .pipes import Writer, feed, open_pipe, pump, read_all
+from .slot import Slot
 
 _STATUS_MAX = 1 << 16
 _CHUNK = 1 << 16

@@ -19,7 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import (
+
+from .client import (
     DEFAULT,
     DEFAULT_DAEMON,
     CallLimit,
@@ -28,7 +29,7 @@ from sealgate.sandbox.client import (
     Result,
     Sandbox,
 )
-from sealgate.sandbox.clientshared import call_limit
+from .clientshared import call_limit
 
 _REFUSED = 125
 

@@ -23,13 +23,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealgate.sandbox import firewall, scratch, tiers
-from sealgate.sandbox.cgroup import CgroupError, Group, Limits
-from sealgate.sandbox.dns import LoopDns
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.launch import Launch, environment, staged
-from sealgate.sandbox.network import Link, Plan
-from sealgate.sandbox.runtime import prerequisites, remove_link, take_link, trust, unregister
+from . import firewall, scratch, tiers
+from .cgroup import CgroupError, Group, Limits
+from .dns import LoopDns
+from .errors import SandboxError
+from .launch import Launch, environment, staged
+from .network import Link, Plan
+from .runtime import prerequisites, remove_link, take_link, trust, unregister
 
 AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
 SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command

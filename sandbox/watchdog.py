@@ -18,8 +18,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from sealgate.sandbox.cgroup import PARENT
-from sealgate.sandbox.launch import tool
+from .cgroup import PARENT
+from .launch import tool
 
 # Up to 100 rounds, 20 ms apart while there was something to kill (the pids limit bounds
 # what a round must kill); over once the groups read empty twice running, for a fork that was

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from sealgate.hostport import format_hostport
+from .hostport import format_hostport
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 NO_PROXY = "localhost,127.0.0.1"

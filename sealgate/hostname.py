@@ -17,7 +17,7 @@ from typing import Final, NoReturn
 
 import idna
 
-from sealgate.reasons import Reason, SealgateError
+from .reasons import Reason, SealgateError
 
 __all__ = [
     "WILDCARD",

@@ -23,7 +23,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from sealgate.files import read_regular
+from .files import read_regular
 
 __all__ = [
     "BOOL",

@@ -25,10 +25,11 @@ from urllib.parse import urlencode, urlsplit
 
 from sealgate.issuer import awskeys, sigv4
 from sealgate.issuer.awskeys import AwsKeys
-from sealgate.proxy.credentials import dial
-from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.policy.model import Policy
+
+from ..net.guard import Guard
+from ..policy.model import Policy
+from . import dial
+from .exchanged import Exchanged, ExchangeError, Obtained
 
 __all__ = ["RoleSessions"]
 

@@ -17,20 +17,22 @@ from collections.abc import Callable, Sequence
 from sealgate.issuer import awskeys
 from sealgate.issuer.grants import GrantError
 from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
-from sealgate.proxy.credentials import dial
-from sealgate.proxy.credentials.awsroles import RoleSessions
-from sealgate.proxy.credentials.dial import Endpoint
-from sealgate.proxy.credentials.exchanged import ExchangeError
-from sealgate.proxy.credentials.exchanges import ExchangeProcessor, Exchanges
-from sealgate.proxy.credentials.inject import Credential, credential
-from sealgate.proxy.credentials.secrets import Secret, SecretBroker, SecretError, SecretRef
-from sealgate.proxy.credentials.tokenizer import SealedExchange
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.identity import Identity
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.policy.decide import Question, decide
-from sealgate.proxy.policy.model import Injection, PathError, Policy, RuleSet, normalize_path
+
 from sealgate.reasons import Reason
+
+from ..errors import Denial
+from ..identity import Identity
+from ..net.guard import Guard
+from ..policy.decide import Question, decide
+from ..policy.model import Injection, PathError, Policy, RuleSet, normalize_path
+from . import dial
+from .awsroles import RoleSessions
+from .dial import Endpoint
+from .exchanged import ExchangeError
+from .exchanges import ExchangeProcessor, Exchanges
+from .inject import Credential, credential
+from .secrets import Secret, SecretBroker, SecretError, SecretRef
+from .tokenizer import SealedExchange
 
 _MAX_SEALED = 4096
 

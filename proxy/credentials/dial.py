@@ -19,10 +19,11 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from sealgate.hostname import Host, HostError, split_authority
-from sealgate.proxy.credentials.exchanged import ExchangeError
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.policy.model import Policy
+
+from ..errors import Denial
+from ..net.guard import Guard
+from ..policy.model import Policy
+from .exchanged import ExchangeError
 
 __all__ = ["MAX_ANSWER", "TIMEOUT", "Endpoint", "endpoint", "post"]
 

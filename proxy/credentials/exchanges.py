@@ -34,13 +34,14 @@ from sealgate.issuer.processors import (
     HeaderProcessor,
     OAuth2Processor,
 )
-from sealgate.proxy.credentials import dial
-from sealgate.proxy.credentials.dial import Endpoint
-from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
-from sealgate.proxy.credentials.inject import Credential, credential
-from sealgate.proxy.credentials.secrets import SecretBroker, SecretError, SecretRef
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.policy.model import Policy
+
+from ..net.guard import Guard
+from ..policy.model import Policy
+from . import dial
+from .dial import Endpoint
+from .exchanged import Exchanged, ExchangeError, Obtained
+from .inject import Credential, credential
+from .secrets import SecretBroker, SecretError, SecretRef
 
 __all__ = ["ExchangeProcessor", "Exchanges"]
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
-
 from sealgate.issuer import awskeys, awsresign
 from sealgate.issuer.injection import InMemoryRequest, has_query_param, inject
 from sealgate.issuer.processors import (
@@ -39,9 +38,11 @@ from sealgate.issuer.processors import (
     check_secret,
     target,
 )
-from sealgate.proxy.credentials.scrub import Scrubber
-from sealgate.proxy.errors import Denial
+
 from sealgate.reasons import Reason
+
+from ..errors import Denial
+from .scrub import Scrubber
 
 _IDENTITY = (b"accept-encoding", b"identity")
 _TRAILERS = b"trailers"

@@ -15,13 +15,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from sealgate.hostname import Host
 from sealgate.issuer import TokenError
-from sealgate.proxy.credentials.inject import Credential
-from sealgate.proxy.credentials.tokenizer import SealedExchange, Tokenizer, TokenRequest
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.identity import Identifier
+
+from sealgate.hostname import Host
 from sealgate.reasons import Reason
+
+from ..errors import Denial
+from ..identity import Identifier
+from .inject import Credential
+from .tokenizer import SealedExchange, Tokenizer, TokenRequest
 
 
 def in_credentials(

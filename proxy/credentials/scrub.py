@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from itertools import chain, islice
 
-from sealgate.proxy.credentials.decode import Decoder
+from .decode import Decoder
 
 REDACTED = b"[REDACTED]"
 _PATTERN = REDACTED * 410  # masks up to 4 KiB are sliced from it

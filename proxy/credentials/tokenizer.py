@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sealgate.hostname import Host
 from sealgate.issuer import (
     Claims,
     TokenInapplicable,
@@ -38,7 +37,10 @@ from sealgate.issuer.processors import (
     GitHubAppProcessor,
     OAuth2Processor,
 )
-from sealgate.proxy.credentials.inject import Credential, credential
+
+from sealgate.hostname import Host
+
+from .inject import Credential, credential
 
 HEADER = "proxy-tokenizer"
 _MAX_TOKENS = 8  # per request, all Proxy-Tokenizer fields together

@@ -23,17 +23,18 @@ from mitmproxy import http
 
 from sealgate.hostname import Host, HostError, denied_name, split_authority
 from sealgate.hostport import format_hostport
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.addresses import IPAddress
-from sealgate.proxy.net.hostaddr import (
+from sealgate.reasons import Reason
+
+from ..errors import Denial
+from ..policy.model import Policy
+from .addresses import IPAddress
+from .hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
     HostAddresses,
     LocalRoutes,
     parse_networks,
 )
-from sealgate.proxy.net.resolver import ResolveError, Resolver
-from sealgate.proxy.policy.model import Policy
-from sealgate.reasons import Reason
+from .resolver import ResolveError, Resolver
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",

@@ -26,8 +26,9 @@ from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv6Address, ip_network
 from typing import Final
 
-from sealgate.proxy.net.addresses import IPAddress, IPNetwork, embedded_ipv4
 from sealgate.reasons import Reason
+
+from .addresses import IPAddress, IPNetwork, embedded_ipv4
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",

@@ -26,9 +26,10 @@ from typing import Any
 
 from yaml.nodes import Node
 
-from sealgate.proxy.policy.explain import ExplainError, Explanation, explain
-from sealgate.proxy.policy.model import RulesError, RuleSet
 from sealgate.yamlfile import YamlFile
+
+from .explain import ExplainError, Explanation, explain
+from .model import RulesError, RuleSet
 
 _DECISIONS = ("allow", "deny", "report")
 _KEYS = ("name", "sandbox", "policy", "request", "expect", "reason", "rule")

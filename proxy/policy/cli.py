@@ -14,11 +14,12 @@ from typing import Any
 
 from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport
-from sealgate.proxy.policy.cases import load_cases, run_case
-from sealgate.proxy.policy.diff import diff
-from sealgate.proxy.policy.explain import ExplainError, Explanation, describe, explain, injects
-from sealgate.proxy.policy.model import RuleSet, RuleWarning
-from sealgate.proxy.policy.rulesfile import RulesError, load_rules
+
+from .cases import load_cases, run_case
+from .diff import diff
+from .explain import ExplainError, Explanation, describe, explain, injects
+from .model import RuleSet, RuleWarning
+from .rulesfile import RulesError, load_rules
 
 
 def register(sub: Commands) -> None:

@@ -28,10 +28,11 @@ from typing import Literal
 
 from sealgate.hostname import Host, denied_name
 from sealgate.hostport import format_hostport
-from sealgate.proxy.identity import Identity
-from sealgate.proxy.net.addresses import IPAddress
-from sealgate.proxy.policy.model import Policy, Rule, RuleSet, tunnels
 from sealgate.reasons import Reason
+
+from ..identity import Identity
+from ..net.addresses import IPAddress
+from .model import Policy, Rule, RuleSet, tunnels
 
 Verdict = Literal["allow", "deny", "report"]
 Scheme = Literal["http", "https"]

@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sealgate.proxy.policy.explain import describe
-from sealgate.proxy.policy.model import Budgets, Policy, Rule, RuleSet
+from .explain import describe
+from .model import Budgets, Policy, Rule, RuleSet
 
 
 @dataclass(frozen=True)

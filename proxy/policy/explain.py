@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 from urllib.parse import urlsplit
 
-from sealgate.hostname import HostError, split_authority
 from sealgate.issuer.processors import (
     AwsSigV4Processor,
     BasicProcessor,
@@ -27,10 +26,13 @@ from sealgate.issuer.processors import (
     Processor,
     QueryProcessor,
 )
-from sealgate.proxy.identity import Identity
-from sealgate.proxy.policy.decide import Decision, Question, Scheme, Verdict, decide
-from sealgate.proxy.policy.model import PathError, Policy, Rule, RuleSet, normalize_path
+
+from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
+
+from ..identity import Identity
+from .decide import Decision, Question, Scheme, Verdict, decide
+from .model import PathError, Policy, Rule, RuleSet, normalize_path
 
 _SCHEMES = {"http": 80, "https": 443}
 

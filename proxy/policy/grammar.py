@@ -15,8 +15,10 @@ from typing import Final, TypeVar
 
 from yaml.nodes import Node, ScalarNode
 
-from sealgate.proxy.policy.injections import injections
-from sealgate.proxy.policy.model import (
+from sealgate.yamlfile import FLOAT, INT, Where, YamlFile, describe, join, show
+
+from .injections import injections
+from .model import (
     ANY_HOST,
     Budgets,
     Injection,
@@ -29,8 +31,7 @@ from sealgate.proxy.policy.model import (
     SandboxEntry,
     path_glob_regex,
 )
-from sealgate.proxy.policy.targets import Lint, TargetError, host_pattern, network
-from sealgate.yamlfile import FLOAT, INT, Where, YamlFile, describe, join, show
+from .targets import Lint, TargetError, host_pattern, network
 
 __all__ = ["RulesDocument"]
 

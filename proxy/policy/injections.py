@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Final
 
+from sealgate.issuer.processors import InjectionError, processor_from_object, target
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from sealgate.issuer.processors import InjectionError, processor_from_object, target
-from sealgate.proxy.credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
-from sealgate.proxy.policy.model import Injection
 from sealgate.yamlfile import YamlFile, join
+
+from ..credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
+from .model import Injection
 
 __all__ = ["injections"]
 

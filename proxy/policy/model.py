@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import unquote
 
-from sealgate.hostname import Host
 from sealgate.issuer.processors import Processor
-from sealgate.proxy.credentials.secrets.base import SecretRef
-from sealgate.proxy.net.addresses import AddressPolicy
+
+from sealgate.hostname import Host
 from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFileError, format_location
+
+from ..credentials.secrets.base import SecretRef
+from ..net.addresses import AddressPolicy
 
 __all__ = [
     "ANY_HOST",

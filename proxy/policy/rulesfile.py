@@ -11,15 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-from sealgate.proxy.policy.grammar import RulesDocument
-from sealgate.proxy.policy.model import (
+from sealgate.yamlfile import MAX_FILE_BYTES, Where
+
+from .grammar import RulesDocument
+from .model import (
     Policy,
     RulesError,
     RuleSet,
     RuleWarning,
     SandboxEntry,
 )
-from sealgate.yamlfile import MAX_FILE_BYTES, Where
 
 __all__ = ["MAX_FILE_BYTES", "RulesError", "load_rules"]
 

@@ -12,9 +12,10 @@ from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_network
 from typing import Final
 
 from sealgate.hostname import Host, HostError, canonical_name, denied_name
-from sealgate.proxy.net.addresses import METADATA_ADDRESSES
-from sealgate.proxy.policy.model import ANY_HOST
 from sealgate.yamlfile import show
+
+from ..net.addresses import METADATA_ADDRESSES
+from .model import ANY_HOST
 
 __all__ = ["Lint", "TargetError", "host_pattern", "network"]
 

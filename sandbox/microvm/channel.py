@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm.frames import Frames, encode
+from ..errors import SandboxError
+from .frames import Frames, encode
 
 _CHUNK = 65536
 # The guest's headers are small (an op, an id, an exit code, a message cut to 500 characters);

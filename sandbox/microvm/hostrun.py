@@ -25,9 +25,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm import image, pool, vm
-from sealgate.sandbox.microvm.pool import Booted
+from ..errors import SandboxError
+from . import image, pool, vm
+from .pool import Booted
 
 SETUP_FAILED = 125
 BRIDGE = "sgvmbr"

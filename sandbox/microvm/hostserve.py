@@ -40,13 +40,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sealgate.sandbox.agent import request
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm import hostrun
-from sealgate.sandbox.microvm.channel import GuestFrames
-from sealgate.sandbox.microvm.frames import encode
-from sealgate.sandbox.microvm.pool import Booted
-from sealgate.sandbox.slot import AGENT  # where every slot stages the agent's source
+from ..agent import request
+from ..errors import SandboxError
+from ..slot import AGENT  # where every slot stages the agent's source
+from . import hostrun
+from .channel import GuestFrames
+from .frames import encode
+from .pool import Booted
 
 _MAX_RUNNING = 128  # requests at once (the daemon sends at most 64 per sandbox)
 _QUEUED = 64  # frames held per request before the guest's channel is held back

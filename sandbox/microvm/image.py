@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealgate.sandbox.errors import SandboxError
+from ..errors import SandboxError
 
 KERNEL_PACKAGE = "linux-image-amd64"  # the metapackage: it names the current ABI's package
 BUSYBOX_PACKAGE = "busybox-static"

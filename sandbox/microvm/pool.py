@@ -20,9 +20,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm.channel import Channel
-from sealgate.sandbox.microvm.vm import Machine, Spec
+from ..errors import SandboxError
+from .channel import Channel
+from .vm import Machine, Spec
 
 BOOT_SECONDS = 60.0
 

@@ -38,9 +38,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealgate.sandbox import parentdeath
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm.image import Image
+from .. import parentdeath
+from ..errors import SandboxError
+from .image import Image
 
 QEMU = "qemu-system-x86_64"
 ACCEL_ENV = "SEALGATE_MICROVM_ACCEL"

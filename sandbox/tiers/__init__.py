@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.launch import Launch
+from ..cgroup import Limits
+from ..errors import SandboxError
+from ..launch import Launch
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sealgate.sandbox.launch import (
+from ..launch import (
     HOME,
     HOSTNAME,
     SYSTEM_DIRS,
@@ -43,7 +43,7 @@ from sealgate.sandbox.launch import (
     host_prefix,
     tool,
 )
-from sealgate.sandbox.tiers import Started, Tier
+from . import Started, Tier
 
 
 def _unavailable() -> str | None:

@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.launch import (
+from ..cgroup import Limits
+from ..launch import (
     HOME,
     HOSTNAME,
     SYSTEM_DIRS,
@@ -61,9 +61,9 @@ from sealgate.sandbox.launch import (
     host_prefix,
     tool,
 )
-from sealgate.sandbox.network import RUN_DIR
-from sealgate.sandbox.seccomp import REFUSED_OPTIONS
-from sealgate.sandbox.tiers import Started, Tier
+from ..network import RUN_DIR
+from ..seccomp import REFUSED_OPTIONS
+from . import Started, Tier
 
 # Both measured on this runsc (0.0~20221219) and a 6.18 host, in docs/sandbox.md:
 # - `--network=sandbox` (gVisor's netstack) refuses to start: it takes a namespace holding

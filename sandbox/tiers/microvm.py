@@ -27,12 +27,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sealgate.sandbox.cgroup import Limits
-from sealgate.sandbox.launch import HOME, WORKSPACE, Launch, environment, host_prefix
-from sealgate.sandbox.microvm import image, vm
-from sealgate.sandbox.microvm.hostrun import Order
-from sealgate.sandbox.tiers import Started, Tier
-from sealgate.sandbox.tiers.bwrap import memfd
+from ..cgroup import Limits
+from ..launch import HOME, WORKSPACE, Launch, environment, host_prefix
+from ..microvm import image, vm
+from ..microvm.hostrun import Order
+from . import Started, Tier
+from .bwrap import memfd
 
 _MAX_GUEST_MIB = 2048
 _QEMU_MIB = 256  # QEMU's own memory beside the guest's: its code, device state, 9p buffers

@@ -1,7 +1,7 @@
 """Client helpers: one line to send a program's HTTP through the proxy, with its sandbox key and
 sealed tokens (docs/clients.md).
 
-    from sealgate.clients import requests_session, httpx_client, base_url
+    from . import requests_session, httpx_client, base_url
 
     session = requests_session("http://10.0.0.5:8080", sandbox="bot-1", key=KEY,
                                tokens=[STRIPE_TOKEN], ca_bundle="bundle.pem")
@@ -22,15 +22,15 @@ Neither requests nor httpx is imported here: each is imported when its helper is
 
 from __future__ import annotations
 
-from sealgate.clients._httpx import (
+from ._httpx import (
     httpx_async_client,
     httpx_async_transport,
     httpx_client,
     httpx_transport,
 )
-from sealgate.clients._refusal import ERROR_HEADER, Refusal, refusal
-from sealgate.clients._requests import requests_session
-from sealgate.clients._routing import (
+from ._refusal import ERROR_HEADER, Refusal, refusal
+from ._requests import requests_session
+from ._routing import (
     MAX_TOKENS,
     TOKENIZER_HEADER,
     ClientConfigError,

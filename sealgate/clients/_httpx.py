@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from sealgate.clients._routing import (
+from ._routing import (
     ClientConfigError,
     Credentials,
     ProxyAddress,

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from sealgate.clients._routing import (
+from ._routing import (
     ClientConfigError,
     Credentials,
     ProxyAddress,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote
 
-from sealgate.hostname import HostError, split_authority
+from ..hostname import HostError, split_authority
 
 MAX_TOKENS: Final = 8  # the proxy reads at most 8 tokens per request (token-format.md §10)
 MAX_TOKEN_LENGTH: Final = 8192  # token-format.md §1

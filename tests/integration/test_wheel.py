@@ -33,6 +33,7 @@ import requests
 
 from tests.conftest import KEYS
 from tests.harness import ROOT, Origin, free_port, key_digest
+from tests.layout import modules
 
 PARTS = ("proxy", "issuer", "sandbox")
 # What pip must not see of the test venv: sealgate's editable install.
@@ -153,11 +154,9 @@ def test_the_wheel_has_every_module(venv: Venv) -> None:
     with zipfile.ZipFile(venv.wheel) as archive:
         packed = {n for n in archive.namelist() if n.endswith(".py")}
     source = set()
-    for directory, dirs, files in os.walk(ROOT / "sealgate", followlinks=True):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in files:
-            if name.endswith(".py"):
-                source.add(str((Path(directory) / name).relative_to(ROOT)))
+    for module, path in modules(ROOT).items():
+        stem = "/__init__.py" if path.name == "__init__.py" else ".py"
+        source.add(module.replace(".", "/") + stem)
     assert source - packed == set()
     with zipfile.ZipFile(venv.wheel) as archive:
         assert "sealgate/clients/sealgate.mjs" in archive.namelist()  # package data too

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.layout import modules as layout_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("proxy", "issuer", "sandbox")
@@ -28,20 +29,6 @@ BASE_MAY_NOT = tuple(f"sealgate.{part}" for part in PARTS)
 TOP = "sealgate.cli"
 
 Graph = dict[str, set[str]]
-
-
-def _modules(root: Path, package: str) -> dict[str, Path]:
-    """Module name -> file for every .py under root/package (symlinked folders followed)."""
-    found: dict[str, Path] = {}
-    for directory, dirs, files in os.walk(root / package, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        base = Path(directory).relative_to(root).parts
-        for name in files:
-            if name.endswith(".py"):
-                stem = name[:-3]
-                parts = base if stem == "__init__" else (*base, stem)
-                found[".".join(parts)] = Path(directory) / name
-    return found
 
 
 def _imports(path: Path, module: str) -> Iterator[tuple[str, tuple[str, ...], int]]:
@@ -62,7 +49,7 @@ def _imports(path: Path, module: str) -> Iterator[tuple[str, tuple[str, ...], in
 
 def graph(root: Path) -> tuple[Graph, dict[tuple[str, str], int]]:
     """sealgate.* module -> the sealgate.* modules it imports; and the line of each edge."""
-    modules = _modules(root, "sealgate")
+    modules = layout_modules(root)
     edges: Graph = {name: set() for name in modules}
     lines: dict[tuple[str, str], int] = {}
     for name, path in modules.items():
@@ -153,7 +140,7 @@ def wrong_way(edges: Graph, lines: dict[tuple[str, str], int]) -> list[str]:
 def outside_imports(root: Path, package: str, refused: tuple[str, ...]) -> list[str]:
     """Imports in root/package whose top-level name is one of `refused`."""
     bad = []
-    for name, path in sorted(_modules(root, package).items()):
+    for name, path in sorted(layout_modules(root, package).items()):
         for target, _, line in _imports(path, name):
             if target.split(".")[0] in refused:
                 bad.append(f"{path.relative_to(root)}:{line} imports {target}")
@@ -191,7 +178,7 @@ def test_bench_does_not_import_tests() -> None:
 
 
 def test_every_module_is_seen() -> None:
-    # The walk follows sealgate/'s symlinks: the parts are in the graph, not only the base.
+    # The parts are found through pyproject's package-dir: they are in the graph, not only the base.
     edges, _ = graph(ROOT)
     for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.keys",
                    "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver"):

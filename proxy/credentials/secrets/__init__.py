@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from sealgate.proxy.credentials.secrets.base import (
+from .base import (
     Secret,
     SecretConfigError,
     SecretDenied,
@@ -22,10 +22,10 @@ from sealgate.proxy.credentials.secrets.base import (
     SecretUnavailable,
     parse_ref,
 )
-from sealgate.proxy.credentials.secrets.cache import SecretCache
-from sealgate.proxy.credentials.secrets.envstore import EnvStore
-from sealgate.proxy.credentials.secrets.filestore import FileStore
-from sealgate.proxy.credentials.secrets.vault import OptionValue, VaultConfig, VaultStore
+from .cache import SecretCache
+from .envstore import EnvStore
+from .filestore import FileStore
+from .vault import OptionValue, VaultConfig, VaultStore
 
 __all__ = [
     "EnvStore",

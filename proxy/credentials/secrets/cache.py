@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sealgate.proxy.credentials.secrets.base import (
+from .base import (
     Secret,
     SecretConfigError,
     SecretError,

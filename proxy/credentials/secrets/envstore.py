@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from sealgate.proxy.credentials.secrets.base import (
+from .base import (
     Secret,
     SecretConfigError,
     SecretNotFound,

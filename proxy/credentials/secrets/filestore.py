@@ -11,14 +11,15 @@ from pathlib import Path
 import yaml
 
 from sealgate.files import read_regular
-from sealgate.proxy.credentials.secrets.base import (
+from sealgate.watch import FileIdentity, Snapshot
+
+from .base import (
     Secret,
     SecretConfigError,
     SecretNotFound,
     SecretRef,
     SecretUnavailable,
 )
-from sealgate.watch import FileIdentity, Snapshot
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 

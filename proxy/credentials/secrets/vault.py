@@ -24,7 +24,9 @@ import hvac
 import hvac.exceptions
 import requests
 
-from sealgate.proxy.credentials.secrets.base import (
+from sealgate.watch import Snapshot
+
+from .base import (
     Secret,
     SecretConfigError,
     SecretDenied,
@@ -34,7 +36,6 @@ from sealgate.proxy.credentials.secrets.base import (
     SecretUnavailable,
     kv_location,
 )
-from sealgate.watch import Snapshot
 
 log = logging.getLogger(__name__)
 
