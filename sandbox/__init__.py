@@ -1,6 +1,6 @@
 """The sandbox runtime, and the client a harness drives it with:
 
-    from . import Sandbox
+    from sealgate.sandbox import Sandbox
     with Sandbox.create("ci-bot") as sb:
         sb.run(["pytest", "-q"])
 

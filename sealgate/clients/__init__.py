@@ -1,7 +1,7 @@
 """Client helpers: one line to send a program's HTTP through the proxy, with its sandbox key and
 sealed tokens (docs/clients.md).
 
-    from . import requests_session, httpx_client, base_url
+    from sealgate.clients import requests_session, httpx_client, base_url
 
     session = requests_session("http://10.0.0.5:8080", sandbox="bot-1", key=KEY,
                                tokens=[STRIPE_TOKEN], ca_bundle="bundle.pem")
