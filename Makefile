@@ -28,7 +28,7 @@ run: $(STAMP) deps
 	$(VENV)/bin/sealgate proxy
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench
+	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench scripts/typecheck scripts/archmap
 	$(PY) scripts/typecheck
 
 test: $(STAMP) deps lint microvm-image
