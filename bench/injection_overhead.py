@@ -57,6 +57,12 @@ from report import (
     target_row,
 )
 from rounds import Cell, Goal, Result, extra_cpu_us, ratios, reaches, rows, run_rounds
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.exchanges import Exchanges
+from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.rulesfile import load_rules
 from services import (
     LOAD_CPU,
     ORIGIN_NAME,
@@ -74,17 +80,15 @@ from services import (
 )
 from session import bench_session, parse_options, run_meta
 
-from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
-from sealgate.issuer.injection import InMemoryRequest, inject
-from sealgate.issuer.keys import generate
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AwsSigV4Processor, BearerProcessor
-from sealgate.issuer.sigv4 import EMPTY_SHA256
-from sealgate.proxy.credentials.broker import Broker
-from sealgate.proxy.credentials.exchanges import Exchanges
-from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.net.resolver import Resolver
-from sealgate.proxy.policy.rulesfile import load_rules
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials.injection import InMemoryRequest, inject
+from sealgate.credentials.keys import generate
+from sealgate.credentials.processors import (
+    AWS_PLACEHOLDER_KEY_ID,
+    AwsSigV4Processor,
+    BearerProcessor,
+)
+from sealgate.credentials.sigv4 import EMPTY_SHA256
 
 SCRIPT = "injection_overhead"
 TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid
@@ -376,7 +380,7 @@ def _us(values: list[float]) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 MICRO_LABELS = {
-    "unseal_cold_us": "`sealgate.issuer.unseal`, a fresh token (X25519 unseal + claims parse)",
+    "unseal_cold_us": "`sealgate.credentials.unseal`, a fresh token (X25519 unseal + claims parse)",
     "tokenizer_authorise_cold_us": "`Tokenizer.authorise`, a token not yet in its cache (unseal "
                                    "+ time window + sandbox binding + host/method/path scope)",
     "tokenizer_authorise_cached_us": "`Tokenizer.authorise`, the same token and request again "

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 from sealgate.files import read_regular
 
-from . import callers, keys
-from . import processors as pr
+from . import callers
 
 __all__ = ["CliError", "emit_json", "format_age", "parse_duration", "read_source", "run"]
 

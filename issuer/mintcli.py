@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.clikit import Commands
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 
-from . import keys
-from . import processors as pr
 from .clibase import CliError, emit_json, parse_duration, read_source, run
 
 __all__ = ["DEFAULT_TTL", "add_mint"]

@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import urlencode, urlsplit
 
-from sealgate.issuer import awskeys, sigv4
-from sealgate.issuer.awskeys import AwsKeys
+from sealgate.credentials import awskeys, sigv4
+from sealgate.credentials.awskeys import AwsKeys
 
 from ..net.guard import Guard
 from ..policy.model import Policy

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sealgate.issuer import awskeys
-from sealgate.issuer.grants import GrantError
-from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
-
+from sealgate.credentials import awskeys
+from sealgate.credentials.grants import GrantError
+from sealgate.credentials.processors import EXCHANGED, AwsSigV4Processor, InjectionError
 from sealgate.reasons import Reason
 
 from ..errors import Denial

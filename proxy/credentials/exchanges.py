@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 from urllib.parse import quote_plus, urlencode
 
-from sealgate.issuer import grants
-from sealgate.issuer.processors import (
+from sealgate.credentials import grants
+from sealgate.credentials.processors import (
     GcpServiceAccountProcessor,
     GitHubAppProcessor,
     HeaderProcessor,

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
-from sealgate.issuer import awskeys, awsresign
-from sealgate.issuer.injection import InMemoryRequest, has_query_param, inject
-from sealgate.issuer.processors import (
+
+from sealgate.credentials import awskeys, awsresign
+from sealgate.credentials.injection import InMemoryRequest, has_query_param, inject
+from sealgate.credentials.processors import (
     AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,
@@ -38,7 +39,6 @@ from sealgate.issuer.processors import (
     check_secret,
     target,
 )
-
 from sealgate.reasons import Reason
 
 from ..errors import Denial

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sealgate.issuer import (
+from sealgate.credentials import (
     Claims,
     TokenInapplicable,
     TokenMalformed,
@@ -29,15 +29,14 @@ from sealgate.issuer import (
     unseal,
     validity,
 )
-from sealgate.issuer.keys import Keyring
-from sealgate.issuer.processors import (
+from sealgate.credentials.keys import Keyring
+from sealgate.credentials.processors import (
     EXCHANGED,
     AwsSigV4Processor,
     GcpServiceAccountProcessor,
     GitHubAppProcessor,
     OAuth2Processor,
 )
-
 from sealgate.hostname import Host
 
 from .inject import Credential, credential

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 from urllib.parse import urlsplit
 
-from sealgate.issuer.processors import (
+from sealgate.credentials.processors import (
     AwsSigV4Processor,
     BasicProcessor,
     BearerProcessor,
@@ -26,7 +26,6 @@ from sealgate.issuer.processors import (
     Processor,
     QueryProcessor,
 )
-
 from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
 

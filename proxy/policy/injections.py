@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from sealgate.issuer.processors import InjectionError, processor_from_object, target
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from sealgate.credentials.processors import InjectionError, processor_from_object, target
 from sealgate.yamlfile import YamlFile, join
 
 from ..credentials.secrets.base import SecretConfigError, SecretRef, parse_ref

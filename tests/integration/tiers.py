@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from sealgate.sandbox import tiers
 from sealgate.sandbox.microvm import image, vm
 

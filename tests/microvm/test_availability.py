@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sealgate.sandbox import tiers
 from sealgate.sandbox.microvm import vm
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import Budgets

@@ -22,10 +22,11 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pytest
+from sealgate.issuer import cli, clibase, servecli
 
-from sealgate import issuer as tk
-from sealgate.issuer import cli, clibase, keys, servecli
-from sealgate.issuer import injection as ij
+from sealgate import credentials as tk
+from sealgate.credentials import injection as ij
+from sealgate.credentials import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"

@@ -10,7 +10,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from sealgate.proxy.credentials.secrets import (
     EnvStore,
     FileStore,
@@ -21,6 +20,7 @@ from sealgate.proxy.credentials.secrets import (
     VaultStore,
     parse_ref,
 )
+
 from tests.vaultfake import VaultFake
 
 ROTATED = "CANARY-rotated-refresh-0123"

@@ -8,7 +8,6 @@ import math
 from collections.abc import Awaitable, Callable
 
 import pytest
-
 from sealgate.proxy.credentials.secrets import (
     Secret,
     SecretCache,

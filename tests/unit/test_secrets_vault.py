@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from sealgate.proxy.credentials.secrets import (
     SecretBroker,
     SecretDenied,
@@ -22,6 +21,7 @@ from sealgate.proxy.credentials.secrets import (
     VaultStore,
     parse_ref,
 )
+
 from tests.vaultfake import VaultFake, self_signed_tls
 
 CANARY = "CANARY-vault-c0ffee42"

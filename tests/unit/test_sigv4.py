@@ -18,10 +18,10 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth, SigV4QueryAu
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sealgate.issuer import awschunked, awsresign, sigv4
-from sealgate.issuer.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
-from sealgate.issuer.injection import InMemoryRequest, inject
-from sealgate.issuer.processors import (
+from sealgate.credentials import awschunked, awsresign, sigv4
+from sealgate.credentials.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
+from sealgate.credentials.injection import InMemoryRequest, inject
+from sealgate.credentials.processors import (
     AWS_PLACEHOLDER_KEY_ID,
     AWS_PLACEHOLDER_SECRET,
     AwsSigV4Processor,

@@ -1,4 +1,4 @@
-"""The sealed-token API (sealgate.issuer: the format, its scope and checks) and proxy keys
+"""The sealed-token API (sealgate.credentials: the format, its scope and checks) and proxy keys
 (issuer/keys.py)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from nacl.public import PrivateKey, SealedBox
 
-from sealgate import issuer as tk
-from sealgate.issuer import injection as ij
-from sealgate.issuer import keys
-from sealgate.issuer import processors as pr
+from sealgate import credentials as tk
+from sealgate.credentials import injection as ij
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 from tests.vectors import generate as vectors
 
 NOW = 1_700_000_000
@@ -771,7 +771,7 @@ def test_generate_on_a_full_disk_leaves_no_key_file(tmp_path: Path) -> None:
     script = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from sealgate.issuer import keys\n"
+        "from sealgate.credentials import keys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
         "try:\n"

@@ -7,8 +7,13 @@ from typing import Any
 
 import pytest
 from mitmproxy import http
+from sealgate.proxy.credentials import inject
+from sealgate.proxy.credentials import tokenizer as tokenizer_module
+from sealgate.proxy.credentials.inject import Injected, put, write
+from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.errors import Denial
 
-from sealgate.issuer import (
+from sealgate.credentials import (
     CLOCK_SKEW_SECONDS,
     Claims,
     HostPattern,
@@ -17,13 +22,8 @@ from sealgate.issuer import (
     TokenMalformed,
     seal,
 )
-from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
-from sealgate.proxy.credentials import inject
-from sealgate.proxy.credentials import tokenizer as tokenizer_module
-from sealgate.proxy.credentials.inject import Injected, put, write
-from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
-from sealgate.proxy.errors import Denial
+from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate
+from sealgate.credentials.processors import BearerProcessor
 from tests.vectors import generate as vectors
 
 

@@ -34,10 +34,10 @@ import nacl.encoding
 import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
-from sealgate import issuer as tk
-from sealgate.issuer import injection as ij
-from sealgate.issuer import processors as pr
-from sealgate.issuer.keys import Keyring, PrivateKeyEntry
+from sealgate import credentials as tk
+from sealgate.credentials import injection as ij
+from sealgate.credentials import processors as pr
+from sealgate.credentials.keys import Keyring, PrivateKeyEntry
 
 VECTORS_PATH: Final = Path(__file__).with_name("vectors.json")
 NOW: Final = 1_700_000_000
