@@ -81,7 +81,7 @@ from services import (
 from session import bench_session, parse_options, run_meta
 
 from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
-from sealgate.credentials.injection import InMemoryRequest, inject
+from sealgate.credentials.httprequest import InMemoryRequest
 from sealgate.credentials.keys import generate
 from sealgate.credentials.processors import (
     AWS_PLACEHOLDER_KEY_ID,
@@ -317,7 +317,7 @@ def _resign_us(passes: int = 5, count: int = 2000) -> float:
         batch = [InMemoryRequest(headers=list(fields), path="/1k") for _ in range(count)]
         started = time.perf_counter()
         for request in batch:
-            inject(processor, AWS_KEYS, request, now=now)
+            processor.inject(AWS_KEYS, request, now=now)
         best = min(best, (time.perf_counter() - started) / count * 1e6)
     return best
 
@@ -387,7 +387,7 @@ MICRO_LABELS = {
                                      "(cache hit: time window, request compared with the last)",
     "write_bearer_us": "`inject.write`, a bearer credential into a mitmproxy request "
                        "(token header stripped, identity encoding asked for)",
-    "aws_resign_us": "`issuer.injection.inject`, aws-sigv4 re-signing lane (d)'s GET "
+    "aws_resign_us": "`Processor.inject`, aws-sigv4 re-signing lane (d)'s GET "
                      "(signature read and checked, canonical request, one HMAC with the cached "
                      "signing key), in the bench's own process",
     "oauth_hit_us": "`Broker.credentials`, lane (e)'s oauth2 rule with its access token "

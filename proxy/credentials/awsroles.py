@@ -1,5 +1,5 @@
 """Temporary AWS keys the proxy obtains itself: STS AssumeRole with the keys of a brokered
-`aws-sigv4` secret that names a role (`issuer.awskeys.AssumeRole`).
+`aws-sigv4` secret that names a role (`sealgate.credentials.awskeys.AssumeRole`).
 
 The role's keys are cached as every credential the proxy obtains is (`credentials.exchanged`):
 asked for again in their last 5 minutes, one call per role at a time however many requests wait

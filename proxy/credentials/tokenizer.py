@@ -22,7 +22,6 @@ from sealgate.credentials import (
     TokenInapplicable,
     TokenMalformed,
     TokenScope,
-    awskeys,
     check_binding,
     check_scope,
     check_time,
@@ -30,13 +29,7 @@ from sealgate.credentials import (
     validity,
 )
 from sealgate.credentials.keys import Keyring
-from sealgate.credentials.processors import (
-    EXCHANGED,
-    AwsSigV4Processor,
-    GcpServiceAccountProcessor,
-    GitHubAppProcessor,
-    OAuth2Processor,
-)
+from sealgate.credentials.processors import Processor
 from sealgate.hostname import Host
 
 from .inject import Credential, credential
@@ -71,8 +64,7 @@ class SealedExchange:
     `gcp-service-account`, `aws-sigv4` keys that name a role): its secret is exchanged first
     (`Broker.sealed`)."""
 
-    processor: (OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
-                | AwsSigV4Processor)
+    processor: Processor
     secret: str = field(repr=False)
     label: str
 
@@ -188,10 +180,7 @@ class Tokenizer:
 def _sealed(claims: Claims, label: str) -> SealedExchange | None:
     """What a token whose processor must obtain what goes in opens to: None for the others."""
     processor = claims.processor
-    if isinstance(processor, AwsSigV4Processor):
-        if awskeys.parse(claims.secret).role is None:
-            return None
-    elif not isinstance(processor, EXCHANGED):
+    if processor.token_exchange is None and processor.role(claims.secret) is None:
         return None
     return SealedExchange(processor, claims.secret, label)
 

@@ -1,7 +1,10 @@
-"""Why a sealed token is refused: one class per reason of docs/token-format.md §7.
+"""Why a credential is refused: one root, `CredentialError`, and beneath it why a sealed token
+is refused (`TokenError`, one class per reason of docs/token-format.md §7) and why a secret
+cannot be injected (`InjectionError`). The errors of grants, SigV4 and key files, kept beside
+their code, are `CredentialError`s too.
 
 Each carries its `Reason` (sealgate.reasons), and so the status the proxy answers with; the
-issuer reports them as its own refusals. Messages never quote the secret; other fields they may
+issuer reports them as its own refusals. Messages never quote a secret; other fields they may
 quote, shortened (`jsonfields.show`).
 """
 
@@ -10,6 +13,11 @@ from __future__ import annotations
 from sealgate.reasons import Reason, SealgateError
 
 __all__ = [
+    "CredentialError",
+    "InjectionError",
+    "ProcessorInvalid",
+    "RequestInapplicable",
+    "SecretInvalid",
     "TokenBinding",
     "TokenError",
     "TokenExpired",
@@ -20,7 +28,14 @@ __all__ = [
 ]
 
 
-class TokenError(SealgateError):
+class CredentialError(SealgateError):
+    """Why a credential, a token or a key cannot be used: every error of this library."""
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+class TokenError(CredentialError):
     """Why a token was refused: one of the subclasses, each with its reason."""
 
 
@@ -58,3 +73,33 @@ class TokenInapplicable(TokenError):
     """The request lacks what the processor needs (the placeholder it replaces)."""
 
     reason = Reason.TOKEN_INAPPLICABLE
+
+
+# --- injection --------------------------------------------------------------------------------
+
+
+class InjectionError(CredentialError):
+    """Why a secret cannot be injected: one of the subclasses, each with its reason. Token
+    parsing reports them as `TokenMalformed`, the proxy under their own reasons."""
+
+
+class ProcessorInvalid(InjectionError):
+    """A processor's settings break its rules: unknown type or field, a header a processor may
+    not set, a format without its slot, and so on."""
+
+    reason = Reason.PROCESSOR_INVALID
+
+
+class SecretInvalid(InjectionError):
+    """The processor cannot carry this secret (empty, too long, or characters that could end or
+    split a header). The message never quotes the secret."""
+
+    reason = Reason.SECRET_INVALID
+
+
+class RequestInapplicable(InjectionError):
+    """The request lacks what the processor needs (the placeholder it replaces), or is one it
+    cannot write to unambiguously (a query in a target with a `#`)."""
+
+    reason = Reason.REQUEST_INAPPLICABLE
+

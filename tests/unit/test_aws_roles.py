@@ -17,7 +17,7 @@ from sealgate.proxy.policy.model import Policy
 from sealgate.proxy.policy.rulesfile import load_rules
 
 from sealgate.credentials import awskeys
-from sealgate.credentials.processors import AwsSigV4Processor, SecretInvalid, check_secret
+from sealgate.credentials.processors import AwsSigV4Processor, SecretInvalid
 from tests.dnsstub import StubDNS
 
 BASE = {"access_key_id": "AKIAROLEBASEUNIT0001", "secret_access_key": "base/SECRET"}
@@ -105,7 +105,7 @@ def test_a_sealed_token_may_name_a_role() -> None:
     """Sealed as brokered: the proxy dials the token's STS endpoint only where the sandbox's
     policy allows a POST to it (tests/integration/test_aws_roles.py)."""
     processor = AwsSigV4Processor(services="s3", regions="us-east-1")
-    check_secret(processor, json.dumps(BASE))
-    check_secret(processor, json.dumps(ROLE))
+    processor.check_secret(json.dumps(BASE))
+    processor.check_secret(json.dumps(ROLE))
     with pytest.raises(SecretInvalid, match="role_arn"):
-        check_secret(processor, json.dumps({**ROLE, "role_arn": "not an arn"}))
+        processor.check_secret(json.dumps({**ROLE, "role_arn": "not an arn"}))

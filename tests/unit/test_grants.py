@@ -167,7 +167,7 @@ def test_sealed_in_a_token_with_its_secret_checked(
       "--permissions", "contents:read"], APP,
      pr.GitHubAppProcessor("77", repositories="widgets", permissions="contents:read"), "token"),
     (["--inject", "gcp-service-account", "--audience", "https://svc.a.run.app"], ACCOUNT,
-     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app"), None),
+     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app"), "Bearer"),
     (["--inject", "oauth2", "--token-url", "https://auth.example.com/token", "--scheme",
       "token"], json.dumps({"refresh_token": "r"}),
      pr.OAuth2Processor("https://auth.example.com/token", scheme="token"), "token"),

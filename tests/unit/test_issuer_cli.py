@@ -25,7 +25,7 @@ import pytest
 from sealgate.issuer import cli, clibase, servecli
 
 from sealgate import credentials as tk
-from sealgate.credentials import injection as ij
+from sealgate.credentials import httprequest as ij
 from sealgate.credentials import keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +188,7 @@ def test_mint_each_processor(
     assert claims.secret == CANARY
     assert claims.processor.kind == kind
     request = ij.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
-    ij.inject(claims.processor, claims.secret, request)
+    claims.processor.inject(claims.secret, request)
     assert callable(check) and check(request)
 
 

@@ -35,7 +35,7 @@ import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
 from sealgate import credentials as tk
-from sealgate.credentials import injection as ij
+from sealgate.credentials import httprequest as ij
 from sealgate.credentials import processors as pr
 from sealgate.credentials.keys import Keyring, PrivateKeyEntry
 
@@ -171,7 +171,7 @@ def evaluate(
             headers=_pairs(request["headers"]), path=path, body=body.encode(), method=method
         )
         try:
-            ij.inject(claims.processor, claims.secret, target, now=NOW)
+            claims.processor.inject(claims.secret, target, now=NOW)
         except pr.RequestInapplicable as exc:
             # §4: a request a token's processor cannot apply to is the token's failure.
             raise tk.TokenInapplicable(str(exc)) from None
