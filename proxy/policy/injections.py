@@ -16,14 +16,15 @@ from typing import Final
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from sealgate.credentials.errors import SecretConfigError
 from sealgate.credentials.processors import (
     PROCESSOR_TYPES,
     InjectionError,
     processor_from_object,
 )
+from sealgate.credentials.secretref import SecretRef, parse_ref
 from sealgate.yamlfile import YamlFile, join
 
-from ..credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
 from .model import Injection
 
 __all__ = ["injections"]

@@ -1,21 +1,24 @@
 """The credentials library: what a credential is and how each kind is carried, shared by the
-issuer (which seals them into tokens) and the proxy (which opens tokens and injects secrets).
+issuer (which seals secrets into tokens) and the proxy (which opens tokens and injects secrets).
 
 - a sealed token: its format (`token`), what its scope is written in (`scope`), the checks of an
   opened token against a request (`checks`), and the keys it is sealed to (`keys`);
 - the processors (`processors`): one type per way a secret goes into a request, each knowing
-  its settings, the secrets it takes, what it writes and how (`processors.base` says what every
-  one can do; the registry maps a type name to its class);
+  its settings, the secrets it takes, what it writes and how, and how it is described
+  (`processors/base.py` says what every one can be asked; the registry in
+  `processors/__init__.py` maps a type name to its class);
 - what they need, without I/O: the request they write into (`httprequest`), AWS SigV4 and its
-  keys (`sigv4`, `awskeys`, `awsresign`, `awschunked`), the token-exchange grants' secrets, JWTs
-  and answers (`grants`), strict JSON objects (`jsonfields`);
+  keys (`sigv4`, `awskeys`, `awsresign`, `awschunked`), the token exchanges' secrets, JWTs and
+  answers (`grants`), strict JSON objects (`jsonfields`), and a secret's name in a store
+  (`secretref`);
 - why any of it is refused (`errors`): one root, `CredentialError`, each error with its reason.
 
+`sealgate.proxy.credentials` is where the proxy gets secrets and when it applies them: the
+secret stores, the broker, the tokenizer's flow, the token exchanges' calls, and scrubbing what
+comes back. This package does no I/O but reading and writing key files.
+
 The token API is this package's namespace, whichever module each name lives in; the modules it
-gathers never import it, so it sits above them. `sealgate.proxy.credentials` is where the proxy
-gets secrets and when it applies them: the secret stores, the broker, the tokenizer's flow, the
-token exchanges' calls, and scrubbing what comes back. This package does no I/O but reading key
-files.
+gathers never import it, so it sits above them.
 """
 
 from .checks import (
@@ -26,6 +29,7 @@ from .checks import (
     validity,
 )
 from .errors import (
+    CredentialError,
     TokenBinding,
     TokenError,
     TokenExpired,
@@ -65,6 +69,7 @@ __all__ = [
     "AuthDigestBinding",
     "Binding",
     "Claims",
+    "CredentialError",
     "Envelope",
     "HostPattern",
     "PolicyBinding",

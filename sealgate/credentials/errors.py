@@ -1,7 +1,8 @@
 """Why a credential is refused: one root, `CredentialError`, and beneath it why a sealed token
-is refused (`TokenError`, one class per reason of docs/token-format.md §7) and why a secret
-cannot be injected (`InjectionError`). The errors of grants, SigV4 and key files, kept beside
-their code, are `CredentialError`s too.
+is refused (`TokenError`, one class per reason of docs/token-format.md §7), why a secret
+cannot be injected (`InjectionError`), and why a secret store cannot give a secret
+(`SecretError`; the stores are the proxy's). The errors of grants, SigV4 and key files, kept
+beside their code, are `CredentialError`s too.
 
 Each carries its `Reason` (sealgate.reasons), and so the status the proxy answers with; the
 issuer reports them as its own refusals. Messages never quote a secret; other fields they may
@@ -17,7 +18,12 @@ __all__ = [
     "InjectionError",
     "ProcessorInvalid",
     "RequestInapplicable",
+    "SecretConfigError",
+    "SecretDenied",
+    "SecretError",
     "SecretInvalid",
+    "SecretNotFound",
+    "SecretUnavailable",
     "TokenBinding",
     "TokenError",
     "TokenExpired",
@@ -103,3 +109,32 @@ class RequestInapplicable(InjectionError):
 
     reason = Reason.REQUEST_INAPPLICABLE
 
+
+# --- secret stores ----------------------------------------------------------------------------
+
+
+class SecretError(CredentialError):
+    """Base of every secret-store failure; `reason` says which (a request that needs the
+    secret is refused with secret_unavailable whichever it is)."""
+
+    reason = Reason.SECRET_ERROR
+
+
+class SecretNotFound(SecretError):
+    reason = Reason.SECRET_NOT_FOUND
+
+
+class SecretUnavailable(SecretError):
+    """The backend is down, sealed or too slow, and no cached value is within grace."""
+
+    reason = Reason.SECRET_UNAVAILABLE
+
+
+class SecretDenied(SecretError):
+    reason = Reason.SECRET_DENIED
+
+
+class SecretConfigError(SecretError):
+    """A bad store URL, reference or option, or an unsafe secrets file."""
+
+    reason = Reason.SECRET_CONFIG
