@@ -100,47 +100,17 @@ def unicode_problem(value: str, max_length: int, *, allow_empty: bool = False) -
     return None
 
 
+def check_verbatim_secret(secret: str, kind: str) -> None:
+    """SecretInvalid unless `secret` may go into a header value as it is: visible ASCII, so
+    it cannot end or split the header."""
+    if not VISIBLE.fullmatch(secret) or len(secret) > MAX_SECRET_LENGTH:
+        raise SecretInvalid(
+            f"secret for a {kind} processor must be "
+            f"1-{MAX_SECRET_LENGTH} visible ASCII characters"
+        )
+
+
 # --- the processor ----------------------------------------------------------------------------
-
-
-class Exchange(ABC):
-    """One secret's exchange, worked out: what the proxy sends where, and what of the secret
-    must be scrubbed from what comes back."""
-
-    @property
-    @abstractmethod
-    def endpoint(self) -> str:
-        """The https URL the token is asked for at (POST)."""
-
-    @abstractmethod
-    def token_request(self, now: float) -> tuple[dict[str, str], bytes]:
-        """The call's headers and body; `now` dates the JWTs it signs."""
-
-    @abstractmethod
-    def needles(self) -> tuple[str, ...]:
-        """What of the secret an echo must not give away (refresh token, client secret, the
-        private key)."""
-
-    def rotated(self, refresh_token: str) -> str | None:
-        """The secret's text once an answer brought `refresh_token`, if that replaces the
-        secret's own; None when nothing rotates."""
-        return None
-
-
-class TokenExchange(Protocol):
-    """A processor whose secret is exchanged for the token that goes in, as the proxy sees it
-    (`exchange.ExchangeProcessor` is every such processor's base)."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def carrier(self) -> Processor:
-        """What puts the token obtained in."""
-
-    def exchange(self, secret: str) -> Exchange:
-        """`secret`'s exchange; GrantError naming what is wrong with the secret."""
-
 
 
 @dataclass(frozen=True)
@@ -268,11 +238,43 @@ class FixedHeaderProcessor(Processor):
         return None
 
 
-def check_verbatim_secret(secret: str, kind: str) -> None:
-    """SecretInvalid unless `secret` may go into a header value as it is: visible ASCII, so
-    it cannot end or split the header."""
-    if not VISIBLE.fullmatch(secret) or len(secret) > MAX_SECRET_LENGTH:
-        raise SecretInvalid(
-            f"secret for a {kind} processor must be "
-            f"1-{MAX_SECRET_LENGTH} visible ASCII characters"
-        )
+# --- token exchanges --------------------------------------------------------------------------
+
+
+class Exchange(ABC):
+    """One secret's exchange, worked out: what the proxy sends where, and what of the secret
+    must be scrubbed from what comes back."""
+
+    @property
+    @abstractmethod
+    def endpoint(self) -> str:
+        """The https URL the token is asked for at (POST)."""
+
+    @abstractmethod
+    def token_request(self, now: float) -> tuple[dict[str, str], bytes]:
+        """The call's headers and body; `now` dates the JWTs it signs."""
+
+    @abstractmethod
+    def needles(self) -> tuple[str, ...]:
+        """What of the secret an echo must not give away (refresh token, client secret, the
+        private key)."""
+
+    def rotated(self, refresh_token: str) -> str | None:
+        """The secret's text once an answer brought `refresh_token`, if that replaces the
+        secret's own; None when nothing rotates."""
+        return None
+
+
+class TokenExchange(Protocol):
+    """A processor whose secret is exchanged for the token that goes in, as the proxy sees it
+    (`exchange.ExchangeProcessor` is every such processor's base)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def carrier(self) -> Processor:
+        """What puts the token obtained in."""
+
+    def exchange(self, secret: str) -> Exchange:
+        """`secret`'s exchange; GrantError naming what is wrong with the secret."""
