@@ -10,9 +10,8 @@ import timeit
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
-from sealgate.proxy.net.addresses import AddressPolicy, IPAddress, classify
-
 from sealgate.hostname import canonical_host, denied_name, split_authority
+from sealgate.proxy.net.addresses import AddressPolicy, IPAddress, classify
 
 # What sandboxes mostly ask for: package registries and APIs by name, the odd IP literal,
 # sometimes with a trailing dot or capitals, rarely an IDN.

@@ -29,17 +29,17 @@ sys.path.insert(0, str(ROOT))  # this checkout's sealgate, not whichever one is 
 from fakes import Vault  # noqa: E402
 from mitmproxy import http  # noqa: E402
 from rounds import percentile  # noqa: E402
+from services import pinned  # noqa: E402
+
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
+from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
+from sealgate.credentials.processors import BearerProcessor  # noqa: E402
 from sealgate.proxy.credentials.broker import Broker  # noqa: E402
 from sealgate.proxy.credentials.inject import Credential, Injected, credential, write  # noqa: E402
 from sealgate.proxy.credentials.scrub import Scrubber  # noqa: E402
 from sealgate.proxy.credentials.secrets import SecretBroker, SecretRef, open_store, parse_ref  # noqa: E402
 from sealgate.proxy.credentials.tokenizer import HEADER, Tokenizer, TokenRequest  # noqa: E402
 from sealgate.proxy.policy.rulesfile import load_rules  # noqa: E402
-from services import pinned  # noqa: E402
-
-from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
-from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
-from sealgate.credentials.processors import BearerProcessor  # noqa: E402
 
 HOST, PORT, PATH = "api.bench", 443, "/v1/items"
 SANDBOX = "bench-1"

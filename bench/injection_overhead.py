@@ -57,12 +57,6 @@ from report import (
     target_row,
 )
 from rounds import Cell, Goal, Result, extra_cpu_us, ratios, reaches, rows, run_rounds
-from sealgate.proxy.credentials.broker import Broker
-from sealgate.proxy.credentials.exchanges import Exchanges
-from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
-from sealgate.proxy.net.guard import Guard
-from sealgate.proxy.net.resolver import Resolver
-from sealgate.proxy.policy.rulesfile import load_rules
 from services import (
     LOAD_CPU,
     ORIGIN_NAME,
@@ -89,6 +83,12 @@ from sealgate.credentials.processors import (
     BearerProcessor,
 )
 from sealgate.credentials.sigv4 import EMPTY_SHA256
+from sealgate.proxy.credentials.broker import Broker
+from sealgate.proxy.credentials.exchanges import Exchanges
+from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
+from sealgate.proxy.net.guard import Guard
+from sealgate.proxy.net.resolver import Resolver
+from sealgate.proxy.policy.rulesfile import load_rules
 
 SCRIPT = "injection_overhead"
 TOOLS = ("hey", "nginx", "taskset", "mitmdump", "sealgate")  # no wrk, no squid

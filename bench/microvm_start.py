@@ -29,10 +29,10 @@ from typing import Any
 
 from report import figure, machine_facts, publish, save
 from rounds import percentile
-from sealgate.sandbox.microvm import image, pool, vm
 from services import ROOT, BenchError
 
 from sealgate.reasons import SealgateError
+from sealgate.sandbox.microvm import image, pool, vm
 
 SCRIPT = "microvm_start"
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}

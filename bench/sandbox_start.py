@@ -29,9 +29,10 @@ from typing import Any
 from fakes import free_port
 from report import figure, machine_facts, publish, save
 from rounds import percentile
-from sealgate.sandbox.client import Client, DaemonError, Sandbox
 from services import ROOT, BenchError, Service, Setup, rules_yaml
 from session import bench_session
+
+from sealgate.sandbox.client import Client, DaemonError, Sandbox
 
 SCRIPT = "sandbox_start"
 # A range, gateway and uid base of the benchmark's own: tests use 10.216/16 and 3100000.

@@ -43,11 +43,12 @@ from sandbox_start import (
     start_proxy,
     timed,
 )
+from services import ROOT, BenchError
+from session import bench_session
+
 from sealgate.sandbox import tiers
 from sealgate.sandbox.microvm import vm
 from sealgate.sandbox.tiers import gvisor
-from services import ROOT, BenchError
-from session import bench_session
 
 SCRIPT = "sandbox_tiers"
 IDLE_SECONDS = 30

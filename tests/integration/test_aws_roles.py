@@ -18,9 +18,9 @@ from tests.sdk.kit import FakeAPI, World, policy, rule, rules_file, world
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
 
 from botocore.credentials import Credentials
-from sealgate.proxy.credentials import exchanged
 
 from sealgate.credentials.processors import AwsSigV4Processor
+from sealgate.proxy.credentials import exchanged
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import CLIENT, ROUND_TRIP, aws_env
 

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 import requests
+
 import sealgate.proxy.policy.decide as decide_module
+from sealgate.hostname import canonical_host, denied_name
 from sealgate.proxy.net.addresses import (
     DENIED_RANGES,
     METADATA_ADDRESSES,
@@ -35,8 +37,6 @@ from sealgate.proxy.net.addresses import (
 )
 from sealgate.proxy.policy.explain import explain
 from sealgate.proxy.policy.rulesfile import load_rules
-
-from sealgate.hostname import canonical_host, denied_name
 from sealgate.reasons import Reason
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy, secret_store

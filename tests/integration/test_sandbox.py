@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from sealgate.proxy.control import call
 from sealgate.sandbox import tiers
-
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 from tests.integration.tiers import ENV as TIER_ENV

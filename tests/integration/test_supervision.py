@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import requests
-from sealgate.proxy.control import call, socket_path
 
+from sealgate.proxy.control import call, socket_path
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from sealgate.sandbox import tiers
 from sealgate.sandbox.microvm import image, vm
 

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from sealgate.sandbox.microvm import image, vm
 from sealgate.sandbox.microvm.channel import Channel, Result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sealgate.sandbox import tiers
 from sealgate.sandbox.microvm import vm
 

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.microvm.channel import Channel, GuestFrames
 from sealgate.sandbox.microvm.frames import encode

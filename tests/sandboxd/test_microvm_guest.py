@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sealgate.sandbox.client import Result, Sandbox
 
+from sealgate.sandbox.client import Result, Sandbox
 from tests.harness import Proxy
 from tests.microvm.kit import needs_vm
 from tests.microvm.test_guest import RUNNING, TRACEME

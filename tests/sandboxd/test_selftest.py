@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from sealgate.sandbox import selftest
 from sealgate.sandbox.client import Client, DaemonError
-
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon, start_daemon
 

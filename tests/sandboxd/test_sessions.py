@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sealgate.sandbox.client import Client, DaemonError, Result, Sandbox
 
+from sealgate.sandbox.client import Client, DaemonError, Result, Sandbox
 from tests.harness import ROOT, SEALGATE, Origin, Proxy
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon
 

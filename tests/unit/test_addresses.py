@@ -6,6 +6,8 @@ import re
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 import pytest
+
+from sealgate.hostname import canonical_host
 from sealgate.proxy.net.addresses import (
     DENIED_RANGES,
     METADATA_ADDRESSES,
@@ -14,8 +16,6 @@ from sealgate.proxy.net.addresses import (
     classify,
     embedded_ipv4,
 )
-
-from sealgate.hostname import canonical_host
 
 # (address, reason): first and last address of each range, and the neighbours just outside.
 BOUNDARIES: list[tuple[str, str | None]] = [

@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from sealgate.credentials import awskeys
+from sealgate.credentials.processors import AwsSigV4Processor, SecretInvalid
 from sealgate.proxy.credentials import awsroles
 from sealgate.proxy.credentials.awsroles import RoleSessions
 from sealgate.proxy.credentials.exchanged import ExchangeError
@@ -15,9 +18,6 @@ from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.net.resolver import Resolver
 from sealgate.proxy.policy.model import Policy
 from sealgate.proxy.policy.rulesfile import load_rules
-
-from sealgate.credentials import awskeys
-from sealgate.credentials.processors import AwsSigV4Processor, SecretInvalid
 from tests.dnsstub import StubDNS
 
 BASE = {"access_key_id": "AKIAROLEBASEUNIT0001", "secret_access_key": "base/SECRET"}

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
+
 from sealgate.proxy.control import make_app
 from sealgate.proxy.registry import SourceRegistry
 

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
+
 from sealgate.proxy.credentials.exchanged import Exchanged, ExchangeError, Obtained
 
 

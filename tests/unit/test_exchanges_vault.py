@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sealgate.credentials.processors import OAuth2Processor
 from sealgate.proxy.credentials.exchanges import Exchanges
 from sealgate.proxy.credentials.secrets import SecretBroker, VaultConfig, VaultStore, parse_ref
 from sealgate.proxy.net.guard import Guard
 from sealgate.proxy.net.resolver import Resolver
 from sealgate.proxy.policy.rulesfile import load_rules
-
-from sealgate.credentials.processors import OAuth2Processor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import OAuthFake

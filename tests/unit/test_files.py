@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from sealgate.issuer.callers import CallersFileError, load_callers
-from sealgate.proxy.credentials.secrets import SecretRef, SecretUnavailable, open_store
-from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 from sealgate.credentials.keys import KeyFileError, Keyring
 from sealgate.files import read_regular
+from sealgate.issuer.callers import CallersFileError, load_callers
+from sealgate.proxy.credentials.secrets import SecretRef, SecretUnavailable, open_store
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 
 @pytest.fixture()

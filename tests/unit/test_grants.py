@@ -11,14 +11,14 @@ from pathlib import Path
 
 import jwt
 import pytest
-from sealgate.proxy.policy.explain import injects
-from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
 from sealgate.credentials import Claims, HostPattern, grants
 from sealgate.credentials import processors as pr
 from sealgate.credentials.errors import TokenMalformed
 from sealgate.credentials.keys import Keyring, generate
 from sealgate.credentials.token import unseal
+from sealgate.proxy.policy.explain import injects
+from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.oauthfake import rsa_key
 from tests.unit.test_issuer_cli import CANARY, run, run_here
 

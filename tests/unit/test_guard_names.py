@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 from mitmproxy import http
-from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.guard import request_target
 
 from sealgate.hostname import canonical_host
+from sealgate.proxy.errors import Denial
+from sealgate.proxy.net.guard import request_target
 
 TUNNEL = (canonical_host("limited.test"), 8443)
 

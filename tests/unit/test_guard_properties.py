@@ -9,9 +9,9 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_address
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sealgate.proxy.net.addresses import DENIED_RANGES, AddressPolicy
 
 from sealgate.hostname import Host, HostError, canonical_host, split_authority
+from sealgate.proxy.net.addresses import DENIED_RANGES, AddressPolicy
 
 SETTINGS = settings(max_examples=300, deadline=None)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv6Address
 
 import pytest
-from sealgate.proxy.policy.targets import TargetError, host_pattern
 
 from sealgate import credentials as tk
 from sealgate.hostname import Host, HostError, canonical_name, parse_host_pattern
+from sealgate.proxy.policy.targets import TargetError, host_pattern
 
 
 @pytest.mark.parametrize(

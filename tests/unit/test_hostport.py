@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from sealgate.proxy.cli import _listen_address
 
 from sealgate.hostport import format_hostport, parse_hostport
+from sealgate.proxy.cli import _listen_address
 
 
 @pytest.mark.parametrize(

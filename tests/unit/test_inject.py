@@ -6,6 +6,8 @@ import base64
 
 import pytest
 from mitmproxy import http
+
+from sealgate.credentials.processors import BasicProcessor, BearerProcessor, QueryProcessor
 from sealgate.proxy.credentials.inject import (
     MAX_NEEDLE_BYTES,
     MAX_NEEDLES,
@@ -14,8 +16,6 @@ from sealgate.proxy.credentials.inject import (
     put,
 )
 from sealgate.proxy.errors import Denial
-
-from sealgate.credentials.processors import BasicProcessor, BearerProcessor, QueryProcessor
 from sealgate.reasons import Reason
 
 

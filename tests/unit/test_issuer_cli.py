@@ -22,11 +22,11 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pytest
-from sealgate.issuer import cli, clibase, servecli
 
 from sealgate import credentials as tk
 from sealgate.credentials import httprequest as ij
 from sealgate.credentials import keys
+from sealgate.issuer import cli, clibase, servecli
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"

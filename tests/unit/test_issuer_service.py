@@ -28,12 +28,12 @@ import pytest
 import requests
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from sealgate.issuer import callers as cl
-from sealgate.issuer import service, webapp
 
 from sealgate import credentials as tk
 from sealgate.audit import AuditLog
 from sealgate.credentials import keys
+from sealgate.issuer import callers as cl
+from sealgate.issuer import service, webapp
 from tests.harness import OriginCA
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from mitmproxy.proxy import server
 from mitmproxy.proxy.layers.http import _http1, _http2
+
 from sealgate.proxy import mitm, mitmcheck, upstream
 
 

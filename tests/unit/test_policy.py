@@ -8,6 +8,8 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from sealgate.hostname import canonical_host
 from sealgate.proxy.policy.model import (
     Budgets,
     PathError,
@@ -18,8 +20,6 @@ from sealgate.proxy.policy.model import (
     normalize_path,
     path_glob_regex,
 )
-
-from sealgate.hostname import canonical_host
 
 
 def rule(

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-from sealgate.proxy.errors import Denial
 
+from sealgate.proxy.errors import Denial
 from sealgate.reasons import Reason, markdown
 
 RULES_MD = Path(__file__).resolve().parents[2] / "docs" / "rules.md"

@@ -8,12 +8,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from sealgate.proxy.policy.cases import load_cases, run_case
 from sealgate.proxy.policy.diff import diff
 from sealgate.proxy.policy.explain import ExplainError, explain
 from sealgate.proxy.policy.model import RuleSet
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
-
 from tests.harness import ROOT, SEALGATE
 
 KEY = "0" * 63 + "1"

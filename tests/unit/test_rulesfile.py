@@ -8,10 +8,10 @@ from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
-from sealgate.proxy.policy.model import Budgets
-from sealgate.proxy.policy.rulesfile import MAX_FILE_BYTES, RulesError, load_rules
 
 from sealgate.hostname import canonical_host
+from sealgate.proxy.policy.model import Budgets
+from sealgate.proxy.policy.rulesfile import MAX_FILE_BYTES, RulesError, load_rules
 
 REPO = Path(__file__).resolve().parents[2]
 HEX = "ab" * 32

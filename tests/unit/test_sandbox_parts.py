@@ -13,6 +13,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 import pytest
+
 from sealgate.sandbox.cli import parse_duration
 from sealgate.sandbox.firewall import sandbox_rules, shared_rules
 from sealgate.sandbox.launch import Launch, environment, staged
@@ -176,6 +177,7 @@ def test_seccomp_decisions(nr: int, args: tuple[int, ...], arch: int, verdict: i
 
 def test_the_sandbox_name_server_answers_every_name_with_the_link() -> None:
     from dnslib import DNSRecord
+
     from sealgate.sandbox.dns import FakeDns
 
     names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))
@@ -204,6 +206,7 @@ def test_the_name_server_reads_no_more_than_its_rate_whatever_gets_through() -> 
     import time
 
     from dnslib import DNSRecord
+
     from sealgate.sandbox.dns import BURST, RATE, FakeDns
 
     names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))

@@ -13,12 +13,12 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from sealgate.credentials.processors import QueryProcessor
 from sealgate.proxy.credentials import scrub as scrub_module
 from sealgate.proxy.credentials.decode import DECODED_LIMIT, Undecodable, decode_whole, decoder
 from sealgate.proxy.credentials.inject import Injected, credential
 from sealgate.proxy.credentials.scrub import REDACTED, Scrubber
-
-from sealgate.credentials.processors import QueryProcessor
 
 SECRET = "sk_live_0123456789abcdef"
 

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from sealgate.proxy.credentials.secrets import (
     EnvStore,
     FileStore,
@@ -20,7 +21,6 @@ from sealgate.proxy.credentials.secrets import (
     VaultStore,
     parse_ref,
 )
-
 from tests.vaultfake import VaultFake
 
 ROTATED = "CANARY-rotated-refresh-0123"

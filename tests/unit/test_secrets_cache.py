@@ -8,6 +8,7 @@ import math
 from collections.abc import Awaitable, Callable
 
 import pytest
+
 from sealgate.proxy.credentials.secrets import (
     Secret,
     SecretCache,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sealgate.proxy.credentials.secrets import (
     EnvStore,
     FileStore,

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from sealgate.proxy.credentials.secrets import (
     SecretBroker,
     SecretDenied,
@@ -21,7 +22,6 @@ from sealgate.proxy.credentials.secrets import (
     VaultStore,
     parse_ref,
 )
-
 from tests.vaultfake import VaultFake, self_signed_tls
 
 CANARY = "CANARY-vault-c0ffee42"

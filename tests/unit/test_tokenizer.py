@@ -7,11 +7,6 @@ from typing import Any
 
 import pytest
 from mitmproxy import http
-from sealgate.proxy.credentials import inject
-from sealgate.proxy.credentials import tokenizer as tokenizer_module
-from sealgate.proxy.credentials.inject import Injected, put, write
-from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
-from sealgate.proxy.errors import Denial
 
 from sealgate.credentials import (
     CLOCK_SKEW_SECONDS,
@@ -24,6 +19,11 @@ from sealgate.credentials import (
 )
 from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate
 from sealgate.credentials.processors import BearerProcessor
+from sealgate.proxy.credentials import inject
+from sealgate.proxy.credentials import tokenizer as tokenizer_module
+from sealgate.proxy.credentials.inject import Injected, put, write
+from sealgate.proxy.credentials.tokenizer import Tokenizer, TokenRequest
+from sealgate.proxy.errors import Denial
 from tests.vectors import generate as vectors
 
 

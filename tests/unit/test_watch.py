@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from sealgate.proxy.credentials.secrets import VaultConfig, VaultStore, parse_ref
 from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.proxy.registry import SourceRegistry
-
 from sealgate.watch import FileIdentity, Snapshot
 from tests.vaultfake import VaultFake
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sealgate.issuer.callers import CallersFileError, load_callers
 
+from sealgate.issuer.callers import CallersFileError, load_callers
 from sealgate.yamlfile import YamlFile, YamlFileError
 
 CALLER = (
