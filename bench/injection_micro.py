@@ -31,9 +31,9 @@ from mitmproxy import http  # noqa: E402
 from rounds import percentile  # noqa: E402
 from services import pinned  # noqa: E402
 
-from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
-from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
-from sealgate.issuer.processors import BearerProcessor  # noqa: E402
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
+from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
+from sealgate.credentials.processors import BearerProcessor  # noqa: E402
 from sealgate.proxy.credentials.broker import Broker  # noqa: E402
 from sealgate.proxy.credentials.inject import Credential, Injected, credential, write  # noqa: E402
 from sealgate.proxy.credentials.scrub import Scrubber  # noqa: E402

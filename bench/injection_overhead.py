@@ -74,11 +74,15 @@ from services import (
 )
 from session import bench_session, parse_options, run_meta
 
-from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
-from sealgate.issuer.injection import InMemoryRequest, inject
-from sealgate.issuer.keys import generate
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AwsSigV4Processor, BearerProcessor
-from sealgate.issuer.sigv4 import EMPTY_SHA256
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials.httprequest import InMemoryRequest
+from sealgate.credentials.keys import generate
+from sealgate.credentials.processors import (
+    AWS_PLACEHOLDER_KEY_ID,
+    AwsSigV4Processor,
+    BearerProcessor,
+)
+from sealgate.credentials.sigv4 import EMPTY_SHA256
 from sealgate.proxy.credentials.broker import Broker
 from sealgate.proxy.credentials.exchanges import Exchanges
 from sealgate.proxy.credentials.secrets import FileStore, SecretBroker
@@ -313,7 +317,7 @@ def _resign_us(passes: int = 5, count: int = 2000) -> float:
         batch = [InMemoryRequest(headers=list(fields), path="/1k") for _ in range(count)]
         started = time.perf_counter()
         for request in batch:
-            inject(processor, AWS_KEYS, request, now=now)
+            processor.inject(AWS_KEYS, request, now=now)
         best = min(best, (time.perf_counter() - started) / count * 1e6)
     return best
 
@@ -376,14 +380,14 @@ def _us(values: list[float]) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 MICRO_LABELS = {
-    "unseal_cold_us": "`sealgate.issuer.unseal`, a fresh token (X25519 unseal + claims parse)",
+    "unseal_cold_us": "`sealgate.credentials.unseal`, a fresh token (X25519 unseal + claims parse)",
     "tokenizer_authorise_cold_us": "`Tokenizer.authorise`, a token not yet in its cache (unseal "
                                    "+ time window + sandbox binding + host/method/path scope)",
     "tokenizer_authorise_cached_us": "`Tokenizer.authorise`, the same token and request again "
                                      "(cache hit: time window, request compared with the last)",
     "write_bearer_us": "`inject.write`, a bearer credential into a mitmproxy request "
                        "(token header stripped, identity encoding asked for)",
-    "aws_resign_us": "`issuer.injection.inject`, aws-sigv4 re-signing lane (d)'s GET "
+    "aws_resign_us": "`Processor.inject`, aws-sigv4 re-signing lane (d)'s GET "
                      "(signature read and checked, canonical request, one HMAC with the cached "
                      "signing key), in the bench's own process",
     "oauth_hit_us": "`Broker.credentials`, lane (e)'s oauth2 rule with its access token "

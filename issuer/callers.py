@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, assert_never
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import jsonfields
+from sealgate.credentials import processors as pr
 from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFile, YamlFileError
-
-from . import jsonfields
-from . import processors as pr
 
 __all__ = [
     "BINDING_KINDS",

@@ -13,10 +13,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.clikit import Commands
+from sealgate.credentials import keys
 
-from . import keys
 from .clibase import emit_json, format_age, run
 from .mintcli import add_mint
 from .servecli import add_issuer

@@ -15,19 +15,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 from sealgate.files import read_regular
+from sealgate.reasons import Reason, SealgateError
 
-from . import callers, keys
-from . import processors as pr
+from . import callers
 
 __all__ = ["CliError", "emit_json", "format_age", "parse_duration", "read_source", "run"]
 
 _MAX_SECRET_BYTES: Final = pr.MAX_SECRET_LENGTH * 4
 
 
-class CliError(Exception):
+class CliError(SealgateError):
     """A problem with what the user asked for; printed as one line, exit status 1."""
+
+    reason = Reason.INVALID_REQUEST
 
 
 # --- durations ------------------------------------------------------------------------------

@@ -6,93 +6,47 @@ import argparse
 import secrets
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.clikit import Commands
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 
-from . import keys
-from . import processors as pr
 from .clibase import CliError, emit_json, parse_duration, read_source, run
 
 __all__ = ["DEFAULT_TTL", "add_mint"]
 
 DEFAULT_TTL: Final = "15m"
 
-# The processor options each --inject kind takes; any other processor option is an error.
-_PROCESSOR_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
-    "bearer": frozenset(),
-    "header": frozenset({"header_name", "format"}),
-    "basic": frozenset({"username"}),
-    "query": frozenset({"param"}),
-    "hmac-sha256": frozenset({"header_name", "format", "hmac_message", "hmac_encoding"}),
-    "placeholder": frozenset({"header_name", "placeholder"}),
-    "aws-sigv4": frozenset({"aws_services", "aws_regions", "placeholder"}),
-    "oauth2": frozenset({"token_url", "grant", "scopes", "audience", "client_auth", "scheme"}),
-    "github-app": frozenset({"installation_id", "github_api", "repositories", "permissions",
-                             "scheme"}),
-    "gcp-service-account": frozenset({"scopes", "audience"}),
-}
-_ALL_PROCESSOR_OPTIONS: Final = frozenset().union(*_PROCESSOR_OPTIONS.values())
+# Every processor option; each --inject kind takes its processor's (`cli_options`), no other.
+_ALL_PROCESSOR_OPTIONS: Final = frozenset[str]().union(
+    *(cls.cli_options.values() for cls in pr.PROCESSOR_TYPES.values()))
 
 
 def _processor(args: argparse.Namespace) -> pr.Processor:
     kind: str = args.inject
+    cls = pr.PROCESSOR_TYPES[kind]  # argparse's choices
     given = {name for name in _ALL_PROCESSOR_OPTIONS if getattr(args, name) is not None}
-    stray = sorted(given - _PROCESSOR_OPTIONS[kind])
+    stray = sorted(given - set(cls.cli_options.values()))
     if stray:
         flags = ", ".join("--" + name.replace("_", "-") for name in stray)
         raise CliError(f"--inject {kind} does not take {flags}")
-
-    def need(name: str) -> str:
-        value: str | None = getattr(args, name)
+    # Only what was given, or what the command line defaults: the processor's own defaults
+    # stay the one source of the rest.
+    fields: dict[str, str] = {"type": kind}
+    required = cls.required_fields()
+    for name, option in cls.cli_options.items():
+        value: str | None = getattr(args, option)
+        if not value:
+            value = cls.cli_defaults.get(name, value)
         if value is None:
-            raise CliError(f"--inject {kind} needs --{name.replace('_', '-')}")
-        return value
-
-    def chosen(**fields: str) -> dict[str, str]:
-        """The processor's fields (name -> option) the command line set."""
-        return {f: getattr(args, o) for f, o in fields.items() if getattr(args, o) is not None}
-
-    match kind:
-        case "bearer":
-            return pr.BearerProcessor()
-        case "header":
-            return pr.HeaderProcessor(header=need("header_name"), format=args.format or "{secret}")
-        case "basic":
-            return pr.BasicProcessor(username=need("username"))
-        case "query":
-            return pr.QueryProcessor(param=need("param"))
-        case "hmac-sha256":
-            return pr.HmacProcessor(
-                header=need("header_name"),
-                format=args.format or "{signature}",
-                encoding=args.hmac_encoding or "hex",
-                message=args.hmac_message,
-            )
-        case "placeholder":
-            return pr.PlaceholderProcessor(
-                header=args.header_name or "Authorization", placeholder=need("placeholder")
-            )
-        case "aws-sigv4":
-            return pr.AwsSigV4Processor(
-                services=need("aws_services"), regions=need("aws_regions"),
-                placeholder=args.placeholder or pr.AWS_PLACEHOLDER_KEY_ID,
-            )
-        case "oauth2":
-            # Only what was given: the processor's own defaults stay the one source.
-            return pr.OAuth2Processor(token_url=need("token_url"), **chosen(
-                grant="grant", scopes="scopes", audience="audience", client_auth="client_auth",
-                scheme="scheme"))
-        case "github-app":
-            return pr.GitHubAppProcessor(installation_id=need("installation_id"), **chosen(
-                api="github_api", repositories="repositories", permissions="permissions",
-                scheme="scheme"))
-        case "gcp-service-account":
-            return pr.GcpServiceAccountProcessor(scopes=args.scopes, audience=args.audience)
-    raise CliError(f"unknown processor {kind!r}")
+            if name in required:
+                raise CliError(f"--inject {kind} needs --{option.replace('_', '-')}")
+            continue
+        fields[name] = value
+    return cls.from_fields(fields)
 
 
 def _binding(args: argparse.Namespace) -> tk.Binding | None:
@@ -169,7 +123,7 @@ def add_mint(sub: Commands) -> None:
     mint.add_argument(
         "--inject",
         required=True,
-        choices=sorted(_PROCESSOR_OPTIONS),
+        choices=sorted(pr.PROCESSOR_TYPES),
         help="how the proxy puts the secret into the request",
     )
     mint.add_argument(

@@ -12,11 +12,11 @@ import secrets
 from collections.abc import Mapping
 from typing import Final
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import jsonfields
 from sealgate.reasons import Reason, SealgateError
 
 from . import callers as cl
-from . import jsonfields
 
 __all__ = [
     "BadJson",

@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.audit import AuditLog
+from sealgate.credentials import keys
 
 from . import callers as cl
-from . import keys
 from .mintrequest import (
     InvalidRequest,
     RateLimited,

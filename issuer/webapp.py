@@ -23,12 +23,12 @@ from typing import Final
 from aiohttp import web
 from cryptography import x509
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import keys
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
 from . import callers as cl
-from . import keys
 from .mintrequest import BodyTooLarge, MintRefused, Unavailable, scrub, secret_of
 from .service import Issuer
 

@@ -23,8 +23,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Literal
 
-from sealgate.issuer import TOKEN_PREFIX
-
+from sealgate.credentials import TOKEN_PREFIX
 from sealgate.reasons import Reason
 
 from .errors import Denial

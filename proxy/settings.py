@@ -17,9 +17,9 @@ from typing import Any
 
 from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
-from sealgate.issuer.keys import KeyFileError, Keyring
 
 from sealgate.audit import AuditLog
+from sealgate.credentials.keys import KeyFileError, Keyring
 from sealgate.watch import Snapshot
 
 from . import mitm

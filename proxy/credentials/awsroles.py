@@ -1,5 +1,5 @@
 """Temporary AWS keys the proxy obtains itself: STS AssumeRole with the keys of a brokered
-`aws-sigv4` secret that names a role (`issuer.awskeys.AssumeRole`).
+`aws-sigv4` secret that names a role (`sealgate.credentials.awskeys.AssumeRole`).
 
 The role's keys are cached as every credential the proxy obtains is (`credentials.exchanged`):
 asked for again in their last 5 minutes, one call per role at a time however many requests wait
@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import urlencode, urlsplit
 
-from sealgate.issuer import awskeys, sigv4
-from sealgate.issuer.awskeys import AwsKeys
+from sealgate.credentials import awskeys, sigv4
+from sealgate.credentials.awskeys import AwsKeys
 
 from ..net.guard import Guard
 from ..policy.model import Policy

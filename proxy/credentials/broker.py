@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sealgate.issuer import awskeys
-from sealgate.issuer.grants import GrantError
-from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionError
-
+from sealgate.credentials.errors import InjectionError
+from sealgate.credentials.grants import GrantError
+from sealgate.credentials.processors import TokenExchange
 from sealgate.reasons import Reason
 
 from ..errors import Denial
@@ -29,7 +28,7 @@ from . import dial
 from .awsroles import RoleSessions
 from .dial import Endpoint
 from .exchanged import ExchangeError
-from .exchanges import ExchangeProcessor, Exchanges
+from .exchanges import Exchanges
 from .inject import Credential, credential
 from .secrets import Secret, SecretBroker, SecretError, SecretRef
 from .tokenizer import SealedExchange
@@ -86,10 +85,11 @@ class Broker:
                         f"a credential for this request is unavailable ({exc.reason})",
                     ) from None
             text = secret.reveal()
-            if isinstance(injection.processor, EXCHANGED):
-                found.append(await self._exchanged(injection, text, guard, policy))
+            exchange = injection.processor.token_exchange
+            if exchange is not None:
+                found.append(await self._exchanged(injection, exchange, text, guard, policy))
                 continue
-            if isinstance(injection.processor, AwsSigV4Processor):
+            if injection.processor.role(text) is not None:
                 text = await self._role_keys(text, guard, policy)
             known = self._worked_out.get(id(injection))
             if (known is not None and known[0] is injection and known[1] is secret
@@ -106,21 +106,17 @@ class Broker:
         return found
 
     async def _role_keys(self, text: str, guard: Guard | None, policy: Policy | None) -> str:
-        """The keys an aws-sigv4 secret signs with: its own, or its role's (STS dialed
-        through `guard` under `policy`)."""
+        """The keys of the role an aws-sigv4 secret names (STS dialed through `guard` under
+        `policy`)."""
         try:
             return await self.roles.resolve(text, guard, policy)
-        except ValueError:
-            return text  # not keys at all: `credential` says what is wrong with it
         except ExchangeError as exc:
             raise Denial(Reason.SECRET_UNAVAILABLE,
                          f"a credential for this request is unavailable ({exc})") from None
 
-    async def _exchanged(self, injection: Injection, text: str, guard: Guard | None,
-                         policy: Policy | None) -> Credential:
+    async def _exchanged(self, injection: Injection, processor: TokenExchange, text: str,
+                         guard: Guard | None, policy: Policy | None) -> Credential:
         """The token a token-exchange processor obtains with the secret."""
-        processor = injection.processor
-        assert isinstance(processor, EXCHANGED)
         if guard is None or policy is None:
             raise Denial(Reason.INTERNAL_ERROR, f"{processor.kind} needs the guard to dial")
         return await self._exchange(processor, text, guard, policy, ref=injection.secret,
@@ -144,13 +140,14 @@ class Broker:
                 raise Denial(decision.reason or Reason.NOT_ALLOWED,
                              f"a token's {processor.kind} endpoint: {decision.detail}")
 
-        if not isinstance(processor, AwsSigV4Processor):
-            return await self._exchange(processor, sealed.secret, guard, policy, ref=None,
+        exchange = processor.token_exchange
+        if exchange is not None:
+            return await self._exchange(exchange, sealed.secret, guard, policy, ref=None,
                                         label=sealed.label, admit=admit)
         known = self._sealed_roles.get(id(sealed))
         if known is None or known[0] is not sealed or known[1] is not policy:
             known = None  # not yet admitted under this policy
-            role = awskeys.parse(sealed.secret).role
+            role = processor.role(sealed.secret)
             assert role is not None  # as the tokenizer found
             try:
                 admit(dial.endpoint(role.sts_endpoint))
@@ -169,7 +166,7 @@ class Broker:
         self._sealed_roles[id(sealed)] = (sealed, policy, text, cred)
         return cred
 
-    async def _exchange(self, processor: ExchangeProcessor, text: str, guard: Guard,
+    async def _exchange(self, processor: TokenExchange, text: str, guard: Guard,
                         policy: Policy, *, ref: SecretRef | None, label: str,
                         admit: Callable[[Endpoint], None] | None = None) -> Credential:
         try:

@@ -1,7 +1,7 @@
 """The token-exchange processors' credentials: a brokered secret exchanged for the token a
-request carries (`oauth2`, `github-app`, `gcp-service-account`; what is sent and read is
-`issuer.grants`), cached by `credentials.exchanged`, and injected as
-`Authorization: <scheme> <token>`.
+request carries (`oauth2`, `github-app`, `gcp-service-account`; what is sent where is the
+processor's `Exchange`, how the answer is read `sealgate.credentials.grants`), cached by
+`credentials.exchanged`, and injected as `Authorization: <scheme> <token>`.
 
 The token endpoint is dialed as sandbox traffic is (`credentials.dial`: through the guard under
 the policy of the request that needs the token), so tokens are cached per policy's networks. A
@@ -17,7 +17,6 @@ back to and is kept in memory only (on this replica, until it restarts).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -25,15 +24,9 @@ import logging
 import ssl
 from collections.abc import Callable
 from typing import Final, NamedTuple
-from urllib.parse import quote_plus, urlencode
 
-from sealgate.issuer import grants
-from sealgate.issuer.processors import (
-    GcpServiceAccountProcessor,
-    GitHubAppProcessor,
-    HeaderProcessor,
-    OAuth2Processor,
-)
+from sealgate.credentials import grants
+from sealgate.credentials.processors import Exchange, TokenExchange
 
 from ..net.guard import Guard
 from ..policy.model import Policy
@@ -43,16 +36,14 @@ from .exchanged import Exchanged, ExchangeError, Obtained
 from .inject import Credential, credential
 from .secrets import SecretBroker, SecretError, SecretRef
 
-__all__ = ["ExchangeProcessor", "Exchanges"]
+__all__ = ["Exchanges"]
 
 log = logging.getLogger(__name__)
 
-ExchangeProcessor = OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
 # The processor, the secret's reference and the policy's networks, as one string: hashed once.
 Key = str
 MAX_HOT: Final = 4096
 MAX_ROTATED: Final = 4096  # rotated secrets kept; a sandbox chooses how many sealed ones
-_FORM: Final = "application/x-www-form-urlencoded"
 
 
 def _digest(text: str) -> str:
@@ -73,7 +64,7 @@ class _Hot:
     """What one rule entry's last request found: the next finds it with a few identity
     checks, as long as the stored secret, the policy and the cached token are the same."""
 
-    processor: ExchangeProcessor
+    processor: TokenExchange
     stored: str
     policy: Policy
     key: Key
@@ -88,12 +79,12 @@ class Exchanges:
         self.cache: Exchanged[Key] = cache or Exchanged()
         self._ssl = ssl.create_default_context(cafile=cafile)
         # (processor, ref) -> (digests of the stored texts a rotation replaced, the text now)
-        self._rotated: dict[tuple[ExchangeProcessor, str], tuple[frozenset[str], str]] = {}
+        self._rotated: dict[tuple[TokenExchange, str], tuple[frozenset[str], str]] = {}
         self._worked_out: dict[Key, Credential] = {}
         self._hot: dict[int, _Hot] = {}  # by the processor's identity: see _Hot
 
     async def credential(
-        self, processor: ExchangeProcessor, stored: str, guard: Guard, policy: Policy, *,
+        self, processor: TokenExchange, stored: str, guard: Guard, policy: Policy, *,
         ref: SecretRef | None, label: str, admit: Callable[[Endpoint], None] | None = None,
     ) -> Credential:
         """The credential for `processor` with the secret `stored`, at `ref` in a store or
@@ -107,41 +98,37 @@ class Exchanges:
         named = _Named(ref, str(ref) if ref is not None else f"sealed:{_digest(stored)}", label)
         name = named.name
         text = self._current(processor, name, stored)
-        parsed = _parse(processor, text)
+        exchange = processor.exchange(text)
         if admit is not None:
-            admit(_endpoint(processor, parsed))
+            admit(dial.endpoint(exchange.endpoint))
         key: Key = f"{processor!r}\0{name}\0{policy.allow_networks!r}"
         source = _digest(text)
         token = self.cache.fresh(key, source)
         if token is None:
             token = await self.cache.get(
-                key, source, lambda: self._obtain(processor, named, text, parsed, guard=guard,
+                key, source, lambda: self._obtain(processor, named, text, exchange, guard=guard,
                                                   policy=policy))
             # A rotation has replaced the refresh token the needles are to hold.
             text = self._current(processor, name, stored)
-            parsed, source = _parse(processor, text), _digest(text)
+            exchange, source = processor.exchange(text), _digest(text)
         known = self._worked_out.get(key)
         if known is None or known.secret != token:
             if len(self._worked_out) >= MAX_HOT:
                 self._worked_out.clear()  # a sandbox minting tokens chooses how many keys
-            known = self._worked_out[key] = self._credential(processor, label, parsed, key,
+            known = self._worked_out[key] = self._credential(processor, label, exchange, key,
                                                              token)
         if len(self._hot) >= MAX_HOT:
             self._hot.clear()  # entries of processors gone with reloaded rules or tokens
         self._hot[id(processor)] = _Hot(processor, stored, policy, key, source, known)
         return known
 
-    def _credential(self, processor: ExchangeProcessor, label: str, parsed: object,
+    def _credential(self, processor: TokenExchange, label: str, exchange: Exchange,
                     key: Key, token: str) -> Credential:
-        cred = credential(HeaderProcessor("Authorization", f"{processor.scheme} {{secret}}"
-                                          if not isinstance(processor, GcpServiceAccountProcessor)
-                                          else "Bearer {secret}"),
-                          token, label)
-        cred = dataclasses.replace(cred, needles=(*cred.needles, *_needles(parsed)),
+        cred = credential(processor.carrier, token, label)
+        return dataclasses.replace(cred, needles=(*cred.needles, *exchange.needles()),
                                    rejected=_invalidator(self.cache, key, token))
-        return cred
 
-    def _current(self, processor: ExchangeProcessor, ref: str, stored: str) -> str:
+    def _current(self, processor: TokenExchange, ref: str, stored: str) -> str:
         """The secret as it is now: the stored text, unless it is one a rotation replaced
         (the store could not be written, or its cache has not seen the write yet)."""
         rotated = self._rotated.get((processor, ref))
@@ -153,30 +140,12 @@ class Exchanges:
             del self._rotated[(processor, ref)]  # the operator wrote a new secret
         return stored
 
-    async def _obtain(self, processor: ExchangeProcessor, named: _Named, text: str,
-                      parsed: object, *, guard: Guard, policy: Policy) -> Obtained:
-        now = self.cache.clock()
+    async def _obtain(self, processor: TokenExchange, named: _Named, text: str,
+                      exchange: Exchange, *, guard: Guard, policy: Policy) -> Obtained:
         try:
-            endpoint = _endpoint(processor, parsed)
-            if isinstance(processor, OAuth2Processor):
-                assert isinstance(parsed, grants.OAuthClient)
-                headers, body = _oauth2(processor, parsed)
-            elif isinstance(processor, GitHubAppProcessor):
-                assert isinstance(parsed, grants.AppKey)
-                headers = {"Authorization": f"Bearer {grants.app_jwt(parsed, now)}",
-                           "Accept": "application/vnd.github+json",
-                           "X-GitHub-Api-Version": "2022-11-28",
-                           "Content-Type": "application/json"}
-                body = json.dumps(processor.narrowed).encode()
-            else:
-                assert isinstance(parsed, grants.ServiceAccount)
-                scopes = None if processor.scopes is None else processor.scopes.replace(",", " ")
-                assertion = grants.service_account_assertion(
-                    parsed, scopes=scopes, audience=processor.audience, now=now)
-                headers = {"Content-Type": _FORM}
-                body = urlencode({"grant_type": grants.JWT_BEARER,
-                                  "assertion": assertion}).encode()
-            status, answer = await self._post(endpoint, headers, body, guard, policy)
+            headers, body = exchange.token_request(self.cache.clock())
+            status, answer = await self._post(dial.endpoint(exchange.endpoint), headers, body,
+                                              guard, policy)
             found = grants.read_answer(status, answer, self.cache.clock(), kind=processor.kind)
         except (grants.GrantError, ExchangeError) as exc:
             # Named by reference and cause only, as the sandbox's refusal is.
@@ -185,16 +154,16 @@ class Exchanges:
         log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, named.label,
                  found.expires - self.cache.clock())
         source = _digest(text)
-        if isinstance(parsed, grants.OAuthClient) and found.refresh_token is not None and \
-                found.refresh_token != parsed.refresh_token:
-            source = await self._rotate(processor, named, text, parsed, found.refresh_token)
+        if found.refresh_token is not None:
+            rotated = exchange.rotated(found.refresh_token)
+            if rotated is not None:
+                source = await self._rotate(processor, named, text, rotated)
         return Obtained(found.token, found.expires, source)
 
-    async def _rotate(self, processor: ExchangeProcessor, named: _Named, text: str,
-                      parsed: grants.OAuthClient, refresh_token: str) -> str:
-        """Keep the rotated refresh token (the old one may be dead already) and write it back
-        where the store can be written. The digest of the secret as it is now."""
-        new = dataclasses.replace(parsed, refresh_token=refresh_token).to_json()
+    async def _rotate(self, processor: TokenExchange, named: _Named, text: str,
+                      new: str) -> str:
+        """Keep the rotated secret `new` (the old refresh token may be dead already) and write
+        it back where the store can be written. The digest of the secret as it is now."""
         ref, name = named.ref, named.name
         superseded = self._rotated.get((processor, name), (frozenset(), ""))[0]
         if len(self._rotated) >= MAX_ROTATED:
@@ -222,57 +191,6 @@ class Exchanges:
 
     async def close(self) -> None:
         await self.cache.close()
-
-
-def _endpoint(processor: ExchangeProcessor, parsed: object) -> Endpoint:
-    """Where the token is asked for."""
-    if isinstance(processor, OAuth2Processor):
-        return dial.endpoint(processor.token_url)
-    if isinstance(processor, GitHubAppProcessor):
-        return dial.endpoint(f"{processor.api.rstrip('/')}/app/installations/"
-                             f"{processor.installation_id}/access_tokens")
-    assert isinstance(parsed, grants.ServiceAccount)
-    return dial.endpoint(parsed.token_uri)
-
-
-def _oauth2(processor: OAuth2Processor, client: grants.OAuthClient
-            ) -> tuple[dict[str, str], bytes]:
-    form = {"grant_type": processor.grant}
-    if client.refresh_token is not None:
-        form["refresh_token"] = client.refresh_token
-    if processor.scopes is not None:
-        form["scope"] = processor.scopes.replace(",", " ")
-    if processor.audience is not None:
-        form["audience"] = processor.audience
-    headers = {"Content-Type": _FORM, "Accept": "application/json"}
-    if client.client_id is not None:
-        if processor.client_auth == "basic" and client.client_secret is not None:
-            # RFC 6749 2.3.1: each form-encoded, then joined for Basic.
-            pair = f"{quote_plus(client.client_id)}:{quote_plus(client.client_secret)}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        else:
-            form["client_id"] = client.client_id
-            if client.client_secret is not None:
-                form["client_secret"] = client.client_secret
-    return headers, urlencode(form).encode()
-
-
-def _parse(processor: ExchangeProcessor, text: str) -> object:
-    if isinstance(processor, OAuth2Processor):
-        return grants.parse_oauth(text, processor.grant)
-    if isinstance(processor, GitHubAppProcessor):
-        return grants.parse_app(text)
-    return grants.parse_service_account(text)
-
-
-def _needles(parsed: object) -> tuple[str, ...]:
-    """What of the secret an echo must not give away: refresh token, client secret, the
-    private key as written and as JSON escapes it."""
-    if isinstance(parsed, grants.OAuthClient):
-        return tuple(v for v in (parsed.refresh_token, parsed.client_secret) if v is not None)
-    if isinstance(parsed, grants.AppKey | grants.ServiceAccount):
-        return parsed.pem, json.dumps(parsed.pem)[1:-1]
-    return ()
 
 
 def _invalidator(cache: Exchanged[Key], key: Key, token: str) -> Callable[[], None]:

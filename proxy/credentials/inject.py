@@ -1,9 +1,10 @@
 """Putting credentials into a request: the one step both the broker and the tokenizer end in.
 
 The processors themselves (bearer, header, basic, query, hmac-sha256, placeholder, aws-sigv4)
-live in `issuer.processors` and `issuer.injection`, shared with the sealed-token format. This
-module works a secret and its processor out once into a `Credential` (checked, labelled, and
-for the processors that write one fixed header, that header ready to send), writes credentials
+are types of the shared library (`sealgate.credentials.processors`), shared with the
+sealed-token format; this module asks them, never which one it has. It works a secret and its
+processor out once into a `Credential` (checked, labelled, and for the processors that write
+one fixed header, that header ready to send), writes credentials
 into mitmproxy's request, refuses to send them anywhere they could be read on the way, and
 remembers what was injected so the response can be scrubbed of it.
 
@@ -19,26 +20,11 @@ import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import quote, quote_plus
 
 from mitmproxy import http
-from sealgate.issuer import awskeys, awsresign
-from sealgate.issuer.injection import InMemoryRequest, has_query_param, inject
-from sealgate.issuer.processors import (
-    AwsSigV4Processor,
-    BasicProcessor,
-    BearerProcessor,
-    HeaderProcessor,
-    HmacProcessor,
-    InjectionError,
-    PlaceholderProcessor,
-    Processor,
-    QueryProcessor,
-    RequestInapplicable,
-    check_secret,
-    target,
-)
 
+from sealgate.credentials.errors import InjectionError, RequestInapplicable
+from sealgate.credentials.processors import Processor
 from sealgate.reasons import Reason
 
 from ..errors import Denial
@@ -63,9 +49,9 @@ clock: Callable[[], float] = time.time
 
 
 class FlowRequest:
-    """`issuer.injection.MutableRequest` over a mitmproxy request, for credential `cred`: a
-    streamed body its processor refuses gets the reason `cred`'s other refusals get (`_denial`:
-    a sealed token's is `token_inapplicable`)."""
+    """`sealgate.credentials.httprequest.MutableRequest` over a mitmproxy request, for
+    credential `cred`: a streamed body its processor refuses gets the reason `cred`'s other
+    refusals get (`_denial`: a sealed token's is `token_inapplicable`)."""
 
     def __init__(self, request: http.Request, cred: Credential) -> None:
         self.request = request
@@ -176,45 +162,20 @@ class Credential:
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.target.encode())
 
-    @property
-    def signs_body(self) -> bool:
-        """Whether it signs every request's body (aws-sigv4 does for some: `_needs_body`)."""
-        return isinstance(self.processor, HmacProcessor) and self.processor.message is None
-
 
 def credential(
     processor: Processor, secret: str, label: str, *,
     inapplicable: Reason = Reason.REQUEST_INAPPLICABLE,
 ) -> Credential:
     """Check `secret` for `processor` and work out what it writes. Raises InjectionError."""
-    check_secret(processor, secret)
+    processor.check_secret(secret)
+    fixed = processor.fixed_header(secret)
     header = None
-    needles = [secret]
-    if isinstance(processor, (BearerProcessor, HeaderProcessor, BasicProcessor)):
-        written = InMemoryRequest()
-        inject(processor, secret, written)
-        ((name, value),) = written.headers
+    if fixed is not None:
+        name, value = fixed
         header = (name.encode("ascii"), value.encode("utf-8", "surrogateescape"))
-        if isinstance(processor, BasicProcessor):
-            # The base64 form decodes to the secret: an echo of it is an echo of the secret,
-            # with the scheme or alone (an origin that returns the credential it decoded
-            # from, or the token part of the header).
-            needles += [value, value.removeprefix("Basic ")]
-    elif isinstance(processor, AwsSigV4Processor):
-        # The JSON as stored, and each key alone; a session token also as a presigned URL
-        # carries it. The key id too: it names the account's key to anyone who reads it.
-        keys = awskeys.parse(secret)
-        needles += [keys.access_key_id, keys.secret_access_key]
-        if keys.session_token is not None:
-            needles += [keys.session_token, quote(keys.session_token, safe="")]
-    elif isinstance(processor, QueryProcessor):
-        # In the URL the secret is percent-encoded as `set_query_param` writes it (quote); an
-        # echoed URL (a redirect, a 404 page) carries that form, or the one a server that
-        # re-encodes it as a form writes (quote_plus).
-        needles += [quote(secret, safe=""), quote_plus(secret, safe="")]
-    return Credential(
-        processor, secret, label, target(processor), header, tuple(needles), inapplicable
-    )
+    needles = (secret, *processor.needles(secret))
+    return Credential(processor, secret, label, processor.target, header, needles, inapplicable)
 
 
 @dataclass
@@ -258,8 +219,8 @@ def write(
     order, overwriting what the sandbox sent under the same name (except a placeholder, which
     replaces only itself). Any credential makes the request ask for an identity encoding and no
     transfer coding, so its response can be scrubbed.
-    Returns the body signatures (`Credential.signs_body`): recorded, but for `put` to write
-    once the body is here."""
+    Returns the credentials that need the body (`Processor.needs_body`: a signature over it):
+    recorded, but for `put` to write once the body is here."""
     fixed: dict[bytes, tuple[bytes, bytes]] = {}
     dynamic: list[Credential] = []
     for cred in credentials:
@@ -279,18 +240,11 @@ def write(
         _rewrite_headers(request, drop, fixed, bool(credentials), into)
     signed = []
     for cred in dynamic:
-        if cred.signs_body or _needs_body(request, cred):
+        if cred.processor.needs_body(FlowRequest(request, cred), clock()):
             signed.append(cred)
         else:
             put(request, cred, into)
     return signed
-
-
-def _needs_body(request: http.Request, cred: Credential) -> bool:
-    """Whether an aws-sigv4 credential signs this request's body."""
-    return isinstance(cred.processor, AwsSigV4Processor) and awsresign.needs_body(
-        cred.processor, FlowRequest(request, cred), clock()
-    )
 
 
 def _rewrite_headers(
@@ -323,10 +277,11 @@ def _rewrite_headers(
 def put(request: http.Request, cred: Credential, into: Injected | None = None) -> None:
     """Write one credential whose value depends on the request (a query parameter, a
     placeholder's replacement, a signature) through its processor."""
+    flow = FlowRequest(request, cred)
     try:
-        if into is not None and _present(request, cred):
+        if into is not None and cred.processor.sent(flow):
             into.overwrote.append(cred.target)
-        written = inject(cred.processor, cred.secret, FlowRequest(request, cred), now=clock())
+        written = cred.processor.inject(cred.secret, flow, now=clock())
         if into is not None and written is not None:
             # Recorded only for what goes in with the headers: the scrubber is armed then.
             into.needles.append(written)
@@ -338,14 +293,3 @@ def _denial(cred: Credential, exc: InjectionError) -> Denial:
     """An injection error as the Denial the sandbox reads."""
     reason = cred.inapplicable if isinstance(exc, RequestInapplicable) else exc.reason
     return Denial(reason, str(exc))
-
-
-def _present(request: http.Request, cred: Credential) -> bool:
-    """Whether the sandbox sent what `cred` overwrites (a placeholder replaces only itself)."""
-    match cred.processor:
-        case QueryProcessor(param=param):
-            return has_query_param(request.path, param)
-        case PlaceholderProcessor():
-            return False
-        case _:
-            return cred.target in request.headers

@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from sealgate.issuer import TokenError
-
+from sealgate.credentials import TokenError
 from sealgate.hostname import Host
 from sealgate.reasons import Reason
 

@@ -17,27 +17,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sealgate.issuer import (
+from sealgate.credentials import (
     Claims,
     TokenInapplicable,
     TokenMalformed,
     TokenScope,
-    awskeys,
     check_binding,
     check_scope,
     check_time,
     unseal,
     validity,
 )
-from sealgate.issuer.keys import Keyring
-from sealgate.issuer.processors import (
-    EXCHANGED,
-    AwsSigV4Processor,
-    GcpServiceAccountProcessor,
-    GitHubAppProcessor,
-    OAuth2Processor,
-)
-
+from sealgate.credentials.keys import Keyring
+from sealgate.credentials.processors import Processor
 from sealgate.hostname import Host
 
 from .inject import Credential, credential
@@ -72,8 +64,7 @@ class SealedExchange:
     `gcp-service-account`, `aws-sigv4` keys that name a role): its secret is exchanged first
     (`Broker.sealed`)."""
 
-    processor: (OAuth2Processor | GitHubAppProcessor | GcpServiceAccountProcessor
-                | AwsSigV4Processor)
+    processor: Processor
     secret: str = field(repr=False)
     label: str
 
@@ -189,10 +180,7 @@ class Tokenizer:
 def _sealed(claims: Claims, label: str) -> SealedExchange | None:
     """What a token whose processor must obtain what goes in opens to: None for the others."""
     processor = claims.processor
-    if isinstance(processor, AwsSigV4Processor):
-        if awskeys.parse(claims.secret).role is None:
-            return None
-    elif not isinstance(processor, EXCHANGED):
+    if processor.token_exchange is None and processor.role(claims.secret) is None:
         return None
     return SealedExchange(processor, claims.secret, label)
 

@@ -10,22 +10,8 @@ modelled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any
 from urllib.parse import urlsplit
-
-from sealgate.issuer.processors import (
-    AwsSigV4Processor,
-    BasicProcessor,
-    BearerProcessor,
-    GcpServiceAccountProcessor,
-    GitHubAppProcessor,
-    HeaderProcessor,
-    HmacProcessor,
-    OAuth2Processor,
-    PlaceholderProcessor,
-    Processor,
-    QueryProcessor,
-)
 
 from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
@@ -98,48 +84,7 @@ def describe(rule: Rule) -> str:
 def injects(rule: Rule) -> list[str]:
     """The rule's credentials by reference and how each goes in (`bearer from file:key:
     Authorization: Bearer <secret>`): never a secret's value."""
-    return [f"{i.processor.kind} from {i.secret}: {_how(i.processor)}" for i in rule.inject]
-
-
-def _how(processor: Processor) -> str:
-    match processor:
-        case BearerProcessor():
-            return "Authorization: Bearer <secret>"
-        case HeaderProcessor(header=header, format=fmt):
-            return f"{header}: {fmt.replace('{secret}', '<secret>')}"
-        case BasicProcessor(username=username):
-            return f"Authorization: Basic base64({username}:<secret>)"
-        case QueryProcessor(param=param):
-            return f"query {param}=<secret>"
-        case HmacProcessor(header=header, format=fmt, encoding=encoding, message=message):
-            signed = "the body" if message is None else "a fixed message"
-            return (f"{header}: {fmt.replace('{signature}', '<signature>')}, "
-                    f"HMAC-SHA256 of {signed}, {encoding}")
-        case PlaceholderProcessor(header=header, placeholder=placeholder):
-            return f"{header}: {placeholder} replaced by <secret>"
-        case AwsSigV4Processor(services=services, regions=regions, placeholder=placeholder):
-            return (f"a SigV4 request signed with key id {placeholder} (header or presigned URL) "
-                    f"re-signed with the secret's keys, for services {services} in regions "
-                    f"{regions}")
-        case OAuth2Processor(token_url=url, grant=grant, scopes=scopes, scheme=scheme):
-            scoped = f" for scopes {scopes}" if scopes else ""
-            return (f"Authorization: {scheme} <access token>, obtained from {url} with the "
-                    f"secret's {grant.replace('_', ' ')} grant{scoped} (cached until shortly "
-                    "before it expires)")
-        case GitHubAppProcessor(installation_id=installation, api=api, scheme=scheme,
-                                repositories=repos, permissions=permissions):
-            narrowed = "".join(
-                f", {what} {value}" for what, value in (("repositories", repos),
-                                                        ("permissions", permissions)) if value)
-            return (f"Authorization: {scheme} <installation token>, obtained from "
-                    f"{api}/app/installations/{installation}/access_tokens with a JWT the "
-                    f"secret's app key signs{narrowed} (cached until shortly before it expires)")
-        case GcpServiceAccountProcessor(scopes=scopes, audience=audience):
-            what = f"an ID token for {audience}" if audience else f"an access token for {scopes}"
-            return (f"Authorization: Bearer <{what}>, obtained from the key's token_uri with a "
-                    "JWT-bearer assertion the key signs (cached until shortly before it expires)")
-        case _:
-            assert_never(processor)
+    return [f"{i.processor.kind} from {i.secret}: {i.processor.describe()}" for i in rule.inject]
 
 
 def explain(

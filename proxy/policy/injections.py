@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from typing import Final
 
-from sealgate.issuer.processors import InjectionError, processor_from_object, target
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from sealgate.credentials.errors import SecretConfigError
+from sealgate.credentials.processors import (
+    PROCESSOR_TYPES,
+    InjectionError,
+    processor_from_object,
+)
+from sealgate.credentials.secretref import SecretRef, parse_ref
 from sealgate.yamlfile import YamlFile, join
 
-from ..credentials.secrets.base import SecretConfigError, SecretRef, parse_ref
 from .model import Injection
 
 __all__ = ["injections"]
@@ -27,7 +32,7 @@ __all__ = ["injections"]
 _INJECT_KEYS: Final = ("secret", "as")
 _VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
 # Processor fields that hold a comma-separated list, which rules may also write as a list.
-_LIST_FIELDS: Final = frozenset({"services", "regions", "scopes", "repositories", "permissions"})
+_LIST_FIELDS: Final = frozenset[str]().union(*(c.list_fields for c in PROCESSOR_TYPES.values()))
 
 
 def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:
@@ -39,7 +44,7 @@ def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:
     # request, or make the proxy refuse it (injection_conflict).
     first: dict[str, int] = {}
     for i, injection in enumerate(inject):
-        written = target(injection.processor)
+        written = injection.processor.target
         if written in first:
             raise doc.error(node, field, f"[{first[written]}] and [{i}] both write {written}")
         first[written] = i

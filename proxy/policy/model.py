@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import unquote
 
-from sealgate.issuer.processors import Processor
-
+from sealgate.credentials.processors import Processor
+from sealgate.credentials.secretref import SecretRef
 from sealgate.hostname import Host
 from sealgate.reasons import Reason, SealgateError
 from sealgate.yamlfile import YamlFileError, format_location
 
-from ..credentials.secrets.base import SecretRef
 from ..net.addresses import AddressPolicy
 
 __all__ = [

@@ -17,7 +17,7 @@ from tests.sdk.kit import FakeAPI, World
 
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[test]')")
 
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID
+from sealgate.credentials.processors import AWS_PLACEHOLDER_KEY_ID
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import (
     CLIENT,

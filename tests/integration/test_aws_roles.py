@@ -19,7 +19,7 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e '.[t
 
 from botocore.credentials import Credentials
 
-from sealgate.issuer.processors import AwsSigV4Processor
+from sealgate.credentials.processors import AwsSigV4Processor
 from sealgate.proxy.credentials import exchanged
 from tests.awsfake import AwsFake
 from tests.integration.test_aws_sigv4 import CLIENT, ROUND_TRIP, aws_env

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sealgate.issuer.processors import (
+from sealgate.credentials.processors import (
     AWS_PLACEHOLDER_KEY_ID,
     AWS_PLACEHOLDER_SECRET,
     AwsSigV4Processor,

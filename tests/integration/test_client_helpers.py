@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sealgate.clients import base_url, refusal, requests_session
-from sealgate.issuer import Claims, HostPattern, seal
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import BearerProcessor
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest

@@ -18,9 +18,9 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import BearerProcessor
 from sealgate.reasons import Reason
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS

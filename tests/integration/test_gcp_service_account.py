@@ -16,7 +16,7 @@ import jwt
 import pytest
 import yaml
 
-from sealgate.issuer.processors import GcpServiceAccountProcessor
+from sealgate.credentials.processors import GcpServiceAccountProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GoogleFake, rsa_key

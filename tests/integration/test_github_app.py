@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sealgate.issuer.processors import GitHubAppProcessor
+from sealgate.credentials.processors import GitHubAppProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import GitHubFake, rsa_key

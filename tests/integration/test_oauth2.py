@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sealgate.issuer.processors import OAuth2Processor
+from sealgate.credentials.processors import OAuth2Processor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.oauthfake import OAuthFake

@@ -28,7 +28,7 @@ pytest.importorskip("github", reason="PyGithub is not installed (pip install -e 
 
 from botocore.credentials import Credentials
 
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AWS_PLACEHOLDER_SECRET
+from sealgate.credentials.processors import AWS_PLACEHOLDER_KEY_ID, AWS_PLACEHOLDER_SECRET
 from tests.awsfake import AwsFake
 from tests.oauthfake import GitHubFake, OAuthFake, rsa_key
 

@@ -18,9 +18,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from sealgate.issuer import Claims, HostPattern, seal
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import BasicProcessor, BearerProcessor, Processor, QueryProcessor
+from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import (
+    BasicProcessor,
+    BearerProcessor,
+    Processor,
+    QueryProcessor,
+)
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest

@@ -23,15 +23,15 @@ import pytest
 import requests
 import zstandard
 
-from sealgate.issuer import (
+from sealgate.credentials import (
     AuthDigestBinding,
     Claims,
     HostPattern,
     SandboxBinding,
     seal,
 )
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import (
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import (
     BasicProcessor,
     BearerProcessor,
     HeaderProcessor,

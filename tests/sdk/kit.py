@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import pytest
 
-from sealgate.issuer import Claims, HostPattern, seal
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import Processor
+from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import Processor
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, OriginCA, Proxy, key_digest
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.sdk.kit import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer.processors import BearerProcessor, HeaderProcessor
+from sealgate.credentials.processors import BearerProcessor, HeaderProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.sdk.kit import (

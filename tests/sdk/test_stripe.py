@@ -16,7 +16,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.sdk.kit import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA
 from tests.sdk.kit import (

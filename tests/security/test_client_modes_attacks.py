@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer import Claims, HostPattern, SandboxBinding, seal
-from sealgate.issuer.keys import PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, OriginCA, Proxy, key_digest, secret_store
 from tests.security.rawclient import (

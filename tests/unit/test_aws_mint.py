@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer import keys
-from sealgate.issuer import token as tk
-from sealgate.issuer.processors import AWS_PLACEHOLDER_KEY_ID, AwsSigV4Processor
+from sealgate.credentials import keys
+from sealgate.credentials import token as tk
+from sealgate.credentials.processors import AWS_PLACEHOLDER_KEY_ID, AwsSigV4Processor
 from tests.unit.test_issuer_cli import run_here
 
 KEYS = json.dumps({"access_key_id": "AKIAMINTCANARY000001", "secret_access_key": "mint/CANARY"})

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer import awskeys
-from sealgate.issuer.processors import AwsSigV4Processor, SecretInvalid, check_secret
+from sealgate.credentials import awskeys
+from sealgate.credentials.processors import AwsSigV4Processor, SecretInvalid
 from sealgate.proxy.credentials import awsroles
 from sealgate.proxy.credentials.awsroles import RoleSessions
 from sealgate.proxy.credentials.exchanged import ExchangeError
@@ -105,7 +105,7 @@ def test_a_sealed_token_may_name_a_role() -> None:
     """Sealed as brokered: the proxy dials the token's STS endpoint only where the sandbox's
     policy allows a POST to it (tests/integration/test_aws_roles.py)."""
     processor = AwsSigV4Processor(services="s3", regions="us-east-1")
-    check_secret(processor, json.dumps(BASE))
-    check_secret(processor, json.dumps(ROLE))
+    processor.check_secret(json.dumps(BASE))
+    processor.check_secret(json.dumps(ROLE))
     with pytest.raises(SecretInvalid, match="role_arn"):
-        check_secret(processor, json.dumps({**ROLE, "role_arn": "not an arn"}))
+        processor.check_secret(json.dumps({**ROLE, "role_arn": "not an arn"}))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.issuer.processors import OAuth2Processor
+from sealgate.credentials.processors import OAuth2Processor
 from sealgate.proxy.credentials.exchanges import Exchanges
 from sealgate.proxy.credentials.secrets import SecretBroker, VaultConfig, VaultStore, parse_ref
 from sealgate.proxy.net.guard import Guard

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sealgate.credentials.keys import KeyFileError, Keyring
 from sealgate.files import read_regular
 from sealgate.issuer.callers import CallersFileError, load_callers
-from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.proxy.credentials.secrets import SecretRef, SecretUnavailable, open_store
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 

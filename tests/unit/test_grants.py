@@ -12,11 +12,11 @@ from pathlib import Path
 import jwt
 import pytest
 
-from sealgate.issuer import Claims, HostPattern, grants
-from sealgate.issuer import processors as pr
-from sealgate.issuer.errors import TokenMalformed
-from sealgate.issuer.keys import Keyring, generate
-from sealgate.issuer.token import unseal
+from sealgate.credentials import Claims, HostPattern, grants
+from sealgate.credentials import processors as pr
+from sealgate.credentials.errors import TokenMalformed
+from sealgate.credentials.keys import Keyring, generate
+from sealgate.credentials.token import unseal
 from sealgate.proxy.policy.explain import injects
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.oauthfake import rsa_key
@@ -167,7 +167,7 @@ def test_sealed_in_a_token_with_its_secret_checked(
       "--permissions", "contents:read"], APP,
      pr.GitHubAppProcessor("77", repositories="widgets", permissions="contents:read"), "token"),
     (["--inject", "gcp-service-account", "--audience", "https://svc.a.run.app"], ACCOUNT,
-     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app"), None),
+     pr.GcpServiceAccountProcessor(audience="https://svc.a.run.app"), "Bearer"),
     (["--inject", "oauth2", "--token-url", "https://auth.example.com/token", "--scheme",
       "token"], json.dumps({"refresh_token": "r"}),
      pr.OAuth2Processor("https://auth.example.com/token", scheme="token"), "token"),

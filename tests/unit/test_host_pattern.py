@@ -7,7 +7,7 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.hostname import Host, HostError, canonical_name, parse_host_pattern
 from sealgate.proxy.policy.targets import TargetError, host_pattern
 

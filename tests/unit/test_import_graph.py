@@ -180,8 +180,9 @@ def test_bench_does_not_import_tests() -> None:
 def test_every_module_is_seen() -> None:
     # The parts are found through pyproject's package-dir: they are in the graph, not only the base.
     edges, _ = graph(ROOT)
-    for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.keys",
-                   "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver"):
+    for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.service",
+                   "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver",
+                   "sealgate.credentials.keys"):
         assert module in edges
     assert "sealgate.proxy.pipeline" in edges["sealgate.proxy.master"]
 

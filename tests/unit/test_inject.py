@@ -7,7 +7,7 @@ import base64
 import pytest
 from mitmproxy import http
 
-from sealgate.issuer.processors import BasicProcessor, BearerProcessor, QueryProcessor
+from sealgate.credentials.processors import BasicProcessor, BearerProcessor, QueryProcessor
 from sealgate.proxy.credentials.inject import (
     MAX_NEEDLE_BYTES,
     MAX_NEEDLES,
@@ -22,7 +22,7 @@ from sealgate.reasons import Reason
 def test_fixed_header_credentials_carry_their_header() -> None:
     cred = credential(BearerProcessor(), "sk-test-value", "token:k:-")
     assert cred.header == (b"Authorization", b"Bearer sk-test-value")
-    assert cred.target == "authorization" and not cred.signs_body
+    assert cred.target == "authorization"
 
 
 def test_basic_credential_scrubs_the_base64_form_too() -> None:

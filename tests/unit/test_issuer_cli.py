@@ -23,9 +23,10 @@ from unittest.mock import patch
 
 import pytest
 
-from sealgate import issuer as tk
-from sealgate.issuer import cli, clibase, keys, servecli
-from sealgate.issuer import injection as ij
+from sealgate import credentials as tk
+from sealgate.credentials import httprequest as ij
+from sealgate.credentials import keys
+from sealgate.issuer import cli, clibase, servecli
 
 ROOT = Path(__file__).resolve().parents[2]
 SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
@@ -187,7 +188,7 @@ def test_mint_each_processor(
     assert claims.secret == CANARY
     assert claims.processor.kind == kind
     request = ij.InMemoryRequest(headers=[("Authorization", "Bearer sg-placeholder")])
-    ij.inject(claims.processor, claims.secret, request)
+    claims.processor.inject(claims.secret, request)
     assert callable(check) and check(request)
 
 

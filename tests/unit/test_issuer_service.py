@@ -29,10 +29,11 @@ import requests
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from sealgate.audit import AuditLog
+from sealgate.credentials import keys
 from sealgate.issuer import callers as cl
-from sealgate.issuer import keys, service, webapp
+from sealgate.issuer import service, webapp
 from tests.harness import OriginCA
 
 ROOT = Path(__file__).resolve().parents[2]

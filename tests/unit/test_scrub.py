@@ -14,7 +14,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sealgate.issuer.processors import QueryProcessor
+from sealgate.credentials.processors import QueryProcessor
 from sealgate.proxy.credentials import scrub as scrub_module
 from sealgate.proxy.credentials.decode import DECODED_LIMIT, Undecodable, decode_whole, decoder
 from sealgate.proxy.credentials.inject import Injected, credential

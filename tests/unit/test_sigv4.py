@@ -18,10 +18,10 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth, SigV4QueryAu
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from sealgate.issuer import awschunked, awsresign, sigv4
-from sealgate.issuer.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
-from sealgate.issuer.injection import InMemoryRequest, inject
-from sealgate.issuer.processors import (
+from sealgate.credentials import awschunked, awsresign, sigv4
+from sealgate.credentials.awsresign import AwsClockSkew, AwsScopeRefused, AwsStreamingSigned
+from sealgate.credentials.httprequest import InMemoryRequest
+from sealgate.credentials.processors import (
     AWS_PLACEHOLDER_KEY_ID,
     AWS_PLACEHOLDER_SECRET,
     AwsSigV4Processor,
@@ -29,7 +29,6 @@ from sealgate.issuer.processors import (
     RequestInapplicable,
     SecretInvalid,
     processor_from_object,
-    processor_to_object,
 )
 from tests.awsfake import AwsFake, reference_signature
 
@@ -123,7 +122,7 @@ def test_processor_fields_round_trip_and_are_checked() -> None:
     assert isinstance(processor, AwsSigV4Processor)
     assert processor.allowed_services == {"s3", "sts"}
     assert processor.placeholder == AWS_PLACEHOLDER_KEY_ID
-    assert processor_to_object(processor) == {**obj, "placeholder": AWS_PLACEHOLDER_KEY_ID}
+    assert processor.to_object() == {**obj, "placeholder": AWS_PLACEHOLDER_KEY_ID}
     for bad in ({"services": "S3"}, {"services": ""}, {"regions": "us-east-1,"},
                 {"placeholder": "short"}, {"regions": "*"}):
         with pytest.raises(ProcessorInvalid):
@@ -138,7 +137,7 @@ def test_processor_fields_round_trip_and_are_checked() -> None:
 ])
 def test_secrets_that_are_not_keys_are_refused_without_quoting(secret: str) -> None:
     with pytest.raises(SecretInvalid) as raised:
-        inject(PROCESSOR, secret, InMemoryRequest())
+        PROCESSOR.inject(secret, InMemoryRequest())
     assert "AKIAREALEXAMPLE00001" not in str(raised.value) and "a b" not in str(raised.value)
     assert raised.value.__cause__ is None and raised.value.__context__ is None
 
@@ -206,7 +205,7 @@ def test_header_form_is_re_signed_with_the_real_keys(
 ) -> None:
     headers = {"Content-Type": "application/x-amz-json-1.0"} if service == "dynamodb" else {}
     request, now = _signed(method, url, body, service=service, headers=headers)
-    inject(PROCESSOR, SECRET, request, now=now)
+    PROCESSOR.inject(SECRET, request, now=now)
     _verified(request, service=service)
 
 
@@ -216,7 +215,7 @@ def test_header_form_is_re_signed_with_the_real_keys(
 ])
 def test_presigned_url_is_re_signed(url: str, service: str) -> None:
     request, now = _signed("GET", url, service=service, presign=True)
-    inject(PROCESSOR, SECRET, request, now=now + 300)  # a URL used a while after it was made
+    PROCESSOR.inject(SECRET, request, now=now + 300)  # a URL used a while after it was made
     _verified(request, service=service)
     assert AWS_PLACEHOLDER_KEY_ID not in request.path
 
@@ -224,22 +223,22 @@ def test_presigned_url_is_re_signed(url: str, service: str) -> None:
 def test_a_hashed_payload_must_be_the_body_s() -> None:
     request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", b"data",
                            after={"X-Amz-Content-SHA256": hashlib.sha256(b"data").hexdigest()})
-    inject(PROCESSOR, SECRET, request, now=now)
+    PROCESSOR.inject(SECRET, request, now=now)
     _verified(request)
     request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", b"data",
                            after={"X-Amz-Content-SHA256": hashlib.sha256(b"other").hexdigest()})
     with pytest.raises(RequestInapplicable, match="not the SHA-256 of the body"):
-        inject(PROCESSOR, SECRET, request, now=now)
+        PROCESSOR.inject(SECRET, request, now=now)
 
 
 def test_the_sandbox_s_session_token_is_replaced() -> None:
     keys = Credentials(AWS_PLACEHOLDER_KEY_ID, AWS_PLACEHOLDER_SECRET, "placeholder-token")
     request, now = _signed("GET", "https://s3.us-east-1.amazonaws.com/b/k", keys=keys)
-    inject(PROCESSOR, SECRET, request, now=now)
+    PROCESSOR.inject(SECRET, request, now=now)
     _verified(request)
     static = json.dumps({"access_key_id": REAL.access_key, "secret_access_key": REAL.secret_key})
     request, now = _signed("GET", "https://s3.us-east-1.amazonaws.com/b/k", keys=keys)
-    inject(PROCESSOR, static, request, now=now)
+    PROCESSOR.inject(static, request, now=now)
     assert not request.get_header_values("x-amz-security-token")
     assert "x-amz-security-token" not in request.get_header_values("authorization")[0]
 
@@ -247,7 +246,7 @@ def test_the_sandbox_s_session_token_is_replaced() -> None:
 def test_the_host_sent_is_the_host_signed() -> None:
     request, now = _signed("GET", "https://s3.us-east-1.amazonaws.com/b/k")
     request.set_header_values("Host", ["other.example.com"])  # as the proxy rewrote it
-    inject(PROCESSOR, SECRET, request, now=now)
+    PROCESSOR.inject(SECRET, request, now=now)
     _verified(request)
 
 
@@ -274,7 +273,7 @@ def test_refusals(change: dict[str, Any], error: type[Exception], message: str) 
         request.set_header_values("Authorization", [])
     now += change.get("skew", 0) + change.get("presign_skew", 0)
     with pytest.raises(error, match=message) as raised:
-        inject(PROCESSOR, SECRET, request, now=now)
+        PROCESSOR.inject(SECRET, request, now=now)
     assert REAL.secret_key not in str(raised.value) and "AKIAOTHER" not in str(raised.value)
 
 
@@ -287,7 +286,7 @@ def test_a_chunk_signed_body_is_re_signed_chunk_by_chunk() -> None:
     request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", body, after={
         "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
         "Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": "8196"})
-    inject(PROCESSOR, SECRET, request, now=now)
+    PROCESSOR.inject(SECRET, request, now=now)
     _verified(request)
     assert len(request.body) == len(body) and b"0" * 64 not in request.body
     (auth,) = request.get_header_values("authorization")
@@ -328,7 +327,7 @@ def test_a_malformed_chunk_signed_body_is_refused(body: bytes) -> None:
     request, now = _signed("PUT", "https://s3.us-east-1.amazonaws.com/b/k", body, after={
         "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"})
     with pytest.raises(RequestInapplicable, match="aws-chunked"):
-        inject(PROCESSOR, SECRET, request, now=now)
+        PROCESSOR.inject(SECRET, request, now=now)
 
 
 class _Streaming(InMemoryRequest):
@@ -348,7 +347,7 @@ def test_a_claimed_hash_of_a_body_of_unknown_length_is_signed_as_claimed() -> No
                            after={"X-Amz-Content-SHA256": claimed})
     streaming = _streaming(request)
     assert not awsresign.needs_body(PROCESSOR, streaming, now)
-    inject(PROCESSOR, SECRET, streaming, now=now)
+    PROCESSOR.inject(SECRET, streaming, now=now)
     _verified(streaming)  # AWS compares the claim with the body it receives
 
 
@@ -357,7 +356,7 @@ def test_unknown_lengths_without_a_payload_hash() -> None:
                        service="sts")
     assert not awsresign.needs_body(PROCESSOR, _streaming(get), now)  # signed as empty
     streaming = _streaming(get)
-    inject(PROCESSOR, SECRET, streaming, now=now)
+    PROCESSOR.inject(SECRET, streaming, now=now)
     _verified(streaming, service="sts")
     post, now = _signed("POST", "https://sts.us-east-1.amazonaws.com/", b"Action=X",
                         service="sts")

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.public import PrivateKey, SealedBox
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
+from sealgate.credentials import httprequest as ij
+from sealgate.credentials import keys
+from sealgate.credentials import processors as pr
 from sealgate.hostname import canonical_name
-from sealgate.issuer import injection as ij
-from sealgate.issuer import keys
-from sealgate.issuer import processors as pr
 from tests.vectors import generate as vectors
 
 KEY_A = vectors.KEY_A
@@ -227,7 +227,7 @@ def test_valid_claims_round_trip(claims: tk.Claims) -> None:
     request = ij.InMemoryRequest(headers=[("Authorization", "none")])
     if isinstance(claims.processor, pr.PlaceholderProcessor):
         request.set_header_values(claims.processor.header, [claims.processor.placeholder])
-    ij.inject(opened.processor, opened.secret, request)
+    opened.processor.inject(opened.secret, request)
 
 
 @SETTINGS

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from mitmproxy import http
 
-from sealgate.issuer import (
+from sealgate.credentials import (
     CLOCK_SKEW_SECONDS,
     Claims,
     HostPattern,
@@ -17,8 +17,8 @@ from sealgate.issuer import (
     TokenMalformed,
     seal,
 )
-from sealgate.issuer.keys import Keyring, PublicKeyEntry, generate
-from sealgate.issuer.processors import BearerProcessor
+from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate
+from sealgate.credentials.processors import BearerProcessor
 from sealgate.proxy.credentials import inject
 from sealgate.proxy.credentials import tokenizer as tokenizer_module
 from sealgate.proxy.credentials.inject import Injected, put, write

@@ -34,10 +34,10 @@ import nacl.encoding
 import nacl.hash
 from nacl.public import Box, PrivateKey, PublicKey
 
-from sealgate import issuer as tk
-from sealgate.issuer import injection as ij
-from sealgate.issuer import processors as pr
-from sealgate.issuer.keys import Keyring, PrivateKeyEntry
+from sealgate import credentials as tk
+from sealgate.credentials import httprequest as ij
+from sealgate.credentials import processors as pr
+from sealgate.credentials.keys import Keyring, PrivateKeyEntry
 
 VECTORS_PATH: Final = Path(__file__).with_name("vectors.json")
 NOW: Final = 1_700_000_000
@@ -171,7 +171,7 @@ def evaluate(
             headers=_pairs(request["headers"]), path=path, body=body.encode(), method=method
         )
         try:
-            ij.inject(claims.processor, claims.secret, target, now=NOW)
+            claims.processor.inject(claims.secret, target, now=NOW)
         except pr.RequestInapplicable as exc:
             # §4: a request a token's processor cannot apply to is the token's failure.
             raise tk.TokenInapplicable(str(exc)) from None

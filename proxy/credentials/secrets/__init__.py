@@ -11,17 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from .base import (
-    Secret,
+from sealgate.credentials.errors import (
     SecretConfigError,
     SecretDenied,
     SecretError,
     SecretNotFound,
-    SecretRef,
-    SecretStore,
     SecretUnavailable,
-    parse_ref,
 )
+from sealgate.credentials.secretref import SecretRef, parse_ref
+
+from .base import Secret, SecretStore
 from .cache import SecretCache
 from .envstore import EnvStore
 from .filestore import FileStore

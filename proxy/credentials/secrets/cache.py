@@ -14,14 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .base import (
-    Secret,
-    SecretConfigError,
-    SecretError,
-    SecretRef,
-    SecretStore,
-    SecretUnavailable,
-)
+from sealgate.credentials.errors import SecretConfigError, SecretError, SecretUnavailable
+from sealgate.credentials.secretref import SecretRef
+
+from .base import Secret, SecretStore
 
 log = logging.getLogger(__name__)
 

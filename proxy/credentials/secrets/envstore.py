@@ -12,12 +12,10 @@ import os
 import re
 from collections.abc import Mapping
 
-from .base import (
-    Secret,
-    SecretConfigError,
-    SecretNotFound,
-    SecretRef,
-)
+from sealgate.credentials.errors import SecretConfigError, SecretNotFound
+from sealgate.credentials.secretref import SecretRef
+
+from .base import Secret
 
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -10,16 +10,12 @@ from pathlib import Path
 
 import yaml
 
+from sealgate.credentials.errors import SecretConfigError, SecretNotFound, SecretUnavailable
+from sealgate.credentials.secretref import SecretRef
 from sealgate.files import read_regular
 from sealgate.watch import FileIdentity, Snapshot
 
-from .base import (
-    Secret,
-    SecretConfigError,
-    SecretNotFound,
-    SecretRef,
-    SecretUnavailable,
-)
+from .base import Secret
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # bytes
 

@@ -24,18 +24,17 @@ import hvac
 import hvac.exceptions
 import requests
 
-from sealgate.watch import Snapshot
-
-from .base import (
-    Secret,
+from sealgate.credentials.errors import (
     SecretConfigError,
     SecretDenied,
     SecretError,
     SecretNotFound,
-    SecretRef,
     SecretUnavailable,
-    kv_location,
 )
+from sealgate.credentials.secretref import SecretRef, kv_location
+from sealgate.watch import Snapshot
+
+from .base import Secret
 
 log = logging.getLogger(__name__)
 

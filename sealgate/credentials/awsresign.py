@@ -1,6 +1,6 @@
 """What an `aws-sigv4` processor does to a request: read the SigV4 signature the sandbox made
 with the placeholder keys, check it is one the processor may re-sign, and sign the request again
-with the real keys (`issuer.sigv4` is the algorithm).
+with the real keys (`sigv4` is the algorithm).
 
 Both of SigV4's forms: the `Authorization: AWS4-HMAC-SHA256 ...` header, and the query string
 of a presigned URL (`X-Amz-Credential`, `X-Amz-Signature`, ...). What is signed is the request
@@ -19,7 +19,7 @@ the body's (checked once the body is buffered; one of unknown length is signed a
 AWS checks it); without the header, the body's hash is signed (presigned S3: `UNSIGNED-PAYLOAD`;
 a GET of unknown length: the empty body's). An upload signed chunk by chunk
 (`STREAMING-AWS4-HMAC-SHA256-PAYLOAD`) has its headers signed at once and every chunk re-signed
-as the body streams (`issuer.awschunked.Resigner`); its trailer and ECDSA kin are refused.
+as the body streams (`awschunked.Resigner`); its trailer and ECDSA kin are refused.
 
 No error raised here quotes the secret, the session token or a key id the sandbox presented.
 """
@@ -29,15 +29,15 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import quote, unquote
 
 from sealgate.reasons import Reason
 
 from . import awschunked, sigv4
 from .awskeys import AwsKeys
+from .errors import InjectionError, RequestInapplicable
 from .httprequest import MutableRequest, query_elements, without_query_params
-from .processors import AwsSigV4Processor, InjectionError, RequestInapplicable
 
 __all__ = [
     "MAX_EXPIRES",
@@ -46,6 +46,7 @@ __all__ = [
     "AwsScopeRefused",
     "AwsStreamingSigned",
     "Presented",
+    "Resigning",
     "needs_body",
     "read",
     "resign",
@@ -61,6 +62,27 @@ _BODYLESS: Final = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _TOKEN: Final = "x-amz-security-token"  # noqa: S105 (a header name)
 _SIGNED_QUERY: Final = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
                         "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token")
+
+
+class Resigning(Protocol):
+    """What of an aws-sigv4 processor (`processors.awssigv4`) re-signing reads: the key id the
+    sandbox signs with, and the services and regions it may be re-signed for (as written, and
+    as sets)."""
+
+    @property
+    def placeholder(self) -> str: ...
+
+    @property
+    def services(self) -> str: ...
+
+    @property
+    def regions(self) -> str: ...
+
+    @property
+    def allowed_services(self) -> frozenset[str]: ...
+
+    @property
+    def allowed_regions(self) -> frozenset[str]: ...
 
 
 class AwsScopeRefused(InjectionError):
@@ -170,7 +192,7 @@ def _payload(request: MutableRequest, scope: sigv4.Scope, presigned: bool
     return None, chosen
 
 
-def read(processor: AwsSigV4Processor, request: MutableRequest, now: float) -> Presented:
+def read(processor: Resigning, request: MutableRequest, now: float) -> Presented:
     """The sandbox's signature, checked: a SigV4 request (header or presigned form) made with
     the placeholder key id, for an allowed service and region, dated as `MAX_SKEW` allows."""
     authorization = request.get_header_values("authorization")
@@ -237,7 +259,7 @@ def _signed_headers(request: MutableRequest, presented: Presented, keys: AwsKeys
     return headers
 
 
-def needs_body(processor: AwsSigV4Processor, request: MutableRequest, now: float) -> bool:
+def needs_body(processor: Resigning, request: MutableRequest, now: float) -> bool:
     """Whether `resign` will need the body (a payload hash to compute or check). Read from
     `x-amz-content-sha256` where it can be, so the common request is read once, by `resign`;
     a request this says needs its body is checked once the body is here (nothing is sent
@@ -251,7 +273,7 @@ def needs_body(processor: AwsSigV4Processor, request: MutableRequest, now: float
         return False  # refused by `resign`, at once
 
 
-def resign(processor: AwsSigV4Processor, keys: AwsKeys, request: MutableRequest, now: float
+def resign(processor: Resigning, keys: AwsKeys, request: MutableRequest, now: float
            ) -> str:
     """Check the sandbox's signature (`read`) and replace it with one made with `keys`.
     Returns the new signature."""

@@ -3,9 +3,9 @@
 The issuer seals with this module and the proxy opens with it, so the two cannot disagree about a
 token. The format is written down in docs/token-format.md and pinned by tests/vectors/. This
 module is the format: the claims and their rules, their JSON, the envelope, `seal` and `unseal`.
-It is built on `issuer.scope` (host patterns, path prefixes) and `issuer.processors` (shared
+It is built on `scope` (host patterns, path prefixes) and `processors` (shared
 with the proxy's broker; their errors are reported here as `TokenMalformed`); the checks of
-opened claims against a request (time, binding, scope) are `issuer.checks`.
+opened claims against a request (time, binding, scope) are `checks`.
 
 Secrets: `Claims.secret` is left out of reprs, and no error raised here quotes it or chains an
 exception that holds the plaintext. Errors about other fields may quote them, shortened.
@@ -24,17 +24,10 @@ from typing import Final
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 
-from .errors import TokenInvalid, TokenMalformed
+from .errors import ProcessorInvalid, SecretInvalid, TokenInvalid, TokenMalformed
 from .jsonfields import load_json_object, missing, show, unknown
 from .keys import Keyring, PublicKeyEntry
-from .processors import (
-    Processor,
-    ProcessorInvalid,
-    SecretInvalid,
-    check_secret,
-    processor_from_object,
-    processor_to_object,
-)
+from .processors import Processor, processor_from_object
 from .scope import HostPattern, check_path_prefix
 
 __all__ = [
@@ -170,7 +163,7 @@ class Claims:
 
     def _check_secret(self) -> None:
         try:
-            check_secret(self.processor, self.secret)
+            self.processor.check_secret(self.secret)
         except SecretInvalid as exc:
             raise TokenMalformed(str(exc)) from None
 
@@ -279,7 +272,7 @@ def _claims_to_object(claims: Claims, secret: str) -> dict[str, object]:
         "version": claims.version,
         "kid": claims.kid,
         "secret": secret,
-        "processor": processor_to_object(claims.processor),
+        "processor": claims.processor.to_object(),
         "hosts": [str(pattern) for pattern in claims.hosts],
     }
     if claims.methods is not None:

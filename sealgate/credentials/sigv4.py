@@ -3,7 +3,7 @@ canonical request, the string to sign, the signing key and the signature, and th
 signature a client presents (its credential scope and signed headers).
 
 Pure functions over text; what a request must look like to be re-signed, and writing the new
-signature into it, is `issuer.awsresign`. The canonicalisation follows AWS's rules, which
+signature into it, is `awsresign`. The canonicalisation follows AWS's rules, which
 botocore also implements (the tests use it as the reference): the path URI-encoded twice after
 dot and empty segments are resolved, except for S3, whose path is encoded once and never
 normalised; the query's names and values decoded, URI-encoded (`A-Z a-z 0-9 - . _ ~` kept,
@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 from urllib.parse import quote, quote_from_bytes, unquote_to_bytes
+
+from sealgate.reasons import Reason
+
+from .errors import CredentialError
 
 __all__ = [
     "ALGORITHM",
@@ -61,9 +65,11 @@ _USUAL: Final = re.compile(
 )
 
 
-class SignatureError(ValueError):
+class SignatureError(CredentialError):
     """A presented signature that is not SigV4's shape. The message quotes nothing but the
     region, service and header names, which passed their patterns."""
+
+    reason = Reason.REQUEST_INAPPLICABLE  # as `awsresign` refuses the request
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,10 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from sealgate.reasons import Reason
+
+from .errors import CredentialError
+
 __all__ = [
     "GITHUB_JWT_SECONDS",
     "JWT_BEARER",
@@ -60,9 +64,12 @@ _ERROR_CODE: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_TEXT: Final = 8192
 
 
-class GrantError(ValueError):
+class GrantError(CredentialError):
     """A secret that is not its processor's, or an answer that holds no token. Names fields
-    and error codes, never a value."""
+    and error codes, never a value. The proxy refuses a secret that is not its processor's as
+    `secret_invalid`, and an endpoint that gave no token as `secret_unavailable`."""
+
+    reason = Reason.SECRET_INVALID
 
 
 def https_url(value: str, what: str) -> str:

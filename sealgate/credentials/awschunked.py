@@ -21,6 +21,9 @@ import hmac
 import re
 from typing import Final
 
+from sealgate.reasons import Reason
+
+from .errors import CredentialError
 from .sigv4 import EMPTY_SHA256, Scope
 
 __all__ = ["ALGORITHM", "ChunkError", "Resigner"]
@@ -29,8 +32,10 @@ ALGORITHM: Final = "AWS4-HMAC-SHA256-PAYLOAD"
 _HEAD: Final = re.compile(rb"([0-9a-fA-F]{1,16});chunk-signature=[0-9a-f]{64}\r\n")
 
 
-class ChunkError(ValueError):
+class ChunkError(CredentialError):
     """A body that is not aws-chunked with a signature per chunk, as the header said."""
+
+    reason = Reason.REQUEST_INAPPLICABLE  # as `awsresign` refuses the request
 
 
 class Resigner:

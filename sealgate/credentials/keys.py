@@ -20,8 +20,9 @@ from typing import Final, TypeVar
 from nacl.public import PrivateKey
 
 from sealgate.files import read_regular
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
 
+from .errors import CredentialError
 from .jsonfields import load_json_object
 
 __all__ = [
@@ -55,7 +56,7 @@ _HEX_KEY: Final = re.compile(r"[0-9a-f]{64}")
 _TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
 
 
-class KeyFileError(SealgateError):
+class KeyFileError(CredentialError):
     """A key file or key directory we refuse to use. The message names the file, never key bytes."""
 
     reason = Reason.KEY_FILE_INVALID

@@ -1,7 +1,7 @@
 """The request a processor writes into (`MutableRequest`, with `InMemoryRequest` as the
 reference for tests and vectors), and the query-string edits processors make in it.
 
-Its own module so that every processor's behaviour (`issuer.injection`, `issuer.awsresign`) can
+Its own module so that every processor's behaviour (`processors`, `awsresign`) can
 use it without importing the others.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote, unquote_to_bytes
 
-from .processors import RequestInapplicable
+from .errors import RequestInapplicable
 
 __all__ = [
     "InMemoryRequest",
