@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sealgate.proxy.control import ControlError, call
-
 from sealgate.reasons import Reason
 
 from . import orphans, slot, tiers
