@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from sealgate.proxy.control import ControlError, call
+from sealgate.proxy.process.control import ControlError, call
 
 from sealgate.reasons import Reason
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from sealgate.proxy.ca import ca_paths
-from sealgate.proxy.control import ControlError, call
+from sealgate.proxy.process.ca import ca_paths
+from sealgate.proxy.process.control import ControlError, call
 
 from . import firewall, lease, network, scratch, seccomp, tiers
 from .cgroup import CgroupError, Group, Limits

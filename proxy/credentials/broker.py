@@ -21,10 +21,10 @@ from sealgate.issuer.processors import EXCHANGED, AwsSigV4Processor, InjectionEr
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from ..identity import Identity
 from ..net.guard import Guard
 from ..policy.decide import Question, decide
 from ..policy.model import Injection, PathError, Policy, RuleSet, normalize_path
+from ..request.identity import Identity
 from . import dial
 from .awsroles import RoleSessions
 from .dial import Endpoint

@@ -30,8 +30,8 @@ from sealgate.hostname import Host, denied_name
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
-from ..identity import Identity
 from ..net.addresses import IPAddress
+from ..request.identity import Identity
 from .model import Policy, Rule, RuleSet, tunnels
 
 Verdict = Literal["allow", "deny", "report"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from sealgate.proxy.control import call, socket_path
+from sealgate.proxy.process.control import call, socket_path
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sealgate.proxy.budget import BudgetLedger
+from sealgate.proxy.request.budget import BudgetLedger
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import Budgets
 

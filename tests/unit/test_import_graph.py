@@ -180,10 +180,10 @@ def test_bench_does_not_import_tests() -> None:
 def test_every_module_is_seen() -> None:
     # The parts are found through pyproject's package-dir: they are in the graph, not only the base.
     edges, _ = graph(ROOT)
-    for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.keys",
+    for module in ("sealgate.cli", "sealgate.proxy.request.pipeline", "sealgate.issuer.keys",
                    "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver"):
         assert module in edges
-    assert "sealgate.proxy.pipeline" in edges["sealgate.proxy.master"]
+    assert "sealgate.proxy.request.pipeline" in edges["sealgate.proxy.process.master"]
 
 
 # -- the checks themselves, on planted trees --------------------------------------------------

@@ -1,4 +1,4 @@
-"""The addon's life around its request path (proxy/pipeline.py): options and the settings object
+"""The addon's life around its request path (pipeline.py): options and the settings object
 swapped on every change, SIGHUP and the rules watcher, the per-second housekeeping (reloads,
 memory, refused-connection and handshake counts, the metrics snapshot), and `_emit`, through which
 every audit line is also counted.
@@ -19,13 +19,14 @@ from mitmproxy.addonmanager import Loader
 
 from sealgate.reasons import Reason
 
-from . import conncap, deadline, memory, settings
+from ..engine import conncap, deadline, memory
+from ..engine.conncap import ConnectionGate
+from ..engine.handshake import HandshakeDeadline
+from ..engine.memory import Reclaimer
+from ..errors import Denial
+from . import settings
 from .budget import BudgetLedger
-from .conncap import ConnectionGate
-from .errors import Denial
 from .flowstate import Conn
-from .handshake import HandshakeDeadline
-from .memory import Reclaimer
 from .metrics import Metrics
 from .settings import Settings
 
@@ -124,7 +125,7 @@ class Lifecycle:
                                    response_deadlines_pending=deadline.pending())
 
     def drained(self, *, waited: float, cut: int) -> None:
-        """The drain's end (proxy/drain.py): what it waited for, and what it had to cut."""
+        """The drain's end (proxy/process/drain.py): what it waited for, and what it had to cut."""
         self._emit("proxy_drained", pid=os.getpid(), waited_ms=round(waited * 1000, 1),
                    cut=cut)
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from mitmproxy import master
 
-from . import mitm
+from ..engine import mitm
 
 _POLL_SECONDS = 0.02
 

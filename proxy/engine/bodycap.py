@@ -16,7 +16,7 @@ connection closed before the last chunk; HTTP/2: its stream reset, CANCEL). The 
 the refusal (the `request_body_over_cap` hook: its audit line and metrics say
 `request_too_large`). If nothing of an answer has gone to the client (the upstream has not
 answered, or its answer is still being read whole), the client gets the 413 refusal and the
-rest of its body is read and dropped within the linger bounds (proxy/linger.py), as for a
+rest of its body is read and dropped within the linger bounds (linger.py), as for a
 request refused at its head; otherwise its HTTP/1 connection is closed, or its HTTP/2 stream
 reset, in the middle of the answer. Bodies mitmproxy buffers are not counted here: only a
 declared length within the cap is buffered, and the parsers hold it to that.
@@ -44,8 +44,8 @@ from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
 from sealgate.reasons import Reason
 
+from ..request.flowstate import META, Verdict
 from . import limits, linger
-from .flowstate import META, Verdict
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
 _CUT = "_sealgate_body_cut"  # set once the body passed its cap and its upstream was aborted

@@ -18,11 +18,11 @@ from mitmproxy import http
 from sealgate.hostname import Host
 from sealgate.reasons import Reason
 
+from ..errors import Denial
+from ..net.guard import Pin
+from ..policy.model import Policy
 from .baseurl import BaseUrl
-from .errors import Denial
 from .identity import Identity
-from .net.guard import Pin
-from .policy.model import Policy
 
 # Keys of a flow's metadata.
 META: Final = "sealgate"  # the Verdict
@@ -74,7 +74,7 @@ class Verdict:
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named
-    response_timeout: float | None = None  # the rule's, over the proxy's (proxy/deadline.py)
+    response_timeout: float | None = None  # the rule's, over the proxy's (proxy/engine/deadline.py)
     max_request_bytes: int | None = None  # the policy's, held to as a body streams (bodycap.py)
 
 

@@ -18,7 +18,7 @@ from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport, parse_hostport
 
 if TYPE_CHECKING:
-    from .limits import Limits
+    from ..engine.limits import Limits
     from .master import ProxyConfig
 
 
@@ -161,7 +161,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    from .limits import Limits
+    from ..engine.limits import Limits
 
     try:
         return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
@@ -174,7 +174,7 @@ def _limits(args: argparse.Namespace) -> Limits:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
-    from . import mitm
+    from ..engine import mitm
 
     config = config_from_args(args)
     try:

@@ -18,11 +18,12 @@ from mitmproxy import http
 
 from sealgate.reasons import Reason
 
-from . import baseurl, mitm
-from .credentials.decode import Undecodable, decode_whole, decoder
-from .credentials.scrub import Scrubber
+from ..credentials.decode import Undecodable, decode_whole, decoder
+from ..credentials.scrub import Scrubber
+from ..engine import mitm
+from ..net import guard
+from . import baseurl
 from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
-from .net import guard
 
 logger = logging.getLogger("sealgate")
 

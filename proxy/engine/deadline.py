@@ -11,7 +11,7 @@ The timer is mitmproxy's own wake-up (a command the connection's handler turns i
 and, when it fires, an event routed back to the stream), with one change: a deadline that is met
 ends its task at once. Left to fire, every answered request on a busy keep-alive connection
 would keep a sleeping task (about 1.5 KB) for the whole timeout: at 5,000 requests a second and
-60 s, 300,000 of them. proxy/mitm.py wires the two functions here into mitmproxy.
+60 s, 300,000 of them. mitm.py wires the two functions here into mitmproxy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponsePr
 
 from sealgate.reasons import Reason
 
-from .flowstate import META, Verdict
+from ..request.flowstate import META, Verdict
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
 class Deadline(commands.RequestWakeup):
@@ -62,7 +62,7 @@ def seconds(flow: http.HTTPFlow, default: float) -> float:
 
 
 def message(delay: float) -> str:
-    # The code in this form is what proxy/upstream.py reads back as the reason.
+    # The code in this form is what upstream.py reads back as the reason.
     return f"sealgate: {Reason.UPSTREAM_TIMEOUT.value}: no response head in {delay:g} s"
 
 

@@ -8,7 +8,7 @@ keeps dying and starts over once it has stayed up for a minute; the others serve
 (its listening socket closed with it, so the kernel sends new connections to them). A worker
 that dies `_CRASH_LOOP` times within `_CRASH_WINDOW` seconds is a crash loop: the supervisor
 says so, stops every worker and exits 1, instead of restarting forever. On SIGTERM every
-worker drains (proxy/drain.py) and the supervisor waits for them, the control API's health
+worker drains (drain.py) and the supervisor waits for them, the control API's health
 saying not ready meanwhile.
 """
 
@@ -23,10 +23,10 @@ from collections import deque
 
 from aiohttp import web
 
+from ..request.registry import SourceRegistry
 from . import control
 from .drain import Lifecycle
 from .master import ProxyConfig, serve
-from .registry import SourceRegistry
 
 _STOP_MARGIN = 10.0  # past the drain timeout, how long a worker may take before it is killed
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0

@@ -22,18 +22,18 @@ from sealgate.issuer.keys import KeyFileError, Keyring
 from sealgate.audit import AuditLog
 from sealgate.watch import Snapshot
 
-from . import mitm
-from .credentials.awsroles import RoleSessions
-from .credentials.broker import Broker
-from .credentials.secrets import SecretBroker, SecretError, open_store
-from .credentials.tokenizer import Tokenizer
-from .errors import Denial
+from ..credentials.awsroles import RoleSessions
+from ..credentials.broker import Broker
+from ..credentials.secrets import SecretBroker, SecretError, open_store
+from ..credentials.tokenizer import Tokenizer
+from ..engine import mitm
+from ..errors import Denial
+from ..net import guard as guardmod
+from ..net.guard import Guard
+from ..net.resolver import Resolver
+from ..policy.model import RuleSet
+from ..policy.rulesfile import RulesError, load_rules
 from .identity import Identifier
-from .net import guard as guardmod
-from .net.guard import Guard
-from .net.resolver import Resolver
-from .policy.model import RuleSet
-from .policy.rulesfile import RulesError, load_rules
 from .registry import SourceRegistry
 
 logger = logging.getLogger("sealgate")

@@ -24,21 +24,17 @@ from mitmproxy.proxy import layer, mode_specs, server_hooks
 from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.reasons import Reason
 
-from . import (
-    baseurl,
-    budget,
-    layers,
-    limits,
-    mitm,
-    responses,
-    upstream,
-)
+from ..credentials import presented
+from ..credentials.inject import Credential, Injected, put, refused_body, write
+from ..credentials.tokenizer import HEADER as TOKEN_HEADER
+from ..credentials.tokenizer import TokenRequest
+from ..engine import layers, limits, mitm, upstream
+from ..errors import Denial, deny_response
+from ..net import guard as guardmod
+from ..policy.decide import Decision, Question, decide, policy_for
+from ..policy.model import PathError, Policy, Rule, normalize_path
+from . import baseurl, budget, responses
 from .auditlines import connection_line, request_line, target_text
-from .credentials import presented
-from .credentials.inject import Credential, Injected, put, refused_body, write
-from .credentials.tokenizer import HEADER as TOKEN_HEADER
-from .credentials.tokenizer import TokenRequest
-from .errors import Denial, deny_response
 from .flowstate import (
     META,
     PENDING,
@@ -52,9 +48,6 @@ from .flowstate import (
 )
 from .identity import Identity
 from .lifecycle import Lifecycle
-from .net import guard as guardmod
-from .policy.decide import Decision, Question, decide, policy_for
-from .policy.model import PathError, Policy, Rule, normalize_path
 
 logger = logging.getLogger("sealgate")
 
@@ -208,7 +201,7 @@ class Sealgate(Lifecycle):
                 verdict.identity = conn.identity
                 verdict.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
-            # An HTTP/1 head was checked as it was read (proxy/mitm.py); HTTP/2's are here.
+            # An HTTP/1 head was checked as it was read (proxy/engine/mitm.py); HTTP/2's are here.
             if not request.http_version.startswith("HTTP/1") and (
                     too_big := limits.parsed(request, limits.in_force())) is not None:
                 raise too_big
@@ -296,8 +289,8 @@ class Sealgate(Lifecycle):
                 mitm.cut_off(flow)
 
     def request_body_over_cap(self, flow: http.HTTPFlow) -> None:
-        """A streamed body passed its request's max_request_bytes (proxy/bodycap.py, which has
-        aborted the upstream request, and sends the client this refusal when nothing of an
+        """A streamed body passed its request's max_request_bytes (proxy/engine/bodycap.py, which
+        has aborted the upstream request, and sends the client this refusal when nothing of an
         answer has gone to it, or else ends its connection or stream). A body a processor
         refused on the way is refused for what it found, as it would have been at its end."""
         verdict: Verdict = flow.metadata[META]

@@ -5,7 +5,8 @@ a sandbox that could reach it could claim another sandbox's address. Endpoints:
 
     GET    /v1/health                 {"ok": true}; 503 {"ok": false, "draining": true} when
                                       stopping (a readiness probe takes it out of rotation)
-    GET    /v1/metrics                every worker's counters, Prometheus text (proxy/metrics.py)
+    GET    /v1/metrics                every worker's counters, Prometheus text
+                                      (proxy/request/metrics.py)
     GET    /v1/sources                {"sources": {"10.200.0.2": "bot-1", ...}}
     PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
     DELETE /v1/sources/{address}      -> 200, or 404
@@ -27,9 +28,9 @@ from aiohttp import web
 
 from sealgate.reasons import Reason
 
-from . import metrics
-from .policy.rulesfile import RulesError, load_rules
-from .registry import RegistryError, SourceRegistry
+from ..policy.rulesfile import RulesError, load_rules
+from ..request import metrics
+from ..request.registry import RegistryError, SourceRegistry
 
 _MAX_BODY = 4096
 

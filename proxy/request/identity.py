@@ -27,8 +27,8 @@ from sealgate.issuer import TOKEN_PREFIX
 
 from sealgate.reasons import Reason
 
-from .errors import Denial
-from .policy.model import RuleSet
+from ..errors import Denial
+from ..policy.model import RuleSet
 from .registry import SourceRegistry
 
 Via = Literal["proxy-auth", "source", "default"]

@@ -26,11 +26,11 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 
 from sealgate.hostport import format_hostport
 
-from . import mitm
+from ..engine import mitm
+from ..engine.limits import Limits
+from ..request.pipeline import Sealgate
 from .ca import ensure_ca
 from .drain import Lifecycle, drain
-from .limits import Limits
-from .pipeline import Sealgate
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
@@ -149,7 +149,7 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
 async def serve(
     config: ProxyConfig, worker: int | None = None, lifecycle: Lifecycle | None = None
 ) -> int:
-    """Serve until SIGTERM or SIGINT, then drain (proxy/drain.py) and stop."""
+    """Serve until SIGTERM or SIGINT, then drain (drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
     mitm.install(config.connect_timeout, reuse_port=config.workers > 1, bounds=config.limits)
     m = build_master(config, worker)

@@ -14,7 +14,7 @@ from mitmproxy import http
 from sealgate.hostname import Host
 from sealgate.hostport import format_hostport
 
-from .credentials.scrub import Scrubber
+from ..credentials.scrub import Scrubber
 from .flowstate import SCRUB, Conn, Verdict, header
 
 
