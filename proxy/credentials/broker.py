@@ -22,9 +22,8 @@ from sealgate.reasons import Reason
 
 from ..errors import Denial
 from ..net.guard import Guard
-from ..policy.decide import Question, decide
+from ..policy.decide import Identity, Question, decide
 from ..policy.model import Injection, PathError, Policy, RuleSet, normalize_path
-from ..request.identity import Identity
 from . import dial
 from .awsroles import RoleSessions
 from .dial import Endpoint

@@ -44,7 +44,6 @@ from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
 from sealgate.reasons import Reason
 
-from ..request.flowstate import META, Verdict
 from . import limits, linger
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
@@ -67,13 +66,13 @@ _State = Callable[[HttpStream, Event], CommandGenerator[None]]
 
 def counted(state: _State, bounds: limits.Limits) -> _State:
     """HttpStream's state of a request body streaming upstream, each data event counted
-    against the cap the pipeline wrote on the request's verdict."""
+    against the cap the request path left on the request's record."""
 
     @functools.wraps(state)
     def stream_request_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
         if isinstance(event, RequestData):
-            verdict: Verdict | None = self.flow.metadata.get(META)
-            cap = verdict.max_request_bytes if verdict is not None else None
+            record: limits.Bounds | None = self.flow.metadata.get(limits.META)
+            cap = record.max_request_bytes if record is not None else None
             if cap is not None:
                 seen = vars(self)[_SEEN] = vars(self).get(_SEEN, 0) + len(event.data)
                 if seen > cap:

@@ -13,6 +13,7 @@ whole, and the answer says which bound it broke.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Protocol
 
 from mitmproxy import http
 
@@ -39,6 +40,21 @@ class Limits:
                      "idle_seconds", "response_seconds", "linger_bytes", "linger_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+
+# A flow's metadata key for its request's record (request/flowstate.py), where the request path
+# leaves the bounds of that one request before any of it is streamed or sent.
+META: Final = "sealgate"
+
+
+class Bounds(Protocol):
+    """What the engine reads of a request's record."""
+
+    @property
+    def response_timeout(self) -> float | None: ...  # its rule's, over the proxy's (deadline.py)
+
+    @property
+    def max_request_bytes(self) -> int | None: ...  # its policy's, as it streams (bodycap.py)
 
 
 class _InForce:

@@ -56,14 +56,16 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.utils import asyncio_utils
 
+from ..errors import ProxyError
 from . import bodycap, deadline, limits, linger, speedups, upstream
 from .mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
 
 
-class MitmproxyMismatch(RuntimeError):
-    """The installed mitmproxy is not shaped the way the patches here expect."""
+class MitmproxyMismatch(ProxyError, RuntimeError):
+    """The installed mitmproxy is not shaped the way the patches here expect (the proxy does not
+    start: `internal_error`)."""
 
 
 def require_tested() -> None:

@@ -21,7 +21,8 @@ from mitmproxy.net.http import http1
 
 from sealgate.reasons import Reason
 
-from ..errors import Denial, deny_response
+from ..errors import Denial
+from .refusal import deny_response
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 # What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a

@@ -53,7 +53,9 @@ from typing import Final, TypedDict, Unpack
 
 from dnslib import QTYPE, RCODE, RR, DNSHeader, DNSLabel, DNSQuestion, DNSRecord
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
+
+from ..errors import ProxyError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -64,7 +66,7 @@ _MAX_LABEL: Final = 63
 _LABEL_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
-class ResolveError(SealgateError):
+class ResolveError(ProxyError):
     """A lookup failed; ``reason`` is one of the ``dns_*`` reasons (nxdomain, no_answer,
     timeout, error)."""
 

@@ -30,8 +30,7 @@ from sealgate.issuer.processors import (
 from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
 
-from ..request.identity import Identity
-from .decide import Decision, Question, Scheme, Verdict, decide
+from .decide import Decision, Identity, Question, Scheme, Verdict, decide
 from .model import PathError, Policy, Rule, RuleSet, normalize_path
 
 _SCHEMES = {"http": 80, "https": 443}

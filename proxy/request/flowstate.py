@@ -18,14 +18,15 @@ from mitmproxy import http
 from sealgate.hostname import Host
 from sealgate.reasons import Reason
 
+from ..engine import limits
 from ..errors import Denial
 from ..net.guard import Pin
+from ..policy.decide import Identity
 from ..policy.model import Policy
 from .baseurl import BaseUrl
-from .identity import Identity
 
 # Keys of a flow's metadata.
-META: Final = "sealgate"  # the Verdict
+META: Final = limits.META  # the RequestRecord (the engine reads its bounds there)
 SCRUB: Final = "sealgate_scrub"  # the Scrubber of a request that carried a credential
 PENDING: Final = "sealgate_pending"  # body signatures to write once the body is here
 REJECTED: Final = "sealgate_rejected"  # obtained tokens to forget if the upstream answers 401

@@ -21,17 +21,15 @@ import base64
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Literal
 
 from sealgate.issuer import TOKEN_PREFIX
 
 from sealgate.reasons import Reason
 
 from ..errors import Denial
+from ..policy.decide import Identity
 from ..policy.model import RuleSet
 from .registry import SourceRegistry
-
-Via = Literal["proxy-auth", "source", "default"]
 
 # Compared against when the id is unknown, so a miss costs the same as a wrong key.
 _DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
@@ -42,13 +40,6 @@ _LONGEST = 16 * 1024
 _MOST_TOKENS = 8
 _TOKEN_START = TOKEN_PREFIX + "."
 _NO_ONE = frozenset({"", "_"})  # users that claim no identity
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    sandbox: str | None
-    policy: str | None
-    via: Via
 
 
 @dataclass(frozen=True, slots=True)

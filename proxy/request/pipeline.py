@@ -29,9 +29,10 @@ from ..credentials.inject import Credential, Injected, put, refused_body, write
 from ..credentials.tokenizer import HEADER as TOKEN_HEADER
 from ..credentials.tokenizer import TokenRequest
 from ..engine import layers, limits, mitm, upstream
-from ..errors import Denial, deny_response
+from ..engine.refusal import deny_response
+from ..errors import Denial
 from ..net import guard as guardmod
-from ..policy.decide import Decision, Question, decide, policy_for
+from ..policy.decide import Decision, Identity, Question, decide, policy_for
 from ..policy.model import PathError, Policy, Rule, normalize_path
 from . import baseurl, budget, responses
 from .auditlines import connection_line, request_line, target_text
@@ -46,7 +47,6 @@ from .flowstate import (
     stream_request,
     unsafe_fields,
 )
-from .identity import Identity
 from .lifecycle import Lifecycle
 
 logger = logging.getLogger("sealgate")
