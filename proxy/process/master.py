@@ -29,6 +29,7 @@ from sealgate.hostport import format_hostport
 from ..engine import mitm
 from ..engine.limits import Limits
 from ..request.pipeline import Sealgate
+from . import statedir
 from .ca import ensure_ca
 from .drain import Lifecycle, drain
 
@@ -59,7 +60,7 @@ class ProxyConfig:
 
     @property
     def confdir(self) -> Path:
-        return self.state / "ca"
+        return statedir.confdir(self.state)
 
     def modes(self) -> list[str]:
         modes = [f"regular@{format_hostport(*self.listen)}"]
@@ -101,7 +102,7 @@ class StartupReport:
         if guard is not None:
             servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
             lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
-        lines.append(f"  CA         {self.config.confdir / 'mitmproxy-ca-cert.pem'}")
+        lines.append(f"  CA         {statedir.ca_bundle_path(self.config.state)}")
         lines.append(f"  audit log  {self.config.state / 'audit.log'}")
         print("\n".join(lines), file=sys.stderr, flush=True)
 

@@ -24,7 +24,7 @@ from collections import deque
 from aiohttp import web
 
 from ..request.registry import SourceRegistry
-from . import control
+from . import control, statedir
 from .drain import Lifecycle
 from .master import ProxyConfig, serve
 
@@ -127,7 +127,7 @@ async def _start_control(config: ProxyConfig, lifecycle: Lifecycle) -> list[web.
     """The control API on its socket and, if asked for, /metrics on its own TCP listener (a
     separate app: nothing else of the control API is reachable there)."""
     registry = SourceRegistry(config.state / "registry.json")
-    runners = [await control.start(control.socket_path(config.state), registry, config.rules,
+    runners = [await control.start(statedir.control_socket(config.state), registry, config.rules,
                                    lambda: lifecycle.draining)]
     if config.metrics_listen is not None:
         try:
