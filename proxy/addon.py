@@ -7,6 +7,8 @@ error pages (proxy/engine/upstream.py, wired in by proxy/engine/mitm.py), worker
 master's speed.
 """
 
-from .request.pipeline import Sealgate
+# Absolute, unlike every other import inside the proxy: a script mitmproxy loads has no package
+# (it runs as `__mitmproxy_script__.addon`), so a relative import fails there.
+from sealgate.proxy.request.pipeline import Sealgate
 
 addons = [Sealgate()]
