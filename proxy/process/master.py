@@ -31,7 +31,7 @@ from ..engine.limits import Limits
 from ..request.pipeline import Sealgate
 from . import statedir
 from .ca import ensure_ca
-from .drain import Lifecycle, drain
+from .drain import Health, drain
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
@@ -81,7 +81,7 @@ class StartupReport:
             return
         ps = ctx.master.addons.get("proxyserver")
         sealgate = ctx.master.addons.get("sealgate")
-        state = sealgate.settings if sealgate is not None else None
+        state = sealgate.state if sealgate is not None else None
         rules = state.rules if state is not None else None
         lines = ["sealgate proxy ready"]
         for address in ps.listen_addrs():
@@ -148,7 +148,7 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
 
 
 async def serve(
-    config: ProxyConfig, worker: int | None = None, lifecycle: Lifecycle | None = None
+    config: ProxyConfig, worker: int | None = None, health: Health | None = None
 ) -> int:
     """Serve until SIGTERM or SIGINT, then drain (drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
@@ -168,7 +168,7 @@ async def serve(
     if not running.done():
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
             loop.add_signal_handler(sig, m.shutdown)
-        await drain(m, config.drain_timeout, lifecycle or Lifecycle())
+        await drain(m, config.drain_timeout, health or Health())
         m.shutdown()
     stopping.cancel()
     await running

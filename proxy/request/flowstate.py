@@ -1,8 +1,8 @@
 """What the pipeline keeps per connection and per request, and how it reads a request's headers.
 
-A `Conn` lives for one client connection, a `Verdict` for one request (on the flow's metadata
-under `META`, until its audit line is written). Both are plain records: the decisions are made
-in `policy.decide`, the hooks only write down what was decided.
+A `Conn` lives for one client connection, a `RequestRecord` for one request (on the flow's
+metadata under `META`, until its audit line is written). Both are plain records: the decisions
+are made in `policy.decide`, the hooks only write down what was decided.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Conn:
 
 
 @dataclass(slots=True)
-class Verdict:
+class RequestRecord:
     """One request's decision, carried on the flow until the audit line is written."""
 
     started: float

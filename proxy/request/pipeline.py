@@ -43,7 +43,7 @@ from .flowstate import (
     SCRUB,
     Conn,
     RequestFacts,
-    Verdict,
+    RequestRecord,
     stream_request,
     unsafe_fields,
 )
@@ -87,28 +87,28 @@ class Sealgate(Lifecycle):
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         conn = self._conn(flow.client_conn)
-        verdict = Verdict(started=time.monotonic())
-        flow.metadata[META] = verdict
+        record = RequestRecord(started=time.monotonic())
+        flow.metadata[META] = record
         try:
             conn.proxy_auth = flow.request.headers.get_all("proxy-authorization")
             identity = self._identify(conn.proxy_auth, conn, flow.client_conn)
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
-            verdict.host, verdict.port = host.name, port
-            self._admit(conn, verdict, identity)
+            record.host, record.port = host.name, port
+            self._admit(conn, record, identity)
             # Tokens on the CONNECT go with every request in the tunnel; those in the proxy
             # credentials with each request to their hosts (decided again per request).
             tunnel_tokens = flow.request.headers.get_all(TOKEN_HEADER)
-            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port, "CONNECT",
+            bound = TokenRequest(identity.sandbox, record.policy, host.name, port, "CONNECT",
                                  "", conn.proxy_auth)
             state = self._state()
             ambient = presented.in_credentials(state.identifier, state.tokenizer,
                                                conn.proxy_auth, host, bound)
-            decision, policy = self._decide(verdict, Question(
+            decision, policy = self._decide(record, Question(
                 identity, host, port, tokens=bool(tunnel_tokens or ambient)
             ))
             if tunnel_tokens:
                 presented.check_tunnel(state.tokenizer, tunnel_tokens, host, bound)
-            verdict.pin = await self._state().guard.pin(host, port, policy)
+            record.pin = await self._state().guard.pin(host, port, policy)
             conn.target, conn.tunnel = (host, port), decision.tunnel
             conn.tunnel_tokens = tunnel_tokens
         except Exception as exc:
@@ -119,14 +119,14 @@ class Sealgate(Lifecycle):
                 # only "connection error" for a refused CONNECT. Nothing is ever dialed.
                 conn.denied += 1
                 conn.blocked, conn.target, conn.tunnel = denial, target, False
-                verdict.decision, verdict.reason = "deny", denial.reason
+                record.decision, record.reason = "deny", denial.reason
             else:
-                self._deny(flow, verdict, denial, conn)
+                self._deny(flow, record, denial, conn)
         else:
-            if verdict.reason is None:  # a report-mode miss keeps its "report"
-                verdict.decision = "allow"
+            if record.reason is None:  # a report-mode miss keeps its "report"
+                record.decision = "allow"
         # A CONNECT gets no response hook: its decision line is written here.
-        self._emit("request", **request_line(flow, verdict))
+        self._emit("request", **request_line(flow, record))
 
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
@@ -175,9 +175,9 @@ class Sealgate(Lifecycle):
         host = _canonical(sni) if sni else _canonical(str(server.address[0]))
         port = server.address[1]
         identity = self._identify([], conn, data.context.client)
-        verdict = Verdict(started=time.monotonic(), host=host.name, port=port)
-        self._admit(conn, verdict, identity)
-        decision, policy = self._decide(verdict, Question(identity, host, port))
+        record = RequestRecord(started=time.monotonic(), host=host.name, port=port)
+        self._admit(conn, record, identity)
+        decision, policy = self._decide(record, Question(identity, host, port))
         await self._state().guard.pin(host, port, policy)
         conn.target = (host, port)
         conn.tunnel = decision.tunnel
@@ -191,15 +191,15 @@ class Sealgate(Lifecycle):
         self.in_flight.add(flow.id)
         conn = self._conn(flow.client_conn)
         conn.requests += 1
-        verdict = Verdict(started=time.monotonic())
-        flow.metadata[META] = verdict
+        record = RequestRecord(started=time.monotonic())
+        flow.metadata[META] = record
         request = flow.request
         try:
             if conn.blocked is not None:
                 if conn.target is not None:
-                    verdict.host, verdict.port = conn.target[0].name, conn.target[1]
-                verdict.identity = conn.identity
-                verdict.policy = conn.policy.name if conn.policy is not None else None
+                    record.host, record.port = conn.target[0].name, conn.target[1]
+                record.identity = conn.identity
+                record.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
             # An HTTP/1 head was checked as it was read (proxy/engine/mitm.py); HTTP/2's are here.
             if not request.http_version.startswith("HTTP/1") and (
@@ -210,39 +210,39 @@ class Sealgate(Lifecycle):
             if (conn.target is None and not transparent and baseurl.applies(request.path)
                     and mitm.origin_form(request)):
                 # the request it stands for, decided like any other
-                verdict.base_url = baseurl.rewrite(request)
-                if verdict.base_url.tokens:
-                    facts.tokens.append(verdict.base_url.tokens)
+                record.base_url = baseurl.rewrite(request)
+                if record.base_url.tokens:
+                    facts.tokens.append(record.base_url.tokens)
             # identify
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
-            self._admit(conn, verdict, identity)
+            self._admit(conn, record, identity)
             # guard: the names agree and are well-formed
             host, port = guardmod.request_target(request, conn.target, transparent)
-            verdict.host, verdict.port = host.name, port
-            verdict.path = normalize_path(request.path)
+            record.host, record.port = host.name, port
+            record.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
                 raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
             # the tokens that go with this request: its own, its tunnel's, its credentials'
             proxy_auth = facts.proxy_auth or conn.proxy_auth
-            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port,
-                                 request.method, verdict.path, proxy_auth)
+            bound = TokenRequest(identity.sandbox, record.policy, host.name, port,
+                                 request.method, record.path, proxy_auth)
             state = self._state()
             ambient = presented.in_credentials(state.identifier, state.tokenizer, proxy_auth,
                                                host, bound)
             if conn.tunnel_tokens or ambient:
                 facts.tokens = [*facts.tokens, *conn.tunnel_tokens, *ambient]
             # decide
-            decision, policy = self._decide(verdict, Question(
+            decision, policy = self._decide(record, Question(
                 identity, host, port, "https" if request.scheme == "https" else "http",
-                request.method, verdict.path, bool(facts.tokens), self._state().ssl_insecure,
+                request.method, record.path, bool(facts.tokens), self._state().ssl_insecure,
             ))
             # budget
             budget_key = conn.budget_key or ""
             self.budgets.admit_request(budget_key, policy.budgets, facts.length)
-            verdict.max_request_bytes = policy.budgets.max_request_bytes
+            record.max_request_bytes = policy.budgets.max_request_bytes
             # guard: addresses, pinned; credentials over plain HTTP only to allow_networks
-            verdict.pin = await self._state().guard.pin(host, port, policy)
-            if (secured := decision.secure_for(verdict.pin.address)) is not decision:
+            record.pin = await self._state().guard.pin(host, port, policy)
+            if (secured := decision.secure_for(record.pin.address)) is not decision:
                 raise _denial(secured)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
@@ -250,18 +250,18 @@ class Sealgate(Lifecycle):
             # inject
             injected = await self._inject(flow, facts, bound, decision.rule, identity=identity,
                                           policy=policy)
-            verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
+            record.injected, record.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
-            self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
+            self._deny(flow, record, Denial(exc.reason, str(exc)), conn)
         except Exception as exc:
             denial = _refusal(exc, "deciding a request")
             await budget.hold(denial)
-            self._deny(flow, verdict, denial, conn)
+            self._deny(flow, record, denial, conn)
         else:
-            if verdict.reason is None:  # a report-mode miss keeps its "report"
-                verdict.decision = "allow"
+            if record.reason is None:  # a report-mode miss keeps its "report"
+                record.decision = "allow"
 
     def request(self, flow: http.HTTPFlow) -> None:
         """Trailers checked like headers, and signatures over the body, once the whole body is
@@ -293,15 +293,15 @@ class Sealgate(Lifecycle):
         has aborted the upstream request, and sends the client this refusal when nothing of an
         answer has gone to it, or else ends its connection or stream). A body a processor
         refused on the way is refused for what it found, as it would have been at its end."""
-        verdict: Verdict = flow.metadata[META]
+        record: RequestRecord = flow.metadata[META]
         denial = refused_body(flow.request) or Denial(
-            Reason.REQUEST_TOO_LARGE, f"request body over {verdict.max_request_bytes} bytes")
+            Reason.REQUEST_TOO_LARGE, f"request body over {record.max_request_bytes} bytes")
         conn = self._conn(flow.client_conn)
         if flow.response is None:
-            self._deny(flow, verdict, denial, conn)
+            self._deny(flow, record, denial, conn)
         else:  # the upstream's answer has begun: the line says why it was cut off
             conn.denied += 1
-            verdict.decision, verdict.reason = "deny", denial.reason
+            record.decision, record.reason = "deny", denial.reason
 
     async def _inject(
         self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
@@ -406,10 +406,10 @@ class Sealgate(Lifecycle):
 
     def error(self, flow: http.HTTPFlow) -> None:
         self.in_flight.discard(flow.id)
-        verdict: Verdict | None = flow.metadata.get(META)
-        if verdict is not None and verdict.reason is None:
+        record: RequestRecord | None = flow.metadata.get(META)
+        if record is not None and record.reason is None:
             # Allowed, then failed upstream: the line says how, as the client's answer does.
-            verdict.reason = _upstream_failure(flow)
+            record.reason = _upstream_failure(flow)
         self._log_flow(flow)
 
     # -- steps ----------------------------------------------------------------------------
@@ -435,10 +435,10 @@ class Sealgate(Lifecycle):
         by_source = identifier.from_source(str(client.peername[0]))
         return by_source if by_source is not None else identifier.default()
 
-    def _admit(self, conn: Conn, verdict: Verdict, identity: Identity) -> None:
+    def _admit(self, conn: Conn, record: RequestRecord, identity: Identity) -> None:
         """The identity's policy (step 1 of `decide`, asked first so that an unidentified
         client learns nothing but 407), and its connection counted against its budget."""
-        verdict.identity = identity
+        record.identity = identity
         state = self._state()
         if not state.audit.healthy:
             state.audit.retry()  # room again? then this request need not wait for a turn
@@ -447,7 +447,7 @@ class Sealgate(Lifecycle):
         policy = policy_for(state.rules, identity)
         if isinstance(policy, Decision):
             raise _denial(policy)
-        verdict.policy = policy.name
+        record.policy = policy.name
         key = identity.sandbox or f"default:{policy.name}"
         if conn.budget_key != key:
             if conn.budget_key is not None:
@@ -457,36 +457,36 @@ class Sealgate(Lifecycle):
             conn.budget_key = key
         conn.identity, conn.policy = identity, policy
 
-    def _decide(self, verdict: Verdict, question: Question) -> tuple[Decision, Policy]:
-        """`decide`, its answer written on the verdict; raises the Denial of a refusal."""
+    def _decide(self, record: RequestRecord, question: Question) -> tuple[Decision, Policy]:
+        """`decide`, its answer written on the record; raises the Denial of a refusal."""
         decision = decide(self._state().rules, question)
         if decision.rule is not None:
-            verdict.rule = decision.rule.source
-            verdict.response_timeout = decision.rule.response_timeout
+            record.rule = decision.rule.source
+            record.response_timeout = decision.rule.response_timeout
         if decision.verdict == "deny" or decision.policy is None:
             raise _denial(decision)
         if decision.verdict == "report":
-            verdict.decision, verdict.reason = "report", decision.reason
+            record.decision, record.reason = "report", decision.reason
         return decision, decision.policy
 
-    def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
+    def _deny(self, flow: http.HTTPFlow, record: RequestRecord, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
         # Refused: the client is not invited to send the body (mitmproxy would answer 100).
         flow.request.headers.pop("expect", None)
-        verdict.decision, verdict.reason = "deny", denial.reason
+        record.decision, record.reason = "deny", denial.reason
         # gRPC's status travels in trailers, which only HTTP/2 carries here (grpc-web and an
         # HTTP/1 client get the plain refusal, whose status says it is one).
         grpc = flow.request.is_http2 and flow.request.headers.get(
             "content-type", "").startswith("application/grpc")
         flow.response = deny_response(
-            denial, host=verdict.host, policy=verdict.policy, request_id=flow.id, grpc=grpc
+            denial, host=record.host, policy=record.policy, request_id=flow.id, grpc=grpc
         )
 
     def _log_flow(self, flow: http.HTTPFlow) -> None:
-        verdict: Verdict | None = flow.metadata.get(META)
-        if verdict is not None:
+        record: RequestRecord | None = flow.metadata.get(META)
+        if record is not None:
             self.reclaimer.finished()
-            self._emit("request", **request_line(flow, verdict))
+            self._emit("request", **request_line(flow, record))
 
     def _conn(self, client: connection.Client) -> Conn:
         conn = self.conns.get(client.id)
