@@ -6,10 +6,10 @@
 
 `sealgate proxy` loads it into a lean master; `mitmdump -s proxy/addon.py` loads it into an
 existing mitmproxy. The hooks only string the steps together: the decision is one pure function
-(policy/decide.py), the configuration one immutable object swapped on reload (settings.py, by the
-addon's life around this path: lifecycle.py), the response side its own module (responses.py),
-and so are the records kept per connection and per request (flowstate.py) and the audit lines
-made of them (auditlines.py).
+(policy/decide.py), what each step does in detail is in steps.py, the configuration one immutable
+object swapped on reload (settings.py, by the addon's life around this path: lifecycle.py), the
+response side its own module (responses.py), and so are the records kept per connection and per
+request (flowstate.py) and the audit lines made of them (auditlines.py).
 """
 
 from __future__ import annotations
@@ -18,44 +18,36 @@ import logging
 import time
 
 from mitmproxy import connection, http, tls
-from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
-from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.reasons import Reason
 
 from ..credentials import presented
-from ..credentials.inject import Credential, Injected, put, refused_body, write
+from ..credentials.inject import Credential, put, refused_body
 from ..credentials.tokenizer import HEADER as TOKEN_HEADER
 from ..credentials.tokenizer import TokenRequest
-from ..engine import layers, limits, mitm, upstream
-from ..engine.refusal import deny_response
+from ..engine import layers, limits, mitm
 from ..errors import Denial
 from ..net import guard as guardmod
-from ..policy.decide import Decision, Identity, Question, decide, policy_for
-from ..policy.model import PathError, Policy, Rule, normalize_path
+from ..policy.decide import Question
+from ..policy.model import PathError, normalize_path
 from . import baseurl, budget, responses
 from .auditlines import connection_line, request_line, target_text
 from .flowstate import (
     META,
     PENDING,
-    REJECTED,
-    SCRUB,
     Conn,
     RequestFacts,
     RequestRecord,
     stream_request,
     unsafe_fields,
 )
-from .lifecycle import Lifecycle
+from .steps import Steps, canonical, denial_of, inside_target, refusal, upstream_failure
 
 logger = logging.getLogger("sealgate")
 
-_NONE: frozenset[bytes] = frozenset()
-_TOKEN_KEY = frozenset({TOKEN_HEADER.encode()})  # removed from requests that carry tokens
 
-
-class Sealgate(Lifecycle):
+class Sealgate(Steps):
     # -- connections ----------------------------------------------------------------------
 
     def client_connected(self, client: connection.Client) -> None:
@@ -112,9 +104,9 @@ class Sealgate(Lifecycle):
             conn.target, conn.tunnel = (host, port), decision.tunnel
             conn.tunnel_tokens = tunnel_tokens
         except Exception as exc:
-            denial = _refusal(exc, "deciding a CONNECT")
+            denial = refusal(exc, "deciding a CONNECT")
             await budget.hold(denial)
-            if (target := _inside_target(flow.request, denial)) is not None:
+            if (target := inside_target(flow.request, denial)) is not None:
                 # Accepted, and refused inside: an SDK shows the first response's reason, but
                 # only "connection error" for a refused CONNECT. Nothing is ever dialed.
                 conn.denied += 1
@@ -137,10 +129,10 @@ class Sealgate(Lifecycle):
         try:
             if conn.target is None:
                 await self._transparent_tls_target(data, conn, sni)
-            elif sni is not None and _canonical(sni) != conn.target[0]:
+            elif sni is not None and canonical(sni) != conn.target[0]:
                 raise Denial(Reason.SNI_MISMATCH, "TLS SNI does not match the CONNECT target")
         except Exception as exc:
-            denial = _refusal(exc, "checking a ClientHello")
+            denial = refusal(exc, "checking a ClientHello")
             conn.denied += 1
             conn.blocked, conn.handshake_refused = denial, True
             conn.tunnel = False
@@ -172,7 +164,7 @@ class Sealgate(Lifecycle):
         server = data.context.server
         if server.address is None:  # TLS straight to the explicit listener, with no CONNECT
             raise Denial(Reason.BAD_REQUEST, "TLS to the proxy needs a CONNECT first")
-        host = _canonical(sni) if sni else _canonical(str(server.address[0]))
+        host = canonical(sni) if sni else canonical(str(server.address[0]))
         port = server.address[1]
         identity = self._identify([], conn, data.context.client)
         record = RequestRecord(started=time.monotonic(), host=host.name, port=port)
@@ -243,7 +235,7 @@ class Sealgate(Lifecycle):
             # guard: addresses, pinned; credentials over plain HTTP only to allow_networks
             record.pin = await self._state().guard.pin(host, port, policy)
             if (secured := decision.secure_for(record.pin.address)) is not decision:
-                raise _denial(secured)
+                raise denial_of(secured)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
@@ -256,7 +248,7 @@ class Sealgate(Lifecycle):
         except PathError as exc:
             self._deny(flow, record, Denial(exc.reason, str(exc)), conn)
         except Exception as exc:
-            denial = _refusal(exc, "deciding a request")
+            denial = refusal(exc, "deciding a request")
             await budget.hold(denial)
             self._deny(flow, record, denial, conn)
         else:
@@ -280,7 +272,7 @@ class Sealgate(Lifecycle):
                 # Recorded (and the scrubber armed) in requestheaders.
                 put(flow.request, cred)
         except Exception as exc:
-            denial = _refusal(exc, "finishing a request")
+            denial = refusal(exc, "finishing a request")
             self._deny(flow, flow.metadata[META], denial, self._conn(flow.client_conn))
             if flow.request.stream:
                 # The body went out already, all or part of it: the connection is cut, so its
@@ -303,44 +295,6 @@ class Sealgate(Lifecycle):
             conn.denied += 1
             record.decision, record.reason = "deny", denial.reason
 
-    async def _inject(
-        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
-        *, identity: Identity, policy: Policy,
-    ) -> Injected:
-        """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
-        obtained), then the rule's brokered secrets, into the request."""
-        request = flow.request
-        state = self._state()
-        credentials: list[Credential] = []
-        sealed = presented.opened(state.tokenizer, facts.tokens, bound) if facts.tokens else []
-        for opened in sealed:
-            credentials.append(opened if isinstance(opened, Credential) else await
-                               state.broker.sealed(opened, guard=state.guard, rules=state.rules,
-                                                   identity=identity, policy=policy))
-        injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
-        if injections:
-            credentials += await state.broker.credentials(
-                injections, guard=state.guard, policy=policy)
-        if facts.tokens:
-            strip = strip | _TOKEN_KEY
-        injected = Injected()
-        if not credentials and not strip:
-            return injected
-        if signed := write(request, credentials, injected, strip=strip):
-            # The signature covers the exact body: buffer it (declared, so bounded by the
-            # request budget) and sign in the `request` hook.
-            if facts.chunked and facts.length is None:
-                # Neither buffered without a bound nor signed before it has all come: refused.
-                # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
-                raise Denial(Reason.LENGTH_REQUIRED, "a signed chunked body needs a Content-Length")
-            request.stream = False
-            flow.metadata[PENDING] = signed
-        if injected.needles:
-            flow.metadata[SCRUB] = injected.scrubber()
-        if injected.rejected:
-            flow.metadata[REJECTED] = injected.rejected
-        return injected
-
     # -- upstream connections -------------------------------------------------------------
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -354,13 +308,13 @@ class Sealgate(Lifecycle):
                 raise Denial(Reason.NOT_ALLOWED, "no authorised request on this connection")
             if conn.blocked is not None:
                 raise conn.blocked
-            host = _canonical(name)
+            host = canonical(name)
             if conn.target is not None and conn.target != (host, port):
                 # Inside a tunnel every dial goes to its one checked destination.
                 raise Denial(Reason.NAME_MISMATCH, "upstream differs from the tunnel's destination")
             pin = await self._state().guard.pin(host, port, conn.policy)
         except Exception as exc:
-            denial = _refusal(exc, "checking an upstream dial")
+            denial = refusal(exc, "checking an upstream dial")
             server.error = f"sealgate: {denial.reason}"
             self._emit(
                 "connect_denied", connection_id=data.client.id, host=name, port=port,
@@ -409,130 +363,5 @@ class Sealgate(Lifecycle):
         record: RequestRecord | None = flow.metadata.get(META)
         if record is not None and record.reason is None:
             # Allowed, then failed upstream: the line says how, as the client's answer does.
-            record.reason = _upstream_failure(flow)
+            record.reason = upstream_failure(flow)
         self._log_flow(flow)
-
-    # -- steps ----------------------------------------------------------------------------
-
-    def _identify(
-        self, proxy_auth: list[str], conn: Conn, client: connection.Client
-    ) -> Identity:
-        identifier = self._state().identifier
-        proven = None
-        for value in proxy_auth:  # every one is checked: a bad one is never outvoted by a good
-            identity = identifier.from_proxy_authorization(value).identity
-            if identity is not None:
-                if proven is not None:
-                    raise Denial(Reason.IDENTITY_INVALID, "more than one identity in "
-                                 "Proxy-Authorization")
-                proven = identity
-        if proven is not None:
-            return proven
-        if conn.identity is not None:
-            # Proven earlier on this connection; its policy is looked up in the rules in force
-            # now, so a reload applies to tunnels that are already open.
-            return identifier.current(conn.identity)
-        by_source = identifier.from_source(str(client.peername[0]))
-        return by_source if by_source is not None else identifier.default()
-
-    def _admit(self, conn: Conn, record: RequestRecord, identity: Identity) -> None:
-        """The identity's policy (step 1 of `decide`, asked first so that an unidentified
-        client learns nothing but 407), and its connection counted against its budget."""
-        record.identity = identity
-        state = self._state()
-        if not state.audit.healthy:
-            state.audit.retry()  # room again? then this request need not wait for a turn
-            if not state.audit.healthy:
-                raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
-        policy = policy_for(state.rules, identity)
-        if isinstance(policy, Decision):
-            raise _denial(policy)
-        record.policy = policy.name
-        key = identity.sandbox or f"default:{policy.name}"
-        if conn.budget_key != key:
-            if conn.budget_key is not None:
-                self.budgets.close_connection(conn.budget_key)
-                conn.budget_key = None
-            self.budgets.open_connection(key, policy.budgets)
-            conn.budget_key = key
-        conn.identity, conn.policy = identity, policy
-
-    def _decide(self, record: RequestRecord, question: Question) -> tuple[Decision, Policy]:
-        """`decide`, its answer written on the record; raises the Denial of a refusal."""
-        decision = decide(self._state().rules, question)
-        if decision.rule is not None:
-            record.rule = decision.rule.source
-            record.response_timeout = decision.rule.response_timeout
-        if decision.verdict == "deny" or decision.policy is None:
-            raise _denial(decision)
-        if decision.verdict == "report":
-            record.decision, record.reason = "report", decision.reason
-        return decision, decision.policy
-
-    def _deny(self, flow: http.HTTPFlow, record: RequestRecord, denial: Denial, conn: Conn) -> None:
-        conn.denied += 1
-        # Refused: the client is not invited to send the body (mitmproxy would answer 100).
-        flow.request.headers.pop("expect", None)
-        record.decision, record.reason = "deny", denial.reason
-        # gRPC's status travels in trailers, which only HTTP/2 carries here (grpc-web and an
-        # HTTP/1 client get the plain refusal, whose status says it is one).
-        grpc = flow.request.is_http2 and flow.request.headers.get(
-            "content-type", "").startswith("application/grpc")
-        flow.response = deny_response(
-            denial, host=record.host, policy=record.policy, request_id=flow.id, grpc=grpc
-        )
-
-    def _log_flow(self, flow: http.HTTPFlow) -> None:
-        record: RequestRecord | None = flow.metadata.get(META)
-        if record is not None:
-            self.reclaimer.finished()
-            self._emit("request", **request_line(flow, record))
-
-    def _conn(self, client: connection.Client) -> Conn:
-        conn = self.conns.get(client.id)
-        if conn is None:
-            conn = self.conns[client.id] = Conn()
-        return conn
-
-
-def _refusal(exc: Exception, doing: str) -> Denial:
-    """What a decision hook answers when `exc` escaped it. mitmproxy logs an addon's exception
-    and carries on with the flow, so anything but a Denial is a bug that must close the door:
-    logged with its traceback (on the proxy's stderr, never to the client) and refused."""
-    if isinstance(exc, Denial):
-        return exc
-    logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
-    return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
-
-
-def _inside_target(connect: http.Request, denial: Denial) -> tuple[Host, int] | None:
-    """Where a refused CONNECT is accepted and answered inside the tunnel: the target it named,
-    or None where it is refused as it stands. Those are a client that sent no credentials (the
-    407 challenge is what it may answer), a spent budget or an unwritable audit log (refused
-    cheaply, before any TLS), and a target that does not parse."""
-    if denial.reason is Reason.IDENTITY_REQUIRED or denial.status in (429, 503):
-        return None
-    try:
-        return guardmod.parse_target(connect.authority or "", 443)
-    except Denial:
-        return None
-
-
-def _upstream_failure(flow: http.HTTPFlow) -> Reason | None:
-    said = flow.error.msg if flow.error is not None else ""
-    if flow.response is not None or not said or said == Error.KILLED_MESSAGE or (
-        said.startswith("Client")  # mitmproxy's word for the client's side going away
-    ):
-        return None
-    return upstream.failure(said)
-
-
-def _denial(decision: Decision) -> Denial:
-    return Denial(decision.reason or Reason.INTERNAL_ERROR, decision.detail)
-
-
-def _canonical(name: str) -> Host:
-    try:
-        return canonical_host(f"[{name}]" if ":" in name else name)
-    except HostError as exc:
-        raise Denial(exc.reason, str(exc)) from exc
