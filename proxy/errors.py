@@ -1,7 +1,7 @@
 """The proxy's errors: one root, `ProxyError`, under sealgate's `SealgateError`, so that whoever
 catches one answers, logs and counts it by its `Reason` without knowing the class. Beneath it,
 where each is raised: `Denial` (here: a request refused, answered by engine/refusal.py),
-`ResolveError` (net/resolver.py), `PathError`, `PathPatternError`, `RulesError` and
+`ResolveError` (net/dnswire.py), `PathError`, `PathPatternError`, `RulesError` and
 `TargetError` (policy/), `RegistryError` (request/registry.py), `ControlError` (the control
 API's client, process/controlclient.py) and `MitmproxyMismatch` (engine/mitm.py).
 
