@@ -42,7 +42,7 @@ class ResolveError(ProxyError):
 
 
 @dataclass(frozen=True, slots=True)
-class Server:
+class NameServer:
     host: str
     family: socket.AddressFamily
     # A sockaddr the event loop accepts without calling getaddrinfo: the host
@@ -50,7 +50,7 @@ class Server:
     sockaddr: tuple[str, int] | tuple[str, int, int, int]
 
     @classmethod
-    def parse(cls, host: str, port: int) -> Server:
+    def parse(cls, host: str, port: int) -> NameServer:
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
@@ -165,7 +165,7 @@ def _address(rr: RR, qtype: int, name: str) -> IPAddress:
 
 class _UDPExchange(asyncio.DatagramProtocol):
     def __init__(
-        self, server: Server, qid: int, name: str, qtype: int, reply: asyncio.Future[DNSRecord]
+        self, server: NameServer, qid: int, name: str, qtype: int, reply: asyncio.Future[DNSRecord]
     ) -> None:
         self._server = server
         self._qid = qid
@@ -194,7 +194,7 @@ def _query_packet(qid: int, name: str, qtype: int) -> bytes:
     return bytes(DNSRecord(DNSHeader(id=qid, rd=1), q=DNSQuestion(name + ".", qtype)).pack())
 
 
-async def ask_udp(server: Server, name: str, qtype: int) -> DNSRecord:
+async def ask_udp(server: NameServer, name: str, qtype: int) -> DNSRecord:
     loop = asyncio.get_running_loop()
     qid = secrets.randbelow(1 << 16)
     # A fresh socket per query gets a fresh kernel-randomised source port;
@@ -217,7 +217,7 @@ async def ask_udp(server: Server, name: str, qtype: int) -> DNSRecord:
         transport.close()
 
 
-async def ask_tcp(server: Server, name: str, qtype: int) -> DNSRecord:
+async def ask_tcp(server: NameServer, name: str, qtype: int) -> DNSRecord:
     loop = asyncio.get_running_loop()
     qid = secrets.randbelow(1 << 16)
     sock = socket.socket(server.family, socket.SOCK_STREAM)

@@ -49,7 +49,7 @@ from dnslib import QTYPE, RCODE, DNSRecord
 from sealgate.reasons import Reason
 
 from .addresses import IPAddress
-from .dnswire import Found, ResolveError, Server, ask_tcp, ask_udp, check_name, extract
+from .dnswire import Found, NameServer, ResolveError, ask_tcp, ask_udp, check_name, extract
 
 __all__ = ["Answer", "ResolveError", "Resolver", "ResolverOptions"]
 
@@ -105,7 +105,7 @@ class Resolver:
             or negative_ttl < 0
         ):
             raise ValueError("invalid resolver limits")
-        self._servers = tuple(Server.parse(host, port) for host, port in servers)
+        self._servers = tuple(NameServer.parse(host, port) for host, port in servers)
         self._try_timeout = timeout / len(self._servers)
         self._attempts = attempts
         self._cache_size = cache_size
@@ -131,7 +131,7 @@ class Resolver:
                 fields = line.split()
                 if len(fields) >= 2 and fields[0] == "nameserver":
                     with contextlib.suppress(ValueError):
-                        Server.parse(fields[1], 53)
+                        NameServer.parse(fields[1], 53)
                         servers.append((fields[1], 53))
         return cls(servers or [("127.0.0.1", 53)], **kw)
 
@@ -257,7 +257,7 @@ class Resolver:
                 )
         return next((e for e in errors if e.reason == Reason.DNS_ERROR), errors[-1])
 
-    async def _ask(self, server: Server, name: str, qtype: int) -> DNSRecord:
+    async def _ask(self, server: NameServer, name: str, qtype: int) -> DNSRecord:
         try:
             async with asyncio.timeout(self._try_timeout):
                 reply = await ask_udp(server, name, qtype)

@@ -43,7 +43,7 @@ _NO_ONE = frozenset({"", "_"})  # users that claim no identity
 
 
 @dataclass(frozen=True, slots=True)
-class Credentials:
+class Proven:
     """What one Proxy-Authorization value proves (`identity`, None when it claims none) and the
     sealed tokens it carries."""
 
@@ -51,7 +51,7 @@ class Credentials:
     tokens: tuple[str, ...] = ()
 
 
-_NOTHING = Credentials(None)
+_NOTHING = Proven(None)
 
 
 class Identifier:
@@ -60,9 +60,9 @@ class Identifier:
         self.registry = registry
         # Clients repeat the same credential on every request: a proven one is remembered for
         # the life of these rules (a reload builds a new Identifier). Failures are not cached.
-        self._proven: dict[str, Credentials] = {}
+        self._proven: dict[str, Proven] = {}
 
-    def from_proxy_authorization(self, value: str) -> Credentials:
+    def from_proxy_authorization(self, value: str) -> Proven:
         """What a Proxy-Authorization value proves. Other schemes than Basic prove nothing (a
         token binding's `Bearer` belongs to the tokenizer, not to identity). Raises Denial."""
         proven = self._proven.get(value)
@@ -76,7 +76,7 @@ class Identifier:
         self._proven[value] = proven
         return proven
 
-    def _prove(self, value: str) -> Credentials:
+    def _prove(self, value: str) -> Proven:
         scheme, _, param = value.strip().partition(" ")
         if scheme.lower() != "basic":
             return _NOTHING
@@ -90,7 +90,7 @@ class Identifier:
         if sandbox_id in _NO_ONE:
             # No identity claimed: the password is nothing but tokens (each checked when used).
             tokens = _at_most(tuple(password.split(",")) if password else ())
-            return Credentials(None, tokens) if tokens else _NOTHING
+            return Proven(None, tokens) if tokens else _NOTHING
         key, tokens = _key_and_tokens(password)
         tokens = _at_most(tokens)
         entry = self.rules.sandboxes.get(sandbox_id)
@@ -98,7 +98,7 @@ class Identifier:
         expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
         if not hmac.compare_digest(digest, expected) or entry is None or not key:
             raise Denial(Reason.IDENTITY_INVALID, "unknown sandbox or wrong key")
-        return Credentials(Identity(sandbox_id, entry.policy, "proxy-auth"), tokens)
+        return Proven(Identity(sandbox_id, entry.policy, "proxy-auth"), tokens)
 
     def from_source(self, address: str) -> Identity | None:
         sandbox_id = self.registry.lookup(address)
