@@ -75,8 +75,8 @@ class RequestRecord:
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named
-    response_timeout: float | None = None  # the rule's, over the proxy's (proxy/engine/deadline.py)
-    max_request_bytes: int | None = None  # the policy's, held to as a body streams (bodycap.py)
+    response_timeout: float | None = None  # the rule's, over the proxy's (engine/deadline.py)
+    max_request_bytes: int | None = None  # the policy's, held to as it streams (engine/bodycap.py)
 
 
 @dataclass(slots=True)
