@@ -37,44 +37,6 @@ _TOKEN_KEY = frozenset({TOKEN_HEADER.encode()})  # removed from requests that ca
 class Steps(Lifecycle):
     """The pipeline's steps, on the addon (they read its state and budgets)."""
 
-    async def _inject(
-        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
-        *, identity: Identity, policy: Policy,
-    ) -> Injected:
-        """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
-        obtained), then the rule's brokered secrets, into the request."""
-        request = flow.request
-        state = self._state()
-        credentials: list[Credential] = []
-        sealed = presented.opened(state.tokenizer, facts.tokens, bound) if facts.tokens else []
-        for opened in sealed:
-            credentials.append(opened if isinstance(opened, Credential) else await
-                               state.broker.sealed(opened, guard=state.guard, rules=state.rules,
-                                                   identity=identity, policy=policy))
-        injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
-        if injections:
-            credentials += await state.broker.credentials(
-                injections, guard=state.guard, policy=policy)
-        if facts.tokens:
-            strip = strip | _TOKEN_KEY
-        injected = Injected()
-        if not credentials and not strip:
-            return injected
-        if signed := write(request, credentials, injected, strip=strip):
-            # The signature covers the exact body: buffer it (declared, so bounded by the
-            # request budget) and sign in the `request` hook.
-            if facts.chunked and facts.length is None:
-                # Neither buffered without a bound nor signed before it has all come: refused.
-                # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
-                raise Denial(Reason.LENGTH_REQUIRED, "a signed chunked body needs a Content-Length")
-            request.stream = False
-            flow.metadata[PENDING] = signed
-        if injected.needles:
-            flow.metadata[SCRUB] = injected.scrubber()
-        if injected.rejected:
-            flow.metadata[REJECTED] = injected.rejected
-        return injected
-
     def _identify(
         self, proxy_auth: list[str], conn: Conn, client: connection.Client
     ) -> Identity:
@@ -129,6 +91,44 @@ class Steps(Lifecycle):
         if decision.verdict == "report":
             record.decision, record.reason = "report", decision.reason
         return decision, decision.policy
+
+    async def _inject(
+        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
+        *, identity: Identity, policy: Policy,
+    ) -> Injected:
+        """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
+        obtained), then the rule's brokered secrets, into the request."""
+        request = flow.request
+        state = self._state()
+        credentials: list[Credential] = []
+        sealed = presented.opened(state.tokenizer, facts.tokens, bound) if facts.tokens else []
+        for opened in sealed:
+            credentials.append(opened if isinstance(opened, Credential) else await
+                               state.broker.sealed(opened, guard=state.guard, rules=state.rules,
+                                                   identity=identity, policy=policy))
+        injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
+        if injections:
+            credentials += await state.broker.credentials(
+                injections, guard=state.guard, policy=policy)
+        if facts.tokens:
+            strip = strip | _TOKEN_KEY
+        injected = Injected()
+        if not credentials and not strip:
+            return injected
+        if signed := write(request, credentials, injected, strip=strip):
+            # The signature covers the exact body: buffer it (declared, so bounded by the
+            # request budget) and sign in the `request` hook.
+            if facts.chunked and facts.length is None:
+                # Neither buffered without a bound nor signed before it has all come: refused.
+                # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
+                raise Denial(Reason.LENGTH_REQUIRED, "a signed chunked body needs a Content-Length")
+            request.stream = False
+            flow.metadata[PENDING] = signed
+        if injected.needles:
+            flow.metadata[SCRUB] = injected.scrubber()
+        if injected.rejected:
+            flow.metadata[REJECTED] = injected.rejected
+        return injected
 
     def _deny(self, flow: http.HTTPFlow, record: RequestRecord, denial: Denial, conn: Conn) -> None:
         conn.denied += 1
