@@ -45,6 +45,7 @@ from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 from sealgate.reasons import Reason
 
 from . import limits, linger
+from .limits import META, Bounds
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
 _CUT = "_sealgate_body_cut"  # set once the body passed its cap and its upstream was aborted
@@ -71,7 +72,7 @@ def counted(state: _State, bounds: limits.Limits) -> _State:
     @functools.wraps(state)
     def stream_request_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
         if isinstance(event, RequestData):
-            record: limits.Bounds | None = self.flow.metadata.get(limits.META)
+            record: Bounds | None = self.flow.metadata.get(META)
             cap = record.max_request_bytes if record is not None else None
             if cap is not None:
                 seen = vars(self)[_SEEN] = vars(self).get(_SEEN, 0) + len(event.data)

@@ -32,7 +32,7 @@ from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponsePr
 
 from sealgate.reasons import Reason
 
-from . import limits
+from .limits import META, Bounds
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
 class Deadline(commands.RequestWakeup):
@@ -55,7 +55,7 @@ def pending() -> int:
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:
     """The response timeout of `flow`: its rule's, else the proxy's."""
-    record: limits.Bounds | None = flow.metadata.get(limits.META)
+    record: Bounds | None = flow.metadata.get(META)
     if record is not None and record.response_timeout is not None:
         return record.response_timeout
     return default
