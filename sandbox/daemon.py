@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from sealgate.proxy.control import ControlError, call
+from sealgate.proxy import ControlError, SourceRefused, control_socket, register_source
 from sealgate.reasons import Reason
 
 from . import orphans, slot, tiers
@@ -272,21 +272,16 @@ class Daemon:
         return session
 
     def _register(self, taken: slot.Slot, sandbox: str) -> None:
-        sock = self.config.slots.state / "control.sock"
         try:
-            status, body = call(sock, "PUT", f"/v1/sources/{taken.link.sandbox_ip}",
-                                {"sandbox": sandbox})
+            register_source(control_socket(self.config.slots.state), taken.link.sandbox_ip,
+                            sandbox)
+        except SourceRefused as exc:
+            raise SessionError(f"the proxy refused sandbox {sandbox[:64]!r}: {exc.detail}",
+                               reason=exc.reason) from None
         except ControlError as exc:
             raise SessionError(f"{exc}: is the proxy running with --state "
                                f"{self.config.slots.state}?",
                                reason=Reason.REGISTRY_UNAVAILABLE) from None
-        if status != 200:
-            try:
-                reason = Reason.of(str(body.get("error")))
-            except ValueError:
-                reason = Reason.SANDBOX_FAILED
-            raise SessionError(f"the proxy refused sandbox {sandbox[:64]!r}: "
-                               f"{body.get('detail')}", reason=reason)
 
     def get(self, ident: str) -> Session:
         session = self.sessions.get(ident)

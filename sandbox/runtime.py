@@ -38,8 +38,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from sealgate.proxy.ca import ca_paths
-from sealgate.proxy.control import ControlError, call
+from sealgate.proxy import (
+    ControlError,
+    SourceRefused,
+    ca_bundle_path,
+    control_socket,
+    register_source,
+    unregister_source,
+)
 
 from . import firewall, lease, network, scratch, seccomp, tiers
 from .cgroup import CgroupError, Group, Limits
@@ -142,7 +148,7 @@ def prerequisites(state: Path) -> tuple[bytes, Path]:
         program = seccomp.program()
     except seccomp.SeccompUnsupported as exc:
         raise SandboxError(str(exc)) from None
-    proxy_ca = ca_paths(state / "ca")[1]
+    proxy_ca = ca_bundle_path(state)
     if not proxy_ca.is_file():
         raise SandboxError(f"no proxy CA at {proxy_ca}: is the proxy's state directory right?")
     return program, proxy_ca
@@ -208,26 +214,24 @@ def clean_up_after(left: lease.Lease) -> None:
     tiers.clean_up(left.index)
     scratch.remove(left.index)
     if left.state:
-        unregister(Path(left.state) / "control.sock", f"/v1/sources/{left.address}")
+        unregister(Path(left.state), left.address)
     remove_link(left.index, firewall.table_name_for(left.index))
 
 
 def _register(spec: Run, link: Link, undo: contextlib.ExitStack) -> None:
-    sock = spec.state / "control.sock"
-    path = f"/v1/sources/{link.sandbox_ip}"
     try:
-        status, body = call(sock, "PUT", path, {"sandbox": spec.sandbox})
+        register_source(control_socket(spec.state), link.sandbox_ip, spec.sandbox)
+    except SourceRefused as exc:
+        raise SandboxError(f"the proxy refused sandbox {spec.sandbox!r}: {exc.reason}: "
+                           f"{exc.detail}") from None
     except ControlError as exc:
         raise SandboxError(f"{exc}: is the proxy running with --state {spec.state}?") from None
-    if status != 200:
-        raise SandboxError(f"the proxy refused sandbox {spec.sandbox!r}: {body.get('error')}: "
-                           f"{body.get('detail')}")
-    undo.callback(unregister, sock, path)
+    undo.callback(unregister, spec.state, str(link.sandbox_ip))
 
 
-def unregister(sock: Path, path: str) -> None:
+def unregister(state: Path, address: str) -> None:
     with contextlib.suppress(ControlError):
-        call(sock, "DELETE", path)
+        unregister_source(control_socket(state), address)
 
 
 def trust(proxy_ca: Path) -> tuple[bytes, bytes]:

@@ -134,7 +134,7 @@ def end(slot: Slot, config: Config) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(10)
     slot.group.kill()
-    unregister(config.state / "control.sock", f"/v1/sources/{slot.link.sandbox_ip}")
+    unregister(config.state, str(slot.link.sandbox_ip))
 
 
 def dismantle(slot: Slot) -> None:

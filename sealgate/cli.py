@@ -18,11 +18,11 @@ from sealgate import __version__
 # sets `func=handler` (handler(args) -> exit code) on the parsers it adds, so a part's
 # commands live next to the code they drive; tests/unit/test_cli.py keeps the help in step.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "proxy": ("sealgate.proxy.cli", "run the egress proxy"),
-    "ca": ("sealgate.proxy.cli", "show the interception CA"),
-    "env": ("sealgate.proxy.cli", "print the environment a client needs: the proxy and its CA "
-                                  "for every runtime"),
-    "sources": ("sealgate.proxy.cli", "source address -> sandbox registry (control API)"),
+    "proxy": ("sealgate.proxy.process.cli", "run the egress proxy"),
+    "ca": ("sealgate.proxy.process.cli", "show the interception CA"),
+    "env": ("sealgate.proxy.process.cli",
+            "print the environment a client needs: the proxy and its CA for every runtime"),
+    "sources": ("sealgate.proxy.process.cli", "source address -> sandbox registry (control API)"),
     "rules": ("sealgate.proxy.policy.cli", "check, explain, test and diff rules files"),
     "keys": ("sealgate.issuer.cli", "manage proxy key pairs"),
     "token": ("sealgate.issuer.cli", "look at tokens"),

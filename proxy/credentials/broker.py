@@ -20,9 +20,8 @@ from sealgate.credentials.processors import TokenExchange
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from ..identity import Identity
 from ..net.guard import Guard
-from ..policy.decide import Question, decide
+from ..policy.decide import Identity, Question, decide
 from ..policy.model import Injection, PathError, Policy, RuleSet, normalize_path
 from . import dial
 from .awsroles import RoleSessions

@@ -20,7 +20,7 @@ from sealgate.hostname import Host
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from ..identity import Identifier
+from ..request.identity import Identifier
 from .inject import Credential
 from .tokenizer import SealedExchange, Tokenizer, TokenRequest
 

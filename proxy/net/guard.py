@@ -17,7 +17,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv6Address
-from typing import Final
+from typing import Final, Protocol
 
 from mitmproxy import http
 
@@ -26,8 +26,7 @@ from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from ..policy.model import Policy
-from .addresses import IPAddress
+from .addresses import AddressPolicy, IPAddress
 from .hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
     HostAddresses,
@@ -64,6 +63,14 @@ class Pin:
     dns_seconds: float
 
 
+class Opened(Protocol):
+    """What the guard reads of a policy (policy.model.Policy): the denied table with the
+    policy's allow_networks opened. The policy is built on this table, so it names no policy."""
+
+    @property
+    def addresses(self) -> AddressPolicy: ...
+
+
 class Guard:
     def __init__(
         self,
@@ -79,7 +86,7 @@ class Guard:
         self._own_hosts = frozenset(_ip_or_none(host) for host, _ in listen) - {None}
         self._host = HostAddresses(LocalRoutes(), self.sandbox_networks)
 
-    async def pin(self, host: Host, port: int, policy: Policy) -> Pin:
+    async def pin(self, host: Host, port: int, policy: Opened) -> Pin:
         """Resolve and classify every answer; the first address, if all of them may be reached."""
         if reason := denied_name(host):
             raise Denial(reason, f"{host.name} is never reachable through this proxy")

@@ -30,12 +30,23 @@ from sealgate.hostname import Host, denied_name
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
-from ..identity import Identity
 from ..net.addresses import IPAddress
 from .model import Policy, Rule, RuleSet, tunnels
 
 Verdict = Literal["allow", "deny", "report"]
 Scheme = Literal["http", "https"]
+Via = Literal["proxy-auth", "source", "default"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who asks: a sandbox (None: no one proven) and the policy it names, and how that was
+    learnt. The proxy finds it (request/identity.py), `rules explain` is told it; both ask
+    `decide` with it."""
+
+    sandbox: str | None
+    policy: str | None
+    via: Via
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,7 @@ from urllib.parse import urlsplit
 from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
 
-from ..identity import Identity
-from .decide import Decision, Question, Scheme, Verdict, decide
+from .decide import Decision, Identity, Question, Scheme, Verdict, decide
 from .model import PathError, Policy, Rule, RuleSet, normalize_path
 
 _SCHEMES = {"http": 80, "https": 443}

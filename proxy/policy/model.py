@@ -22,9 +22,10 @@ from urllib.parse import unquote
 from sealgate.credentials.processors import Processor
 from sealgate.credentials.secretref import SecretRef
 from sealgate.hostname import Host
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
 from sealgate.yamlfile import YamlFileError, format_location
 
+from ..errors import ProxyError
 from ..net.addresses import AddressPolicy
 
 __all__ = [
@@ -48,19 +49,19 @@ ANY_HOST: Final = "*"
 _WILDCARD_PREFIX: Final = "*."
 
 
-class PathError(SealgateError, ValueError):
+class PathError(ProxyError, ValueError):
     """A request path we refuse to match against path rules (`reason` is always path_invalid)."""
 
     reason = Reason.PATH_INVALID
 
 
-class PathPatternError(SealgateError, ValueError):
+class PathPatternError(ProxyError, ValueError):
     """A path glob in a rule that is malformed or could never match a normalised path."""
 
     reason = Reason.PATH_PATTERN_INVALID
 
 
-class RulesError(YamlFileError, SealgateError):
+class RulesError(YamlFileError, ProxyError):
     """A rules file (or `rules test` case file) we refuse to load. `str()` is
     `file:line: field: message`. (The YAML reader's error names no reason of its own: each
     kind of file that reads it names one.)"""

@@ -12,8 +12,10 @@ from ipaddress import IPv4Network, IPv6Address, IPv6Network, ip_network
 from typing import Final
 
 from sealgate.hostname import Host, HostError, canonical_name, denied_name
+from sealgate.reasons import Reason
 from sealgate.yamlfile import show
 
+from ..errors import ProxyError
 from ..net.addresses import METADATA_ADDRESSES
 from .model import ANY_HOST
 
@@ -30,8 +32,10 @@ _METADATA_FORMS: Final = (
 _WIDE_PREFIX: Final = {4: 16, 6: 48}
 
 
-class TargetError(ValueError):
+class TargetError(ProxyError, ValueError):
     """A host or network a rule may not name; the message is safe to show."""
+
+    reason = Reason.RULES_INVALID
 
 
 def host_pattern(raw: str) -> tuple[str, list[Lint]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.proxy.control import call
+from sealgate.proxy.process.controlclient import call
 from sealgate.sandbox import tiers
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.proxy.control import call
+from sealgate.proxy.process.controlclient import call
 from sealgate.sandbox.dns import BURST, RATE
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base

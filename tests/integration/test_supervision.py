@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import requests
 
-from sealgate.proxy.control import call, socket_path
+from sealgate.proxy.process.controlclient import call
+from sealgate.proxy.process.statedir import control_socket as socket_path
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy

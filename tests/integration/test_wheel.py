@@ -163,7 +163,7 @@ def test_the_wheel_has_every_module(venv: Venv) -> None:
 
 
 def test_installed_beside_proxy_py_each_keeps_its_own(venv: Venv, tmp_path: Path) -> None:
-    script = ("import proxy, sealgate, sealgate.proxy.master; "
+    script = ("import proxy, sealgate, sealgate.proxy.process.master; "
               "print(proxy.OWNER); print(sealgate.__file__)")
     owner, where = _run(venv.bin("python"), "-c", script, cwd=tmp_path, env=venv.env()).split()
     assert owner == "proxy.py"

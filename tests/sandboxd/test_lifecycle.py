@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from sealgate.proxy.control import call
+from sealgate.proxy.process.controlclient import call
 from sealgate.reasons import Reason
 from sealgate.sandbox.client import DaemonError, Sandbox
 from sealgate.sandbox.network import RUN_DIR, lock

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sealgate.proxy.budget import BudgetLedger
 from sealgate.proxy.errors import Denial
 from sealgate.proxy.policy.model import Budgets
+from sealgate.proxy.request.budget import BudgetLedger
 
 
 def test_total_bytes_refusal_has_no_retry_after() -> None:

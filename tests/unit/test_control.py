@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from sealgate.proxy.control import make_app
-from sealgate.proxy.registry import SourceRegistry
+from sealgate.proxy.process.control import make_app
+from sealgate.proxy.request.registry import SourceRegistry
 
 RULES = """
 version: 1

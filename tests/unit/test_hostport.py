@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sealgate.hostport import format_hostport, parse_hostport
-from sealgate.proxy.cli import _listen_address
+from sealgate.proxy.process.cli import _listen_address
 
 
 @pytest.mark.parametrize(

@@ -180,11 +180,11 @@ def test_bench_does_not_import_tests() -> None:
 def test_every_module_is_seen() -> None:
     # The parts are found through pyproject's package-dir: they are in the graph, not only the base.
     edges, _ = graph(ROOT)
-    for module in ("sealgate.cli", "sealgate.proxy.pipeline", "sealgate.issuer.service",
+    for module in ("sealgate.cli", "sealgate.proxy.request.pipeline", "sealgate.issuer.service",
                    "sealgate.sandbox.runtime", "sealgate.proxy.net.resolver",
                    "sealgate.credentials.keys"):
         assert module in edges
-    assert "sealgate.proxy.pipeline" in edges["sealgate.proxy.master"]
+    assert "sealgate.proxy.request.pipeline" in edges["sealgate.proxy.process.master"]
 
 
 # -- the checks themselves, on planted trees --------------------------------------------------
@@ -239,3 +239,72 @@ def test_planted_wrong_way_and_outside_imports_are_found(tmp_path: Path) -> None
         "sealgate/issuer/keys.py:2 imports tests.harness"
     ]
     assert outside_imports(root, "sealgate", PARTS) == ["sealgate/proxy/x.py:2 imports proxy"]
+
+
+# -- layers inside the proxy ------------------------------------------------------------------
+
+PROXY = "sealgate.proxy"
+# Inside the proxy, each folder (or base module) and the folders it may not import. From the
+# bottom: errors.py (ProxyError, Denial); net/ (names and addresses); policy/ (the rules, and
+# who asks); engine/ (mitmproxy's internals: what it installs reads no request-path record);
+# credentials/ and request/ (the path); process/ (the processes around it) and the two entry
+# points, the face (__init__.py, standard library only: tests/unit/test_proxy_face.py) and
+# addon.py (mitmdump's), on top. credentials/ imports request/identity.py (presented.py, for the
+# Identifier): the credentials library's to settle, so it is not checked here.
+PROXY_LAYERS: dict[str, tuple[str, ...]] = {
+    "errors": ("net", "policy", "engine", "credentials", "request", "process"),
+    "net": ("policy", "engine", "credentials", "request", "process"),
+    "policy": ("engine", "request", "process"),
+    "engine": ("policy", "credentials", "request", "process"),
+    "credentials": ("engine", "process"),
+    "request": ("process",),
+}
+
+
+def _proxy_layer(module: str) -> str | None:
+    if not module.startswith(PROXY + "."):
+        return None
+    return module[len(PROXY) + 1 :].split(".", maxsplit=1)[0]
+
+
+def wrong_way_in_proxy(edges: Graph, lines: dict[tuple[str, str], int]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        forbidden = PROXY_LAYERS.get(_proxy_layer(module) or "", ())
+        for target in sorted(targets):
+            if _proxy_layer(target) in forbidden:
+                bad.append(f"{module} imports {target} (line {lines[(module, target)]})")
+    return bad
+
+
+def test_proxy_layers_point_downward() -> None:
+    edges, lines = graph(ROOT)
+    bad = wrong_way_in_proxy(edges, lines)
+    assert not bad, "wrong-way imports inside the proxy:\n  " + "\n  ".join(bad)
+
+
+def test_a_planted_wrong_way_import_inside_the_proxy_is_found(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "sealgate/__init__.py": "",
+        "sealgate/proxy/__init__.py": "from .process.client import call\n",  # the face: top
+        "sealgate/proxy/errors.py": "",
+        "sealgate/proxy/engine/__init__.py": "",
+        "sealgate/proxy/engine/mitm.py": "from ..errors import Denial\n",  # down: fine
+        "sealgate/proxy/engine/bodycap.py": "from ..request.flowstate import META\n",
+        "sealgate/proxy/policy/__init__.py": "",
+        "sealgate/proxy/policy/decide.py": "from ..net import guard\n",  # down: fine
+        "sealgate/proxy/net/__init__.py": "",
+        "sealgate/proxy/net/guard.py": "def f():\n    from ..policy.model import Policy\n",
+        "sealgate/proxy/policy/model.py": "",
+        "sealgate/proxy/request/__init__.py": "",
+        "sealgate/proxy/request/flowstate.py": "from sealgate.proxy.process import master\n",
+        "sealgate/proxy/process/__init__.py": "",
+        "sealgate/proxy/process/master.py": "from ..request import flowstate\n",  # down: fine
+        "sealgate/proxy/process/client.py": "",
+    })
+    edges, lines = graph(root)
+    assert wrong_way_in_proxy(edges, lines) == [
+        "sealgate.proxy.engine.bodycap imports sealgate.proxy.request.flowstate (line 1)",
+        "sealgate.proxy.net.guard imports sealgate.proxy.policy.model (line 2)",
+        "sealgate.proxy.request.flowstate imports sealgate.proxy.process.master (line 1)",
+    ]

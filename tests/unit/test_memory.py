@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from sealgate.proxy import memory
+from sealgate.proxy.engine import memory
 
 
 class Clock:

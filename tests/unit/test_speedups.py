@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sealgate.proxy.speedups import RandomIds
+from sealgate.proxy.engine.speedups import RandomIds
 
 
 def test_ids_are_random_version_4_uuids_across_refills() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from sealgate.proxy.credentials.secrets import VaultConfig, VaultStore, parse_ref
 from sealgate.proxy.policy.rulesfile import load_rules
-from sealgate.proxy.registry import SourceRegistry
+from sealgate.proxy.request.registry import SourceRegistry
 from sealgate.watch import FileIdentity, Snapshot
 from tests.vaultfake import VaultFake
 

@@ -10,18 +10,18 @@ pyproject.toml pins the tested version; tests/unit/test_mitm.py runs the same ch
 
 The patches, and why:
 
-- upstream dials bounded, upstream failures answered as JSON (proxy/upstream.py);
+- upstream dials bounded, upstream failures answered as JSON (upstream.py);
 - request heads bounded in size and time while they are read, idle connections closed
-  (proxy/limits.py), an upstream's wait for its response head bounded (proxy/deadline.py);
+  (limits.py), an upstream's wait for its response head bounded (deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
-  bounds so that a client still sending it reads the refusal (proxy/linger.py), and a
-  streamed body cut off past its request's cap, upstream and downstream (proxy/bodycap.py);
-- several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/master.py);
-- per-request conveniences for mitmproxy's developers left out (proxy/speedups.py), and the
+  bounds so that a client still sending it reads the refusal (linger.py), and a
+  streamed body cut off past its request's cap, upstream and downstream (bodycap.py);
+- several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/process/master.py);
+- per-request conveniences for mitmproxy's developers left out (speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
 - what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
   streamed response, the listen endpoints, a pinned connection's name given back, whether
-  an HTTP/1 request came in origin form (base-URL mode, proxy/baseurl.py), and HTTP/2 chosen
+  an HTTP/1 request came in origin form (base-URL mode, proxy/request/baseurl.py), and HTTP/2 chosen
   for a client that offers it.
 """
 
@@ -56,14 +56,16 @@ from mitmproxy.proxy.layers.http._events import (
 )
 from mitmproxy.utils import asyncio_utils
 
+from ..errors import ProxyError
 from . import bodycap, deadline, limits, linger, speedups, upstream
 from .mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
 
 
-class MitmproxyMismatch(RuntimeError):
-    """The installed mitmproxy is not shaped the way the patches here expect."""
+class MitmproxyMismatch(ProxyError, RuntimeError):
+    """The installed mitmproxy is not shaped the way the patches here expect (the proxy does not
+    start: `internal_error`)."""
 
 
 def require_tested() -> None:

@@ -3,7 +3,7 @@
 mitmproxy dials with no timeout of its own, so a black-holed destination holds a request for the
 kernel's SYN retries (about two minutes); and it answers a failed dial, or a request it cannot
 parse, with an HTML page that names the address it tried, over HTTP/1 and HTTP/2 alike. Here are
-the two fixes the lean master puts in (proxy/mitm.py wires them into mitmproxy): a bounded dial,
+the two fixes the lean master puts in (mitm.py wires them into mitmproxy): a bounded dial,
 and the proxy's own JSON refusal (`connect_timeout` 504, `connect_failed` 502, `bad_request`
 400) without the address, so every answer a client gets has one shape.
 """
@@ -21,7 +21,8 @@ from mitmproxy.net.http import http1
 
 from sealgate.reasons import Reason
 
-from .errors import Denial, deny_response
+from ..errors import Denial
+from .refusal import deny_response
 
 _OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 # What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a

@@ -1,8 +1,8 @@
 """What the pipeline keeps per connection and per request, and how it reads a request's headers.
 
-A `Conn` lives for one client connection, a `Verdict` for one request (on the flow's metadata
-under `META`, until its audit line is written). Both are plain records: the decisions are made
-in `policy.decide`, the hooks only write down what was decided.
+A `Conn` lives for one client connection, a `RequestRecord` for one request (on the flow's
+metadata under `META`, until its audit line is written). Both are plain records: the decisions
+are made in `policy.decide`, the hooks only write down what was decided.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from mitmproxy import http
 from sealgate.hostname import Host
 from sealgate.reasons import Reason
 
+from ..engine import limits
+from ..errors import Denial
+from ..net.guard import Pin
+from ..policy.decide import Identity
+from ..policy.model import Policy
 from .baseurl import BaseUrl
-from .errors import Denial
-from .identity import Identity
-from .net.guard import Pin
-from .policy.model import Policy
 
 # Keys of a flow's metadata.
-META: Final = "sealgate"  # the Verdict
+META: Final = limits.META  # the RequestRecord (the engine reads its bounds there)
 SCRUB: Final = "sealgate_scrub"  # the Scrubber of a request that carried a credential
 PENDING: Final = "sealgate_pending"  # body signatures to write once the body is here
 REJECTED: Final = "sealgate_rejected"  # obtained tokens to forget if the upstream answers 401
@@ -58,7 +59,7 @@ class Conn:
 
 
 @dataclass(slots=True)
-class Verdict:
+class RequestRecord:
     """One request's decision, carried on the flow until the audit line is written."""
 
     started: float
@@ -74,8 +75,8 @@ class Verdict:
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named
-    response_timeout: float | None = None  # the rule's, over the proxy's (proxy/deadline.py)
-    max_request_bytes: int | None = None  # the policy's, held to as a body streams (bodycap.py)
+    response_timeout: float | None = None  # the rule's, over the proxy's (engine/deadline.py)
+    max_request_bytes: int | None = None  # the policy's, held to as it streams (engine/bodycap.py)
 
 
 @dataclass(slots=True)

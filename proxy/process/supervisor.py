@@ -8,7 +8,7 @@ keeps dying and starts over once it has stayed up for a minute; the others serve
 (its listening socket closed with it, so the kernel sends new connections to them). A worker
 that dies `_CRASH_LOOP` times within `_CRASH_WINDOW` seconds is a crash loop: the supervisor
 says so, stops every worker and exits 1, instead of restarting forever. On SIGTERM every
-worker drains (proxy/drain.py) and the supervisor waits for them, the control API's health
+worker drains (drain.py) and the supervisor waits for them, the control API's health
 saying not ready meanwhile.
 """
 
@@ -23,10 +23,10 @@ from collections import deque
 
 from aiohttp import web
 
-from . import control
-from .drain import Lifecycle
+from ..request.registry import SourceRegistry
+from . import control, statedir
+from .drain import Health
 from .master import ProxyConfig, serve
-from .registry import SourceRegistry
 
 _STOP_MARGIN = 10.0  # past the drain timeout, how long a worker may take before it is killed
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0
@@ -37,11 +37,11 @@ _CRASH_LOOP, _CRASH_WINDOW = 5, 60.0
 async def serve_one(config: ProxyConfig, worker: int | None) -> int:
     """Serve in this process; as the only process (`worker` None) answer the control API too."""
     runners = []
-    lifecycle = Lifecycle()
+    health = Health()
     if worker is None:
-        runners = await _start_control(config, lifecycle)
+        runners = await _start_control(config, health)
     try:
-        return await serve(config, worker, lifecycle)
+        return await serve(config, worker, health)
     finally:
         await _stop_control(runners)
 
@@ -104,8 +104,8 @@ class _Workers:
 
 async def supervise(config: ProxyConfig) -> int:
     """Run the control API here and N workers as child processes, kept running."""
-    lifecycle = Lifecycle()
-    runners = await _start_control(config, lifecycle)
+    health = Health()
+    runners = await _start_control(config, health)
     workers = _Workers(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -113,7 +113,7 @@ async def supervise(config: ProxyConfig) -> int:
     loop.add_signal_handler(signal.SIGHUP, workers.signal_all, signal.SIGHUP)
     keepers = [asyncio.ensure_future(workers.keep(i)) for i in range(config.workers)]
     await workers.stopping.wait()
-    lifecycle.draining = True
+    health.draining = True
     await workers.stop_all()
     await asyncio.gather(*keepers)
     await _stop_control(runners)
@@ -123,12 +123,12 @@ async def supervise(config: ProxyConfig) -> int:
     return 0
 
 
-async def _start_control(config: ProxyConfig, lifecycle: Lifecycle) -> list[web.AppRunner]:
+async def _start_control(config: ProxyConfig, health: Health) -> list[web.AppRunner]:
     """The control API on its socket and, if asked for, /metrics on its own TCP listener (a
     separate app: nothing else of the control API is reachable there)."""
     registry = SourceRegistry(config.state / "registry.json")
-    runners = [await control.start(control.socket_path(config.state), registry, config.rules,
-                                   lambda: lifecycle.draining)]
+    runners = [await control.start(statedir.control_socket(config.state), registry, config.rules,
+                                   lambda: health.draining)]
     if config.metrics_listen is not None:
         try:
             runners.append(await control.start_metrics(*config.metrics_listen,

@@ -6,10 +6,10 @@
 
 `sealgate proxy` loads it into a lean master; `mitmdump -s proxy/addon.py` loads it into an
 existing mitmproxy. The hooks only string the steps together: the decision is one pure function
-(policy/decide.py), the configuration one immutable object swapped on reload (settings.py, by the
-addon's life around this path: lifecycle.py), the response side its own module (responses.py),
-and so are the records kept per connection and per request (flowstate.py) and the audit lines
-made of them (auditlines.py).
+(policy/decide.py), what each step does in detail is in steps.py, the configuration one immutable
+object swapped on reload (settings.py, by the addon's life around this path: lifecycle.py), the
+response side its own module (responses.py), and so are the records kept per connection and per
+request (flowstate.py) and the audit lines made of them (auditlines.py).
 """
 
 from __future__ import annotations
@@ -18,51 +18,36 @@ import logging
 import time
 
 from mitmproxy import connection, http, tls
-from mitmproxy.flow import Error
 from mitmproxy.proxy import layer, mode_specs, server_hooks
 
-from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.reasons import Reason
 
-from . import (
-    baseurl,
-    budget,
-    layers,
-    limits,
-    mitm,
-    responses,
-    upstream,
-)
+from ..credentials import presented
+from ..credentials.inject import Credential, put, refused_body
+from ..credentials.tokenizer import HEADER as TOKEN_HEADER
+from ..credentials.tokenizer import TokenRequest
+from ..engine import layers, limits, mitm
+from ..errors import Denial
+from ..net import guard as guardmod
+from ..policy.decide import Question
+from ..policy.model import PathError, normalize_path
+from . import baseurl, budget, responses
 from .auditlines import connection_line, request_line, target_text
-from .credentials import presented
-from .credentials.inject import Credential, Injected, put, refused_body, write
-from .credentials.tokenizer import HEADER as TOKEN_HEADER
-from .credentials.tokenizer import TokenRequest
-from .errors import Denial, deny_response
 from .flowstate import (
     META,
     PENDING,
-    REJECTED,
-    SCRUB,
     Conn,
     RequestFacts,
-    Verdict,
+    RequestRecord,
     stream_request,
     unsafe_fields,
 )
-from .identity import Identity
-from .lifecycle import Lifecycle
-from .net import guard as guardmod
-from .policy.decide import Decision, Question, decide, policy_for
-from .policy.model import PathError, Policy, Rule, normalize_path
+from .steps import Steps, canonical, denial_of, inside_target, refusal, upstream_failure
 
 logger = logging.getLogger("sealgate")
 
-_NONE: frozenset[bytes] = frozenset()
-_TOKEN_KEY = frozenset({TOKEN_HEADER.encode()})  # removed from requests that carry tokens
 
-
-class Sealgate(Lifecycle):
+class Sealgate(Steps):
     # -- connections ----------------------------------------------------------------------
 
     def client_connected(self, client: connection.Client) -> None:
@@ -94,46 +79,46 @@ class Sealgate(Lifecycle):
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         conn = self._conn(flow.client_conn)
-        verdict = Verdict(started=time.monotonic())
-        flow.metadata[META] = verdict
+        record = RequestRecord(started=time.monotonic())
+        flow.metadata[META] = record
         try:
             conn.proxy_auth = flow.request.headers.get_all("proxy-authorization")
             identity = self._identify(conn.proxy_auth, conn, flow.client_conn)
             host, port = guardmod.parse_target(flow.request.authority or "", 443)
-            verdict.host, verdict.port = host.name, port
-            self._admit(conn, verdict, identity)
+            record.host, record.port = host.name, port
+            self._admit(conn, record, identity)
             # Tokens on the CONNECT go with every request in the tunnel; those in the proxy
             # credentials with each request to their hosts (decided again per request).
             tunnel_tokens = flow.request.headers.get_all(TOKEN_HEADER)
-            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port, "CONNECT",
+            bound = TokenRequest(identity.sandbox, record.policy, host.name, port, "CONNECT",
                                  "", conn.proxy_auth)
             state = self._state()
             ambient = presented.in_credentials(state.identifier, state.tokenizer,
                                                conn.proxy_auth, host, bound)
-            decision, policy = self._decide(verdict, Question(
+            decision, policy = self._decide(record, Question(
                 identity, host, port, tokens=bool(tunnel_tokens or ambient)
             ))
             if tunnel_tokens:
                 presented.check_tunnel(state.tokenizer, tunnel_tokens, host, bound)
-            verdict.pin = await self._state().guard.pin(host, port, policy)
+            record.pin = await self._state().guard.pin(host, port, policy)
             conn.target, conn.tunnel = (host, port), decision.tunnel
             conn.tunnel_tokens = tunnel_tokens
         except Exception as exc:
-            denial = _refusal(exc, "deciding a CONNECT")
+            denial = refusal(exc, "deciding a CONNECT")
             await budget.hold(denial)
-            if (target := _inside_target(flow.request, denial)) is not None:
+            if (target := inside_target(flow.request, denial)) is not None:
                 # Accepted, and refused inside: an SDK shows the first response's reason, but
                 # only "connection error" for a refused CONNECT. Nothing is ever dialed.
                 conn.denied += 1
                 conn.blocked, conn.target, conn.tunnel = denial, target, False
-                verdict.decision, verdict.reason = "deny", denial.reason
+                record.decision, record.reason = "deny", denial.reason
             else:
-                self._deny(flow, verdict, denial, conn)
+                self._deny(flow, record, denial, conn)
         else:
-            if verdict.reason is None:  # a report-mode miss keeps its "report"
-                verdict.decision = "allow"
+            if record.reason is None:  # a report-mode miss keeps its "report"
+                record.decision = "allow"
         # A CONNECT gets no response hook: its decision line is written here.
-        self._emit("request", **request_line(flow, verdict))
+        self._emit("request", **request_line(flow, record))
 
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
@@ -144,10 +129,10 @@ class Sealgate(Lifecycle):
         try:
             if conn.target is None:
                 await self._transparent_tls_target(data, conn, sni)
-            elif sni is not None and _canonical(sni) != conn.target[0]:
+            elif sni is not None and canonical(sni) != conn.target[0]:
                 raise Denial(Reason.SNI_MISMATCH, "TLS SNI does not match the CONNECT target")
         except Exception as exc:
-            denial = _refusal(exc, "checking a ClientHello")
+            denial = refusal(exc, "checking a ClientHello")
             conn.denied += 1
             conn.blocked, conn.handshake_refused = denial, True
             conn.tunnel = False
@@ -179,12 +164,12 @@ class Sealgate(Lifecycle):
         server = data.context.server
         if server.address is None:  # TLS straight to the explicit listener, with no CONNECT
             raise Denial(Reason.BAD_REQUEST, "TLS to the proxy needs a CONNECT first")
-        host = _canonical(sni) if sni else _canonical(str(server.address[0]))
+        host = canonical(sni) if sni else canonical(str(server.address[0]))
         port = server.address[1]
         identity = self._identify([], conn, data.context.client)
-        verdict = Verdict(started=time.monotonic(), host=host.name, port=port)
-        self._admit(conn, verdict, identity)
-        decision, policy = self._decide(verdict, Question(identity, host, port))
+        record = RequestRecord(started=time.monotonic(), host=host.name, port=port)
+        self._admit(conn, record, identity)
+        decision, policy = self._decide(record, Question(identity, host, port))
         await self._state().guard.pin(host, port, policy)
         conn.target = (host, port)
         conn.tunnel = decision.tunnel
@@ -198,17 +183,17 @@ class Sealgate(Lifecycle):
         self.in_flight.add(flow.id)
         conn = self._conn(flow.client_conn)
         conn.requests += 1
-        verdict = Verdict(started=time.monotonic())
-        flow.metadata[META] = verdict
+        record = RequestRecord(started=time.monotonic())
+        flow.metadata[META] = record
         request = flow.request
         try:
             if conn.blocked is not None:
                 if conn.target is not None:
-                    verdict.host, verdict.port = conn.target[0].name, conn.target[1]
-                verdict.identity = conn.identity
-                verdict.policy = conn.policy.name if conn.policy is not None else None
+                    record.host, record.port = conn.target[0].name, conn.target[1]
+                record.identity = conn.identity
+                record.policy = conn.policy.name if conn.policy is not None else None
                 raise conn.blocked
-            # An HTTP/1 head was checked as it was read (proxy/mitm.py); HTTP/2's are here.
+            # An HTTP/1 head was checked as it was read (proxy/engine/mitm.py); HTTP/2's are here.
             if not request.http_version.startswith("HTTP/1") and (
                     too_big := limits.parsed(request, limits.in_force())) is not None:
                 raise too_big
@@ -217,58 +202,58 @@ class Sealgate(Lifecycle):
             if (conn.target is None and not transparent and baseurl.applies(request.path)
                     and mitm.origin_form(request)):
                 # the request it stands for, decided like any other
-                verdict.base_url = baseurl.rewrite(request)
-                if verdict.base_url.tokens:
-                    facts.tokens.append(verdict.base_url.tokens)
+                record.base_url = baseurl.rewrite(request)
+                if record.base_url.tokens:
+                    facts.tokens.append(record.base_url.tokens)
             # identify
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
-            self._admit(conn, verdict, identity)
+            self._admit(conn, record, identity)
             # guard: the names agree and are well-formed
             host, port = guardmod.request_target(request, conn.target, transparent)
-            verdict.host, verdict.port = host.name, port
-            verdict.path = normalize_path(request.path)
+            record.host, record.port = host.name, port
+            record.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
                 raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
             # the tokens that go with this request: its own, its tunnel's, its credentials'
             proxy_auth = facts.proxy_auth or conn.proxy_auth
-            bound = TokenRequest(identity.sandbox, verdict.policy, host.name, port,
-                                 request.method, verdict.path, proxy_auth)
+            bound = TokenRequest(identity.sandbox, record.policy, host.name, port,
+                                 request.method, record.path, proxy_auth)
             state = self._state()
             ambient = presented.in_credentials(state.identifier, state.tokenizer, proxy_auth,
                                                host, bound)
             if conn.tunnel_tokens or ambient:
                 facts.tokens = [*facts.tokens, *conn.tunnel_tokens, *ambient]
             # decide
-            decision, policy = self._decide(verdict, Question(
+            decision, policy = self._decide(record, Question(
                 identity, host, port, "https" if request.scheme == "https" else "http",
-                request.method, verdict.path, bool(facts.tokens), self._state().ssl_insecure,
+                request.method, record.path, bool(facts.tokens), self._state().ssl_insecure,
             ))
             # budget
             budget_key = conn.budget_key or ""
             self.budgets.admit_request(budget_key, policy.budgets, facts.length)
-            verdict.max_request_bytes = policy.budgets.max_request_bytes
+            record.max_request_bytes = policy.budgets.max_request_bytes
             # guard: addresses, pinned; credentials over plain HTTP only to allow_networks
-            verdict.pin = await self._state().guard.pin(host, port, policy)
-            if (secured := decision.secure_for(verdict.pin.address)) is not decision:
-                raise _denial(secured)
+            record.pin = await self._state().guard.pin(host, port, policy)
+            if (secured := decision.secure_for(record.pin.address)) is not decision:
+                raise denial_of(secured)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
             guardmod.strip_upstream_headers(request.headers)
             # inject
             injected = await self._inject(flow, facts, bound, decision.rule, identity=identity,
                                           policy=policy)
-            verdict.injected, verdict.overwrote = injected.labels, injected.overwrote
+            record.injected, record.overwrote = injected.labels, injected.overwrote
             if not flow.metadata.get(PENDING):
                 stream_request(request, facts, self.budgets.meter(budget_key))
         except PathError as exc:
-            self._deny(flow, verdict, Denial(exc.reason, str(exc)), conn)
+            self._deny(flow, record, Denial(exc.reason, str(exc)), conn)
         except Exception as exc:
-            denial = _refusal(exc, "deciding a request")
+            denial = refusal(exc, "deciding a request")
             await budget.hold(denial)
-            self._deny(flow, verdict, denial, conn)
+            self._deny(flow, record, denial, conn)
         else:
-            if verdict.reason is None:  # a report-mode miss keeps its "report"
-                verdict.decision = "allow"
+            if record.reason is None:  # a report-mode miss keeps its "report"
+                record.decision = "allow"
 
     def request(self, flow: http.HTTPFlow) -> None:
         """Trailers checked like headers, and signatures over the body, once the whole body is
@@ -287,7 +272,7 @@ class Sealgate(Lifecycle):
                 # Recorded (and the scrubber armed) in requestheaders.
                 put(flow.request, cred)
         except Exception as exc:
-            denial = _refusal(exc, "finishing a request")
+            denial = refusal(exc, "finishing a request")
             self._deny(flow, flow.metadata[META], denial, self._conn(flow.client_conn))
             if flow.request.stream:
                 # The body went out already, all or part of it: the connection is cut, so its
@@ -296,57 +281,19 @@ class Sealgate(Lifecycle):
                 mitm.cut_off(flow)
 
     def request_body_over_cap(self, flow: http.HTTPFlow) -> None:
-        """A streamed body passed its request's max_request_bytes (proxy/bodycap.py, which has
-        aborted the upstream request, and sends the client this refusal when nothing of an
+        """A streamed body passed its request's max_request_bytes (proxy/engine/bodycap.py, which
+        has aborted the upstream request, and sends the client this refusal when nothing of an
         answer has gone to it, or else ends its connection or stream). A body a processor
         refused on the way is refused for what it found, as it would have been at its end."""
-        verdict: Verdict = flow.metadata[META]
+        record: RequestRecord = flow.metadata[META]
         denial = refused_body(flow.request) or Denial(
-            Reason.REQUEST_TOO_LARGE, f"request body over {verdict.max_request_bytes} bytes")
+            Reason.REQUEST_TOO_LARGE, f"request body over {record.max_request_bytes} bytes")
         conn = self._conn(flow.client_conn)
         if flow.response is None:
-            self._deny(flow, verdict, denial, conn)
+            self._deny(flow, record, denial, conn)
         else:  # the upstream's answer has begun: the line says why it was cut off
             conn.denied += 1
-            verdict.decision, verdict.reason = "deny", denial.reason
-
-    async def _inject(
-        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
-        *, identity: Identity, policy: Policy,
-    ) -> Injected:
-        """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
-        obtained), then the rule's brokered secrets, into the request."""
-        request = flow.request
-        state = self._state()
-        credentials: list[Credential] = []
-        sealed = presented.opened(state.tokenizer, facts.tokens, bound) if facts.tokens else []
-        for opened in sealed:
-            credentials.append(opened if isinstance(opened, Credential) else await
-                               state.broker.sealed(opened, guard=state.guard, rules=state.rules,
-                                                   identity=identity, policy=policy))
-        injections, strip = (rule.inject, rule.strip_keys) if rule is not None else ((), _NONE)
-        if injections:
-            credentials += await state.broker.credentials(
-                injections, guard=state.guard, policy=policy)
-        if facts.tokens:
-            strip = strip | _TOKEN_KEY
-        injected = Injected()
-        if not credentials and not strip:
-            return injected
-        if signed := write(request, credentials, injected, strip=strip):
-            # The signature covers the exact body: buffer it (declared, so bounded by the
-            # request budget) and sign in the `request` hook.
-            if facts.chunked and facts.length is None:
-                # Neither buffered without a bound nor signed before it has all come: refused.
-                # No Content-Length and no Transfer-Encoding is an empty body (RFC 9112 6.3).
-                raise Denial(Reason.LENGTH_REQUIRED, "a signed chunked body needs a Content-Length")
-            request.stream = False
-            flow.metadata[PENDING] = signed
-        if injected.needles:
-            flow.metadata[SCRUB] = injected.scrubber()
-        if injected.rejected:
-            flow.metadata[REJECTED] = injected.rejected
-        return injected
+            record.decision, record.reason = "deny", denial.reason
 
     # -- upstream connections -------------------------------------------------------------
 
@@ -361,13 +308,13 @@ class Sealgate(Lifecycle):
                 raise Denial(Reason.NOT_ALLOWED, "no authorised request on this connection")
             if conn.blocked is not None:
                 raise conn.blocked
-            host = _canonical(name)
+            host = canonical(name)
             if conn.target is not None and conn.target != (host, port):
                 # Inside a tunnel every dial goes to its one checked destination.
                 raise Denial(Reason.NAME_MISMATCH, "upstream differs from the tunnel's destination")
             pin = await self._state().guard.pin(host, port, conn.policy)
         except Exception as exc:
-            denial = _refusal(exc, "checking an upstream dial")
+            denial = refusal(exc, "checking an upstream dial")
             server.error = f"sealgate: {denial.reason}"
             self._emit(
                 "connect_denied", connection_id=data.client.id, host=name, port=port,
@@ -413,133 +360,8 @@ class Sealgate(Lifecycle):
 
     def error(self, flow: http.HTTPFlow) -> None:
         self.in_flight.discard(flow.id)
-        verdict: Verdict | None = flow.metadata.get(META)
-        if verdict is not None and verdict.reason is None:
+        record: RequestRecord | None = flow.metadata.get(META)
+        if record is not None and record.reason is None:
             # Allowed, then failed upstream: the line says how, as the client's answer does.
-            verdict.reason = _upstream_failure(flow)
+            record.reason = upstream_failure(flow)
         self._log_flow(flow)
-
-    # -- steps ----------------------------------------------------------------------------
-
-    def _identify(
-        self, proxy_auth: list[str], conn: Conn, client: connection.Client
-    ) -> Identity:
-        identifier = self._state().identifier
-        proven = None
-        for value in proxy_auth:  # every one is checked: a bad one is never outvoted by a good
-            identity = identifier.from_proxy_authorization(value).identity
-            if identity is not None:
-                if proven is not None:
-                    raise Denial(Reason.IDENTITY_INVALID, "more than one identity in "
-                                 "Proxy-Authorization")
-                proven = identity
-        if proven is not None:
-            return proven
-        if conn.identity is not None:
-            # Proven earlier on this connection; its policy is looked up in the rules in force
-            # now, so a reload applies to tunnels that are already open.
-            return identifier.current(conn.identity)
-        by_source = identifier.from_source(str(client.peername[0]))
-        return by_source if by_source is not None else identifier.default()
-
-    def _admit(self, conn: Conn, verdict: Verdict, identity: Identity) -> None:
-        """The identity's policy (step 1 of `decide`, asked first so that an unidentified
-        client learns nothing but 407), and its connection counted against its budget."""
-        verdict.identity = identity
-        state = self._state()
-        if not state.audit.healthy:
-            state.audit.retry()  # room again? then this request need not wait for a turn
-            if not state.audit.healthy:
-                raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
-        policy = policy_for(state.rules, identity)
-        if isinstance(policy, Decision):
-            raise _denial(policy)
-        verdict.policy = policy.name
-        key = identity.sandbox or f"default:{policy.name}"
-        if conn.budget_key != key:
-            if conn.budget_key is not None:
-                self.budgets.close_connection(conn.budget_key)
-                conn.budget_key = None
-            self.budgets.open_connection(key, policy.budgets)
-            conn.budget_key = key
-        conn.identity, conn.policy = identity, policy
-
-    def _decide(self, verdict: Verdict, question: Question) -> tuple[Decision, Policy]:
-        """`decide`, its answer written on the verdict; raises the Denial of a refusal."""
-        decision = decide(self._state().rules, question)
-        if decision.rule is not None:
-            verdict.rule = decision.rule.source
-            verdict.response_timeout = decision.rule.response_timeout
-        if decision.verdict == "deny" or decision.policy is None:
-            raise _denial(decision)
-        if decision.verdict == "report":
-            verdict.decision, verdict.reason = "report", decision.reason
-        return decision, decision.policy
-
-    def _deny(self, flow: http.HTTPFlow, verdict: Verdict, denial: Denial, conn: Conn) -> None:
-        conn.denied += 1
-        # Refused: the client is not invited to send the body (mitmproxy would answer 100).
-        flow.request.headers.pop("expect", None)
-        verdict.decision, verdict.reason = "deny", denial.reason
-        # gRPC's status travels in trailers, which only HTTP/2 carries here (grpc-web and an
-        # HTTP/1 client get the plain refusal, whose status says it is one).
-        grpc = flow.request.is_http2 and flow.request.headers.get(
-            "content-type", "").startswith("application/grpc")
-        flow.response = deny_response(
-            denial, host=verdict.host, policy=verdict.policy, request_id=flow.id, grpc=grpc
-        )
-
-    def _log_flow(self, flow: http.HTTPFlow) -> None:
-        verdict: Verdict | None = flow.metadata.get(META)
-        if verdict is not None:
-            self.reclaimer.finished()
-            self._emit("request", **request_line(flow, verdict))
-
-    def _conn(self, client: connection.Client) -> Conn:
-        conn = self.conns.get(client.id)
-        if conn is None:
-            conn = self.conns[client.id] = Conn()
-        return conn
-
-
-def _refusal(exc: Exception, doing: str) -> Denial:
-    """What a decision hook answers when `exc` escaped it. mitmproxy logs an addon's exception
-    and carries on with the flow, so anything but a Denial is a bug that must close the door:
-    logged with its traceback (on the proxy's stderr, never to the client) and refused."""
-    if isinstance(exc, Denial):
-        return exc
-    logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
-    return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
-
-
-def _inside_target(connect: http.Request, denial: Denial) -> tuple[Host, int] | None:
-    """Where a refused CONNECT is accepted and answered inside the tunnel: the target it named,
-    or None where it is refused as it stands. Those are a client that sent no credentials (the
-    407 challenge is what it may answer), a spent budget or an unwritable audit log (refused
-    cheaply, before any TLS), and a target that does not parse."""
-    if denial.reason is Reason.IDENTITY_REQUIRED or denial.status in (429, 503):
-        return None
-    try:
-        return guardmod.parse_target(connect.authority or "", 443)
-    except Denial:
-        return None
-
-
-def _upstream_failure(flow: http.HTTPFlow) -> Reason | None:
-    said = flow.error.msg if flow.error is not None else ""
-    if flow.response is not None or not said or said == Error.KILLED_MESSAGE or (
-        said.startswith("Client")  # mitmproxy's word for the client's side going away
-    ):
-        return None
-    return upstream.failure(said)
-
-
-def _denial(decision: Decision) -> Denial:
-    return Denial(decision.reason or Reason.INTERNAL_ERROR, decision.detail)
-
-
-def _canonical(name: str) -> Host:
-    try:
-        return canonical_host(f"[{name}]" if ":" in name else name)
-    except HostError as exc:
-        raise Denial(exc.reason, str(exc)) from exc

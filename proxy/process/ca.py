@@ -20,13 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from mitmproxy import certs
 
-BASENAME = "mitmproxy"  # mitmproxy's TlsConfig looks for <confdir>/mitmproxy-ca.pem
+from .statedir import CA_BASENAME, ca_paths
+
 CA_VALIDITY = datetime.timedelta(days=3650)
-
-
-def ca_paths(confdir: Path) -> tuple[Path, Path]:
-    """(key+cert file, cert-only file)."""
-    return confdir / f"{BASENAME}-ca.pem", confdir / f"{BASENAME}-ca-cert.pem"
 
 
 def ensure_ca(confdir: Path, common_name: str = "sealgate egress CA") -> Path:
@@ -83,7 +79,7 @@ def ensure_ca(confdir: Path, common_name: str = "sealgate egress CA") -> Path:
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
     _write_private(key_file, key_pem + cert_pem)
     cert_file.write_bytes(cert_pem)
-    (confdir / f"{BASENAME}-dhparam.pem").write_bytes(certs.DEFAULT_DHPARAM)
+    (confdir / f"{CA_BASENAME}-dhparam.pem").write_bytes(certs.DEFAULT_DHPARAM)
     return cert_file
 
 

@@ -5,7 +5,8 @@ a sandbox that could reach it could claim another sandbox's address. Endpoints:
 
     GET    /v1/health                 {"ok": true}; 503 {"ok": false, "draining": true} when
                                       stopping (a readiness probe takes it out of rotation)
-    GET    /v1/metrics                every worker's counters, Prometheus text (proxy/metrics.py)
+    GET    /v1/metrics                every worker's counters, Prometheus text
+                                      (proxy/request/metrics.py)
     GET    /v1/sources                {"sources": {"10.200.0.2": "bot-1", ...}}
     PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
     DELETE /v1/sources/{address}      -> 200, or 404
@@ -15,21 +16,18 @@ Sandbox ids are checked against the rules in force at the time of the call.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from sealgate.reasons import Reason
 
-from . import metrics
-from .policy.rulesfile import RulesError, load_rules
-from .registry import RegistryError, SourceRegistry
+from ..policy.rulesfile import RulesError, load_rules
+from ..request import metrics
+from ..request.registry import RegistryError, SourceRegistry
 
 _MAX_BODY = 4096
 
@@ -115,11 +113,6 @@ def _error(reason: Reason, detail: str) -> web.Response:
     )
 
 
-def socket_path(state: Path) -> Path:
-    """Where the control API listens, in the proxy's state directory."""
-    return state / "control.sock"
-
-
 async def start(
     socket_path: Path, registry: SourceRegistry, rules_path: Path,
     draining: Callable[[], bool] = lambda: False,
@@ -136,42 +129,3 @@ async def start(
     finally:
         os.umask(old)
     return runner
-
-
-class ControlError(OSError):
-    """The control API could not be reached, or did not answer in JSON."""
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("sealgate", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(str(self._path))
-
-
-def call(
-    socket_path: Path, method: str, path: str, body: dict[str, Any] | None = None,
-    *, timeout: float = 10.0,
-) -> tuple[int, dict[str, Any]]:
-    """One request to the control API: (status, JSON body). Raises ControlError."""
-    conn = _UnixConnection(socket_path, timeout)
-    try:
-        conn.request(method, path, body=None if body is None else json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        status, raw = response.status, response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise ControlError(f"control API at {socket_path} unreachable: {exc}") from None
-    finally:
-        conn.close()
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        raise ControlError(f"control API answered {status} without JSON") from None
-    if not isinstance(answer, dict):
-        raise ControlError(f"control API answered {status} with {type(answer).__name__}")
-    return status, answer

@@ -14,11 +14,11 @@ from mitmproxy import http
 from sealgate.hostname import Host
 from sealgate.hostport import format_hostport
 
-from .credentials.scrub import Scrubber
-from .flowstate import SCRUB, Conn, Verdict, header
+from ..credentials.scrub import Scrubber
+from .flowstate import SCRUB, Conn, RequestRecord, header
 
 
-def request_line(flow: http.HTTPFlow, verdict: Verdict) -> dict[str, Any]:
+def request_line(flow: http.HTTPFlow, record: RequestRecord) -> dict[str, Any]:
     request, response = flow.request, flow.response
     server = flow.server_conn
     connect_ms = None
@@ -28,29 +28,29 @@ def request_line(flow: http.HTTPFlow, verdict: Verdict) -> dict[str, Any]:
     return {
         "request_id": flow.id,
         "connection_id": flow.client_conn.id,
-        "sandbox": verdict.identity.sandbox if verdict.identity else None,
-        "identified_by": verdict.identity.via if verdict.identity else None,
-        "policy": verdict.policy,
+        "sandbox": record.identity.sandbox if record.identity else None,
+        "identified_by": record.identity.via if record.identity else None,
+        "policy": record.policy,
         "method": request.method,
         "scheme": request.scheme,
-        "base_url": True if verdict.base_url else None,
-        "host": verdict.host,
-        "port": verdict.port,
-        "path": verdict.path,
-        "address": str(verdict.pin.address) if verdict.pin else None,
-        "decision": verdict.decision,
-        "reason": verdict.reason,
-        "rule": verdict.rule,
-        "injected": verdict.injected or None,
-        "overwrote": verdict.overwrote or None,
+        "base_url": True if record.base_url else None,
+        "host": record.host,
+        "port": record.port,
+        "path": record.path,
+        "address": str(record.pin.address) if record.pin else None,
+        "decision": record.decision,
+        "reason": record.reason,
+        "rule": record.rule,
+        "injected": record.injected or None,
+        "overwrote": record.overwrote or None,
         "scrubbed": scrubbed.hits if scrubbed else None,
         "status": response.status_code if response is not None else None,
         "error": None if flow.error is None else flow.error.msg[:200],
         "bytes_out": len(request.raw_content or b""),
         "bytes_in": _body_size(response),
-        "dns_ms": _ms(verdict.pin.dns_seconds) if verdict.pin else None,
+        "dns_ms": _ms(record.pin.dns_seconds) if record.pin else None,
         "connect_ms": connect_ms,
-        "total_ms": _ms(time.monotonic() - verdict.started),
+        "total_ms": _ms(time.monotonic() - record.started),
     }
 
 

@@ -18,14 +18,16 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
 from sealgate.watch import Snapshot
+
+from ..errors import ProxyError
 
 log = logging.getLogger("sealgate")
 
 
 
-class RegistryError(SealgateError, ValueError):
+class RegistryError(ProxyError, ValueError):
     """A registration that cannot be accepted: its address is not an IP address."""
 
     reason = Reason.BAD_ADDRESS

@@ -21,16 +21,14 @@ import base64
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Literal
 
 from sealgate.credentials import TOKEN_PREFIX
 from sealgate.reasons import Reason
 
-from .errors import Denial
-from .policy.model import RuleSet
+from ..errors import Denial
+from ..policy.decide import Identity
+from ..policy.model import RuleSet
 from .registry import SourceRegistry
-
-Via = Literal["proxy-auth", "source", "default"]
 
 # Compared against when the id is unknown, so a miss costs the same as a wrong key.
 _DUMMY_DIGEST = hashlib.sha256(b"sealgate-unknown-sandbox").digest()
@@ -44,14 +42,7 @@ _NO_ONE = frozenset({"", "_"})  # users that claim no identity
 
 
 @dataclass(frozen=True, slots=True)
-class Identity:
-    sandbox: str | None
-    policy: str | None
-    via: Via
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
+class Proven:
     """What one Proxy-Authorization value proves (`identity`, None when it claims none) and the
     sealed tokens it carries."""
 
@@ -59,7 +50,7 @@ class Credentials:
     tokens: tuple[str, ...] = ()
 
 
-_NOTHING = Credentials(None)
+_NOTHING = Proven(None)
 
 
 class Identifier:
@@ -68,9 +59,9 @@ class Identifier:
         self.registry = registry
         # Clients repeat the same credential on every request: a proven one is remembered for
         # the life of these rules (a reload builds a new Identifier). Failures are not cached.
-        self._proven: dict[str, Credentials] = {}
+        self._proven: dict[str, Proven] = {}
 
-    def from_proxy_authorization(self, value: str) -> Credentials:
+    def from_proxy_authorization(self, value: str) -> Proven:
         """What a Proxy-Authorization value proves. Other schemes than Basic prove nothing (a
         token binding's `Bearer` belongs to the tokenizer, not to identity). Raises Denial."""
         proven = self._proven.get(value)
@@ -84,7 +75,7 @@ class Identifier:
         self._proven[value] = proven
         return proven
 
-    def _prove(self, value: str) -> Credentials:
+    def _prove(self, value: str) -> Proven:
         scheme, _, param = value.strip().partition(" ")
         if scheme.lower() != "basic":
             return _NOTHING
@@ -98,7 +89,7 @@ class Identifier:
         if sandbox_id in _NO_ONE:
             # No identity claimed: the password is nothing but tokens (each checked when used).
             tokens = _at_most(tuple(password.split(",")) if password else ())
-            return Credentials(None, tokens) if tokens else _NOTHING
+            return Proven(None, tokens) if tokens else _NOTHING
         key, tokens = _key_and_tokens(password)
         tokens = _at_most(tokens)
         entry = self.rules.sandboxes.get(sandbox_id)
@@ -106,7 +97,7 @@ class Identifier:
         expected = entry.key_sha256 if entry is not None else _DUMMY_DIGEST
         if not hmac.compare_digest(digest, expected) or entry is None or not key:
             raise Denial(Reason.IDENTITY_INVALID, "unknown sandbox or wrong key")
-        return Credentials(Identity(sandbox_id, entry.policy, "proxy-auth"), tokens)
+        return Proven(Identity(sandbox_id, entry.policy, "proxy-auth"), tokens)
 
     def from_source(self, address: str) -> Identity | None:
         sandbox_id = self.registry.lookup(address)

@@ -16,7 +16,7 @@ connection closed before the last chunk; HTTP/2: its stream reset, CANCEL). The 
 the refusal (the `request_body_over_cap` hook: its audit line and metrics say
 `request_too_large`). If nothing of an answer has gone to the client (the upstream has not
 answered, or its answer is still being read whole), the client gets the 413 refusal and the
-rest of its body is read and dropped within the linger bounds (proxy/linger.py), as for a
+rest of its body is read and dropped within the linger bounds (linger.py), as for a
 request refused at its head; otherwise its HTTP/1 connection is closed, or its HTTP/2 stream
 reset, in the middle of the answer. Bodies mitmproxy buffers are not counted here: only a
 declared length within the cap is buffered, and the parsers hold it to that.
@@ -45,7 +45,7 @@ from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 from sealgate.reasons import Reason
 
 from . import limits, linger
-from .flowstate import META, Verdict
+from .limits import META, Bounds
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
 _CUT = "_sealgate_body_cut"  # set once the body passed its cap and its upstream was aborted
@@ -67,13 +67,13 @@ _State = Callable[[HttpStream, Event], CommandGenerator[None]]
 
 def counted(state: _State, bounds: limits.Limits) -> _State:
     """HttpStream's state of a request body streaming upstream, each data event counted
-    against the cap the pipeline wrote on the request's verdict."""
+    against the cap the request path left on the request's record."""
 
     @functools.wraps(state)
     def stream_request_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
         if isinstance(event, RequestData):
-            verdict: Verdict | None = self.flow.metadata.get(META)
-            cap = verdict.max_request_bytes if verdict is not None else None
+            record: Bounds | None = self.flow.metadata.get(META)
+            cap = record.max_request_bytes if record is not None else None
             if cap is not None:
                 seen = vars(self)[_SEEN] = vars(self).get(_SEEN, 0) + len(event.data)
                 if seen > cap:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from sealgate.reasons import Reason
 
-from .errors import Denial
-from .policy.model import Budgets
+from ..errors import Denial
+from ..policy.model import Budgets
 
 # A spent budget's refusal is answered this many seconds late. Answered at once, a client that
 # ignores Retry-After turns the proxy's cheapest answer into its busiest work: a flooder at c=32
@@ -66,7 +66,7 @@ class BudgetLedger:
 
         A declared body over the per-request cap is refused here, and one within it counts
         against the total at once. A body of unknown length (chunked) streams through `meter`,
-        counting what goes upstream as it goes; proxy/bodycap.py holds it to the per-request
+        counting what goes upstream as it goes; proxy/engine/bodycap.py holds it to the per-request
         cap (the piece that passes it is neither forwarded nor counted).
         """
         ledger = self._ledger(key, limits)

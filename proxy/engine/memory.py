@@ -1,14 +1,14 @@
 """Giving back the memory of connections that have ended.
 
-A closed connection leaves reference cycles behind (mitmproxy's layers, contexts and flows point
-at one another), which only a collection of the older generations frees; with the young
-generation's threshold raised for speed and start-up's objects frozen (proxy/master.py), those
-collections came so rarely that 20,000 new TLS connections took a worker from 90 to 200 MiB,
-none of it returned. Every request leaves such cycles too (an HTTP stream is in its own
-context's layer list), and a keep-alive connection closes rarely. So after every few hundred
-closed connections, or a few seconds in which a connection or a request ended, a full collection
-runs, and, once no request is in flight, the C allocator is asked to give the
-freed pages back to the system (glibc's malloc_trim).
+A closed connection leaves reference cycles behind (mitmproxy's layers, contexts and flows point at
+one another), which only a collection of the older generations frees; with the young generation's
+threshold raised for speed and start-up's objects frozen (proxy/process/master.py), those
+collections came so rarely that 20,000 new TLS connections took a worker from 90 to 200 MiB, none
+of it returned. Every request leaves such cycles too (an HTTP stream is in its own context's layer
+list), and a keep-alive connection closes rarely. So after every few hundred closed connections, or
+a few seconds in which a connection or a request ended, a full collection runs, and, once no
+request is in flight, the C allocator is asked to give the freed pages back to the system (glibc's
+malloc_trim).
 """
 
 from __future__ import annotations

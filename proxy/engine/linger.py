@@ -14,7 +14,7 @@ same, now and then). So what the client still sends is read and dropped: never b
 sent upstream (no upstream connection is opened for a request answered at its head), until the
 body ends, when HTTP/1's connection closes (the refusal says `Connection: close`) and HTTP/2's
 stream is done. A refusal must not become a way to make the proxy read without end, or to hold a
-connection, so this lingering is bounded (proxy/limits.py):
+connection, so this lingering is bounded (limits.py):
 
 - `linger_bytes` (64 MiB): the most refused body bytes read from one connection. It covers
   uploads a sandbox may really send (the default `max_request_bytes` is 10 MiB), and costs no
@@ -26,7 +26,7 @@ Past either bound HTTP/1's connection is closed (a client still writing then see
 after its refusal arrived), and HTTP/2's stream is reset (CANCEL) while the connection's other
 streams go on. A request whose client waits for an invitation (`Expect: 100-continue`) sends no
 body after a refusal: over HTTP/1 its connection closes at once. A body refused in the middle, as
-it streamed past its request's cap (proxy/bodycap.py), is answered and dropped the same way.
+it streamed past its request's cap (bodycap.py), is answered and dropped the same way.
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ from mitmproxy import http
 
 from sealgate.reasons import Reason
 
-from . import baseurl, mitm
-from .credentials.decode import Undecodable, decode_whole, decoder
-from .credentials.scrub import Scrubber
+from ..credentials.decode import Undecodable, decode_whole, decoder
+from ..credentials.scrub import Scrubber
+from ..engine import mitm
+from ..net import guard
+from . import baseurl
 from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
-from .net import guard
 
 logger = logging.getLogger("sealgate")
 
@@ -32,9 +33,9 @@ class Emit(Protocol):
 
 
 def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
-    verdict = flow.metadata.get(META)
+    record = flow.metadata.get(META)
     response = flow.response
-    if response is None or verdict is None or verdict.decision == "deny":
+    if response is None or record is None or record.decision == "deny":
         return
     if response.status_code == 101 and not _websocket_switch(flow.request, response):
         # What follows another protocol switch would be relayed raw, past every rule.
@@ -49,7 +50,7 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
     guard.strip_downstream_headers(response.headers)
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     if not scrubber:
-        _point_back(response, verdict.base_url)
+        _point_back(response, record.base_url)
         _stream_if_large(response)
         return
     coding = header(response.headers, b"transfer-encoding").lower().replace(" ", "")
@@ -72,7 +73,7 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         response.data.reason = reason
     # Rewritten once scrubbed: the rewrite writes the host canonical (lower case), and a secret
     # echoed into it would no longer be the needle the scrubber looks for.
-    _point_back(response, verdict.base_url)
+    _point_back(response, record.base_url)
     if response.status_code == 101:
         # A WebSocket follows: its control frames are masked as mitmproxy relays them.
         flow.metadata[mitm.CONTROL_SCRUB] = scrubber.data

@@ -26,11 +26,12 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 
 from sealgate.hostport import format_hostport
 
-from . import mitm
+from ..engine import mitm
+from ..engine.limits import Limits
+from ..request.pipeline import Sealgate
+from . import statedir
 from .ca import ensure_ca
-from .drain import Lifecycle, drain
-from .limits import Limits
-from .pipeline import Sealgate
+from .drain import Health, drain
 
 _SETTLE_SECONDS = 2.0
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
@@ -59,7 +60,7 @@ class ProxyConfig:
 
     @property
     def confdir(self) -> Path:
-        return self.state / "ca"
+        return statedir.confdir(self.state)
 
     def modes(self) -> list[str]:
         modes = [f"regular@{format_hostport(*self.listen)}"]
@@ -80,7 +81,7 @@ class StartupReport:
             return
         ps = ctx.master.addons.get("proxyserver")
         sealgate = ctx.master.addons.get("sealgate")
-        state = sealgate.settings if sealgate is not None else None
+        state = sealgate.state if sealgate is not None else None
         rules = state.rules if state is not None else None
         lines = ["sealgate proxy ready"]
         for address in ps.listen_addrs():
@@ -101,7 +102,7 @@ class StartupReport:
         if guard is not None:
             servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
             lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
-        lines.append(f"  CA         {self.config.confdir / 'mitmproxy-ca-cert.pem'}")
+        lines.append(f"  CA         {statedir.ca_bundle_path(self.config.state)}")
         lines.append(f"  audit log  {self.config.state / 'audit.log'}")
         print("\n".join(lines), file=sys.stderr, flush=True)
 
@@ -147,9 +148,9 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
 
 
 async def serve(
-    config: ProxyConfig, worker: int | None = None, lifecycle: Lifecycle | None = None
+    config: ProxyConfig, worker: int | None = None, health: Health | None = None
 ) -> int:
-    """Serve until SIGTERM or SIGINT, then drain (proxy/drain.py) and stop."""
+    """Serve until SIGTERM or SIGINT, then drain (drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
     mitm.install(config.connect_timeout, reuse_port=config.workers > 1, bounds=config.limits)
     m = build_master(config, worker)
@@ -167,7 +168,7 @@ async def serve(
     if not running.done():
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
             loop.add_signal_handler(sig, m.shutdown)
-        await drain(m, config.drain_timeout, lifecycle or Lifecycle())
+        await drain(m, config.drain_timeout, health or Health())
         m.shutdown()
     stopping.cancel()
     await running

@@ -11,7 +11,7 @@ The timer is mitmproxy's own wake-up (a command the connection's handler turns i
 and, when it fires, an event routed back to the stream), with one change: a deadline that is met
 ends its task at once. Left to fire, every answered request on a busy keep-alive connection
 would keep a sleeping task (about 1.5 KB) for the whole timeout: at 5,000 requests a second and
-60 s, 300,000 of them. proxy/mitm.py wires the two functions here into mitmproxy.
+60 s, 300,000 of them. mitm.py wires the two functions here into mitmproxy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponsePr
 
 from sealgate.reasons import Reason
 
-from .flowstate import META, Verdict
+from .limits import META, Bounds
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
 class Deadline(commands.RequestWakeup):
@@ -55,14 +55,14 @@ def pending() -> int:
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:
     """The response timeout of `flow`: its rule's, else the proxy's."""
-    verdict: Verdict | None = flow.metadata.get(META)
-    if verdict is not None and verdict.response_timeout is not None:
-        return verdict.response_timeout
+    record: Bounds | None = flow.metadata.get(META)
+    if record is not None and record.response_timeout is not None:
+        return record.response_timeout
     return default
 
 
 def message(delay: float) -> str:
-    # The code in this form is what proxy/upstream.py reads back as the reason.
+    # The code in this form is what upstream.py reads back as the reason.
     return f"sealgate: {Reason.UPSTREAM_TIMEOUT.value}: no response head in {delay:g} s"
 
 

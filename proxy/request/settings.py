@@ -1,7 +1,7 @@
-"""The addon's options, and what they configure: one immutable `Settings`, swapped whole.
+"""The addon's options, and what they configure: one immutable `AddonState`, swapped whole.
 
 mitmproxy calls `configure` with the names of the options that changed; `configure` builds the
-parts those options feed and returns a new `Settings`, so a hook sees either the old
+parts those options feed and returns a new `AddonState`, so a hook sees either the old
 configuration or the new one, never half of each, and a change that fails (a broken rules file,
 an unreadable key) leaves the one in force untouched. A reload (SIGHUP, or a rules file that
 changed) goes the same way.
@@ -22,18 +22,18 @@ from sealgate.audit import AuditLog
 from sealgate.credentials.keys import KeyFileError, Keyring
 from sealgate.watch import Snapshot
 
-from . import mitm
-from .credentials.awsroles import RoleSessions
-from .credentials.broker import Broker
-from .credentials.secrets import SecretBroker, SecretError, open_store
-from .credentials.tokenizer import Tokenizer
-from .errors import Denial
+from ..credentials.awsroles import RoleSessions
+from ..credentials.broker import Broker
+from ..credentials.secrets import SecretBroker, SecretError, open_store
+from ..credentials.tokenizer import Tokenizer
+from ..engine import mitm
+from ..errors import Denial
+from ..net import guard as guardmod
+from ..net.guard import Guard
+from ..net.resolver import Resolver
+from ..policy.model import RuleSet
+from ..policy.rulesfile import RulesError, load_rules
 from .identity import Identifier
-from .net import guard as guardmod
-from .net.guard import Guard
-from .net.resolver import Resolver
-from .policy.model import RuleSet
-from .policy.rulesfile import RulesError, load_rules
 from .registry import SourceRegistry
 
 logger = logging.getLogger("sealgate")
@@ -47,7 +47,10 @@ _GUARD_OPTIONS = {"sealgate_resolver", "sealgate_sandbox_networks", "mode", "lis
 
 
 @dataclass(frozen=True)
-class Settings:
+class AddonState:
+    """What the addon decides with, built from its options and rules files (not the process's
+    ProxyConfig, from which those options are set)."""
+
     rules: RuleSet
     # The rules path and files as they were when loaded (a file added to a rules directory
     # changes the directory): a change means reload.
@@ -117,7 +120,7 @@ def add_options(loader: Loader) -> None:
     )
 
 
-def configure(current: Settings | None, updated: set[str], opts: Any) -> Settings:
+def configure(current: AddonState | None, updated: set[str], opts: Any) -> AddonState:
     """The settings `updated` options call for; raises OptionsError, leaving `current` as is.
     The audit log a change replaces is closed once the new settings are in place (`retire`)."""
     broker = _broker(opts) if current is None or _STORE_OPTIONS & updated else current.broker
@@ -135,17 +138,17 @@ def configure(current: Settings | None, updated: set[str], opts: Any) -> Setting
     guard = _guard(opts) if current is None or _GUARD_OPTIONS & updated else current.guard
     # Last: nothing after it can fail, so a new log (a file, maybe a thread) is never orphaned.
     audit = _audit(opts) if current is None or _AUDIT_OPTIONS & updated else current.audit
-    return Settings(rules, seen, identifier, broker, tokenizer, audit, guard,
+    return AddonState(rules, seen, identifier, broker, tokenizer, audit, guard,
                     bool(opts.ssl_insecure))
 
 
-def retire(old: Settings | None, new: Settings) -> None:
+def retire(old: AddonState | None, new: AddonState) -> None:
     """Close what `old` held that `new` no longer uses."""
     if old is not None and old.audit is not new.audit:
         old.audit.close()
 
 
-def reload(current: Settings, opts: Any) -> tuple[Settings, RulesError | None]:
+def reload(current: AddonState, opts: Any) -> tuple[AddonState, RulesError | None]:
     """Token keys and rules read again, each on its own: unreadable keys keep the previous ones
     (the reason on stderr), a broken rules file keeps the rules in force and is returned (once
     per change of the file), and neither holds the other back (a key removed to revoke it goes,

@@ -1,4 +1,4 @@
-"""The addon's life around its request path (proxy/pipeline.py): options and the settings object
+"""The addon's life around its request path (pipeline.py): options and the settings object
 swapped on every change, SIGHUP and the rules watcher, the per-second housekeeping (reloads,
 memory, refused-connection and handshake counts, the metrics snapshot), and `_emit`, through which
 every audit line is also counted.
@@ -19,15 +19,16 @@ from mitmproxy.addonmanager import Loader
 
 from sealgate.reasons import Reason
 
-from . import conncap, deadline, memory, settings
+from ..engine import conncap, deadline, memory
+from ..engine.conncap import ConnectionGate
+from ..engine.handshake import HandshakeDeadline
+from ..engine.memory import Reclaimer
+from ..errors import Denial
+from . import settings
 from .budget import BudgetLedger
-from .conncap import ConnectionGate
-from .errors import Denial
 from .flowstate import Conn
-from .handshake import HandshakeDeadline
-from .memory import Reclaimer
 from .metrics import Metrics
-from .settings import Settings
+from .settings import AddonState
 
 logger = logging.getLogger("sealgate")
 
@@ -40,7 +41,7 @@ class Lifecycle:
     `_emit`."""
 
     def __init__(self) -> None:
-        self.settings: Settings | None = None
+        self.state: AddonState | None = None
         self.budgets = BudgetLedger()
         self.conns: dict[str, Conn] = {}
         self._pinned: dict[str, tuple[str, int]] = {}
@@ -59,9 +60,9 @@ class Lifecycle:
         settings.add_options(loader)
 
     def configure(self, updated: set[str]) -> None:
-        old = self.settings
-        self.settings = settings.configure(old, updated, ctx.options)
-        settings.retire(old, self.settings)
+        old = self.state
+        self.state = settings.configure(old, updated, ctx.options)
+        settings.retire(old, self.state)
         if "sealgate_workers" in updated:
             self.budgets = BudgetLedger(share=ctx.options.sealgate_workers)
         if updated & {"sealgate_max_connections", "sealgate_max_connections_per_source"}:
@@ -80,17 +81,17 @@ class Lifecycle:
     async def done(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
-        if self.settings is not None:
-            await self.settings.broker.close()
-            self.settings.audit.close()
+        if self.state is not None:
+            await self.state.broker.close()
+            self.state.audit.close()
 
     def reload(self, *, asked: bool = True) -> None:
         """Re-read the rules and token keys; a broken file keeps what is in force and says why:
         when asked (SIGHUP), and once per change of the file when the watcher finds it."""
         before = self._state().rules_seen.identities
-        self.settings, failed = settings.reload(self._state(), ctx.options)
+        self.state, failed = settings.reload(self._state(), ctx.options)
         if failed is not None:
-            failure = (self.settings.rules_seen.identities, str(failed))
+            failure = (self.state.rules_seen.identities, str(failed))
             if asked or failure != self._failure:
                 logger.error("sealgate: rules reload failed, keeping the previous rules: %s",
                              failed)
@@ -100,13 +101,13 @@ class Lifecycle:
             self._failure = None
             # The watcher reads a file again while its timestamp is too fresh to vouch for it
             # (sealgate.watch): only a read of something that changed is a reload to report.
-            if asked or self.settings.rules_seen.identities != before:
-                self._emit("rules_reloaded", policies=sorted(self.settings.rules.policies))
+            if asked or self.state.rules_seen.identities != before:
+                self._emit("rules_reloaded", policies=sorted(self.state.rules.policies))
 
     async def _every_second(self) -> None:
         while True:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
-            state = self.settings
+            state = self.state
             if state is not None and state.rules_seen.changed():
                 self.reload(asked=False)
             self.reclaimer.tick(idle=not self.in_flight)
@@ -124,16 +125,16 @@ class Lifecycle:
                                    response_deadlines_pending=deadline.pending())
 
     def drained(self, *, waited: float, cut: int) -> None:
-        """The drain's end (proxy/drain.py): what it waited for, and what it had to cut."""
+        """The drain's end (proxy/process/drain.py): what it waited for, and what it had to cut."""
         self._emit("proxy_drained", pid=os.getpid(), waited_ms=round(waited * 1000, 1),
                    cut=cut)
 
     def _emit(self, event: str, **fields: Any) -> None:
         self.metrics.count(event, fields)
-        if self.settings is not None:
-            self.settings.audit.emit(event, **fields)
+        if self.state is not None:
+            self.state.audit.emit(event, **fields)
 
-    def _state(self) -> Settings:
-        if self.settings is None:
+    def _state(self) -> AddonState:
+        if self.state is None:
             raise Denial(Reason.RULES_UNAVAILABLE, "the proxy is not configured")
-        return self.settings
+        return self.state

@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING
 from sealgate.clikit import Commands
 from sealgate.hostport import format_hostport, parse_hostport
 
+from . import statedir
+from .controlclient import ControlError, call
+
 if TYPE_CHECKING:
-    from .limits import Limits
+    from ..engine.limits import Limits
     from .master import ProxyConfig
 
 
@@ -161,7 +164,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    from .limits import Limits
+    from ..engine.limits import Limits
 
     try:
         return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
@@ -174,7 +177,7 @@ def _limits(args: argparse.Namespace) -> Limits:
 def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions
 
-    from . import mitm
+    from ..engine import mitm
 
     config = config_from_args(args)
     try:
@@ -207,12 +210,13 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 def _run_ca(args: argparse.Namespace) -> int:
-    from .ca import ca_paths, ensure_ca
+    from .ca import ensure_ca
 
-    confdir = Path(args.state).resolve() / "ca"
+    state = Path(args.state).resolve()
+    confdir = statedir.confdir(state)
     # Never a new CA by accident: one made here, where the proxy does not look, would be
     # trusted by whoever asked while the proxy signs with another.
-    if not args.create and not ca_paths(confdir)[1].is_file():
+    if not args.create and not statedir.ca_bundle_path(state).is_file():
         print(f"sealgate: no proxy CA in {confdir}: the proxy makes it in its state directory "
               "when it first starts; give that directory as --state (or $SEALGATE_STATE), or "
               "--create to make one there now", file=sys.stderr)
@@ -230,9 +234,7 @@ def _run_env(args: argparse.Namespace) -> int:
 
     from sealgate import clientenv
 
-    from .ca import ca_paths
-
-    cert = ca_paths(Path(args.state).resolve() / "ca")[1]
+    cert = statedir.ca_bundle_path(Path(args.state).resolve())
     if not cert.is_file():
         print(f"sealgate: no proxy CA at {cert}: give the proxy's state directory as --state",
               file=sys.stderr)
@@ -278,17 +280,15 @@ def _closed_to_others(path: Path) -> list[Path]:
 
 
 def _run_sources(args: argparse.Namespace) -> int:
-    from .control import ControlError, call, socket_path
-
     base = "/v1/sources"
+    sock = statedir.control_socket(Path(args.state))
     try:
         if args.action == "list":
-            status, body = call(socket_path(Path(args.state)), "GET", base)
+            status, body = call(sock, "GET", base)
         elif args.action == "add":
-            status, body = call(socket_path(Path(args.state)), "PUT", f"{base}/{args.address}",
-                                {"sandbox": args.sandbox})
+            status, body = call(sock, "PUT", f"{base}/{args.address}", {"sandbox": args.sandbox})
         else:
-            status, body = call(socket_path(Path(args.state)), "DELETE", f"{base}/{args.address}")
+            status, body = call(sock, "DELETE", f"{base}/{args.address}")
     except ControlError as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 1

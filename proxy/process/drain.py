@@ -15,13 +15,13 @@ from typing import Protocol
 
 from mitmproxy import master
 
-from . import mitm
+from ..engine import mitm
 
 _POLL_SECONDS = 0.02
 
 
 @dataclass
-class Lifecycle:
+class Health:
     """What the control API's health reports: set while a drain runs."""
 
     draining: bool = False
@@ -33,9 +33,9 @@ class _Tracks(Protocol):
     def drained(self, *, waited: float, cut: int) -> None: ...
 
 
-async def drain(m: master.Master, timeout: float, lifecycle: Lifecycle) -> int:
+async def drain(m: master.Master, timeout: float, health: Health) -> int:
     """Stop accepting and wait for the requests in flight; returns how many the timeout cut."""
-    lifecycle.draining = True
+    health.draining = True
     addon: _Tracks = m.addons.get("sealgate")
     await mitm.stop_listening(m.addons.get("proxyserver"))
     loop = asyncio.get_running_loop()

@@ -30,8 +30,8 @@ from sealgate.hostname import Host
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
-from .errors import Denial
-from .net.guard import parse_target
+from ..errors import Denial
+from ..net.guard import parse_target
 
 PREFIX: Final = "/_/"
 _DEFAULT_PORT: Final = 443

@@ -1,11 +1,11 @@
 """How big and how slow a client's request head may be, how long a connection may idle, how long
-an upstream may take to answer (proxy/deadline.py), and how much of a refused body is read
-after its refusal (proxy/linger.py).
+an upstream may take to answer (deadline.py), and how much of a refused body is read
+after its refusal (linger.py).
 
 mitmproxy buffers an HTTP/1 request head until its blank line however long that takes and
 however large it grows (a 16 MB header, 100,000 fields and a 4 MB URI all went upstream; one
 connection fed 256 MiB of header and held it), and keeps an idle connection for ten minutes.
-These are the bounds `sealgate proxy` puts in (proxy/mitm.py wires them into mitmproxy's HTTP/1
+These are the bounds `sealgate proxy` puts in (mitm.py wires them into mitmproxy's HTTP/1
 server and its connection watchdog): a head is refused while it is being read, never buffered
 whole, and the answer says which bound it broke.
 """
@@ -13,12 +13,13 @@ whole, and the answer says which bound it broke.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Protocol
 
 from mitmproxy import http
 
 from sealgate.reasons import Reason
 
-from .errors import Denial
+from ..errors import Denial
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class Limits:
     header_seconds: float = 10.0  # from a head's first byte to its blank line
     idle_seconds: float = 60.0  # a connection with nothing sent either way is closed
     response_seconds: float = 60.0  # from a request sent in full to its response head
-    # A refused request's body read and dropped after its refusal (proxy/linger.py): the most
+    # A refused request's body read and dropped after its refusal (linger.py): the most
     # bytes per connection, and for how long from the refusal.
     linger_bytes: int = 64 * 1024 * 1024
     linger_seconds: float = 5.0
@@ -41,12 +42,27 @@ class Limits:
                 raise ValueError(f"{name} must be positive")
 
 
+# A flow's metadata key for its request's record (request/flowstate.py), where the request path
+# leaves the bounds of that one request before any of it is streamed or sent.
+META: Final = "sealgate"
+
+
+class Bounds(Protocol):
+    """What the engine reads of a request's record."""
+
+    @property
+    def response_timeout(self) -> float | None: ...  # its rule's, over the proxy's (deadline.py)
+
+    @property
+    def max_request_bytes(self) -> int | None: ...  # its policy's, as it streams (bodycap.py)
+
+
 class _InForce:
     bounds = Limits()
 
 
 def enforce(bounds: Limits) -> None:
-    """The bounds of this process (proxy/mitm.py's install; the defaults under plain mitmdump)."""
+    """The bounds of this process (mitm.py's install; the defaults under plain mitmdump)."""
     _InForce.bounds = bounds
 
 

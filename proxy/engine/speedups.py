@@ -1,6 +1,6 @@
 """Replacements for per-request conveniences mitmproxy has for its own developers.
 
-The lean master (proxy/mitm.py installs them) leaves out what profiling found among the largest
+The lean master (mitm.py installs them) leaves out what profiling found among the largest
 costs of a request; docs/performance.md, "Why the lean master", has the measurements. Nothing
 here imports mitmproxy: these are the plain functions put in its place.
 """

@@ -1,9 +1,9 @@
-"""The shape of every mitmproxy internal proxy/mitm.py patches or reads, checked.
+"""The shape of every mitmproxy internal mitm.py patches or reads, checked.
 
 A check names the symbol and says what was expected: that it exists, its parameters (names,
 kinds, which have defaults), that the code meant to call a replaced global still calls it by
 that name, that an attribute read from an instance is still set in `__init__`. It runs at
-start-up (a few milliseconds) and in tests/unit/test_mitm.py. proxy/layers.py's reach into the
+start-up (a few milliseconds) and in tests/unit/test_mitm.py. layers.py's reach into the
 layer stack is checked here too.
 """
 
@@ -207,7 +207,7 @@ def _stream_request_body() -> None:
 
 @_checks("mitmproxy.proxy.layers.http.HttpStream (a streamed body's cap)")
 def _body_cap() -> None:
-    # proxy/bodycap.py answers with its refusal only while nothing of the upstream's answer
+    # bodycap.py answers with its refusal only while nothing of the upstream's answer
     # has gone to the client: its head awaited, or its body read whole before it is sent.
     _names(inspect.unwrap(HttpStream.state_wait_for_response_headers),
            "state_consume_response_body", "start_response_stream")
@@ -304,7 +304,7 @@ def _update_walk() -> None:
     _names(manager.__init__, "chain")
 
 
-# -- read: what the pipeline and proxy/layers.py need -------------------------------------------
+# -- read: what the pipeline and layers.py need -------------------------------------------
 
 
 @_checks("mitmproxy.addons.proxyserver.Proxyserver.connections")
