@@ -43,12 +43,11 @@ from sandbox_start import (
     start_proxy,
     timed,
 )
+from sealgate.sandbox import tiers
+from sealgate.sandbox.tiers import gvisor
+from sealgate.sandbox.tiers.microvm import vm
 from services import ROOT, BenchError
 from session import bench_session
-
-from sealgate.sandbox import tiers
-from sealgate.sandbox.microvm import vm
-from sealgate.sandbox.tiers import gvisor
 
 SCRIPT = "sandbox_tiers"
 IDLE_SECONDS = 30

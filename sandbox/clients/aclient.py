@@ -1,6 +1,6 @@
 """The asyncio client of `sealgate sandboxd`: `AsyncSandbox`, the same calls as the sync
-`Sandbox` (sandbox/client.py; both on sandbox/clientshared.py's request bodies, results, errors
-and call limits), on aiohttp.
+`Sandbox` (`client`; both on `clientshared`'s request bodies, results, errors and call
+limits), on aiohttp.
 
     async with AsyncSandbox.create("ci-bot") as sb:
         await sb.write("a.py", b"print(1)")

@@ -1,5 +1,5 @@
-"""What the sandbox daemon's two clients share (sandbox/client.py, sync, and sandbox/aclient.py,
-asyncio): request bodies, results, the stream's events, errors and call limits.
+"""What the sandbox daemon's two clients share (`client`, sync, and `aclient`, asyncio):
+request bodies, results, the stream's events, errors and call limits.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 from urllib.parse import quote
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
+
+from ..errors import SandboxError
 
 DEFAULT_DAEMON = "/run/sealgate/sandboxd.sock"
 TIMEOUT = 60.0  # a call's limit unless it names one (Client(timeout=...) changes it)
@@ -29,7 +31,7 @@ DEFAULT = _Default.LIMIT
 CallLimit: TypeAlias = float | _Default | None
 
 
-class DaemonError(SealgateError):
+class DaemonError(SandboxError):
     """The daemon refused a call, or could not be reached: `reason` says which (a `Reason`;
     `code` its name), `status` the HTTP status (0: never answered)."""
 
@@ -174,7 +176,7 @@ def file_path(ident: str, path: str) -> str:
     return f"/v1/sandboxes/{quote(ident, safe='')}/files/{quote(path.lstrip('/'), safe='/')}"
 
 
-class CommandFailed(SealgateError):
+class CommandFailed(SandboxError):
     def __init__(self, result: Result) -> None:
         super().__init__(f"the command ended with {result.exit_code} ({result.ending})",
                          reason=Reason.BAD_REQUEST)

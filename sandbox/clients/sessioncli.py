@@ -20,15 +20,7 @@ from urllib.parse import quote
 
 from sealgate.reasons import Reason
 
-from .client import (
-    DEFAULT,
-    DEFAULT_DAEMON,
-    CallLimit,
-    Client,
-    DaemonError,
-    Result,
-    Sandbox,
-)
+from .client import DEFAULT, DEFAULT_DAEMON, CallLimit, Client, DaemonError, Result, Sandbox
 from .clientshared import call_limit
 
 _REFUSED = 125

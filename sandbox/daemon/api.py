@@ -27,9 +27,11 @@ from aiohttp import web
 
 from sealgate.reasons import Reason, SealgateError
 
-from .cgroup import CgroupError, Limits, parse_size
+from ..errors import SandboxError
+from ..guest.protocol import MAX_REQUEST
+from ..host.cgroup import CgroupError, Limits, parse_size
 from .daemon import Daemon
-from .session import MAX_REQUEST, Command, Options, SessionError, check_path
+from .session import Command, Options, SessionError, check_path
 
 MAX_JSON = 24 << 20  # a command's stdin, base64'd, and its other fields
 MAX_STDIN = 16 << 20
@@ -47,7 +49,7 @@ MAX_TIMEOUT = 7 * 24 * 3600.0  # a command's limit; None (no limit) is said as n
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class BadRequest(SealgateError):
+class BadRequest(SandboxError):
     reason = Reason.BAD_REQUEST
 
 

@@ -24,7 +24,7 @@ from sealgate.reasons import Reason, SealgateError
 
 from .api import error
 
-_LOG = logging.getLogger("sealgate.sandbox.api")
+_LOG = logging.getLogger("sealgate.sandbox.daemon.api")
 
 
 class _Connection(web.RequestHandler):

@@ -1,6 +1,6 @@
 """`sealgate sandboxd`'s core: live sandboxes, the warm pool behind them, and their lifetimes.
 
-A create takes a prepared slot from the pool (`sandbox.slot`: everything but who the sandbox
+A create takes a prepared slot from the pool (`sandbox.daemon.slot`: everything but who the sandbox
 is), tells the proxy whose address it now is, sets the caller's limits on its cgroups, and
 returns; the pool is refilled behind it, one slot at a time. With the pool empty, the slot is
 prepared there and then (a cold create). A slot is used once: deleting a sandbox removes all of
@@ -11,7 +11,7 @@ Sandboxes end when deleted, at their time to live, after their idle timeout (no 
 running, none for that long), or when their agent dies; an id that ended is remembered for a
 while so a caller learns why (`sandbox_ended`) rather than that it never was.
 
-Everything the daemon holds is leased in its name (`sandbox.lease`); a daemon that was killed
+Everything the daemon holds is leased in its name (`sandbox.host.lease`); a daemon that was killed
 outright leaves leases the next start cleans up before it prepares anything.
 """
 
@@ -33,9 +33,11 @@ from sealgate.proxy.control import ControlError, call
 
 from sealgate.reasons import Reason
 
-from . import orphans, slot, tiers
-from .errors import SandboxError
-from .runtime import clean_up_stale
+from .. import tiers
+from ..errors import SandboxError
+from ..guest.protocol import read_hello
+from ..runtime import clean_up_stale
+from . import orphans, slot
 from .session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
@@ -122,13 +124,10 @@ class Daemon:
         try:
             hello = await asyncio.wait_for(loop.sock_recv(made.channel, 4096),
                                            max(_HELLO_SECONDS, made.tier.ready_seconds))
-            said = json.loads(hello or b"null")
-            if said != {"op": "ready"}:
+            if (why := read_hello(hello)) is not None:
                 # A tier that serves the protocol itself (`Tier.serve`) says why it failed.
-                why = said.get("detail") if isinstance(said, dict) else None
-                raise SandboxError(str(why)[:2000] if why else
-                                   "the sandbox's agent did not start (is /usr/bin/python3 "
-                                   "the host system's Python 3?)")
+                raise SandboxError(why or "the sandbox's agent did not start (is "
+                                          "/usr/bin/python3 the host system's Python 3?)")
         except (TimeoutError, ValueError, OSError) as exc:
             await self._release(made)
             raise SandboxError(f"the sandbox's agent did not start: {exc or 'no answer'}") \
@@ -198,7 +197,7 @@ class Daemon:
         self._unwatch(gone)
         gone.names.close()
         gone.channel.close()
-        if gone.init is not None:  # it may come to us (`sandbox.orphans`)
+        if gone.init is not None:  # it may come to us (`sandbox.daemon.orphans`)
             self._inits[gone.init] = _ORPHAN_ROUNDS
         if wait:
             await asyncio.to_thread(slot.release, gone, self.config.slots)

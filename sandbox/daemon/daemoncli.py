@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sealgate.clikit import Commands
 
-from . import tiers
-from .network import DEFAULT_GATEWAY, DEFAULT_RANGE
+from .. import tiers
+from ..host.network import DEFAULT_GATEWAY, DEFAULT_RANGE
 
 DEFAULT_SOCKET = Path("/run/sealgate/sandboxd.sock")
 

@@ -1,7 +1,7 @@
 """The self-test: before the daemon reports ready (and on `sealgate sandbox selftest`), a canary
 sandbox must fail to get out every way it is forbidden and must reach the proxy.
 
-Each forbidden way is judged twice: by what the canary saw (`sandbox.probe`: no connection, or
+Each forbidden way is judged twice: by what the canary saw (`sandbox.guest.probe`: no connection, or
 only the proxy's refusal) and by what arrived where it aimed: the daemon listens on the host
 (TCP and UDP on every address) and a second canary listens inside its own sandbox, and any
 packet that reaches one of them fails its check, whatever the canary was told. The ways: TCP
@@ -9,7 +9,7 @@ and UDP to the host (its loopback, the end of the sandbox's link, the gateway's 
 to the outside, to another sandbox; DNS (every name is the proxy's; nothing is forwarded);
 IPv6; the cloud metadata address, directly and through the proxy; the proxy's control socket
 and the daemon's own socket (absent from the sandbox); the agent, which no command may signal
-or open (`sandbox.agent`). And the one way allowed: the proxy answers on the gateway.
+or open (`sandbox.guest.agent`). And the one way allowed: the proxy answers on the gateway.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 from sealgate.reasons import SealgateError
 
+from ..guest import staging
 from .daemon import Daemon
 from .session import Command, Options, Session
 
-_PROBE = Path(__file__).with_name("probe.py")
 _OUTSIDE = "198.51.100.7"  # TEST-NET-2: never a real host
 _LISTEN = """
 import socket, sys, time
@@ -141,7 +141,7 @@ async def _checks(a: Session, b: Session, listeners: _Listeners, proxy_port: int
         "dns": "metadata.google.internal",
         "reach": True,
     }
-    source = _PROBE.read_bytes().decode()
+    source = staging.PROBE.read_bytes().decode()
     out = bytearray()
     async for name, data in a.run(Command(["/usr/bin/python3", "-I", "-S", "-c", source],
                                           stdin=json.dumps(plan).encode(), timeout=60)):

@@ -18,14 +18,16 @@ from aiohttp import web
 
 from sealgate.hostport import parse_hostport
 
-from . import firewall, selftest, slot, tiers
+from .. import tiers
+from ..errors import SandboxError
+from ..host import firewall
+from ..host.cgroup import parse_size
+from ..host.network import Plan
+from ..runtime import setup
+from . import selftest, slot
 from .api import make_app
 from .apiserver import Runner
-from .cgroup import CgroupError, parse_size
 from .daemon import Config, Daemon
-from .errors import SandboxError
-from .network import NetworkError, Plan
-from .runtime import setup
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Settings:
                                 transparent_port=args.transparent_port, plan=plan,
                                 uid_base=args.uid_base, disk=parse_size(args.disk),
                                 isolation=args.isolation)
-        except (NetworkError, SandboxError, CgroupError) as exc:
+        except SandboxError as exc:
             raise ValueError(str(exc)) from None
         if problem := tiers.available(args.isolation):
             raise ValueError(f"isolation {args.isolation} is not available: {problem}")
@@ -89,7 +91,7 @@ class Settings:
 def main(settings: Settings) -> int:
     try:
         return asyncio.run(_serve(settings))
-    except (SandboxError, NetworkError, firewall.FirewallError, OSError) as exc:
+    except (SandboxError, OSError) as exc:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 1
 

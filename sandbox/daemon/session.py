@@ -3,7 +3,7 @@
 Every request gets descriptors of its own (pipes the daemon made), handed to the agent with the
 request; the output of a command flows from those pipes straight to whoever asked, with the
 pipe's own back-pressure (a slow reader slows the command, never the daemon's memory). What
-comes back is the sandbox's word and is bounded: a status line of at most `_STATUS_MAX` bytes,
+comes back is the sandbox's word and is bounded: a status line of at most `STATUS_MAX` bytes,
 a file of at most the size it announced.
 
 Each command's own time limit is kept inside (the agent's shim kills its tree); the daemon keeps
@@ -24,26 +24,26 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
 
-from .cgroup import Limits
+from ..errors import SandboxError
+from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
+from ..host.cgroup import Limits
 from .pipes import Writer, feed, open_pipe, pump, read_all
 from .slot import Slot
 
-_STATUS_MAX = 1 << 16
 _CHUNK = 1 << 16
 _BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
 MAX_REQUESTS = 64  # at once per sandbox
 MAX_PATH = 4096
-# One request on the agent's channel: well under its socket's buffer (a bigger one would fail
-# to send, EMSGSIZE) and the agent's read.
-MAX_REQUEST = 128 << 10
 IO_STALL = 60.0  # seconds a file transfer may go without progress
 _T = TypeVar("_T")
 
 
-class SessionError(SealgateError):
+class SessionError(SandboxError):
     """A request to a sandbox refused; its reason says why."""
+
+    reason = Reason.INTERNAL_ERROR  # each is raised with its own
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,12 @@ class Session:
         self.active -= 1
         self.last_active = time.monotonic()
 
-    def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
+    def _send(self, op: Op, ident: int, fds: Sequence[int], **fields: Any) -> None:
         """Hand a request and its descriptors to the agent (ours are closed either way). An agent
         that does not take it (gone, or stopped from inside with its channel full) ends the
         sandbox: the daemon deletes it."""
-        data = json.dumps(message).encode()
         try:
+            data = packet(op, ident, **fields)
             if len(data) > MAX_REQUEST:
                 raise SessionError(f"argv, env and cwd together over {MAX_REQUEST} bytes: put "
                                    "a long script in a file", reason=Reason.TOO_LARGE)
@@ -153,7 +153,7 @@ class Session:
 
     def _kill(self, ident: int) -> None:
         with contextlib.suppress(SessionError):
-            self._send({"op": "kill", "id": ident}, [])
+            self._send(Op.KILL, ident, [])
 
     async def run(self, command: Command) -> AsyncGenerator[Event, None]:
         """("stdout" | "stderr", bytes) as they come, then ("exit", status)."""
@@ -162,15 +162,14 @@ class Session:
         pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
         ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
         env = {**self.slot.environment, **self.options.env, **command.env}
-        request = {"op": "exec", "id": ident, "argv": list(command.argv), "env": env,
-                   "cwd": command.cwd, "timeout": command.timeout,
-                   "pids": self.options.limits.pids}
         started = time.monotonic()
         finished = False
         tasks: list[asyncio.Task[None]] = []
         status_task: asyncio.Task[bytes] | None = None
         try:
-            self._send(request, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]])
+            self._send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
+                       argv=list(command.argv), env=env, cwd=command.cwd,
+                       timeout=command.timeout, pids=self.options.limits.pids)
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1
             tasks.append(asyncio.create_task(feed(stdin, command.stdin)))
@@ -178,7 +177,7 @@ class Session:
                 fd, ours[slot] = ours[slot], -1
                 tasks.append(asyncio.create_task(pump(fd, name, queue)))
             status_fd, ours[3] = ours[3], -1
-            status_task = asyncio.create_task(read_all(status_fd, _STATUS_MAX))
+            status_task = asyncio.create_task(read_all(status_fd, STATUS_MAX))
             deadline = None if command.timeout is None else started + command.timeout + _BACKSTOP
             asked = False
 
@@ -218,7 +217,7 @@ class Session:
             status = _status(raw or b"")
             status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
             # Without a status the shim is gone or stuck: whatever is left of it is killed.
-            finished = status.get("ending") != "lost"
+            finished = status.get("ending") != Ending.LOST
             yield "exit", status
         finally:
             if not finished:
@@ -242,13 +241,12 @@ class Session:
             data_r, data_w = os.pipe()
             status_r, status_w = os.pipe()
             try:
-                self._send({"op": "put", "id": ident, "path": path, "size": size, "mode": mode},
-                           [data_r, status_w])
+                self._send(Op.PUT, ident, [data_r, status_w], path=path, size=size, mode=mode)
             except SessionError:
                 os.close(data_w)
                 os.close(status_r)
                 raise
-            status_task = asyncio.create_task(read_all(status_r, _STATUS_MAX))
+            status_task = asyncio.create_task(read_all(status_r, STATUS_MAX))
             writer = Writer(data_w)
             try:
                 async for chunk in body:
@@ -274,8 +272,7 @@ class Session:
             data_r, data_w = os.pipe()
             status_r, status_w = os.pipe()
             try:
-                self._send({"op": "get", "id": ident, "path": path, "limit": limit},
-                           [data_w, status_w])
+                self._send(Op.GET, ident, [data_w, status_w], path=path, limit=limit)
             except SessionError:
                 os.close(data_r)
                 os.close(status_r)
@@ -368,6 +365,6 @@ def _status(raw: bytes) -> dict[str, Any]:
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        return {"exit": None, "ending": "lost",
+        return {"exit": None, "ending": Ending.LOST,
                 "error": "the command's supervisor in the sandbox ended without a status"}
     return answer

@@ -3,8 +3,8 @@
 A slot is a link (namespace, veth, its firewall table) leased to the daemon, its name server,
 its cgroups, its scratch tmpfs and its uid (the range's base plus the link index: unique while
 the link is held, so two sandboxes never share a uid's kernel limits, signals or files), and,
-running in all of that, bubblewrap with the agent (`sandbox.agent`) waiting for requests. What a
-caller adds at create (who the sandbox is to the proxy, its limits, its environment, its
+running in all of that, bubblewrap with the agent (`sandbox.guest.agent`) waiting for requests.
+What a caller adds at create (who the sandbox is to the proxy, its limits, its environment, its
 lifetime) is cheap to set on a running slot, so the pool can hold everything else warm.
 
 `prepare` and `release` block (ip, nft, mount): the daemon runs them in threads. The parts the
@@ -23,18 +23,18 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import firewall, scratch, tiers
-from .cgroup import CgroupError, Group, Limits
-from .dns import LoopDns
-from .errors import SandboxError
-from .launch import Launch, environment, staged
-from .network import Link, Plan
-from .runtime import prerequisites, remove_link, take_link, trust, unregister
+from .. import tiers
+from ..errors import SandboxError
+from ..guest import staging
+from ..host import firewall, scratch
+from ..host.cgroup import Group, Limits
+from ..host.dns import LoopDns
+from ..host.launch import Launch, environment, staged
+from ..host.network import Link, Plan
+from ..runtime import prerequisites, remove_link, take_link, trust, unregister
 
-AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's source
 SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command
 PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
-_AGENT_SOURCE = Path(__file__).with_name("agent.py")
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,7 @@ def prepare(config: Config) -> Slot:
                                 config.transparent_port, names_kind=LoopDns, undo=undo)
         uid = config.uid_base + link.index
         undo.callback(tier.clean_up, link.index)  # after the cgroups' removal kills the slot
-        try:
-            group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
-        except CgroupError as exc:
-            raise SandboxError(str(exc)) from None
+        group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
         undo.callback(group.remove)
         places = scratch.create(link.index, uid, uid, config.disk)
         undo.callback(scratch.remove, link.index)
@@ -97,9 +94,9 @@ def prepare(config: Config) -> Slot:
             with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
                 handed.callback(theirs.close)
                 bundle, ca = trust(proxy_ca)
-                files = {**staged(link, bundle, ca), AGENT: _AGENT_SOURCE.read_bytes(),
+                files = {**staged(link, bundle, ca), **staging.agent_files(),
                          SECCOMP: program}
-                launch = Launch(link, [PYTHON, "-I", "-S", AGENT, "--seccomp", SECCOMP],
+                launch = Launch(link, [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP],
                                 config.proxy_port, files, program, None, uid, uid, {},
                                 writable=places, agent=True)
                 # A tier whose workload cannot run the agent serves its protocol itself.

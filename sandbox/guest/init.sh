@@ -31,7 +31,7 @@ if $B grep -qsx workspace /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag; then
 fi
 $B ip link set lo up
 $B hostname sandbox
-# The agent is the package microvm in /sealgate (-I puts no script's directory on the path),
+# The agent is the package guest in /sealgate (-I puts no script's directory on the path),
 # with no_new_privs, which every command inherits: no exec gains a privilege, whatever mount
 # its program is on.
-exec $B setpriv --nnp /usr/bin/python3 -I -S -c 'import sys; sys.path.insert(0, "/sealgate"); from microvm.guestagent import main; main()'
+exec $B setpriv --nnp /usr/bin/python3 -I -S -c 'import sys; sys.path.insert(0, "/sealgate"); from guest.vmagent import main; main()'

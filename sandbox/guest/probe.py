@@ -1,7 +1,7 @@
 """The self-test's probe: runs *inside* a canary sandbox (the host's /usr/bin/python3, like the
 agent; nothing of sealgate's imported), tries every way out it is given, and prints one JSON
 object of what happened to each. It judges nothing: the daemon compares what the probe saw with
-what its own listeners on the host received (`sandbox.selftest`).
+what its own listeners on the host received (`sandbox.daemon.selftest`).
 
 Input on stdin: {"tcp": [[name, host, port], ...], "udp": [[name, host, port], ...],
 "http": [[name, url, proxy-or-null], ...], "absent": [[name, path], ...], "dns": name,
@@ -10,7 +10,7 @@ Input on stdin: {"tcp": [[name, host, port], ...], "udp": [[name, host, port], .
 `reach`: which other processes the probe could signal, open the descriptors of or open the
 memory of (`_reach`; nothing is sent or written). Its own namespace's init, its parent, is not
 counted as signalled: an init takes no signal from inside but those it handles, and holds
-nothing (`sandbox.agent`).
+nothing (`sandbox.guest.agent`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The agent inside the microVM: PID 1 of the guest, run by the host's python3 (`-I -S`, the
 standard library only) through the /usr the host shares read-only, driven by the host over a
-virtio console port (`channel`). In the guest it is `microvm.guestagent`, beside `frames` and
-`guestos` in /sealgate (the image's), so its imports of this package's are relative.
+virtio console port (`tiers/microvm/channel.py`). In the guest it is `guest.vmagent`, beside
+`protocol` and `vmos` in /sealgate (the image's), so its imports of this package's are relative.
 
-The frames are `frames`'s. The host asks; the agent answers with the request's `id`:
+The frames are `protocol`'s. The host asks; the agent answers with the request's `id`:
 
 - `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
-from .frames import MAX_FRAME, Frames, encode
-from .guestos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal, warm_up
+from .protocol import MAX_FRAME, NOT_STARTED, TIMED_OUT, VERSION, Frames, Op, encode
+from .vmos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal, warm_up
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -44,8 +44,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
-TIMED_OUT = 124
-NOT_STARTED = 127
 _CHUNK = 65536
 _GONE_SECONDS = 5.0  # for what a command left to die of its kill before its exit is said anyway
 _GONE_POLL = 0.02  # how often the agent looks meanwhile
@@ -95,7 +93,7 @@ class Agent:
                 _wait_writable(fd)
 
     def run(self) -> None:
-        self.send({"op": "ready", "kernel": os.uname().release})
+        self.send({"op": Op.READY, "kernel": os.uname().release, "version": VERSION})
         while True:
             for key, _ in self.sel.select(self._wait()):
                 kind, target = key.data
@@ -143,33 +141,33 @@ class Agent:
             try:
                 self._handle(header, payload)
             except Exception as exc:  # any failure is the request's answer, not the agent's end
-                self.send({"op": "error", "id": header.get("id"), "message": str(exc)[:500]})
+                self.send({"op": Op.ERROR, "id": header.get("id"), "message": str(exc)[:500]})
 
     def _handle(self, header: dict[str, Any], payload: bytes) -> None:
         op, ident = header.get("op"), header.get("id")
-        if op == "ping":
-            self.send({"op": "ok", "id": ident})
-        elif op == "net":
+        if op == Op.PING:
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.NET:
             configure(str(header["address"]), str(header["gateway"]))
-            self.send({"op": "ok", "id": ident})
-        elif op == "seal":
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.SEAL:
             self._seal()
-            self.send({"op": "ok", "id": ident})
-        elif op == "put":
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.PUT:
             put(str(header["path"]), payload, int(header.get("mode", 0o644)),
-                 int(header.get("uid", 0)), int(header.get("gid", 0)))
-            self.send({"op": "ok", "id": ident})
-        elif op == "get":
+                int(header.get("uid", 0)), int(header.get("gid", 0)))
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.GET:
             with open(str(header["path"]), "rb") as fh:
-                self.send({"op": "data", "id": ident}, fh.read(MAX_FRAME - 4096))
-        elif op == "exec":
+                self.send({"op": Op.DATA, "id": ident}, fh.read(MAX_FRAME - 4096))
+        elif op == Op.EXEC:
             self._exec(header)
-        elif op == "stdin":
+        elif op == Op.STDIN:
             cmd = self.commands[int(header["id"])]
             cmd.pending += payload
             cmd.closing = cmd.closing or not payload
             self._feed(cmd)
-        elif op == "kill":
+        elif op == Op.KILL:
             cmd = self.commands[int(header["id"])]
             sig = int(header.get("signal", signal.SIGKILL))
             if cmd.status is None and sig == signal.SIGKILL:
@@ -203,10 +201,10 @@ class Agent:
                             stderr=subprocess.PIPE, close_fds=True)
         except (OSError, subprocess.SubprocessError) as exc:
             os.rmdir(group)  # the failed child was reaped: nothing is in it
-            self.send({"op": "out", "id": ident, "fd": 2},
+            self.send({"op": Op.OUT, "id": ident, "fd": 2},
                       f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
                       if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
-            self.send({"op": "exit", "id": ident, "code": NOT_STARTED})
+            self.send({"op": Op.EXIT, "id": ident, "code": NOT_STARTED})
             return
         # The pipes are read by the select loop; the Popen object's own waiting is never used
         # (the agent, PID 1, reaps every child itself).
@@ -226,7 +224,7 @@ class Agent:
         child.returncode = 0  # so its finaliser never waits for what the agent reaps
         self.commands[ident] = cmd
         self.by_pid[child.pid] = cmd
-        self.send({"op": "started", "id": ident, "pid": child.pid})
+        self.send({"op": Op.STARTED, "id": ident, "pid": child.pid})
 
     def _seal(self) -> None:
         if not self.sealed:
@@ -240,7 +238,7 @@ class Agent:
         except BlockingIOError:
             return
         if data:
-            self.send({"op": "out", "id": cmd.id, "fd": which}, data)
+            self.send({"op": Op.OUT, "id": cmd.id, "fd": which}, data)
             return
         self.sel.unregister(fd)
         os.close(fd)
@@ -308,7 +306,7 @@ class Agent:
             os.close(cmd.stdin)
             cmd.stdin = None
         status = cmd.status
-        ended: dict[str, Any] = {"op": "exit", "id": cmd.id}
+        ended: dict[str, Any] = {"op": Op.EXIT, "id": cmd.id}
         if cmd.timed_out:
             ended.update(code=TIMED_OUT, timed_out=True)
         elif status < 0:

@@ -1,4 +1,4 @@
-"""What the guest agent (`guestagent`) asks of the guest's system: its network, its files,
+"""What the guest agent (`vmagent`) asks of the guest's system: its network, its files,
 its channel's device, its processes. Standard library only, as the agent."""
 
 from __future__ import annotations

@@ -18,17 +18,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sealgate.reasons import Reason, SealgateError
+from ..errors import SandboxError
 
 ROOT = Path("/sys/fs/cgroup")
 PARENT = "sealgate"
 _PERIOD_US = 100_000
 
 
-class CgroupError(SealgateError, RuntimeError):
+class CgroupError(SandboxError):
     """The limits could not be put in place; the sandbox must not start without them."""
 
-    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ sandbox is never half-filtered. For packets from the sandbox's link:
 - the source must be the sandbox's own address (it cannot pose as another sandbox, whose
   address the proxy identifies it by); IPv6 is dropped outright;
 - TCP to the gateway's proxy ports is accepted, and DNS to the host end of the link (the
-  sandbox's own name server, `sandbox.dns`, which forwards nothing), at most `dns.RATE`
+  sandbox's own name server, `sandbox.host.dns`, which forwards nothing), at most `dns.RATE`
   packets a second however many sockets send them; any other TCP connection
   is redirected to the proxy's transparent port, where the proxy names the destination by SNI
   or Host and decides like any other request; everything else (other UDP, QUIC, ICMP, other
@@ -26,8 +26,7 @@ import contextlib
 import subprocess
 from collections.abc import Collection
 
-from sealgate.reasons import Reason, SealgateError
-
+from ..errors import SandboxError
 from . import dns
 from .network import Link, Plan
 
@@ -35,10 +34,9 @@ from .network import Link, Plan
 _DNS_RATE = f"{dns.RATE}/second burst {dns.BURST} packets"
 
 
-class FirewallError(SealgateError, RuntimeError):
+class FirewallError(SandboxError):
     """nft refused the rules; the sandbox must not start."""
 
-    reason = Reason.SANDBOX_FAILED
 
 
 def table_name(link: Link) -> str:

@@ -47,17 +47,17 @@ class Launch:
     command: Sequence[str]
     proxy_port: int
     files: Mapping[str, bytes]  # a path in the sandbox -> what it reads there (`staged`)
-    seccomp: bytes  # the filter program of `sandbox.seccomp`, for tiers that install one
+    seccomp: bytes  # the filter program of `sandbox.host.seccomp`, for tiers that install one
     workspace: Path | None = None
     uid: int = NOBODY
     gid: int = NOBODY
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables, given explicitly
     # The sandbox's own writable places, by path there -> a directory of its scratch tmpfs
-    # (`sandbox.scratch`); what is not given is a tmpfs of bubblewrap's (or, for /workspace,
+    # (`sandbox.host.scratch`); what is not given is a tmpfs of bubblewrap's (or, for /workspace,
     # `workspace` or nothing).
     writable: Mapping[str, Path] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)  # the workload's (`Tier.host_limits`)
-    # The command is sandboxd's agent (`sandbox.agent`), not the workload: it gives each
+    # The command is sandboxd's agent (`sandbox.guest.agent`), not the workload: it gives each
     # command PID and mount namespaces of its own, for which it holds CAP_SYS_ADMIN in the
     # sandbox's user namespace, and installs `seccomp` on each command itself (it could not
     # make namespaces under the filter).

@@ -3,7 +3,7 @@ teardown (SIGKILL, the OOM killer) is cleaned up by the next one.
 
 A lease names the link index, the process and its start time (a PID alone may have been
 reused), and where the proxy's registration of the sandbox's address lives. Leases are taken
-and checked under the links' lock (`sandbox.network.lock`).
+and checked under the links' lock (`sandbox.host.network.lock`).
 """
 
 from __future__ import annotations

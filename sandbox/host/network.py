@@ -5,7 +5,7 @@ Every sandbox gets a /30 of the sandbox range: the host end of its link is .1, t
 and its default route points at the host. The proxy listens on the *gateway*, one address on
 the host's loopback interface that every sandbox reaches over its own link, so the proxy needs
 neither a listener per sandbox nor a wildcard bind. What may cross the link is decided by
-nftables in the host's namespace (`sandbox.firewall`), where nothing inside the sandbox can
+nftables in the host's namespace (`sandbox.host.firewall`), where nothing inside the sandbox can
 change it: the namespace belongs to the host's user namespace, so even a process that were
 root inside holds no capability over it. IPv6 is switched off on both ends of the link (a veth
 gets a link-local IPv6 address otherwise, a second way to the host).
@@ -28,7 +28,7 @@ from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from sealgate.reasons import Reason, SealgateError
+from ..errors import SandboxError
 
 DEFAULT_RANGE = IPv4Network("10.200.0.0/16")
 DEFAULT_GATEWAY = IPv4Address("10.200.255.254")
@@ -37,10 +37,9 @@ _NETNS_DIR = Path("/run/netns")
 _LOCK_SECONDS = 30
 
 
-class NetworkError(SealgateError, RuntimeError):
+class NetworkError(SandboxError):
     """The sandbox network could not be set up; nothing of it is left behind."""
 
-    reason = Reason.SANDBOX_FAILED
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def build(link: Link) -> None:
 
 
 def lease_path(index: int) -> Path:
-    """Where the holder of link `index` writes its lease (`sandbox.lease`)."""
+    """Where the holder of link `index` writes its lease (`sandbox.host.lease`)."""
     return RUN_DIR / f"lease-{index}.json"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from .errors import SandboxError
+from ..errors import SandboxError
 
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # $PPID is read once, when the shell starts: after setpriv armed the signal and exec'd it.

@@ -20,7 +20,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from sealgate.reasons import Reason, SealgateError
+from ..errors import SandboxError
 
 ROOT = Path("/run/sealgate-slots")
 # Where in the sandbox -> its directory on the tmpfs.
@@ -35,10 +35,9 @@ _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class ScratchError(SealgateError, RuntimeError):
+class ScratchError(SandboxError):
     """The writable layer could not be made; the sandbox must not start."""
 
-    reason = Reason.SANDBOX_FAILED
 
 
 def _mount_point(index: int) -> Path:

@@ -30,7 +30,7 @@ import platform
 import struct
 from typing import Final
 
-from sealgate.reasons import Reason, SealgateError
+from ..errors import SandboxError
 
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
 _NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24
@@ -81,10 +81,9 @@ _ARG2: Final = 32
 Instruction = tuple[int, int, int, int]  # code, jt, jf, k
 
 
-class SeccompUnsupported(SealgateError, RuntimeError):
+class SeccompUnsupported(SandboxError):
     """No filter for this machine's architecture: the sandbox must not start."""
 
-    reason = Reason.SANDBOX_FAILED
 
 
 def program(machine: str | None = None) -> bytes:

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sealgate.proxy.control import call
-from sealgate.sandbox.dns import BURST, RATE
+from sealgate.sandbox.host.dns import BURST, RATE
+
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
 from tests.integration.tiers import ENV as TIER_ENV

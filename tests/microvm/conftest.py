@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sealgate.sandbox.tiers.microvm import pool
+from sealgate.sandbox.tiers.microvm.channel import Channel
 
-from sealgate.sandbox.microvm import pool
-from sealgate.sandbox.microvm.channel import Channel
 from tests.microvm.kit import NOBODY, spec
 
 

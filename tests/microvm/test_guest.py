@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from sealgate.sandbox.tiers.microvm.channel import Channel
 
-from sealgate.sandbox.microvm.channel import Channel
 from tests.microvm.kit import needs_vm, run
 
 pytestmark = [pytest.mark.root, needs_vm]

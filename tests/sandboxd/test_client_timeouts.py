@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sealgate.sandbox import AsyncSandbox, CallTimeout, Client, DaemonError, Sandbox
 
 from sealgate.reasons import Reason
-from sealgate.sandbox import AsyncSandbox, CallTimeout, Client, DaemonError, Sandbox
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import Daemon, start_daemon
 from tests.sandboxd.test_api_input import eventually_idle

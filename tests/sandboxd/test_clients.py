@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sealgate.sandbox import AsyncSandbox, Client, DaemonError, Sandbox
+
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import Daemon, start_daemon
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from sealgate.proxy.control import call
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.host.network import RUN_DIR, lock
+
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import DaemonError, Sandbox
-from sealgate.sandbox.network import RUN_DIR, lock
 from tests.harness import ROOT, SEALGATE, Proxy
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
 from tests.sandboxd.test_sessions import host_processes

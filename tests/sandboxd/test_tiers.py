@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import DaemonError, Sandbox
 from tests.harness import Origin, Proxy
 from tests.integration.tiers import TIERS
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon

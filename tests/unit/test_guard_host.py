@@ -9,15 +9,15 @@ from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
-
 from sealgate.proxy.net.hostaddr import (
     DEFAULT_SANDBOX_NETWORKS,
     HostAddresses,
     LocalRoutes,
     parse_networks,
 )
+from sealgate.sandbox.host.network import DEFAULT_RANGE
+
 from sealgate.reasons import Reason
-from sealgate.sandbox.network import DEFAULT_RANGE
 from tests.netns import require_root_net, run
 
 

@@ -1,5 +1,6 @@
-"""The host's end of the guest agent's channel (`guestagent`, whose docstring is the protocol):
-requests one at a time, and a command's output streamed to descriptors or gathered.
+"""The host's end of the guest agent's channel (`protocol`'s frames; `guest/vmagent.py` says
+what each op does): requests one at a time, and a command's output streamed to descriptors or
+gathered.
 
 Every wait is bounded: a guest that stops answering is a SandboxError naming what was asked,
 never a hang; the caller then kills the VM.
@@ -16,58 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SandboxError
-from .frames import Frames, encode
+from ...errors import SandboxError
+from ...guest.protocol import GuestFrames, Op, encode
 
 _CHUNK = 65536
-# The guest's headers are small (an op, an id, an exit code, a message cut to 500 characters);
-# only a `get`'s payload is large.
-_GUEST_HEADER_MAX = 16 << 10
-# What the guest's answers carry: the ops the host expects, each with the fields it needs;
-# a field's type and range wherever it appears.
-_GUEST_OPS: dict[str, tuple[str, ...]] = {
-    "ready": ("kernel",), "ok": ("id",), "data": ("id",), "error": ("message",),
-    "started": ("id", "pid"), "out": ("id", "fd"), "exit": ("id", "code"),
-}
-_GUEST_FIELDS: dict[str, type | tuple[int, int]] = {
-    "kernel": str, "message": str, "timed_out": bool,
-    "id": (0, 1 << 62), "pid": (1, 1 << 30), "fd": (1, 2), "code": (0, 255), "signal": (1, 64),
-}
 _REQUEST_SECONDS = 10.0
 _EXIT_GRACE = 10.0  # how long past a command's own timeout the guest may take to report it
 _NO_LIMIT = 7 * 86400.0  # a command given no timeout (epoll takes at most ~24 days)
-
-
-class GuestFrames(Frames):
-    """Frames from the guest, which the host does not trust (its kernel and agent may be an
-    attacker's): a header is bounded in size and nesting before it is parsed, and must be one
-    of the answers the host expects, its fields of their types. Anything else is a ValueError,
-    and what follows a bad frame cannot be trusted either: the caller ends the VM's use."""
-
-    def __init__(self) -> None:
-        super().__init__(max_header=_GUEST_HEADER_MAX)
-
-    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
-        frames = super().feed(data)
-        for header, _ in frames:
-            _check(header)
-        return frames
-
-
-def _check(header: dict[str, Any]) -> None:
-    op = header.get("op")
-    needed = _GUEST_OPS.get(op) if isinstance(op, str) else None
-    if needed is None:
-        raise ValueError(f"an answer the host never asked for: {str(op)[:40]!r}")
-    if missing := [name for name in needed if name not in header]:
-        raise ValueError(f"a {op!r} frame without {', '.join(missing)}")
-    for name, value in header.items():
-        kind = _GUEST_FIELDS.get(name)
-        if isinstance(kind, tuple):  # an int (never a bool) in that range
-            if type(value) is not int or not kind[0] <= value <= kind[1]:
-                raise ValueError(f"a {op!r} frame's {name} is {str(value)[:40]!r}")
-        elif kind is not None and type(value) is not kind:
-            raise ValueError(f"a {op!r} frame's {name} is not a {kind.__name__}")
 
 
 @dataclass(frozen=True)
@@ -137,19 +93,19 @@ class Channel:
 
     def wait_ready(self, timeout: float) -> str:
         """Wait for the agent's first word; the guest kernel's release."""
-        header, _ = self._expect("to start", time.monotonic() + timeout, None, {"ready"})
+        header, _ = self._expect("to start", time.monotonic() + timeout, None, {Op.READY})
         self.kernel = str(header.get("kernel", ""))
         return self.kernel
 
     def _expect(self, what: str, deadline: float, ident: int | None,
-                ops: set[str]) -> tuple[dict[str, Any], bytes]:
+                ops: set[Op]) -> tuple[dict[str, Any], bytes]:
         while True:
             frame = self._next(deadline, what)
             assert frame is not None
             header, payload = frame
             if ident is not None and header.get("id") != ident:
                 continue  # late output of a command given up on
-            if header.get("op") == "error":
+            if header.get("op") == Op.ERROR:
                 raise SandboxError(f"the microVM's agent could not {what}: "
                                    f"{header.get('message')}")
             if header.get("op") in ops:
@@ -160,23 +116,23 @@ class Channel:
         ident = next(self._ids)
         self.sock.sendall(encode({**header, "id": ident}, payload))
         return self._expect(str(header.get("op")), time.monotonic() + timeout, ident,
-                            {"ok", "data"})
+                            {Op.OK, Op.DATA})
 
     def ping(self) -> None:
-        self.request({"op": "ping"})
+        self.request({"op": Op.PING})
 
     def network(self, address: str, gateway: str) -> None:
-        self.request({"op": "net", "address": address, "gateway": gateway})
+        self.request({"op": Op.NET, "address": address, "gateway": gateway})
 
     def seal(self) -> None:
         """The guest's root read-only from here on (puts outside /run and /tmp fail)."""
-        self.request({"op": "seal"})
+        self.request({"op": Op.SEAL})
 
     def put(self, path: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
-        self.request({"op": "put", "path": path, "mode": mode, "uid": uid, "gid": gid}, data)
+        self.request({"op": Op.PUT, "path": path, "mode": mode, "uid": uid, "gid": gid}, data)
 
     def get(self, path: str) -> bytes:
-        return self.request({"op": "get", "path": path})[1]
+        return self.request({"op": Op.GET, "path": path})[1]
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
             cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
@@ -199,13 +155,13 @@ class Channel:
               stdin_fd: int | None, out: Mapping[int, bytearray | int]) -> int:
         ident = next(self._ids)
         timeout = how.timeout
-        self.sock.sendall(encode({"op": "exec", "id": ident, "argv": list(argv),
+        self.sock.sendall(encode({"op": Op.EXEC, "id": ident, "argv": list(argv),
                                   "env": dict(env), "cwd": how.cwd, "uid": how.uid,
                                   "gid": how.gid, "timeout": timeout, "pids": how.pids}))
         if stdin_fd is None:
             if stdin:
-                self.sock.sendall(encode({"op": "stdin", "id": ident}, stdin))
-            self.sock.sendall(encode({"op": "stdin", "id": ident}))
+                self.sock.sendall(encode({"op": Op.STDIN, "id": ident}, stdin))
+            self.sock.sendall(encode({"op": Op.STDIN, "id": ident}))
         # The guest kills the command at its timeout; past that (and a grace for the report)
         # the guest itself is taken to be stuck.
         limit = (timeout + _EXIT_GRACE) if timeout is not None else _NO_LIMIT
@@ -228,22 +184,22 @@ class Channel:
                 if header.get("id") != ident:
                     continue
                 op = header.get("op")
-                if op == "out":
+                if op == Op.OUT:
                     target = out.get(int(header.get("fd", 2)), out[2])
                     if isinstance(target, bytearray):
                         target += payload
                     else:
                         _write_all(target, payload)
-                elif op == "exit":
+                elif op == Op.EXIT:
                     return int(header["code"])
-                elif op == "error":
+                elif op == Op.ERROR:
                     raise SandboxError(f"the microVM's agent could not run {argv[0]!r}: "
                                        f"{header.get('message')}")
 
     def _send_file(self, ident: int, fd: int) -> None:
         while data := os.read(fd, _CHUNK):
-            self.sock.sendall(encode({"op": "stdin", "id": ident}, data))
-        self.sock.sendall(encode({"op": "stdin", "id": ident}))
+            self.sock.sendall(encode({"op": Op.STDIN, "id": ident}, data))
+        self.sock.sendall(encode({"op": Op.STDIN, "id": ident}))
 
     def _forward_stdin(self, ident: int, fd: int, sel: selectors.BaseSelector) -> None:
         try:
@@ -252,7 +208,7 @@ class Channel:
             data = b""
         if not data:
             sel.unregister(fd)
-        self.sock.sendall(encode({"op": "stdin", "id": ident}, data))
+        self.sock.sendall(encode({"op": Op.STDIN, "id": ident}, data))
 
 
 def _write_all(fd: int, data: bytes) -> None:

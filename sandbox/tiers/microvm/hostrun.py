@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import SandboxError
+from ...errors import SandboxError
 from . import image, pool, vm
 from .pool import Booted
 

@@ -3,17 +3,18 @@
 
 It boots the slot's VM as `hostrun` does (the namespace wired to a tap, the guest given its
 address and the staged files), says it is ready, and then speaks the daemon's agent protocol
-on its standard input (`sandbox.agent`'s wire: a request and its descriptors per packet), each
-request turned into the guest agent's (`guestagent`):
+on its standard input (`protocol`'s packets: a request and its descriptors per packet), each
+request turned into the guest agent's frames (`guest/vmagent.py`):
 
 - `exec`: the guest's exec as the slot's uid, its input read from the request's stdin and its
   output written to the request's stdout and stderr as it comes, then the status line the
   daemon reads (`exit`, `ending`: killed when the daemon asked, timed_out when the guest's
   timeout ended it);
-- `put` and `get`: run inside the guest as the slot's uid by the bubblewrap tier's own agent
-  code (`sandbox.agent`, staged in the guest at `slot.AGENT`): the same walk of the workspace
-  that never follows a link, with the workload's rights and no more; the guest agent's own
-  root file calls are only ever used for what the host stages;
+- every other op (`put`, `get`: `guest/shim.py`'s): run inside the guest as the slot's uid by
+  the other tiers' own agent code (`staging.ZIP`, staged in the guest like every slot's): the
+  same walk of the workspace that never follows a link, with the workload's rights and no
+  more; the guest agent's own root file calls are only ever used for what the host stages.
+  The request's descriptors become the process's standard streams (`shim.main`);
 - `kill`: the guest kills the command's process group.
 
 The VM is this slot's alone and lives as long as this process: when the daemon's end of the
@@ -40,12 +41,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..agent import request
-from ..errors import SandboxError
-from ..slot import AGENT  # where every slot stages the agent's source
+from ...errors import SandboxError
+from ...guest import staging
+from ...guest.protocol import (
+    DESCRIPTORS,
+    FIELDS,
+    IN,
+    WORKSPACE,
+    Ending,
+    GuestFrames,
+    Op,
+    encode,
+    failed,
+    hello,
+    parse,
+    receive,
+    status_line,
+)
 from . import hostrun
-from .channel import GuestFrames
-from .frames import encode
 from .pool import Booted
 
 _MAX_RUNNING = 128  # requests at once (the daemon sends at most 64 per sandbox)
@@ -55,17 +68,6 @@ _EXIT_GRACE = 10.0  # past a command's own timeout, for the guest to report it
 _NO_LIMIT = 7 * 86400.0
 _HELD_MAX = 8 << 20  # a get's bytes that may arrive before its status line
 _PYTHON = "/usr/bin/python3"
-_WORKSPACE = "/workspace"
-# put and get as the sandbox's uid, by the other tiers' agent (its main not run): put reads the
-# file on stdin and reports on stdout; get reports on stderr and sends the file on stdout.
-_FILES = """
-import json, sys
-agent = {"__name__": "sealgate_agent"}
-with open(sys.argv[1]) as fh:
-    exec(compile(fh.read(), "agent.py", "exec"), agent)
-op, req = sys.argv[2], json.loads(sys.argv[3])
-agent["_" + op](req, [0, 1] if op == "put" else [1, 2])
-"""
 
 
 class _Guest:
@@ -139,28 +141,23 @@ class Server:
         self._slots = threading.BoundedSemaphore(_MAX_RUNNING)  # requests served at once
 
     def serve(self, chan: socket.socket) -> None:
-        chan.send(b'{"op": "ready"}')
-        while (got := request(chan)) is not None:
+        chan.send(hello())
+        while (got := receive(chan)) is not None:
             self._dispatch(*got)
 
     def _dispatch(self, message: bytes, fds: list[int]) -> None:
-        try:
-            req = json.loads(message)
-            op, ident = req["op"], int(req["id"])
-        except (ValueError, KeyError, TypeError, RecursionError):
-            op, ident = None, 0
-        if op == "kill":
+        op, ident, req = parse(message, fds) or (None, 0, {})
+        if op == Op.KILL:
             if (gid := self._running.get(ident)) is not None:
                 self._killed.add(gid)
-                self.guest.send({"op": "kill", "id": gid})
+                self.guest.send({"op": Op.KILL, "id": gid})
             return
-        wanted = {"exec": 4, "put": 2, "get": 2}.get(str(op))
-        if wanted is not None and len(fds) == wanted and self._slots.acquire(blocking=False):
+        if op is not None and self._slots.acquire(blocking=False):
             # Known before its thread runs: a kill right behind the request finds it.
             opened = self.guest.open()
             gid = self._running[ident] = opened[0]
             try:
-                threading.Thread(target=self._request, args=(str(op), ident, opened, req, fds),
+                threading.Thread(target=self._request, args=(op, ident, opened, req, fds),
                                  daemon=True).start()
                 return
             except RuntimeError:  # no thread to be had: this request is lost, not the VM
@@ -170,23 +167,23 @@ class Server:
         for fd in fds:  # the daemon then sees no status: the request is lost
             os.close(fd)
 
-    def _request(self, op: str, ident: int,
+    def _request(self, op: Op, ident: int,
                  opened: tuple[int, queue.Queue[tuple[dict[str, Any], bytes]]],
                  req: dict[str, Any], fds: list[int]) -> None:
         gid, frames = opened
         try:
-            if op == "exec":
+            if op == Op.EXEC:
                 self._exec(gid, frames, req, fds)
             else:
-                self._file(gid, frames, op, req, fds)
+                self._shim(gid, frames, op, req, fds)
         except Exception as exc:  # the request's failure, never the sandbox's end
             # Said on its status (the daemon reads no stderr of ours), if that is still open.
             status = fds[-1]
             if status >= 0:
-                _write_all(status, (json.dumps({
-                    "exit": None, "ending": "lost",
+                _write_all(status, status_line({
+                    "exit": None, "ending": Ending.LOST,
                     "error": f"the microVM's launcher failed the {op}: {type(exc).__name__}",
-                }) + "\n").encode())
+                }))
         finally:
             self._running.pop(ident, None)
             self._killed.discard(gid)
@@ -200,8 +197,8 @@ class Server:
                cwd: str | None, timeout: float | None, pids: int | None = None) -> None:
         # The create's process limit is each command's RLIMIT_NPROC inside, as in the agent.
         order = self.order
-        self.guest.send({"op": "exec", "id": gid, "argv": argv, "env": env,
-                         "cwd": cwd or _WORKSPACE, "uid": order.uid, "gid": order.gid,
+        self.guest.send({"op": Op.EXEC, "id": gid, "argv": argv, "env": env,
+                         "cwd": cwd or WORKSPACE, "uid": order.uid, "gid": order.gid,
                          "timeout": timeout, "pids": pids or order.pids})
         # The feeder owns the request's stdin from here: it closes it at its end.
         threading.Thread(target=self._feed, args=(gid, stdin), daemon=True).start()
@@ -209,8 +206,8 @@ class Server:
     def _feed(self, gid: int, fd: int) -> None:
         try:
             while data := os.read(fd, _CHUNK):
-                self.guest.send({"op": "stdin", "id": gid}, data)
-            self.guest.send({"op": "stdin", "id": gid})
+                self.guest.send({"op": Op.STDIN, "id": gid}, data)
+            self.guest.send({"op": Op.STDIN, "id": gid})
         except OSError:
             pass
         finally:
@@ -228,39 +225,41 @@ class Server:
         for fd in (stdout, stderr):
             os.close(fd)
         fds[1] = fds[2] = -1
-        answer: dict[str, Any] = {"exit": None, "ending": "exit"}
+        answer: dict[str, Any] = {"exit": None, "ending": Ending.EXIT}
         if ended is None:
-            answer.update(ending="lost", error=error or "the guest did not report the command")
+            answer.update(ending=Ending.LOST, error=error or "the guest did not report the command")
         else:
             answer["exit"] = int(ended["code"])
             if ended.get("timed_out") is True:
-                answer["ending"] = "timed_out"
+                answer["ending"] = Ending.TIMED_OUT
             else:
                 if gid in self._killed:
-                    answer["ending"] = "killed"
+                    answer["ending"] = Ending.KILLED
                 if isinstance(ended.get("signal"), int):
                     answer["signal"] = ended["signal"]
             if error is not None:
                 answer["error"] = error
-        _write_all(status, (json.dumps(answer) + "\n").encode())
+        _write_all(status, status_line(answer))
 
-    def _file(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], op: str,
+    def _shim(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], op: Op,
               req: dict[str, Any], fds: list[int]) -> None:
-        data, status = fds
-        if op == "put":
-            request = {"path": req.get("path"), "size": req.get("size"), "mode": req.get("mode")}
-            stdin, outputs = data, {1: status}
-            fds[0] = -1
-        else:
-            request = {"path": req.get("path"), "limit": req.get("limit")}
-            empty_r, empty_w = os.pipe()  # a get reads nothing
+        """An op the agent serves in a shim, run in the guest as the slot's uid: the request's
+        descriptors become the process's standard streams (`shim.main`)."""
+        stdin, outputs = -1, {2: fds[-1]}
+        for index, (_, way) in enumerate(DESCRIPTORS[op][:-1]):
+            if way == IN:
+                stdin, fds[index] = fds[index], -1  # the feeder's now
+            else:
+                outputs[1] = fds[index]
+        if stdin < 0:  # it reads nothing
+            stdin, empty_w = os.pipe()
             os.close(empty_w)
-            stdin, outputs = empty_r, {1: data, 2: status}
-        argv = [_PYTHON, "-I", "-S", "-c", _FILES, AGENT, op, json.dumps(request)]
+        request = {name: req.get(name) for name in FIELDS[op]}
+        argv = [_PYTHON, "-I", "-S", "-c", staging.entry("shim"), op, json.dumps(request)]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-        self._start(gid, argv, env, stdin, cwd=_WORKSPACE, timeout=None)
-        # A get's status must reach the daemon before its bytes: it reads them only after.
-        _drain(frames, outputs, None, status_first=op == "get")
+        self._start(gid, argv, env, stdin, cwd=WORKSPACE, timeout=None)
+        # A status must reach the daemon before the bytes it announces: it reads them after.
+        _drain(frames, outputs, None, status_first=True)
 
 
 def _drain(
@@ -280,7 +279,7 @@ def _drain(
         except queue.Empty:
             continue
         op = header.get("op")
-        if op == "out":
+        if op == Op.OUT:
             which = int(header.get("fd", 2))
             if which == 1 and not said:
                 held.append(payload)
@@ -296,9 +295,9 @@ def _drain(
                     if 1 not in closed and not _write_all(outputs[1], chunk):
                         closed.add(1)
                 held.clear()
-        elif op == "exit":
+        elif op == Op.EXIT:
             return header, None
-        elif op == "error":
+        elif op == Op.ERROR:
             return {"code": 127}, str(header.get("message"))[:500]
     return None, "the guest did not report the command in time"
 
@@ -329,7 +328,7 @@ def main() -> int:
     except (SandboxError, OSError, ValueError, IndexError, TypeError) as exc:
         # What the daemon reads in place of its hello, so a failed slot says why.
         with contextlib.suppress(OSError):
-            chan.send(json.dumps({"op": "failed", "detail": str(exc)[:2000]}).encode())
+            chan.send(failed(str(exc)))
         return hostrun.SETUP_FAILED
     guest = _Guest(booted)
     threading.Thread(target=guest.read, daemon=True).start()

@@ -7,10 +7,10 @@ directory, never installed on the host (that would touch the host's boot). The i
 written here, as a newc cpio: a static busybox (Debian's `busybox-static`, unpacked the same
 way), the handful of modules the guest needs (virtio over MMIO, its network, console port and
 9p), an `/init` that mounts /usr and starts the guest agent, and the agent itself
-(`guestagent.py`, `frames.py` and `guestos.py`, run by the host's python3 through the shared /usr).
+(`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the shared /usr).
 
 An image lives in `<dir>/<key>/`, the key a hash of the two packages' versions and of every
-file of this package that ends up in the guest, so a change to any of them builds a new one;
+file of sealgate's that ends up in the guest, so a change to any of them builds a new one;
 a build is written beside and renamed into place, so a reader never sees half of one.
 """
 
@@ -28,18 +28,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SandboxError
+from ...errors import SandboxError
+from ...guest import staging
 
 KERNEL_PACKAGE = "linux-image-amd64"  # the metapackage: it names the current ABI's package
 BUSYBOX_PACKAGE = "busybox-static"
 # The guest's modules, loaded in this order (each after what it depends on).
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "failover", "net_failover", "virtio_net",
            "virtio_console", "virtio-rng", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p")
-_HERE = Path(__file__).resolve().parent
-# The agent's modules: the package microvm in the guest's /sealgate.
-GUEST_MODULES = ("frames.py", "guestagent.py", "guestos.py")
-GUEST_FILES = (*(_HERE / name for name in GUEST_MODULES), _HERE / "init.sh")
-DEFAULT_DIR = _HERE.parents[1] / "var" / "microvm"
+# The agent's modules: the package `guest` in the guest's /sealgate.
+GUEST_FILES = (*(staging.HERE / name for name in staging.VM_MODULES), staging.VM_INIT)
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / "var" / "microvm"
 DIR_ENV = "SEALGATE_MICROVM_DIR"
 _APT_TIMEOUT = 300
 
@@ -195,16 +194,17 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
     cpio = _Cpio()
     cpio.add(".", 0o040755)  # the root, else the kernel's own: 1777, anyone's to write in
     for name in ("dev", "proc", "sys", "usr", "tmp", "run", "etc", "etc/ssl", "etc/ssl/certs",
-                 "home", "workspace", "sealgate", "sealgate/modules", "sealgate/microvm", "root",
+                 "home", "workspace", "sealgate", "sealgate/modules", f"sealgate/{staging.PACKAGE}",
+                 "root",
                  "mnt", "var", "var/tmp"):
         cpio.add(name, 0o040755)  # /tmp and /var/tmp are tmpfs mounts of their own
     for name in ("bin", "sbin", "lib", "lib64"):
         cpio.add(name, 0o120777, f"usr/{name}".encode())
     cpio.add("sealgate/busybox", 0o100755, busybox.read_bytes())
-    cpio.add("init", 0o100755, (_HERE / "init.sh").read_bytes())
-    cpio.add("sealgate/microvm/__init__.py", 0o100644)
-    for name in GUEST_MODULES:
-        cpio.add(f"sealgate/microvm/{name}", 0o100644, (_HERE / name).read_bytes())
+    cpio.add("init", 0o100755, staging.VM_INIT.read_bytes())
+    for name in staging.VM_MODULES:
+        cpio.add(f"sealgate/{staging.PACKAGE}/{name}", 0o100644,
+                 (staging.HERE / name).read_bytes())
     cpio.add("sealgate/empty", 0o100444)
     cpio.add("sealgate/modules/order", 0o100644, "".join(f"{n}\n" for n, _ in modules).encode())
     for name, data in modules:

@@ -7,7 +7,7 @@ guest's memory, its random state or anything a command left. The pool boots a re
 the background as each one is taken.
 
 `Pool` holds VMs without a network, all started by one process. `sealgate sandboxd
---isolation microvm` keeps its warm pool as slots instead (`sandbox.slot`): each VM needs its
+--isolation microvm` keeps its warm pool as slots instead (`sandbox.daemon.slot`): each VM needs its
 own namespace, tap and cgroups, with a root launcher in them (`hostserve`), so each slot boots
 its one VM there with `boot`, and the daemon's pool of slots is the pool of booted VMs, under
 the same rule: one VM per sandbox, killed with it.
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import SandboxError
+from ...errors import SandboxError
 from .channel import Channel
 from .vm import Machine, Spec
 

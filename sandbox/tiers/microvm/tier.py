@@ -3,12 +3,13 @@
 or KVM, from a QEMU that runs as the run's uid, without capabilities, under its own seccomp
 filter.
 
-The host command is `sandbox.microvm.hostrun` (as root in the sandbox's namespace and cgroups,
-`launch.host_prefix`), handed its order on a memory file: it wires the namespace's end of the
-link to a tap, boots the VM on it, gives the guest the sandbox's address, the staged files and
-the clean environment over the agent's channel, runs the command and exits with its status. The
-guest sees the host's /usr read-only (9p), its own /etc, /proc, /dev and tmpfs, and the
-workspace read-write; it holds no credential and no key (the CA bundle has certificates only).
+The host command is `sandbox.tiers.microvm.hostrun` (as root in the sandbox's namespace and
+cgroups, `launch.host_prefix`), handed its order on a memory file: it wires the namespace's end
+of the link to a tap, boots the VM on it, gives the guest the sandbox's address, the staged
+files and the clean environment over the agent's channel, runs the command and exits with its
+status. The guest sees the host's /usr read-only (9p), its own /etc, /proc, /dev and tmpfs, and
+the workspace read-write; it holds no credential and no key (the CA bundle has certificates
+only).
 
 Limits: the guest's RAM is the workload's memory limit (up to `_MAX_GUEST_MIB`: the guest's
 own kernel then refuses what is over it), the process limit applies to the command's uid inside
@@ -27,12 +28,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cgroup import Limits
-from ..launch import HOME, WORKSPACE, Launch, environment, host_prefix
-from ..microvm import image, vm
-from ..microvm.hostrun import Order
-from . import Started, Tier
-from .bwrap import memfd
+from ...host.cgroup import Limits
+from ...host.launch import HOME, WORKSPACE, Launch, environment, host_prefix
+from .. import Started, Tier
+from ..bwrap import memfd
+from . import image, vm
+from .hostrun import Order
 
 _MAX_GUEST_MIB = 2048
 _QEMU_MIB = 256  # QEMU's own memory beside the guest's: its code, device state, 9p buffers
@@ -76,7 +77,7 @@ def _host_command(launch: Launch, cgroups: Sequence[Path], undo: contextlib.Exit
     # The launcher dies with the runtime, and QEMU with the launcher (`vm`): a runtime killed
     # outright leaves no VM running, only what the next run cleans up.
     argv = [*host_prefix(launch, cgroups), sys.executable, "-I", "-m",
-            f"sealgate.sandbox.microvm.{module}", str(fd)]
+            f"sealgate.sandbox.tiers.microvm.{module}", str(fd)]
     return Started(argv, env, (fd,))
 
 
@@ -86,8 +87,8 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
 
 
 def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
-    """A sandboxd slot (`sandbox.microvm.hostserve`): its VM booted and serving the daemon's
-    agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so the
+    """A sandboxd slot (`sandbox.tiers.microvm.hostserve`): its VM booted and serving the
+    daemon's agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so the
     daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
     the slot); the guest's RAM is fixed at its boot, before any create names its limits."""
     return _host_command(launch, cgroups, undo, "hostserve",

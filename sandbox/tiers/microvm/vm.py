@@ -38,8 +38,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import parentdeath
-from ..errors import SandboxError
+from ...errors import SandboxError
+from ...host import parentdeath
 from .image import Image
 
 QEMU = "qemu-system-x86_64"
