@@ -2,8 +2,8 @@
 pool, a command on a running VM, the idle memory of one VM (QEMU's RSS and PSS), and a CPU-bound
 and a syscall-heavy workload inside against the same on the host.
 
-The VMs are booted as the tier boots them (`sandbox.microvm.vm`, the image `make test` builds),
-without a network: the network's cost is the namespace's, the same for every tier
+The VMs are booted as the tier boots them (`sandbox.tiers.microvm.vm`, the image `make test`
+builds), without a network: the network's cost is the namespace's, the same for every tier
 (bench/sandbox_start.py). Then `sealgate sandboxd --isolation microvm` with its warm pool, as
 bench/sandbox_tiers.py measures every tier's daemon: create (a booted VM handed out, its
 address registered), its first exec and later ones, through the API (`--sandboxd 0` skips it).
@@ -32,7 +32,7 @@ from rounds import percentile
 from services import ROOT, BenchError
 
 from sealgate.reasons import SealgateError
-from sealgate.sandbox.microvm import image, pool, vm
+from sealgate.sandbox.tiers.microvm import image, pool, vm
 
 SCRIPT = "microvm_start"
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}

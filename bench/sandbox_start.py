@@ -32,7 +32,7 @@ from rounds import percentile
 from services import ROOT, BenchError, Service, Setup, rules_yaml
 from session import bench_session
 
-from sealgate.sandbox.client import Client, DaemonError, Sandbox
+from sealgate.sandbox.clients.client import Client, DaemonError, Sandbox
 
 SCRIPT = "sandbox_start"
 # A range, gateway and uid base of the benchmark's own: tests use 10.216/16 and 3100000.
@@ -344,8 +344,9 @@ class Daemon:
 # delete (JSON lines to the file in argv[1]): where the time goes, without touching the code.
 _PROFILER = '''
 import functools, json, sys, threading, time
-from sealgate.sandbox import daemon, firewall, lease, network, scratch, seccomp, slot
-from sealgate.sandbox.cgroup import Group
+from sealgate.sandbox.daemon import daemon, slot
+from sealgate.sandbox.host import firewall, lease, network, scratch, seccomp
+from sealgate.sandbox.host.cgroup import Group
 
 out = open(sys.argv[1], "a", buffering=1)
 lock = threading.Lock()
@@ -790,7 +791,7 @@ def document(fig: Figures, meta: dict[str, str], plan: Plan, chart: Path) -> str
         "only; and with the sandbox's own namespaces, less the network one), the one-shot "
         "`sealgate sandbox run`. Then `sealgate sandboxd` (a `sealgate proxy` on the gateway "
         f"{GATEWAY} beside it, range {RANGE}, uid base {UID_BASE}) through the Python client "
-        "`sealgate.sandbox.client` over its unix socket: a daemon with `--pool 0` for cold "
+        "`sealgate.sandbox.clients.client` over its unix socket: a daemon with `--pool 0` for cold "
         f"creates, then one with `--pool {POOL}`.",
         f"* **Samples:** {plan.warm} warm sandboxes (create; the refill awaited; first exec; "
         f"{plan.later} later execs; delete), {plan.cold} cold, {plan.bare} bare fork/execs, "

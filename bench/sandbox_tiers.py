@@ -47,8 +47,8 @@ from services import ROOT, BenchError
 from session import bench_session
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.microvm import vm
 from sealgate.sandbox.tiers import gvisor
+from sealgate.sandbox.tiers.microvm import vm
 
 SCRIPT = "sandbox_tiers"
 IDLE_SECONDS = 30

@@ -12,17 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .client import (
-    CallTimeout,
-    Client,
-    CommandFailed,
-    DaemonError,
-    Result,
-    Sandbox,
-)
+from .clients.client import CallTimeout, Client, CommandFailed, DaemonError, Result, Sandbox
 
 if TYPE_CHECKING:
-    from .aclient import AsyncSandbox
+    from .clients.aclient import AsyncSandbox
 
 __all__ = ["AsyncSandbox", "CallTimeout", "Client", "CommandFailed", "DaemonError", "Result",
            "Sandbox"]
@@ -30,7 +23,7 @@ __all__ = ["AsyncSandbox", "CallTimeout", "Client", "CommandFailed", "DaemonErro
 
 def __getattr__(name: str) -> Any:
     if name == "AsyncSandbox":
-        from .aclient import AsyncSandbox
+        from .clients.aclient import AsyncSandbox
 
         return AsyncSandbox
     raise AttributeError(f"module 'sealgate.sandbox' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """`sealgate sandbox setup | run | teardown | gc` (the runtime around the proxy, root only) and
-the daemon's thin client: `create | exec | put | get | ls | rm` (`sandbox.sessioncli`).
+the daemon's thin client: `create | exec | put | get | ls | rm` (`sandbox.clients.sessioncli`).
 
 Only argparse at import: what a command runs is imported when it runs, so `sealgate --help` and
 the client commands start in tens of milliseconds."""
@@ -17,9 +17,10 @@ from pathlib import Path
 
 from sealgate.clikit import Commands
 
-from . import sessioncli, tiers
-from .cgroup import CgroupError, Limits, parse_size
-from .network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
+from . import tiers
+from .clients import sessioncli
+from .host.cgroup import CgroupError, Limits, parse_size
+from .host.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
 
 def register(sub: Commands) -> None:
@@ -126,7 +127,7 @@ def _guarded(action: Callable[[], None]) -> int:
         return 2
     try:
         action()
-    except RuntimeError as exc:  # NetworkError, FirewallError, SandboxError
+    except RuntimeError as exc:  # SandboxError (NetworkError, FirewallError, ...)
         print(f"sealgate: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -134,7 +135,7 @@ def _guarded(action: Callable[[], None]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .errors import SandboxError
-    from .runtime import Run, run
+    from .oneshot import Run, run
 
     if problem := _root():
         print(problem, file=sys.stderr)
@@ -168,6 +169,6 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         return run(spec)
-    except (SandboxError, NetworkError) as exc:
+    except SandboxError as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 125

@@ -1,5 +1,10 @@
-"""The sandbox runtime's one error: what every part of it (the runtime, its tiers, the daemon)
-raises when a sandbox cannot be had, once everything made for it has been removed."""
+"""The sandbox's one error family: every error a part of it raises on purpose (the host's
+parts, the tiers, the runtime, the daemon, the clients) is a `SandboxError`, a `SealgateError`
+whose `Reason` says why. The base's own reason is `sandbox_failed`: a sandbox could not be had,
+once everything made for it has been removed (the host's parts' errors keep it); the daemon's
+refusals and the clients' errors each carry theirs (`SessionError`, `DaemonError`, ...), which
+are what the API and the clients say on the wire. Code that runs inside a sandbox
+(`sandbox.guest`) raises none of these: it imports nothing of sealgate's."""
 
 from __future__ import annotations
 
@@ -7,6 +12,6 @@ from sealgate.reasons import Reason, SealgateError
 
 
 class SandboxError(SealgateError, RuntimeError):
-    """The sandbox could not be started; everything created for it has been removed."""
+    """Something of a sandbox failed or was refused; `reason` says which."""
 
     reason = Reason.SANDBOX_FAILED

@@ -30,8 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "issuer": ("sealgate.issuer.cli", "the token issuer service"),
     "sandbox": ("sealgate.sandbox.cli",
                 "run commands whose only way out is the proxy (root), and drive sandboxd"),
-    "sandboxd": ("sealgate.sandbox.daemoncli", "the sandbox daemon: long-lived sandboxes over "
-                                               "an API, from a warm pool (root)"),
+    "sandboxd": ("sealgate.sandbox.daemon.daemoncli",
+                 "the sandbox daemon: long-lived sandboxes over an API, from a warm pool (root)"),
 }
 
 

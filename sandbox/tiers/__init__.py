@@ -2,7 +2,7 @@
 
 The runtime (`sandbox.runtime`) makes everything around a sandbox the same way whatever the
 tier: its network namespace and link, the link's firewall table, its name server, its address
-registered with the proxy, its cgroups. It then hands the tier a `Launch` (`sandbox.launch`:
+registered with the proxy, its cgroups. It then hands the tier a `Launch` (`sandbox.host.launch`:
 the link, the command, the files the sandbox reads in place of the host's, the clean
 environment, the uid, the workspace) and the cgroups, and the tier answers with the host
 command that runs it (`Started`), which the runtime starts, waits for and kills. So the proxy's
@@ -23,11 +23,12 @@ A tier is a module of this package defining `TIER`, a `Tier`:
   command has started (sandboxd) or is over (`sandbox run`), or when the start failed;
 - `clean_up(index)`: whatever it made on the host for the sandbox on link `index` that lasts
   the sandbox's life, removed once every process of the sandbox's cgroups is dead: at
-  teardown (`sandbox.runtime`, `sandbox.slot`), after a start that failed, and by the next
-  run after one whose process died without its teardown (`sandbox.lease`);
+  teardown (`sandbox.runtime`, `sandbox.daemon.slot`), after a start that failed, and by the next
+  run after one whose process died without its teardown (`sandbox.host.lease`);
 - `serve` (optional): for sandboxd's slots, the host command whose first process speaks the
-  daemon's agent protocol (`sandbox.agent`'s wire) on its standard input, for a tier whose
-  workload cannot run that agent itself (a microVM: no descriptor crosses into a guest).
+  daemon's agent protocol (`sandbox.guest.protocol`'s packets) on its standard input, for a
+  tier whose workload cannot run that agent itself (a microVM: no descriptor crosses into a
+  guest).
   Without it the slot's command is the agent, run by `start`. `ready_seconds` bounds how long
   a slot's first process may take to say it serves (a guest's boot under emulation takes
   seconds).
@@ -43,9 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cgroup import Limits
 from ..errors import SandboxError
-from ..launch import Launch
+from ..host.cgroup import Limits
+from ..host.launch import Launch
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Tier:
 _TABLE: dict[str, str | None] = {
     "bwrap": "bwrap",
     "gvisor": "gvisor",
-    "microvm": "microvm",
+    "microvm": "microvm.tier",
 }
 NAMES = tuple(_TABLE)
 DEFAULT = "bwrap"

@@ -13,13 +13,13 @@ namespaces, no capabilities and a seccomp filter.
 - the staged files are handed to bubblewrap by content, through memory file descriptors, and
   so are bubblewrap's own arguments: no host path of the run shows in the sandbox's mount
   table, nor on the command line of its PID 1 (bubblewrap), which it can read;
-- the seccomp filter of `sandbox.seccomp` is installed last, just before the command runs;
+- the seccomp filter of `sandbox.host.seccomp` is installed last, just before the command runs;
 - the command is its PID namespace's init (`--as-pid-1`): no process of bubblewrap's is in the
   sandbox for the workload to signal or write into, and when the command ends the kernel kills
   whatever it left.
 
 sandboxd's agent (`launch.agent`) is started the same way but for three things it needs to give
-each command namespaces of its own (`sandbox.agent`): CAP_SYS_ADMIN and CAP_SETPCAP in the
+each command namespaces of its own (`sandbox.guest.agent`): CAP_SYS_ADMIN and CAP_SETPCAP in the
 sandbox's user namespace, no filter (it installs it on each command), and no file laid over
 /proc (a fresh /proc may not be mounted where one is partly hidden): it lays its own over each
 command's.
@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..launch import (
+from ..host.launch import (
     HOME,
     HOSTNAME,
     SYSTEM_DIRS,

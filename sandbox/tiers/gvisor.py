@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cgroup import Limits
-from ..launch import (
+from ..host.cgroup import Limits
+from ..host.launch import (
     HOME,
     HOSTNAME,
     SYSTEM_DIRS,
@@ -61,8 +61,8 @@ from ..launch import (
     host_prefix,
     tool,
 )
-from ..network import RUN_DIR
-from ..seccomp import REFUSED_OPTIONS
+from ..host.network import RUN_DIR
+from ..host.seccomp import REFUSED_OPTIONS
 from . import Started, Tier
 
 # Both measured on this runsc (0.0~20221219) and a 6.18 host, in docs/sandbox.md:
@@ -209,7 +209,7 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _seccomp() -> dict[str, Any]:
-    """The socket options `sandbox.seccomp` refuses on every tier (those Linux grants only with
+    """The socket options `sandbox.host.seccomp` refuses on every tier (those Linux grants only with
     CAP_NET_ADMIN), refused by gVisor's kernel too, which would take them: EPERM, as bubblewrap's
     host kernel says. (sandboxd's agent installs the whole filter on each command as well.)"""
     rules = [{"names": ["setsockopt"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
@@ -224,7 +224,7 @@ def _capabilities(launch: Launch) -> dict[str, list[str]]:
     """None for the workload. sandboxd's agent runs as uid 0 of gVisor's kernel (none of the
     host's: the Sentry's own) with the capabilities it needs to start each command as the
     sandbox's uid with none (SETUID, SETGID, SETPCAP) and to kill what it leaves (KILL); never
-    in the inheritable or ambient sets (`sandbox.agent`). A uid of its own is what keeps the
+    in the inheritable or ambient sets (`sandbox.guest.agent`). A uid of its own is what keeps the
     workload from the agent here: this kernel lets a process of the same uid open a
     non-dumpable one's /proc/N/fd, and its mount namespaces do not keep a command's /proc its
     own."""

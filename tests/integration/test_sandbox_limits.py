@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.proxy.process.controlclient import call
-from sealgate.sandbox.dns import BURST, RATE
+from sealgate.sandbox.host.dns import BURST, RATE
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
 from tests.integration.tiers import ENV as TIER_ENV

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from sealgate.sandbox.dns import BURST, RATE
-from sealgate.sandbox.firewall import sandbox_rules
-from sealgate.sandbox.network import Link
+from sealgate.sandbox.host.dns import BURST, RATE
+from sealgate.sandbox.host.firewall import sandbox_rules
+from sealgate.sandbox.host.network import Link
 from tests.netns import require_root_net, run
 
 pytestmark = pytest.mark.root

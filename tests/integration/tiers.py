@@ -14,7 +14,7 @@ import os
 import pytest
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.microvm import image, vm
+from sealgate.sandbox.tiers.microvm import image, vm
 
 ENV = {} if vm.kvm_problem() is None else {vm.ACCEL_ENV: "tcg"}
 # A guest image other than var/microvm's, when the suite is pointed at one, for the sealgate

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.microvm import pool
-from sealgate.sandbox.microvm.channel import Channel
+from sealgate.sandbox.tiers.microvm import pool
+from sealgate.sandbox.tiers.microvm.channel import Channel
 from tests.microvm.kit import NOBODY, spec
 
 

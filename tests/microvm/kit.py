@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.microvm import image, vm
-from sealgate.sandbox.microvm.channel import Channel, Result
+from sealgate.sandbox.tiers.microvm import image, vm
+from sealgate.sandbox.tiers.microvm.channel import Channel, Result
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}
 NOBODY = 65534

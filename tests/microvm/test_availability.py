@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.microvm import vm
+from sealgate.sandbox.tiers.microvm import vm
 
 
 def test_without_usable_kvm_the_tier_says_why_unless_emulation_is_asked_for(

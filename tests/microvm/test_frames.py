@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from sealgate.sandbox.errors import SandboxError
-from sealgate.sandbox.microvm.channel import Channel, GuestFrames
-from sealgate.sandbox.microvm.frames import encode
-from sealgate.sandbox.microvm.hostserve import relay
+from sealgate.sandbox.guest.protocol import VERSION, GuestFrames, encode
+from sealgate.sandbox.tiers.microvm.channel import Channel
+from sealgate.sandbox.tiers.microvm.hostserve import relay
 
 
 def frame(head: bytes, payload: bytes = b"") -> bytes:
@@ -58,7 +58,7 @@ def test_a_frame_over_the_bound_is_refused_before_it_arrives() -> None:
 
 def test_what_the_agent_sends_is_read() -> None:
     sent: list[dict[str, Any]] = [
-        {"op": "ready", "kernel": "6.1.0-57-amd64"}, {"op": "ok", "id": 1},
+        {"op": "ready", "kernel": "6.1.0-57-amd64", "version": VERSION}, {"op": "ok", "id": 1},
         {"op": "started", "id": 2, "pid": 97}, {"op": "out", "id": 2, "fd": 2},
         {"op": "exit", "id": 2, "code": 143, "signal": 15},
         {"op": "exit", "id": 3, "code": 124, "timed_out": True},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.microvm.channel import Channel
+from sealgate.sandbox.tiers.microvm.channel import Channel
 from tests.microvm.kit import needs_vm, run
 
 pytestmark = [pytest.mark.root, needs_vm]

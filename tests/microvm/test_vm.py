@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.microvm import pool
-from sealgate.sandbox.microvm.channel import Channel, Result
+from sealgate.sandbox.tiers.microvm import pool
+from sealgate.sandbox.tiers.microvm.channel import Channel, Result
 from tests.microvm.kit import ACCEL, ENV, NOBODY, needs_vm, run, spec
 
 pytestmark = [pytest.mark.root, needs_vm]

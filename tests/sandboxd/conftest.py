@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.client import Client, DaemonError
+from sealgate.sandbox.clients.client import Client, DaemonError
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
 from tests.integration import tiers

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sealgate.sandbox.client import DaemonError, Sandbox
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests.harness import Proxy
 from tests.integration.test_sandbox import SOCKET_OPTIONS
 from tests.integration.tiers import TIERS

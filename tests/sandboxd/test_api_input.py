@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sealgate.sandbox.client import Sandbox, _Unix
+from sealgate.sandbox.clients.client import Sandbox, _Unix
 from tests.sandboxd.conftest import Daemon
 
 MiB = 1 << 20

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from sealgate.sandbox import tiers
-from sealgate.sandbox.client import DaemonError, Sandbox
-from sealgate.sandbox.network import RUN_DIR
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.host.network import RUN_DIR
 from tests.harness import ROOT, SEALGATE, Origin, Proxy
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
 from tests.sandboxd.test_sessions import BASE_ENV, ESCAPES

@@ -28,8 +28,8 @@ import pytest
 
 from sealgate.proxy.process.controlclient import call
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import DaemonError, Sandbox
-from sealgate.sandbox.network import RUN_DIR, lock
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.host.network import RUN_DIR, lock
 from tests.harness import ROOT, SEALGATE, Proxy
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
 from tests.sandboxd.test_sessions import host_processes

@@ -1,5 +1,5 @@
 """A microVM sandbox's commands against each other and its guest agent, through sandboxd's real
-API (`sandbox.microvm.hostserve` relaying to the guest): what one command does to the guest
+API (`sandbox.tiers.microvm.hostserve` relaying to the guest): what one command does to the guest
 must end that command only, never the agent (PID 1: its end is the VM's) nor the commands
 running beside it. The same attacks one at a time over the agent's channel:
 `tests/microvm/test_guest.py`."""
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sealgate.sandbox.client import Result, Sandbox
+from sealgate.sandbox.clients.client import Result, Sandbox
 from tests.harness import Proxy
 from tests.microvm.kit import needs_vm
 from tests.microvm.test_guest import RUNNING, TRACEME

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox import selftest
-from sealgate.sandbox.client import Client, DaemonError
+from sealgate.sandbox.clients.client import Client, DaemonError
+from sealgate.sandbox.daemon import selftest
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon, start_daemon
 
@@ -84,7 +84,7 @@ def test_the_reach_check_fails_where_a_command_can_reach_another_process() -> No
     try:
         time.sleep(0.2)  # past setpriv's exec: the sleep runs as that uid
         probe = subprocess.run([*drop, "/usr/bin/python3", "-I", "-S",
-                                str(ROOT / "sandbox" / "probe.py")],
+                                str(ROOT / "sandbox" / "guest" / "probe.py")],
                                input=json.dumps({"reach": True}), capture_output=True,
                                text=True, timeout=60, check=True)
         seen = json.loads(probe.stdout)

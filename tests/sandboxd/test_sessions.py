@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.sandbox.client import Client, DaemonError, Result, Sandbox
+from sealgate.sandbox.clients.client import Client, DaemonError, Result, Sandbox
 from tests.harness import ROOT, SEALGATE, Origin, Proxy
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon
 
 Make = Callable[..., Sandbox]
 NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")
-# What every command starts from (sandbox.launch.environment), and nothing of the host's.
+# What every command starts from (sandbox.host.launch.environment), and nothing of the host's.
 BASE_ENV = {
     "PATH", "HOME", "LANG", "TERM", "SEALGATE_SANDBOX", "NODE_EXTRA_CA_CERTS",
     "PIP_BREAK_SYSTEM_PACKAGES", "NPM_CONFIG_PREFIX", "http_proxy", "https_proxy",

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.client import DaemonError, Sandbox
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests.harness import Origin, Proxy
 from tests.integration.tiers import TIERS
 from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon

@@ -20,7 +20,7 @@ from tests.harness import Proxy
 from tests.netns import interfaces, netns_inode
 
 # Interfaces a test or the sandbox runtime may have made by now (tests.netns, test_ssrf_host,
-# sandbox.network): test veths and links, sandbox links.
+# sandbox.host.network): test veths and links, sandbox links.
 _TEST_PREFIXES = ("tsh", "tsd", "tsp", "sgh")
 # What a broken guard would dial: metadata (one of them public), CGNAT, documentation, public.
 OFF_MACHINE = [

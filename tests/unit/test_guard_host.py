@@ -17,7 +17,7 @@ from sealgate.proxy.net.hostaddr import (
     parse_networks,
 )
 from sealgate.reasons import Reason
-from sealgate.sandbox.network import DEFAULT_RANGE
+from sealgate.sandbox.host.network import DEFAULT_RANGE
 from tests.netns import require_root_net, run
 
 

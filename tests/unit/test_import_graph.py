@@ -308,3 +308,81 @@ def test_a_planted_wrong_way_import_inside_the_proxy_is_found(tmp_path: Path) ->
         "sealgate.proxy.net.guard imports sealgate.proxy.policy.model (line 2)",
         "sealgate.proxy.request.flowstate imports sealgate.proxy.process.master (line 1)",
     ]
+
+
+# -- layers inside the sandbox (#23) ---------------------------------------------------------
+
+# sealgate.sandbox.X -> what X may not import. guest/ runs inside a sandbox, handed to the
+# host's python3 with nothing of sealgate's: the standard library only (`_guest_imports`).
+SANDBOX_LAYERS = {
+    "host": ("daemon", "tiers", "clients"),
+    "clients": ("daemon", "tiers", "host"),  # they talk to the daemon over its API
+}
+
+
+def sandbox_layering(root: Path) -> list[str]:
+    """Imports inside sealgate.sandbox that cross its layers the wrong way."""
+    edges, lines = graph(root)
+    bad = []
+    for module, targets in sorted(edges.items()):
+        layer = module.removeprefix("sealgate.sandbox.").split(".")[0]
+        if not module.startswith("sealgate.sandbox.") or layer not in SANDBOX_LAYERS:
+            continue
+        refused = tuple(f"sealgate.sandbox.{name}" for name in SANDBOX_LAYERS[layer])
+        for target in sorted(targets):
+            if target.startswith(tuple(r + "." for r in refused) + refused):
+                bad.append(f"{module} imports {target} (line {lines[(module, target)]})")
+    return bad + _guest_imports(root)
+
+
+def _guest_imports(root: Path) -> list[str]:
+    """guest/'s imports of anything but the standard library and guest/ itself."""
+    import sys  # here, so that this test's additions stay at the end of the file
+
+    bad = []
+    for name, path in sorted(layout_modules(root).items()):
+        if not name.startswith("sealgate.sandbox.guest"):
+            continue
+        for target, _, line in _imports(path, name):
+            top = target.split(".")[0]
+            inside = target == "sealgate.sandbox.guest" or target.startswith(
+                "sealgate.sandbox.guest.")
+            if not inside and (top == "sealgate" or top not in sys.stdlib_module_names):
+                bad.append(f"{name} imports {target} (line {line})")
+    return bad
+
+
+def test_sandbox_layers() -> None:
+    bad = sandbox_layering(ROOT)
+    assert not bad, "imports across the sandbox's layers:\n  " + "\n  ".join(bad)
+
+
+def test_planted_sandbox_layer_violations_are_found(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "sealgate/__init__.py": "",
+        "sealgate/reasons.py": "",
+        "sealgate/sandbox/__init__.py": "",
+        "sealgate/sandbox/errors.py": "",
+        "sealgate/sandbox/guest/__init__.py": "",
+        "sealgate/sandbox/guest/protocol.py": "import json\n",
+        "sealgate/sandbox/guest/agent.py": (
+            "import os\nfrom . import protocol\nfrom ..errors import x\nimport yaml\n"
+            "from sealgate.reasons import Reason\n"),
+        "sealgate/sandbox/host/__init__.py": "",
+        "sealgate/sandbox/host/network.py": (
+            "from ..errors import x\nfrom ..guest import protocol\n"),  # both allowed
+        "sealgate/sandbox/host/cgroup.py": "from ..tiers import bwrap\n",
+        "sealgate/sandbox/tiers/__init__.py": "",
+        "sealgate/sandbox/tiers/bwrap.py": "from ..host import network\n",  # downward: fine
+        "sealgate/sandbox/daemon/__init__.py": "",
+        "sealgate/sandbox/daemon/slot.py": "from ..tiers import bwrap\n",
+        "sealgate/sandbox/clients/__init__.py": "",
+        "sealgate/sandbox/clients/client.py": "def f():\n    from ..daemon import slot\n",
+    })
+    assert sandbox_layering(root) == [
+        "sealgate.sandbox.clients.client imports sealgate.sandbox.daemon.slot (line 2)",
+        "sealgate.sandbox.host.cgroup imports sealgate.sandbox.tiers.bwrap (line 1)",
+        "sealgate.sandbox.guest.agent imports sealgate.sandbox.errors (line 3)",
+        "sealgate.sandbox.guest.agent imports yaml (line 4)",
+        "sealgate.sandbox.guest.agent imports sealgate.reasons (line 5)",
+    ]

@@ -38,14 +38,15 @@ def _imported(*modules: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", [
-    "sealgate.proxy", "sealgate.sandbox", "sealgate.sandbox.daemon", "sealgate.sandbox.runtime",
+    "sealgate.proxy", "sealgate.sandbox", "sealgate.sandbox.daemon.daemon",
+    "sealgate.sandbox.runtime",
 ])
 def test_the_face_and_the_sandbox_runtime_import_no_proxy_machinery(module: str) -> None:
     assert _imported(module).isdisjoint(HEAVY)
 
 
 def test_the_sandbox_client_imports_neither_mitmproxy_nor_aiohttp() -> None:
-    assert _imported("sealgate.sandbox.client").isdisjoint(HEAVY)
+    assert _imported("sealgate.sandbox.clients.client").isdisjoint(HEAVY)
 
 
 def test_the_face_names_the_proxys_own_paths(tmp_path: Path) -> None:

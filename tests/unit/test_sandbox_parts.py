@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from sealgate.sandbox.cli import parse_duration
-from sealgate.sandbox.firewall import sandbox_rules, shared_rules
-from sealgate.sandbox.launch import Launch, environment, staged
-from sealgate.sandbox.network import Link, NetworkError, Plan
-from sealgate.sandbox.seccomp import SeccompUnsupported, program
+from sealgate.sandbox.host.firewall import sandbox_rules, shared_rules
+from sealgate.sandbox.host.launch import Launch, environment, staged
+from sealgate.sandbox.host.network import Link, NetworkError, Plan
+from sealgate.sandbox.host.seccomp import SeccompUnsupported, program
+from sealgate.sandbox.host.watchdog import Watchdog
 from sealgate.sandbox.tiers.bwrap import args as bwrap_args
 from sealgate.sandbox.tiers.bwrap import argv
-from sealgate.sandbox.watchdog import Watchdog
 
 LINK = Link(3, "sg-3", "sgh3", "sgn3", IPv4Address("10.200.0.13"), IPv4Address("10.200.0.14"),
             IPv4Address("10.200.255.254"))
@@ -178,7 +178,7 @@ def test_seccomp_decisions(nr: int, args: tuple[int, ...], arch: int, verdict: i
 def test_the_sandbox_name_server_answers_every_name_with_the_link() -> None:
     from dnslib import DNSRecord
 
-    from sealgate.sandbox.dns import FakeDns
+    from sealgate.sandbox.host.dns import FakeDns
 
     names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))
     try:
@@ -207,7 +207,7 @@ def test_the_name_server_reads_no_more_than_its_rate_whatever_gets_through() -> 
 
     from dnslib import DNSRecord
 
-    from sealgate.sandbox.dns import BURST, RATE, FakeDns
+    from sealgate.sandbox.host.dns import BURST, RATE, FakeDns
 
     names = FakeDns(IPv4Address("127.0.0.1"), IPv4Address("10.200.0.13"))
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

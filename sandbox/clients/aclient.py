@@ -1,0 +1,212 @@
+"""The asyncio client of `sealgate sandboxd`: `AsyncSandbox`, the same calls as the sync
+`Sandbox` (`client`; both on `clientshared`'s request bodies, results, errors and call
+limits), on aiohttp.
+
+    async with AsyncSandbox.create("ci-bot") as sb:
+        await sb.write("a.py", b"print(1)")
+        result = await sb.run(["python3", "a.py"])
+
+or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself. Every call takes
+`call_timeout` as the sync client's do (the whole call; CallTimeout past it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from sealgate.reasons import Reason
+
+from .clientshared import (
+    DEFAULT,
+    DEFAULT_DAEMON,
+    GRACE,
+    TIMEOUT,
+    CallLimit,
+    Collected,
+    DaemonError,
+    Result,
+    call_limit,
+    create_body,
+    error_of,
+    event_of,
+    exec_body,
+    file_path,
+    stream_cut,
+    timed_out,
+    unreachable,
+)
+
+
+class AsyncSandbox:
+    """A live sandbox of the daemon; `timeout` is the limit of a call that names none."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str, headers: Mapping[str, str],
+                 info: dict[str, Any], where: str) -> None:
+        self._http = http
+        self._base = base
+        self._headers = dict(headers)
+        self._where = where
+        self.info = info
+        self.id: str = info["id"]
+        self.timeout: float | None = TIMEOUT
+
+    @classmethod
+    def create(cls, sandbox: str | None = None, *, policy: str | None = None,
+               limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+               ttl: float | None = None, idle_timeout: float | None = None,
+               isolation: str | None = None, daemon: str | None = None,
+               key: str | None = None, call_timeout: CallLimit = DEFAULT) -> _Creating:
+        """Awaitable (the sandbox) and an async context manager (deleted on the way out)."""
+        body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
+                           idle_timeout=idle_timeout, isolation=isolation)
+        return _Creating(cls._create(body, daemon, key, call_limit(call_timeout, TIMEOUT)))
+
+    @classmethod
+    async def _create(cls, body: dict[str, Any], daemon: str | None, key: str | None,
+                      limit: float | None) -> AsyncSandbox:
+        where = daemon or os.environ.get("SEALGATE_SANDBOXD") or DEFAULT_DAEMON
+        key = key or os.environ.get("SEALGATE_SANDBOXD_KEY")
+        if "://" in where:
+            http = aiohttp.ClientSession()
+            base = where.rstrip("/")
+        else:
+            http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
+            base = "http://sandboxd"
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            info = await _json(http, "POST", base + "/v1/sandboxes", headers=headers,
+                               limit=limit, where=where, body=body)
+        except BaseException:
+            await http.close()
+            raise
+        return cls(http, base, headers, info, where)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.delete()
+
+    async def delete(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        """Delete the sandbox (one already gone is fine) and close this client."""
+        try:
+            await _json(self._http, "DELETE", self._url(""), headers=self._headers,
+                        limit=call_limit(call_timeout, self.timeout), where=self._where)
+        except DaemonError as exc:
+            if exc.reason not in (Reason.NO_SUCH_SANDBOX, Reason.SANDBOX_ENDED):
+                raise
+        finally:
+            await self._http.close()
+
+    def _url(self, tail: str) -> str:
+        return f"{self._base}/v1/sandboxes/{quote(self.id, safe='')}{tail}"
+
+    def _answer(self, method: str, url: str, limit: float | None,
+                **send: Any) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        return _answer(self._http, method, url, headers=self._headers, limit=limit,
+                       where=self._where, **send)
+
+    async def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                     cwd: str | None = None, stdin: bytes | None = None,
+                     timeout: float | None = 600.0, call_timeout: CallLimit = DEFAULT
+                     ) -> AsyncIterator[tuple[str, bytes | Result]]:
+        body = exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stream=True)
+        limit = call_limit(call_timeout, None if timeout is None else timeout + GRACE)
+        async with self._answer("POST", self._url("/exec"), limit, json=body) as response:
+            async for line in response.content:
+                name, data = event_of(line)
+                yield name, data
+                if name == "exit":
+                    return
+        raise stream_cut()
+
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  cwd: str | None = None, stdin: bytes | None = None,
+                  timeout: float | None = 600.0, check: bool = False,
+                  call_timeout: CallLimit = DEFAULT) -> Result:
+        collected = Collected(check)
+        async for name, data in self.stream(argv, env=env, cwd=cwd, stdin=stdin,
+                                            timeout=timeout, call_timeout=call_timeout):
+            if (result := collected.add(name, data)) is not None:
+                return result
+        raise stream_cut()
+
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644,
+                    call_timeout: CallLimit = DEFAULT) -> int:
+        url = self._base + file_path(self.id, path) + f"?mode={mode:o}"
+        answer = await _json(self._http, "PUT", url, headers=self._headers,
+                             limit=call_limit(call_timeout, self.timeout), where=self._where,
+                             data=bytes(data))
+        return int(answer["size"])
+
+    async def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes:
+        async with self._answer("GET", self._base + file_path(self.id, path),
+                                call_limit(call_timeout, self.timeout)) as response:
+            return await response.read()
+
+
+class _Creating:
+    def __init__(self, pending: Any) -> None:
+        self._pending = pending
+        self._sandbox: AsyncSandbox | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
+        return self._pending.__await__()  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sandbox = await self._pending
+        return self._sandbox
+
+    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.delete()
+
+
+@contextlib.asynccontextmanager
+async def _answer(http: aiohttp.ClientSession, method: str, url: str, *,
+                  headers: Mapping[str, str], limit: float | None, where: str,
+                  **send: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    """A call's answer, read within its limit (the whole call: aiohttp's `total`), or a
+    DaemonError: a refusal, a daemon that cannot be reached, an answer cut, CallTimeout."""
+    answered = False
+    try:
+        async with http.request(method, url, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=limit), **send) as response:
+            if response.status >= 300:
+                raise error_of(response.status, await response.content.read(1 << 16))
+            answered = True
+            yield response
+    except TimeoutError:  # aiohttp's own time-outs are TimeoutErrors too
+        raise timed_out(where, limit) from None
+    except aiohttp.ClientError as exc:
+        if answered:
+            raise DaemonError(f"the daemon's answer was cut: {exc}",
+                              reason=Reason.INTERNAL_ERROR, status=200) from None
+        raise unreachable(where, exc) from None
+
+
+async def _json(http: aiohttp.ClientSession, method: str, url: str, *,
+                headers: Mapping[str, str], limit: float | None, where: str,
+                body: Any = None, data: bytes | None = None) -> dict[str, Any]:
+    send: dict[str, Any] = {"data": data} if data is not None else {"json": body}
+    async with _answer(http, method, url, headers=headers, limit=limit, where=where,
+                       **send) as response:
+        raw = await response.read()
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DaemonError("the daemon answered with something other than an object",
+                          reason=Reason.INTERNAL_ERROR, status=response.status)
+    return answer

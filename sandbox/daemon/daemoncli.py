@@ -1,0 +1,75 @@
+"""`sealgate sandboxd`: the sandbox daemon, serving its API until SIGTERM or SIGINT (root).
+
+The heavy imports (aiohttp, the daemon) happen only when it runs, so registering the command
+costs the rest of the CLI nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from sealgate.clikit import Commands
+
+from .. import tiers
+from ..host.network import DEFAULT_GATEWAY, DEFAULT_RANGE
+
+DEFAULT_SOCKET = Path("/run/sealgate/sandboxd.sock")
+
+
+def register(sub: Commands) -> None:
+    p = sub.add_parser("sandboxd", help="the sandbox daemon: long-lived sandboxes over an API, "
+                                        "from a warm pool (root)")
+    env = os.environ.get
+    p.add_argument("--state", type=Path, default=Path(env("SEALGATE_STATE", "var")),
+                   help="the proxy's state directory (control socket, CA)")
+    p.add_argument("--proxy-port", type=int, default=3128,
+                   help="the proxy's explicit listener on the gateway (default 3128)")
+    p.add_argument("--transparent-port", type=int, default=None,
+                   help="the proxy's transparent listener on the gateway: other TCP goes there")
+    p.add_argument("--range", type=IPv4Network, default=DEFAULT_RANGE,
+                   help=f"addresses for sandbox links (default {DEFAULT_RANGE})")
+    p.add_argument("--gateway", type=IPv4Address, default=DEFAULT_GATEWAY,
+                   help=f"the proxy's address for sandboxes (default {DEFAULT_GATEWAY})")
+    p.add_argument("--socket", type=Path, default=Path(env("SEALGATE_SANDBOXD", DEFAULT_SOCKET)),
+                   help=f"the API's unix socket, owner-only (default {DEFAULT_SOCKET})")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="also serve the API over TCP, every request with the bearer key")
+    p.add_argument("--key-file", type=Path,
+                   help="the TCP listener's bearer key (a file: never on a command line)")
+    p.add_argument("--tls-cert", type=Path, help="serve the TCP listener over TLS: certificate")
+    p.add_argument("--tls-key", type=Path, help="... and its private key")
+    p.add_argument("--pool", type=int, default=4, help="sandboxes kept ready (default 4)")
+    p.add_argument("--max-sandboxes", type=int, default=256,
+                   help="most sandboxes alive at once (default 256)")
+    p.add_argument("--max-ttl", type=float, default=24 * 3600.0,
+                   help="the longest ttl a create may ask for, seconds (default 86400)")
+    p.add_argument("--uid-base", type=int, default=3_000_000,
+                   help="sandbox n runs as this uid plus n (default 3000000)")
+    p.add_argument("--disk", default="1G",
+                   help="each sandbox's writable layer (tmpfs, counted as its memory; "
+                        "default 1G)")
+    p.add_argument("--isolation", choices=tiers.NAMES, default=tiers.DEFAULT,
+                   help="what confines every sandbox of this daemon: "
+                        f"{', '.join(tiers.NAMES)} (default {tiers.DEFAULT})")
+    p.add_argument("--no-selftest", action="store_true",
+                   help="report ready without first proving the network boundary holds")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print("sealgate sandboxd needs root (network namespaces, nftables, cgroups)",
+              file=sys.stderr)
+        return 2
+    from . import serve  # aiohttp only when the daemon runs
+
+    try:
+        settings = serve.Settings.of(args)
+    except ValueError as exc:
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 2
+    return serve.main(settings)

@@ -1,0 +1,164 @@
+"""Running the daemon: its listeners, its start (gateway, stale leases, pool, self-test) and a
+clean stop on SIGTERM or SIGINT (every sandbox deleted, nothing left)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import ssl
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from sealgate.hostport import parse_hostport
+
+from .. import tiers
+from ..errors import SandboxError
+from ..host import firewall
+from ..host.cgroup import parse_size
+from ..host.network import Plan
+from ..runtime import setup
+from . import selftest, slot
+from .api import make_app
+from .apiserver import Runner
+from .daemon import Config, Daemon
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: Config
+    socket: Path
+    listen: tuple[str, int] | None = None
+    key: bytes | None = None
+    tls: ssl.SSLContext | None = None
+    selftest: bool = True
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Settings:
+        """From the command line; ValueError saying what is wrong."""
+        try:
+            plan = Plan(range=args.range, gateway=args.gateway)
+            slots = slot.Config(state=args.state.resolve(), proxy_port=args.proxy_port,
+                                transparent_port=args.transparent_port, plan=plan,
+                                uid_base=args.uid_base, disk=parse_size(args.disk),
+                                isolation=args.isolation)
+        except SandboxError as exc:
+            raise ValueError(str(exc)) from None
+        if problem := tiers.available(args.isolation):
+            raise ValueError(f"isolation {args.isolation} is not available: {problem}")
+        if not 0 <= args.pool <= 1024 or not 1 <= args.max_sandboxes <= len(plan.links):
+            raise ValueError(f"--pool 0..1024 and --max-sandboxes 1..{len(plan.links)}")
+        listen = key = tls = None
+        if args.listen:
+            try:
+                listen = parse_hostport(args.listen)
+            except ValueError as exc:
+                raise ValueError(f"--listen: {exc}") from None
+            if args.key_file is None:
+                raise ValueError("--listen needs --key-file: the TCP listener takes only "
+                                 "requests with the bearer key")
+            try:
+                key = args.key_file.read_bytes().strip()
+                mode = args.key_file.stat().st_mode
+            except OSError as exc:
+                raise ValueError(f"--key-file: {exc.strerror}") from None
+            # Sandboxes see the host's /etc read-only: a key others may read could be theirs.
+            if mode & 0o077:
+                raise ValueError(f"--key-file {args.key_file}: readable by others (mode "
+                                 f"{mode & 0o777:o}); make it 0600, outside /etc")
+            if len(key) < 16 or not key.isascii() or b" " in key:
+                raise ValueError("--key-file: the key must be at least 16 printable ASCII "
+                                 "characters without spaces")
+            if args.tls_cert or args.tls_key:
+                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                try:
+                    tls.load_cert_chain(args.tls_cert, args.tls_key)
+                except (OSError, ssl.SSLError, TypeError) as exc:
+                    raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
+        if not 1 <= args.max_ttl <= 366 * 86400:
+            raise ValueError("--max-ttl: 1 s to a year")
+        config = Config(slots=slots, pool=args.pool, max_sandboxes=args.max_sandboxes,
+                        max_ttl=args.max_ttl)
+        return cls(config, args.socket, listen, key, tls, not args.no_selftest)
+
+
+def main(settings: Settings) -> int:
+    try:
+        return asyncio.run(_serve(settings))
+    except (SandboxError, OSError) as exc:
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _verify(daemon: Daemon, own_socket: Path) -> list[selftest.Check]:
+    """Run the self-test; the daemon creates sandboxes only while the last one passed."""
+    checks = await selftest.run(daemon, own_socket)
+    failed = [c for c in checks if not c.ok]
+    for check in failed:
+        print(f"sealgate sandboxd: self-test FAILED: {check.name}: {check.detail}",
+              file=sys.stderr, flush=True)
+    daemon.unverified = ("self-test failed: " + "; ".join(c.name for c in failed)) if failed \
+        else None
+    if not failed:
+        print(f"sealgate sandboxd: self-test passed ({len(checks)} checks)", file=sys.stderr,
+              flush=True)
+    return checks
+
+
+async def _serve(settings: Settings) -> int:
+    plan = settings.config.slots.plan
+    if not firewall.exists(firewall.shared_table(plan)):
+        await asyncio.to_thread(setup, plan)
+    daemon = Daemon(settings.config)
+    if settings.selftest:
+        daemon.unverified = "the self-test has not run yet"
+    await daemon.start()
+    app = make_app(daemon, settings.key)
+
+    async def selftest_call(_: web.Request) -> web.Response:
+        checks = await _verify(daemon, settings.socket)
+        # 200 either way: the answer is the checks; /v1/health says whether it is ready.
+        return web.json_response({"ok": all(c.ok for c in checks),
+                                  "checks": [dataclasses.asdict(c) for c in checks]})
+
+    app.router.add_get("/v1/selftest", selftest_call)
+    runner = Runner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    try:
+        settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+        old = os.umask(0o177)  # no moment when others could connect
+        try:
+            await web.UnixSite(runner, str(settings.socket)).start()
+        finally:
+            os.umask(old)
+        where = [str(settings.socket)]
+        if settings.listen is not None:
+            host, port = settings.listen
+            await web.TCPSite(runner, host, port, ssl_context=settings.tls).start()
+            where.append(f"{'https' if settings.tls else 'http'}://{host}:{port}")
+        print(f"sealgate sandboxd: serving on {', '.join(where)}; pool "
+              f"{settings.config.pool}, at most {settings.config.max_sandboxes} sandboxes",
+              file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if settings.selftest:
+            first = asyncio.create_task(_verify(daemon, settings.socket))
+            await asyncio.wait([first, asyncio.create_task(stop.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+        await stop.wait()
+    finally:
+        await daemon.close()
+        await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+    return 0

@@ -1,0 +1,370 @@
+"""A live sandbox of the daemon, as the event loop sees it: exec, put and get through its agent.
+
+Every request gets descriptors of its own (pipes the daemon made), handed to the agent with the
+request; the output of a command flows from those pipes straight to whoever asked, with the
+pipe's own back-pressure (a slow reader slows the command, never the daemon's memory). What
+comes back is the sandbox's word and is bounded: a status line of at most `STATUS_MAX` bytes,
+a file of at most the size it announced.
+
+Each command's own time limit is kept inside (the agent's shim kills its tree); the daemon keeps
+a backstop a little later (a workload may have killed its shim), after which it reports the
+command lost. A caller that goes away mid-stream ends its command the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sealgate.reasons import Reason
+
+from ..errors import SandboxError
+from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
+from ..host.cgroup import Limits
+from .pipes import Writer, feed, open_pipe, pump, read_all
+from .slot import Slot
+
+_CHUNK = 1 << 16
+_BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
+MAX_REQUESTS = 64  # at once per sandbox
+MAX_PATH = 4096
+IO_STALL = 60.0  # seconds a file transfer may go without progress
+_T = TypeVar("_T")
+
+
+class SessionError(SandboxError):
+    """A request to a sandbox refused; its reason says why."""
+
+    reason = Reason.INTERNAL_ERROR  # each is raised with its own
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a caller chooses at create."""
+
+    sandbox: str  # the id the rules name (its policy)
+    limits: Limits = field(default_factory=Limits)
+    env: Mapping[str, str] = field(default_factory=dict)
+    ttl: float = 600.0
+    idle_timeout: float = 180.0
+    isolation: str = "bwrap"
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes = b""
+    timeout: float | None = 600.0
+
+
+Event = tuple[str, bytes] | tuple[str, dict[str, Any]]
+
+
+def check_path(path: str) -> str:
+    """A path inside the workspace, as the agent will walk it; SessionError(bad_path)."""
+    parts = path.split("/")
+    if (not path or len(path) > MAX_PATH or path.startswith("/") or "\0" in path
+            or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in parts)):
+        raise SessionError("a path inside the workspace: names joined by '/', none of them "
+                           "'.' or '..', not absolute", reason=Reason.BAD_PATH)
+    return path
+
+
+class Session:
+    def __init__(self, ident: str, slot: Slot, options: Options) -> None:
+        self.id = ident
+        self.slot = slot
+        self.options = options
+        self.created = time.time()
+        self._started = time.monotonic()
+        self.last_active = self._started
+        self.active = 0
+        self.commands = 0
+        self.ended = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._loop = asyncio.get_running_loop()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def expired(self, now: float) -> str | None:
+        """Why the sandbox should end now ("ttl", "idle"), or None."""
+        if now - self._started >= self.options.ttl:
+            return "ttl"
+        if self.active == 0 and now - self.last_active >= self.options.idle_timeout:
+            return "idle"
+        return None
+
+    def info(self) -> dict[str, Any]:
+        now = time.monotonic()
+        limits = self.options.limits
+        return {
+            "id": self.id, "sandbox": self.options.sandbox, "isolation": self.options.isolation,
+            "address": str(self.slot.link.sandbox_ip), "uid": self.slot.uid,
+            "created": round(self.created, 3), "commands": self.commands,
+            "running": self.active,
+            "expires_in": round(max(0.0, self.options.ttl - (now - self._started)), 1),
+            "idle_for": 0.0 if self.active else round(now - self.last_active, 1),
+            "limits": {"pids": limits.pids, "memory": limits.memory, "cpus": limits.cpus},
+            "ended": self.ended.is_set(),
+        }
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _begin(self) -> int:
+        if self.ended.is_set():
+            raise SessionError(f"sandbox {self.id} has ended", reason=Reason.SANDBOX_ENDED)
+        if self.active >= MAX_REQUESTS:
+            raise SessionError(f"sandbox {self.id} is already serving {MAX_REQUESTS} requests",
+                               reason=Reason.SANDBOX_BUSY)
+        self.active += 1
+        return next(self._ids)
+
+    def _end(self) -> None:
+        self.active -= 1
+        self.last_active = time.monotonic()
+
+    def _send(self, op: Op, ident: int, fds: Sequence[int], **fields: Any) -> None:
+        """Hand a request and its descriptors to the agent (ours are closed either way). An agent
+        that does not take it (gone, or stopped from inside with its channel full) ends the
+        sandbox: the daemon deletes it."""
+        try:
+            data = packet(op, ident, **fields)
+            if len(data) > MAX_REQUEST:
+                raise SessionError(f"argv, env and cwd together over {MAX_REQUEST} bytes: put "
+                                   "a long script in a file", reason=Reason.TOO_LARGE)
+            socket.send_fds(self.slot.channel, [data], list(fds))
+        except OSError:
+            self.ended.set()
+            raise SessionError(f"sandbox {self.id}'s agent is gone or not reading",
+                               reason=Reason.SANDBOX_ENDED) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _kill(self, ident: int) -> None:
+        with contextlib.suppress(SessionError):
+            self._send(Op.KILL, ident, [])
+
+    async def run(self, command: Command) -> AsyncGenerator[Event, None]:
+        """("stdout" | "stderr", bytes) as they come, then ("exit", status)."""
+        ident = self._begin()
+        self.commands += 1
+        pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
+        ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
+        env = {**self.slot.environment, **self.options.env, **command.env}
+        started = time.monotonic()
+        finished = False
+        tasks: list[asyncio.Task[None]] = []
+        status_task: asyncio.Task[bytes] | None = None
+        try:
+            self._send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
+                       argv=list(command.argv), env=env, cwd=command.cwd,
+                       timeout=command.timeout, pids=self.options.limits.pids)
+            queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
+            stdin, ours[0] = ours[0], -1
+            tasks.append(asyncio.create_task(feed(stdin, command.stdin)))
+            for name, slot in (("stdout", 1), ("stderr", 2)):
+                fd, ours[slot] = ours[slot], -1
+                tasks.append(asyncio.create_task(pump(fd, name, queue)))
+            status_fd, ours[3] = ours[3], -1
+            status_task = asyncio.create_task(read_all(status_fd, STATUS_MAX))
+            deadline = None if command.timeout is None else started + command.timeout + _BACKSTOP
+            asked = False
+
+            async def waiting(what: Callable[[], Awaitable[_T]]) -> tuple[bool, _T | None]:
+                """`what()` within the command's limit and the backstop; past it the agent is
+                asked to kill the command once, and then the wait is given up."""
+                nonlocal deadline, asked
+                while True:
+                    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        return True, await asyncio.wait_for(what(), wait)
+                    except TimeoutError:
+                        if asked:
+                            return False, None
+                        self._kill(ident)
+                        asked = True
+                        deadline = time.monotonic() + _BACKSTOP
+
+            open_streams = 2
+            while open_streams:
+                got, item = await waiting(queue.get)
+                if not got or item is None:
+                    break
+                name, data = item
+                if data:
+                    yield name, data
+                else:
+                    open_streams -= 1
+            # A command may close its output and go on running: its status comes when it
+            # ends, within its own limit (the shim's) and the backstop after it, as above.
+            raw: bytes | None = b""
+            if not open_streams:
+                _, raw = await waiting(lambda: asyncio.shield(status_task))
+            else:  # the backstop passed with output still open
+                with contextlib.suppress(TimeoutError):
+                    raw = await asyncio.wait_for(asyncio.shield(status_task), _BACKSTOP)
+            status = _status(raw or b"")
+            status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
+            # Without a status the shim is gone or stuck: whatever is left of it is killed.
+            finished = status.get("ending") != Ending.LOST
+            yield "exit", status
+        finally:
+            if not finished:
+                self._kill(ident)
+            for task in (*tasks, *([status_task] if status_task else [])):
+                task.cancel()
+            try:
+                for fd in ours:
+                    if fd >= 0:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+            finally:
+                self._end()
+
+    async def put(self, path: str, size: int, mode: int, body: AsyncIterator[bytes]) -> int:
+        """Write `size` bytes from `body` to `path` of the workspace (replacing, never through a
+        link); the size written."""
+        check_path(path)
+        ident = self._begin()
+        try:
+            data_r, data_w = os.pipe()
+            status_r, status_w = os.pipe()
+            try:
+                self._send(Op.PUT, ident, [data_r, status_w], path=path, size=size, mode=mode)
+            except SessionError:
+                os.close(data_w)
+                os.close(status_r)
+                raise
+            status_task = asyncio.create_task(read_all(status_r, STATUS_MAX))
+            writer = Writer(data_w)
+            try:
+                async for chunk in body:
+                    if not await _stalled(writer.write(chunk), "stopped reading the file"):
+                        break
+            except BaseException:
+                status_task.cancel()  # the agent sees a short file and drops it
+                raise
+            finally:
+                writer.close()
+            answer = _status(await _stalled(status_task, "did not say how the write went"))
+            if "error" in answer:
+                raise SessionError(f"{path}: {answer['error']}", reason=_file_reason(answer))
+            return int(answer.get("size", 0))
+        finally:
+            self._end()
+
+    async def get(self, path: str, limit: int) -> tuple[int, Download]:
+        """The size of `path` of the workspace and its bytes, read as they are sent."""
+        check_path(path)
+        ident = self._begin()
+        try:
+            data_r, data_w = os.pipe()
+            status_r, status_w = os.pipe()
+            try:
+                self._send(Op.GET, ident, [data_w, status_w], path=path, limit=limit)
+            except SessionError:
+                os.close(data_r)
+                os.close(status_r)
+                raise
+            async with open_pipe(status_r) as reader:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), 30.0)
+                except (TimeoutError, ValueError):
+                    line = b""
+            answer = _status(line)
+            if "error" in answer or "size" not in answer:
+                os.close(data_r)
+                raise SessionError(f"{path}: {answer.get('error', 'no answer')}",
+                                   reason=_file_reason(answer))
+        except BaseException:
+            self._end()
+            raise
+        size = int(answer["size"])
+        return size, Download(data_r, size, self._end)
+
+
+class Download:
+    """A file's bytes as the agent sends them, at most the size it announced. `aclose` ends
+    it whether or not it was read (an async generator never started would not run its
+    clean-up, leaving the pipe open and the sandbox counting a request forever)."""
+
+    def __init__(self, fd: int, size: int, done: Callable[[], None]) -> None:
+        self._fd = fd
+        self.size = size
+        self._done: Callable[[], None] | None = done
+        self._chunks: AsyncGenerator[bytes, None] | None = None
+
+    def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        if self._chunks is None:
+            self._chunks = self._read()
+        return self._chunks
+
+    async def _read(self) -> AsyncGenerator[bytes, None]:
+        fd, self._fd = self._fd, -1
+        try:
+            async with open_pipe(fd) as reader:
+                left = self.size
+                while left > 0 and (chunk := await _stalled(reader.read(min(_CHUNK, left)),
+                                                            "stopped sending the file")):
+                    left -= len(chunk)
+                    yield chunk
+        finally:
+            self._finish()
+
+    async def aclose(self) -> None:
+        if self._chunks is not None:
+            await self._chunks.aclose()
+        if self._fd >= 0:  # never started: its generator's clean-up would not run
+            os.close(self._fd)
+            self._fd = -1
+        self._finish()
+
+    def _finish(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
+
+
+async def _stalled(step: Awaitable[_T], what: str) -> _T:
+    """One step of a transfer, which the sandbox's side (its own uid: it may stop its shim)
+    must make within `IO_STALL` seconds, or the transfer fails rather than hang."""
+    try:
+        return await asyncio.wait_for(step, IO_STALL)
+    except TimeoutError:
+        raise SessionError(f"the sandbox {what} for {IO_STALL:g} s",
+                           reason=Reason.SANDBOX_FAILED) from None
+
+
+def _file_reason(answer: dict[str, Any]) -> Reason:
+    error = str(answer.get("error", ""))
+    if answer.get("too_large") or "No space left" in error:  # over the scratch's cap
+        return Reason.TOO_LARGE
+    if "No such file" in error or "Not a directory" in error or "not a regular file" in error:
+        return Reason.NO_SUCH_FILE
+    if "symbolic link" in error or "Too many levels" in error or "inside the workspace" in error:
+        return Reason.BAD_PATH
+    return Reason.BAD_REQUEST
+
+
+def _status(raw: bytes) -> dict[str, Any]:
+    """The shim's status line, or what stands for it when there is none (it was killed by the
+    workload, or the sandbox ended): never a guess at an exit code."""
+    try:
+        answer = json.loads(raw.split(b"\n", 1)[0])
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return {"exit": None, "ending": Ending.LOST,
+                "error": "the command's supervisor in the sandbox ended without a status"}
+    return answer

@@ -1,0 +1,162 @@
+"""A slot: everything a long-lived sandbox holds on the host, made ahead of time for the pool.
+
+A slot is a link (namespace, veth, its firewall table) leased to the daemon, its name server,
+its cgroups, its scratch tmpfs and its uid (the range's base plus the link index: unique while
+the link is held, so two sandboxes never share a uid's kernel limits, signals or files), and,
+running in all of that, bubblewrap with the agent (`sandbox.guest.agent`) waiting for requests.
+What a caller adds at create (who the sandbox is to the proxy, its limits, its environment, its
+lifetime) is cheap to set on a running slot, so the pool can hold everything else warm.
+
+`prepare` and `release` block (ip, nft, mount): the daemon runs them in threads. The parts the
+event loop owns (the name server, the agent's channel) are started and stopped by the daemon.
+The order of teardown is `runtime`'s: processes killed with their cgroups, then the tmpfs, then
+the namespace before its table, the lease last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import tiers
+from ..errors import SandboxError
+from ..guest import staging
+from ..host import firewall, scratch
+from ..host.cgroup import Group, Limits
+from ..host.dns import LoopDns
+from ..host.launch import Launch, environment, staged
+from ..host.network import Link, Plan
+from ..runtime import prerequisites, remove_link, take_link, trust, unregister
+
+SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command
+PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
+
+
+@dataclass(frozen=True)
+class Config:
+    """What every slot of a daemon shares."""
+
+    state: Path  # the proxy's state directory: its control socket and CA
+    proxy_port: int
+    transparent_port: int | None = None
+    plan: Plan = field(default_factory=Plan)
+    uid_base: int = 3_000_000
+    disk: int = 1 << 30  # bytes of the scratch tmpfs
+    isolation: str = tiers.DEFAULT  # every slot's tier (`sandbox.tiers`)
+
+    def __post_init__(self) -> None:
+        if self.uid_base < 1000 or self.uid_base + len(self.plan.links) >= 1 << 31:
+            raise SandboxError(f"--uid-base {self.uid_base}: needs a free range of "
+                               f"{len(self.plan.links)} uids at or above 1000")
+
+
+@dataclass
+class Slot:
+    link: Link
+    names: LoopDns
+    group: Group
+    uid: int
+    process: subprocess.Popen[bytes]
+    channel: socket.socket  # the daemon's end of the agent's
+    environment: dict[str, str]  # what every command starts from
+    tier: tiers.Tier
+    init: int | None = None  # the PID namespace's init, once the agent has said hello
+
+    @property
+    def index(self) -> int:
+        return self.link.index
+
+
+def prepare(config: Config) -> Slot:
+    """A new slot with its agent started (not yet known to be serving: the daemon waits for
+    its hello). Raises SandboxError with nothing left behind."""
+    if not os.access(PYTHON, os.X_OK):
+        raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
+    tier = tiers.get(config.isolation)
+    program, proxy_ca = prerequisites(config.state)
+    with contextlib.ExitStack() as undo:
+        link, names = take_link(config.plan, config.state, config.proxy_port,
+                                config.transparent_port, names_kind=LoopDns, undo=undo)
+        uid = config.uid_base + link.index
+        undo.callback(tier.clean_up, link.index)  # after the cgroups' removal kills the slot
+        group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
+        undo.callback(group.remove)
+        places = scratch.create(link.index, uid, uid, config.disk)
+        undo.callback(scratch.remove, link.index)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        undo.callback(ours.close)
+        try:
+            with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
+                handed.callback(theirs.close)
+                bundle, ca = trust(proxy_ca)
+                files = {**staged(link, bundle, ca), **staging.agent_files(),
+                         SECCOMP: program}
+                launch = Launch(link, [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP],
+                                config.proxy_port, files, program, None, uid, uid, {},
+                                writable=places, agent=True)
+                # A tier whose workload cannot run the agent serves its protocol itself.
+                started = (tier.serve or tier.start)(launch, group.dirs, handed)
+                # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
+                # prepares slots in its executor's threads, which live as long as the daemon
+                # (Python's pool never retires an idle worker), so the sandbox still dies with
+                # the daemon, never with a thread.
+                process = subprocess.Popen(  # the agent's channel is its stdin
+                    started.argv, env=started.env, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, pass_fds=started.pass_fds)
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox: {exc}") from None
+        undo.pop_all()
+    ours.setblocking(False)
+    return Slot(link, names, group, uid, process, ours, environment(launch), tier)
+
+
+def release(slot: Slot, config: Config) -> None:
+    """Everything of the slot, gone (the name server and channel are closed first, on the
+    loop). Never raises: what cannot be removed is left for the next start's clean-up."""
+    end(slot, config)
+    dismantle(slot)
+
+
+def end(slot: Slot, config: Config) -> None:
+    """What makes the sandbox over: every process of it dead and its address no longer anyone's
+    at the proxy. What is left (`dismantle`) can act for no one."""
+    _kill(slot.process)
+    # bubblewrap itself is in the groups: it must have reaped the sandbox's init before the
+    # groups are emptied, or that init is orphaned to the host's pid 1 as a zombie.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        slot.process.wait(10)
+    slot.group.kill()
+    unregister(config.state, str(slot.link.sandbox_ip))
+
+
+def dismantle(slot: Slot) -> None:
+    """The rest, after `end`: cgroups, tmpfs, namespace, link, table and, last, the lease (so
+    the index is not taken again before all of it is gone)."""
+    slot.group.remove()
+    slot.tier.clean_up(slot.index)
+    scratch.remove(slot.index)
+    remove_link(slot.index, firewall.table_name(slot.link))
+
+
+def _kill(bwrap: subprocess.Popen[bytes]) -> None:
+    """End the sandbox: the init of its PID namespace (bubblewrap's child), so that every
+    process of the namespace dies with it and bubblewrap, still alive, reaps it and exits.
+    Killing bubblewrap first would orphan that init to the host's pid 1, which is not always
+    one that reaps (a container's or a VM's minimal init): a zombie per sandbox, for good."""
+    try:
+        children = Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(child), signal.SIGKILL)
+    try:
+        bwrap.wait(2 if children else 0)
+    except subprocess.TimeoutExpired:
+        bwrap.kill()
+

@@ -1,0 +1,26 @@
+"""The ops a shim serves: a child of the agent with no capability, under the seccomp filter,
+as the sandbox's uid, that does one request on its descriptors, says its status and exits
+(`agent` forks one per request). The microVM's launcher (`hostserve`) runs the same in its
+guest as a process of its own (`main`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .files import get, put
+from .protocol import DESCRIPTORS, IN, Op
+
+# An op -> its handler, given the request and its descriptors in the order `DESCRIPTORS` says.
+SHIMS: dict[str, Callable[[dict[str, Any], list[int]], None]] = {Op.PUT: put, Op.GET: get}
+
+
+def main(argv: list[str]) -> None:
+    """`argv`: the op and its request (JSON). Its descriptors are this process's standard
+    streams: what the handler reads is 0, what it writes 1, its status 2."""
+    op, req = argv[0], json.loads(argv[1])
+    *data, _ = DESCRIPTORS[op]
+    SHIMS[op](req, [0 if way == IN else 1 for _, way in data] + [2])
+

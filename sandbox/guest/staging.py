@@ -1,0 +1,50 @@
+"""What of this package goes into a sandbox, and where. Used on the host only.
+
+- bubblewrap and gVisor: the agent's modules as one zip (`ZIP`) and a script that runs them
+  (`AGENT`, what python3 is given: a zip run directly would cost the agent's start runpy's
+  imports, ~7 ms; from `sys.path` it is zipimport's, frozen); both handed over in memory;
+- the microVM: its guest agent's modules in the initramfs (`VM_MODULES`, under
+  `/sealgate/guest`, `tiers/microvm/image.py`), and, for put and get as the sandbox's uid, the
+  same zip, staged in the guest by its launcher (`hostserve` runs `entry("shim")`).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PACKAGE = "guest"  # this package's name inside a sandbox
+AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's script
+ZIP = "/run/sealgate/guest.zip"
+AGENT_MODULES = ("__init__.py", "protocol.py", "confine.py", "commands.py", "files.py",
+                 "shim.py", "agent.py")
+VM_MODULES = ("__init__.py", "protocol.py", "vmagent.py", "vmos.py")
+VM_INIT = HERE / "init.sh"
+PROBE = HERE / "probe.py"  # run by the self-test's canary as a script of its own
+
+
+def entry(module: str) -> str:
+    """Python source that runs `module`'s `main` on the script's arguments, from the zip."""
+    return (f"import sys; sys.path.insert(0, {ZIP!r}); "
+            f"from {PACKAGE}.{module} import main; main(sys.argv[1:])")
+
+
+@functools.cache
+def _zip() -> bytes:
+    out = io.BytesIO()
+    # Stored, not deflated (no zlib to load), with a fixed date: the same modules make the
+    # same bytes.
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as bundle:
+        for name in AGENT_MODULES:
+            info = zipfile.ZipInfo(f"{PACKAGE}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            bundle.writestr(info, (HERE / name).read_bytes())
+    return out.getvalue()
+
+
+def agent_files() -> dict[str, bytes]:
+    """The agent's files, by their path in the sandbox."""
+    return {AGENT: entry("agent").encode() + b"\n", ZIP: _zip()}

@@ -1,0 +1,363 @@
+"""The agent inside the microVM: PID 1 of the guest, run by the host's python3 (`-I -S`, the
+standard library only) through the /usr the host shares read-only, driven by the host over a
+virtio console port (`tiers/microvm/channel.py`). In the guest it is `guest.vmagent`, beside
+`protocol` and `vmos` in /sealgate (the image's), so its imports of this package's are relative.
+
+The frames are `protocol`'s. The host asks; the agent answers with the request's `id`:
+
+- `net` (address, gateway): puts the sandbox's address on eth0 and its route via the host end;
+- `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
+- `seal`: the guest's root read-only, once the host has put what it stages there (the first
+  `exec` does it if the host has not), so that only the scratch mounts are writable;
+- `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session and a
+  cgroup of its own as that uid with no supplementary groups, only the environment given, and
+  at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
+  payload closes it), `kill` signals its process group (SIGKILL, the default: its cgroup);
+  the agent sends `out` frames (fd 1 or 2) and finally `exit` (code, 128 + N for signal N, 124
+  past its timeout, 127 when it could not be started; and `signal` N or `timed_out`, so that
+  a command's own exit 143 or 124 is not read as one), after all its output. When the command
+  ends or times out, everything it started is killed, whatever session it moved to (nothing
+  leaves its cgroup without root), and its exit is said once they are gone.
+
+The agent holds nothing the host has not handed it: no credential, no key.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+from .protocol import MAX_FRAME, NOT_STARTED, TIMED_OUT, VERSION, Frames, Op, encode
+from .vmos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal, warm_up
+
+# Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
+# and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
+# pulls in) cost ~150 ms of its start there. Type checkers take any TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
+_CHUNK = 65536
+_GONE_SECONDS = 5.0  # for what a command left to die of its kill before its exit is said anyway
+_GONE_POLL = 0.02  # how often the agent looks meanwhile
+
+
+class _Command:
+    def __init__(self, ident: int, pid: int, group: str, deadline: float | None,
+                 stdin: int | None) -> None:
+        self.id = ident
+        self.pid = pid
+        self.group: str | None = group  # its cgroup, until it is removed (empty)
+        self.gone_by = 0.0  # once it ended: when its exit is said, whatever is left of it
+        self.deadline = deadline
+        self.stdin = stdin
+        self.pending = bytearray()
+        self.closing = False
+        self.outputs: set[int] = set()
+        self.status: int | None = None
+        self.timed_out = False
+
+
+class Agent:
+    def __init__(self, port: BinaryIO) -> None:
+        self.port = port
+        self.sel = selectors.DefaultSelector()
+        self.commands: dict[int, _Command] = {}
+        self.by_pid: dict[int, _Command] = {}
+        self.frames = Frames()
+        self.groups = itertools.count(1)
+        self.sealed = False
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        os.set_blocking(port.fileno(), False)
+        self.sel.register(port.fileno(), selectors.EVENT_READ, ("port", None))
+
+    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        data = encode(header, payload)
+        fd = self.port.fileno()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                _wait_writable(fd)
+
+    def run(self) -> None:
+        self.send({"op": Op.READY, "kernel": os.uname().release, "version": VERSION})
+        while True:
+            for key, _ in self.sel.select(self._wait()):
+                kind, target = key.data
+                try:
+                    self._event(kind, target, key.fd)
+                except Exception as exc:
+                    if kind == "port":
+                        raise  # the host's channel is broken: nothing more can be served
+                    # Anything else is one command's trouble, never the agent's end: PID 1's
+                    # end is the VM's, with every other command running in it.
+                    print(f"sealgate guest agent: {kind}: {exc!r}", file=sys.stderr)
+            self._timeouts()
+            for cmd in [c for c in self.commands.values() if c.status is not None]:
+                self._finish(cmd)  # once what it left is gone
+
+    def _wait(self) -> float | None:
+        """Until the next deadline, or a short look while an ended command's group empties."""
+        now = time.monotonic()
+        waits = [c.deadline - now for c in self.commands.values()
+                 if c.deadline is not None and c.status is None]
+        if any(c.status is not None and c.group for c in self.commands.values()):
+            waits.append(_GONE_POLL)
+        return max(0.0, min(waits)) if waits else None
+
+    def _event(self, kind: str, cmd: Any, fd: int) -> None:
+        if kind == "port":
+            self._from_host()
+        elif kind == "wake":
+            _drain(self.wake_r)
+            self._reap()
+        elif kind == "out":
+            self._output(cmd, fd)
+        elif kind == "in":
+            self._feed(cmd)
+
+    def _from_host(self) -> None:
+        try:
+            data = os.read(self.port.fileno(), _CHUNK)
+        except BlockingIOError:
+            return
+        if not data:  # the host is not connected yet or went away: nothing to do but wait
+            time.sleep(0.01)
+            return
+        for header, payload in self.frames.feed(data):
+            try:
+                self._handle(header, payload)
+            except Exception as exc:  # any failure is the request's answer, not the agent's end
+                self.send({"op": Op.ERROR, "id": header.get("id"), "message": str(exc)[:500]})
+
+    def _handle(self, header: dict[str, Any], payload: bytes) -> None:
+        op, ident = header.get("op"), header.get("id")
+        if op == Op.PING:
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.NET:
+            configure(str(header["address"]), str(header["gateway"]))
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.SEAL:
+            self._seal()
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.PUT:
+            put(str(header["path"]), payload, int(header.get("mode", 0o644)),
+                int(header.get("uid", 0)), int(header.get("gid", 0)))
+            self.send({"op": Op.OK, "id": ident})
+        elif op == Op.GET:
+            with open(str(header["path"]), "rb") as fh:
+                self.send({"op": Op.DATA, "id": ident}, fh.read(MAX_FRAME - 4096))
+        elif op == Op.EXEC:
+            self._exec(header)
+        elif op == Op.STDIN:
+            cmd = self.commands[int(header["id"])]
+            cmd.pending += payload
+            cmd.closing = cmd.closing or not payload
+            self._feed(cmd)
+        elif op == Op.KILL:
+            cmd = self.commands[int(header["id"])]
+            sig = int(header.get("signal", signal.SIGKILL))
+            if cmd.status is None and sig == signal.SIGKILL:
+                _kill(cmd)
+            elif cmd.status is None:
+                killpg(cmd.pid, sig)
+        else:
+            raise ValueError(f"unknown op {op!r}")
+
+    def _exec(self, header: dict[str, Any]) -> None:
+        ident = int(header["id"])
+        argv = [str(a) for a in header["argv"]]
+        env = {str(k): str(v) for k, v in header.get("env", {}).items()}
+        uid, gid = int(header["uid"]), int(header["gid"])
+        if uid == 0 or gid == 0:
+            raise ValueError("a command never runs as root")
+        self._seal()  # if the host has not: no command runs with the root writable
+        home = env.get("HOME")
+        if home and not os.path.isdir(home):
+            os.makedirs(home, mode=0o700)
+            os.chown(home, uid, gid)
+        # The child inherits the agent's limit; the agent, root, is not held to it.
+        pids = int(header.get("pids") or resource.RLIM_INFINITY)
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+        group = f"{CGROUPS}/command-{next(self.groups)}"
+        os.mkdir(group)
+        try:
+            child = born_in(group, argv, env=env, cwd=header.get("cwd") or home or "/",
+                            user=uid, group=gid, extra_groups=[], start_new_session=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, close_fds=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            os.rmdir(group)  # the failed child was reaped: nothing is in it
+            self.send({"op": Op.OUT, "id": ident, "fd": 2},
+                      f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
+                      if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
+            self.send({"op": Op.EXIT, "id": ident, "code": NOT_STARTED})
+            return
+        # The pipes are read by the select loop; the Popen object's own waiting is never used
+        # (the agent, PID 1, reaps every child itself).
+        assert child.stdin and child.stdout and child.stderr
+        stdin = os.dup(child.stdin.fileno())
+        timeout = header.get("timeout")
+        cmd = _Command(ident, child.pid, group,
+                       time.monotonic() + float(timeout) if timeout else None, stdin)
+        os.set_blocking(stdin, False)
+        for pipe, fd in ((child.stdout, 1), (child.stderr, 2)):
+            dup = os.dup(pipe.fileno())
+            os.set_blocking(dup, False)
+            cmd.outputs.add(dup)
+            self.sel.register(dup, selectors.EVENT_READ, ("out", (cmd, fd)))
+        for pipe in (child.stdin, child.stdout, child.stderr):
+            pipe.close()
+        child.returncode = 0  # so its finaliser never waits for what the agent reaps
+        self.commands[ident] = cmd
+        self.by_pid[child.pid] = cmd
+        self.send({"op": Op.STARTED, "id": ident, "pid": child.pid})
+
+    def _seal(self) -> None:
+        if not self.sealed:
+            seal()
+            self.sealed = True
+
+    def _output(self, target: tuple[_Command, int], fd: int) -> None:
+        cmd, which = target
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            self.send({"op": Op.OUT, "id": cmd.id, "fd": which}, data)
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        cmd.outputs.discard(fd)
+        self._finish(cmd)
+
+    def _feed(self, cmd: _Command) -> None:
+        if cmd.stdin is None:
+            return
+        while cmd.pending:
+            try:
+                del cmd.pending[:os.write(cmd.stdin, cmd.pending)]
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                cmd.pending.clear()
+                cmd.closing = True
+        registered = cmd.stdin in self.sel.get_map()
+        if cmd.pending and not registered:
+            self.sel.register(cmd.stdin, selectors.EVENT_WRITE, ("in", cmd))
+        elif not cmd.pending and registered:
+            self.sel.unregister(cmd.stdin)
+        if not cmd.pending and cmd.closing:
+            os.close(cmd.stdin)
+            cmd.stdin = None
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+                # A stop is not an end. Without WUNTRACED, only a child the agent traces
+                # reports one: a command that asked it to (PTRACE_TRACEME). The agent resumes
+                # no one, so it stays stopped until its end or timeout kills it, as under any
+                # parent that traces no one.
+                continue
+            cmd = self.by_pid.pop(pid, None)
+            if cmd is None:
+                continue  # an orphan of some command's, reparented to PID 1
+            cmd.status = os.waitstatus_to_exitcode(status)
+            # Everything it started goes with it, whatever session it moved to: nothing
+            # outlives it or holds its output open.
+            _kill(cmd)
+            cmd.gone_by = time.monotonic() + _GONE_SECONDS
+            self._finish(cmd)
+
+    def _timeouts(self) -> None:
+        now = time.monotonic()
+        for cmd in self.commands.values():
+            if cmd.status is None and cmd.deadline is not None and now >= cmd.deadline:
+                cmd.timed_out = True
+                cmd.deadline = None
+                _kill(cmd)
+
+    def _finish(self, cmd: _Command) -> None:
+        if cmd.status is None or cmd.outputs or not _gone(cmd):
+            return
+        if cmd.stdin is not None:
+            if cmd.stdin in self.sel.get_map():
+                self.sel.unregister(cmd.stdin)
+            os.close(cmd.stdin)
+            cmd.stdin = None
+        status = cmd.status
+        ended: dict[str, Any] = {"op": Op.EXIT, "id": cmd.id}
+        if cmd.timed_out:
+            ended.update(code=TIMED_OUT, timed_out=True)
+        elif status < 0:
+            ended.update(code=128 - status, signal=-status)
+        else:
+            ended["code"] = status
+        del self.commands[cmd.id]
+        self.send(ended)
+
+
+def _wait_writable(fd: int) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_WRITE)
+        sel.select(1.0)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _kill(cmd: _Command) -> None:
+    """SIGKILL for every process of the command's, at once (its cgroup's)."""
+    if cmd.group is not None and not kill_group(cmd.group):
+        killpg(cmd.pid, signal.SIGKILL)  # never expected; its session, at least
+
+
+def _gone(cmd: _Command) -> bool:
+    """Whether nothing of the ended command runs any more (its group removed, which only an
+    empty one can be), or what is left has had its time to die: its exit is said then, and an
+    empty group that cannot be removed is left behind."""
+    if cmd.group is None:
+        return True
+    try:
+        os.rmdir(cmd.group)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY and time.monotonic() < cmd.gone_by:
+            return False
+    cmd.group = None
+    return True
+
+
+def main() -> None:
+    try:
+        warm_up()
+        with open(port_path(), "r+b", buffering=0) as port:
+            Agent(port).run()
+    finally:
+        # PID 1 must not return: the guest would panic. The host sees the VM end.
+        print(f"sealgate guest agent ended: {sys.exc_info()[1]!r}", file=sys.stderr)
+        os.execv("/sealgate/busybox", ["reboot", "-f"])  # noqa: S606 - a fixed program

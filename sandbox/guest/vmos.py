@@ -1,0 +1,101 @@
+"""What the guest agent (`vmagent`) asks of the guest's system: its network, its files,
+its channel's device, its processes. Standard library only, as the agent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+
+TYPE_CHECKING = False  # typing costs the guest's start; type checkers take this as true
+if TYPE_CHECKING:
+    from typing import Any
+
+PORT_NAME = "sealgate.agent"
+CGROUPS = "/sys/fs/cgroup"  # cgroup2, mounted by /init; the agent makes a group per command
+
+
+def killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def born_in(cgroup: str, argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """`Popen` with the child born in `cgroup`, where everything it starts stays (only root
+    could move it out): the agent joins it for the fork only, so none of the child's code runs
+    outside it, and leaves it at once. (A kill of the group would spare the agent anyway: an
+    init is sent no signal it has no handler for.)"""
+    _join(cgroup)
+    try:
+        return subprocess.Popen(argv, **popen)
+    finally:
+        _join(CGROUPS)
+
+
+def warm_up() -> None:
+    """A child born in a group of its own and gone, at boot: the first move and fork into a
+    group cost a sandbox's first command ~6 ms more than its later ones (through sandboxd,
+    under TCG); it is paid here instead."""
+    group = f"{CGROUPS}/warm-up"
+    os.mkdir(group)
+    born_in(group, ["/sealgate/busybox", "true"]).wait()
+    os.rmdir(group)
+
+
+def _join(cgroup: str) -> None:
+    with open(f"{cgroup}/cgroup.procs", "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def kill_group(cgroup: str) -> bool:
+    """SIGKILL for every process in `cgroup`, a fork under way included; False if it could
+    not be asked."""
+    try:
+        with open(f"{cgroup}/cgroup.kill", "w") as fh:
+            fh.write("1")
+    except OSError:
+        return False
+    return True
+
+
+def configure(address: str, gateway: str) -> None:
+    for argv in (["ip", "addr", "add", address, "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                 ["ip", "route", "add", "default", "via", gateway]):
+        _busybox(argv)
+
+
+def seal() -> None:
+    """The guest's root (the initramfs: /etc, the agent, busybox) read-only, for root too."""
+    _busybox(["mount", "-o", "remount,ro", "/"])
+
+
+def _busybox(argv: list[str]) -> None:
+    done = subprocess.run(["/sealgate/busybox", *argv], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
+
+
+def put(path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+    tmp = f"{path}.sealgate-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def port_path() -> str:
+    """The device of the agent's channel (a virtio console port found by its name)."""
+    base = "/sys/class/virtio-ports"
+    for name in sorted(os.listdir(base)):
+        try:
+            with open(f"{base}/{name}/name") as fh:
+                if fh.read().strip() == PORT_NAME:
+                    return f"/dev/{name}"
+        except FileNotFoundError:  # a console port has no name
+            continue
+    raise FileNotFoundError(f"no virtio port named {PORT_NAME}")

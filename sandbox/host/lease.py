@@ -1,0 +1,68 @@
+"""What a run holds, written down while it holds it, so that a run that died without its
+teardown (SIGKILL, the OOM killer) is cleaned up by the next one.
+
+A lease names the link index, the process and its start time (a PID alone may have been
+reused), and where the proxy's registration of the sandbox's address lives. Leases are taken
+and checked under the links' lock (`sandbox.host.network.lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .network import RUN_DIR, lease_path
+
+
+@dataclass(frozen=True)
+class Lease:
+    index: int
+    pid: int
+    started: str  # the process's start time in clock ticks since boot
+    state: str  # the proxy's state directory
+    address: str  # the sandbox's address, registered with that proxy
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields resume after the last ')'.
+    return raw[raw.rindex(b")") + 2 :].split()[19].decode()
+
+
+def take(index: int, state: Path, address: str) -> None:
+    pid = os.getpid()
+    lease = Lease(index, pid, _start_time(pid) or "", str(state), address)
+    path = lease_path(index)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(lease)))
+    tmp.replace(path)
+
+
+def release(index: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        lease_path(index).unlink()
+
+
+def stale() -> list[Lease]:
+    """Leases whose process is gone (or is another process now); unreadable ones as well,
+    with what could be read of them."""
+    found = []
+    for path in sorted(RUN_DIR.glob("lease-*.json")):
+        try:
+            # Fields a newer sealgate may add are not a reason to think its holder is dead.
+            data = json.loads(path.read_text())
+            lease = Lease(**{k: data[k] for k in Lease.__dataclass_fields__})
+        except (OSError, ValueError, TypeError, KeyError):
+            index = path.stem.removeprefix("lease-")
+            if index.isdigit():
+                found.append(Lease(int(index), 0, "", "", ""))
+            continue
+        if _start_time(lease.pid) != lease.started:
+            found.append(lease)
+    return found

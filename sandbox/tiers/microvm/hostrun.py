@@ -1,0 +1,129 @@
+"""One sandboxed run in a microVM, on the host: the command the microVM tier hands the runtime
+(`sandbox.tiers.microvm`), started as root in the sandbox's network namespace and cgroups.
+
+It reads what to run from a descriptor (`Order`, JSON: the command, its environment, the
+staged files, the addresses; never on a command line, which `ps` shows), then:
+
+1. wires the namespace for a guest: the sandbox's end of the veth gives its address up and
+   joins a bridge with a tap device, so the guest's eth0 takes the sandbox's address and its
+   packets leave through the same veth; the host's side (its end of the veth, its firewall
+   table, its name server, the proxy) sees exactly what it sees for any tier;
+2. boots the VM on that tap (`vm`), as the run's uid, with the workspace shared read-write;
+3. gives the guest its address and route, and the staged files (the CA bundle, resolv.conf,
+   ...), over the agent's channel, and then has its root made read-only;
+4. runs the command as the run's uid with the clean environment, its input and output this
+   process's own, and exits with its status (125 when the VM could not be had).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ...errors import SandboxError
+from . import image, pool, vm
+from .pool import Booted
+
+SETUP_FAILED = 125
+BRIDGE = "sgvmbr"
+TAP = "sgvmtap"
+_BOOT_SECONDS = 60.0  # emulated boots on a loaded host take seconds; KVM's a fraction of one
+
+
+@dataclass(frozen=True)
+class Order:
+    command: list[str]
+    env: dict[str, str]
+    files: dict[str, str]  # path in the guest -> its content, latin-1 (bytes as they are)
+    sandbox_if: str
+    address: str  # the sandbox's, with its prefix
+    gateway: str  # the host's end of the link
+    uid: int
+    gid: int
+    cwd: str
+    pids: int
+    memory_mib: int
+    workspace: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Order:
+        return cls(**json.loads(data))
+
+
+def wire(sandbox_if: str) -> None:
+    """The bridge and tap in this (the sandbox's) namespace; see the module's step 1."""
+    commands = [f"addr flush dev {sandbox_if}",
+                f"link add {BRIDGE} type bridge",
+                f"link set {sandbox_if} master {BRIDGE}",
+                f"tuntap add {TAP} mode tap",
+                f"link set {TAP} master {BRIDGE}",
+                f"link set {TAP} up", f"link set {BRIDGE} up"]
+    done = subprocess.run(["ip", "-batch", "-"], input="\n".join(commands) + "\n",
+                          capture_output=True, text=True, timeout=20, check=False)
+    if done.returncode != 0:
+        raise SandboxError(f"cannot wire the sandbox's namespace for a VM: "
+                           f"{done.stderr.strip()}")
+
+
+def start(order: Order) -> Booted:
+    """Steps 1 to 3: the namespace wired, the VM booted on it and given its address and the
+    staged files; the caller kills it (`Booted.close`). Raises SandboxError."""
+    found = image.find()
+    if found is None:
+        raise SandboxError("no microVM image: run scripts/microvm-image")
+    accel, why = vm.accelerator()
+    if accel is None:
+        raise SandboxError(why)
+    wire(order.sandbox_if)
+    spec = vm.Spec(found, accel, order.uid, order.gid, tap=TAP,
+                   workspace=Path(order.workspace) if order.workspace else None,
+                   memory_mib=order.memory_mib)
+    try:
+        booted = pool.boot(spec, _BOOT_SECONDS)
+    except SandboxError as exc:
+        raise SandboxError(f"the microVM did not start: {exc}") from None
+    try:
+        booted.channel.network(order.address, order.gateway)
+        for path, text in order.files.items():
+            if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
+                booted.channel.put(path, text.encode("latin-1"))
+        booted.channel.seal()  # here, at set-up, rather than at the first command
+    except BaseException:
+        booted.close()
+        raise
+    return booted
+
+
+def run(order: Order) -> int:
+    booted = start(order)
+    try:
+        return booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
+                                     cwd=order.cwd, pids=order.pids, stdin_fd=0)
+    finally:
+        booted.close()
+
+
+def main() -> int:
+    started = time.monotonic()
+    try:
+        fd = int(sys.argv[1])
+        with os.fdopen(fd, "rb") as fh:
+            order = Order.from_json(fh.read())
+        code = run(order)
+    except (SandboxError, OSError, ValueError, IndexError, TypeError) as exc:
+        print(f"sealgate: the microVM run failed after {time.monotonic() - started:.1f} s: "
+              f"{exc}", file=sys.stderr)
+        return SETUP_FAILED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
