@@ -20,19 +20,16 @@ from sealgate.hostname import Host
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from ..request.identity import Identifier
 from .inject import Credential
 from .tokenizer import SealedExchange, Tokenizer, TokenRequest
 
 
 def in_credentials(
-    identifier: Identifier, tokenizer: Tokenizer | None, proxy_auth: Sequence[str], host: Host,
-    request: TokenRequest,
+    tokenizer: Tokenizer | None, tokens: Sequence[str], host: Host, request: TokenRequest
 ) -> list[str]:
-    """The tokens in the proxy credentials that are for `host` and `request.port`."""
-    tokens = [t for v in proxy_auth for t in identifier.from_proxy_authorization(v).tokens]
-    if not tokens:
-        return tokens
+    """Of the tokens in the proxy credentials, those for `host` and `request.port`."""
+    if not tokens:  # no token: nothing to refuse, even for a proxy without token keys
+        return []
     with _refused():
         return _keys(tokenizer).covering(tokens, host, request, strict=False)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sealgate.credentials import TOKEN_PREFIX
@@ -74,6 +75,10 @@ class Identifier:
             self._proven.clear()
         self._proven[value] = proven
         return proven
+
+    def tokens_in(self, values: Sequence[str]) -> list[str]:
+        """The sealed tokens carried in Proxy-Authorization values (each proved as above)."""
+        return [t for value in values for t in self.from_proxy_authorization(value).tokens]
 
     def _prove(self, value: str) -> Proven:
         scheme, _, param = value.strip().partition(" ")

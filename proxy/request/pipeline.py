@@ -93,8 +93,8 @@ class Sealgate(Steps):
             bound = TokenRequest(identity.sandbox, record.policy, host.name, port, "CONNECT",
                                  "", conn.proxy_auth)
             state = self._state()
-            ambient = presented.in_credentials(state.identifier, state.tokenizer,
-                                               conn.proxy_auth, host, bound)
+            ambient = presented.in_credentials(
+                state.tokenizer, state.identifier.tokens_in(conn.proxy_auth), host, bound)
             decision, policy = self._decide(record, Question(
                 identity, host, port, tokens=bool(tunnel_tokens or ambient)
             ))
@@ -219,8 +219,8 @@ class Sealgate(Steps):
             bound = TokenRequest(identity.sandbox, record.policy, host.name, port,
                                  request.method, record.path, proxy_auth)
             state = self._state()
-            ambient = presented.in_credentials(state.identifier, state.tokenizer, proxy_auth,
-                                               host, bound)
+            ambient = presented.in_credentials(
+                state.tokenizer, state.identifier.tokens_in(proxy_auth), host, bound)
             if conn.tunnel_tokens or ambient:
                 facts.tokens = [*facts.tokens, *conn.tunnel_tokens, *ambient]
             # decide

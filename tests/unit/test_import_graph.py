@@ -249,14 +249,13 @@ PROXY = "sealgate.proxy"
 # who asks); engine/ (mitmproxy's internals: what it installs reads no request-path record);
 # credentials/ and request/ (the path); process/ (the processes around it) and the two entry
 # points, the face (__init__.py, standard library only: tests/unit/test_proxy_face.py) and
-# addon.py (mitmdump's), on top. credentials/ imports request/identity.py (presented.py, for the
-# Identifier): the credentials library's to settle, so it is not checked here.
+# addon.py (mitmdump's), on top. credentials/ is below request/: the path calls it, not back.
 PROXY_LAYERS: dict[str, tuple[str, ...]] = {
     "errors": ("net", "policy", "engine", "credentials", "request", "process"),
     "net": ("policy", "engine", "credentials", "request", "process"),
     "policy": ("engine", "request", "process"),
     "engine": ("policy", "credentials", "request", "process"),
-    "credentials": ("engine", "process"),
+    "credentials": ("engine", "request", "process"),
     "request": ("process",),
 }
 
