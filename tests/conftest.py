@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from sealgate.issuer.keys import PublicKeyEntry, generate
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.netns import IsolationError, isolate_session
 
 try:
@@ -96,6 +97,24 @@ default_policy: null
 """
 
 
+def rules_allowing(host: str, port: int, extra: str = "") -> str:
+    """Rules with one policy, `ci` (bot-1's), allowing `host`:`port` and loopback; `extra` is
+    more YAML under `policies:`."""
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: {host}
+        ports: [{port}]
+    allow_networks: [127.0.0.1/32]
+{extra}
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: null
+"""
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sealgate")
@@ -149,6 +168,24 @@ def proxy(
     )
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="session")
+def proxy_with(
+    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, test_ca: OriginCA
+) -> ProxyFactory:
+    """`with proxy_with(rules, secrets=..., token_keys=..., options=[...]) as p:` a proxy of a
+    module's or a test's own (tests.harness.ProxyFactory)."""
+    return ProxyFactory(tmp_path_factory, dns.address, test_ca.path)
+
+
+@pytest.fixture(scope="session")
+def token_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
+    """A directory for --token-keys holding one key pair, and the public key tokens are sealed to.
+    Shared: the proxies only read it (a test that revokes or adds keys makes a directory of its
+    own)."""
+    directory = tmp_path_factory.mktemp("token-keys")
+    return directory, generate(directory)
 
 
 @pytest.fixture()

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import client
+from tests.conftest import client, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, running_proxy
-from tests.integration.test_lifecycle import rules_allowing
 
 
 @pytest.fixture()

@@ -11,10 +11,9 @@ import base64
 import time
 from pathlib import Path
 
-from tests.conftest import KEYS
+from tests.conftest import KEYS, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy, running_proxy
-from tests.integration.test_lifecycle import rules_allowing
 from tests.security.rawclient import exchange, proxy_auth, request_bytes
 
 

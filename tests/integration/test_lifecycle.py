@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import KEYS, client
+from tests.conftest import KEYS, client, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import (
     ROOT,
@@ -24,22 +24,6 @@ from tests.harness import (
     running_proxy,
 )
 from tests.security.rawclient import proxy_auth, read_response, request_bytes
-
-
-def rules_allowing(host: str, port: int, extra: str = "") -> str:
-    return f"""
-version: 1
-policies:
-  ci:
-    allow:
-      - host: {host}
-        ports: [{port}]
-    allow_networks: [127.0.0.1/32]
-{extra}
-sandboxes:
-  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
-default_policy: null
-"""
 
 
 def test_broken_rules_at_start_fail_clearly(tmp_path: Path) -> None:

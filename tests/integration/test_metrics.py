@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
-from tests.conftest import KEYS, client
+from tests.conftest import KEYS, client, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy, free_port
-from tests.integration.test_lifecycle import rules_allowing
 
 CANARY = "sk-metrics-canary-not-a-label-7c1d"
 

@@ -18,10 +18,9 @@ import pytest
 import requests
 
 from sealgate.proxy.control import call, socket_path
-from tests.conftest import KEYS
+from tests.conftest import KEYS, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
 
 SLOW_SECONDS = 1.5
 

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import KEYS
+from tests.conftest import KEYS, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
 from tests.security.rawclient import proxy_auth, read_response, request_bytes
 
 PER_SOURCE, TOTAL = 5, 8

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import KEYS
+from tests.conftest import KEYS, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
 from tests.security.rawclient import (
     RawResponse,
     h2_get,
