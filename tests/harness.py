@@ -399,11 +399,10 @@ class ProxyFactory:
         **kwargs: Any,
     ) -> Iterator[Proxy]:
         where = directory or self.directories.mktemp(name)
-        args = list(options or [])
+        args = secret_store(where, **secrets) if secrets else []
         if token_keys is not None:
             args += ["--token-keys", str(token_keys)]
-        if secrets:
-            args += secret_store(where, **secrets)
+        args += options or []
         proxy = Proxy(where, rules, resolver=self.resolver,
                       upstream_ca=self.origin_ca if trust_origins else None, extra_args=args,
                       **kwargs)
