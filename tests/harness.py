@@ -394,7 +394,6 @@ class ProxyFactory:
         options: list[str] | None = None,
         canaries: tuple[str, ...] = (),
         clean_stderr: bool = False,
-        trust_origins: bool = True,
         directory: Path | None = None,
         **kwargs: Any,
     ) -> Iterator[Proxy]:
@@ -403,9 +402,8 @@ class ProxyFactory:
         if token_keys is not None:
             args += ["--token-keys", str(token_keys)]
         args += options or []
-        proxy = Proxy(where, rules, resolver=self.resolver,
-                      upstream_ca=self.origin_ca if trust_origins else None, extra_args=args,
-                      **kwargs)
+        proxy = Proxy(where, rules, resolver=self.resolver, upstream_ca=self.origin_ca,
+                      extra_args=args, **kwargs)
         try:
             yield proxy
         finally:
