@@ -417,15 +417,6 @@ class ProxyFactory:
 
 
 @contextlib.contextmanager
-def running_proxy(*args: Any, **kwargs: Any) -> Iterator[Proxy]:
-    proxy = Proxy(*args, **kwargs)
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
-
-
-@contextlib.contextmanager
 def sandbox_gateway(plan: list[str], *programs: str) -> Iterator[None]:
     """`sealgate sandbox setup` for `plan` (its --range and --gateway) around a group of tests,
     `teardown` after; skipped without root networking, bubblewrap and setpriv, or without the
