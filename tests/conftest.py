@@ -26,7 +26,7 @@ from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.netns import IsolationError, isolate_session
 
 try:
-    ISOLATION = isolate_session()
+    ISOLATION = isolate_session(worker="PYTEST_XDIST_WORKER" in os.environ)
 except IsolationError as _exc:
     pytest.exit(
         f"sealgate tests: {_exc}. The suite runs in a network namespace of its own so that a "
@@ -40,6 +40,32 @@ os.environ["SEALGATE_RESOLVER"] = "127.0.0.1:9"
 
 def pytest_report_header() -> str:
     return f"network: a namespace of the session's own, only lo ({ISOLATION})"
+
+
+# The modules that start sandboxes or boot guests. They share what is the host's, not the
+# namespace's: /run/sealgate-slots/<link>, /run/sealgate, the cgroup tree, uids from a fixed
+# base, QEMU's CPU. Under pytest-xdist they run one after another on one worker, and first, as
+# the longest run of the session (make test: --dist loadgroup --no-loadscope-reorder).
+SANDBOXES = ("tests/sandboxd/", "tests/microvm/", "tests/integration/test_sandbox")
+# Among those names, the ones that start none: test_sandbox_table builds its own namespaces and
+# loads the table alone; test_frames and test_availability boot no guest.
+NO_SANDBOX = ("tests/integration/test_sandbox_table.py", "tests/microvm/test_frames.py",
+              "tests/microvm/test_availability.py")
+
+
+def starts_sandboxes(module: str) -> bool:
+    return module.startswith(SANDBOXES) and module not in NO_SANDBOX
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One xdist group per module (its module- and package-scoped proxies and daemons start on
+    one worker only), the modules that start sandboxes all in one, which goes first."""
+    for item in items:
+        module = item.nodeid.partition("::")[0]
+        group = "sandboxes" if starts_sandboxes(module) else module
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not starts_sandboxes(item.nodeid.partition("::")[0]))
 
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
