@@ -19,8 +19,7 @@ from tests.harness import ROOT
 
 
 # The whole quick soak runs about two minutes here (this part about one): the suite's 120 s per
-# test cut it off at random
-# (seen once at 120 s); its own bound is the run's timeout below.
+# test cut it off at random (seen once at 120 s); its own bound is the run's timeout below.
 @pytest.mark.timeout(660)
 def test_the_quick_soak_passes_every_check(tmp_path: Path) -> None:
     missing = [tool for tool in ("hey", "nginx") if shutil.which(tool) is None
