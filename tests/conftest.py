@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -44,8 +45,7 @@ def pytest_report_header() -> str:
 
 # The modules that start sandboxes or boot guests. They share what is the host's, not the
 # namespace's: /run/sealgate-slots/<link>, /run/sealgate, the cgroup tree, uids from a fixed
-# base, QEMU's CPU. Under pytest-xdist they run one after another on one worker, and first, as
-# the longest run of the session (make test: --dist loadgroup --no-loadscope-reorder).
+# base, QEMU's CPU. Under pytest-xdist they run one after another on one worker.
 SANDBOXES = ("tests/sandboxd/", "tests/microvm/", "tests/integration/test_sandbox")
 # Among those names, the ones that start none: test_sandbox_table builds its own namespaces and
 # loads the table alone; test_frames and test_availability boot no guest.
@@ -57,15 +57,30 @@ def starts_sandboxes(module: str) -> bool:
     return module.startswith(SANDBOXES) and module not in NO_SANDBOX
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole: a test's module (its module- and package-scoped proxies
+    and daemons start on one worker only), or all the modules that start sandboxes together."""
+    module = nodeid.partition("::")[0]
+    return "sandboxes" if starts_sandboxes(module) else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduling by scope, the scopes being `work_unit`s. (Its own xdist_group marks
+    group nothing under pytest 9.2: xdist 3.8 renames the item's `_nodeid`, which pytest no
+    longer reads.) Only called with -n."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group per module (its module- and package-scoped proxies and daemons start on
-    one worker only), the modules that start sandboxes all in one, which goes first."""
-    for item in items:
-        module = item.nodeid.partition("::")[0]
-        group = "sandboxes" if starts_sandboxes(module) else module
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not starts_sandboxes(item.nodeid.partition("::")[0]))
+    """The sandboxes first: the longest run of the session, it starts at once on one worker while
+    the others take the rest (with --no-loadscope-reorder, which keeps this order)."""
+    items.sort(key=lambda item: work_unit(item.nodeid) != "sandboxes")
 
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
