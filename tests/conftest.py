@@ -64,6 +64,7 @@ def work_unit(nodeid: str) -> str:
     return "sandboxes" if starts_sandboxes(module) else module
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest -p no:xdist knows none
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scheduling by scope, the scopes being `work_unit`s. (Its own xdist_group marks
     group nothing under pytest 9.2: xdist 3.8 renames the item's `_nodeid`, which pytest no
