@@ -31,8 +31,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench scripts/typecheck scripts/archmap
 	$(PY) scripts/typecheck
 
+# The suite on parallel workers (pytest-xdist): a worker runs a module whole, and the modules
+# that start sandboxes all on one, one after another, first (tests/conftest.py); each worker has
+# a network namespace of its own. Most tests wait on real processes and sockets, so more
+# workers than CPUs pay.
+TEST_WORKERS ?= 3
 test: $(STAMP) deps lint microvm-image
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Built before pytest: the test session's own network namespace cannot reach apt. A machine that
 # cannot build it still tests everything else (the microVM tests skip, saying why).

@@ -1,7 +1,9 @@
 """Load, churn, hostile clients and faults against real sealgate processes, with the figures.
 
     .venv/bin/python bench/soak.py            # about 4 minutes
-    .venv/bin/python bench/soak.py --quick    # about 1 minute (tests/integration runs it)
+    .venv/bin/python bench/soak.py --quick    # about 1 minute (SEALGATE_SOAK=quick make test)
+    .venv/bin/python bench/soak.py --quick --only load,hostile,fuzz,faults
+                                              # make test's part of it (tests/integration)
 
 Scenarios, each on its own proxy so that one's leftovers do not colour the next:
   load     keep-alive HTTPS through CONNECT, intercepted (hey): errors, p50/p99, RSS and
@@ -19,6 +21,7 @@ docs/reliability.md and docs/reliability.png.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import hashlib
@@ -565,8 +568,22 @@ def render(run: Run, meta: dict[str, str], chart: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _only(argv: list[str] | None) -> tuple[list[tuple[str, Callable[[Rig], None]]], list[str]]:
+    """The scenarios `--only` names (all by default), in their usual order; the other arguments."""
+    parser = argparse.ArgumentParser(add_help=False)
+    names = [name for name, _ in SCENARIOS]
+    parser.add_argument("--only", type=lambda text: text.split(","), default=names)
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    unknown = set(args.only) - set(names)
+    if unknown:
+        parser.error(f"--only: no scenario {', '.join(sorted(unknown))} (there are "
+                     f"{', '.join(names)})")
+    return [(name, scenario) for name, scenario in SCENARIOS if name in args.only], rest
+
+
 def main(argv: list[str] | None = None) -> int:
-    options = parse_options(__doc__.split("\n\n")[0] if __doc__ else None, argv, full=(1, 1),
+    scenarios, others = _only(argv)
+    options = parse_options(__doc__.split("\n\n")[0] if __doc__ else None, others, full=(1, 1),
                             quick=(1, 1), quick_takes="1 minute",
                             outputs="reliability.md and reliability.png")
     run = Run(options.quick)
@@ -585,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler(run)
         rig = Rig(setup, session.paths, origin, resolver, rules, key, run, sampler)
         try:
-            for name, scenario in SCENARIOS:
+            for name, scenario in scenarios:
                 print(f"[{time.monotonic() - run.started:5.0f} s] {name} ...", flush=True)
                 scenario(rig)
         finally:

@@ -16,7 +16,7 @@ from sealgate import __version__
 
 # command -> (the module whose `register(subparsers)` adds it, the one-line help). A module
 # sets `func=handler` (handler(args) -> exit code) on the parsers it adds, so a part's
-# commands live next to the code they drive; tests/unit/test_cli.py keeps the help in step.
+# commands live next to the code they drive; tests/process/test_cli.py keeps the help in step.
 COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("sealgate.proxy.process.cli", "run the egress proxy"),
     "ca": ("sealgate.proxy.process.cli", "show the interception CA"),

@@ -16,16 +16,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
+from sealgate.credentials.keys import PublicKeyEntry, generate
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.netns import IsolationError, isolate_session
 
 try:
-    ISOLATION = isolate_session()
+    ISOLATION = isolate_session(worker="PYTEST_XDIST_WORKER" in os.environ)
 except IsolationError as _exc:
     pytest.exit(
         f"sealgate tests: {_exc}. The suite runs in a network namespace of its own so that a "
@@ -39,6 +41,47 @@ os.environ["SEALGATE_RESOLVER"] = "127.0.0.1:9"
 
 def pytest_report_header() -> str:
     return f"network: a namespace of the session's own, only lo ({ISOLATION})"
+
+
+# The modules that start sandboxes or boot guests. They share what is the host's, not the
+# namespace's: /run/sealgate-slots/<link>, /run/sealgate, the cgroup tree, uids from a fixed
+# base, QEMU's CPU. Under pytest-xdist they run one after another on one worker.
+SANDBOXES = ("tests/sandboxd/", "tests/microvm/", "tests/integration/test_sandbox")
+# Among those names, the ones that start none: test_sandbox_table builds its own namespaces and
+# loads the table alone; test_frames and test_availability boot no guest.
+NO_SANDBOX = ("tests/integration/test_sandbox_table.py", "tests/microvm/test_frames.py",
+              "tests/microvm/test_availability.py")
+
+
+def starts_sandboxes(module: str) -> bool:
+    return module.startswith(SANDBOXES) and module not in NO_SANDBOX
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole: a test's module (its module- and package-scoped proxies
+    and daemons start on one worker only), or all the modules that start sandboxes together."""
+    module = nodeid.partition("::")[0]
+    return "sandboxes" if starts_sandboxes(module) else module
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest -p no:xdist knows none
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduling by scope, the scopes being `work_unit`s. (Its own xdist_group marks
+    group nothing under pytest 9.2: xdist 3.8 renames the item's `_nodeid`, which pytest no
+    longer reads.) Only called with -n."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The sandboxes first: the longest run of the session, it starts at once on one worker while
+    the others take the rest (with --no-loadscope-reorder, which keeps this order)."""
+    items.sort(key=lambda item: work_unit(item.nodeid) != "sandboxes")
 
 
 KEYS = {"bot-1": "bot-1-key-canary-7f3a", "rep-1": "rep-1-key", "closed-1": "closed-1-key"}
@@ -96,6 +139,24 @@ default_policy: null
 """
 
 
+def rules_allowing(host: str, port: int, extra: str = "") -> str:
+    """Rules with one policy, `ci` (bot-1's), allowing `host`:`port` and loopback; `extra` is
+    more YAML under `policies:`."""
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: {host}
+        ports: [{port}]
+    allow_networks: [127.0.0.1/32]
+{extra}
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+default_policy: null
+"""
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("sealgate")
@@ -149,6 +210,24 @@ def proxy(
     )
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="session")
+def proxy_with(
+    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, test_ca: OriginCA
+) -> ProxyFactory:
+    """`with proxy_with(rules, secrets=..., token_keys=..., options=[...]) as p:` a proxy of a
+    module's or a test's own (tests.harness.ProxyFactory)."""
+    return ProxyFactory(tmp_path_factory, dns.address, test_ca.path)
+
+
+@pytest.fixture(scope="session")
+def token_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
+    """A directory for --token-keys holding one key pair, and the public key tokens are sealed to.
+    Shared: the proxies only read it (a test that revokes or adds keys makes a directory of its
+    own)."""
+    directory = tmp_path_factory.mktemp("token-keys")
+    return directory, generate(directory)
 
 
 @pytest.fixture()

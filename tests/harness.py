@@ -367,13 +367,53 @@ def secret_store(directory: Path, **secrets: str) -> list[str]:
     return ["--secret-store", f"file:{path}"]
 
 
-@contextlib.contextmanager
-def running_proxy(*args: Any, **kwargs: Any) -> Iterator[Proxy]:
-    proxy = Proxy(*args, **kwargs)
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+class ProxyFactory:
+    """Starts proxies the way the modules need them (conftest's `proxy_with`): the session's stub
+    resolver, trusting the origins' CA, in a directory of its own; a context manager, so that a
+    module's proxy stops with its module and a test's with its test.
+
+    On a clean exit it checks what every module used to check in its own teardown: none of the
+    `canaries` in the audit log or stderr (read after the stop, when both are complete), and with
+    `clean_stderr`, no traceback nor crashed connection handler in stderr.
+    """
+
+    def __init__(self, directories: pytest.TempPathFactory, resolver: tuple[str, int],
+                 origin_ca: Path) -> None:
+        self.directories = directories
+        self.resolver = resolver
+        self.origin_ca = origin_ca
+
+    @contextlib.contextmanager
+    def __call__(
+        self,
+        rules: str | Path,
+        *,
+        name: str = "proxy",
+        secrets: dict[str, str] | None = None,
+        token_keys: Path | None = None,
+        options: list[str] | None = None,
+        canaries: tuple[str, ...] = (),
+        clean_stderr: bool = False,
+        directory: Path | None = None,
+        **kwargs: Any,
+    ) -> Iterator[Proxy]:
+        where = directory or self.directories.mktemp(name)
+        args = secret_store(where, **secrets) if secrets else []
+        if token_keys is not None:
+            args += ["--token-keys", str(token_keys)]
+        args += options or []
+        proxy = Proxy(where, rules, resolver=self.resolver, upstream_ca=self.origin_ca,
+                      extra_args=args, **kwargs)
+        try:
+            yield proxy
+        finally:
+            proxy.stop()
+        everything = proxy.audit_text() + proxy.stderr()
+        leaked = [canary for canary in canaries if canary in everything]
+        assert not leaked, f"{leaked} in the audit log or stderr"
+        if clean_stderr:
+            stderr = proxy.stderr()
+            assert "Traceback" not in stderr and "has crashed" not in stderr, stderr
 
 
 @contextlib.contextmanager

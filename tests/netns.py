@@ -68,18 +68,30 @@ def _loopback_up() -> None:
             fcntl.ioctl(sock, _SIOCSIFFLAGS, _IFREQ_FLAGS.pack(b"lo", flags | _IFF_UP))
 
 
-def isolate_session() -> str:
+def isolate_session(worker: bool = False) -> str:
     """Put this process in a network namespace with only `lo` (up); say how it was done.
 
-    A namespace that already has only `lo` (`unshare -n`, a network-less container) is kept.
+    A namespace that already has only `lo` (`unshare -n`, a network-less container) is kept,
+    except by a parallel `worker` (pytest-xdist) running as root: it inherited the namespace of
+    the pytest that started it, which its sibling workers share, and takes one of its own so
+    that nft tables, links and addresses its tests make are seen by no other worker's tests.
     """
     how = "already isolated"
-    if interfaces() != ["lo"]:
+    uid, gid = os.geteuid(), os.getegid()
+    if worker and uid == 0:
+        # Here execnet's thread is already running: it only moves the worker's messages over
+        # the pipes it inherited, so it may stay behind. This thread runs the tests, and every
+        # thread and process they start follows it.
+        try:
+            _libc_call("unshare", _CLONE_NEWNET)
+        except OSError as exc:
+            raise IsolationError(f"cannot create a network namespace: {exc}") from exc
+        how = "unshare(CLONE_NEWNET), this worker's own"
+    elif interfaces() != ["lo"]:
         # Only the calling thread changes namespace; a thread started earlier would stay outside.
         threads = len(os.listdir("/proc/self/task"))
         if threads != 1:
             raise IsolationError(f"{threads} threads are already running")
-        uid, gid = os.geteuid(), os.getegid()
         try:
             if uid == 0:
                 _libc_call("unshare", _CLONE_NEWNET)

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import client
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, running_proxy
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import client, rules_allowing
+from tests.harness import Origin, ProxyFactory
 
 
 @pytest.fixture()
@@ -58,13 +56,12 @@ def _fill(directory: Path) -> Path:
 
 
 def test_a_full_disk_lets_at_most_one_request_out_unlogged_and_loses_no_line(
-    tmp_path: Path, small_disk: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, small_disk: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     log = small_disk / "audit.log"
     origin_http.reset()
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address,
-                       extra_args=["--set", f"sealgate_audit_log={log}"]) as p:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path,
+                    options=["--set", f"sealgate_audit_log={log}"]) as p:
         session = client(p)
         url = f"http://api.test:{origin_http.port}"
         assert session.get(f"{url}/before", timeout=5).status_code == 200

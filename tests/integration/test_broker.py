@@ -13,8 +13,7 @@ import pytest
 import requests
 
 from tests.conftest import KEYS, client
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, Proxy, ProxyFactory, key_digest
 from tests.vaultfake import VaultFake
 
 FILE_CANARY = "file-canary-9d8e7f6a5b"
@@ -33,13 +32,10 @@ def vault() -> Iterator[VaultFake]:
 
 @pytest.fixture(scope="module")
 def bproxy(
-    tmp_path_factory: pytest.TempPathFactory, vault: VaultFake, origin_https: Origin,
-    origin_http: Origin, dns: StubDNS, test_ca: OriginCA,
+    tmp_path_factory: pytest.TempPathFactory, proxy_with: ProxyFactory, vault: VaultFake,
+    origin_https: Origin, origin_http: Origin,
 ) -> Iterator[Proxy]:
     directory = tmp_path_factory.mktemp("broker")
-    secrets = directory / "secrets.yaml"
-    secrets.write_text(f"stripe_key: {FILE_CANARY}\n")
-    os.chmod(secrets, 0o600)
     token_file = directory / "vault-token"
     token_file.write_text(VAULT_TOKEN)
     os.chmod(token_file, 0o600)
@@ -104,19 +100,13 @@ sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 default_policy: null
 """
-    p = Proxy(
-        directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-        extra_args=[
-            "--secret-store", f"file:{secrets}",
-            "--secret-store", f"vault:{vault.url}?auth=token&token_file={token_file}",
-            "--set", "sealgate_secret_ttl=1", "--set", "sealgate_secret_grace=2",
-        ],
-    )
-    yield p
-    p.stop()
-    seen = p.audit_text() + p.stderr()
-    for canary in (FILE_CANARY, VAULT_CANARY, VAULT_TOKEN):
-        assert canary not in seen
+    with proxy_with(
+        rules, directory=directory, secrets={"stripe_key": FILE_CANARY},
+        options=["--secret-store", f"vault:{vault.url}?auth=token&token_file={token_file}",
+                 "--set", "sealgate_secret_ttl=1", "--set", "sealgate_secret_grace=2"],
+        canaries=(FILE_CANARY, VAULT_CANARY, VAULT_TOKEN),
+    ) as p:
+        yield p
 
 
 @pytest.fixture()

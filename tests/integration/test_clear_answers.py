@@ -11,10 +11,8 @@ import base64
 import time
 from pathlib import Path
 
-from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, running_proxy
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import KEYS, rules_allowing
+from tests.harness import Origin, Proxy, ProxyFactory
 from tests.security.rawclient import exchange, proxy_auth, request_bytes
 
 
@@ -66,10 +64,9 @@ def test_a_method_that_is_not_a_token_is_a_400(
 
 
 def test_a_broken_rules_file_is_reported_once_per_change(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address) as p:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path) as p:
         p.rules.write_text("version: 1\npolicies: [oops\n")
         p.wait_audit(lambda e: e["event"] == "rules_reload_failed")
         time.sleep(3.5)  # the watcher polls every second
@@ -90,12 +87,11 @@ def test_a_broken_rules_file_is_reported_once_per_change(
 
 
 def test_an_unchanged_rules_file_is_not_reported_reloaded(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     """A proxy started right after its rules were written reads them again while their
     timestamp is too fresh to trust; nothing changed, so nothing is reported."""
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address) as p:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path) as p:
         time.sleep(3.2)
         assert not [e for e in p.audit() if e["event"] == "rules_reloaded"]
         p.rules.write_text(rules_allowing("a.svc.test", origin_http.port))

@@ -15,11 +15,10 @@ import pytest
 
 from sealgate.clients import base_url, refusal, requests_session
 from sealgate.credentials import Claims, HostPattern, seal
-from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 
 CANARY = "sk_live_CLIENTS_CANARY_51d0"
 
@@ -74,16 +73,8 @@ def test_base_url_mode_without_identity_is_refused(proxy: Proxy, origin: Origin)
 
 
 @pytest.fixture(scope="module")
-def token_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
-    directory = tmp_path_factory.mktemp("client-token-keys")
-    return directory, generate(directory)
-
-
-@pytest.fixture(scope="module")
-def tproxy(
-    tmp_path_factory: pytest.TempPathFactory, token_keys: tuple[Path, PublicKeyEntry],
-    origin_https: Origin, dns: StubDNS, test_ca: OriginCA,
-) -> Iterator[Proxy]:
+def tproxy(proxy_with: ProxyFactory, token_keys: tuple[Path, PublicKeyEntry],
+           origin_https: Origin) -> Iterator[Proxy]:
     rules = f"""
 version: 1
 policies:
@@ -99,11 +90,9 @@ sandboxes:
   bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 default_policy: agent
 """
-    p = Proxy(tmp_path_factory.mktemp("client-tokens"), rules, resolver=dns.address,
-              upstream_ca=test_ca.path, extra_args=["--token-keys", str(token_keys[0])])
-    yield p
-    p.stop()
-    assert CANARY not in p.audit_text() + p.stderr()
+    with proxy_with(rules, name="client-tokens", token_keys=token_keys[0],
+                    canaries=(CANARY,)) as p:
+        yield p
 
 
 def mint(public: PublicKeyEntry, port: int, host: str = "api.test") -> str:

@@ -19,12 +19,12 @@ import pytest
 import requests
 
 from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
-from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from sealgate.reasons import Reason
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest, secret_store
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import open_tunnel, proxy_auth, read_response, request_bytes, tls_wrap
 
 CANARY = "sk_live_BASEURL_canary_51e0"
@@ -33,17 +33,10 @@ COMMA_KEY = "a,key,with,commas"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
-    directory = tmp_path_factory.mktemp("base-url-keys")
-    return directory, generate(directory)
-
-
-@pytest.fixture(scope="module")
 def bproxy(
-    tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, PublicKeyEntry],
-    origin_https: Origin, origin_http: Origin, dns: StubDNS, test_ca: OriginCA,
+    proxy_with: ProxyFactory, token_keys: tuple[Path, PublicKeyEntry], origin_https: Origin,
+    origin_http: Origin, dns: StubDNS,
 ) -> Iterator[Proxy]:
-    directory = tmp_path_factory.mktemp("base-url")
     dns.set("wrongcert.test", "A 127.0.0.1")  # the origin, whose certificate does not name it
     s, h = origin_https.port, origin_http.port
     rules = f"""
@@ -76,14 +69,9 @@ sandboxes:
   comma-1: {{policy: agent, key_sha256: "{key_digest(COMMA_KEY)}"}}
 default_policy: anonymous
 """
-    p = Proxy(
-        directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-        extra_args=["--token-keys", str(keys[0]), *secret_store(directory, api_key=CANARY)],
-    )
-    yield p
-    p.stop()
-    everything = p.audit_text() + p.stderr()
-    assert CANARY not in everything and TOKEN_CANARY not in everything
+    with proxy_with(rules, name="base-url", token_keys=token_keys[0],
+                    secrets={"api_key": CANARY}, canaries=(CANARY, TOKEN_CANARY)) as p:
+        yield p
 
 
 @pytest.fixture()
@@ -198,16 +186,16 @@ def test_brokered_secret_is_injected_and_its_echo_masked(
 
 
 def test_tokens_in_the_base_url(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry]
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry]
 ) -> None:
-    token = mint(keys[1], origin.port)
+    token = mint(token_keys[1], origin.port)
     r = get(base(bproxy, f"{token}@api.test:{origin.port}/v1/charges"))
     assert r.status_code == 200, r.text
     (seen,) = origin.requests
     assert seen.path == "/v1/charges"
     assert seen.values("authorization") == [f"Bearer {TOKEN_CANARY}"]
     # A token for another port is refused, not ignored: the URL named it for this request.
-    other = mint(keys[1], origin.port + 1)
+    other = mint(token_keys[1], origin.port + 1)
     r = get(base(bproxy, f"{token},{other}@api.test:{origin.port}/v1/charges"))
     assert r.status_code == 403 and r.json()["reason"] == "token_scope"
     r = get(base(bproxy, f"not-a-token@api.test:{origin.port}/v1"))
@@ -302,10 +290,10 @@ def test_keep_alive_serves_several_upstreams_on_one_connection(
 
 
 def test_tokens_in_the_proxy_credentials_go_with_requests_to_their_hosts(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry], bundle: Path
 ) -> None:
-    mine = mint(keys[1], origin.port, bound="bot-1")
-    elsewhere = mint(keys[1], 443, host="other.test", secret="sk_other_never_sent")
+    mine = mint(token_keys[1], origin.port, bound="bot-1")
+    elsewhere = mint(token_keys[1], 443, host="other.test", secret="sk_other_never_sent")
     session = through(bproxy, "bot-1", f"{KEYS['bot-1']},{elsewhere},{mine}", bundle)
     for path in ("/v1/a", "/v1/b"):
         assert session.get(f"https://api.test:{origin.port}{path}", timeout=10).status_code == 200
@@ -324,14 +312,14 @@ def test_tokens_in_the_proxy_credentials_go_with_requests_to_their_hosts(
 
 
 def test_a_token_in_the_credentials_is_checked_in_full_when_it_applies(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry], bundle: Path
 ) -> None:
     url = f"https://api.test:{origin.port}/v1"
     cases = {
-        "token_expired": mint(keys[1], origin.port, ttl=-600),  # past any allowed clock skew
+        "token_expired": mint(token_keys[1], origin.port, ttl=-600),  # past any allowed clock skew
         # Bound to another sandbox: refused even for a host it is not for, so what is left out
         # tells a thief nothing about the token's hosts.
-        "token_binding": mint(keys[1], 443, host="other.test", bound="bot-2"),
+        "token_binding": mint(token_keys[1], 443, host="other.test", bound="bot-2"),
         "token_malformed": "sg1.0123456789abcdef.notsealed",
     }
     for reason, token in cases.items():
@@ -342,10 +330,10 @@ def test_a_token_in_the_credentials_is_checked_in_full_when_it_applies(
 
 
 def test_no_identity_claimed_tokens_only(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry], bundle: Path
 ) -> None:
     # Unidentified: the default policy, which accepts no tokens, refuses a token for the host.
-    session = through(bproxy, "_", mint(keys[1], origin.port), bundle)
+    session = through(bproxy, "_", mint(token_keys[1], origin.port), bundle)
     r = session.get(f"https://api.test:{origin.port}/public/x", timeout=10)
     assert r.status_code == 403 and r.json()["reason"] == "tokens_not_allowed"
     assert (r.json()["policy"], origin.untouched()) == ("anonymous", True)
@@ -370,9 +358,9 @@ def _tunnel(proxy: Proxy, port: int, token: str) -> tuple[socket.socket, int]:
 
 
 def test_a_token_on_the_connect_goes_with_every_request_in_the_tunnel(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry], bundle: Path
 ) -> None:
-    sock, status = _tunnel(bproxy, origin.port, mint(keys[1], origin.port))
+    sock, status = _tunnel(bproxy, origin.port, mint(token_keys[1], origin.port))
     with sock:
         assert status == 200
         context = ssl.create_default_context(cafile=str(bundle))
@@ -386,9 +374,9 @@ def test_a_token_on_the_connect_goes_with_every_request_in_the_tunnel(
 
 
 def test_a_token_on_the_connect_for_another_host_refuses_the_tunnel(
-    bproxy: Proxy, origin: Origin, keys: tuple[Path, PublicKeyEntry], bundle: Path
+    bproxy: Proxy, origin: Origin, token_keys: tuple[Path, PublicKeyEntry], bundle: Path
 ) -> None:
-    for token, reason in [(mint(keys[1], origin.port + 1), "token_scope"),
+    for token, reason in [(mint(token_keys[1], origin.port + 1), "token_scope"),
                           ("", "token_malformed")]:
         sock, status = _tunnel(bproxy, origin.port, token)
         with sock:

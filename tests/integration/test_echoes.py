@@ -29,7 +29,7 @@ from wsproto.extensions import PerMessageDeflate
 
 from tests.dnsstub import StubDNS
 from tests.echoorigin import EchoOrigin
-from tests.harness import OriginCA, Proxy, key_digest, running_proxy, secret_store
+from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import h2_through_tunnel, open_tunnel, proxy_auth, read_response
 
 SECRET = "sk-echo-canary-5e4d3c2b1a09"
@@ -45,12 +45,8 @@ def origin(test_ca: OriginCA) -> Iterator[EchoOrigin]:
 
 
 @pytest.fixture(scope="module")
-def eproxy(
-    tmp_path_factory: pytest.TempPathFactory, origin: EchoOrigin, dns: StubDNS,
-    test_ca: OriginCA,
-) -> Iterator[Proxy]:
+def eproxy(proxy_with: ProxyFactory, origin: EchoOrigin, dns: StubDNS) -> Iterator[Proxy]:
     dns.set("echo.test", "A 127.0.0.1")
-    directory = tmp_path_factory.mktemp("echo")
     rules = f"""
 version: 1
 policies:
@@ -65,12 +61,9 @@ policies:
 sandboxes:
   echo-1: {{policy: echo, key_sha256: "{key_digest(KEY)}"}}
 """
-    with running_proxy(
-        directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-        extra_args=secret_store(directory, echo_key=SECRET),
-    ) as proxy:
+    with proxy_with(rules, name="echo", secrets={"echo_key": SECRET},
+                    canaries=(SECRET,)) as proxy:
         yield proxy
-        assert SECRET not in proxy.audit_text() + proxy.stderr()
 
 
 def connect(proxy: Proxy, origin: EchoOrigin) -> ssl.SSLSocket:

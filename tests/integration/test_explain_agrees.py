@@ -39,7 +39,7 @@ from sealgate.proxy.policy.explain import explain
 from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.reasons import Reason
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy, secret_store
+from tests.harness import Origin, Proxy, ProxyFactory, RawListener, key_digest
 from tests.security.rawclient import LoopbackTrap, connect_answer, proxy_auth
 
 SECRET = "agree-canary-5c4b3a29"
@@ -328,15 +328,12 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory, dns: StubDNS) -> Iterator[Rig]:
-    directory = tmp_path_factory.mktemp("explain-agrees")
+def rig(proxy_with: ProxyFactory, dns: StubDNS) -> Iterator[Rig]:
     origin, bare = Origin(), RawListener()
     trap = LoopbackTrap([origin.port])
     try:
-        with running_proxy(
-            directory, _rules(origin.port, bare.port), resolver=dns.address,
-            extra_args=secret_store(directory, agree_key=SECRET),
-        ) as proxy:
+        with proxy_with(_rules(origin.port, bare.port), name="explain-agrees",
+                        secrets={"agree_key": SECRET}) as proxy:
             yield Rig(proxy, origin, bare, trap, dns)
     finally:
         trap.stop()

@@ -11,35 +11,18 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import KEYS, client
+from tests.conftest import KEYS, client, rules_allowing
 from tests.dnsstub import StubDNS
 from tests.harness import (
     ROOT,
     SEALGATE,
     Origin,
-    OriginCA,
     Proxy,
+    ProxyFactory,
     free_port,
     key_digest,
-    running_proxy,
 )
 from tests.security.rawclient import proxy_auth, read_response, request_bytes
-
-
-def rules_allowing(host: str, port: int, extra: str = "") -> str:
-    return f"""
-version: 1
-policies:
-  ci:
-    allow:
-      - host: {host}
-        ports: [{port}]
-    allow_networks: [127.0.0.1/32]
-{extra}
-sandboxes:
-  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
-default_policy: null
-"""
 
 
 def test_broken_rules_at_start_fail_clearly(tmp_path: Path) -> None:
@@ -70,10 +53,9 @@ def wait_status(session: requests.Session, url: str, status: int, timeout: float
 
 
 def test_reload_on_change_and_sighup_keeps_old_rules_when_broken(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS, test_ca: OriginCA
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address) as p:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path) as p:
         session = client(p)
         a_url = f"http://api.test:{origin_http.port}/"
         b_url = f"http://a.svc.test:{origin_http.port}/"
@@ -94,7 +76,7 @@ def test_reload_on_change_and_sighup_keeps_old_rules_when_broken(
 
 
 def test_a_spent_budget_is_refused_a_second_late(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     """A client ignoring Retry-After gets at most one refusal per connection per second: the
     proxy's cheapest answer cannot be made its busiest work (docs/reliability.md, fairness)."""
@@ -106,7 +88,7 @@ def test_a_spent_budget_is_refused_a_second_late(
     rules = rules_allowing("api.test", origin_http.port).replace(
         "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
     )
-    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+    with proxy_with(rules, directory=tmp_path) as p:
         session = client(p)
         assert session.get(f"http://api.test:{origin_http.port}/1", timeout=5).status_code == 200
         origin_http.reset()
@@ -126,7 +108,9 @@ def test_a_spent_budget_is_refused_a_second_late(
             assert 0.9 <= time.monotonic() - started < 3
 
 
-def test_budget_rate_limit_429(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+def test_budget_rate_limit_429(
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
+) -> None:
     extra = """    budgets:
       requests_per_second: 1
       burst: 3
@@ -134,7 +118,7 @@ def test_budget_rate_limit_429(tmp_path: Path, origin_http: Origin, dns: StubDNS
     rules = rules_allowing("api.test", origin_http.port).replace(
         "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
     )
-    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+    with proxy_with(rules, directory=tmp_path) as p:
         session = client(p)
         statuses = [session.get(f"http://api.test:{origin_http.port}/b", timeout=5).status_code
                     for _ in range(6)]
@@ -146,7 +130,9 @@ def test_budget_rate_limit_429(tmp_path: Path, origin_http: Origin, dns: StubDNS
             assert int(denied.headers["Retry-After"]) >= 1
 
 
-def test_request_body_budget_413(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
+def test_request_body_budget_413(
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
+) -> None:
     extra = """    budgets:
       max_request_bytes: 1000
 """
@@ -154,16 +140,18 @@ def test_request_body_budget_413(tmp_path: Path, origin_http: Origin, dns: StubD
         "    allow_networks: [127.0.0.1/32]\n", "    allow_networks: [127.0.0.1/32]\n" + extra
     )
     origin_http.reset()
-    with running_proxy(tmp_path, rules, resolver=dns.address) as p:
+    with proxy_with(rules, directory=tmp_path) as p:
         r = client(p).post(f"http://api.test:{origin_http.port}/up", data=b"x" * 5000, timeout=5)
         assert r.status_code == 413
         assert r.json()["reason"] == "request_too_large"
     assert origin_http.untouched()
 
 
-def test_two_workers_share_the_port(tmp_path: Path, origin_http: Origin, dns: StubDNS) -> None:
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address, extra_args=["--workers", "2"]) as p:
+def test_two_workers_share_the_port(
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
+) -> None:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path,
+                    options=["--workers", "2"]) as p:
         session = client(p)
         for _ in range(20):
             fresh = requests.Session()
@@ -227,12 +215,11 @@ def test_clean_shutdown(tmp_path: Path, origin_http: Origin, dns: StubDNS, sig: 
 
 
 def test_unwritable_audit_log_fails_closed(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     origin_http.reset()
-    with running_proxy(tmp_path, rules_allowing("api.test", origin_http.port),
-                       resolver=dns.address,
-                       extra_args=["--set", "sealgate_audit_log=/dev/full"]) as p:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path,
+                    options=["--set", "sealgate_audit_log=/dev/full"]) as p:
         r = client(p).get(f"http://api.test:{origin_http.port}/full", timeout=5)
         assert r.status_code == 503
         assert r.json()["reason"] == "audit_unavailable"
@@ -240,7 +227,7 @@ def test_unwritable_audit_log_fails_closed(
 
 
 def test_reload_applies_to_open_tunnels(
-    tmp_path: Path, origin_https: Origin, dns: StubDNS, test_ca: OriginCA
+    tmp_path: Path, origin_https: Origin, proxy_with: ProxyFactory
 ) -> None:
     def rules(methods: str) -> str:
         return rules_allowing("api.test", origin_https.port).replace(
@@ -248,8 +235,7 @@ def test_reload_applies_to_open_tunnels(
             f"        ports: [{origin_https.port}]\n        methods: [{methods}]\n",
         )
 
-    with running_proxy(tmp_path, rules("GET"), resolver=dns.address,
-                       upstream_ca=test_ca.path) as p:
+    with proxy_with(rules("GET"), directory=tmp_path) as p:
         session = client(p)  # one pooled, intercepted tunnel for both requests
         url = f"https://api.test:{origin_https.port}/t"
         assert session.get(url, timeout=5).status_code == 200
@@ -271,12 +257,12 @@ def test_bad_secret_store_at_start_names_the_store(tmp_path: Path) -> None:
 
 
 def test_file_added_to_rules_directory_is_picked_up(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "base.yaml").write_text(rules_allowing("api.test", origin_http.port))
-    with running_proxy(tmp_path, rules_dir, resolver=dns.address) as p:
+    with proxy_with(rules_dir, directory=tmp_path) as p:
         session = client(p)
         late = p.url("late-1", "late-key")
         session.proxies = {"http": late}

@@ -12,23 +12,18 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
-from tests.conftest import KEYS, client
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, free_port
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import KEYS, client, rules_allowing
+from tests.harness import Origin, Proxy, ProxyFactory, free_port
 
 CANARY = "sk-metrics-canary-not-a-label-7c1d"
 
 
 @pytest.fixture(scope="module")
-def mproxy(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin,
-           dns: StubDNS) -> Iterator[tuple[Proxy, int]]:
+def mproxy(proxy_with: ProxyFactory, origin_http: Origin) -> Iterator[tuple[Proxy, int]]:
     port = free_port()
-    p = Proxy(tmp_path_factory.mktemp("metrics"), rules_allowing("api.test", origin_http.port),
-              resolver=dns.address,
-              extra_args=["--workers", "2", "--metrics-listen", f"127.0.0.1:{port}"])
-    yield p, port
-    p.stop()
+    with proxy_with(rules_allowing("api.test", origin_http.port), name="metrics",
+                    options=["--workers", "2", "--metrics-listen", f"127.0.0.1:{port}"]) as p:
+        yield p, port
 
 
 def scrape(port: int) -> str:

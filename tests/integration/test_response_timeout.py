@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
-from tests.harness import OriginCA, Proxy, key_digest
+from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
 from tests.rawserver import RawServer
 from tests.security.rawclient import h2_get
 
@@ -60,9 +60,7 @@ def slow(test_ca: OriginCA, dns: StubDNS) -> Iterator[Slow]:
 
 
 @pytest.fixture(scope="module")
-def rproxy(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, slow: Slow, test_ca: OriginCA
-) -> Iterator[Proxy]:
+def rproxy(proxy_with: ProxyFactory, slow: Slow) -> Iterator[Proxy]:
     rules = f"""
 version: 1
 policies:
@@ -79,10 +77,9 @@ policies:
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 """
-    p = Proxy(tmp_path_factory.mktemp("response-timeout"), rules, resolver=dns.address,
-              upstream_ca=test_ca.path, extra_args=["--response-timeout", str(TIMEOUT)])
-    yield p
-    p.stop()
+    with proxy_with(rules, name="response-timeout",
+                    options=["--response-timeout", str(TIMEOUT)]) as p:
+        yield p
 
 
 def test_an_upstream_that_never_answers_is_a_504_upstream_timeout(

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from sealgate.credentials import Claims, HostPattern, seal
-from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import (
     BasicProcessor,
     BearerProcessor,
@@ -27,23 +27,15 @@ from sealgate.credentials.processors import (
     QueryProcessor,
 )
 from tests.conftest import KEYS, client
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, Proxy, ProxyFactory, key_digest
 
 REAL = "sk-live-SECRET-0123456789abcdef"
 UNKNOWN = "SECRET-0123456789abcdef"  # the part of REAL a sandbox does not know
 
 
 @pytest.fixture(scope="module")
-def public(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
-    directory = tmp_path_factory.mktemp("token-keys")
-    return directory, generate(directory)
-
-
-@pytest.fixture(scope="module")
 def aproxy(
-    tmp_path_factory: pytest.TempPathFactory, public: tuple[Path, PublicKeyEntry],
-    origin_https: Origin, dns: StubDNS, test_ca: OriginCA,
+    proxy_with: ProxyFactory, token_keys: tuple[Path, PublicKeyEntry], origin_https: Origin
 ) -> Iterator[Proxy]:
     rules = f"""
 version: 1
@@ -58,13 +50,9 @@ sandboxes:
   bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 default_policy: null
 """
-    proxy = Proxy(
-        tmp_path_factory.mktemp("scrub-attacks"), rules, resolver=dns.address,
-        upstream_ca=test_ca.path, extra_args=["--token-keys", str(public[0])],
-    )
-    yield proxy
-    proxy.stop()
-    assert UNKNOWN not in proxy.audit_text() + proxy.stderr()
+    with proxy_with(rules, name="scrub-attacks", token_keys=token_keys[0],
+                    canaries=(UNKNOWN,)) as proxy:
+        yield proxy
 
 
 @pytest.fixture()
@@ -92,11 +80,11 @@ def call(proxy: Proxy, url: str, tokens: list[str], headers: dict[str, str] | No
 
 
 def test_a_decoy_token_around_an_echo_does_not_unmask_the_secret(
-    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+    aproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     origin.echo = True  # the request's headers, as JSON, in the order they came
-    real = mint(public[1], BearerProcessor(), origin.port, REAL)
-    decoy = mint(public[1], QueryProcessor(param="q"), origin.port,
+    real = mint(token_keys[1], BearerProcessor(), origin.port, REAL)
+    decoy = mint(token_keys[1], QueryProcessor(param="q"), origin.port,
                  "P" * 40 + '", "Authorization": "Bearer sk-live-')
     r = call(aproxy, f"https://api.test:{origin.port}/echo", [real, decoy],
              headers={"X-Pad": "P" * 64})
@@ -109,23 +97,23 @@ def test_a_decoy_token_around_an_echo_does_not_unmask_the_secret(
 
 
 def test_a_basic_credentials_base64_alone_is_masked(
-    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+    aproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     encoded = base64.b64encode(f"u:{REAL}".encode())
     origin.response_body = b'{"seen": "' + encoded + b'"}'
     r = call(aproxy, f"https://api.test:{origin.port}/basic",
-             [mint(public[1], BasicProcessor(username="u"), origin.port, REAL)])
+             [mint(token_keys[1], BasicProcessor(username="u"), origin.port, REAL)])
     assert r.status_code == 200, r.text
     assert encoded not in r.content and b"[REDACTED]" in r.content
     assert len(r.content) == len(origin.response_body)
 
 
 def test_too_many_or_too_long_forms_to_scrub_are_refused(
-    aproxy: Proxy, public: tuple[Path, PublicKeyEntry], origin: Origin
+    aproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     # The review's F5 decoys: 8 query tokens whose secrets make 24 needles, 96 KiB.
     tokens = [
-        mint(public[1], QueryProcessor(param=f"k{i}"), origin.port,
+        mint(token_keys[1], QueryProcessor(param=f"k{i}"), origin.port,
              "a" * 2047 + " " + chr(65 + i) * 2048)
         for i in range(8)
     ]

@@ -19,10 +19,8 @@ import requests
 
 from sealgate.proxy.process.controlclient import call
 from sealgate.proxy.process.statedir import control_socket as socket_path
-from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import KEYS, rules_allowing
+from tests.harness import Origin, Proxy, ProxyFactory
 
 SLOW_SECONDS = 1.5
 
@@ -104,11 +102,10 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 
 def test_a_killed_worker_is_started_again_and_the_others_keep_serving(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
-    p = Proxy(tmp_path, rules_allowing("api.test", origin_http.port), resolver=dns.address,
-              extra_args=["--workers", "2"])
-    try:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path,
+                    options=["--workers", "2"]) as p:
         before = wait_for(lambda: when(workers(p), lambda w: len(w) == 2), 20, "2 workers")
         wait_for(lambda: sum(e["event"] == "proxy_started" for e in p.audit()) == 2, 20,
                  "both workers up")
@@ -136,16 +133,13 @@ def test_a_killed_worker_is_started_again_and_the_others_keep_serving(
         assert after[1] == before[1]  # the survivor was left alone
         assert p.process.poll() is None
         assert "worker 0 exited" in p.stderr()
-    finally:
-        p.stop()
 
 
 def test_a_crash_loop_stops_the_supervisor_and_says_so(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
-    p = Proxy(tmp_path, rules_allowing("api.test", origin_http.port), resolver=dns.address,
-              extra_args=["--workers", "2"])
-    try:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path,
+                    options=["--workers", "2"]) as p:
         killed: set[int] = set()
         for _ in range(5):
             found = wait_for(lambda: when(workers(p), lambda w: w.get(1) not in {*killed, None}),
@@ -156,8 +150,6 @@ def test_a_crash_loop_stops_the_supervisor_and_says_so(
         assert p.process.wait(timeout=30) == 1
         assert "crash loop" in p.stderr()
         assert not workers_alive(killed)
-    finally:
-        p.stop()
 
 
 def workers_alive(pids: set[int]) -> bool:
@@ -167,11 +159,10 @@ def workers_alive(pids: set[int]) -> bool:
 
 @pytest.mark.parametrize("count", [1, 2])
 def test_sigterm_lets_requests_in_flight_finish(
-    tmp_path: Path, slow: SlowOrigin, dns: StubDNS, count: int
+    tmp_path: Path, slow: SlowOrigin, proxy_with: ProxyFactory, count: int
 ) -> None:
-    p = Proxy(tmp_path, rules_allowing("api.test", slow.port), resolver=dns.address,
-              extra_args=["--workers", str(count)])
-    try:
+    with proxy_with(rules_allowing("api.test", slow.port), directory=tmp_path,
+                    options=["--workers", str(count)]) as p:
         if count > 1:
             wait_for(lambda: sum(e["event"] == "proxy_started" for e in p.audit()) == count, 20,
                      "every worker up")
@@ -191,40 +182,36 @@ def test_sigterm_lets_requests_in_flight_finish(
         assert p.process.wait(timeout=20) == 0
         drained = [e for e in p.audit() if e["event"] == "proxy_drained"]
         assert len(drained) == count and all(e["cut"] == 0 for e in drained), drained
-    finally:
-        p.stop()
 
 
 def test_the_drain_timeout_cuts_what_is_left(
-    tmp_path: Path, dns: StubDNS
+    tmp_path: Path, proxy_with: ProxyFactory
 ) -> None:
     hung = SlowOrigin(20)
-    p = Proxy(tmp_path, rules_allowing("api.test", hung.port), resolver=dns.address,
-              extra_args=["--drain-timeout", "0.5"])
     try:
-        url = f"http://api.test:{hung.port}/hung"
-        with ThreadPoolExecutor(1) as pool:
-            future = pool.submit(lambda: session(p).get(url, timeout=30))
-            wait_for(lambda: hung.arrived == 1, 10, "the request at the origin")
-            started = time.monotonic()
-            p.signal(signal.SIGTERM)
-            assert p.process.wait(timeout=10) == 0
-            assert time.monotonic() - started < 5
-            with pytest.raises(requests.RequestException):
-                future.result()
-        (drained,) = [e for e in p.audit() if e["event"] == "proxy_drained"]
-        assert drained["cut"] == 1
+        with proxy_with(rules_allowing("api.test", hung.port), directory=tmp_path,
+                        options=["--drain-timeout", "0.5"]) as p:
+            url = f"http://api.test:{hung.port}/hung"
+            with ThreadPoolExecutor(1) as pool:
+                future = pool.submit(lambda: session(p).get(url, timeout=30))
+                wait_for(lambda: hung.arrived == 1, 10, "the request at the origin")
+                started = time.monotonic()
+                p.signal(signal.SIGTERM)
+                assert p.process.wait(timeout=10) == 0
+                assert time.monotonic() - started < 5
+                with pytest.raises(requests.RequestException):
+                    future.result()
+            (drained,) = [e for e in p.audit() if e["event"] == "proxy_drained"]
+            assert drained["cut"] == 1
     finally:
-        p.stop()
         hung.stop()
 
 
 def test_refused_requests_are_not_waited_for(
-    tmp_path: Path, origin_http: Origin, dns: StubDNS
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
 ) -> None:
     """A request answered by the proxy itself (refused) ends its flight: the drain is at once."""
-    p = Proxy(tmp_path, rules_allowing("api.test", origin_http.port), resolver=dns.address)
-    try:
+    with proxy_with(rules_allowing("api.test", origin_http.port), directory=tmp_path) as p:
         with session(p) as s:
             for _ in range(5):
                 assert s.get(f"http://other.test:{origin_http.port}/", timeout=5).status_code == 403
@@ -233,5 +220,3 @@ def test_refused_requests_are_not_waited_for(
         assert p.process.wait(timeout=10) == 0
         (drained,) = [e for e in p.audit() if e["event"] == "proxy_drained"]
         assert drained["cut"] == 0 and drained["waited_ms"] < 100
-    finally:
-        p.stop()

@@ -41,8 +41,7 @@ from sealgate.credentials.processors import (
     QueryProcessor,
 )
 from tests.conftest import KEYS, client
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest, running_proxy
+from tests.harness import Origin, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import (
     RawResponse,
     h2_get,
@@ -57,15 +56,9 @@ CANARY = "sk_live_CANARY_4b1d9f2e7c"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
-    directory = tmp_path_factory.mktemp("token-keys")
-    return directory, generate(directory)
-
-
-@pytest.fixture(scope="module")
 def tproxy(
-    tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, PublicKeyEntry],
-    origin_https: Origin, origin_http: Origin, dns: StubDNS, test_ca: OriginCA,
+    proxy_with: ProxyFactory, token_keys: tuple[Path, PublicKeyEntry], origin_https: Origin,
+    origin_http: Origin,
 ) -> Iterator[Proxy]:
     rules = f"""
 version: 1
@@ -87,14 +80,8 @@ sandboxes:
   closed-1: {{policy: plain, key_sha256: "{key_digest(KEYS['closed-1'])}"}}
 default_policy: null
 """
-    p = Proxy(
-        tmp_path_factory.mktemp("tokens"), rules, resolver=dns.address,
-        upstream_ca=test_ca.path, extra_args=["--token-keys", str(keys[0])],
-    )
-    yield p
-    p.stop()
-    everything = p.audit_text() + p.stderr()
-    assert CANARY not in everything
+    with proxy_with(rules, name="tokens", token_keys=token_keys[0], canaries=(CANARY,)) as p:
+        yield p
 
 
 def mint(
@@ -160,10 +147,10 @@ def origin(origin_https: Origin) -> Iterator[Origin]:
     ids=["bearer", "header", "basic", "query"],
 )
 def test_processors_round_trip(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, processor: Processor,
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, processor: Processor,
     check: object,
 ) -> None:
-    token = mint(keys[1], processor, origin.port)
+    token = mint(token_keys[1], processor, origin.port)
     r = call(tproxy, f"https://api.test:{origin.port}/v1/x?a=1", token,
              headers={"X-Api-Key": "sandbox-tried-this"})
     assert r.status_code == 200, r.text
@@ -175,12 +162,12 @@ def test_processors_round_trip(
 
 
 def test_hmac_signs_the_exact_body(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     processor = HmacProcessor(header="X-Signature", format="sha256={signature}", encoding="hex")
     body = b'{"amount": 100}'
-    r = call(tproxy, f"https://api.test:{origin.port}/hook", mint(keys[1], processor, origin.port),
-             method="POST", data=body)
+    r = call(tproxy, f"https://api.test:{origin.port}/hook",
+             mint(token_keys[1], processor, origin.port), method="POST", data=body)
     assert r.status_code == 200, r.text
     seen = origin.requests[-1]
     expected = hmac.new(CANARY.encode(), body, hashlib.sha256).hexdigest()
@@ -189,10 +176,10 @@ def test_hmac_signs_the_exact_body(
 
 
 def test_placeholder_replaced_only_where_put(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     processor = PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder-1")
-    token = mint(keys[1], processor, origin.port)
+    token = mint(token_keys[1], processor, origin.port)
     r = call(tproxy, f"https://api.test:{origin.port}/p", token,
              headers={"Authorization": "Bearer sg-placeholder-1"})
     assert r.status_code == 200
@@ -200,11 +187,11 @@ def test_placeholder_replaced_only_where_put(
 
 
 def test_echoed_secret_is_scrubbed(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     origin.echo = True
     r = call(tproxy, f"https://api.test:{origin.port}/echo",
-             mint(keys[1], BasicProcessor(username="u"), origin.port))
+             mint(token_keys[1], BasicProcessor(username="u"), origin.port))
     assert r.status_code == 200
     assert CANARY not in r.text
     assert base64.b64encode(f"u:{CANARY}".encode()).decode() not in r.text
@@ -224,10 +211,10 @@ def test_echoed_secret_is_scrubbed(
     ids=["garbage", "truncated", "flipped", "unknown-kid"],
 )
 def test_bad_tokens(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, mutate: object,
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, mutate: object,
     status: int, reason: str,
 ) -> None:
-    token = mutate(mint(keys[1], BearerProcessor(), origin.port))  # type: ignore[operator]
+    token = mutate(mint(token_keys[1], BearerProcessor(), origin.port))  # type: ignore[operator]
     r = call(tproxy, f"https://api.test:{origin.port}/bad", token)
     assert r.status_code == status, r.text
     assert r.json()["reason"] == reason
@@ -236,21 +223,21 @@ def test_bad_tokens(
 
 
 def test_expired_token_401(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     now = int(time.time())
-    claims = Claims(kid=keys[1].kid, secret=CANARY, processor=BearerProcessor(),
+    claims = Claims(kid=token_keys[1].kid, secret=CANARY, processor=BearerProcessor(),
                     hosts=(HostPattern("api.test", origin.port),), exp=now - 120, iat=now - 600)
-    r = call(tproxy, f"https://api.test:{origin.port}/old", seal(claims, keys[1]))
+    r = call(tproxy, f"https://api.test:{origin.port}/old", seal(claims, token_keys[1]))
     assert r.status_code == 401
     assert r.json()["reason"] == "token_expired"
     assert origin.untouched()
 
 
 def test_token_for_another_host_403(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    token = mint(keys[1], BearerProcessor(), origin.port, host="other.test")
+    token = mint(token_keys[1], BearerProcessor(), origin.port, host="other.test")
     r = call(tproxy, f"https://api.test:{origin.port}/scope", token)
     assert r.status_code == 403
     assert r.json()["reason"] == "token_scope"
@@ -258,28 +245,29 @@ def test_token_for_another_host_403(
 
 
 def test_binding_to_another_sandbox_407(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    token = mint(keys[1], BearerProcessor(), origin.port, binding=SandboxBinding("someone-else"))
+    token = mint(token_keys[1], BearerProcessor(), origin.port,
+                 binding=SandboxBinding("someone-else"))
     r = call(tproxy, f"https://api.test:{origin.port}/bind", token)
     assert r.status_code == 407
     assert r.json()["reason"] == "token_binding"
-    ok = mint(keys[1], BearerProcessor(), origin.port, binding=SandboxBinding("bot-1"))
+    ok = mint(token_keys[1], BearerProcessor(), origin.port, binding=SandboxBinding("bot-1"))
     assert call(tproxy, f"https://api.test:{origin.port}/bind", ok).status_code == 200
 
 
 def test_auth_digest_binding(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    token = mint(keys[1], BearerProcessor(), origin.port,
+    token = mint(token_keys[1], BearerProcessor(), origin.port,
                  binding=AuthDigestBinding.of_secret("bearer-secret-1"))
     assert call(tproxy, f"https://api.test:{origin.port}/d", token).status_code == 407
 
 
 def test_policy_without_tokens_refuses_them(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    token = mint(keys[1], BearerProcessor(), origin.port)
+    token = mint(token_keys[1], BearerProcessor(), origin.port)
     r = call(tproxy, f"https://api.test:{origin.port}/nt", token, sandbox="closed-1")
     assert r.status_code == 403
     assert r.json()["reason"] == "tokens_not_allowed"
@@ -287,10 +275,10 @@ def test_policy_without_tokens_refuses_them(
 
 
 def test_no_injection_over_plain_http(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin_http: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin_http: Origin
 ) -> None:
     origin_http.reset()
-    token = mint(keys[1], BearerProcessor(), origin_http.port)
+    token = mint(token_keys[1], BearerProcessor(), origin_http.port)
     r = call(tproxy, f"http://api.test:{origin_http.port}/plain", token)
     assert r.status_code == 403
     assert r.json()["reason"] == "insecure_upstream"
@@ -298,13 +286,13 @@ def test_no_injection_over_plain_http(
 
 
 def test_large_streamed_echo_is_scrubbed(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     pad = b"p" * (1536 * 1024)  # past the 1 MiB streaming threshold
     origin.response_body = pad + CANARY.encode() + pad
     try:
         r = call(tproxy, f"https://api.test:{origin.port}/big-echo",
-                 mint(keys[1], BearerProcessor(), origin.port))
+                 mint(token_keys[1], BearerProcessor(), origin.port))
     finally:
         origin.response_body = b"hello from origin\n"
     assert r.status_code == 200
@@ -314,10 +302,11 @@ def test_large_streamed_echo_is_scrubbed(
 
 
 def test_missing_placeholder_is_token_inapplicable(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     processor = PlaceholderProcessor(header="Authorization", placeholder="sg-placeholder-1")
-    r = call(tproxy, f"https://api.test:{origin.port}/p", mint(keys[1], processor, origin.port),
+    r = call(tproxy, f"https://api.test:{origin.port}/p",
+             mint(token_keys[1], processor, origin.port),
              headers={"Authorization": "Bearer something-else"})
     assert r.status_code == 400
     assert r.json()["reason"] == "token_inapplicable"
@@ -325,11 +314,11 @@ def test_missing_placeholder_is_token_inapplicable(
 
 
 def test_scope_and_binding_checked_again_for_another_request(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     """The proxy remembers the request a token last passed for; nothing else may ride on it."""
     base = f"https://api.test:{origin.port}"
-    token = mint(keys[1], BearerProcessor(), origin.port, methods=("GET",), paths=("/v1",),
+    token = mint(token_keys[1], BearerProcessor(), origin.port, methods=("GET",), paths=("/v1",),
                  binding=AuthDigestBinding.of_secret("bearer-secret-1"))
     bound = {"Proxy-Authorization": "Bearer bearer-secret-1"}
     outcomes = [
@@ -344,10 +333,10 @@ def test_scope_and_binding_checked_again_for_another_request(
 
 
 def test_conflicting_credentials_refused(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    bearer = mint(keys[1], BearerProcessor(), origin.port)
-    placeholder = mint(keys[1], PlaceholderProcessor(header="Authorization",
+    bearer = mint(token_keys[1], BearerProcessor(), origin.port)
+    placeholder = mint(token_keys[1], PlaceholderProcessor(header="Authorization",
                                                      placeholder="sg-placeholder-1"), origin.port)
     r = call(tproxy, f"https://api.test:{origin.port}/both", f"{placeholder}, {bearer}",
              headers={"Authorization": "Bearer sg-placeholder-1"})
@@ -357,11 +346,12 @@ def test_conflicting_credentials_refused(
 
 
 def test_two_fixed_credentials_for_one_header_the_later_wins(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    first = mint(keys[1], HeaderProcessor(header="X-Api-Key", format="{secret}"), origin.port,
-                 secret="first-secret-value")
-    second = mint(keys[1], HeaderProcessor(header="x-api-key", format="{secret}"), origin.port)
+    first = mint(token_keys[1], HeaderProcessor(header="X-Api-Key", format="{secret}"),
+                 origin.port, secret="first-secret-value")
+    second = mint(token_keys[1], HeaderProcessor(header="x-api-key", format="{secret}"),
+                  origin.port)
     r = call(tproxy, f"https://api.test:{origin.port}/two", f"{first}, {second}",
              headers={"X-Api-Key": "from-the-sandbox"})
     assert r.status_code == 200, r.text
@@ -372,11 +362,11 @@ def test_two_fixed_credentials_for_one_header_the_later_wins(
 
 
 def test_token_over_http2(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     origin.echo = True
     target = f"api.test:{origin.port}"
-    token = mint(keys[1], BearerProcessor(), origin.port)
+    token = mint(token_keys[1], BearerProcessor(), origin.port)
     r = h2_get(tproxy.port, target, ("bot-1", KEYS["bot-1"]), tproxy.ca, "/h2",
                [("proxy-tokenizer", token)])
     assert r.status == 200, r.body[:300]
@@ -387,14 +377,14 @@ def test_token_over_http2(
 
 
 def test_chunked_echo_in_small_pieces_arrives_whole_and_scrubbed(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     # Chunks shorter than the secret: the scrubber holds bytes back, and must never hand
     # mitmproxy an empty chunk (which would end the chunked body early).
     body = b"head-" + CANARY.encode() + b"-middle-" + CANARY.encode() + b"-tail"
     origin.response_chunks = [body[i : i + 3] for i in range(0, len(body), 3)]
     r = call(tproxy, f"https://api.test:{origin.port}/chunks",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert r.status_code == 200
     assert r.content == body.replace(CANARY.encode(), (b"[REDACTED]" * 3)[: len(CANARY)])
     assert CANARY.encode() not in r.content
@@ -417,7 +407,7 @@ def _compress(coding: str, body: bytes) -> bytes:
 
 @pytest.mark.parametrize("coding", ["gzip", "zstd"])
 def test_large_compressed_echo_is_decoded_and_scrubbed(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str
 ) -> None:
     """An upstream that compresses although asked for identity, with a body too large to
     buffer: streamed, decoded on the way, scrubbed."""
@@ -426,7 +416,7 @@ def test_large_compressed_echo_is_decoded_and_scrubbed(
     origin.response_headers = {"Content-Encoding": coding}
     origin.response_body = _compress(coding, body)
     r = call(tproxy, f"https://api.test:{origin.port}/zipped",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert r.status_code == 200
     assert "content-encoding" not in r.headers
     assert len(r.content) == len(body)
@@ -436,13 +426,13 @@ def test_large_compressed_echo_is_decoded_and_scrubbed(
 
 @pytest.mark.parametrize("coding", ["gzip", "x-gzip", "zstd"])
 def test_small_compressed_echo_is_passed_on_decoded_and_scrubbed(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str
 ) -> None:
     body = b"echo " + CANARY.encode() + b" done"
     origin.response_headers = {"Content-Encoding": coding}
     origin.response_body = _compress(coding, body)
     r = call(tproxy, f"https://api.test:{origin.port}/small-zip",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert r.status_code == 200
     assert "content-encoding" not in r.headers
     assert r.headers["content-length"] == str(len(body))
@@ -451,7 +441,7 @@ def test_small_compressed_echo_is_passed_on_decoded_and_scrubbed(
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["buffered", "streamed"])
 def test_identity_named_as_a_coding_is_scrubbed_as_it_is(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, chunked: bool
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, chunked: bool
 ) -> None:
     body = b"echo " + CANARY.encode()
     origin.response_headers = {"Content-Encoding": "identity"}
@@ -460,7 +450,7 @@ def test_identity_named_as_a_coding_is_scrubbed_as_it_is(
     else:
         origin.response_body = body
     r = call(tproxy, f"https://api.test:{origin.port}/identity/{chunked}",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert r.status_code == 200
     assert r.content == body.replace(CANARY.encode(), (b"[REDACTED]" * 3)[: len(CANARY)])
 
@@ -468,7 +458,7 @@ def test_identity_named_as_a_coding_is_scrubbed_as_it_is(
 @pytest.mark.parametrize("chunked", [False, True], ids=["buffered", "streamed"])
 @pytest.mark.parametrize("coding", ["x-secret-sauce", "br", "gzip, gzip", "gzip\ngzip"])
 def test_echo_in_a_coding_that_cannot_be_decoded_is_refused(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str,
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, coding: str,
     chunked: bool,
 ) -> None:
     """An unknown coding, stacked codings (in one header or two), or brotli (whose decoder
@@ -490,26 +480,26 @@ def test_echo_in_a_coding_that_cannot_be_decoded_is_refused(
         origin.response_body = body
     with pytest.raises(requests.ConnectionError):
         call(tproxy, f"https://api.test:{origin.port}{path}",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     line = refused(tproxy, path)
     assert (line["reason"], line["encoding"]) == ("encoding_unscrubbable", coding)
 
 
 def test_buffered_echo_that_fails_to_decode_is_refused(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     body = gzip.compress(b"echo " + CANARY.encode())
     origin.response_headers = {"Content-Encoding": "gzip"}
     origin.response_body = body[:-8] + b"\0" * 8  # CRC and length wrong
     with pytest.raises(requests.ConnectionError):
         call(tproxy, f"https://api.test:{origin.port}/corrupt",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert refused(tproxy, "/corrupt")["reason"] == "decode_failed"
 
 
 @pytest.mark.parametrize("broken", ["corrupt", "bomb"])
 def test_streamed_echo_that_fails_to_decode_cuts_the_client_off(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, broken: str
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, broken: str
 ) -> None:
     """Part of the body went out when the rest turns out corrupt (or a chunk decodes past the
     limit): the client's connection is closed at once, without the end of the chunked body,
@@ -533,16 +523,16 @@ def test_streamed_echo_that_fails_to_decode_cuts_the_client_off(
     started = time.monotonic()
     with pytest.raises((requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
         call(tproxy, f"https://api.test:{origin.port}/broken/{broken}",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     assert time.monotonic() - started < 9  # closed, not left to call()'s 10 s read timeout
     line = refused(tproxy, f"/broken/{broken}")
     assert line["reason"] == ("decode_failed" if broken == "corrupt" else "decoded_too_large")
 
 
 def test_transfer_codings_are_not_asked_for_on_injected_requests(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    token = mint(keys[1], BearerProcessor(), origin.port)
+    token = mint(token_keys[1], BearerProcessor(), origin.port)
     call(tproxy, f"https://api.test:{origin.port}/te1", token,
          headers={"TE": "gzip;q=1.0, Trailers"})
     call(tproxy, f"https://api.test:{origin.port}/te2", token, headers={"TE": "gzip, deflate"})
@@ -551,14 +541,14 @@ def test_transfer_codings_are_not_asked_for_on_injected_requests(
 
 
 def test_response_in_a_transfer_coding_is_refused(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
     """mitmproxy passes a transfer-coded body on as it came: it cannot be scrubbed."""
     origin.response_headers = {"Transfer-Encoding": "gzip, chunked"}
     origin.response_chunks = [gzip.compress(b"echo " + CANARY.encode())]
     with pytest.raises(requests.ConnectionError):
         call(tproxy, f"https://api.test:{origin.port}/te",
-             mint(keys[1], BearerProcessor(), origin.port))
+             mint(token_keys[1], BearerProcessor(), origin.port))
     line = refused(tproxy, "/te")
     assert (line["reason"], line["encoding"]) == ("encoding_unscrubbable", "gzip,chunked")
 
@@ -569,12 +559,12 @@ def test_response_in_a_transfer_coding_is_refused(
     ids=["empty", "commas", "trailing-comma", "empty-second-field", "nine-tokens"],
 )
 def test_a_tokenizer_header_without_a_token_in_every_element_is_refused(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, fields: list[str]
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, fields: list[str]
 ) -> None:
     """A present Proxy-Tokenizer header is read as a list of tokens, even when empty: an
     element that holds none is `token_malformed`, never a request forwarded without its
     credential."""
-    token = mint(keys[1], BearerProcessor(), origin.port)
+    token = mint(token_keys[1], BearerProcessor(), origin.port)
     r = raw_call(tproxy, origin.port, "/list",
                  [("Proxy-Tokenizer", f.format(t=token)) for f in fields])
     assert (r.status, r.reason) == (400, "token_malformed"), r.body[:300]
@@ -590,10 +580,10 @@ def test_policy_without_tokens_refuses_even_an_empty_tokenizer_header(
 
 
 def test_tokens_in_two_tokenizer_fields_are_all_applied(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin
 ) -> None:
-    a = mint(keys[1], HeaderProcessor(header="X-A", format="{secret}"), origin.port)
-    b = mint(keys[1], HeaderProcessor(header="X-B", format="{secret}"), origin.port)
+    a = mint(token_keys[1], HeaderProcessor(header="X-A", format="{secret}"), origin.port)
+    b = mint(token_keys[1], HeaderProcessor(header="X-B", format="{secret}"), origin.port)
     r = raw_call(tproxy, origin.port, "/fields",
                  [("Proxy-Tokenizer", f" {a}\t"), ("Proxy-Tokenizer", b)])
     assert r.status == 200, r.body[:300]
@@ -616,13 +606,13 @@ def test_tokens_in_two_tokenizer_fields_are_all_applied(
     ids=["issue-9", "presigned", "question-mark-only", "no-query"],
 )
 def test_query_token_rewrites_only_its_parameter_on_the_wire(
-    tproxy: Proxy, keys: tuple[Path, PublicKeyEntry], origin: Origin, target: str,
+    tproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, target: str,
     forwarded: str, overwrote: list[str],
 ) -> None:
     """The request line the origin reads: every other parameter byte for byte as the sandbox
     sent it, the secret percent-encoded in the one parameter, appended last."""
     secret = f"{CANARY} /&=+ü"
-    token = mint(keys[1], QueryProcessor(param="api_key"), origin.port, secret=secret)
+    token = mint(token_keys[1], QueryProcessor(param="api_key"), origin.port, secret=secret)
     r = raw_call(tproxy, origin.port, target, [("Proxy-Tokenizer", token)])
     assert r.status == 200, r.body[:300]
     encoded = f"{CANARY}%20%2F%26%3D%2B%C3%BC"
@@ -633,7 +623,7 @@ def test_query_token_rewrites_only_its_parameter_on_the_wire(
 
 
 def test_a_revoked_key_goes_on_reload_even_when_the_rules_are_broken(
-    tmp_path: Path, origin_https: Origin, dns: StubDNS, test_ca: OriginCA
+    tmp_path: Path, proxy_with: ProxyFactory, origin_https: Origin
 ) -> None:
     """Keys and rules reload each on their own: removing a key file revokes its tokens at the
     next SIGHUP although the rules file is broken meanwhile (the rules in force stay)."""
@@ -654,8 +644,7 @@ sandboxes:
 """
     url = f"https://api.test:{origin_https.port}/revoke"
     processor = BearerProcessor()
-    with running_proxy(tmp_path, rules, resolver=dns.address, upstream_ca=test_ca.path,
-                       extra_args=["--token-keys", str(key_dir)]) as p:
+    with proxy_with(rules, directory=tmp_path, token_keys=key_dir) as p:
         assert call(p, url, mint(revoked, processor, origin_https.port)).status_code == 200
         for path in key_dir.glob(f"{revoked.kid}.*"):
             path.unlink()

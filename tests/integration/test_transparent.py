@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import session_rules
-from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, ProxyFactory
 from tests.netns import Netns, in_netns, netns, run
 from tests.security.rawclient import request_bytes, tls_wrap, upload_whole
 
@@ -32,28 +31,23 @@ def sandbox_ns() -> Iterator[Netns]:
 
 @pytest.fixture(scope="module")
 def tproxy(
-    sandbox_ns: Netns, tmp_path_factory: pytest.TempPathFactory, origin_http: Origin,
-    origin_https: Origin, dns: StubDNS, test_ca: OriginCA,
+    sandbox_ns: Netns, proxy_with: ProxyFactory, origin_http: Origin, origin_https: Origin,
 ) -> Iterator[Proxy]:
-    directory = tmp_path_factory.mktemp("tproxy")
-    p = Proxy(
-        directory, session_rules(origin_http.port, origin_https.port), resolver=dns.address,
-        upstream_ca=test_ca.path, transparent_host=sandbox_ns.host_ip,
-    )
-    table = f"sgt_{sandbox_ns.name[4:]}"
-    rules = (
-        f"table ip {table} {{\n chain pre {{\n  type nat hook prerouting priority dstnat;\n"
-        f'  iifname "{sandbox_ns.host_if}" meta l4proto tcp redirect to :{p.transparent_port}\n'
-        " }\n}\n"
-    )
-    rules_file = directory / "redirect.nft"
-    rules_file.write_text(rules + "\n")
-    try:
-        run("nft", "-f", str(rules_file))
-        yield p
-    finally:
-        run("nft", "delete", "table", "ip", table, check=False)
-        p.stop()
+    with proxy_with(session_rules(origin_http.port, origin_https.port), name="tproxy",
+                    transparent_host=sandbox_ns.host_ip) as p:
+        table = f"sgt_{sandbox_ns.name[4:]}"
+        rules = (
+            f"table ip {table} {{\n chain pre {{\n  type nat hook prerouting priority dstnat;\n"
+            f'  iifname "{sandbox_ns.host_if}" meta l4proto tcp redirect to :{p.transparent_port}\n'
+            " }\n}\n"
+        )
+        rules_file = p.workdir / "redirect.nft"
+        rules_file.write_text(rules + "\n")
+        try:
+            run("nft", "-f", str(rules_file))
+            yield p
+        finally:
+            run("nft", "delete", "table", "ip", table, check=False)
 
 
 def sources(p: Proxy, *args: str) -> subprocess.CompletedProcess[str]:

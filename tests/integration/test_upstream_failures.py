@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, free_port, key_digest
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, free_port, key_digest
 from tests.netns import require_root_net, run
 from tests.rawserver import RawServer
 from tests.security.rawclient import h2_get
@@ -24,9 +24,7 @@ def dead_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def fproxy(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, dead_port: int
-) -> Iterator[Proxy]:
+def fproxy(proxy_with: ProxyFactory, dead_port: int) -> Iterator[Proxy]:
     rules = f"""
 version: 1
 policies:
@@ -39,10 +37,8 @@ policies:
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 """
-    p = Proxy(tmp_path_factory.mktemp("failures"), rules, resolver=dns.address,
-              extra_args=["--connect-timeout", "1"])
-    yield p
-    p.stop()
+    with proxy_with(rules, name="failures", options=["--connect-timeout", "1"]) as p:
+        yield p
 
 
 def test_refused_upstream_is_a_json_502(fproxy: Proxy, dead_port: int) -> None:
@@ -97,8 +93,7 @@ class Resetter(RawServer):
 
 @pytest.fixture(scope="module")
 def tproxy(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, origin_https: Origin,
-    test_ca: OriginCA,
+    proxy_with: ProxyFactory, dns: StubDNS, origin_https: Origin, test_ca: OriginCA,
 ) -> Iterator[tuple[Proxy, Resetter]]:
     resetter = Resetter(tls=test_ca.issue("api.test"))
     dns.set("wrongname.test", "A 127.0.0.1")  # the origin, whose certificate names api.test
@@ -117,10 +112,8 @@ policies:
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 """
-    p = Proxy(tmp_path_factory.mktemp("tls-failures"), rules, resolver=dns.address,
-              upstream_ca=test_ca.path)
-    yield p, resetter
-    p.stop()
+    with proxy_with(rules, name="tls-failures") as p:
+        yield p, resetter
     resetter.stop()
 
 

@@ -113,6 +113,34 @@ def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30) -> D
     return daemon
 
 
+class TierDaemons:
+    """A daemon per tier (`--pool 1`, its self-test on), started when a module first asks for it
+    and stopped with the package. test_agent_reach, test_gvisor, test_microvm_guest and test_tiers
+    each need a daemon of a tier, not one of their own (each test ends with what it made deleted),
+    and a tier's start is the package's longest wait: the microVM's self-test boots a guest."""
+
+    def __init__(self, proxy: Proxy, directories: pytest.TempPathFactory) -> None:
+        self.proxy = proxy
+        self.directories = directories
+        self.started: dict[str, Daemon] = {}
+
+    def get(self, tier: str) -> Daemon:
+        if tier not in self.started:
+            self.started[tier] = start_daemon(
+                self.proxy, self.directories.mktemp(f"sandboxd-{tier}"), "--pool", "1",
+                "--isolation", tier, ready=240)
+        return self.started[tier]
+
+
+@pytest.fixture(scope="package")
+def tier_daemons(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[TierDaemons]:
+    daemons = TierDaemons(dproxy, tmp_path_factory)
+    yield daemons
+    for daemon in daemons.started.values():
+        daemon.stop()
+
+
 @pytest.fixture(scope="package")
 def sandboxd(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd"), "--pool", "2",

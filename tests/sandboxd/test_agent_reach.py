@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
-from tests.harness import Proxy
 from tests.integration.test_sandbox import SOCKET_OPTIONS
 from tests.integration.tiers import TIERS
-from tests.sandboxd.conftest import Daemon, start_daemon
+from tests.sandboxd.conftest import Daemon, TierDaemons
 
 pytestmark = [pytest.mark.root]
 
@@ -111,13 +109,9 @@ NEXT = ["sh", "-c", 'read line; echo "$0 $SECRET_INPUT $line"; sleep 1', f"argv-
 
 
 @pytest.fixture(scope="module", params=TIERS)
-def tierd(request: pytest.FixtureRequest, dproxy: Proxy,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Daemon]]:
+def tierd(request: pytest.FixtureRequest, tier_daemons: TierDaemons) -> tuple[str, Daemon]:
     tier = str(request.param)
-    daemon = start_daemon(dproxy, tmp_path_factory.mktemp(f"sandboxd-reach-{tier}"),
-                          "--pool", "1", "--isolation", tier, ready=240)
-    yield tier, daemon
-    daemon.stop()
+    return tier, tier_daemons.get(tier)
 
 
 def _size(sb: Sandbox, path: str) -> int:

@@ -20,8 +20,8 @@ import pytest
 from sealgate.sandbox import tiers
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.host.network import RUN_DIR
-from tests.harness import ROOT, SEALGATE, Origin, Proxy
-from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
+from tests.harness import ROOT, SEALGATE, Origin
+from tests.sandboxd.conftest import UID_BASE, Daemon, TierDaemons
 from tests.sandboxd.test_sessions import BASE_ENV, ESCAPES
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(
@@ -58,11 +58,8 @@ print(children)
 
 
 @pytest.fixture(scope="module")
-def gvisord(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd-gvisor"), "--pool",
-                          str(POOL), "--isolation", "gvisor")
-    yield daemon
-    daemon.stop()
+def gvisord(tier_daemons: TierDaemons) -> Daemon:
+    return tier_daemons.get("gvisor")  # its pool: POOL
 
 
 @pytest.fixture

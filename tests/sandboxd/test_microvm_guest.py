@@ -7,25 +7,20 @@ running beside it. The same attacks one at a time over the agent's channel:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from sealgate.sandbox.clients.client import Result, Sandbox
-from tests.harness import Proxy
 from tests.microvm.kit import needs_vm
 from tests.microvm.test_guest import RUNNING, TRACEME
-from tests.sandboxd.conftest import Daemon, start_daemon
+from tests.sandboxd.conftest import Daemon, TierDaemons
 
 pytestmark = [pytest.mark.root, needs_vm]
 
 
 @pytest.fixture(scope="module")
-def vmd(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd-microvm"), "--pool", "1",
-                          "--isolation", "microvm", "--no-selftest", ready=240)
-    yield daemon
-    daemon.stop()
+def vmd(tier_daemons: TierDaemons) -> Daemon:
+    return tier_daemons.get("microvm")
 
 
 def create(daemon: Daemon) -> Sandbox:

@@ -20,7 +20,6 @@ import resource
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from sealgate.reasons import Reason
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests.harness import Origin, Proxy
 from tests.integration.tiers import TIERS
-from tests.sandboxd.conftest import UID_BASE, Daemon, start_daemon
+from tests.sandboxd.conftest import UID_BASE, Daemon, TierDaemons
 from tests.sandboxd.test_lifecycle import gone_or_ended, picture, same_as
 
 pytestmark = [pytest.mark.root]
@@ -44,13 +43,9 @@ print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode(), end="")
 
 
 @pytest.fixture(scope="module", params=TIERS)
-def tierd(request: pytest.FixtureRequest, dproxy: Proxy,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Daemon]]:
+def tierd(request: pytest.FixtureRequest, tier_daemons: TierDaemons) -> tuple[str, Daemon]:
     tier = str(request.param)
-    daemon = start_daemon(dproxy, tmp_path_factory.mktemp(f"sandboxd-{tier}"), "--pool",
-                          str(POOL), "--isolation", tier, ready=240)
-    yield tier, daemon
-    daemon.stop()
+    return tier, tier_daemons.get(tier)  # its pool: POOL
 
 
 def create(daemon: Daemon) -> Sandbox:

@@ -322,6 +322,10 @@ class LoopbackTrap:
                     family = socket.AF_INET6 if ":" in host else socket.AF_INET
                     sock = socket.socket(family, socket.SOCK_STREAM)
                     self._sockets.append(sock)
+                    # A connection an earlier test made from that address may have had this
+                    # port as its own: its TIME_WAIT would refuse the bind (seen on a parallel
+                    # worker). Only a listener there may: the origins set the same.
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     sock.bind((host, port))
                     sock.listen(16)
                     sock.setblocking(False)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
-from sealgate.credentials.keys import PublicKeyEntry, generate
+from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest, secret_store
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import (
     LoopbackTrap,
     NoResponse,
@@ -40,12 +40,6 @@ TOKEN_SECRET = "sk_live_ATTACK_token_secret_3f1d"
 KEY1 = "attack-bot-1-key-canary-a91c"
 KEY2 = "attack-bot-2-key-canary-5be0"
 CANARIES = (BROKERED, TOKEN_SECRET, KEY1, KEY2)
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PublicKeyEntry]:
-    directory = tmp_path_factory.mktemp("attack-keys")
-    return directory, generate(directory)
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +109,8 @@ default_policy: anonymous
 
 @pytest.fixture(scope="module")
 def aproxy(
-    tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, PublicKeyEntry], api: Origin,
-    victim: Origin, dns: StubDNS, test_ca: OriginCA,
+    tmp_path_factory: pytest.TempPathFactory, proxy_with: ProxyFactory,
+    token_keys: tuple[Path, PublicKeyEntry], api: Origin, victim: Origin, dns: StubDNS,
 ) -> Iterator[Proxy]:
     directory = tmp_path_factory.mktemp("client-mode-attacks")
     for name, record in [
@@ -127,20 +121,13 @@ def aproxy(
         dns.set(name, record)
     rules = directory / "rules.yaml"
     rules.write_text(_rules(api.port, 1))
-    p = Proxy(
-        directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-        extra_args=["--token-keys", str(keys[0]), *secret_store(directory, api_key=BROKERED)],
-    )
-    # The proxy's own port is known only now: the rules that name it, reloaded.
-    rules.write_text(_rules(api.port, p.port))
-    p.signal(1)  # SIGHUP
-    p.wait_audit(lambda a: a.get("event") == "rules_reloaded")
-    yield p
-    p.stop()
-    everything = p.audit_text() + p.stderr()
-    for canary in CANARIES:
-        assert canary not in everything, canary
-    assert "Traceback" not in p.stderr(), p.stderr()[-3000:]
+    with proxy_with(rules, directory=directory, token_keys=token_keys[0],
+                    secrets={"api_key": BROKERED}, canaries=CANARIES, clean_stderr=True) as p:
+        # The proxy's own port is known only now: the rules that name it, reloaded.
+        rules.write_text(_rules(api.port, p.port))
+        p.signal(1)  # SIGHUP
+        p.wait_audit(lambda a: a.get("event") == "rules_reloaded")
+        yield p
 
 
 @pytest.fixture()
@@ -409,9 +396,9 @@ def test_a_secret_echoed_in_a_redirect_host_is_masked(
 
 
 def test_a_redirect_elsewhere_drops_the_tokens_of_the_prefix(
-    aproxy: Proxy, api: Origin, fresh: None, keys: tuple[Path, PublicKeyEntry]
+    aproxy: Proxy, api: Origin, fresh: None, token_keys: tuple[Path, PublicKeyEntry]
 ) -> None:
-    token = mint(keys[1], "api.test", api.port)
+    token = mint(token_keys[1], "api.test", api.port)
     for location in [f"https://tok.test:{api.port}/x", f"https://api.test:{api.port + 1}/x",
                      "https://victim.test/x", f"https://API.test.:{api.port}@victim.test/"]:
         back, url = _location(aproxy, api, location, prefix=f"{token}@")
@@ -434,10 +421,10 @@ def test_a_scheme_relative_redirect_is_pointed_back_through_the_proxy(
 
 
 def test_a_token_never_reaches_the_origin_or_the_log(
-    aproxy: Proxy, api: Origin, fresh: None, keys: tuple[Path, PublicKeyEntry]
+    aproxy: Proxy, api: Origin, fresh: None, token_keys: tuple[Path, PublicKeyEntry]
 ) -> None:
-    in_path = mint(keys[1], "tok.test", api.port, secret="sk_tok_path_7d1e")
-    in_creds = mint(keys[1], "tok.test", api.port, secret="sk_tok_creds_7d1e", bound="bot-1")
+    in_path = mint(token_keys[1], "tok.test", api.port, secret="sk_tok_path_7d1e")
+    in_creds = mint(token_keys[1], "tok.test", api.port, secret="sk_tok_creds_7d1e", bound="bot-1")
     r = base_get(aproxy, f"{in_path}@tok.test:{api.port}/v1?q=1", [
         ("Proxy-Authorization", basic("bot-1", f"{KEY1},{in_creds}")),
     ])
@@ -452,11 +439,11 @@ def test_a_token_never_reaches_the_origin_or_the_log(
 
 
 def test_a_brokered_secret_stays_with_its_host_on_a_kept_alive_connection(
-    aproxy: Proxy, api: Origin, fresh: None, keys: tuple[Path, PublicKeyEntry]
+    aproxy: Proxy, api: Origin, fresh: None, token_keys: tuple[Path, PublicKeyEntry]
 ) -> None:
     """api.test gets the brokered secret; tok.test, on the same client connection and the same
     origin server, must get no credential, even with a token for api.test in the credentials."""
-    api_token = mint(keys[1], "api.test", api.port)
+    api_token = mint(token_keys[1], "api.test", api.port)
     auth = ("Proxy-Authorization", basic("bot-1", f"{KEY1},{api_token}"))
     with socket.create_connection(("127.0.0.1", aproxy.port), timeout=10) as sock:
         for host in ("api.test", "tok.test", "api.test", "tok.test"):
@@ -479,10 +466,10 @@ def test_a_brokered_secret_stays_with_its_host_on_a_kept_alive_connection(
     "for-another-host-in-prefix", "expired-in-prefix",
 ])
 def test_tokens_presented_to_cheat_reach_nothing(
-    aproxy: Proxy, api: Origin, victim: Origin, fresh: None, keys: tuple[Path, PublicKeyEntry],
-    case: str,
+    aproxy: Proxy, api: Origin, victim: Origin, fresh: None,
+    token_keys: tuple[Path, PublicKeyEntry], case: str,
 ) -> None:
-    pub, port = keys[1], api.port
+    pub, port = token_keys[1], api.port
     bound = mint(pub, "api.test", port, bound="bot-1")
     plain = mint(pub, "api.test", port)
     prefix = ""
@@ -542,7 +529,7 @@ def _h2(tls: ssl.SSLSocket, authority: str, path: str = "/",
 @pytest.mark.parametrize("why", ["no-rule", "token-binding"])
 def test_a_refused_connect_lets_nothing_out_of_its_tunnel(
     aproxy: Proxy, api: Origin, victim: Origin, trap: LoopbackTrap, fresh: None, bundle: Path,
-    keys: tuple[Path, PublicKeyEntry], inside: str, why: str,
+    token_keys: tuple[Path, PublicKeyEntry], inside: str, why: str,
 ) -> None:
     """A refused CONNECT is accepted and every request in its tunnel refused, however it names
     the allowed api.test. `no-rule`: CONNECT victim.test, which no rule allows. `token-binding`:
@@ -553,7 +540,7 @@ def test_a_refused_connect_lets_nothing_out_of_its_tunnel(
         sock, head = open_tunnel(aproxy.port, f"victim.test:{victim.port}", [BOT1])
     else:
         sock, head = open_tunnel(aproxy.port, allowed, [
-            BOT1, ("Proxy-Tokenizer", mint(keys[1], "api.test", api.port, bound="bot-2"))])
+            BOT1, ("Proxy-Tokenizer", mint(token_keys[1], "api.test", api.port, bound="bot-2"))])
     answers: list[RawResponse] = []
     with sock:
         assert head.status == 200
@@ -583,7 +570,7 @@ def test_a_refused_connect_lets_nothing_out_of_its_tunnel(
                     answers.append(_h2(tls, allowed, "/pkg.Svc/Call", (
                         ("content-type", "application/grpc"), ("te", "trailers"))))
                 else:
-                    extra = [("Proxy-Tokenizer", mint(keys[1], "api.test", api.port))] if (
+                    extra = [("Proxy-Tokenizer", mint(token_keys[1], "api.test", api.port))] if (
                         inside == "tls-own-token") else []
                     for _ in range(3 if inside == "tls-keep-alive" else 1):
                         tls.sendall(request_bytes("GET", "/", [("Host", allowed), BOT1, *extra]))
@@ -618,13 +605,13 @@ def test_a_refused_connect_to_an_internal_address_dials_nothing(
 
 
 def test_a_tunnel_token_does_not_follow_a_request_naming_another_host(
-    aproxy: Proxy, api: Origin, fresh: None, bundle: Path, keys: tuple[Path, PublicKeyEntry]
+    aproxy: Proxy, api: Origin, fresh: None, bundle: Path, token_keys: tuple[Path, PublicKeyEntry]
 ) -> None:
     """A CONNECT api.test with its token, then HTTP/2 requests inside naming tok.test (which the
     same origin serves): refused as a mismatch, nothing dialed, the token's secret nowhere."""
     allowed = f"api.test:{api.port}"
     sock, head = open_tunnel(aproxy.port, allowed, [
-        BOT1, ("Proxy-Tokenizer", mint(keys[1], "api.test", api.port))])
+        BOT1, ("Proxy-Tokenizer", mint(token_keys[1], "api.test", api.port))])
     with sock:
         assert head.status == 200
         with tls_wrap(sock, "api.test", bundle, alpn=["h2"]) as tls:
@@ -633,7 +620,7 @@ def test_a_tunnel_token_does_not_follow_a_request_naming_another_host(
                                   (":authority", f"tok.test:{api.port}"), (":path", "/")])
     assert (r.status, r.reason) == (403, "name_mismatch")
     sock, head = open_tunnel(aproxy.port, allowed, [
-        BOT1, ("Proxy-Tokenizer", mint(keys[1], "api.test", api.port))])
+        BOT1, ("Proxy-Tokenizer", mint(token_keys[1], "api.test", api.port))])
     with sock, tls_wrap(sock, "api.test", bundle, alpn=["h2"]) as tls:
         try:
             r = h2_exchange(tls, [(":method", "GET"), (":scheme", "https"),

@@ -14,24 +14,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import KEYS, rules_allowing
+from tests.harness import Origin, Proxy, ProxyFactory
 from tests.security.rawclient import proxy_auth, read_response, request_bytes
 
 PER_SOURCE, TOTAL = 5, 8
 
 
 @pytest.fixture()
-def cproxy(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin,
-           dns: StubDNS) -> Iterator[Proxy]:
-    p = Proxy(tmp_path_factory.mktemp("caps"), rules_allowing("api.test", origin_http.port),
-              resolver=dns.address,
-              extra_args=["--max-connections-per-source", str(PER_SOURCE),
-                          "--max-connections", str(TOTAL)])
-    yield p
-    p.stop()
+def cproxy(proxy_with: ProxyFactory, origin_http: Origin) -> Iterator[Proxy]:
+    with proxy_with(rules_allowing("api.test", origin_http.port), name="caps",
+                    options=["--max-connections-per-source", str(PER_SOURCE),
+                             "--max-connections", str(TOTAL)]) as p:
+        yield p
 
 
 def dial(proxy: Proxy, source: str) -> socket.socket:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, OriginCA, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import (
     open_tunnel,
     proxy_auth,
@@ -27,8 +27,8 @@ DEADLINE, IDLE = 1.0, 30.0
 
 
 @pytest.fixture(scope="module")
-def hproxy(tmp_path_factory: pytest.TempPathFactory, origin_https: Origin,
-           dns: StubDNS, test_ca: OriginCA) -> Iterator[Proxy]:
+def hproxy(proxy_with: ProxyFactory, origin_https: Origin, dns: StubDNS,
+           test_ca: OriginCA) -> Iterator[Proxy]:
     dns.set("blind.svc.test", "A 127.0.0.1")
     rules = f"""
 version: 1
@@ -44,13 +44,12 @@ policies:
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
 """
-    p = Proxy(tmp_path_factory.mktemp("handshake"), rules, resolver=dns.address,
-              upstream_ca=test_ca.path,
-              extra_args=["--handshake-timeout", str(DEADLINE), "--idle-timeout", str(IDLE)])
-    # The client trusts the proxy's CA (intercepted) and the origin's (blind).
-    (p.workdir / "trust.pem").write_text(p.ca.read_text() + test_ca.path.read_text())
-    yield p
-    p.stop()
+    with proxy_with(rules, name="handshake",
+                    options=["--handshake-timeout", str(DEADLINE), "--idle-timeout", str(IDLE)]
+                    ) as p:
+        # The client trusts the proxy's CA (intercepted) and the origin's (blind).
+        (p.workdir / "trust.pem").write_text(p.ca.read_text() + test_ca.path.read_text())
+        yield p
 
 
 def tunnel(p: Proxy, host: str, port: int) -> socket.socket:

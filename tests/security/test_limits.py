@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy
-from tests.integration.test_lifecycle import rules_allowing
+from tests.conftest import KEYS, rules_allowing
+from tests.harness import Origin, Proxy, ProxyFactory
 from tests.security.rawclient import (
     RawResponse,
     h2_get,
@@ -31,15 +29,11 @@ AUTH = ("Proxy-Authorization", proxy_auth("bot-1", KEYS["bot-1"]))
 
 
 @pytest.fixture(scope="module")
-def lproxy(
-    tmp_path_factory: pytest.TempPathFactory, origin_http: Origin, dns: StubDNS
-) -> Iterator[Proxy]:
-    p = Proxy(tmp_path_factory.mktemp("limits"), rules_allowing("api.test", origin_http.port),
-              resolver=dns.address,
-              extra_args=["--header-timeout", "1.5", "--idle-timeout", "2"])
-    yield p
-    p.stop()
-    assert "Traceback" not in p.stderr()
+def lproxy(proxy_with: ProxyFactory, origin_http: Origin) -> Iterator[Proxy]:
+    with proxy_with(rules_allowing("api.test", origin_http.port), name="limits",
+                    options=["--header-timeout", "1.5", "--idle-timeout", "2"],
+                    clean_stderr=True) as p:
+        yield p
 
 
 @pytest.fixture()

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, Proxy, RawListener, key_digest, running_proxy
+from tests.harness import Origin, Proxy, ProxyFactory, RawListener, key_digest
 from tests.security.rawclient import (
     NoResponse,
     RawResponse,
@@ -41,7 +40,7 @@ AuditLine = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def report_proxy(tmp_path_factory: pytest.TempPathFactory, dns: StubDNS) -> Iterator[Proxy]:
+def report_proxy(proxy_with: ProxyFactory) -> Iterator[Proxy]:
     """Report mode: the policy lets every name and port through (a rule cannot list the proxy's
     own port, chosen at start-up, nor a RawListener's), so the guard and the name checks decide.
     """
@@ -56,7 +55,7 @@ sandboxes:
   {REPORT[0]}: {{policy: report, key_sha256: "{key_digest(REPORT[1])}"}}
 default_policy: null
 """
-    with running_proxy(tmp_path_factory.mktemp("names-agree"), rules, resolver=dns.address) as p:
+    with proxy_with(rules, name="names-agree") as p:
         yield p
 
 

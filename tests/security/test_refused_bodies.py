@@ -14,14 +14,12 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import KEYS
-from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest
+from tests.harness import Origin, Proxy, ProxyFactory, key_digest
 from tests.security.bodyclient import H2Upload, through
 from tests.security.rawclient import (
     body_pieces,
@@ -61,29 +59,24 @@ default_policy: null
 """
 
 
-def _proxy(directory: Path, http: Origin, https: Origin, dns: StubDNS, ca: OriginCA,
-           *args: str) -> Iterator[Proxy]:
-    p = Proxy(directory, _rules(http.port, https.port), resolver=dns.address,
-              upstream_ca=ca.path, extra_args=list(args), mitmproxy_errors=True)
-    yield p
-    p.stop()
-    # No exception in sealgate's code, nor in mitmproxy's handling of a connection.
-    assert "Traceback" not in p.stderr() and "has crashed" not in p.stderr()
+# Both check on the way out that neither sealgate's code nor mitmproxy's handling of a
+# connection raised (mitmproxy's error records on stderr).
+@pytest.fixture(scope="module")
+def rproxy(proxy_with: ProxyFactory, origin_http: Origin, origin_https: Origin
+           ) -> Iterator[Proxy]:
+    with proxy_with(_rules(origin_http.port, origin_https.port), name="refused",
+                    mitmproxy_errors=True, clean_stderr=True) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
-def rproxy(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin, origin_https: Origin,
-           dns: StubDNS, test_ca: OriginCA) -> Iterator[Proxy]:
-    yield from _proxy(tmp_path_factory.mktemp("refused"), origin_http, origin_https, dns,
-                      test_ca)
-
-
-@pytest.fixture(scope="module")
-def tight(tmp_path_factory: pytest.TempPathFactory, origin_http: Origin, origin_https: Origin,
-          dns: StubDNS, test_ca: OriginCA) -> Iterator[Proxy]:
+def tight(proxy_with: ProxyFactory, origin_http: Origin, origin_https: Origin
+          ) -> Iterator[Proxy]:
     """Lingering bounded at 2 MiB and 1 s."""
-    yield from _proxy(tmp_path_factory.mktemp("tight"), origin_http, origin_https, dns, test_ca,
-                      "--linger-bytes", str(2 * 1024 * 1024), "--linger-timeout", "1")
+    with proxy_with(_rules(origin_http.port, origin_https.port), name="tight",
+                    options=["--linger-bytes", str(2 * 1024 * 1024), "--linger-timeout", "1"],
+                    mitmproxy_errors=True, clean_stderr=True) as p:
+        yield p
 
 
 @pytest.fixture()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.dnsstub import StubDNS
-from tests.harness import OriginCA, Proxy, key_digest, running_proxy, secret_store
+from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import (
     NoResponse,
     RawResponse,
@@ -97,12 +97,8 @@ def origin(test_ca: OriginCA) -> Iterator[RecordingOrigin]:
 
 
 @pytest.fixture(scope="module")
-def sproxy(
-    tmp_path_factory: pytest.TempPathFactory, origin: RecordingOrigin, dns: StubDNS,
-    test_ca: OriginCA,
-) -> Iterator[Proxy]:
+def sproxy(proxy_with: ProxyFactory, origin: RecordingOrigin, dns: StubDNS) -> Iterator[Proxy]:
     dns.set("strict.test", "A 127.0.0.1")
-    directory = tmp_path_factory.mktemp("smuggle")
     rules = f"""
 version: 1
 policies:
@@ -120,21 +116,16 @@ policies:
 sandboxes:
   strict-1: {{policy: strict, key_sha256: "{key_digest(KEY)}"}}
 """
-    with running_proxy(directory, rules, resolver=dns.address, upstream_ca=test_ca.path,
-                       extra_args=secret_store(directory, key=SECRET)) as proxy:
+    with proxy_with(rules, name="smuggle", secrets={"key": SECRET}) as proxy:
         yield proxy
 
 
 @pytest.fixture(scope="module")
-def lax_proxy(
-    tmp_path_factory: pytest.TempPathFactory, sproxy: Proxy, dns: StubDNS, test_ca: OriginCA,
-) -> Iterator[Proxy]:
+def lax_proxy(proxy_with: ProxyFactory, sproxy: Proxy) -> Iterator[Proxy]:
     """mitmproxy's own HTTP/2 header validation off (an option an operator may set): what it
     would refuse reaches sealgate's checks."""
-    directory = tmp_path_factory.mktemp("smuggle-lax")
-    extra = [*secret_store(directory, key=SECRET), "--set", "validate_inbound_headers=false"]
-    with running_proxy(directory, sproxy.rules.read_text(), resolver=dns.address,
-                       upstream_ca=test_ca.path, extra_args=extra) as proxy:
+    with proxy_with(sproxy.rules.read_text(), name="smuggle-lax", secrets={"key": SECRET},
+                    options=["--set", "validate_inbound_headers=false"]) as proxy:
         yield proxy
 
 

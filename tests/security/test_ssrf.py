@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, Proxy, key_digest, running_proxy
+from tests.harness import Origin, Proxy, ProxyFactory, key_digest
 from tests.security.rawclient import (
     LoopbackTrap,
     RawResponse,
@@ -85,9 +85,7 @@ class Targets:
 
 
 @pytest.fixture(scope="module")
-def guard_proxy(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, test_ca: OriginCA
-) -> Iterator[Proxy]:
+def guard_proxy(proxy_with: ProxyFactory, dns: StubDNS) -> Iterator[Proxy]:
     for name, records in _ZONE.items():
         dns.set(name, *records)
     sandboxes = "\n".join(
@@ -109,10 +107,7 @@ sandboxes:
 {sandboxes}
 default_policy: null
 """
-    with running_proxy(
-        tmp_path_factory.mktemp("ssrf-proxy"), rules, resolver=dns.address,
-        upstream_ca=test_ca.path,
-    ) as proxy:
+    with proxy_with(rules, name="ssrf-proxy") as proxy:
         yield proxy
 
 

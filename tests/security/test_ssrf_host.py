@@ -26,7 +26,7 @@ from ipaddress import IPv4Address
 import pytest
 
 from tests.dnsstub import StubDNS
-from tests.harness import Proxy, free_port, key_digest, running_proxy
+from tests.harness import Proxy, ProxyFactory, free_port, key_digest
 from tests.netns import in_netns, netns, require_root_net, run
 from tests.security.rawclient import LoopbackTrap, RawResponse
 from tests.security.test_ssrf import connect, expect_denied, get
@@ -54,11 +54,9 @@ default_policy: null
 
 
 @pytest.fixture(scope="module")
-def hproxy(tmp_path_factory: pytest.TempPathFactory, dns: StubDNS) -> Iterator[Proxy]:
+def hproxy(proxy_with: ProxyFactory) -> Iterator[Proxy]:
     require_root_net()
-    with running_proxy(
-        tmp_path_factory.mktemp("ssrf-host"), _rules(), resolver=dns.address
-    ) as proxy:
+    with proxy_with(_rules(), name="ssrf-host") as proxy:
         yield proxy
 
 
@@ -218,16 +216,13 @@ def test_positive_control_a_namespace_outside_is_reached(hproxy: Proxy) -> None:
 
 
 def test_configured_sandbox_network_replaces_the_default(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS,
-    sandbox_link: tuple[Target, Target],
+    proxy_with: ProxyFactory, sandbox_link: tuple[Target, Target],
 ) -> None:
     require_root_net()
     port = free_port()
     with (
-        running_proxy(
-            tmp_path_factory.mktemp("ssrf-host-configured"), _rules(), resolver=dns.address,
-            extra_args=["--sandbox-network", CONFIGURED],
-        ) as proxy,
+        proxy_with(_rules(), name="ssrf-host-configured",
+                   options=["--sandbox-network", CONFIGURED]) as proxy,
         netns(CONFIGURED.replace("0.0/16", "7.0/30")) as ns,
         _listening(ns.ns_ip, port, ns.name) as configured,
     ):

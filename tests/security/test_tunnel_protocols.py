@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.dnsstub import StubDNS
-from tests.harness import SEALGATE, Origin, Proxy, RawListener, key_digest, running_proxy
+from tests.harness import SEALGATE, Origin, Proxy, ProxyFactory, RawListener, key_digest
 from tests.netns import Netns, netns, run
 from tests.security.rawclient import (
     NoResponse,
@@ -68,15 +68,11 @@ def tls_origin() -> Iterator[RawListener]:
 
 @pytest.fixture(scope="module")
 def sproxy(
-    tmp_path_factory: pytest.TempPathFactory, dns: StubDNS, plain_origin: Origin,
-    tls_origin: RawListener,
+    proxy_with: ProxyFactory, dns: StubDNS, plain_origin: Origin, tls_origin: RawListener,
 ) -> Iterator[Proxy]:
     dns.set("strict.test", "A 127.0.0.1")
     dns.set("blind.test", "A 127.0.0.1")
-    with running_proxy(
-        tmp_path_factory.mktemp("strict"), rules(plain_origin.port, tls_origin.port),
-        resolver=dns.address,
-    ) as proxy:
+    with proxy_with(rules(plain_origin.port, tls_origin.port), name="strict") as proxy:
         yield proxy
 
 
@@ -182,13 +178,13 @@ def test_split_method_inside_intercepted_tls_reaches_nothing(
 
 
 def test_a_switch_to_anything_but_websocket_is_refused(
-    tmp_path: Path, dns: StubDNS
+    tmp_path: Path, proxy_with: ProxyFactory
 ) -> None:
     """A GET the rule allows, answered 101 to another protocol: what follows would be relayed
     raw to the origin, past every rule. The switch is refused and the connection closed."""
     switcher = _Switcher()
     try:
-        with running_proxy(tmp_path, rules(switcher.port), resolver=dns.address) as proxy:
+        with proxy_with(rules(switcher.port), directory=tmp_path) as proxy:
             with tunnel(proxy, switcher.port) as sock:
                 sock.sendall(
                     b"GET /allowed/up HTTP/1.1\r\nHost: strict.test\r\n"

@@ -20,7 +20,7 @@ from sealgate.credentials.token import unseal
 from sealgate.proxy.policy.explain import injects
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 from tests.oauthfake import rsa_key
-from tests.unit.test_issuer_cli import CANARY, run, run_here
+from tests.unit.test_issuer_cli import run_here
 
 KEY, PEM = rsa_key()
 APP = json.dumps({"app_id": 4242, "private_key": PEM})
@@ -200,21 +200,3 @@ def test_mint_refuses_an_exchange_processor_without_its_fields(tmp_path: Path) -
                      "--installation-id", "1", "--secret-env", "SECRET",
                      env={"SECRET": '{"private_key": "CANARY-pem"}'})
     assert wrong.returncode != 0 and "app_id" in wrong.stderr and "CANARY" not in wrong.stderr
-
-
-def test_mint_refuses_a_scheme_it_cannot_inject(tmp_path: Path) -> None:
-    """A scheme the processors do not take is a usage error (status 2, the choices named, no
-    traceback, nothing of the secret); a processor without a scheme does not take one."""
-    public = generate(tmp_path / "keys")
-    key = tmp_path / "keys" / f"{public.kid}.pub"
-    secret = {"SECRET": json.dumps({"refresh_token": CANARY})}
-    bad = run("mint", "--key", key, "--host", "api.example.com", "--inject", "oauth2",
-              "--token-url", "https://auth.example.com/token", "--scheme", "Basic",
-              "--secret-env", "SECRET", env=secret)
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert "--scheme" in bad.stderr and "'Bearer', 'token'" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    stray = run_here("mint", "--key", key, "--host", "api.example.com", "--inject",
-                     "gcp-service-account", "--scopes", "x", "--scheme", "Bearer",
-                     "--secret-env", "SECRET", env={"SECRET": ACCOUNT})
-    assert stray.returncode == 1 and "does not take --scheme" in stray.stderr
