@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from sealgate import issuer as tk
+from sealgate import credentials as tk
 from tests.unit.test_issuer_service import (  # noqa: F401 -- env: the unit tests' fixture
     API_KEYS,
     CANARY,

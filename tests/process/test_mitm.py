@@ -31,7 +31,7 @@ def test_install_patches_only_mitmproxys_own_modules() -> None:
         from mitmproxy import flow, http
         from mitmproxy.proxy import mode_servers, server
         from mitmproxy.proxy.layers.http import _http1
-        from sealgate.proxy import mitm, upstream
+        from sealgate.proxy.engine import mitm, upstream
 
         real_dial, real_bind = asyncio.open_connection, asyncio.start_server
         mitm.install(3.0, reuse_port=True)
@@ -60,7 +60,7 @@ def test_without_workers_the_bind_is_mitmproxys_own() -> None:
     script = textwrap.dedent("""
         import asyncio
         from mitmproxy.proxy import mode_servers
-        from sealgate.proxy import mitm
+        from sealgate.proxy.engine import mitm
         mitm.install(3.0, reuse_port=False)
         assert mode_servers.asyncio is asyncio
         print("ok")

@@ -12,7 +12,7 @@ def test_generate_on_a_full_disk_leaves_no_key_file(tmp_path: Path) -> None:
     script = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from sealgate.issuer import keys\n"
+        "from sealgate.credentials import keys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
         "try:\n"
