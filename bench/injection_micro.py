@@ -31,7 +31,7 @@ from mitmproxy import http  # noqa: E402
 from rounds import percentile  # noqa: E402
 from services import pinned  # noqa: E402
 
-from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal, unseal  # noqa: E402
+from sealgate.credentials import Claims, Destination, SandboxBinding, seal, unseal  # noqa: E402
 from sealgate.credentials.keys import Keyring, PublicKeyEntry, generate  # noqa: E402
 from sealgate.credentials.processors import BearerProcessor  # noqa: E402
 from sealgate.proxy.credentials.broker import Broker  # noqa: E402
@@ -73,7 +73,7 @@ def _mint(public: PublicKeyEntry, jti: str) -> str:
     now = int(time.time())
     claims = Claims(
         kid=public.kid, secret=secrets.token_urlsafe(24), processor=BearerProcessor(),
-        hosts=(HostPattern(HOST, PORT),), exp=now + 3600, iat=now, jti=jti,
+        hosts=(Destination(HOST, PORT),), exp=now + 3600, iat=now, jti=jti,
         binding=SandboxBinding(SANDBOX),
     )
     return seal(claims, public)

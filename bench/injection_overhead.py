@@ -74,7 +74,7 @@ from services import (
 )
 from session import bench_session, parse_options, run_meta
 
-from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials import Claims, Destination, SandboxBinding, seal
 from sealgate.credentials.httprequest import InMemoryRequest
 from sealgate.credentials.keys import generate
 from sealgate.credentials.processors import (
@@ -156,7 +156,7 @@ def start(setup: Setup, paths: Mapping[str, str], stack: contextlib.ExitStack) -
     now = int(time.time())
     token = seal(Claims(
         kid=public.kid, secret=f"tok-{secrets.token_urlsafe(24)}", processor=BearerProcessor(),
-        hosts=(HostPattern(ORIGIN_NAME, origin.https_port),), methods=("GET",), exp=now + 3600,
+        hosts=(Destination(ORIGIN_NAME, origin.https_port),), methods=("GET",), exp=now + 3600,
         iat=now, jti="bench", binding=SandboxBinding(LANES["token"][0]),
     ), public)
     headers = {"token": (f"Proxy-Tokenizer: {token}",), "aws": _sigv4_headers(now)}

@@ -107,7 +107,7 @@ class BindingNotPermitted(NotPermitted):
 # --- limits -----------------------------------------------------------------------------------
 
 
-def host_covered(allowed: tk.HostPattern, requested: tk.HostPattern) -> bool:
+def host_covered(allowed: tk.Destination, requested: tk.Destination) -> bool:
     """True if every host:port `requested` matches is also matched by `allowed`."""
     if allowed.port != requested.port:
         return False
@@ -140,7 +140,7 @@ class Caller:
     """One entry of the callers file."""
 
     name: str
-    hosts: tuple[tk.HostPattern, ...]
+    hosts: tuple[tk.Destination, ...]
     processors: frozenset[str]
     max_ttl: int
     per_minute: int = DEFAULT_PER_MINUTE
@@ -277,11 +277,11 @@ def _rate(value: object, where: str) -> int:
     return per_minute
 
 
-def _hosts(value: object, where: str) -> tuple[tk.HostPattern, ...]:
+def _hosts(value: object, where: str) -> tuple[tk.Destination, ...]:
     patterns = []
     for text in _strings(value, where):
         try:
-            patterns.append(tk.HostPattern.parse(text))
+            patterns.append(tk.Destination.parse(text))
         except tk.TokenMalformed as exc:
             raise CallersFileError(f"{where}: {exc}") from None
     return tuple(patterns)

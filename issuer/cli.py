@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sealgate import credentials as tk
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 from sealgate.credentials import keys
 
 from .clibase import emit_json, format_age, run
@@ -142,7 +142,7 @@ def _inspect_keyring(args: argparse.Namespace) -> keys.Keyring | None:
 # --- registration -----------------------------------------------------------------------------
 
 
-def register(sub: Commands) -> None:
+def register(sub: Subcommands) -> None:
     keys_parser = sub.add_parser("keys", help="manage proxy key pairs")
     keys_sub = keys_parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     generate = keys_sub.add_parser("generate", help="create an X25519 key pair")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Final
 
 from sealgate import credentials as tk
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 from sealgate.credentials import keys
 from sealgate.credentials import processors as pr
 
@@ -77,7 +77,7 @@ def _mint(args: argparse.Namespace) -> int:
         ttl = parse_duration(args.ttl)
         if not 0 < ttl <= max_ttl:
             raise CliError(f"--ttl must be more than 0 and at most the cap ({args.max_ttl})")
-        hosts = tuple(tk.HostPattern.parse(host) for host in args.host)
+        hosts = tuple(tk.Destination.parse(host) for host in args.host)
         processor = _processor(args)
         public = _load_sealing_key(args.key)
         binding = _binding(args)
@@ -107,7 +107,7 @@ def _mint(args: argparse.Namespace) -> int:
     return run("mint", body)
 
 
-def add_mint(sub: Commands) -> None:
+def add_mint(sub: Subcommands) -> None:
     mint = sub.add_parser(
         "mint",
         help="seal a secret into a token",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sealgate.audit import AuditLog
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 from sealgate.hostport import parse_hostport
 
 from .clibase import CliError, run
@@ -83,7 +83,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
     return run("issuer serve", body)
 
 
-def add_issuer(sub: Commands) -> None:
+def add_issuer(sub: Subcommands) -> None:
     issuer_parser = sub.add_parser("issuer", help="the token issuer service")
     issuer_sub = issuer_parser.add_subparsers(
         dest="issuer_command", metavar="ACTION", required=True

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 
 from . import tiers
 from .clients import sessioncli
@@ -23,7 +23,7 @@ from .host.cgroup import CgroupError, Limits, parse_size
 from .host.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
 
-def register(sub: Commands) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("sandbox", help="run commands whose only way out is the proxy (root), "
                                        "and drive sandboxd")
     ps = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -11,7 +11,7 @@ import argparse
 from typing import Any, Protocol
 
 
-class Commands(Protocol):
+class Subcommands(Protocol):
     """`parser.add_subparsers()`: each `add_parser` adds one subcommand."""
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...

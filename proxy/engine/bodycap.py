@@ -65,7 +65,7 @@ class RequestBodyOverCapHook(commands.StartHook):
 _State = Callable[[HttpStream, Event], CommandGenerator[None]]
 
 
-def counted(state: _State, bounds: limits.Limits) -> _State:
+def counted(state: _State, bounds: limits.HttpLimits) -> _State:
     """HttpStream's state of a request body streaming upstream, each data event counted
     against the cap the request path left on the request's record."""
 
@@ -84,7 +84,7 @@ def counted(state: _State, bounds: limits.Limits) -> _State:
     return stream_request_body
 
 
-def _over(stream: HttpStream, cap: int, bounds: limits.Limits) -> CommandGenerator[None]:
+def _over(stream: HttpStream, cap: int, bounds: limits.HttpLimits) -> CommandGenerator[None]:
     flow = stream.flow
     said = f"sealgate: {Reason.REQUEST_TOO_LARGE.value}: request body over {cap} bytes"
     # Where the upstream's answer stands says whether any of it has gone to the client (none

@@ -23,7 +23,7 @@ from ..errors import Denial
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class HttpLimits:
     header_bytes: int = 64 * 1024  # the request line and every field, as received
     header_fields: int = 100
     uri_bytes: int = 8 * 1024
@@ -58,19 +58,19 @@ class Bounds(Protocol):
 
 
 class _InForce:
-    bounds = Limits()
+    bounds = HttpLimits()
 
 
-def enforce(bounds: Limits) -> None:
+def enforce(bounds: HttpLimits) -> None:
     """The bounds of this process (mitm.py's install; the defaults under plain mitmdump)."""
     _InForce.bounds = bounds
 
 
-def in_force() -> Limits:
+def in_force() -> HttpLimits:
     return _InForce.bounds
 
 
-def while_read(size: int, waited: float, limits: Limits) -> Denial | None:
+def while_read(size: int, waited: float, limits: HttpLimits) -> Denial | None:
     """The refusal of a head as it is read: `size` bytes (all of it once its blank line has
     come, else what has come so far) `waited` seconds after its first: over the size (431) or
     too slow (408); None while within both."""
@@ -83,7 +83,7 @@ def while_read(size: int, waited: float, limits: Limits) -> Denial | None:
     return None
 
 
-def parsed(request: http.Request, limits: Limits) -> Denial | None:
+def parsed(request: http.Request, limits: HttpLimits) -> Denial | None:
     """The refusal of a complete head: a target over the URI bound (414) or too many fields
     (431); None when it is within them."""
     if len(request.data.path) > limits.uri_bytes:

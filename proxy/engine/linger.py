@@ -59,7 +59,7 @@ _DROPPED: weakref.WeakKeyDictionary[connection.Client, int] = weakref.WeakKeyDic
 _State = Callable[[HttpStream, Event], CommandGenerator[None]]
 
 
-def answered_before_body(state: _State, bounds: limits.Limits) -> _State:
+def answered_before_body(state: _State, bounds: limits.HttpLimits) -> _State:
     """HttpStream's first client state, with a request refused at its headers (the pipeline set
     its response) answered at once and its body left to `_dropping`."""
 
@@ -82,7 +82,7 @@ def answered_before_body(state: _State, bounds: limits.Limits) -> _State:
     return wait_for_request_headers
 
 
-def answer(stream: HttpStream, bounds: limits.Limits, *, close: bool = False
+def answer(stream: HttpStream, bounds: limits.HttpLimits, *, close: bool = False
            ) -> CommandGenerator[None]:
     """The flow's response (a refusal) sent now, while the request's body is still to come,
     and that body dropped as it comes (`_dropping`); with `close`, an HTTP/1 connection closed
@@ -105,7 +105,7 @@ def answer(stream: HttpStream, bounds: limits.Limits, *, close: bool = False
 
 
 def _dropping(
-    stream: HttpStream, bounds: limits.Limits
+    stream: HttpStream, bounds: limits.HttpLimits
 ) -> Callable[[Event], CommandGenerator[None]]:
     """The client state of a refused request's body: counted and dropped until it ends (then
     the stream is done: mitmproxy closes an HTTP/1 connection after it) or a bound is passed."""

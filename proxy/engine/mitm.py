@@ -78,7 +78,7 @@ def require_tested() -> None:
 
 
 def install(
-    connect_timeout: float, *, reuse_port: bool, bounds: limits.Limits | None = None
+    connect_timeout: float, *, reuse_port: bool, bounds: limits.HttpLimits | None = None
 ) -> None:
     """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
     would wrap the HTTP/2 handler twice)."""
@@ -92,7 +92,7 @@ def install(
             mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
         )
     _http1.make_error_response = upstream.error_response
-    bounds = bounds or limits.Limits()
+    bounds = bounds or limits.HttpLimits()
     limits.enforce(bounds)
     _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]
         _http1.Http1Server.read_headers, bounds
@@ -211,7 +211,7 @@ _Read = Callable[[_http1.Http1Server, events.ConnectionEvent], CommandGenerator[
 _HEAD_BEGAN: weakref.WeakKeyDictionary[_http1.Http1Server, float] = weakref.WeakKeyDictionary()
 
 
-def _bounded_heads(read: _Read, bounds: limits.Limits) -> _Read:
+def _bounded_heads(read: _Read, bounds: limits.HttpLimits) -> _Read:
     """mitmproxy's HTTP/1 server reads a request head until its blank line, however long it
     grows and however slowly it comes ("FIXME: protect against header size DoS"). Refused while
     it is read: over the size or the time before it is complete, over the URI or field count

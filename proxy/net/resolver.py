@@ -51,11 +51,11 @@ from sealgate.reasons import Reason
 from .addresses import IPAddress
 from .dnswire import Found, NameServer, ResolveError, ask_tcp, ask_udp, check_name, extract
 
-__all__ = ["Answer", "ResolveError", "Resolver", "ResolverOptions"]
+__all__ = ["Resolution", "ResolveError", "Resolver", "ResolverOptions"]
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class Resolution:
     name: str
     addresses: tuple[IPAddress, ...]
     expires: float
@@ -112,8 +112,8 @@ class Resolver:
         self._min_ttl = min_ttl
         self._max_ttl = max_ttl
         self._negative_ttl = negative_ttl
-        self._cache: OrderedDict[str, Answer | _Negative] = OrderedDict()
-        self._inflight: dict[str, asyncio.Task[Answer]] = {}
+        self._cache: OrderedDict[str, Resolution | _Negative] = OrderedDict()
+        self._inflight: dict[str, asyncio.Task[Resolution]] = {}
 
     @classmethod
     def from_system(
@@ -147,11 +147,11 @@ class Resolver:
         """The servers asked, in order (for startup logs)."""
         return tuple((server.host, server.sockaddr[1]) for server in self._servers)
 
-    def cached(self, name: str) -> Answer | None:
+    def cached(self, name: str) -> Resolution | None:
         entry = self._cache_get(name.lower())
-        return entry if isinstance(entry, Answer) else None
+        return entry if isinstance(entry, Resolution) else None
 
-    async def resolve(self, name: str) -> Answer:
+    async def resolve(self, name: str) -> Resolution:
         """All addresses of ``name``; raises ResolveError.
 
         ``name`` must already be canonical (lower-case LDH, no trailing dot);
@@ -162,7 +162,7 @@ class Resolver:
         key = name if entry is not None else check_name(name)
         if entry is None and key != name:
             entry = self._cache_get(key)
-        if isinstance(entry, Answer):
+        if isinstance(entry, Resolution):
             return entry
         if isinstance(entry, _Negative):
             raise ResolveError(entry.reason, entry.message)
@@ -174,13 +174,13 @@ class Resolver:
         # shield: a waiter that is cancelled must not cancel the shared lookup.
         return await asyncio.shield(task)
 
-    def _finished(self, key: str, task: asyncio.Task[Answer]) -> None:
+    def _finished(self, key: str, task: asyncio.Task[Resolution]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
         if not task.cancelled():
             task.exception()  # mark retrieved: every waiter may have gone away
 
-    def _cache_get(self, key: str) -> Answer | _Negative | None:
+    def _cache_get(self, key: str) -> Resolution | _Negative | None:
         entry = self._cache.get(key)
         if entry is None:
             return None
@@ -190,13 +190,13 @@ class Resolver:
         self._cache.move_to_end(key)
         return entry
 
-    def _cache_put(self, key: str, entry: Answer | _Negative) -> None:
+    def _cache_put(self, key: str, entry: Resolution | _Negative) -> None:
         self._cache[key] = entry
         self._cache.move_to_end(key)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
-    async def _lookup(self, name: str) -> Answer:
+    async def _lookup(self, name: str) -> Resolution:
         started = time.monotonic()
         outcomes = await asyncio.gather(
             self._lookup_family(name, QTYPE.A), self._lookup_family(name, QTYPE.AAAA)
@@ -210,7 +210,7 @@ class Resolver:
             lifetime = min(max(ttl, self._min_ttl), self._max_ttl)
             if failed:
                 lifetime = min(lifetime, self._negative_ttl)
-            answer = Answer(name, addresses, now + lifetime, now - started)
+            answer = Resolution(name, addresses, now + lifetime, now - started)
             self._cache_put(name, replace(answer, duration=0.0))
             return answer
         transient = [e for e in failed if e.reason != Reason.DNS_NXDOMAIN]

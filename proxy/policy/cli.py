@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport
 
 from .cases import load_cases, run_case
@@ -22,7 +22,7 @@ from .model import RuleSet, RuleWarning
 from .rulesfile import RulesError, load_rules
 
 
-def register(sub: Commands) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("rules", help="check, explain, test and diff rules files")
     rs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 

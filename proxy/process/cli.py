@@ -14,18 +14,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport, parse_hostport
 
 from . import statedir
 from .controlclient import ControlError, call
 
 if TYPE_CHECKING:
-    from ..engine.limits import Limits
+    from ..engine.limits import HttpLimits
     from .master import ProxyConfig
 
 
-def register(sub: Commands) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("proxy", help="run the egress proxy")
     env = os.environ.get
     p.add_argument("--listen", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
@@ -163,11 +163,11 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     )
 
 
-def _limits(args: argparse.Namespace) -> Limits:
-    from ..engine.limits import Limits
+def _limits(args: argparse.Namespace) -> HttpLimits:
+    from ..engine.limits import HttpLimits
 
     try:
-        return Limits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
+        return HttpLimits(args.max_header_bytes, args.max_header_fields, args.max_uri_bytes,
                       args.header_timeout, args.idle_timeout, args.response_timeout,
                       linger_bytes=args.linger_bytes, linger_seconds=args.linger_timeout)
     except ValueError as exc:

@@ -27,7 +27,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from sealgate.hostport import format_hostport
 
 from ..engine import mitm
-from ..engine.limits import Limits
+from ..engine.limits import HttpLimits
 from ..request.pipeline import Sealgate
 from . import statedir
 from .ca import ensure_ca
@@ -53,7 +53,7 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     drain_timeout: float = 30.0  # how long requests in flight may take to finish on SIGTERM
     metrics_listen: tuple[str, int] | None = None  # GET /metrics for a scraper
-    limits: Limits = field(default_factory=Limits)
+    limits: HttpLimits = field(default_factory=HttpLimits)
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()  # OPTION=VALUE, parsed by mitmproxy as its --set does

@@ -47,7 +47,7 @@ _ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphane
 
 @dataclass(frozen=True)
 class Config:
-    slots: slot.Config
+    slots: slot.SlotConfig
     pool: int = 4  # slots kept ready
     max_sandboxes: int = 256
     max_ttl: float = 24 * 3600.0

@@ -12,7 +12,7 @@ import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from sealgate.clikit import Commands
+from sealgate.clikit import Subcommands
 
 from .. import tiers
 from ..host.network import DEFAULT_GATEWAY, DEFAULT_RANGE
@@ -20,7 +20,7 @@ from ..host.network import DEFAULT_GATEWAY, DEFAULT_RANGE
 DEFAULT_SOCKET = Path("/run/sealgate/sandboxd.sock")
 
 
-def register(sub: Commands) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("sandboxd", help="the sandbox daemon: long-lived sandboxes over an API, "
                                         "from a warm pool (root)")
     env = os.environ.get

@@ -44,7 +44,7 @@ class Settings:
         """From the command line; ValueError saying what is wrong."""
         try:
             plan = Plan(range=args.range, gateway=args.gateway)
-            slots = slot.Config(state=args.state.resolve(), proxy_port=args.proxy_port,
+            slots = slot.SlotConfig(state=args.state.resolve(), proxy_port=args.proxy_port,
                                 transparent_port=args.transparent_port, plan=plan,
                                 uid_base=args.uid_base, disk=parse_size(args.disk),
                                 isolation=args.isolation)

@@ -38,7 +38,7 @@ PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-on
 
 
 @dataclass(frozen=True)
-class Config:
+class SlotConfig:
     """What every slot of a daemon shares."""
 
     state: Path  # the proxy's state directory: its control socket and CA
@@ -72,7 +72,7 @@ class Slot:
         return self.link.index
 
 
-def prepare(config: Config) -> Slot:
+def prepare(config: SlotConfig) -> Slot:
     """A new slot with its agent started (not yet known to be serving: the daemon waits for
     its hello). Raises SandboxError with nothing left behind."""
     if not os.access(PYTHON, os.X_OK):
@@ -115,14 +115,14 @@ def prepare(config: Config) -> Slot:
     return Slot(link, names, group, uid, process, ours, environment(launch), tier)
 
 
-def release(slot: Slot, config: Config) -> None:
+def release(slot: Slot, config: SlotConfig) -> None:
     """Everything of the slot, gone (the name server and channel are closed first, on the
     loop). Never raises: what cannot be removed is left for the next start's clean-up."""
     end(slot, config)
     dismantle(slot)
 
 
-def end(slot: Slot, config: Config) -> None:
+def end(slot: Slot, config: SlotConfig) -> None:
     """What makes the sandbox over: every process of it dead and its address no longer anyone's
     at the proxy. What is left (`dismantle`) can act for no one."""
     _kill(slot.process)

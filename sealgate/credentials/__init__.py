@@ -38,7 +38,7 @@ from .errors import (
     TokenMalformed,
     TokenScope,
 )
-from .scope import DEFAULT_PORT, HostPattern
+from .scope import DEFAULT_PORT, Destination
 from .token import (
     CLAIMS_VERSION,
     MAX_LIFETIME_SECONDS,
@@ -70,8 +70,8 @@ __all__ = [
     "Binding",
     "Claims",
     "CredentialError",
+    "Destination",
     "Envelope",
-    "HostPattern",
     "PolicyBinding",
     "SandboxBinding",
     "TokenBinding",

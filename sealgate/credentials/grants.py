@@ -37,11 +37,11 @@ from .errors import CredentialError
 __all__ = [
     "GITHUB_JWT_SECONDS",
     "JWT_BEARER",
-    "Answer",
     "AppKey",
     "GrantError",
     "OAuthClient",
     "ServiceAccount",
+    "TokenAnswer",
     "app_jwt",
     "https_url",
     "parse_app",
@@ -251,7 +251,7 @@ def service_account_assertion(account: ServiceAccount, *, scopes: str | None,
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class TokenAnswer:
     token: str = field(repr=False)
     expires: float  # wall clock
     refresh_token: str | None = field(default=None, repr=False)  # a rotated one, if sent
@@ -269,7 +269,7 @@ def error_code(body: object) -> str:
     return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else "an error"
 
 
-def read_answer(status: int, body: object, now: float, *, kind: str) -> Answer:
+def read_answer(status: int, body: object, now: float, *, kind: str) -> TokenAnswer:
     """A token endpoint's JSON answer: OAuth2's (`access_token`, `expires_in`, perhaps a new
     `refresh_token`), Google's ID token (`id_token`, expiry from its own claims), or GitHub's
     (`token`, `expires_at`). GrantError naming the status and error code otherwise."""
@@ -287,10 +287,10 @@ def read_answer(status: int, body: object, now: float, *, kind: str) -> Answer:
             expires = when.timestamp()
         except ValueError:
             raise GrantError("the answer's expires_at is not a UTC timestamp") from None
-        return Answer(token, expires)
+        return TokenAnswer(token, expires)
     if "access_token" not in body and "id_token" in body:  # Google's ID token
         token = _token(body["id_token"], "id_token")
-        return Answer(token, _jwt_expiry(token, now))
+        return TokenAnswer(token, _jwt_expiry(token, now))
     token = _token(body.get("access_token"), "access_token")
     lifetime = body.get("expires_in", 3600)
     if isinstance(lifetime, str) and lifetime.isdigit():
@@ -298,7 +298,7 @@ def read_answer(status: int, body: object, now: float, *, kind: str) -> Answer:
     if not isinstance(lifetime, int | float) or isinstance(lifetime, bool) or lifetime <= 0:
         raise GrantError("the answer's expires_in is not a positive number")
     rotated = body.get("refresh_token")
-    return Answer(token, now + float(lifetime),
+    return TokenAnswer(token, now + float(lifetime),
                   None if rotated is None else _token(rotated, "refresh_token"))
 
 

@@ -18,7 +18,7 @@ from sealgate import hostname
 from .errors import TokenMalformed
 from .jsonfields import show
 
-__all__ = ["DEFAULT_PORT", "HostPattern", "check_path_prefix", "path_allowed"]
+__all__ = ["DEFAULT_PORT", "Destination", "check_path_prefix", "path_allowed"]
 
 DEFAULT_PORT: Final = 443
 _MAX_PATTERN: Final = 300
@@ -31,7 +31,7 @@ def _host_error(text: str, why: str) -> TokenMalformed:
 
 
 @dataclass(frozen=True)
-class HostPattern:
+class Destination:
     """One allowed destination: `hostname.HostPattern` (an exact host, or with `wildcard` any
     host strictly below it) on one port, 443 unless the pattern names another."""
 
@@ -63,7 +63,7 @@ class HostPattern:
         object.__setattr__(self, "_pattern", pattern)
 
     @classmethod
-    def parse(cls, text: str) -> HostPattern:
+    def parse(cls, text: str) -> Destination:
         """Parse `name`, `*.name`, `a.b.c.d` or `[v6]`, each optionally with `:port`."""
         if len(text) > _MAX_PATTERN or not text.isascii():
             raise _host_error(text, f"must be at most {_MAX_PATTERN} ASCII characters")

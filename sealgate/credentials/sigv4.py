@@ -92,7 +92,7 @@ class Scope:
 
 
 @dataclass(frozen=True, slots=True)
-class Presented:
+class SignedAuthorization:
     """The parts of an `Authorization: AWS4-HMAC-SHA256 ...` value."""
 
     scope: Scope
@@ -132,14 +132,15 @@ def parse_signature(text: str) -> None:
         raise SignatureError("the signature is not 64 lower-case hex digits")
 
 
-def parse_authorization(value: str) -> Presented:
+def parse_authorization(value: str) -> SignedAuthorization:
     """`AWS4-HMAC-SHA256 Credential=..., SignedHeaders=..., Signature=...` read; SignatureError
     for anything else."""
     if (usual := _USUAL.fullmatch(value)) is not None:
         # The order and spacing every SDK writes, in one match: the field-by-field reading
         # below is most of the re-signing's cost.
         key_id, date, region, service, signed = usual.groups()
-        return Presented(Scope(key_id, date, region, service), parse_signed_headers(signed))
+        return SignedAuthorization(Scope(key_id, date, region, service),
+                                   parse_signed_headers(signed))
     scheme, _, rest = value.strip().partition(" ")
     if scheme != ALGORITHM:
         raise SignatureError(f"the Authorization is not {ALGORITHM}")
@@ -154,7 +155,7 @@ def parse_authorization(value: str) -> Presented:
         raise SignatureError("the Authorization's fields are not Credential, SignedHeaders "
                              "and Signature, each once")
     parse_signature(fields["Signature"])
-    return Presented(parse_credential(fields["Credential"]),
+    return SignedAuthorization(parse_credential(fields["Credential"]),
                      parse_signed_headers(fields["SignedHeaders"]))
 
 

@@ -28,7 +28,7 @@ from .errors import ProcessorInvalid, SecretInvalid, TokenInvalid, TokenMalforme
 from .jsonfields import load_json_object, missing, show, unknown
 from .keys import Keyring, PublicKeyEntry
 from .processors import Processor, processor_from_object
-from .scope import HostPattern, check_path_prefix
+from .scope import Destination, check_path_prefix
 
 __all__ = [
     "CLAIMS_VERSION",
@@ -130,7 +130,7 @@ class Claims:
     kid: str
     secret: str = field(repr=False)
     processor: Processor
-    hosts: tuple[HostPattern, ...]
+    hosts: tuple[Destination, ...]
     methods: tuple[str, ...] | None = None
     paths: tuple[str, ...] | None = None
     exp: int
@@ -256,7 +256,7 @@ def claims_from_object(obj: Mapping[str, object]) -> Claims:
         kid=_string(obj["kid"], "kid"),
         secret=_string(obj["secret"], "secret"),
         processor=_processor_from_json(obj["processor"]),
-        hosts=tuple(HostPattern.parse(text) for text in _strings(obj["hosts"], "hosts")),
+        hosts=tuple(Destination.parse(text) for text in _strings(obj["hosts"], "hosts")),
         methods=None if methods is None else _strings(methods, "methods"),
         paths=None if paths is None else _strings(paths, "paths"),
         exp=_integer(obj["exp"], "exp"),

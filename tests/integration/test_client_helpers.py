@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.clients import base_url, refusal, requests_session
-from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials import Claims, Destination, seal
 from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from tests.conftest import KEYS
@@ -98,7 +98,7 @@ default_policy: agent
 def mint(public: PublicKeyEntry, port: int, host: str = "api.test") -> str:
     now = int(time.time())
     claims = Claims(kid=public.kid, secret=CANARY, processor=BearerProcessor(),
-                    hosts=(HostPattern(host, port),), exp=now + 300, iat=now)
+                    hosts=(Destination(host, port),), exp=now + 300, iat=now)
     return seal(claims, public)
 
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials import Claims, Destination, SandboxBinding, seal
 from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from sealgate.reasons import Reason
@@ -101,7 +101,7 @@ def mint(public: PublicKeyEntry, port: int, *, host: str = "api.test", ttl: int 
          secret: str = TOKEN_CANARY, bound: str | None = None) -> str:
     now = int(time.time())
     claims = Claims(kid=public.kid, secret=secret, processor=BearerProcessor(),
-                    hosts=(HostPattern(host, port),), exp=now + ttl, iat=now + min(ttl, 0) - 60,
+                    hosts=(Destination(host, port),), exp=now + ttl, iat=now + min(ttl, 0) - 60,
                     binding=SandboxBinding(bound) if bound else None)
     return seal(claims, public)
 

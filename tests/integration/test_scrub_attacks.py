@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials import Claims, Destination, seal
 from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import (
     BasicProcessor,
@@ -67,7 +67,7 @@ def mint(public: PublicKeyEntry, processor: Processor, port: int, secret: str) -
     now = int(time.time())
     claims = Claims(
         kid=public.kid, secret=secret, processor=processor,
-        hosts=(HostPattern("api.test", port),), exp=now + 300, iat=now,
+        hosts=(Destination("api.test", port),), exp=now + 300, iat=now,
     )
     return seal(claims, public)
 

@@ -26,7 +26,7 @@ import zstandard
 from sealgate.credentials import (
     AuthDigestBinding,
     Claims,
-    HostPattern,
+    Destination,
     SandboxBinding,
     seal,
 )
@@ -91,7 +91,7 @@ def mint(
     now = int(time.time())
     claims = Claims(
         kid=public.kid, secret=secret, processor=processor,
-        hosts=(HostPattern(host, port),), exp=now + ttl, iat=now, **extra,  # type: ignore[arg-type]
+        hosts=(Destination(host, port),), exp=now + ttl, iat=now, **extra,  # type: ignore[arg-type]
     )
     return seal(claims, public)
 
@@ -227,7 +227,7 @@ def test_expired_token_401(
 ) -> None:
     now = int(time.time())
     claims = Claims(kid=token_keys[1].kid, secret=CANARY, processor=BearerProcessor(),
-                    hosts=(HostPattern("api.test", origin.port),), exp=now - 120, iat=now - 600)
+                    hosts=(Destination("api.test", origin.port),), exp=now - 120, iat=now - 600)
     r = call(tproxy, f"https://api.test:{origin.port}/old", seal(claims, token_keys[1]))
     assert r.status_code == 401
     assert r.json()["reason"] == "token_expired"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.sandbox.tiers.microvm import image, vm
-from sealgate.sandbox.tiers.microvm.channel import Channel, Result
+from sealgate.sandbox.tiers.microvm.channel import Channel, GuestResult
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox", "LANG": "C.UTF-8"}
 NOBODY = 65534
@@ -48,7 +48,7 @@ def spec(workspace: Path | None = None) -> vm.Spec:
 
 
 def run(channel: Channel, *argv: str, stdin: bytes = b"", pids: int | None = None,
-        timeout: float = 30) -> Result:
+        timeout: float = 30) -> GuestResult:
     """A command in the guest as the run's uid (nobody), with `ENV` only."""
     return channel.run(argv, ENV, uid=NOBODY, gid=NOBODY, timeout=timeout, stdin=stdin,
                        pids=pids)

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from sealgate.sandbox.tiers.microvm import pool
-from sealgate.sandbox.tiers.microvm.channel import Channel, Result
+from sealgate.sandbox.tiers.microvm.channel import Channel, GuestResult
 from tests.microvm.kit import ACCEL, ENV, NOBODY, needs_vm, run, spec
 
 pytestmark = [pytest.mark.root, needs_vm]
 
 
 def test_commands_and_their_exit_statuses(guest: Channel) -> None:
-    assert run(guest, "sh", "-c", "echo out; echo err >&2; exit 3") == Result(3, b"out\n", b"err\n")
+    expected = GuestResult(3, b"out\n", b"err\n")
+    assert run(guest, "sh", "-c", "echo out; echo err >&2; exit 3") == expected
     assert run(guest, "sh", "-c", "kill -9 $$").code == 128 + 9
     missing = run(guest, "no-such-command")
     assert missing.code == 127 and b"no-such-command" in missing.stderr

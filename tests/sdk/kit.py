@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from sealgate.credentials import Claims, HostPattern, seal
+from sealgate.credentials import Claims, Destination, seal
 from sealgate.credentials.keys import PublicKeyEntry, generate
 from sealgate.credentials.processors import Processor
 from tests.dnsstub import StubDNS
@@ -342,7 +342,7 @@ class World:
         claims = Claims(
             kid=self.public.kid, secret=self.secret if secret is None else secret,
             processor=processor,
-            hosts=(HostPattern(host or self.fake.names[0], port or self.fake.port),),
+            hosts=(Destination(host or self.fake.names[0], port or self.fake.port),),
             exp=now + ttl, iat=now, **extra,
         )
         token = seal(claims, self.public)

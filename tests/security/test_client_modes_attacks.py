@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.credentials import Claims, HostPattern, SandboxBinding, seal
+from sealgate.credentials import Claims, Destination, SandboxBinding, seal
 from sealgate.credentials.keys import PublicKeyEntry
 from sealgate.credentials.processors import BearerProcessor
 from tests.dnsstub import StubDNS
@@ -149,7 +149,7 @@ def mint(public: PublicKeyEntry, host: str, port: int, *, secret: str = TOKEN_SE
          bound: str | None = None, ttl: int = 300) -> str:
     now = int(time.time())
     claims = Claims(kid=public.kid, secret=secret, processor=BearerProcessor(),
-                    hosts=(HostPattern(host, port),), exp=now + ttl, iat=now + min(ttl, 0) - 60,
+                    hosts=(Destination(host, port),), exp=now + ttl, iat=now + min(ttl, 0) - 60,
                     binding=SandboxBinding(bound) if bound else None)
     return seal(claims, public)
 

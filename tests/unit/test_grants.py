@@ -12,7 +12,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from sealgate.credentials import Claims, HostPattern, grants
+from sealgate.credentials import Claims, Destination, grants
 from sealgate.credentials import processors as pr
 from sealgate.credentials.errors import TokenMalformed
 from sealgate.credentials.keys import Keyring, generate
@@ -149,7 +149,7 @@ def test_sealed_in_a_token_with_its_secret_checked(
 
     def claims(text: str) -> Claims:
         return Claims(kid=public.kid, secret=text, processor=processor,
-                      hosts=(HostPattern("api.example.com", 443),), exp=now + 60, iat=now)
+                      hosts=(Destination("api.example.com", 443),), exp=now + 60, iat=now)
 
     assert claims(secret).processor == processor
     with pytest.raises(TokenMalformed) as refused:

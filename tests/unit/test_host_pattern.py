@@ -80,7 +80,7 @@ def test_rules_read_a_pattern_as_the_shared_grammar_does(raw: str) -> None:
     "raw", ["api.example.com", "*.example.com", "[2001:db8::1]:8443", "10.0.0.1:80"]
 )
 def test_a_token_pattern_means_what_the_shared_one_means(raw: str) -> None:
-    token = tk.HostPattern.parse(raw)
+    token = tk.Destination.parse(raw)
     shared = parse_host_pattern(raw.rpartition(":")[0] if raw.endswith(("]:8443", ":80")) else raw)
     for host in ("api.example.com", "a.b.example.com", "example.com", "2001:db8::1", "10.0.0.1"):
         assert token.matches(canonical_name(host), token.port) is shared.matches(
@@ -95,11 +95,11 @@ def test_a_token_pattern_means_what_the_shared_one_means(raw: str) -> None:
 )
 def test_a_token_asks_more_of_the_spelling(raw: str) -> None:
     with pytest.raises(tk.TokenMalformed):
-        tk.HostPattern.parse(raw)
+        tk.Destination.parse(raw)
 
 
 def test_a_token_pattern_built_directly_is_checked_as_parsed() -> None:
     for host, wildcard in (("Example.com", False), ("example.com.", False), ("com", True)):
         with pytest.raises(tk.TokenMalformed):
-            tk.HostPattern(host, 443, wildcard)
-    assert str(tk.HostPattern("2001:db8::1", 8443)) == "[2001:db8::1]:8443"
+            tk.Destination(host, 443, wildcard)
+    assert str(tk.Destination("2001:db8::1", 8443)) == "[2001:db8::1]:8443"

@@ -306,7 +306,7 @@ def test_rate_limit_per_caller(env: Env) -> None:
 def test_rate_limiter_refills() -> None:
     now = [0.0]
     limiter = cl.RateLimiter(lambda: now[0])
-    caller = cl.Caller("c", (tk.HostPattern("h.example"),), frozenset({"bearer"}), 60, 6)
+    caller = cl.Caller("c", (tk.Destination("h.example"),), frozenset({"bearer"}), 60, 6)
     assert [limiter.acquire(caller) for _ in range(6)] == [0.0] * 6
     assert limiter.acquire(caller) == pytest.approx(10.0)
     now[0] = 10.0
@@ -551,7 +551,7 @@ def test_callers_file_defaults(tmp_path: Path) -> None:
 )
 def test_host_covered(allowed: str, requested: str, covered: bool) -> None:
     assert (
-        cl.host_covered(tk.HostPattern.parse(allowed), tk.HostPattern.parse(requested)) == covered
+        cl.host_covered(tk.Destination.parse(allowed), tk.Destination.parse(requested)) == covered
     )
 
 

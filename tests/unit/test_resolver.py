@@ -15,7 +15,7 @@ from typing import Unpack
 import pytest
 from dnslib import QTYPE, RR, DNSRecord
 
-from sealgate.proxy.net.resolver import Answer, ResolveError, Resolver, ResolverOptions
+from sealgate.proxy.net.resolver import Resolution, ResolveError, Resolver, ResolverOptions
 from tests.dnsstub import StubDNS
 
 
@@ -32,7 +32,7 @@ def make(stub: StubDNS, **kw: Unpack[ResolverOptions]) -> Resolver:
     return Resolver([stub.address], **options)
 
 
-def resolve(resolver: Resolver, name: str) -> Answer:
+def resolve(resolver: Resolver, name: str) -> Resolution:
     return asyncio.run(resolver.resolve(name))
 
 
@@ -42,7 +42,7 @@ def failure(resolver: Resolver, name: str) -> ResolveError:
     return caught.value
 
 
-def addrs(answer: Answer) -> list[str]:
+def addrs(answer: Resolution) -> list[str]:
     return [str(a) for a in answer.addresses]
 
 
@@ -195,7 +195,7 @@ def test_concurrent_resolves_share_one_lookup(stub: StubDNS) -> None:
     stub.set("busy.test", "A 127.0.0.1", "AAAA ::1")
     resolver = make(stub)
 
-    async def many() -> list[Answer]:
+    async def many() -> list[Resolution]:
         return await asyncio.gather(*(resolver.resolve("busy.test") for _ in range(10)))
 
     answers = asyncio.run(many())
@@ -207,7 +207,7 @@ def test_cancelled_waiter_does_not_cancel_shared_lookup(stub: StubDNS) -> None:
     stub.drop("slow.test")
     resolver = make(stub, timeout=0.2, attempts=1)
 
-    async def scenario() -> BaseException | Answer:
+    async def scenario() -> BaseException | Resolution:
         quitter = asyncio.create_task(resolver.resolve("slow.test"))
         stayer = asyncio.create_task(resolver.resolve("slow.test"))
         await asyncio.sleep(0.05)

@@ -35,7 +35,7 @@ def make_claims(**overrides: Any) -> tk.Claims:
         "kid": KEY_A.kid,
         "secret": CANARY,
         "processor": pr.BearerProcessor(),
-        "hosts": (tk.HostPattern.parse("api.example.com"),),
+        "hosts": (tk.Destination.parse("api.example.com"),),
         "exp": NOW + 900,
         "iat": NOW - 60,
     }
@@ -189,7 +189,7 @@ def test_processor_object_round_trips() -> None:
 
 def test_every_claim_round_trips() -> None:
     claims = make_claims(
-        hosts=tuple(map(tk.HostPattern.parse, ["*.example.com", "[2001:db8::1]:8443", "10.0.0.1"])),
+        hosts=tuple(map(tk.Destination.parse, ["*.example.com", "[2001:db8::1]:8443", "10.0.0.1"])),
         methods=("GET", "POST"),
         paths=("/v1/", "/v2/x"),
         nbf=NOW - 10,
@@ -212,7 +212,7 @@ def test_seal_refuses_other_kid_and_oversize() -> None:
     with pytest.raises(tk.TokenInvalid):
         tk.seal(make_claims(kid=KEY_B.kid), KEY_A.public())
     hosts = tuple(
-        tk.HostPattern.parse(f"{'a' * 60}.{'b' * 60}.{'c' * 60}{i}.com") for i in range(32)
+        tk.Destination.parse(f"{'a' * 60}.{'b' * 60}.{'c' * 60}{i}.com") for i in range(32)
     )
     with pytest.raises(tk.TokenMalformed, match="too large"):
         mint(make_claims(hosts=hosts, secret="x" * 4096))
@@ -445,7 +445,7 @@ def test_lifetime_cap_is_enforced_at_use() -> None:
     ],
 )
 def test_host_scope(patterns: list[str], host: str, port: int, ok: bool) -> None:
-    claims = make_claims(hosts=tuple(map(tk.HostPattern.parse, patterns)))
+    claims = make_claims(hosts=tuple(map(tk.Destination.parse, patterns)))
     if ok:
         tk.check_scope(claims, host, port, "GET", "/")
     else:
@@ -613,9 +613,9 @@ def test_claims_construction_validates() -> None:
     with pytest.raises(tk.TokenMalformed):
         make_claims(kid="ABCDEF0123456789")
     with pytest.raises(tk.TokenMalformed):
-        tk.HostPattern.parse("*.com")
-    assert str(tk.HostPattern.parse("API.example.com:443")) == "api.example.com"
-    assert str(tk.HostPattern.parse("[2001:0db8::1]:8443")) == "[2001:db8::1]:8443"
+        tk.Destination.parse("*.com")
+    assert str(tk.Destination.parse("API.example.com:443")) == "api.example.com"
+    assert str(tk.Destination.parse("[2001:0db8::1]:8443")) == "[2001:db8::1]:8443"
     with pytest.raises(dataclasses.FrozenInstanceError):
         make_claims().secret = "x"  # type: ignore[misc]
 

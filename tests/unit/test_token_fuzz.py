@@ -49,10 +49,10 @@ tlds = st.sampled_from(["com", "net", "io", "example"])
 
 
 @st.composite
-def host_patterns(draw: st.DrawFn) -> tk.HostPattern:
+def host_patterns(draw: st.DrawFn) -> tk.Destination:
     name = ".".join([*draw(st.lists(labels, min_size=1, max_size=3)), draw(tlds)])
     port = draw(st.one_of(st.just(443), st.integers(min_value=1, max_value=65535)))
-    return tk.HostPattern(name, port, draw(st.booleans()))
+    return tk.Destination(name, port, draw(st.booleans()))
 
 
 header_names = st.sampled_from(["Authorization", "X-Api-Key", "X-Signature", "api-key"])
@@ -234,10 +234,10 @@ def test_valid_claims_round_trip(claims: tk.Claims) -> None:
 @given(st.text(max_size=60))
 def test_host_pattern_parse_is_canonical(text: str) -> None:
     try:
-        pattern = tk.HostPattern.parse(text)
+        pattern = tk.Destination.parse(text)
     except tk.TokenMalformed:
         return
-    assert tk.HostPattern.parse(str(pattern)) == pattern
+    assert tk.Destination.parse(str(pattern)) == pattern
     below = canonical_name(("a." if pattern.wildcard else "") + pattern.host)
     assert pattern.matches(below, pattern.port)
     assert not pattern.matches(canonical_name(pattern.host), pattern.port) or not pattern.wildcard
@@ -250,7 +250,7 @@ def test_allowed_paths_stay_under_the_prefix(path: str) -> None:
         kid=KEY_A.kid,
         secret="S3CRET",
         processor=pr.BearerProcessor(),
-        hosts=(tk.HostPattern("h.example"),),
+        hosts=(tk.Destination("h.example"),),
         paths=("/a",),
         exp=2,
         iat=1,

@@ -11,7 +11,7 @@ from mitmproxy import http
 from sealgate.credentials import (
     CLOCK_SKEW_SECONDS,
     Claims,
-    HostPattern,
+    Destination,
     TokenError,
     TokenExpired,
     TokenMalformed,
@@ -59,7 +59,7 @@ REQUEST = TokenRequest(None, None, "api.test", 443, "GET", "/", [])
 def _token(public: PublicKeyEntry, jti: str, *, exp: int = NOW + 600) -> str:
     return seal(Claims(
         kid=public.kid, secret="cache-canary-1", processor=BearerProcessor(),
-        hosts=(HostPattern("api.test", 443),), exp=exp, iat=NOW, jti=jti,
+        hosts=(Destination("api.test", 443),), exp=exp, iat=NOW, jti=jti,
     ), public)
 
 

@@ -27,7 +27,7 @@ _NO_LIMIT = 7 * 86400.0  # a command given no timeout (epoll takes at most ~24 d
 
 
 @dataclass(frozen=True)
-class Result:
+class GuestResult:
     code: int
     stdout: bytes
     stderr: bytes
@@ -136,12 +136,12 @@ class Channel:
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
             cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
-            stdin: bytes = b"") -> Result:
+            stdin: bytes = b"") -> GuestResult:
         """Run a command to its end; its exit status and everything it wrote."""
         out: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
         code = self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=stdin,
                           stdin_fd=None, out=out)
-        return Result(code, bytes(out[1]), bytes(out[2]))
+        return GuestResult(code, bytes(out[1]), bytes(out[2]))
 
     def stream(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
                cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
