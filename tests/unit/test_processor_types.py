@@ -5,7 +5,7 @@ Read from the source (AST, nothing executed), over every module of proxy/, issue
 and sealgate/ but sealgate/credentials/: no `isinstance`/`issubclass` against a processor class,
 no `type(x) is ...` with one, no `case BearerProcessor():`, and no processor's `kind` (or
 `type`) compared with, or matched against, a processor's name written as a string. Adding a
-processor is then its module and a line in the registry, not a hunt through the callers.
+processor is then its module (the registry finds it), not a hunt through the callers.
 """
 
 from __future__ import annotations
@@ -165,3 +165,4 @@ def test_a_planted_switch_is_found(tmp_path: Path) -> None:
         "sealgate/proxy/a.py:10: match p.type: case 'oauth2' | 'other'",
         "sealgate/proxy/a.py:12: processor.kind in ('github-app', 'gcp-service-account')",
     ]
+

@@ -1,14 +1,18 @@
 """The injection processors, one type per module, and the one registry of them: type name ->
 class (`PROCESSOR_TYPES`), and a processor built from its JSON form (`processor_from_object`).
 
-Adding a processor: its module here (a `Processor` subclass, `base.py` says what it must and
-may do; an `ExchangeProcessor` of `exchange.py` when the proxy obtains what goes in), its class
-in `_CLASSES` below, and its documentation (docs/rules.md, docs/token-format.md §4). Nothing
-outside this package asks which processor it has.
+Adding a processor: its module here (a `Processor` subclass naming its `kind`; `base.py` says
+what it must and may do; an `ExchangeProcessor` of `exchange.py` when the proxy obtains what goes
+in) and its documentation (docs/rules.md, docs/token-format.md §4). The registry finds it: every
+module of this package is read once, at import, for the processor types it defines. The imports
+below only give the existing types their short names. Nothing outside this package asks which
+processor it has.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from typing import Final
 
@@ -54,19 +58,26 @@ __all__ = [
     "processor_type",
 ]
 
-_CLASSES: Final[tuple[type[Processor], ...]] = (
-    BearerProcessor,
-    HeaderProcessor,
-    BasicProcessor,
-    QueryProcessor,
-    HmacProcessor,
-    PlaceholderProcessor,
-    AwsSigV4Processor,
-    OAuth2Processor,
-    GitHubAppProcessor,
-    GcpServiceAccountProcessor,
-)
-PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {cls.kind: cls for cls in _CLASSES}
+
+
+def _defined_types() -> list[type[Processor]]:
+    """The processor types this package's modules define (a type names its own `kind`; the
+    bases in base.py and exchange.py do not), in the order of their kinds."""
+    found: dict[str, type[Processor]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, Processor)
+                    and value.__module__ == module.__name__ and "kind" in vars(value)):
+                if value.kind in found:  # two types, one name: the JSON form would be ambiguous
+                    raise ImportError(f"two processor types named {value.kind!r}")
+                found[value.kind] = value
+    return [found[kind] for kind in sorted(found)]
+
+
+PROCESSOR_TYPES: Final[Mapping[str, type[Processor]]] = {
+    cls.kind: cls for cls in _defined_types()
+}
 
 
 def processor_type(kind: object) -> type[Processor]:
