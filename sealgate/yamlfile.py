@@ -24,6 +24,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .files import read_regular
+from .reasons import SealgateError
 
 __all__ = [
     "BOOL",
@@ -57,7 +58,7 @@ def format_location(path: Path, line: int | None, field: str, message: str) -> s
     return f"{where}: {field}: {message}" if field else f"{where}: {message}"
 
 
-class YamlFileError(ValueError):
+class YamlFileError(SealgateError, ValueError):
     """A file we refuse to read. `str()` is `file:line: field: message`."""
 
     def __init__(self, path: Path, line: int | None, field: str, message: str) -> None:

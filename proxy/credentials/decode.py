@@ -17,7 +17,9 @@ from typing import Protocol
 
 import zstandard
 
-from sealgate.reasons import Reason, SealgateError
+from sealgate.reasons import Reason
+
+from ..errors import ProxyError
 
 # Most bytes one decompress call may produce: a buffered body's whole, or what one streamed
 # chunk expands to. A body that needs more is refused, not passed on unscrubbed.
@@ -30,7 +32,7 @@ _ZSTD_WINDOW = 8 << 20
 _ZSTD_SLICE = 256
 
 
-class Undecodable(SealgateError):
+class Undecodable(ProxyError):
     """A compressed body that cannot be scrubbed: corrupt, cut short, or decoding past
     `DECODED_LIMIT`."""
 

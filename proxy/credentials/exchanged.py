@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
+from ..errors import ProxyError
+
 __all__ = ["ExchangeError", "Exchanged", "Obtained"]
 
 K = TypeVar("K", bound=Hashable)
@@ -45,7 +47,7 @@ RETRY_AFTER: Final = 5.0
 MAX_KEYS: Final = 16384
 
 
-class ExchangeError(Exception):
+class ExchangeError(ProxyError):
     """The credential could not be obtained; the message names the failure, never a value."""
 
 

@@ -16,13 +16,14 @@ from urllib.parse import urlsplit
 from sealgate.hostname import HostError, split_authority
 from sealgate.reasons import Reason
 
+from ..errors import ProxyError
 from .decide import Decision, Identity, Question, Scheme, Verdict, decide
 from .model import PathError, Policy, Rule, RuleSet, normalize_path
 
 _SCHEMES = {"http": 80, "https": 443}
 
 
-class ExplainError(ValueError):
+class ExplainError(ProxyError, ValueError):
     """The question cannot be asked: an unknown sandbox or policy, or no request to explain."""
 
 

@@ -25,6 +25,7 @@ from typing import Final
 from urllib.parse import quote, unquote
 
 from ..hostname import HostError, split_authority
+from ..reasons import SealgateError
 
 MAX_TOKENS: Final = 8  # the proxy reads at most 8 tokens per request (token-format.md §10)
 MAX_TOKEN_LENGTH: Final = 8192  # token-format.md §1
@@ -41,7 +42,7 @@ _URL_TEXT = re.compile(r"[\x21-\x7e]*")  # a request target: visible ASCII only
 _DEFAULT_HTTPS_PORT: Final = 443
 
 
-class ClientConfigError(ValueError):
+class ClientConfigError(SealgateError, ValueError):
     """A proxy URL, credential, token or URL the helpers will not send."""
 
 
