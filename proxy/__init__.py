@@ -1,6 +1,6 @@
 """sealgate's egress proxy. What the sandbox runtime calls is here, standard library only:
 importing it imports neither mitmproxy nor aiohttp nor cryptography
-(tests/unit/test_proxy_face.py), so a sandbox daemon stays small and starts fast.
+(tests/process/test_proxy_face.py), so a sandbox daemon stays small and starts fast.
 
     state = Path("var")                              # the proxy's --state
     register_source(control_socket(state), "10.200.0.2", "bot-1")

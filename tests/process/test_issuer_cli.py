@@ -6,6 +6,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 from pathlib import Path
 
 from sealgate import credentials as tk
@@ -13,11 +14,41 @@ from sealgate.credentials import keys
 from tests.unit.test_issuer_cli import (
     CANARY,
     PROXY_BEARER,
+    ROOT,
+    _assert_no_secret,
     _open,
     key_dir,  # noqa: F401 -- the unit tests' fixture, the same key directory
-    run,
     run_here,
 )
+
+SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
+
+
+def run(
+    *args: str | Path, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The installed `sealgate` command, in a child process."""
+    argv = [str(SEALGATE), *map(str, args)]
+    proc = subprocess.run(
+        argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    _assert_no_secret(argv, (proc.stdout, proc.stderr))
+    return proc
+
+
+def test_mint_reads_its_secret_from_stdin(key_dir: Path) -> None:  # noqa: F811
+    proc = run("mint", "--key", key_dir, "--host", "api.example.com", "--inject", "bearer",
+               "--secret-stdin", stdin=CANARY + "\n")
+    assert proc.returncode == 0, proc.stderr
+    claims = _open(proc.stdout.strip(), key_dir)
+    assert (claims.secret, claims.processor.kind) == (CANARY, "bearer")
 
 
 def test_keys_generate_and_list(tmp_path: Path) -> None:

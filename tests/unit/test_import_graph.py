@@ -248,7 +248,7 @@ PROXY = "sealgate.proxy"
 # bottom: errors.py (ProxyError, Denial); net/ (names and addresses); policy/ (the rules, and
 # who asks); engine/ (mitmproxy's internals: what it installs reads no request-path record);
 # credentials/ and request/ (the path); process/ (the processes around it) and the two entry
-# points, the face (__init__.py, standard library only: tests/unit/test_proxy_face.py) and
+# points, the face (__init__.py, standard library only: tests/process/test_proxy_face.py) and
 # addon.py (mitmdump's), on top. credentials/ is below request/: the path calls it, not back.
 PROXY_LAYERS: dict[str, tuple[str, ...]] = {
     "errors": ("net", "policy", "engine", "credentials", "request", "process"),

@@ -26,7 +26,6 @@ from sealgate.credentials import keys
 from sealgate.issuer import cli, clibase, servecli
 
 ROOT = Path(__file__).resolve().parents[2]
-SEALGATE = ROOT / ".venv" / "bin" / "sealgate"
 CANARY = "sk_live_CLI_CANARY_81d2c0"
 PROXY_BEARER = "proxy-bearer-CANARY-55e1"
 
@@ -37,30 +36,11 @@ def _assert_no_secret(argv: list[str], outputs: tuple[str, str]) -> None:
         assert CANARY not in text and PROXY_BEARER not in text
 
 
-def run(
-    *args: str | Path, stdin: str = "", env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The installed `sealgate` command, in a child process."""
-    argv = [str(SEALGATE), *map(str, args)]
-    proc = subprocess.run(
-        argv,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
-    _assert_no_secret(argv, (proc.stdout, proc.stderr))
-    return proc
-
-
 def run_here(
     *args: str | Path, stdin: str = "", env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The same parser and handlers in this process (the command's start-up costs most of a
-    second, so only a few tests pay it)."""
+    """The `sealgate` command's parser and handlers in this process (the installed command's
+    start-up costs most of a second: tests/process/test_issuer_cli.py runs it)."""
     argv = [str(arg) for arg in args]
     parser = argparse.ArgumentParser(prog="sealgate")
     cli.register(parser.add_subparsers(dest="command"))
@@ -144,8 +124,7 @@ def test_mint_each_processor(
         source, stdin, env = ["--secret-file", str(secret_file)], "", None
     else:
         source, stdin, env = ["--secret-env", "MY_SECRET"], "", {"MY_SECRET": CANARY}
-    runner = run if kind == "bearer" else run_here
-    proc = runner(
+    proc = run_here(
         "mint",
         "--key",
         key_dir,
