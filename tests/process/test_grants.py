@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from sealgate.credentials.keys import generate
+from tests.process.test_issuer_cli import run
 from tests.unit.test_grants import ACCOUNT
-from tests.unit.test_issuer_cli import CANARY, run, run_here
+from tests.unit.test_issuer_cli import CANARY, run_here
 
 
 def test_mint_refuses_a_scheme_it_cannot_inject(tmp_path: Path) -> None:
