@@ -306,9 +306,16 @@ class World:
     def run(self, code: str, env: Mapping[str, str], **args: Any) -> Outcome:
         """An SDK call with exactly `env` (see run_python), through the module's forkserver
         when it has one."""
-        if self.forkserver is not None:
-            return self.forkserver.run(code, env, **args)
-        return run_python(code, env, **args)
+        try:
+            if self.forkserver is not None:
+                return self.forkserver.run(code, env, **args)
+            return run_python(code, env, **args)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            # The client died or hung: what the proxy logged last goes with it.
+            stderr = "\n".join(self.proxy.stderr().splitlines()[-20:])
+            audit = "\n".join(self.proxy.audit_text().splitlines()[-8:])
+            raise AssertionError(f"{exc}\n--- the proxy's stderr, last lines:\n{stderr}\n"
+                                 f"--- its audit log, last lines:\n{audit}") from exc
 
     def env(self, sandbox: str | None, *, key: str | None = None) -> dict[str, str]:
         """What `sealgate env --format json` prints for `sandbox` (its key, or `key` in the key
@@ -414,8 +421,11 @@ def world(
 
 # -- running a client ---------------------------------------------------------------------------
 
-_PRELUDE = '''
-import json, sys, traceback
+# A call that hangs dumps every thread's stack to its stderr and exits, before the parent's
+# timeout kills it: the failure then says where the client was stuck ("the client died").
+_PRELUDE = f'''
+import faulthandler, json, sys, traceback
+faulthandler.dump_traceback_later({CALL_TIMEOUT - 5:.0f}, exit=True)
 ARGS = json.loads(sys.argv[1])
 
 def _emit(value):
@@ -464,7 +474,7 @@ def run_python(code: str, env: Mapping[str, str], **args: Any) -> Outcome:
     )
     marker = "\n@@result@@"
     if marker not in done.stdout:
-        raise AssertionError(f"the client died ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise AssertionError(f"the client died ({done.returncode}):\n{done.stderr[-8000:]}")
     result = json.loads(done.stdout.rpartition(marker)[2])
     if "ok" in result:
         return Outcome(value=result["ok"], stdout=done.stdout, stderr=done.stderr)
@@ -545,11 +555,11 @@ class Forkserver:
         if not line:
             self.stop()
             raise AssertionError(f"no answer from the forkserver in time; call log:\n"
-                                 f"{log.read_text()[-3000:] if log.exists() else ''}")
+                                 f"{log.read_text()[-8000:] if log.exists() else ''}")
         output = log.read_text()
         marker = "\n@@result@@"
         if marker not in output:
-            raise AssertionError(f"the client died ({json.loads(line)}):\n{output[-3000:]}")
+            raise AssertionError(f"the client died ({json.loads(line)}):\n{output[-8000:]}")
         result = json.loads(output.rpartition(marker)[2])
         if "ok" in result:
             return Outcome(value=result["ok"], stdout=output)
