@@ -10,7 +10,8 @@ pyproject.toml pins the tested version; tests/unit/test_mitm.py runs the same ch
 
 The patches, and why:
 
-- upstream dials bounded, upstream failures answered as JSON (upstream.py);
+- upstream dials and the proxy's TLS handshakes with upstreams bounded, upstream failures
+  answered as JSON (upstream.py);
 - request heads bounded in size and time while they are read, idle connections closed
   (limits.py), an upstream's wait for its response head bounded (deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
@@ -43,6 +44,7 @@ from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers import websocket
 from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
@@ -92,6 +94,12 @@ def install(
             mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
         )
     _http1.make_error_response = upstream.error_response
+    tls_layers.ServerTLSLayer.start_tls = upstream.bounded_handshake(  # type: ignore[method-assign, assignment]
+        tls_layers.ServerTLSLayer.start_tls, connect_timeout
+    )
+    tls_layers.ServerTLSLayer._handshake_finished = upstream.named_failure(  # type: ignore[method-assign, assignment]
+        tls_layers.ServerTLSLayer._handshake_finished
+    )
     bounds = bounds or limits.HttpLimits()
     limits.enforce(bounds)
     _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]

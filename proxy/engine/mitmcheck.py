@@ -23,8 +23,9 @@ import wsproto.events
 from mitmproxy import addonmanager, connection, flow, http
 from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.net.http import http1, status_codes
-from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server
+from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server, tunnel
 from mitmproxy.proxy.layers import HttpLayer, websocket
+from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
 
@@ -97,6 +98,19 @@ def _coroutine(fn: Callable[..., Any]) -> None:
 def _server_dials() -> None:
     _expect(isinstance(vars(server).get("asyncio"), type(asyncio)), "module has no `asyncio`")
     _names(server.ConnectionHandler.open_connection, "asyncio", "open_connection")
+
+
+@_checks("mitmproxy.proxy.layers.tls.ServerTLSLayer.start_tls")
+def _server_handshakes() -> None:
+    # Wrapped on the server side only (a blind tunnel's handshake is the client's): start_tls
+    # sets `self.tls`; every end of a handshake goes through `_handshake_finished(err)`, a
+    # close while it is under way too (as "connection closed").
+    _params(tls_layers.ServerTLSLayer.start_tls, "(self)")
+    _names(tls_layers.TLSLayer.start_tls, "tls", "ssl_conn")
+    _params(tls_layers.ServerTLSLayer._handshake_finished, "(self, err)")
+    _names(tunnel.TunnelLayer._handle_event, "_handshake_finished", "ConnectionClosed")
+    _names(server.ConnectionHandler.close_connection, "transports", "cancel")
+    _names(server.ConnectionHandler.handle_connection, "ConnectionClosed")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")

@@ -1,4 +1,4 @@
-"""What the sandbox sees when the upstream fails, and how long a dial may take.
+"""What the sandbox sees when the upstream fails, and how long a dial (and its TLS) may take.
 
 mitmproxy dials with no timeout of its own, so a black-holed destination holds a request for the
 kernel's SYN retries (about two minutes); and it answers a failed dial, or a request it cannot
@@ -6,6 +6,13 @@ parse, with an HTML page that names the address it tried, over HTTP/1 and HTTP/2
 the two fixes the lean master puts in (mitm.py wires them into mitmproxy): a bounded dial,
 and the proxy's own JSON refusal (`connect_timeout` 504, `connect_failed` 502, `bad_request`
 400) without the address, so every answer a client gets has one shape.
+
+The dial's bound ends when TCP is up, and mitmproxy's TLS handshake with the upstream has none
+of its own: an upstream whose kernel completed the TCP handshake but whose server does not (yet)
+speak TLS -- a listener that stopped accepting, or accepts late under load -- held the request,
+with nothing to the client and no audit line, until the idle timeout. So the proxy's own
+handshake with an upstream gets the same `connect_timeout` seconds from its start; past them the
+upstream connection is closed and the request answered 504 `connect_timeout`.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mitmproxy import http
+from mitmproxy import connection, ctx, http
 from mitmproxy.net.http import http1
+from mitmproxy.proxy import layer
+from mitmproxy.proxy.layers import tls
 
 from sealgate.reasons import Reason
 
@@ -46,6 +55,73 @@ def bounded(dial: Dial, connect_timeout: float) -> Dial:
             raise TimeoutError(f"connect timed out after {connect_timeout:g} s") from None
 
     return bounded_dial
+
+
+# In a ServerTLSLayer's instance dict: its handshake's deadline, and what a handshake closed at
+# that deadline says.
+_TIMER = "_sealgate_handshake_timer"
+_OVERDUE = "_sealgate_handshake_overdue"
+
+_Start = Callable[[tls.ServerTLSLayer], layer.CommandGenerator[None]]
+_Finished = Callable[[tls.ServerTLSLayer, "str | None"], layer.CommandGenerator[None]]
+
+
+def handshake_message(seconds: float) -> str:
+    # The code in this form is what `failure` and `_denial` read back as the reason.
+    return f"sealgate: {Reason.CONNECT_TIMEOUT.value}: no TLS handshake from the upstream in " \
+           f"{seconds:g} s"
+
+
+def bounded_handshake(start_tls: _Start, seconds: float) -> _Start:
+    """ServerTLSLayer.start_tls, with a deadline on the handshake it starts (the proxy's own
+    handshake with an upstream: a blind tunnel's is the client's, and starts none)."""
+
+    @functools.wraps(start_tls)
+    def start(self: tls.ServerTLSLayer) -> layer.CommandGenerator[None]:
+        yield from start_tls(self)
+        if self.tls is None:
+            return  # no TLS context: mitmproxy closes the connection itself
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven without a loop (mitmproxy's own layer tests)
+            return
+        vars(self)[_TIMER] = loop.call_later(seconds, _overdue, self, seconds)
+
+    return start
+
+
+def named_failure(finished: _Finished) -> _Finished:
+    """ServerTLSLayer._handshake_finished: the deadline is called off, and a handshake closed at
+    it fails with what happened instead of mitmproxy's "connection closed"."""
+
+    @functools.wraps(finished)
+    def handshake_finished(self: tls.ServerTLSLayer, err: str | None
+                           ) -> layer.CommandGenerator[None]:
+        timer: asyncio.TimerHandle | None = vars(self).pop(_TIMER, None)
+        if timer is not None:
+            timer.cancel()
+        said = vars(self).pop(_OVERDUE, None)
+        if err and said:
+            self.conn.error = err = said
+        yield from finished(self, err)
+
+    return handshake_finished
+
+
+def _overdue(tls_layer: tls.ServerTLSLayer, seconds: float) -> None:
+    vars(tls_layer).pop(_TIMER, None)
+    server = tls_layer.conn
+    if server.tls_established or server.state is connection.ConnectionState.CLOSED:
+        return
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = proxyserver.connections.get(tls_layer.context.client.id) if proxyserver else None
+    if handler is None or server not in handler.transports:
+        return
+    vars(tls_layer)[_OVERDUE] = handshake_message(seconds)
+    io = handler.transports[server]
+    if io.writer is not None:
+        io.writer.close()
+    handler.close_connection(server)  # its reader ends: the TLS layer sees the close
 
 
 def error_response(status_code: int, message: str = "") -> bytes:

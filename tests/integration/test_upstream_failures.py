@@ -138,3 +138,47 @@ def test_an_upstream_that_resets_before_answering_is_upstream_reset(
     assert resetter.requests >= 1  # it was sent, then cut
     line = p.wait_audit(lambda e: e.get("path") == "/reset" and e.get("reason"))
     assert line["reason"] == "upstream_reset"
+
+
+@pytest.fixture(scope="module")
+def mute() -> Iterator[socket.socket]:
+    """A listener nobody accepts on: the kernel completes TCP handshakes, nothing speaks TLS (an
+    origin's accept loop that stopped, or is late under load)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    yield listener
+    listener.close()
+
+
+@pytest.fixture(scope="module")
+def mproxy(proxy_with: ProxyFactory, mute: socket.socket) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{mute.getsockname()[1]}]
+        methods: [GET]
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+"""
+    with proxy_with(rules, name="mute-tls", options=["--connect-timeout", "1"]) as p:
+        yield p
+
+
+def test_an_upstream_that_never_starts_tls_is_a_connect_timeout(
+    mproxy: Proxy, mute: socket.socket
+) -> None:
+    """TCP is up at once, so the dial's bound is met; the proxy's TLS handshake with the upstream
+    has the same bound, instead of holding the request in silence until the idle timeout."""
+    port = mute.getsockname()[1]
+    started = time.monotonic()
+    r = client(mproxy).get(f"https://api.test:{port}/mute", timeout=20)
+    assert time.monotonic() - started < 8
+    assert (r.status_code, r.json()["reason"]) == (504, "connect_timeout")
+    assert "127.0.0.1" not in r.text
+    line = mproxy.wait_audit(lambda e: e.get("path") == "/mute")
+    assert line["reason"] == "connect_timeout"
