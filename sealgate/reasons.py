@@ -179,7 +179,9 @@ class Reason(StrEnum):
     UPSTREAM_RESET = (
         "upstream_reset", 502, "the upstream closed or reset the connection before a response",
     )
-    CONNECT_TIMEOUT = ("connect_timeout", 504, "the upstream did not accept in time")
+    CONNECT_TIMEOUT = (
+        "connect_timeout", 504, "the upstream did not accept, or finish our TLS handshake, in time",
+    )
     UPSTREAM_TIMEOUT = (
         "upstream_timeout", 504,
         "the upstream sent no response head in time (--response-timeout, a rule's "

@@ -52,7 +52,8 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
     p.add_argument("--connect-timeout", type=float,
                    default=env("SEALGATE_CONNECT_TIMEOUT", "10"),
-                   help="seconds an upstream dial may take before 504 connect_timeout")
+                   help="seconds an upstream dial may take, and then the proxy's TLS handshake "
+                        "with it, before 504 connect_timeout")
     p.add_argument("--drain-timeout", type=float, default=env("SEALGATE_DRAIN_TIMEOUT", "30"),
                    help="on SIGTERM, seconds requests in flight may take to finish before the "
                         "proxy closes them (it stops accepting at once)")
