@@ -46,6 +46,7 @@ from sealgate.reasons import Reason
 
 from . import limits, linger
 from .limits import META, Bounds
+from .refusal import said
 
 _SEEN = "_sealgate_body_seen"  # body bytes counted so far, in the stream's instance dict
 _CUT = "_sealgate_body_cut"  # set once the body passed its cap and its upstream was aborted
@@ -86,7 +87,7 @@ def counted(state: _State, bounds: limits.HttpLimits) -> _State:
 
 def _over(stream: HttpStream, cap: int, bounds: limits.HttpLimits) -> CommandGenerator[None]:
     flow = stream.flow
-    said = f"sealgate: {Reason.REQUEST_TOO_LARGE.value}: request body over {cap} bytes"
+    message = said(Reason.REQUEST_TOO_LARGE, f"request body over {cap} bytes")
     # Where the upstream's answer stands says whether any of it has gone to the client (none
     # while its head is awaited or its body is read whole) and whether the request's audit
     # line was written (by the response or error hook, once it is done or failed).
@@ -99,7 +100,7 @@ def _over(stream: HttpStream, cap: int, bounds: limits.HttpLimits) -> CommandGen
     vars(stream)[_CUT] = True
     # Upstream first, so that nothing more goes, not even the body's end: an HTTP/1
     # connection is closed, an HTTP/2 stream reset (CANCEL).
-    yield SendHttp(RequestProtocolError(stream.stream_id, said,
+    yield SendHttp(RequestProtocolError(stream.stream_id, message,
                                         status_codes.CLIENT_CLOSED_REQUEST),
                    stream.context.server)
     if answer:
@@ -111,7 +112,7 @@ def _over(stream: HttpStream, cap: int, bounds: limits.HttpLimits) -> CommandGen
         stream.server_state = stream.state_errored  # send_response made it done
         return
     if not logged:  # the request's line, written by the error hook (the response's has not)
-        flow.error = flows.Error(said)
+        flow.error = flows.Error(message)
         yield HttpErrorHook(flow)
     stream.client_state = stream.state_errored
     flow.live = False

@@ -33,6 +33,7 @@ from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponsePr
 from sealgate.reasons import Reason
 
 from .limits import META, Bounds
+from .refusal import said
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
 class Deadline(commands.RequestWakeup):
@@ -62,8 +63,7 @@ def seconds(flow: http.HTTPFlow, default: float) -> float:
 
 
 def message(delay: float) -> str:
-    # The code in this form is what upstream.py reads back as the reason.
-    return f"sealgate: {Reason.UPSTREAM_TIMEOUT.value}: no response head in {delay:g} s"
+    return said(Reason.UPSTREAM_TIMEOUT, f"no response head in {delay:g} s")
 
 
 _Handler = Callable[[HttpStream, Event], CommandGenerator[None]]

@@ -18,13 +18,24 @@ The request path answers with it, and so does the engine: a failed dial, a head 
 from __future__ import annotations
 
 import json
+import re
 from typing import Final
 from urllib.parse import quote
 
 from mitmproxy import http
 from mitmproxy.net.http import status_codes
 
+from sealgate.reasons import Reason
+
 from ..errors import Denial
+
+# How the engine names its own reason inside a failure message mitmproxy carries: `said` writes
+# it, upstream.failure reads it back (OWN_REASON) for the audit line and the refusal.
+OWN_REASON: Final = re.compile(r"sealgate: ([a-z0-9_]+)")
+
+
+def said(reason: Reason, detail: str) -> str:
+    return f"sealgate: {reason.value}: {detail}"
 
 ERROR_HEADER: Final = "X-Sealgate-Error"
 REALM: Final = 'Basic realm="sealgate"'

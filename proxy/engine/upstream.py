@@ -31,9 +31,8 @@ from mitmproxy.proxy.layers import tls
 from sealgate.reasons import Reason
 
 from ..errors import Denial
-from .refusal import deny_response
+from .refusal import OWN_REASON, deny_response, said
 
-_OWN_REASON = re.compile(r"sealgate: ([a-z0-9_]+)")
 # What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a
 # connection that ended before a response (its messages, not the client's text).
 _TLS_FAILED = re.compile(r"certificate|\btls\b|\bssl\b|handshake|openssl", re.IGNORECASE)
@@ -67,9 +66,7 @@ _Finished = Callable[[tls.ServerTLSLayer, "str | None"], layer.CommandGenerator[
 
 
 def handshake_message(seconds: float) -> str:
-    # The code in this form is what `failure` and `_denial` read back as the reason.
-    return f"sealgate: {Reason.CONNECT_TIMEOUT.value}: no TLS handshake from the upstream in " \
-           f"{seconds:g} s"
+    return said(Reason.CONNECT_TIMEOUT, f"no TLS handshake from the upstream in {seconds:g} s")
 
 
 def bounded_handshake(start_tls: _Start, seconds: float) -> _Start:
@@ -147,7 +144,7 @@ def refusal(status_code: int, message: str) -> http.Response:
 def failure(message: str) -> Reason:
     """The reason for an upstream failure mitmproxy describes as `message` (which may name the
     address dialed: it goes to the audit log, never to the client)."""
-    if own := _OWN_REASON.search(message):
+    if own := OWN_REASON.search(message):
         return Reason.of(own.group(1))
     if "timed out" in message.lower():
         return Reason.CONNECT_TIMEOUT
@@ -168,7 +165,7 @@ _SAID = {
 
 
 def _denial(status_code: int, message: str) -> Denial:
-    if own := _OWN_REASON.search(message):
+    if own := OWN_REASON.search(message):
         # Ours: a dial the guard refused (a rebinding answer, say), a response deadline.
         reason = Reason.of(own.group(1))
         return Denial(reason, _SAID.get(reason, "the upstream connection was refused by the "
