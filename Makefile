@@ -11,6 +11,9 @@ DEB_BENCH := squid wrk nginx-light hey
 # The microVM tier's QEMU; its guest kernel and busybox are unpacked from Debian's packages into
 # var/microvm by scripts/microvm-image, never installed on the host.
 DEB_MICROVM := qemu-system-x86
+# The OCI images the sandbox tests start from (scripts/test-images): debian's is debootstrapped;
+# busybox's package is unpacked by apt-get download and dpkg-deb, never installed on the host.
+DEB_IMAGES := debootstrap
 
 .PHONY: run test lint unit deps bench clean
 
@@ -28,7 +31,8 @@ run: $(STAMP) deps
 	$(VENV)/bin/sealgate proxy
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench scripts/typecheck scripts/archmap
+	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench scripts/typecheck scripts/archmap \
+		scripts/test-images
 	$(PY) scripts/typecheck
 
 # The suite on parallel workers (pytest-xdist): a worker runs a module whole, and the modules
@@ -36,7 +40,7 @@ lint: $(STAMP)
 # a network namespace of its own. Most tests wait on real processes and sockets, so more
 # workers than CPUs pay.
 TEST_WORKERS ?= 3
-test: $(STAMP) deps lint microvm-image
+test: $(STAMP) deps lint microvm-image test-images
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Built before pytest: the test session's own network namespace cannot reach apt. A machine that
@@ -45,6 +49,13 @@ test: $(STAMP) deps lint microvm-image
 microvm-image: $(STAMP)
 	@bash scripts/debian-deps.sh $(DEB_MICROVM)
 	@scripts/microvm-image >/dev/null || echo "note: no microVM guest image (its tests will skip)" >&2
+
+# The busybox and debian OCI images under var/images-src/, built before pytest for the same
+# reason; cached by their inputs (seconds when nothing changed). Without them their tests skip.
+.PHONY: test-images
+test-images:
+	@bash scripts/debian-deps.sh $(DEB_IMAGES)
+	@scripts/test-images || echo "note: no test images (the tests that need them will skip)" >&2
 
 bench: $(STAMP) deps
 	@bash scripts/debian-deps.sh $(DEB_BENCH)
