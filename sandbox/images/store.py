@@ -51,8 +51,8 @@ class Store:
         self.max_layer_bytes = max_layer_bytes
         self.max_layer_entries = max_layer_entries
         _own_directory(root)
-        for sub in ("blobs/sha256", "layers/sha256", "tmp"):
-            (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        for sub in ("blobs", "blobs/sha256", "layers", "layers/sha256", "tmp"):
+            (root / sub).mkdir(exist_ok=True, mode=0o700)
         self._index = Index(root)
 
     # -- getting images in ------------------------------------------------------------------
