@@ -139,10 +139,11 @@ def put(root: Path, data: bytes) -> str:
 def manifest(root: Path, layers: list[Layer], *, env: list[str] | None = None,
              cmd: list[str] | None = None, diff_ids: list[str] | None = None,
              digests: dict[int, str] | None = None, sizes: dict[int, int] | None = None,
-             skip: set[int] | None = None) -> Built:
+             skip: set[int] | None = None, corrupt: dict[int, str] | None = None) -> Built:
     """Blobs, config and manifest of one image in `root`; `diff_ids` replaces the config's,
     `digests`/`sizes` (layer index -> value) falsify a layer's descriptor, `skip` (layer
-    indexes, or -1 for the config) leaves blobs out."""
+    indexes, or -1 for the config) leaves blobs out, `corrupt` (layer index -> "flip" or
+    "append") stores other bytes than its descriptor names."""
     skip = skip or set()
     ids = diff_ids if diff_ids is not None else [layer.diff_id for layer in layers]
     config = json.dumps({
@@ -155,6 +156,15 @@ def manifest(root: Path, layers: list[Layer], *, env: list[str] | None = None,
     for i, item in enumerate(layers):
         if i not in skip:
             put(root, item.blob)
+        how = (corrupt or {}).get(i)
+        if how is not None:
+            path = root / "blobs" / "sha256" / item.digest.removeprefix("sha256:")
+            data = bytearray(item.blob)
+            if how == "flip":
+                data[len(data) // 2] ^= 0xFF
+            else:
+                data += b"more"
+            path.write_bytes(bytes(data))
         descs.append({"mediaType": item.media_type,
                       "digest": (digests or {}).get(i, item.digest),
                       "size": (sizes or {}).get(i, len(item.blob))})
