@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "run commands whose only way out is the proxy (root), and drive sandboxd"),
     "sandboxd": ("sealgate.sandbox.daemon.daemoncli",
                  "the sandbox daemon: long-lived sandboxes over an API, from a warm pool (root)"),
+    "image": ("sealgate.sandbox.images.imagecli",
+              "the image store: pull, import, list, remove and collect OCI images"),
 }
 
 
