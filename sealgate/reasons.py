@@ -246,6 +246,11 @@ class Reason(StrEnum):
     NO_SUCH_SANDBOX = ("no_such_sandbox", 404, "no live sandbox has that id")
     SANDBOX_ENDED = ("sandbox_ended", 410, "the sandbox ended: deleted, expired, its agent died")
     SANDBOX_BUSY = ("sandbox_busy", 429, "a sandbox already running its most requests at once")
+    SANDBOX_PAUSED = ("sandbox_paused", 409, "the sandbox is paused: resume it first")
+    NO_SUCH_IMAGE = ("no_such_image", 404, "no image, template or snapshot of that name")
+    IMAGE_REFUSED = (
+        "image_refused", 403, "an image another policy's sandbox made (a snapshot, a template)",
+    )
     AT_CAPACITY = ("at_capacity", 503, "the daemon holds its most sandboxes, or is not ready")
     BAD_PATH = ("bad_path", 400, "a file path outside the workspace: absolute, '..', a link")
     NO_SUCH_FILE = ("no_such_file", 404, "no regular file at that path of the workspace")

@@ -62,11 +62,12 @@ class AsyncSandbox:
     def create(cls, sandbox: str | None = None, *, policy: str | None = None,
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
-               isolation: str | None = None, daemon: str | None = None,
+               isolation: str | None = None, image: str | None = None,
+               daemon: str | None = None,
                key: str | None = None, call_timeout: CallLimit = DEFAULT) -> _Creating:
         """Awaitable (the sandbox) and an async context manager (deleted on the way out)."""
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout, isolation=isolation)
+                           idle_timeout=idle_timeout, isolation=isolation, image=image)
         return _Creating(cls._create(body, daemon, key, call_limit(call_timeout, TIMEOUT)))
 
     @classmethod

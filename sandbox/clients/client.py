@@ -218,7 +218,8 @@ class Sandbox:
     def create(cls, sandbox: str | None = None, *, policy: str | None = None,
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
-               isolation: str | None = None, daemon: str | None = None,
+               isolation: str | None = None, image: str | None = None,
+               daemon: str | None = None,
                key: str | None = None, call_timeout: CallLimit = DEFAULT) -> Sandbox:
         """A new sandbox known to the proxy as `sandbox` (`policy` is the same field).
         `isolation` names the tier the caller requires; the daemon refuses another than its
@@ -226,7 +227,7 @@ class Sandbox:
         (a cold create can take long: a microVM's boot)."""
         client = Client(daemon, key)
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout, isolation=isolation)
+                           idle_timeout=idle_timeout, isolation=isolation, image=image)
         return cls(client, client.call("POST", "/v1/sandboxes", body, call_timeout=call_timeout))
 
     def __enter__(self) -> Sandbox:
@@ -244,6 +245,23 @@ class Sandbox:
         except DaemonError as exc:
             if exc.reason not in (Reason.NO_SUCH_SANDBOX, Reason.SANDBOX_ENDED):
                 raise
+
+    def snapshot(self, name: str | None = None, *,
+                 call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        """Its filesystem as an image of the store (its policy's alone): the image's record,
+        whose "name" a create's `image` takes."""
+        body = {} if name is None else {"name": name}
+        return self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/snapshot",
+                                body, call_timeout=call_timeout)
+
+    def pause(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        """Freeze every process of it (no CPU; its memory kept) until `resume`."""
+        self.info = self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/pause",
+                                     call_timeout=call_timeout)
+
+    def resume(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.info = self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/resume",
+                                     call_timeout=call_timeout)
 
     def refresh(self, *, call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
         self.info = self.client.call("GET", f"/v1/sandboxes/{quote(self.id, safe='')}",

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -63,6 +64,9 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_get("/v1/sandboxes/{id}", _show)
     app.router.add_delete("/v1/sandboxes/{id}", _delete)
     app.router.add_post("/v1/sandboxes/{id}/exec", _exec)
+    app.router.add_post("/v1/sandboxes/{id}/pause", _pause)
+    app.router.add_post("/v1/sandboxes/{id}/resume", _resume)
+    app.router.add_post("/v1/sandboxes/{id}/snapshot", _snapshot)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     return app
@@ -178,6 +182,14 @@ def _limits(value: Any) -> Limits:
     return limits
 
 
+def _image(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        raise BadRequest("'image' must be an image's name or digest (sealgate image ls)")
+    return value
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -189,7 +201,7 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _create(request: web.Request) -> web.Response:
     body = await _body(request, {"sandbox", "limits", "env", "ttl", "idle_timeout",
-                                 "isolation"})
+                                 "isolation", "image"})
     sandbox = body.get("sandbox")
     if not isinstance(sandbox, str) or not sandbox:
         raise BadRequest("'sandbox' (the id the rules name) is required")
@@ -202,7 +214,7 @@ async def _create(request: web.Request) -> web.Response:
         sandbox=sandbox, limits=_limits(body.get("limits")), env=_env(body.get("env")),
         ttl=_number(body, "ttl", 600.0, low=1) or 600.0,
         idle_timeout=_number(body, "idle_timeout", 180.0, low=1) or 180.0,
-        isolation=offered,
+        isolation=offered, image=_image(body.get("image")),
     )
     session = await request.app[_DAEMON].create(options)
     return web.json_response(session.info(), status=201)
@@ -221,6 +233,28 @@ async def _delete(request: web.Request) -> web.Response:
     ident = request.match_info["id"]
     await request.app[_DAEMON].delete(ident)
     return web.json_response({"deleted": ident})
+
+
+async def _pause(request: web.Request) -> web.Response:
+    session = request.app[_DAEMON].get(request.match_info["id"])
+    await session.pause()
+    return web.json_response(session.info())
+
+
+async def _resume(request: web.Request) -> web.Response:
+    session = request.app[_DAEMON].get(request.match_info["id"])
+    await session.pause(False)
+    return web.json_response(session.info())
+
+
+async def _snapshot(request: web.Request) -> web.Response:
+    body = await _body(request, {"name"}) if request.can_read_body else {}
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128
+                             or not name.isprintable() or "/" in name):
+        raise BadRequest("'name' must be a printable name of at most 128 characters, no '/'")
+    image = await request.app[_DAEMON].snapshot(request.match_info["id"], name)
+    return web.json_response(dataclasses.asdict(image), status=201)
 
 
 def _command(body: dict[str, Any]) -> Command:

@@ -25,8 +25,9 @@ import secrets
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sealgate.proxy import ControlError, SourceRefused, control_socket, register_source
@@ -35,6 +36,8 @@ from sealgate.reasons import Reason
 from .. import tiers
 from ..errors import SandboxError
 from ..guest.protocol import read_hello
+from ..host.rootfs import ImageRoot
+from ..images import Image, ImageError, Store
 from ..runtime import clean_up_stale
 from . import orphans, slot
 from .session import Options, Session, SessionError
@@ -48,9 +51,11 @@ _ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphane
 @dataclass(frozen=True)
 class Config:
     slots: slot.SlotConfig
-    pool: int = 4  # slots kept ready
+    pool: int = 4  # slots kept ready on the host's system directories
     max_sandboxes: int = 256
     max_ttl: float = 24 * 3600.0
+    images: Path | None = None  # the image store (`sandbox.images`); None: no images
+    image_pools: Mapping[str, int] = field(default_factory=dict)  # image -> slots kept ready
 
 
 class Daemon:
@@ -62,7 +67,11 @@ class Daemon:
         # Why the boundary is not proved yet (serve.py's self-test), or None: no sandbox is
         # created meanwhile.
         self.unverified: str | None = None
-        self._pool: list[slot.Slot] = []
+        # Ready slots by the root they were made on (`_key`: None for the host's); what each
+        # pool is to hold, and its image's root.
+        self._pools: dict[str | None, list[slot.Slot]] = {None: []}
+        self._wanted: dict[str | None, tuple[int, ImageRoot | None]] = {None: (config.pool, None)}
+        self.store = None if config.images is None else Store(config.images)
         self._preparing = 0
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._wake = asyncio.Event()
@@ -78,7 +87,12 @@ class Daemon:
     # -- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Clean up after a daemon that died, then fill the pool in the background."""
+        """Clean up after a daemon that died, then fill the pools in the background. Raises
+        SandboxError for a pool of an image the store does not have."""
+        for name, count in self.config.image_pools.items():
+            root = self.image_root(name, None)[1]
+            self._wanted[root.key] = (count, root)
+            self._pools.setdefault(root.key, [])
         await asyncio.to_thread(clean_up_stale)
         orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
@@ -93,14 +107,15 @@ class Daemon:
                 await task
         await asyncio.gather(*(self.delete(i, "daemon stopped") for i in list(self.sessions)),
                              return_exceptions=True)
-        pool, self._pool = self._pool, []
-        await asyncio.gather(*(self._release(s) for s in pool), return_exceptions=True)
+        pools, self._pools = self._pools, {}
+        await asyncio.gather(*(self._release(s) for pool in pools.values() for s in pool),
+                             return_exceptions=True)
         await asyncio.gather(*self._dismantling, return_exceptions=True)
 
     def status(self) -> dict[str, Any]:
         return {"ready": self.ready and self.unverified is None,
                 "problem": self.unverified or self.problem,
-                "pool": len(self._pool),
+                "pool": sum(len(p) for p in self._pools.values()),
                 "preparing": self._preparing, "sandboxes": len(self.sessions),
                 "releasing": len(self._dismantling)}
 
@@ -113,10 +128,28 @@ class Daemon:
     async def discard(self, canary: slot.Slot) -> None:
         await self._release(canary)
 
-    async def _prepare(self) -> slot.Slot:
+    def image_root(self, name: str, policy: str | None) -> tuple[Image, ImageRoot]:
+        """Image `name` from the store, as a root for `policy`'s sandbox (None: for a pool,
+        which any policy may take from). Raises SessionError."""
+        if self.store is None:
+            raise SessionError("this daemon has no image store (sandboxd --images)",
+                               reason=Reason.BAD_REQUEST)
+        try:
+            image = self.store.get(name)
+            layers = tuple(self.store.layer_dirs(image))
+        except ImageError as exc:
+            raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
+        if image.owner is not None and image.owner != policy:
+            # A snapshot or template carries what its policy's sandbox wrote: its files are
+            # that policy's, never another's (nor a pool's, which any policy takes from).
+            raise SessionError(f"image {name[:64]!r} belongs to another policy",
+                               reason=Reason.IMAGE_REFUSED)
+        return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir)
+
+    async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
         self._preparing += 1
         try:
-            made = await asyncio.to_thread(slot.prepare, self.config.slots)
+            made = await asyncio.to_thread(slot.prepare, self.config.slots, image)
         finally:
             self._preparing -= 1
         loop = asyncio.get_running_loop()
@@ -141,17 +174,28 @@ class Daemon:
         loop.add_reader(pidfd, self._died, made)
         return made
 
+    def _short(self) -> tuple[str | None, ImageRoot | None] | None:
+        """The first pool short of what it is to hold, within the daemon's capacity."""
+        room = self.config.max_sandboxes - len(self.sessions) - sum(
+            len(p) for p in self._pools.values())
+        if room <= 0:
+            return None
+        for key, (count, root) in self._wanted.items():
+            if len(self._pools.get(key, ())) < count:
+                return key, root
+        return None
+
     async def _fill(self) -> None:
         while not self._closing:
-            want = min(self.config.pool,
-                       self.config.max_sandboxes - len(self.sessions)) - len(self._pool)
-            if want <= 0:
+            short = self._short()
+            if short is None:
                 self.ready, self.problem = True, None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            key, root = short
             try:
-                made = await self._prepare()
+                made = await self._prepare(root)
             except SandboxError as exc:
                 self._failures += 1
                 self.problem = f"cannot prepare a sandbox: {exc}"
@@ -159,19 +203,21 @@ class Daemon:
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(self._failures, 6)))
                 continue
             self._failures = 0
-            if len(self._pool) >= self.config.pool:  # a slot came back meanwhile
+            pool = self._pools.setdefault(key, [])
+            if len(pool) >= self._wanted[key][0]:  # a slot came back meanwhile
                 await self._release(made)
                 continue
-            self._pool.append(made)
+            pool.append(made)
             self.ready, self.problem = True, None
 
     def _died(self, dead: slot.Slot) -> None:
         """Its bubblewrap ended (the agent died, or was killed from inside)."""
-        if dead in self._pool:
-            self._pool.remove(dead)
-            self._background(self._release(dead))
-            self._wake.set()
-            return
+        for pool in self._pools.values():
+            if dead in pool:
+                pool.remove(dead)
+                self._background(self._release(dead))
+                self._wake.set()
+                return
         for ident, session in self.sessions.items():
             if session.slot is dead:
                 session.ended.set()
@@ -241,9 +287,13 @@ class Daemon:
         if options.ttl > self.config.max_ttl:
             raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
                                reason=Reason.BAD_REQUEST)
-        cold = not self._pool
+        base = root = None
+        if options.image is not None:
+            base, root = self.image_root(options.image, options.sandbox)
+        pool = self._pools.get(None if root is None else root.key, [])
+        cold = not pool
         try:
-            taken = self._pool.pop(0) if self._pool else await self._prepare()
+            taken = pool.pop(0) if pool else await self._prepare(root)
         except SandboxError as exc:
             raise SessionError(str(exc), reason=Reason.SANDBOX_FAILED) from None
         self._wake.set()
@@ -254,8 +304,10 @@ class Daemon:
         except SessionError as exc:
             # An untouched slot goes back, unless the pool was refilled meanwhile (the refill
             # starts as soon as a slot is taken): never over its size.
-            if exc.reason is Reason.UNKNOWN_SANDBOX and len(self._pool) < self.config.pool:
-                self._pool.append(taken)
+            key = None if root is None else root.key
+            if (exc.reason is Reason.UNKNOWN_SANDBOX and key in self._wanted
+                    and len(self._pools[key]) < self._wanted[key][0]):
+                self._pools[key].append(taken)
             else:
                 await self._release(taken)
             raise
@@ -265,9 +317,10 @@ class Daemon:
                                reason=Reason.SANDBOX_FAILED) from None
         ident = "sb-" + secrets.token_hex(8)
         session = Session(ident, taken, options)
+        session.base = base
         self.sessions[ident] = session
         _log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
-             uid=taken.uid, warm=not cold)
+             uid=taken.uid, warm=not cold, image=options.image)
         return session
 
     def _register(self, taken: slot.Slot, sandbox: str) -> None:
@@ -292,8 +345,39 @@ class Daemon:
                                reason=Reason.SANDBOX_ENDED)
         raise SessionError(f"no sandbox {ident[:64]!r}", reason=Reason.NO_SUCH_SANDBOX)
 
+    async def snapshot(self, ident: str, name: str | None) -> Image:
+        """Sandbox `ident`'s filesystem, its image's layers and what it wrote over them, as a
+        new image of its policy's (frozen meanwhile, so one instant of it). Raises
+        SessionError."""
+        session = self.get(ident)
+        upper = session.upper
+        if self.store is None or session.base is None or upper is None:
+            raise SessionError(f"sandbox {ident[:64]} has no image to snapshot (create it with "
+                               "an image)", reason=Reason.BAD_REQUEST)
+        was_paused = session.paused
+        await session.pause()
+        try:
+            layer = await asyncio.to_thread(self.store.add_layer, upper)
+        except ImageError as exc:
+            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: {exc}",
+                               reason=Reason.SANDBOX_FAILED) from None
+        finally:
+            if not was_paused and not session.ended.is_set():
+                await session.pause(False)
+        try:
+            made = self.store.derive(session.base, layer, name or f"{ident}-{int(time.time())}",
+                                     owner=session.options.sandbox)
+        except ImageError as exc:
+            raise SessionError(str(exc), reason=Reason.BAD_REQUEST) from None
+        _log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
+             layer=layer)
+        return made
+
     async def delete(self, ident: str, why: str = "deleted") -> None:
         session = self.get(ident)
+        if session.paused:  # its processes die thawed: a frozen one could hold its teardown
+            with contextlib.suppress(SessionError):
+                await session.pause(False)
         del self.sessions[ident]
         session.ended.set()
         self._ended[ident] = why

@@ -42,7 +42,11 @@ def register(sub: Subcommands) -> None:
                    help="the TCP listener's bearer key (a file: never on a command line)")
     p.add_argument("--tls-cert", type=Path, help="serve the TCP listener over TLS: certificate")
     p.add_argument("--tls-key", type=Path, help="... and its private key")
-    p.add_argument("--pool", type=int, default=4, help="sandboxes kept ready (default 4)")
+    p.add_argument("--pool", action="append", metavar="[IMAGE=]N",
+                   help="sandboxes kept ready: N on the host's system directories (default 4), "
+                        "IMAGE=N of an image (repeatable)")
+    p.add_argument("--images", type=Path,
+                   help="the image store (sealgate image; default: STATE/images)")
     p.add_argument("--max-sandboxes", type=int, default=256,
                    help="most sandboxes alive at once (default 256)")
     p.add_argument("--max-ttl", type=float, default=24 * 3600.0,

@@ -52,8 +52,9 @@ class Settings:
             raise ValueError(str(exc)) from None
         if problem := tiers.available(args.isolation):
             raise ValueError(f"isolation {args.isolation} is not available: {problem}")
-        if not 0 <= args.pool <= 1024 or not 1 <= args.max_sandboxes <= len(plan.links):
-            raise ValueError(f"--pool 0..1024 and --max-sandboxes 1..{len(plan.links)}")
+        pool, image_pools = _pools(args.pool or ["4"])
+        if not 1 <= args.max_sandboxes <= len(plan.links):
+            raise ValueError(f"--max-sandboxes 1..{len(plan.links)}")
         listen = key = tls = None
         if args.listen:
             try:
@@ -83,9 +84,24 @@ class Settings:
                     raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
         if not 1 <= args.max_ttl <= 366 * 86400:
             raise ValueError("--max-ttl: 1 s to a year")
-        config = Config(slots=slots, pool=args.pool, max_sandboxes=args.max_sandboxes,
-                        max_ttl=args.max_ttl)
+        images = (args.images or args.state / "images").resolve()
+        config = Config(slots=slots, pool=pool, max_sandboxes=args.max_sandboxes,
+                        max_ttl=args.max_ttl, images=images, image_pools=image_pools)
         return cls(config, args.socket, listen, key, tls, not args.no_selftest)
+
+
+def _pools(items: list[str]) -> tuple[int, dict[str, int]]:
+    """`--pool N` and `--pool IMAGE=N`: the host pool's size and each image's. ValueError."""
+    host, images = 4, {}
+    for item in items:
+        name, _, count = item.rpartition("=")
+        if not count.isdigit() or not 0 <= int(count) <= 1024:
+            raise ValueError(f"--pool {item[:64]!r}: N or IMAGE=N, N from 0 to 1024")
+        if name:
+            images[name] = int(count)
+        else:
+            host = int(count)
+    return host, images
 
 
 def main(settings: Settings) -> int:
@@ -118,7 +134,11 @@ async def _serve(settings: Settings) -> int:
     daemon = Daemon(settings.config)
     if settings.selftest:
         daemon.unverified = "the self-test has not run yet"
-    await daemon.start()
+    try:
+        await daemon.start()
+    except SandboxError as exc:
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 2
     app = make_app(daemon, settings.key)
 
     async def selftest_call(_: web.Request) -> web.Response:

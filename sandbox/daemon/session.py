@@ -22,13 +22,16 @@ import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sealgate.reasons import Reason
 
 from ..errors import SandboxError
 from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
+from ..host import scratch
 from ..host.cgroup import Limits
+from ..images import Image
 from .pipes import Writer, feed, open_pipe, pump, read_all
 from .slot import Slot
 
@@ -56,6 +59,7 @@ class Options:
     ttl: float = 600.0
     idle_timeout: float = 180.0
     isolation: str = "bwrap"
+    image: str | None = None  # its root's image (`sandbox.images`); None: the host's system
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ class Session:
         self.active = 0
         self.commands = 0
         self.ended = asyncio.Event()
+        self.paused = False
+        self.base: Image | None = None  # the image its root is of, if any
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
 
@@ -104,25 +110,52 @@ class Session:
             return "idle"
         return None
 
+    @property
+    def upper(self) -> Path | None:
+        """Where what it wrote over its image's layers is (its overlay's upper directory)."""
+        return None if self.slot.image is None else scratch.mount_point(self.slot.index) / "upper"
+
+    @property
+    def _workdir(self) -> str | None:
+        """Where a command runs unless it says: the image's WorkingDir, if it names one
+        (else the agent's default, /workspace)."""
+        image = self.slot.image
+        return image.workdir if image is not None and image.workdir not in ("", "/") else None
+
     def info(self) -> dict[str, Any]:
         now = time.monotonic()
         limits = self.options.limits
         return {
             "id": self.id, "sandbox": self.options.sandbox, "isolation": self.options.isolation,
+            "image": self.options.image,
             "address": str(self.slot.link.sandbox_ip), "uid": self.slot.uid,
             "created": round(self.created, 3), "commands": self.commands,
             "running": self.active,
             "expires_in": round(max(0.0, self.options.ttl - (now - self._started)), 1),
             "idle_for": 0.0 if self.active else round(now - self.last_active, 1),
             "limits": {"pids": limits.pids, "memory": limits.memory, "cpus": limits.cpus},
-            "ended": self.ended.is_set(),
+            "ended": self.ended.is_set(), "paused": self.paused,
         }
+
+    async def pause(self, paused: bool = True) -> None:
+        """Freeze (or thaw) every process of the sandbox, its agent included: while paused it
+        takes no request (`sandbox_paused`), and its time to live runs on."""
+        if paused != self.paused:
+            try:
+                await asyncio.to_thread(self.slot.group.freeze, paused)
+            except (OSError, SandboxError) as exc:
+                raise SessionError(f"cannot {'pause' if paused else 'resume'} sandbox "
+                                   f"{self.id}: {exc}", reason=Reason.SANDBOX_FAILED) from None
+            self.paused = paused
+        self.last_active = time.monotonic()
 
     # -- requests -------------------------------------------------------------------------
 
     def _begin(self) -> int:
         if self.ended.is_set():
             raise SessionError(f"sandbox {self.id} has ended", reason=Reason.SANDBOX_ENDED)
+        if self.paused:
+            raise SessionError(f"sandbox {self.id} is paused", reason=Reason.SANDBOX_PAUSED)
         if self.active >= MAX_REQUESTS:
             raise SessionError(f"sandbox {self.id} is already serving {MAX_REQUESTS} requests",
                                reason=Reason.SANDBOX_BUSY)
@@ -168,7 +201,7 @@ class Session:
         status_task: asyncio.Task[bytes] | None = None
         try:
             self._send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
-                       argv=list(command.argv), env=env, cwd=command.cwd,
+                       argv=list(command.argv), env=env, cwd=command.cwd or self._workdir,
                        timeout=command.timeout, pids=self.options.limits.pids)
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1

@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import tiers
 from ..errors import SandboxError
 from ..guest import staging
-from ..host import firewall, scratch
+from ..host import firewall, rootfs, scratch
 from ..host.cgroup import Group, Limits
 from ..host.dns import LoopDns
 from ..host.launch import Launch, environment, staged
@@ -65,6 +65,7 @@ class Slot:
     channel: socket.socket  # the daemon's end of the agent's
     environment: dict[str, str]  # what every command starts from
     tier: tiers.Tier
+    image: rootfs.ImageRoot | None = None  # None: the host's system directories, read-only
     init: int | None = None  # the PID namespace's init, once the agent has said hello
 
     @property
@@ -72,9 +73,9 @@ class Slot:
         return self.link.index
 
 
-def prepare(config: SlotConfig) -> Slot:
+def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
     """A new slot with its agent started (not yet known to be serving: the daemon waits for
-    its hello). Raises SandboxError with nothing left behind."""
+    its hello), its root `image`'s if given. Raises SandboxError with nothing left behind."""
     if not os.access(PYTHON, os.X_OK):
         raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
     tier = tiers.get(config.isolation)
@@ -88,17 +89,29 @@ def prepare(config: SlotConfig) -> Slot:
         undo.callback(group.remove)
         places = scratch.create(link.index, uid, uid, config.disk)
         undo.callback(scratch.remove, link.index)
+        bundle, ca = trust(proxy_ca)
+        files = {**staged(link, bundle, ca, image is not None), **staging.agent_files(),
+                 SECCOMP: program}
+        command = [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP]
+        root = None
+        if image is not None:
+            if tier.name != "bwrap":
+                raise SandboxError(f"images run on the bwrap tier only so far, not {tier.name}")
+            root = rootfs.mount(scratch.mount_point(link.index), uid, image.layers)
+            # What it writes, /workspace and its home included, is its overlay's: one cap,
+            # and all of it in a snapshot.
+            places = {}
+            rootfs.lay_over(root, uid, _IMAGE_DIRS,
+                            [p for p in files if not p.startswith(("/proc/", "/run/"))])
+            command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
+                       "--hide", rootfs.HOST]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         undo.callback(ours.close)
         try:
             with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
                 handed.callback(theirs.close)
-                bundle, ca = trust(proxy_ca)
-                files = {**staged(link, bundle, ca), **staging.agent_files(),
-                         SECCOMP: program}
-                launch = Launch(link, [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP],
-                                config.proxy_port, files, program, None, uid, uid, {},
-                                writable=places, agent=True)
+                launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
+                                {}, writable=places, agent=True, root=root)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
@@ -112,7 +125,38 @@ def prepare(config: SlotConfig) -> Slot:
             raise SandboxError(f"cannot start the sandbox: {exc}") from None
         undo.pop_all()
     ours.setblocking(False)
-    return Slot(link, names, group, uid, process, ours, environment(launch), tier)
+    return Slot(link, names, group, uid, process, ours, _environment(launch, image), tier,
+                image)
+
+
+def _host_python() -> list[str]:
+    """The host's Python, run in an image's root from where the host's /usr is bound
+    (`rootfs.HOST`) by its own ELF interpreter, with the host's libraries only."""
+    interpreter, python = rootfs.loader()
+    return [rootfs.HOST + interpreter, "--inhibit-cache", "--library-path",
+            rootfs.HOST + os.path.dirname(interpreter), rootfs.HOST + python]
+
+
+def _environment(launch: Launch, image: rootfs.ImageRoot | None) -> dict[str, str]:
+    """What every command starts from: ours, and over an image its `Env` (its PATH first
+    among them), under the variables that keep the proxy and its CA in force. The agent
+    itself never runs with the image's variables (an LD_PRELOAD of the image's)."""
+    ours = environment(launch)
+    if image is None:
+        return ours
+    env = {k: v for k, v in ours.items() if k != "NPM_CONFIG_PREFIX"}  # its root is writable
+    for item in image.env:
+        name, _, value = item.partition("=")
+        if name and "\0" not in item and (name not in ours or name in _IMAGE_MAY_SET):
+            env[name] = value
+    return env
+
+
+# The directories an image sandbox needs in its root, whatever the image has there, by mode.
+_IMAGE_DIRS = {"/proc": 0o755, "/dev": 0o755, "/run": 0o755, "/workspace": 0o755,
+               "/home/sandbox": 0o755, "/tmp": 0o1777, "/var/tmp": 0o1777}  # noqa: S108
+# What an image's Env may set over ours: the rest (the proxy, the trust store) stays ours.
+_IMAGE_MAY_SET = frozenset({"PATH", "LANG", "TERM", "HOME"})
 
 
 def release(slot: Slot, config: SlotConfig) -> None:

@@ -94,27 +94,31 @@ def _options(args: list[str]) -> Confinement:
     `--own-namespaces`: each command in PID and mount namespaces of its own, with its own /proc
     (where the kernel's serve: gVisor 2022-12's shares one mount namespace among all, and its
     /proc fails `ps` in a nested PID namespace); `--cover PATH`: a /proc file of the host's
-    each command sees empty (repeatable); `--user UID:GID`: the sandbox's uid, where the agent
-    runs as another (gVisor's uid 0: none of the host's)."""
-    seccomp, covers, own_namespaces, user = None, [], False, None
+    each command sees empty (repeatable); `--hide DIR`: a directory of the agent's each command
+    sees empty (repeatable: the host's /usr an image sandbox's agent runs from); `--user
+    UID:GID`: the sandbox's uid, where the agent runs as another (gVisor's uid 0: none of the
+    host's)."""
+    seccomp, covers, hides, own_namespaces, user = None, [], [], False, None
     args = list(args)
     while args:
         flag = args.pop(0)
         if flag == "--own-namespaces":
             own_namespaces = True
-        elif flag in ("--seccomp", "--cover", "--user") and args:
+        elif flag in ("--seccomp", "--cover", "--hide", "--user") and args:
             value = args.pop(0)
             if flag == "--seccomp":
                 with open(value, "rb") as fh:
                     seccomp = fh.read()
             elif flag == "--cover":
                 covers.append(value)
+            elif flag == "--hide":
+                hides.append(value)
             else:
                 uid, gid = value.split(":")
                 user = (int(uid), int(gid))
         else:
             raise SystemExit(f"agent: bad flag {flag[:40]!r}")
-    return Confinement(seccomp, covers, own_namespaces, user)
+    return Confinement(seccomp, covers, own_namespaces, user, hides)
 
 
 def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int, int],

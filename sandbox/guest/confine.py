@@ -67,7 +67,7 @@ class Confinement:
     host."""
 
     def __init__(self, seccomp: bytes | None, covers: list[str], own_namespaces: bool,
-                 user: tuple[int, int] | None) -> None:
+                 user: tuple[int, int] | None, hides: list[str] | None = None) -> None:
         self._program = ctypes.create_string_buffer(seccomp or b"", len(seccomp or b""))
         self._filter = _Filter(len(seccomp or b"") // 8, ctypes.cast(self._program,
                                                                       ctypes.c_char_p))
@@ -78,6 +78,7 @@ class Confinement:
         self._bounding = [cap for cap in range(64) if _libc.prctl(
             ctypes.c_ulong(_PR_CAPBSET_READ), ctypes.c_ulong(cap), 0, 0, 0) == 1]
         self.covers = covers  # /proc files (cmdline) whose host content must not show
+        self.hides = hides or []  # the agent's own directories, empty to each command
         self.own_namespaces = own_namespaces
         self.user = user
 
@@ -110,6 +111,9 @@ class Confinement:
             _mount(f"{_COVERS}/empty", path, None, _MS_BIND)
             _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID
                    | _MS_NODEV | _MS_NOEXEC)
+        for path in self.hides:
+            _mount("tmpfs", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                   "size=4k,nr_inodes=2,mode=0555")
 
     def drop(self) -> None:
         """The sandbox's uid, no capability in any set, none to gain by exec, then the filter:

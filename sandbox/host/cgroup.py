@@ -100,6 +100,10 @@ class Group:
             group = ROOT / controller / PARENT / name
             group.mkdir(parents=True)
             self.dirs.append(group)
+        if (ROOT / "freezer").is_dir():  # for pause and resume (`freeze`), where there is one
+            group = ROOT / "freezer" / PARENT / name
+            group.mkdir(parents=True)
+            self.dirs.append(group)
         self.apply(limits)
 
     def apply(self, limits: Limits) -> None:
@@ -120,6 +124,29 @@ class Group:
             for file, value in values.items():
                 if (group / file).exists():
                     (group / file).write_text(value)
+
+    def freeze(self, frozen: bool, seconds: float = 2.0) -> None:
+        """Freeze (or thaw) every process of the groups, and wait until the kernel says they
+        are: a frozen process runs nothing and is charged no CPU. cgroup v2's freezer, or v1's
+        freezer hierarchy. Raises CgroupError."""
+        states = []  # (the file, what to write, what it reads when done)
+        for group in self.dirs:
+            if (group / "cgroup.freeze").exists():
+                states.append((group / "cgroup.freeze", "1" if frozen else "0",
+                               group / "cgroup.events", f"frozen {int(frozen)}"))
+            elif (group / "freezer.state").exists():
+                word = "FROZEN" if frozen else "THAWED"
+                states.append((group / "freezer.state", word, group / "freezer.state", word))
+        if not states:
+            raise CgroupError("pausing needs a cgroup freezer (v2, or v1's freezer hierarchy)")
+        for control, value, _, _ in states:
+            control.write_text(value)
+        deadline = time.monotonic() + seconds
+        while any(done not in report.read_text() for _, _, report, done in states):
+            if time.monotonic() > deadline:
+                raise CgroupError(f"the sandbox did not {'freeze' if frozen else 'thaw'} "
+                                  f"within {seconds:g} s")
+            time.sleep(0.001)
 
     @classmethod
     def left_by(cls, name: str) -> Group:
@@ -143,6 +170,10 @@ class Group:
         """Kill whatever is in the groups until they are empty, looking again at once and then
         less and less often: a sandbox killed a moment ago is usually gone within a millisecond
         or two. What will not die within `seconds` is left for `remove` to report by failing."""
+        for group in self.dirs:  # v1's frozen processes do not die until thawed
+            if (group / "freezer.state").exists():
+                with contextlib.suppress(OSError):
+                    (group / "freezer.state").write_text("THAWED")
         deadline = time.monotonic() + seconds
         pause = 0.0005
         while (members := set(self._members())) and time.monotonic() < deadline:

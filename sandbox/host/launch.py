@@ -62,11 +62,15 @@ class Launch:
     # sandbox's user namespace, and installs `seccomp` on each command itself (it could not
     # make namespaces under the filter).
     agent: bool = False
+    # The sandbox's own root from an image (`sandbox.host.rootfs`), in place of the host's
+    # system directories: the sandbox is root of its user namespace there (its uid outside).
+    root: Path | None = None
 
 
-def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
+def staged(link: Link, bundle: bytes, proxy_ca: bytes, image: bool = False) -> dict[str, bytes]:
     """What the sandbox reads in place of host files, by its path there: the trust store
-    (system roots plus the proxy's CA), its own name server, and nothing about the host."""
+    (system roots plus the proxy's CA), its own name server, and nothing about the host. Over
+    an image's root (`image`), all of them, whatever the image has there."""
     files = {
         BUNDLE: bundle,
         PROXY_CA: proxy_ca,
@@ -82,7 +86,7 @@ def staged(link: Link, bundle: bytes, proxy_ca: bytes) -> dict[str, bytes]:
     # Only over files the host has (a new mount point would have to be made in its /etc), and
     # never through a link, which could lead the mount anywhere.
     files.update({path: text.encode() for path, text in neutral.items()
-                  if os.path.isfile(path) and not os.path.islink(path)})
+                  if image or (os.path.isfile(path) and not os.path.islink(path))})
     return files
 
 

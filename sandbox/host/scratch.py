@@ -40,7 +40,7 @@ class ScratchError(SandboxError):
 
 
 
-def _mount_point(index: int) -> Path:
+def mount_point(index: int) -> Path:
     return ROOT / str(index)
 
 
@@ -48,7 +48,7 @@ def create(index: int, uid: int, gid: int, size: int) -> dict[str, Path]:
     """A fresh tmpfs for link `index`, owned by `uid`: the places to bind, by sandbox path."""
     ROOT.mkdir(mode=0o711, exist_ok=True)
     ROOT.chmod(0o711)
-    point = _mount_point(index)
+    point = mount_point(index)
     remove(index)  # whatever an earlier holder of the index left
     point.mkdir(mode=0o700)
     options = f"size={size},nr_inodes=1m,mode=0700,uid={uid},gid={gid}"
@@ -74,7 +74,7 @@ def create(index: int, uid: int, gid: int, size: int) -> dict[str, Path]:
 def remove(index: int) -> None:
     """Unmount and remove link `index`'s tmpfs, if there is one (after its processes are gone;
     a lazy unmount all the same, so a straggler cannot keep the mount point)."""
-    point = _mount_point(index)
+    point = mount_point(index)
     if os.path.ismount(point):
         _libc.umount2(os.fsencode(point), _MNT_DETACH)  # what is left is rmdir's to report
     with contextlib.suppress(OSError):

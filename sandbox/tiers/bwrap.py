@@ -32,6 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..host import rootfs
 from ..host.launch import (
     HOME,
     HOSTNAME,
@@ -88,19 +89,27 @@ def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int | None) -> li
            "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
     out += ["--cap-drop", "ALL"] + (
         ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if launch.agent else [])
-    for path in SYSTEM_DIRS:
-        out += ["--ro-bind", path, path]
-    for path in SYSTEM_LINKS:
-        if os.path.islink(path):
-            out += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
+    if launch.root is not None:  # the image's, the sandbox's own to change (uid 0 inside)
+        out += ["--bind", str(launch.root), "/", "--uid", "0", "--gid", "0"]
+    else:
+        for path in SYSTEM_DIRS:
             out += ["--ro-bind", path, path]
-    # The sandbox's own empty /tmp, not the host's.
-    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run", "--tmpfs", "/home"]
-    if "/tmp" not in launch.writable:  # noqa: S108
-        out += ["--tmpfs", "/tmp"]  # noqa: S108
-    if HOME not in launch.writable:
-        out += ["--dir", HOME]
+        for path in SYSTEM_LINKS:
+            if os.path.islink(path):
+                out += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                out += ["--ro-bind", path, path]
+    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+    if launch.root is None:
+        # The sandbox's own empty /tmp and home, not the host's. (An image's root has its
+        # own, on the sandbox's capped tmpfs like the rest of what it writes.)
+        out += ["--tmpfs", "/home"]
+        if "/tmp" not in launch.writable:  # noqa: S108
+            out += ["--tmpfs", "/tmp"]  # noqa: S108
+        if HOME not in launch.writable:
+            out += ["--dir", HOME]
+    elif launch.agent:  # the agent's Python: the host's
+        out += ["--ro-bind", "/usr", f"{rootfs.HOST}/usr"]
     for inside, host in launch.writable.items():
         out += ["--bind", str(host), inside]
     for path, fd in files.items():  # over /proc and /etc, so after them
