@@ -19,8 +19,8 @@ from pathlib import Path
 from sealgate.clikit import Subcommands
 
 from .errors import ImageError
-from .record import Image
-from .store import Store, human, short
+from .record import Image, human, short
+from .store import Store
 
 HELP = "the image store: pull, import, list, remove and collect OCI images"
 

@@ -150,3 +150,18 @@ def _flock(path: Path, how: int) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def short(digest: str) -> str:
+    """"sha256:" and the first 12 hex digits, with an ellipsis."""
+    return digest[:19] + "…"
+
+
+def human(size: float) -> str:
+    """A size for people: 512 B, 3.4 MiB, 31 MiB, 2.0 GiB."""
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    return f"{size:.0f} {unit}" if unit == "B" or size >= 10 else f"{size:.1f} {unit}"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import archive, oci
 from .errors import ImageError
-from .record import Catalog, Image, Index, write_atomic
+from .record import Catalog, Image, Index, human, short, write_atomic
 from .snapshot import copy_upper
 from .unpack import unpack_blob
 
@@ -391,18 +391,3 @@ def _du(path: Path) -> int:
 def _say(progress: Progress, line: str) -> None:
     if progress is not None:
         progress(line)
-
-
-def short(digest: str) -> str:
-    """"sha256:" and the first 12 hex digits, with an ellipsis."""
-    return digest[:19] + "…"
-
-
-def human(size: float) -> str:
-    """A size for people: 512 B, 3.4 MiB, 31 MiB, 2.0 GiB."""
-    unit = "B"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            break
-        size /= 1024
-    return f"{size:.0f} {unit}" if unit == "B" or size >= 10 else f"{size:.1f} {unit}"

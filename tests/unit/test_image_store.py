@@ -225,15 +225,16 @@ def fake_upper(root: Path) -> Path:
     (upper / "home/user").mkdir(parents=True)
     (upper / "home/user/notes").write_text("mine")
     (upper / "home/user/su").write_bytes(b"x")
-    os.chmod(upper / "home/user/su", 0o6755)
     os.symlink("/etc/shadow", upper / "home/user/link")
     os.mknod(upper / "home/gone", stat.S_IFCHR, os.makedev(0, 0))
     os.mkfifo(upper / "home/fifo")
     (upper / "opaque").mkdir()
     os.setxattr(upper / "opaque", OPAQUE_XATTR, b"y")
     (upper / "opaque/new").write_text("n")
+    os.mknod(upper / "home/null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     for path in [upper, *upper.rglob("*")]:
         os.lchown(path, 3000005, 3000005)
+    os.chmod(upper / "home/user/su", 0o6755)  # after chown, which clears the bits
     return upper
 
 
@@ -250,6 +251,7 @@ def test_add_layer_normalises_a_snapshot(tmp_path: Path, store: Store) -> None:
     gone = os.lstat(top / "home/gone")
     assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0
     assert not os.path.lexists(top / "home/fifo")
+    assert not os.path.lexists(top / "home/null")
     assert os.getxattr(top / "opaque", OPAQUE_XATTR) == b"y"
     assert (top / "home/user/notes").read_text() == "mine"
     assert store.add_layer(fake_upper(tmp_path / "again")) == layer  # same content, same id

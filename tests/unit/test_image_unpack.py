@@ -127,9 +127,10 @@ def test_a_file_replacing_a_symlink_does_not_write_through_it(tmp_path: Path,
     ("link", "not a regular file"), ("link/passwd", "symlink 'link'")])
 def test_hard_links_only_to_this_layers_regular_files(tmp_path: Path, outside: Path,
                                                       target: str, reason: str) -> None:
+    links = os.stat("/etc/passwd").st_nlink
     refused(tmp_path, [directory("dir"), symlink("link", "/etc"), hardlink("h", target)],
             reason)
-    assert os.stat("/etc/passwd").st_nlink == 1
+    assert os.stat("/etc/passwd").st_nlink == links
 
 
 @pytest.mark.parametrize(("member", "reason"), [

@@ -315,6 +315,7 @@ def test_a_planted_wrong_way_import_inside_the_proxy_is_found(tmp_path: Path) ->
 # host's python3 with nothing of sealgate's: the standard library only (`_guest_imports`).
 SANDBOX_LAYERS = {
     "host": ("daemon", "tiers", "clients"),
+    "images": ("daemon", "tiers", "clients", "host"),  # the store: below whatever runs images
     "clients": ("daemon", "tiers", "host"),  # they talk to the daemon over its API
 }
 
