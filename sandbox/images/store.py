@@ -140,7 +140,8 @@ class Store:
             catalog.layers.update(sizes)
             catalog.images = [i for i in catalog.images if i.name != image.name] + [image]
         _say(progress, f"imported {image.name} {short(image.digest)} "
-                       f"({human(image.size)}, {len(image.layers)} layers)")
+                       f"({human(image.size)}, {len(image.layers)} "
+                       f"layer{'' if len(image.layers) == 1 else 's'})")
         return image
 
     def _layer(self, layout: oci.Layout, desc: oci.Descriptor, diff_id: str, *,

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,19 @@ def test_layers_are_shared_and_gc_keeps_what_is_referenced(tmp_path: Path,
     store.gc()
     assert contents(store) == set()
     assert json.loads((store.root / "index.json").read_text())["layers"] == {}
+
+
+def test_concurrent_imports_share_a_layer_and_all_land(tmp_path: Path, store: Store) -> None:
+    base = ocikit.layer(BASE)
+    layouts = [ocikit.write(tmp_path / f"i{n}", [base, ocikit.layer([file("n", b"%d" % n)])])
+               for n in range(4)]
+    with ThreadPoolExecutor(4) as pool:  # each its own lock descriptors, as processes have
+        images = list(pool.map(lambda n: Store(store.root).import_path(layouts[n].root,
+                                                                       f"i{n}"), range(4)))
+    assert sorted(i.name for i in store.list()) == ["i0", "i1", "i2", "i3"]
+    assert len(os.listdir(store.root / "layers/sha256")) == 5
+    assert all(store.layer_dirs(i)[1] == store.layer_dirs(images[0])[1] for i in images)
+    assert not list((store.root / "tmp").iterdir())
 
 
 def test_reimporting_a_name_replaces_it(tmp_path: Path, store: Store) -> None:
