@@ -57,11 +57,12 @@ test-images:
 	@bash scripts/debian-deps.sh $(DEB_IMAGES)
 	@scripts/test-images || echo "note: no test images (the tests that need them will skip)" >&2
 
-bench: $(STAMP) deps
+bench: $(STAMP) deps test-images
 	@bash scripts/debian-deps.sh $(DEB_BENCH)
 	$(PY) bench/proxy_overhead.py
 	$(PY) bench/injection_overhead.py
 	$(PY) bench/sandbox_start.py
+	$(PY) bench/sandbox_images.py
 	$(PY) bench/soak.py
 
 clean:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,11 +204,12 @@ def sandbox_groups(index: int, daemon_pid: int) -> list[Path]:
                               *glob.glob(f"/sys/fs/cgroup/*/sealgate/{name}")) if Path(p).is_dir()]
 
 
-def sandbox_memory(uid: int, daemon_pid: int) -> tuple[int, int, int, int]:
+def sandbox_memory(uid: int, daemon_pid: int, uid_base: int = UID_BASE
+                   ) -> tuple[int, int, int, int]:
     """(PSS, RSS, cgroup memory use, processes) of one sandbox: the processes in its groups
     (bubblewrap outside and as the namespace's init, the agent), and its memory group's use
     (page cache and, on v1 with kmem accounting, kernel memory it was charged)."""
-    groups = sandbox_groups(uid - UID_BASE, daemon_pid)
+    groups = sandbox_groups(uid - uid_base, daemon_pid)
     pids: set[int] = set()
     usage = 0
     for group in groups:
@@ -251,7 +252,7 @@ class Proxy:
     state: Path
 
 
-def start_proxy(setup: Setup, paths: dict[str, str]) -> Proxy:
+def start_proxy(setup: Setup, paths: dict[str, str], gateway: str = GATEWAY) -> Proxy:
     """`sealgate proxy` on the gateway, knowing the benchmark's sandbox id. No request of the
     benchmark goes through it: the daemon needs it to register each sandbox's address."""
     rules = setup.work / "rules.yaml"
@@ -265,8 +266,8 @@ def start_proxy(setup: Setup, paths: dict[str, str]) -> Proxy:
     port, transparent = free_port(), free_port()
     state = setup.work / "proxy"
     log = setup.work / "proxy.log"
-    argv = [paths["sealgate"], "proxy", "--listen", f"{GATEWAY}:{port}",
-            "--transparent", f"{GATEWAY}:{transparent}", "--rules", str(rules),
+    argv = [paths["sealgate"], "proxy", "--listen", f"{gateway}:{port}",
+            "--transparent", f"{gateway}:{transparent}", "--rules", str(rules),
             "--state", str(state)]
     service = setup.services.start("proxy", argv, port, log, listeners=0)
     deadline = time.monotonic() + READY_TIMEOUT
@@ -405,14 +406,18 @@ sys.exit(main())
 
 
 def start_daemon(setup: Setup, paths: dict[str, str], proxy: Proxy, name: str, pool: int,
-                 profile: Path | None = None, isolation: str = "bwrap") -> Daemon:
+                 profile: Path | None = None, isolation: str = "bwrap", *,
+                 net: tuple[str, str, int] = (RANGE, GATEWAY, UID_BASE),
+                 extra: Sequence[str] = ()) -> Daemon:
+    """`net` is (range, gateway, uid base); `extra`, more of sandboxd's flags (image pools)."""
     where = setup.work / name
     where.mkdir()
     sock = where / "sandboxd.sock"
-    args = ["sandboxd", "--range", RANGE, "--gateway", GATEWAY, "--state", str(proxy.state),
+    args = ["sandboxd", "--range", net[0], "--gateway", net[1], "--state", str(proxy.state),
             "--socket", str(sock), "--proxy-port", str(proxy.port),
-            "--transparent-port", str(proxy.transparent_port), "--uid-base", str(UID_BASE),
-            "--pool", str(pool), "--max-sandboxes", str(MAX_SANDBOXES), "--isolation", isolation]
+            "--transparent-port", str(proxy.transparent_port), "--uid-base", str(net[2]),
+            "--pool", str(pool), "--max-sandboxes", str(MAX_SANDBOXES), "--isolation", isolation,
+            *extra]
     if profile is None:
         argv = [paths["sealgate"], *args]
     else:
@@ -438,7 +443,7 @@ def baselines(fig: Figures, plan: Plan, paths: dict[str, str], progress: Progres
     progress.begin("bare fork/exec")
     env = {"PATH": HOST_PATH}
     for i in range(plan.bare):
-        ms, _ = timed(lambda: _spawn_wait(env))
+        ms, _ = timed(lambda: spawn_wait(env))
         fig.add("fork/exec: posix_spawn + waitpid", ms)
         ms, done = timed(lambda: subprocess.run(COMMAND, env=env, check=False))
         if done.returncode != 0:
@@ -468,7 +473,7 @@ def baselines(fig: Figures, plan: Plan, paths: dict[str, str], progress: Progres
         progress.show(f"{i + 1}/{plan.bwrap}")
 
 
-def _spawn_wait(env: dict[str, str]) -> int:
+def spawn_wait(env: dict[str, str]) -> int:
     pid = os.posix_spawn(COMMAND[0], COMMAND, env)
     os.waitpid(pid, 0)
     return pid
@@ -591,10 +596,11 @@ def cycles(fig: Figures, plan: Plan, daemon: Daemon, progress: Progress, clients
                   f"{fig.values[f'cold creates in cycles ({label})']:.0f} cold creates")
 
 
-def concurrent(fig: Figures, plan: Plan, daemon: Daemon, progress: Progress) -> None:
-    """`plan.concurrent` sandboxes alive at once: created, one exec in each, their idle memory
-    measured, deleted."""
-    n = plan.concurrent
+def concurrent(fig: Figures, n: int, daemon: Daemon, progress: Progress,
+               create: Callable[[], Sandbox] | None = None, uid_base: int = UID_BASE) -> None:
+    """`n` sandboxes alive at once (made by `create`, default the daemon's host-root create):
+    created, one exec in each, their idle memory measured, deleted."""
+    make = create or daemon.create
     progress.begin(f"{n} sandboxes alive")
     daemon.settle()
     time.sleep(1.0)
@@ -603,7 +609,7 @@ def concurrent(fig: Figures, plan: Plan, daemon: Daemon, progress: Progress) -> 
     alive: list[Sandbox] = []
     try:
         for i in range(n):
-            ms, sb = timed(daemon.create)
+            ms, sb = timed(make)
             alive.append(sb)
             fig.add(f"{n} alive: create", ms)
             progress.show(f"create {i + 1}/{n}")
@@ -618,7 +624,7 @@ def concurrent(fig: Figures, plan: Plan, daemon: Daemon, progress: Progress) -> 
         host1, slab1 = host_used(), unreclaimable_slab()
         pss = rss = usage = procs = 0
         for sb in alive:
-            p, r, u, k = sandbox_memory(int(sb.info["uid"]), daemon.pid)
+            p, r, u, k = sandbox_memory(int(sb.info["uid"]), daemon.pid, uid_base)
             pss, rss, usage, procs = pss + p, rss + r, usage + u, procs + k
         flags = daemon.warm_flags()
         fig.values.update({
@@ -1007,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
             warm(fig, plan, daemons[-1], progress)
             cycles(fig, plan, daemons[-1], progress, 1, plan.seconds)
             cycles(fig, plan, daemons[-1], progress, plan.clients, plan.clients_seconds)
-            concurrent(fig, plan, daemons[-1], progress)
+            concurrent(fig, plan.concurrent, daemons[-1], progress)
             daemons.pop().stop(setup)
 
             timings = setup.work / "profile.jsonl"
