@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "the sandbox daemon: long-lived sandboxes over an API, from a warm pool (root)"),
     "image": ("sealgate.sandbox.images.imagecli",
               "the image store: pull, import, list, remove and collect OCI images"),
+    "template": ("sealgate.sandbox.clients.templatecli",
+                 "build a template: an image plus setup commands, kept as an image (sandboxd)"),
 }
 
 

@@ -251,6 +251,7 @@ class Reason(StrEnum):
     IMAGE_REFUSED = (
         "image_refused", 403, "an image another policy's sandbox made (a snapshot, a template)",
     )
+    UNSUPPORTED = ("unsupported", 501, "a call the daemon's isolation tier cannot serve")
     AT_CAPACITY = ("at_capacity", 503, "the daemon holds its most sandboxes, or is not ready")
     BAD_PATH = ("bad_path", 400, "a file path outside the workspace: absolute, '..', a link")
     NO_SUCH_FILE = ("no_such_file", 404, "no regular file at that path of the workspace")

@@ -108,6 +108,24 @@ class AsyncSandbox:
         finally:
             await self._http.close()
 
+    async def _call(self, tail: str, body: Mapping[str, Any] | None,
+                    call_timeout: CallLimit) -> dict[str, Any]:
+        return await _json(self._http, "POST", self._url(tail), headers=self._headers,
+                           limit=call_limit(call_timeout, self.timeout), where=self._where,
+                           body=body)
+
+    async def snapshot(self, name: str | None = None, *,
+                       call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        """As `Sandbox.snapshot`: the new image's record."""
+        return await self._call("/snapshot", {} if name is None else {"name": name},
+                                call_timeout)
+
+    async def pause(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.info = await self._call("/pause", None, call_timeout)
+
+    async def resume(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.info = await self._call("/resume", None, call_timeout)
+
     def _url(self, tail: str) -> str:
         return f"{self._base}/v1/sandboxes/{quote(self.id, safe='')}{tail}"
 

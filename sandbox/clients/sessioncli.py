@@ -26,20 +26,21 @@ from .clientshared import call_limit
 _REFUSED = 125
 
 
+def client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--daemon", default=os.environ.get("SEALGATE_SANDBOXD"),
+                        help=f"the daemon: a unix socket (default {DEFAULT_DAEMON}) or "
+                             "http(s)://host:port ($SEALGATE_SANDBOXD)")
+    parser.add_argument("--key-file", type=Path,
+                        help="the bearer key of a TCP daemon ($SEALGATE_SANDBOXD_KEY)")
+    parser.add_argument("--call-timeout", type=_call_timeout, default=DEFAULT,
+                        metavar="SECONDS",
+                        help="the most the call may take before this client gives up "
+                             "(client_timeout, exit 125); 0: no limit (default 60; exec: "
+                             "its --timeout + 30; selftest: 300)")
+
+
 def register(ps: Any) -> None:
     """Add the client's actions to `sealgate sandbox`'s subcommands."""
-
-    def client_args(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--daemon", default=os.environ.get("SEALGATE_SANDBOXD"),
-                            help=f"the daemon: a unix socket (default {DEFAULT_DAEMON}) or "
-                                 "http(s)://host:port ($SEALGATE_SANDBOXD)")
-        parser.add_argument("--key-file", type=Path,
-                            help="the bearer key of a TCP daemon ($SEALGATE_SANDBOXD_KEY)")
-        parser.add_argument("--call-timeout", type=_call_timeout, default=DEFAULT,
-                            metavar="SECONDS",
-                            help="the most the call may take before this client gives up "
-                                 "(client_timeout, exit 125); 0: no limit (default 60; exec: "
-                                 "its --timeout + 30; selftest: 300)")
 
     c = ps.add_parser("create", help="create a long-lived sandbox (sandboxd); prints its id")
     client_args(c)
@@ -54,8 +55,23 @@ def register(ps: Any) -> None:
                    help="a variable for every command of the sandbox (repeatable)")
     c.add_argument("--isolation", choices=("bwrap", "gvisor", "microvm"),
                    help="the tier required (refused if the daemon runs another)")
+    c.add_argument("--image", help="its root: an image, template or snapshot of the "
+                                    "daemon's store (default: the host's system, read-only)")
     c.add_argument("--json", action="store_true", help="print the sandbox as JSON")
-    c.set_defaults(func=_refusing(_create))
+    c.set_defaults(func=refusing(_create))
+
+    for name, text in (("pause", "freeze every process of a sandbox"),
+                       ("resume", "thaw a paused sandbox")):
+        one = ps.add_parser(name, help=text)
+        client_args(one)
+        one.add_argument("id")
+        one.set_defaults(func=refusing(_pause), pause=name == "pause")
+    snap = ps.add_parser("snapshot", help="a sandbox's filesystem as a new image (its policy's)")
+    client_args(snap)
+    snap.add_argument("id")
+    snap.add_argument("--name", help="the image's name (default: ID-<unix time>)")
+    snap.add_argument("--json", action="store_true", help="print the image's record as JSON")
+    snap.set_defaults(func=refusing(_snapshot))
 
     e = ps.add_parser("exec", help="run a command in a sandbox, streaming its output")
     client_args(e)
@@ -68,7 +84,7 @@ def register(ps: Any) -> None:
     e.add_argument("--json", action="store_true",
                    help="print one JSON object at the end (output in base64) instead")
     e.add_argument("command", nargs="+", metavar="-- COMMAND")
-    e.set_defaults(func=_refusing(_exec))
+    e.set_defaults(func=refusing(_exec))
 
     put = ps.add_parser("put", help="copy a local file into a sandbox's workspace")
     client_args(put)
@@ -76,30 +92,30 @@ def register(ps: Any) -> None:
     put.add_argument("local", help="a local file, or - for stdin")
     put.add_argument("path", help="where in /workspace (relative)")
     put.add_argument("--mode", type=_octal, default=0o644, help="octal permissions (default 644)")
-    put.set_defaults(func=_refusing(_put))
+    put.set_defaults(func=refusing(_put))
 
     get = ps.add_parser("get", help="copy a file of a sandbox's workspace out")
     client_args(get)
     get.add_argument("id")
     get.add_argument("path", help="a path in /workspace (relative)")
     get.add_argument("local", nargs="?", default="-", help="a local file (default - : stdout)")
-    get.set_defaults(func=_refusing(_get))
+    get.set_defaults(func=refusing(_get))
 
     ls = ps.add_parser("ls", help="list the daemon's sandboxes")
     client_args(ls)
     ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=_refusing(_ls))
+    ls.set_defaults(func=refusing(_ls))
 
     st = ps.add_parser("selftest", help="have the daemon prove its network boundary: a canary "
                                         "sandbox tries every forbidden way out")
     client_args(st)
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=_refusing(_selftest))
+    st.set_defaults(func=refusing(_selftest))
 
     rm = ps.add_parser("rm", help="delete sandboxes (everything of them)")
     client_args(rm)
     rm.add_argument("ids", nargs="+", metavar="ID")
-    rm.set_defaults(func=_refusing(_rm))
+    rm.set_defaults(func=refusing(_rm))
 
 
 def _call_timeout(text: str) -> CallLimit:
@@ -119,7 +135,7 @@ def _octal(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not octal permissions: {text[:16]!r}") from None
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_of(args: argparse.Namespace) -> Client:
     key = None
     if args.key_file is not None:
         try:
@@ -141,7 +157,7 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return env
 
 
-def _refusing(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def refusing(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A refusal of the daemon's (or a client error before the call) is one line and 125."""
     def run(args: argparse.Namespace) -> int:
         try:
@@ -161,15 +177,28 @@ def _create(args: argparse.Namespace) -> int:
                                                  ("cpus", args.cpus)) if v is not None}
     sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
                         ttl=args.ttl, idle_timeout=args.idle_timeout,
-                        isolation=args.isolation, daemon=args.daemon,
-                        key=_client(args).key, call_timeout=args.call_timeout)
+                        isolation=args.isolation, image=args.image, daemon=args.daemon,
+                        key=client_of(args).key, call_timeout=args.call_timeout)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
+    return 0
+
+
+def _pause(args: argparse.Namespace) -> int:
+    sb = Sandbox(client_of(args), {"id": args.id})
+    (sb.pause if args.pause else sb.resume)(call_timeout=args.call_timeout)
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    made = Sandbox(client_of(args), {"id": args.id}).snapshot(args.name,
+                                                              call_timeout=args.call_timeout)
+    print(json.dumps(made, indent=2) if args.json else made["name"])
     return 0
 
 
 def _exec(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    sb = Sandbox(_client(args), {"id": args.id})
+    sb = Sandbox(client_of(args), {"id": args.id})
     stdin = sys.stdin.buffer.read() if args.stdin else None
     out, err = sys.stdout.buffer, sys.stderr.buffer
     result: Result | None = None
@@ -209,14 +238,14 @@ def _put(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sealgate: {args.local}: {exc.strerror}", file=sys.stderr)
         return 2
-    size = Sandbox(_client(args), {"id": args.id}).write(args.path, data, mode=args.mode,
+    size = Sandbox(client_of(args), {"id": args.id}).write(args.path, data, mode=args.mode,
                                                          call_timeout=args.call_timeout)
     print(f"{args.path}: {size} bytes", file=sys.stderr)
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
-    data = Sandbox(_client(args), {"id": args.id}).read(args.path,
+    data = Sandbox(client_of(args), {"id": args.id}).read(args.path,
                                                         call_timeout=args.call_timeout)
     if args.local == "-":
         sys.stdout.buffer.write(data)
@@ -230,7 +259,7 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    sandboxes = _client(args).list(call_timeout=args.call_timeout)
+    sandboxes = client_of(args).list(call_timeout=args.call_timeout)
     if args.json:
         print(json.dumps(sandboxes, indent=2))
         return 0
@@ -246,7 +275,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _rm(args: argparse.Namespace) -> int:
     code = 0
-    client = _client(args)
+    client = client_of(args)
     for ident in args.ids:
         try:
             client.call("DELETE", f"/v1/sandboxes/{quote(ident, safe='')}",
@@ -257,7 +286,7 @@ def _rm(args: argparse.Namespace) -> int:
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    answer = _client(args).call("GET", "/v1/selftest", call_timeout=call_limit(args.call_timeout,
+    answer = client_of(args).call("GET", "/v1/selftest", call_timeout=call_limit(args.call_timeout,
                                                                                 300.0))
     if args.json:
         print(json.dumps(answer, indent=2))

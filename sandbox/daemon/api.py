@@ -67,6 +67,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_post("/v1/sandboxes/{id}/pause", _pause)
     app.router.add_post("/v1/sandboxes/{id}/resume", _resume)
     app.router.add_post("/v1/sandboxes/{id}/snapshot", _snapshot)
+    app.router.add_post("/v1/sandboxes/{id}/fork", _fork)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     return app
@@ -255,6 +256,14 @@ async def _snapshot(request: web.Request) -> web.Response:
         raise BadRequest("'name' must be a printable name of at most 128 characters, no '/'")
     image = await request.app[_DAEMON].snapshot(request.match_info["id"], name)
     return web.json_response(dataclasses.asdict(image), status=201)
+
+
+async def _fork(request: web.Request) -> web.Response:
+    daemon = request.app[_DAEMON]
+    daemon.get(request.match_info["id"])  # an unknown or ended id says so first
+    raise SessionError(f"fork needs a memory snapshot, which the {daemon.config.slots.isolation}"
+                       " tier here cannot take: snapshot the filesystem and create from it",
+                       reason=Reason.UNSUPPORTED)
 
 
 def _command(body: dict[str, Any]) -> Command:

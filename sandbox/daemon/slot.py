@@ -101,7 +101,10 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
             # What it writes, /workspace and its home included, is its overlay's: one cap,
             # and all of it in a snapshot.
             places = {}
-            rootfs.lay_over(root, uid, _IMAGE_DIRS,
+            dirs = dict(_IMAGE_DIRS)
+            if image.workdir.startswith("/") and image.workdir != "/":
+                dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
+            rootfs.lay_over(root, uid, dirs,
                             [p for p in files if not p.startswith(("/proc/", "/run/"))])
             command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
                        "--hide", rootfs.HOST]

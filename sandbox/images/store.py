@@ -265,6 +265,9 @@ class Store:
         with self._index.sweeping():
             catalog = self._index.read()
             layers = {d.removeprefix("sha256:") for d in catalog.referenced_layers()}
+            # A layer a live sandbox has mounted stays, referenced or not (an image removed
+            # under it): a lower layer must not change while an overlay uses it.
+            layers |= _mounted(self.root / "layers/sha256")
             blobs = self._referenced_blobs(catalog)
             for sub, keep in (("layers/sha256", layers), ("blobs/sha256", blobs)):
                 for entry in sorted(os.listdir(self.root / sub)):
@@ -313,6 +316,28 @@ class Store:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _mounted(layers: Path) -> set[str]:
+    """The layers (by hex) that are the root of a mount of this host (a sandbox's idmapped
+    lower layer, `sandbox.host.rootfs`): a mount of the store's filesystem whose root is
+    `.../sha256/<hex>`."""
+    try:
+        device = os.stat(layers).st_dev
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return set()
+    found = set()
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        major, _, minor = fields[2].partition(":")
+        parent, _, name = fields[3].rpartition("/")
+        if (parent.endswith("/sha256") and major.isdigit() and minor.isdigit()
+                and os.makedev(int(major), int(minor)) == device):
+            found.add(name)
+    return found
 
 
 def _lookup(catalog: Catalog, key: str) -> Image:

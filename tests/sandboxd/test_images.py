@@ -7,10 +7,12 @@ on the bubblewrap tier."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
 import io
+import json
 import os
 import threading
 import time
@@ -21,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from sealgate.reasons import Reason
+from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
-from tests import images
-from tests.harness import Proxy
+from tests import images, ocikit
+from tests.harness import Origin, Proxy
 
 from .conftest import Daemon, sealgate, start_daemon
 
@@ -35,6 +38,32 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         done = sealgate("image", "import", str(layout), "--name", name, "--store", str(where),
                         timeout=600)
         assert done.returncode == 0, done.stderr
+    hostile = _hostile(tmp_path_factory.mktemp("hostile-image"))
+    done = sealgate("image", "import", str(hostile), "--name", "hostile", "--store", str(where))
+    assert done.returncode == 0, done.stderr
+    return where
+
+
+_APPLETS = ("sh", "cat", "stat", "test", "ls", "wc", "readlink", "id")
+
+
+def _hostile(where: Path) -> Path:
+    """An image that tries what an image can to reach past its sandbox: its own name server,
+    trust store and /tmp (links out), a setuid shell, the proxy variables and an LD_PRELOAD in
+    its Env. Each is a layer member our unpacker takes (the ones it refuses are
+    tests/unit/test_image_unpack.py's)."""
+    busybox = Path("/bin/busybox").read_bytes()
+    members = [ocikit.file("bin/busybox", busybox, 0o755),
+               *(ocikit.symlink(f"bin/{name}", "busybox") for name in _APPLETS),
+               ocikit.file("bin/suid-sh", busybox, 0o4755, uid=0, gid=0),
+               ocikit.file("etc/resolv.conf", b"nameserver 192.0.2.53\n"),
+               ocikit.directory("etc/ssl"),
+               ocikit.symlink("etc/ssl/certs", "/proc/self"),
+               ocikit.symlink("tmp", "/etc"),
+               ocikit.file("etc/hosts", b"192.0.2.1 api.test\n")]
+    ocikit.write(where, [ocikit.layer(members)],
+                 env=["PATH=/bin", "LD_PRELOAD=/nonexistent/evil.so",
+                      "HTTPS_PROXY=http://192.0.2.66:3128", "SSL_CERT_FILE=/etc/evil.pem"])
     return where
 
 
@@ -139,6 +168,56 @@ def test_a_warm_image_pool_serves_creates(imaged: Daemon) -> None:
     assert took < 5, took  # a warm slot; the figure itself is bench/'s
 
 
+def test_a_hostile_image_gains_nothing(imaged: Daemon) -> None:
+    with _create(imaged, "hostile") as sb:  # its agent started: the LD_PRELOAD is not its
+        env = dict(line.split("=", 1) for line in sb.run(["sh", "-c", "set"]).text.splitlines()
+                   if "=" in line and not line.startswith(" "))
+        assert "192.0.2.66" not in env.get("HTTPS_PROXY", ""), env
+        assert env.get("SSL_CERT_FILE", "").strip("'") != "/etc/evil.pem", env
+        resolv = sb.run(["cat", "/etc/resolv.conf"]).stdout
+        assert resolv.startswith(b"nameserver 10.216.") and b"192.0.2.53" not in resolv
+        assert b"192.0.2.1" not in sb.run(["cat", "/etc/hosts"]).stdout
+        bundle = sb.run(["cat", "/etc/ssl/certs/ca-certificates.crt"])
+        assert bundle.ok and b"BEGIN CERTIFICATE" in bundle.stdout, bundle
+        assert sb.run(["readlink", "/tmp"]).stdout == b""  # a directory of its own now
+        assert sb.run(["stat", "-c", "%a %u", "/bin/suid-sh"]).stdout == b"755 0\n"
+
+
+_FETCH = """
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode(), end="")
+"""
+
+
+_DIRECT = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as c:
+        c.sendall(b"GET /direct HTTP/1.1\\r\\nHost: api.test\\r\\nConnection: close\\r\\n\\r\\n")
+        print(c.recv(65536).decode(errors="replace"))
+except OSError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_the_network_boundary_is_the_same_under_an_image(imaged: Daemon,
+                                                         origin_https: Origin) -> None:
+    """The image's own Python, with its own trust store laid over by ours, reaches what the
+    policy allows through the proxy, and nothing else."""
+    url = f"https://api.test:{origin_https.port}"
+    origin_https.reset()
+    with _create(imaged, "debian") as sb:
+        got = sb.run(["python3", "-c", _FETCH, f"{url}/from-image"])
+        assert (got.exit_code, got.stdout) == (0, b"hello from origin\n"), got.stderr
+        refused = sb.run(["python3", "-c", _FETCH, f"https://other.test:{origin_https.port}/x"])
+        assert refused.exit_code != 0 and b"403" in refused.stderr, refused
+        # Around the proxy, straight at an address: the link's table sends it to the proxy's
+        # transparent listener all the same, which answers (and decides) for itself.
+        direct = sb.run(["python3", "-c", _DIRECT, "192.0.2.10", str(origin_https.port)])
+        assert direct.stdout.startswith(b"HTTP/1.1 ") and b"(sealgate: " in direct.stdout, direct
+    assert [r.path for r in origin_https.requests] == ["/from-image"]
+
+
 def test_an_unknown_image_is_refused(imaged: Daemon) -> None:
     with pytest.raises(DaemonError) as refused:
         _create(imaged, "no-such-image")
@@ -161,6 +240,23 @@ def test_snapshot_then_create_from_it(imaged: Daemon) -> None:
     with pytest.raises(DaemonError) as refused:
         _create(imaged, "snap-test", sandbox="other-bot")
     assert refused.value.reason is Reason.IMAGE_REFUSED and refused.value.status == 403
+
+
+def test_the_async_client_snapshots_pauses_and_resumes(imaged: Daemon) -> None:
+    async def drive() -> None:
+        async with AsyncSandbox.create("ci-bot", image="busybox", daemon=str(imaged.socket),
+                                       call_timeout=60) as sb:
+            assert (await sb.run(["sh", "-c", "echo async > /etc/async"])).ok
+            await sb.pause()
+            assert sb.info["paused"] is True
+            await sb.resume()
+            made = await sb.snapshot("snap-async")
+            assert made["parent"] == "busybox" and made["owner"] == "ci-bot"
+        async with AsyncSandbox.create("ci-bot", image="snap-async",
+                                       daemon=str(imaged.socket), call_timeout=60) as copy:
+            assert (await copy.run(["cat", "/etc/async"])).stdout == b"async\n"
+
+    asyncio.run(drive())
 
 
 def test_a_host_root_sandbox_has_nothing_to_snapshot(imaged: Daemon) -> None:
@@ -212,3 +308,52 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes(imaged: Daemon) -> None:
         time.sleep(0.3)
         assert _cpu_ticks(uid) > frozen
         assert sb.run(["true"]).ok
+
+
+def test_template_build_then_create_from_it(imaged: Daemon, store: Path) -> None:
+    where = ["--daemon", str(imaged.socket)]
+    built = sealgate("template", "build", "tmpl-test", "--image", "busybox", "--sandbox",
+                     "ci-bot", "--run", "echo built > /etc/built", "--run",
+                     "mkdir -p /opt/tool && echo v1 > /opt/tool/version", *where, timeout=120)
+    assert built.returncode == 0 and built.stdout == "tmpl-test\n", built.stderr
+    assert "$ echo built > /etc/built" in built.stderr  # progress: each command as it runs
+    with _create(imaged, "tmpl-test") as sb:
+        assert sb.run(["cat", "/etc/built", "/opt/tool/version"]).stdout == b"built\nv1\n"
+    failed = sealgate("template", "build", "tmpl-broken", "--image", "busybox", "--sandbox",
+                      "ci-bot", "--run", "echo half > /etc/half", "--run", "exit 3", *where,
+                      timeout=120)
+    assert failed.returncode == 1 and "exit 3" in failed.stderr, failed.stderr
+    listed = sealgate("image", "ls", "--json", "--store", str(store))
+    names = {i["name"] for i in json.loads(listed.stdout)}
+    assert "tmpl-test" in names and "tmpl-broken" not in names, names
+
+
+def test_gc_keeps_the_layers_a_live_sandbox_uses(imaged: Daemon, store: Path) -> None:
+    """A layer under a live sandbox's overlay stays through `image rm` and `image gc`, and
+    goes at the first gc after the sandbox. (It removes the hostile image: the tests using it
+    come before.)"""
+    def layer_names() -> set[str]:
+        return {p.name for p in (store / "layers" / "sha256").iterdir()}
+
+    where = ["--store", str(store)]
+    with _create(imaged, "hostile") as sb:
+        hostile = next(i for i in json.loads(sealgate("image", "ls", "--json", *where).stdout)
+                       if i["name"] == "hostile")
+        only = {d.removeprefix("sha256:") for d in hostile["layers"]}
+        assert sealgate("image", "rm", "hostile", *where).returncode == 0
+        gone = sealgate("image", "gc", "--json", *where)
+        assert gone.returncode == 0, gone.stderr
+        assert only <= layer_names(), gone.stdout  # still there: the sandbox has it mounted
+        assert sb.run(["cat", "/etc/resolv.conf"]).ok
+    deadline = time.monotonic() + 20  # the overlay goes with the sandbox's teardown
+    while only <= layer_names() and time.monotonic() < deadline:
+        sealgate("image", "gc", *where)
+        time.sleep(0.2)
+    assert not only & layer_names()
+
+
+def test_fork_says_why_it_cannot(imaged: Daemon) -> None:
+    with _create(imaged, "busybox") as sb, pytest.raises(DaemonError) as refused:
+        sb.fork(2)
+    assert refused.value.reason is Reason.UNSUPPORTED and refused.value.status == 501
+    assert "bwrap" in str(refused.value)
