@@ -43,7 +43,8 @@ def build(name: str, *, image: str, sandbox: str, commands: Sequence[str],
 
 
 def register(sub: Any) -> None:
-    t = sub.add_parser("template", help="templates: an image plus setup commands, as an image")
+    t = sub.add_parser("template", help="build a template: an image plus setup commands, kept "
+                                        "as an image (sandboxd)")
     ts = t.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = ts.add_parser("build", help="run setup commands in a sandbox of an image and keep the "
                                     "result as a new image")
