@@ -134,9 +134,10 @@ class Daemon:
         if self.store is None:
             raise SessionError("this daemon has no image store (sandboxd --images)",
                                reason=Reason.BAD_REQUEST)
-        if self.config.slots.isolation != tiers.DEFAULT:
-            raise SessionError(f"images run on the {tiers.DEFAULT} tier only so far, not "
-                               f"{self.config.slots.isolation}", reason=Reason.BAD_REQUEST)
+        tier = tiers.get(self.config.slots.isolation)
+        if tier.image_owner is None:
+            raise SessionError(f"images do not run on the {tier.name} tier yet",
+                               reason=Reason.BAD_REQUEST)
         try:
             image = self.store.get(name)
             layers = tuple(self.store.layer_dirs(image))

@@ -95,16 +95,17 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
         command = [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP]
         root = None
         if image is not None:
-            if tier.name != "bwrap":
-                raise SandboxError(f"images run on the bwrap tier only so far, not {tier.name}")
-            root = rootfs.mount(scratch.mount_point(link.index), uid, image.layers)
+            if tier.image_owner is None:
+                raise SandboxError(f"images do not run on the {tier.name} tier yet")
+            owner = uid if tier.image_owner == "sandbox" else 0
+            root = rootfs.mount(scratch.mount_point(link.index), owner, image.layers)
             # What it writes, /workspace and its home included, is its overlay's: one cap,
             # and all of it in a snapshot.
             places = {}
             dirs = dict(_IMAGE_DIRS)
             if image.workdir.startswith("/") and image.workdir != "/":
                 dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
-            rootfs.lay_over(root, uid, dirs,
+            rootfs.lay_over(root, owner, dirs,
                             [p for p in files if not p.startswith(("/proc/", "/run/"))])
             command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
                        "--hide", rootfs.HOST]

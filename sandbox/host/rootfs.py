@@ -126,23 +126,29 @@ def _idmapped(source: Path, target: Path, userns: int) -> None:
 
 
 def mount(point: Path, uid: int, layers: Sequence[Path]) -> Path:
-    """The root for a sandbox of `uid` whose scratch tmpfs is mounted at `point`: the merged
-    directory to give bubblewrap as /. Raises RootError (what was mounted goes with the
-    tmpfs)."""
+    """The root for a sandbox whose scratch tmpfs is mounted at `point`, its files `uid`'s
+    (its layers idmapped to it; 0: the layers as they are, for a tier whose host side writes as
+    root): the merged directory to give the tier as /. Raises RootError (what was mounted goes
+    with the tmpfs)."""
     if not layers:
         raise RootError("an image with no layer")
-    userns = _user_namespace(uid)
-    lowers = []
-    for depth, layer in enumerate(layers):
-        target = point / "lower" / str(depth)
-        target.mkdir(parents=True, mode=0o700)
-        _idmapped(layer, target, userns)
-        lowers.append(str(target))
+    lowers = [str(layer) for layer in layers]
+    if uid != 0:
+        userns = _user_namespace(uid)
+        lowers = []
+        for depth, layer in enumerate(layers):
+            target = point / "lower" / str(depth)
+            target.mkdir(parents=True, mode=0o700)
+            _idmapped(layer, target, userns)
+            lowers.append(str(target))
     for name in ("upper", "work", "root"):
         (point / name).mkdir(mode=0o755)
         os.chown(point / name, uid, uid)
     root = point / "root"
-    # A colon or comma in a path would end the option: ours are digits and fixed names.
+    # A colon or comma in a path would end the option: ours are digits and fixed names, and
+    # the store's (`sandbox.images`) are digests under a directory the operator chose.
+    if any(c in layer for layer in lowers for c in ":,\\"):
+        raise RootError(f"the image store's path cannot be given to overlayfs: {lowers[0]}")
     options = f"lowerdir={':'.join(lowers)},upperdir={point / 'upper'},workdir={point / 'work'}"
     if _libc.mount(b"sealgate-root", os.fsencode(root), b"overlay", _MS_NOSUID | _MS_NODEV,
                    options.encode()) != 0:

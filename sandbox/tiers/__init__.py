@@ -31,7 +31,11 @@ A tier is a module of this package defining `TIER`, a `Tier`:
   guest).
   Without it the slot's command is the agent, run by `start`. `ready_seconds` bounds how long
   a slot's first process may take to say it serves (a guest's boot under emulation takes
-  seconds).
+  seconds);
+- `image_owner` (optional): whether the tier runs sandboxes from an image's root
+  (`sandbox.host.rootfs`, `Launch.root`), and whose the image's files must be on the host for
+  the sandbox's root to change them: `"sandbox"`, its uid's (bubblewrap: idmapped layers), or
+  `"root"` (gVisor: its gofer, host root, writes for it). None: not yet.
 
 Adding a tier is its module and its entry in `_TABLE`.
 """
@@ -67,6 +71,7 @@ class Tier:
     host_limits: Callable[[Limits], Limits] = lambda limits: limits
     serve: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started] | None = None
     ready_seconds: float = 10.0
+    image_owner: str | None = None
 
 
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.

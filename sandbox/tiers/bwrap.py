@@ -141,4 +141,4 @@ def _clean_up(_: int) -> None:
     """Nothing: a bubblewrap run holds nothing on the host beyond its cgroups and link."""
 
 
-TIER = Tier("bwrap", _unavailable, start, _clean_up)
+TIER = Tier("bwrap", _unavailable, start, _clean_up, image_owner="sandbox")

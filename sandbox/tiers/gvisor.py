@@ -28,7 +28,13 @@ which serves the host's whole root through its gofer and copies the caller's env
   sandbox's network namespace (`launch.host_prefix`): their processes, threads and memory (the
   workload's memory is the Sentry's) count against the run's limits, and runsc is told not to
   manage cgroups itself (`--ignore-cgroups`);
-- networking (`--network`) and platform (`--platform`): see `NETWORK` and `PLATFORM`.
+- networking (`--network`) and platform (`--platform`): see `NETWORK` and `PLATFORM`;
+- from an image (sandboxd, `Launch.root`): the root is the sandbox's overlay of the image's
+  layers (`sandbox.host.rootfs`, not idmapped: the gofer writes for it as host root, into the
+  upper on the sandbox's capped tmpfs), writable; /tmp, the home and /workspace are its own;
+  the host's /usr is bound read-only where the agent runs its Python from. The agent runs as
+  the sandbox's uid with its capabilities and its commands as gVisor's root with none: the
+  image's files are root's, and a uid apart from theirs still keeps them from the agent.
 
 bubblewrap's seccomp filter is not installed on one-shot runs: the workload's calls never reach
 the host's kernel, and the Sentry implements none of what the filter refuses that touches the
@@ -49,6 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..host import rootfs
 from ..host.cgroup import Limits
 from ..host.launch import (
     HOME,
@@ -102,7 +109,7 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     # Traversable by the sandbox's user (it is its /): the run's directory above keeps it
     # closed on the host.
     (bundle / "rootfs").mkdir(mode=0o755, parents=True)
-    mounts = _root(bundle / "rootfs", launch)
+    mounts = _root(bundle / "rootfs", launch) if launch.root is None else _image_root(launch)
     mounts += _staged(base / "files", launch)
     config = _config(launch, mounts)
     (bundle / "config.json").write_text(json.dumps(config))
@@ -154,6 +161,21 @@ def _root(rootfs: Path, launch: Launch) -> list[dict[str, Any]]:
     return mounts
 
 
+def _image_root(launch: Launch) -> list[dict[str, Any]]:
+    """Over an image's root (`sandbox.host.rootfs`: an overlay of the host's, its upper on the
+    sandbox's capped tmpfs, the gofer writing as root): gVisor's /proc, /dev and /run, and for
+    the agent the host's /usr it runs its Python from. /tmp, the home and /workspace are the
+    image root's own, on that tmpfs."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "/run", "type": "tmpfs", "source": "tmpfs"},
+    ]
+    if launch.agent:
+        mounts.append(_bind("/usr", f"{rootfs.HOST}/usr", "ro"))
+    return mounts
+
+
 def _staged(where: Path, launch: Launch) -> list[dict[str, Any]]:
     """The staged files, written under the run's root-only directory and bound read-only."""
     where.mkdir(mode=0o700)
@@ -175,15 +197,19 @@ def _bind(source: str, destination: str, mode: str) -> dict[str, Any]:
 
 def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # sandboxd's agent and its commands have uids of their own (`_capabilities`): the agent
+    # gVisor's 0 and its commands the sandbox's uid; over an image, whose files are root's,
+    # the other way round (the commands root there, with no capability, as on bubblewrap).
+    ours, theirs = (0, 0), (launch.uid, launch.gid)
+    agent, command = (theirs, ours) if launch.root is not None else (ours, theirs)
+    if not launch.agent:
+        agent = theirs
     return {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
-            # sandboxd's agent runs as gVisor's uid 0 (`_capabilities`), its commands as the
-            # sandbox's uid.
-            "user": {"uid": 0 if launch.agent else launch.uid,
-                     "gid": 0 if launch.agent else launch.gid, "additionalGids": []},
-            "args": [*launch.command, *(["--user", f"{launch.uid}:{launch.gid}"]
+            "user": {"uid": agent[0], "gid": agent[1], "additionalGids": []},
+            "args": [*launch.command, *(["--user", f"{command[0]}:{command[1]}"]
                                        if launch.agent else [])],
             "env": [f"{name}={value}" for name, value in environment(launch).items()],
             "cwd": WORKSPACE if launch.workspace is not None or WORKSPACE in launch.writable
@@ -196,7 +222,8 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
                         {"type": "RLIMIT_NPROC", "soft": launch.limits.pids,
                          "hard": launch.limits.pids}],
         },
-        "root": {"path": "rootfs", "readonly": True},
+        "root": {"path": "rootfs", "readonly": True} if launch.root is None
+        else {"path": str(launch.root), "readonly": False},
         "hostname": HOSTNAME,
         "mounts": mounts,
         "linux": {
@@ -222,12 +249,12 @@ def _seccomp() -> dict[str, Any]:
 
 def _capabilities(launch: Launch) -> dict[str, list[str]]:
     """None for the workload. sandboxd's agent runs as uid 0 of gVisor's kernel (none of the
-    host's: the Sentry's own) with the capabilities it needs to start each command as the
-    sandbox's uid with none (SETUID, SETGID, SETPCAP) and to kill what it leaves (KILL); never
-    in the inheritable or ambient sets (`sandbox.guest.agent`). A uid of its own is what keeps the
-    workload from the agent here: this kernel lets a process of the same uid open a
-    non-dumpable one's /proc/N/fd, and its mount namespaces do not keep a command's /proc its
-    own."""
+    host's: the Sentry's own; over an image the sandbox's uid, its commands uid 0) with the
+    capabilities it needs to start each command as the other uid with none (SETUID, SETGID,
+    SETPCAP) and to kill what it leaves (KILL); never in the inheritable or ambient sets
+    (`sandbox.guest.agent`). A uid of its own is what keeps the workload from the agent here:
+    this kernel lets a process of the same uid open a non-dumpable one's /proc/N/fd, and its
+    mount namespaces do not keep a command's /proc its own."""
     held = ["CAP_SETPCAP", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"] if launch.agent else []
     return {"bounding": held, "effective": held, "permitted": held, "inheritable": [],
             "ambient": []}
@@ -246,4 +273,4 @@ def _host_limits(limits: Limits) -> Limits:
     return Limits(limits.pids * _TASKS_PER_PROCESS + _RUNTIME_TASKS, limits.memory, limits.cpus)
 
 
-TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits)
+TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits, image_owner="root")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.reasons import Reason
+from sealgate.sandbox import tiers
 from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests import images, ocikit
@@ -308,6 +309,46 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes(imaged: Daemon) -> None:
         time.sleep(0.3)
         assert _cpu_ticks(uid) > frozen
         assert sb.run(["true"]).ok
+
+
+@pytest.fixture(scope="module")
+def gvisor_imaged(dproxy: Proxy, store: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Daemon]:
+    if (problem := tiers.available("gvisor")) is not None:
+        pytest.skip(f"isolation gvisor: {problem}")
+    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd-gvisor-images"), "--pool",
+                          "0", "--images", str(store), "--isolation", "gvisor", "--no-selftest",
+                          ready=120)
+    yield daemon
+    daemon.stop()
+
+
+def test_an_image_on_gvisor(gvisor_imaged: Daemon, store: Path) -> None:
+    """The same image on gVisor: its own files, a root its commands may change (they are
+    gVisor's root there, its agent another uid), gone with it, and a snapshot of it."""
+    layers_before = _tree(store / "layers")
+    with _create(gvisor_imaged, "debian") as sb:
+        assert sb.info["isolation"] == "gvisor"
+        assert sb.run(["cat", "/etc/sealgate-test-image"]).stdout == b"debian-test\n"
+        assert not sb.run(["test", "-e", "/usr/bin/runsc"]).ok
+        python = sb.run(["python3", "-c", "import os; print(os.getuid())"])
+        assert python.stdout == b"0\n", python
+        sb.write("sgdemo-1.0-py3-none-any.whl", _wheel())
+        pip = sb.run(["python3", "-m", "pip", "install", "--no-index", "--no-cache-dir",
+                      "/workspace/sgdemo-1.0-py3-none-any.whl"], timeout=180)
+        assert pip.ok, pip.text
+        assert sb.run(["python3", "-c", "import sgdemo"]).ok
+        resolv = sb.run(["cat", "/etc/resolv.conf"]).stdout
+        assert resolv.startswith(b"nameserver 10.216."), resolv
+        # Its commands cannot reach the agent, a uid of its own there.
+        assert not sb.run(["sh", "-c", "kill -STOP 1"]).ok
+        made = sb.snapshot("snap-gvisor")
+    with _create(gvisor_imaged, "snap-gvisor") as copy:
+        assert copy.run(["python3", "-c", "import sgdemo; print(sgdemo.ANSWER)"]).stdout \
+            == b"42\n"
+    assert made["owner"] == "ci-bot"
+    after = _tree(store / "layers")  # the image's own layers never changed
+    assert {path: after.get(path) for path in layers_before} == layers_before
 
 
 def test_template_build_then_create_from_it(imaged: Daemon, store: Path) -> None:
