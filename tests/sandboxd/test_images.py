@@ -29,7 +29,7 @@ from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests import images, ocikit
 from tests.harness import Origin, Proxy
 
-from .conftest import Daemon, sealgate, start_daemon
+from .conftest import PLAN, UID_BASE, Daemon, sealgate, start_daemon
 
 
 @pytest.fixture(scope="module")
@@ -398,3 +398,18 @@ def test_fork_says_why_it_cannot(imaged: Daemon) -> None:
         sb.fork(2)
     assert refused.value.reason is Reason.UNSUPPORTED and refused.value.status == 501
     assert "bwrap" in str(refused.value)
+
+
+def test_bad_image_options_are_refused(imaged: Daemon, dproxy: Proxy, store: Path,
+                                       tmp_path: Path) -> None:
+    with pytest.raises(DaemonError) as refused:
+        imaged.client.call("POST", "/v1/sandboxes", {"sandbox": "ci-bot", "image": 5})
+    assert refused.value.reason is Reason.BAD_REQUEST
+    base = ["sandboxd", *PLAN, "--state", str(dproxy.state), "--socket",
+            str(tmp_path / "d.sock"), "--proxy-port", str(dproxy.port), "--uid-base",
+            str(UID_BASE + 500), "--images", str(store), "--no-selftest"]
+    bad = sealgate(*base, "--pool", "busybox=many")
+    assert bad.returncode == 2 and "--pool 'busybox=many'" in bad.stderr, bad.stderr
+    missing = sealgate(*base, "--pool", "no-such-image=1")
+    assert missing.returncode == 2 and "no image" in missing.stderr, missing.stderr
+    assert "Traceback" not in bad.stderr + missing.stderr
