@@ -28,6 +28,7 @@ from aiohttp import web
 
 from sealgate.reasons import Reason, SealgateError
 
+from .. import tiers
 from ..errors import SandboxError
 from ..guest.protocol import MAX_REQUEST
 from ..host.cgroup import CgroupError, Limits, parse_size
@@ -261,8 +262,9 @@ async def _snapshot(request: web.Request) -> web.Response:
 async def _fork(request: web.Request) -> web.Response:
     daemon = request.app[_DAEMON]
     daemon.get(request.match_info["id"])  # an unknown or ended id says so first
-    raise SessionError(f"fork needs a memory snapshot, which the {daemon.config.slots.isolation}"
-                       " tier here cannot take: snapshot the filesystem and create from it",
+    tier = tiers.get(daemon.config.slots.isolation)
+    raise SessionError(f"fork needs a memory snapshot, which the {tier.name} tier cannot take: "
+                       f"{tier.no_fork}; snapshot the filesystem and create from it instead",
                        reason=Reason.UNSUPPORTED)
 
 

@@ -35,7 +35,9 @@ A tier is a module of this package defining `TIER`, a `Tier`:
 - `image_owner` (optional): whether the tier runs sandboxes from an image's root
   (`sandbox.host.rootfs`, `Launch.root`), and whose the image's files must be on the host for
   the sandbox's root to change them: `"sandbox"`, its uid's (bubblewrap: idmapped layers), or
-  `"root"` (gVisor: its gofer, host root, writes for it). None: not yet.
+  `"root"` (gVisor: its gofer, host root, writes for it). None: not yet;
+- `no_fork`: why the tier cannot take a memory snapshot of a running sandbox (what `fork`
+  resumes copies from), said to a caller who asks for one.
 
 Adding a tier is its module and its entry in `_TABLE`.
 """
@@ -72,6 +74,7 @@ class Tier:
     serve: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started] | None = None
     ready_seconds: float = 10.0
     image_owner: str | None = None
+    no_fork: str = "it takes no memory snapshot"
 
 
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.

@@ -141,4 +141,6 @@ def _clean_up(_: int) -> None:
     """Nothing: a bubblewrap run holds nothing on the host beyond its cgroups and link."""
 
 
-TIER = Tier("bwrap", _unavailable, start, _clean_up, image_owner="sandbox")
+TIER = Tier("bwrap", _unavailable, start, _clean_up, image_owner="sandbox",
+            no_fork="its processes run on the host's kernel, which cannot checkpoint them "
+                    "without CRIU (not used here)")

@@ -273,4 +273,7 @@ def _host_limits(limits: Limits) -> Limits:
     return Limits(limits.pids * _TASKS_PER_PROCESS + _RUNTIME_TASKS, limits.memory, limits.cpus)
 
 
-TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits, image_owner="root")
+TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits, image_owner="root",
+            no_fork=f"runsc refuses to checkpoint a sandbox on --network={NETWORK} ('checkpoint "
+                    "not supported when using hostinet'), and its own netstack does not start "
+                    "on this kernel (see NETWORK)")

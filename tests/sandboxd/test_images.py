@@ -343,6 +343,9 @@ def test_an_image_on_gvisor(gvisor_imaged: Daemon, store: Path) -> None:
         # Its commands cannot reach the agent, a uid of its own there.
         assert not sb.run(["sh", "-c", "kill -STOP 1"]).ok
         made = sb.snapshot("snap-gvisor")
+        with pytest.raises(DaemonError) as refused:
+            sb.fork(2)
+        assert refused.value.reason is Reason.UNSUPPORTED and "hostinet" in str(refused.value)
     with _create(gvisor_imaged, "snap-gvisor") as copy:
         assert copy.run(["python3", "-c", "import sgdemo; print(sgdemo.ANSWER)"]).stdout \
             == b"42\n"
