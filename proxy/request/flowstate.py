@@ -56,6 +56,8 @@ class Conn:
     tunnel_tokens: list[str] = field(default_factory=list)  # the CONNECT's Proxy-Tokenizer
     requests: int = 0
     denied: int = 0
+    # The source registry's version when `identity` came from it (or from no entry in it).
+    source_version: int = -1
 
 
 @dataclass(slots=True)

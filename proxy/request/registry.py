@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,9 @@ from sealgate.watch import Snapshot
 from ..errors import ProxyError
 
 log = logging.getLogger("sealgate")
+# Every registry's versions from one count: a rules reload makes a new registry, and a version
+# an open connection kept from the old one must never equal one of the new one's.
+_VERSIONS = itertools.count(1)
 
 
 
@@ -49,6 +53,7 @@ class SourceRegistry:
         self.path = path
         self._seen = Snapshot.unread((path,))
         self._map: dict[str, str] = {}
+        self.version = next(_VERSIONS)
 
     def lookup(self, address: str) -> str | None:
         self._refresh()
@@ -79,7 +84,7 @@ class SourceRegistry:
             return
         if now == (None,):
             # No registry (yet), or none we can stat: nobody is attributed.
-            self._map = {}
+            self._replace({})
             self._seen = self._seen.retake(now)
             return
         try:
@@ -90,13 +95,24 @@ class SourceRegistry:
             if now != self._seen.identities:
                 log.error("sealgate: source registry %s unreadable (%s); no source attributed",
                           self.path, type(exc).__name__)
-            self._map = {}
+            self._replace({})
             self._seen = self._seen.retake(now)
             return
         sources = data.get("sources", {}) if isinstance(data, dict) else {}
         valid = isinstance(sources, dict)
-        self._map = {str(k): str(v) for k, v in sources.items()} if valid else {}
+        self._replace({str(k): str(v) for k, v in sources.items()} if valid else {})
         self._seen = self._seen.retake(now)
+
+    def _replace(self, entries: dict[str, str]) -> None:
+        if entries != self._map:
+            self._map = entries
+            self.version = next(_VERSIONS)
+
+    def version_now(self) -> int:
+        """A number that changes whenever the map does (one stat when it has not): what an
+        open connection compares to know whether its address's sandbox may have changed."""
+        self._refresh()
+        return self.version
 
     def _write(self, entries: Mapping[str, str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

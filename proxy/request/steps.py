@@ -51,11 +51,18 @@ class Steps(Lifecycle):
                 proven = identity
         if proven is not None:
             return proven
-        if conn.identity is not None:
-            # Proven earlier on this connection; its policy is looked up in the rules in force
-            # now, so a reload applies to tunnels that are already open.
+        registry = identifier.registry
+        if conn.identity is not None and (conn.identity.via not in ("source", "default")
+                                          or registry.version_now() == conn.source_version):
+            # Proven earlier on this connection (or its address's entry unchanged since): its
+            # policy is looked up in the rules in force now, so a reload applies to tunnels
+            # that are already open.
             return identifier.current(conn.identity)
+        # By its address, again whenever the registry changed: a sandbox given another
+        # identity while it runs (sandboxd's PATCH) is that one at its next request, on
+        # connections already open too.
         by_source = identifier.from_source(str(client.peername[0]))
+        conn.source_version = registry.version
         return by_source if by_source is not None else identifier.default()
 
     def _admit(self, conn: Conn, record: RequestRecord, identity: Identity) -> None:

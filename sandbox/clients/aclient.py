@@ -42,6 +42,7 @@ from .clientshared import (
     stream_cut,
     timed_out,
     unreachable,
+    update_body,
 )
 
 
@@ -63,16 +64,20 @@ class AsyncSandbox:
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
                isolation: str | None = None, image: str | None = None,
-               daemon: str | None = None,
+               metadata: Mapping[str, str] | None = None,
+               idempotency_key: str | None = None, daemon: str | None = None,
                key: str | None = None, call_timeout: CallLimit = DEFAULT) -> _Creating:
-        """Awaitable (the sandbox) and an async context manager (deleted on the way out)."""
+        """Awaitable (the sandbox) and an async context manager (deleted on the way out); the
+        arguments are `Sandbox.create`'s."""
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout, isolation=isolation, image=image)
-        return _Creating(cls._create(body, daemon, key, call_limit(call_timeout, TIMEOUT)))
+                           idle_timeout=idle_timeout, isolation=isolation, image=image,
+                           metadata=metadata)
+        return _Creating(cls._create(body, daemon, key, call_limit(call_timeout, TIMEOUT),
+                                     idempotency_key))
 
     @classmethod
     async def _create(cls, body: dict[str, Any], daemon: str | None, key: str | None,
-                      limit: float | None) -> AsyncSandbox:
+                      limit: float | None, idempotency_key: str | None) -> AsyncSandbox:
         where = daemon or os.environ.get("SEALGATE_SANDBOXD") or DEFAULT_DAEMON
         key = key or os.environ.get("SEALGATE_SANDBOXD_KEY")
         if "://" in where:
@@ -82,8 +87,9 @@ class AsyncSandbox:
             http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
             base = "http://sandboxd"
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        once = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         try:
-            info = await _json(http, "POST", base + "/v1/sandboxes", headers=headers,
+            info = await _json(http, "POST", base + "/v1/sandboxes", headers=headers | once,
                                limit=limit, where=where, body=body)
         except BaseException:
             await http.close()
@@ -109,10 +115,19 @@ class AsyncSandbox:
             await self._http.close()
 
     async def _call(self, tail: str, body: Mapping[str, Any] | None,
-                    call_timeout: CallLimit) -> dict[str, Any]:
-        return await _json(self._http, "POST", self._url(tail), headers=self._headers,
+                    call_timeout: CallLimit, method: str = "POST") -> dict[str, Any]:
+        return await _json(self._http, method, self._url(tail), headers=self._headers,
                            limit=call_limit(call_timeout, self.timeout), where=self._where,
                            body=body)
+
+    async def update(self, *, ttl: float | None = None, idle_timeout: float | None = None,
+                     metadata: Mapping[str, str] | None = None, sandbox: str | None = None,
+                     call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        """As `Sandbox.update`."""
+        body = update_body(ttl=ttl, idle_timeout=idle_timeout, metadata=metadata,
+                           sandbox=sandbox)
+        self.info = await self._call("", body, call_timeout, "PATCH")
+        return self.info
 
     async def snapshot(self, name: str | None = None, *,
                        call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:

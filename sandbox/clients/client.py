@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from sealgate.reasons import Reason
 
@@ -54,6 +54,7 @@ from .clientshared import (
     stream_cut,
     timed_out,
     unreachable,
+    update_body,
 )
 
 __all__ = ["DEFAULT", "DEFAULT_DAEMON", "Answer", "CallLimit", "CallTimeout", "Client",
@@ -180,9 +181,11 @@ class Client:
         return answer
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+             headers: Mapping[str, str] | None = None,
              call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        with self.open(method, path, data, call_timeout=call_timeout) as answer:
+        with self.open(method, path, data, headers=headers,
+                       call_timeout=call_timeout) as answer:
             raw = answer.read()
         try:
             parsed = json.loads(raw)
@@ -194,8 +197,12 @@ class Client:
                               reason=Reason.INTERNAL_ERROR, status=answer.status)
         return parsed
 
-    def list(self, *, call_timeout: CallLimit = DEFAULT) -> list[dict[str, Any]]:
-        return list(self.call("GET", "/v1/sandboxes", call_timeout=call_timeout)["sandboxes"])
+    def list(self, *, metadata: Mapping[str, str] | None = None,
+             call_timeout: CallLimit = DEFAULT) -> list[dict[str, Any]]:
+        """The live sandboxes; with `metadata`, those whose labels have all of these."""
+        query = urlencode({f"metadata.{k}": v for k, v in (metadata or {}).items()})
+        return list(self.call("GET", "/v1/sandboxes" + (f"?{query}" if query else ""),
+                              call_timeout=call_timeout)["sandboxes"])
 
     def health(self, *, call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
         try:
@@ -219,18 +226,23 @@ class Sandbox:
                limits: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                ttl: float | None = None, idle_timeout: float | None = None,
                isolation: str | None = None, image: str | None = None,
-               daemon: str | None = None,
+               metadata: Mapping[str, str] | None = None,
+               idempotency_key: str | None = None, daemon: str | None = None,
                key: str | None = None, call_timeout: CallLimit = DEFAULT) -> Sandbox:
         """A new sandbox known to the proxy as `sandbox` (`policy` is the same field).
         `isolation` names the tier the caller requires; the daemon refuses another than its
         own (sandboxd --isolation) rather than run it weaker. `image` names an image, template
         or snapshot of the daemon's store to be its root (default: the host's system
-        directories, read-only). `call_timeout` is this call's (a cold create can take long: a
-        microVM's boot)."""
+        directories, read-only). `metadata` labels it (`Client.list(metadata=...)` finds it). With
+        an `idempotency_key`, a retry after a lost answer gets the sandbox the first call made.
+        `call_timeout` is this call's (a cold create can take long: a microVM's boot)."""
         client = Client(daemon, key)
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
-                           idle_timeout=idle_timeout, isolation=isolation, image=image)
-        return cls(client, client.call("POST", "/v1/sandboxes", body, call_timeout=call_timeout))
+                           idle_timeout=idle_timeout, isolation=isolation, image=image,
+                           metadata=metadata)
+        headers = None if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return cls(client, client.call("POST", "/v1/sandboxes", body, headers=headers,
+                                       call_timeout=call_timeout))
 
     def __enter__(self) -> Sandbox:
         return self
@@ -247,6 +259,18 @@ class Sandbox:
         except DaemonError as exc:
             if exc.reason not in (Reason.NO_SUCH_SANDBOX, Reason.SANDBOX_ENDED):
                 raise
+
+    def update(self, *, ttl: float | None = None, idle_timeout: float | None = None,
+               metadata: Mapping[str, str] | None = None, sandbox: str | None = None,
+               call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        """Change it while it runs: `ttl` seconds left from now, its idle timeout, its labels
+        (all replaced), and who it is to the proxy (`sandbox`: another id of the rules, whose
+        policy its next request meets)."""
+        body = update_body(ttl=ttl, idle_timeout=idle_timeout, metadata=metadata,
+                           sandbox=sandbox)
+        self.info = self.client.call("PATCH", f"/v1/sandboxes/{quote(self.id, safe='')}", body,
+                                     call_timeout=call_timeout)
+        return self.info
 
     def snapshot(self, name: str | None = None, *,
                  call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:

@@ -116,16 +116,26 @@ def exec_body(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | 
 def create_body(sandbox: str | None, *, policy: str | None, limits: Mapping[str, Any] | None,
                 env: Mapping[str, str] | None, ttl: float | None,
                 idle_timeout: float | None, isolation: str | None = None,
-                image: str | None = None) -> dict[str, Any]:
+                image: str | None = None,
+                metadata: Mapping[str, str] | None = None) -> dict[str, Any]:
     name = sandbox or policy
     if not name:
         raise TypeError("name the sandbox id the rules know: Sandbox.create('ci-bot')")
     body: dict[str, Any] = {"sandbox": name}
     for key, value in (("limits", limits), ("env", env), ("ttl", ttl),
                        ("idle_timeout", idle_timeout), ("isolation", isolation),
-                       ("image", image)):
+                       ("image", image), ("metadata", metadata)):
         if value is not None:
             body[key] = dict(value) if isinstance(value, Mapping) else value
+    return body
+
+
+def update_body(**fields: Any) -> dict[str, Any]:
+    """A PATCH of a sandbox: the fields given, no others."""
+    body = {k: dict(v) if isinstance(v, Mapping) else v for k, v in fields.items()
+            if v is not None}
+    if not body:
+        raise TypeError("say what to change: ttl, idle_timeout, metadata or sandbox")
     return body
 
 

@@ -57,8 +57,23 @@ def register(ps: Any) -> None:
                    help="the tier required (refused if the daemon runs another)")
     c.add_argument("--image", help="its root: an image, template or snapshot of the "
                                     "daemon's store (default: the host's system, read-only)")
+    c.add_argument("--metadata", action="append", default=[], metavar="NAME=VALUE",
+                   help="a label (repeatable; `ls --metadata` finds it)")
     c.add_argument("--json", action="store_true", help="print the sandbox as JSON")
     c.set_defaults(func=refusing(_create))
+
+    up = ps.add_parser("update", help="change a live sandbox: time left, idle timeout, labels, "
+                                      "identity")
+    client_args(up)
+    up.add_argument("id")
+    up.add_argument("--ttl", type=float, help="seconds left from now")
+    up.add_argument("--idle-timeout", type=float, help="seconds without a request before it ends")
+    up.add_argument("--metadata", action="append", metavar="NAME=VALUE",
+                    help="its labels, all replaced (repeatable)")
+    up.add_argument("--sandbox", help="another sandbox id of the rules: its policy from the "
+                                      "next request on")
+    up.add_argument("--json", action="store_true", help="print the sandbox as JSON")
+    up.set_defaults(func=refusing(_update))
 
     for name, text in (("pause", "freeze every process of a sandbox"),
                        ("resume", "thaw a paused sandbox")):
@@ -103,6 +118,8 @@ def register(ps: Any) -> None:
 
     ls = ps.add_parser("ls", help="list the daemon's sandboxes")
     client_args(ls)
+    ls.add_argument("--metadata", action="append", default=[], metavar="NAME=VALUE",
+                    help="only sandboxes with this label (repeatable: all of them)")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=refusing(_ls))
 
@@ -177,9 +194,23 @@ def _create(args: argparse.Namespace) -> int:
                                                  ("cpus", args.cpus)) if v is not None}
     sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
                         ttl=args.ttl, idle_timeout=args.idle_timeout,
-                        isolation=args.isolation, image=args.image, daemon=args.daemon,
+                        isolation=args.isolation, image=args.image,
+                        metadata=_pairs(args.metadata) or None, daemon=args.daemon,
                         key=client_of(args).key, call_timeout=args.call_timeout)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
+    return 0
+
+
+def _update(args: argparse.Namespace) -> int:
+    if (args.ttl, args.idle_timeout, args.metadata, args.sandbox) == (None,) * 4:
+        print("sealgate: say what to change: --ttl, --idle-timeout, --metadata or --sandbox",
+              file=sys.stderr)
+        return 2
+    info = Sandbox(client_of(args), {"id": args.id}).update(
+        ttl=args.ttl, idle_timeout=args.idle_timeout,
+        metadata=None if args.metadata is None else _pairs(args.metadata),
+        sandbox=args.sandbox, call_timeout=args.call_timeout)
+    print(json.dumps(info, indent=2) if args.json else info["id"])
     return 0
 
 
@@ -259,13 +290,17 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    sandboxes = client_of(args).list(call_timeout=args.call_timeout)
+    sandboxes = client_of(args).list(metadata=_pairs(args.metadata),
+                                     call_timeout=args.call_timeout)
     if args.json:
         print(json.dumps(sandboxes, indent=2))
         return 0
-    rows = [("ID", "SANDBOX", "ADDRESS", "UID", "CMDS", "RUNNING", "EXPIRES", "IDLE")]
-    rows += [(s["id"], s["sandbox"], s["address"], str(s["uid"]), str(s["commands"]),
-              str(s["running"]), f"{s['expires_in']:.0f}s", f"{s['idle_for']:.0f}s")
+    rows = [("ID", "SANDBOX", "IMAGE", "ADDRESS", "UID", "CMDS", "RUNNING", "EXPIRES", "IDLE",
+             "METADATA")]
+    rows += [(s["id"], s["sandbox"], s.get("image") or "-", s["address"], str(s["uid"]),
+              str(s["commands"]), str(s["running"]) + (" paused" if s.get("paused") else ""),
+              f"{s['expires_in']:.0f}s", f"{s['idle_for']:.0f}s",
+              ",".join(f"{k}={v}" for k, v in sorted(s.get("metadata", {}).items())) or "-")
              for s in sandboxes]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import dataclasses
 import hmac
 import json
 import logging
-import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,30 +27,15 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from ..errors import SandboxError
-from ..guest.protocol import MAX_REQUEST
-from ..host.cgroup import CgroupError, Limits, parse_size
+from . import bodies
+from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
-from .session import Command, Options, SessionError, check_path
+from .session import Options, SessionError, check_path
 
-MAX_JSON = 24 << 20  # a command's stdin, base64'd, and its other fields
-MAX_STDIN = 16 << 20
-MAX_FILE = 1 << 30
-MAX_ENV = 1024
-MAX_CAPTURE = 16 << 20  # per stream, when the output is not streamed
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _DAEMON = web.AppKey("daemon", Daemon)
 _KEY = web.AppKey("key", bytes)
 _STREAMING = "sealgate.streaming"  # set on a request once its answer has begun
-_MAX_PIDS = 1 << 22  # the kernel's PID_MAX_LIMIT
-_MAX_MEMORY = 1 << 50
-MAX_TIMEOUT = 7 * 24 * 3600.0  # a command's limit; None (no limit) is said as null
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BadRequest(SandboxError):
-    reason = Reason.BAD_REQUEST
 
 
 def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
@@ -64,6 +47,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_get("/v1/sandboxes", _list)
     app.router.add_get("/v1/sandboxes/{id}", _show)
     app.router.add_delete("/v1/sandboxes/{id}", _delete)
+    app.router.add_patch("/v1/sandboxes/{id}", _update)
     app.router.add_post("/v1/sandboxes/{id}/exec", _exec)
     app.router.add_post("/v1/sandboxes/{id}/pause", _pause)
     app.router.add_post("/v1/sandboxes/{id}/resume", _resume)
@@ -116,96 +100,17 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(Reason.INTERNAL_ERROR, type(exc).__name__)
 
 
-async def _body(request: web.Request, allowed: set[str]) -> dict[str, Any]:
-    try:
-        body = await request.json(loads=json.loads)
-    except web.HTTPRequestEntityTooLarge:
-        raise SessionError("the request body is over its cap", reason=Reason.TOO_LARGE) \
-            from None
-    except (ValueError, UnicodeDecodeError):
-        raise SessionError("the body must be a JSON object", reason=Reason.BAD_JSON) from None
-    if not isinstance(body, dict):
-        raise SessionError("the body must be a JSON object", reason=Reason.BAD_JSON)
-    unknown = set(body) - allowed
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))[:200]}")
-    return body
-
-
-def _number(body: dict[str, Any], name: str, default: float | None, *,
-            low: float = 0.0, high: float = math.inf) -> float | None:
-    value = body.get(name, default)
-    if value is None:
-        return None
-    # Finite always (JSON as Python reads it has NaN and Infinity, and 1e400 is one): an
-    # infinite limit is no limit, which is said as null where it is allowed at all.
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or not low <= value <= high:
-        raise BadRequest(f"'{name}' must be a number of seconds from {low:g} to {high:g}")
-    return float(value)
-
-
-def _env(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > MAX_ENV or not all(
-            isinstance(k, str) and _NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
-            for k, v in value.items()):
-        raise BadRequest(f"'env' must map at most {MAX_ENV} names ([A-Za-z_][A-Za-z0-9_]*) "
-                         "to strings without NUL")
-    return dict(value)
-
-
-def _limits(value: Any) -> Limits:
-    if value is None:
-        return Limits()
-    if not isinstance(value, dict) or set(value) - {"pids", "memory", "cpus"}:
-        raise BadRequest("'limits' takes pids, memory and cpus")
-    pids, memory, cpus = (value.get("pids", Limits.pids), value.get("memory", Limits.memory),
-                          value.get("cpus", Limits.cpus))
-    # Numbers as numbers: int() would take "12", True, 2.9 or fail on 1e400 with an
-    # OverflowError no one catches.
-    if not _whole(pids):
-        raise BadRequest("limits: 'pids' must be a whole number")
-    if not (_whole(memory) or isinstance(memory, str)):
-        raise BadRequest("limits: 'memory' must be bytes or a size such as '2G'")
-    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)
-                             or not math.isfinite(cpus)):
-        raise BadRequest("limits: 'cpus' must be a number or null")
-    try:
-        limits = Limits(pids=pids,
-                        memory=parse_size(memory) if isinstance(memory, str) else memory,
-                        cpus=None if cpus is None else float(cpus))
-    except (TypeError, ValueError, OverflowError, CgroupError) as exc:
-        raise BadRequest(f"limits: {exc}") from None
-    # Above what the kernel takes, the cgroup write fails after the slot is taken (and lost).
-    if limits.pids > _MAX_PIDS or limits.memory > _MAX_MEMORY:
-        raise BadRequest(f"limits: at most {_MAX_PIDS} pids and {_MAX_MEMORY >> 40}T memory")
-    return limits
-
-
-def _image(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
-        raise BadRequest("'image' must be an image's name or digest (sealgate image ls)")
-    return value
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 async def _health(request: web.Request) -> web.Response:
     status = request.app[_DAEMON].status()
     return web.json_response(status, status=200 if status["ready"] else 503)
 
 
 async def _create(request: web.Request) -> web.Response:
-    body = await _body(request, {"sandbox", "limits", "env", "ttl", "idle_timeout",
-                                 "isolation", "image"})
-    sandbox = body.get("sandbox")
-    if not isinstance(sandbox, str) or not sandbox:
+    key = bodies.idempotency_key(request)
+    body = await bodies.body(request, {"sandbox", "limits", "env", "ttl", "idle_timeout",
+                                       "isolation", "image", "metadata"})
+    sandbox = _sandbox_id(body.get("sandbox"))
+    if sandbox is None:
         raise BadRequest("'sandbox' (the id the rules name) is required")
     offered = request.app[_DAEMON].config.slots.isolation
     isolation = body.get("isolation", offered)
@@ -213,18 +118,42 @@ async def _create(request: web.Request) -> web.Response:
         raise BadRequest(f"isolation {str(isolation)[:32]!r}: this daemon's sandboxes are "
                          f"{offered!r} (sandboxd --isolation)")
     options = Options(
-        sandbox=sandbox, limits=_limits(body.get("limits")), env=_env(body.get("env")),
-        ttl=_number(body, "ttl", 600.0, low=1) or 600.0,
-        idle_timeout=_number(body, "idle_timeout", 180.0, low=1) or 180.0,
-        isolation=offered, image=_image(body.get("image")),
+        sandbox=sandbox, limits=bodies.limits(body.get("limits")),
+        env=bodies.env(body.get("env")),
+        ttl=bodies.number(body, "ttl", 600.0, low=1) or 600.0,
+        idle_timeout=bodies.number(body, "idle_timeout", 180.0, low=1) or 180.0,
+        isolation=offered, image=bodies.image(body.get("image")),
+        metadata=bodies.metadata(body.get("metadata")),
     )
-    session = await request.app[_DAEMON].create(options)
+    session = await request.app[_DAEMON].create(options, key)
     return web.json_response(session.info(), status=201)
 
 
+def _sandbox_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        raise BadRequest("'sandbox' must be a sandbox id the rules name")
+    return value
+
+
 async def _list(request: web.Request) -> web.Response:
-    sessions = request.app[_DAEMON].sessions.values()
+    wanted = bodies.metadata_filter(request.query).items()
+    sessions = [s for s in request.app[_DAEMON].sessions.values()
+                if all(s.options.metadata.get(k) == v for k, v in wanted)]
     return web.json_response({"sandboxes": [s.info() for s in sessions]})
+
+
+async def _update(request: web.Request) -> web.Response:
+    daemon = request.app[_DAEMON]
+    body = await bodies.body(request, {"ttl", "idle_timeout", "metadata", "sandbox"})
+    high = daemon.config.max_ttl
+    session = await daemon.update(
+        request.match_info["id"], ttl=bodies.number(body, "ttl", None, low=1, high=high),
+        idle_timeout=bodies.number(body, "idle_timeout", None, low=1, high=high),
+        metadata=None if "metadata" not in body else bodies.metadata(body["metadata"]),
+        sandbox=_sandbox_id(body.get("sandbox")))
+    return web.json_response(session.info())
 
 
 async def _show(request: web.Request) -> web.Response:
@@ -250,7 +179,7 @@ async def _resume(request: web.Request) -> web.Response:
 
 
 async def _snapshot(request: web.Request) -> web.Response:
-    body = await _body(request, {"name"}) if request.can_read_body else {}
+    body = await bodies.body(request, {"name"}) if request.can_read_body else {}
     name = body.get("name")
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128
                              or not name.isprintable() or "/" in name):
@@ -268,35 +197,10 @@ async def _fork(request: web.Request) -> web.Response:
                        reason=Reason.UNSUPPORTED)
 
 
-def _command(body: dict[str, Any]) -> Command:
-    argv = body.get("argv")
-    # No count of its own: argv shares the agent's request (MAX_REQUEST, its JSON, checked as
-    # it is sent) with env and cwd, and the kernel takes whatever fits in that. Each item is at
-    # least 4 of those bytes (`"", `), so a longer list is refused before any work on it.
-    if isinstance(argv, list) and len(argv) > MAX_REQUEST // 4:
-        raise SessionError(f"argv, env and cwd together over {MAX_REQUEST} bytes",
-                           reason=Reason.TOO_LARGE)
-    if not isinstance(argv, list) or not argv or not all(
-            isinstance(a, str) and "\0" not in a for a in argv):
-        raise BadRequest("'argv' must be a list of at least one string without NUL")
-    cwd = body.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")
-                            or "\0" in cwd):
-        raise BadRequest("'cwd' must be an absolute path in the sandbox")
-    try:
-        stdin = base64.b64decode(body.get("stdin") or "", validate=True)
-    except (binascii.Error, TypeError, ValueError):
-        raise BadRequest("'stdin' must be base64") from None
-    if len(stdin) > MAX_STDIN:
-        raise SessionError(f"stdin over {MAX_STDIN} bytes", reason=Reason.TOO_LARGE)
-    return Command(argv=argv, env=_env(body.get("env")), cwd=cwd, stdin=stdin,
-                   timeout=_number(body, "timeout", 600.0, low=0.001, high=MAX_TIMEOUT))
-
-
 async def _exec(request: web.Request) -> web.StreamResponse:
     session = request.app[_DAEMON].get(request.match_info["id"])
-    body = await _body(request, {"argv", "env", "cwd", "stdin", "timeout", "stream"})
-    command = _command(body)
+    body = await bodies.body(request, {"argv", "env", "cwd", "stdin", "timeout", "stream"})
+    command = bodies.command(body)
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -46,6 +47,8 @@ _HELLO_SECONDS = 10.0
 _ENDED_KEPT = 4096
 _REAP_SECONDS = 0.5
 _ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphaned init
+_KEY_SECONDS = 600.0  # how long a create's Idempotency-Key is remembered
+_KEYS_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class Daemon:
         self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
         self._failures = 0
         self._closing = False
+        # Idempotency-Key -> when, what was asked, the create (`create`)
+        self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
+            OrderedDict()
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -258,7 +264,14 @@ class Daemon:
 
     # -- sandboxes ------------------------------------------------------------------------
 
-    async def create(self, options: Options) -> Session:
+    async def create(self, options: Options, key: str | None = None) -> Session:
+        """A new sandbox; with `key` (an Idempotency-Key), the one an earlier create with the
+        same key made, if it is remembered and succeeded (a retry after a lost answer)."""
+        if key is not None and (known := self._known(key)) is not None:
+            if known[1] != options:
+                raise SessionError("Idempotency-Key already used for another create",
+                                   reason=Reason.BAD_REQUEST)
+            return await asyncio.shield(known[2])
         # Creates under way count: concurrent cold ones all wait on a prepare.
         if len(self.sessions) + self._creating >= self.config.max_sandboxes:
             raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
@@ -270,11 +283,27 @@ class Daemon:
         # namespace, table and agent held until the daemon stopped). What it made is deleted.
         work = asyncio.create_task(self._create(options))
         work.add_done_callback(self._created)
+        if key is not None:
+            self._keys[key] = (time.monotonic(), options, work)
+            work.add_done_callback(lambda done: self._forget(key, done))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             work.add_done_callback(self._abandoned)
             raise
+
+    def _known(self, key: str) -> tuple[float, Options, asyncio.Task[Session]] | None:
+        now = time.monotonic()
+        while self._keys and (len(self._keys) > _KEYS_KEPT
+                              or now - next(iter(self._keys.values()))[0] > _KEY_SECONDS):
+            self._keys.popitem(last=False)
+        return self._keys.get(key)
+
+    def _forget(self, key: str, work: asyncio.Task[Session]) -> None:
+        """A create that failed is not replayed: a retry with its key tries again."""
+        if (work.cancelled() or work.exception() is not None) and key in self._keys \
+                and self._keys[key][2] is work:
+            del self._keys[key]
 
     def _created(self, _: asyncio.Task[Session]) -> None:
         self._creating -= 1
@@ -348,6 +377,28 @@ class Daemon:
             raise SessionError(f"sandbox {ident[:64]} has ended ({why})",
                                reason=Reason.SANDBOX_ENDED)
         raise SessionError(f"no sandbox {ident[:64]!r}", reason=Reason.NO_SUCH_SANDBOX)
+
+    async def update(self, ident: str, *, ttl: float | None = None,
+                     idle_timeout: float | None = None,
+                     metadata: Mapping[str, str] | None = None,
+                     sandbox: str | None = None) -> Session:
+        """Change a live sandbox: its time left and idle timeout, its labels, and who it is to
+        the proxy (another sandbox id of the rules: its policy from the next request on).
+        Raises SessionError, and then changes nothing."""
+        session = self.get(ident)
+        if session.ended.is_set():
+            raise SessionError(f"sandbox {ident[:64]} has ended", reason=Reason.SANDBOX_ENDED)
+        if ttl is not None and ttl > self.config.max_ttl:
+            raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
+                               reason=Reason.BAD_REQUEST)
+        if sandbox is not None and sandbox != session.options.sandbox:
+            await asyncio.to_thread(self._register, session.slot, sandbox)
+            _log("identity_changed", id=ident, sandbox=sandbox, was=session.options.sandbox)
+            session.options = dataclasses.replace(session.options, sandbox=sandbox)
+        if metadata is not None:
+            session.options = dataclasses.replace(session.options, metadata=metadata)
+        session.extend(ttl, idle_timeout)
+        return session
 
     async def snapshot(self, ident: str, name: str | None) -> Image:
         """Sandbox `ident`'s filesystem, its image's layers and what it wrote over them, as a

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -60,6 +61,7 @@ class Options:
     idle_timeout: float = 180.0
     isolation: str = "bwrap"
     image: str | None = None  # its root's image (`sandbox.images`); None: the host's system
+    metadata: Mapping[str, str] = field(default_factory=dict)  # the caller's labels
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,18 @@ class Session:
             "idle_for": 0.0 if self.active else round(now - self.last_active, 1),
             "limits": {"pids": limits.pids, "memory": limits.memory, "cpus": limits.cpus},
             "ended": self.ended.is_set(), "paused": self.paused,
+            "metadata": dict(self.options.metadata), "idle_timeout": self.options.idle_timeout,
         }
+
+    def extend(self, ttl: float | None, idle_timeout: float | None) -> None:
+        """Its time left (`ttl` seconds from now) and its idle timeout, longer or shorter."""
+        now = time.monotonic()
+        changes: dict[str, Any] = {}
+        if ttl is not None:
+            changes["ttl"] = now - self._started + ttl
+        if idle_timeout is not None:
+            changes["idle_timeout"] = idle_timeout
+        self.options = dataclasses.replace(self.options, **changes)
 
     async def pause(self, paused: bool = True) -> None:
         """Freeze (or thaw) every process of the sandbox, its agent included: while paused it

@@ -41,3 +41,24 @@ def test_unwritable_registry_is_a_503_not_a_traceback(tmp_path: Path) -> None:
 
     status, body = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert (status, body["error"]) == (503, "registry_unavailable")
+
+
+def test_the_registry_version_moves_only_with_the_map_and_never_repeats(tmp_path: Path) -> None:
+    """What an open connection compares to know its address may belong to another sandbox
+    now (proxy/request/steps.py): it changes with the map, not with a rewrite of the same map,
+    and a registry made later (a rules reload makes one) never takes a version an earlier one
+    had."""
+    path = tmp_path / "registry.json"
+    writer, reader = SourceRegistry(path), SourceRegistry(path)
+    writer.register("10.0.0.1", "ci-bot")
+    first = reader.version_now()
+    assert reader.lookup("10.0.0.1") == "ci-bot"
+    writer.register("10.0.0.1", "ci-bot")  # the file rewritten, the map the same
+    assert reader.version_now() == first
+    writer.register("10.0.0.1", "other-bot")
+    assert reader.version_now() != first
+    seen = {first, reader.version}
+    for _ in range(3):  # a reload's new registries
+        fresh = SourceRegistry(path)
+        assert fresh.version not in seen and fresh.version_now() not in seen
+        seen.add(fresh.version)
