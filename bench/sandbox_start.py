@@ -346,7 +346,7 @@ class Daemon:
 _PROFILER = '''
 import functools, json, sys, threading, time
 from sealgate.sandbox.daemon import daemon, slot
-from sealgate.sandbox.host import firewall, lease, network, scratch, seccomp
+from sealgate.sandbox.host import firewall, lease, network, rootfs, scratch, seccomp
 from sealgate.sandbox.host.cgroup import Group
 
 out = open(sys.argv[1], "a", buffering=1)
@@ -380,11 +380,13 @@ wrap(daemon.Daemon, "_prepare", "prepare: all, agent hello included", "async")
 wrap(slot, "prepare", "prepare: slot.prepare (thread)")
 wrap(slot, "take_link", "prepare: take_link (lock, link, table)")
 wrap(lease, "stale", "prepare: lease.stale (scan under lock)")
-wrap(network, "create", "prepare: netns + veth (ip x11, sysctl x2)")
+wrap(network, "build", "prepare: netns + veth (ip x11, sysctl x2)")
 wrap(firewall, "load", "prepare: nft table load")
 wrap(firewall, "exists", "prepare: nft gateway table check")
 wrap(Group, "create", "prepare: cgroups", "class")
 wrap(scratch, "create", "prepare: scratch tmpfs")
+wrap(rootfs, "mount", "prepare: an image's root (idmapped layers, overlay)")
+wrap(rootfs, "lay_over", "prepare: an image's root laid over")
 wrap(seccomp, "program", "prepare: seccomp program")
 wrap(slot, "trust", "prepare: CA bundle")
 wrap(daemon.Daemon, "create", "create: all (in the daemon)", "async")
