@@ -56,9 +56,10 @@ from .clientshared import (
     unreachable,
     update_body,
 )
+from .process import Process
 
 __all__ = ["DEFAULT", "DEFAULT_DAEMON", "Answer", "CallLimit", "CallTimeout", "Client",
-           "CommandFailed", "DaemonError", "Result", "Sandbox"]
+           "CommandFailed", "DaemonError", "Process", "Result", "Sandbox"]
 _T = TypeVar("_T")
 
 class _Unix(http.client.HTTPConnection):
@@ -318,6 +319,23 @@ class Sandbox:
                 if name == "exit":
                     return
         raise stream_cut()
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, stdin: bytes | None = None,
+              timeout: float | None = None, call_timeout: CallLimit = DEFAULT) -> Process:
+        """A command in the background: its handle at once (`Process`: output from an offset,
+        stdin, wait, kill). It runs until it ends, is killed, or the sandbox ends (`timeout`:
+        a limit of its own, none by default)."""
+        body = exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stream=False)
+        info = self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/exec",
+                                {**body, "background": True}, call_timeout=call_timeout)
+        return Process(self.client, self.id, info)
+
+    def processes(self, *, call_timeout: CallLimit = DEFAULT) -> list[Process]:
+        """Its background processes (the ended ones it still keeps included)."""
+        listed = self.client.call("GET", f"/v1/sandboxes/{quote(self.id, safe='')}/processes",
+                                  call_timeout=call_timeout)
+        return [Process(self.client, self.id, info) for info in listed["processes"]]
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             cwd: str | None = None, stdin: bytes | None = None, timeout: float | None = 600.0,

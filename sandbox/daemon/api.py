@@ -28,6 +28,7 @@ from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
 from . import bodies
+from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
 from .session import Options, SessionError, check_path
@@ -53,6 +54,12 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_post("/v1/sandboxes/{id}/resume", _resume)
     app.router.add_post("/v1/sandboxes/{id}/snapshot", _snapshot)
     app.router.add_post("/v1/sandboxes/{id}/fork", _fork)
+    app.router.add_get("/v1/sandboxes/{id}/processes", _processes)
+    app.router.add_get("/v1/sandboxes/{id}/processes/{pid}", _process)
+    app.router.add_get("/v1/sandboxes/{id}/processes/{pid}/output", _output)
+    app.router.add_get("/v1/sandboxes/{id}/processes/{pid}/wait", _wait)
+    app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/stdin", _stdin)
+    app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/signal", _signal)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     return app
@@ -199,11 +206,16 @@ async def _fork(request: web.Request) -> web.Response:
 
 async def _exec(request: web.Request) -> web.StreamResponse:
     session = request.app[_DAEMON].get(request.match_info["id"])
-    body = await bodies.body(request, {"argv", "env", "cwd", "stdin", "timeout", "stream"})
-    command = bodies.command(body)
+    body = await bodies.body(request, {"argv", "env", "cwd", "stdin", "timeout", "stream",
+                                       "background"})
+    background = body.get("background", False)
     stream = body.get("stream", True)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be true or false")
+    if not isinstance(stream, bool) or not isinstance(background, bool):
+        raise BadRequest("'stream' and 'background' must be true or false")
+    # In the background no limit unless asked: it ends with its sandbox.
+    command = bodies.command(body, None if background else 600.0)
+    if background:
+        return web.json_response(session.start(command).info(), status=201)
     events = session.run(command)
     if not stream:
         return await _collected(events)
@@ -224,6 +236,78 @@ async def _exec(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionError, RuntimeError):
         await response.write_eof()
     return response
+
+
+async def _processes(request: web.Request) -> web.Response:
+    session = request.app[_DAEMON].get(request.match_info["id"])
+    return web.json_response({"processes": [p.info() for p in
+                                            session.processes.table.values()]})
+
+
+def _background(request: web.Request) -> Background:
+    session = request.app[_DAEMON].get(request.match_info["id"])
+    pid = request.match_info["pid"]
+    found = session.processes.table.get(int(pid)) if pid.isdigit() and len(pid) < 10 else None
+    if found is None:
+        raise SessionError(f"no background process {pid[:16]!r} in sandbox {session.id}",
+                           reason=Reason.NO_SUCH_PROCESS)
+    return found
+
+
+async def _process(request: web.Request) -> web.Response:
+    return web.json_response(_background(request).info())
+
+
+async def _output(request: web.Request) -> web.StreamResponse:
+    """NDJSON from `?offset=N` (default 0); `?follow=true` waits for more until it ends."""
+    process = _background(request)
+    offset, follow = request.query.get("offset", "0"), request.query.get("follow", "false")
+    if not offset.isdigit() or len(offset) > 18 or follow not in ("true", "false"):
+        raise BadRequest("?offset=N (a byte offset, 0 the first) and ?follow=true|false")
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    request[_STREAMING] = True
+    await response.prepare(request)
+    try:
+        async for event in process.output(int(offset), follow == "true"):
+            await response.write(json.dumps(event).encode() + b"\n")
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass  # the reader went away; the process goes on
+    return response
+
+
+async def _wait(request: web.Request) -> web.Response:
+    return web.json_response(await _background(request).wait())
+
+
+async def _stdin(request: web.Request) -> web.Response:
+    """The body's bytes to the process's stdin; `?close=true` ends it after them."""
+    process = _background(request)
+    close = request.query.get("close", "false")
+    if close not in ("true", "false"):
+        raise BadRequest("?close=true|false")
+    data = await request.content.read(STDIN_WRITE + 1)
+    if len(data) > STDIN_WRITE:
+        raise SessionError(f"over {STDIN_WRITE} bytes in one write", reason=Reason.TOO_LARGE)
+    try:
+        process.write(data, close == "true")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    except asyncio.QueueFull:
+        raise SessionError("the process has not read what was written before",
+                           reason=Reason.SANDBOX_BUSY) from None
+    return web.json_response(process.info())
+
+
+async def _signal(request: web.Request) -> web.Response:
+    process = _background(request)
+    body = await bodies.body(request, {"signal"})
+    if body.get("signal", "KILL") != "KILL":
+        raise SessionError("only KILL so far: the agent's protocol carries no other signal "
+                           "yet", reason=Reason.UNSUPPORTED)
+    if process.running:
+        process.kill()
+    return web.json_response(process.info())
 
 
 async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:

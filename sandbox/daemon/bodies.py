@@ -119,7 +119,7 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def command(body: dict[str, Any]) -> Command:
+def command(body: dict[str, Any], default_timeout: float | None = 600.0) -> Command:
     argv = body.get("argv")
     # No count of its own: argv shares the agent's request (MAX_REQUEST, its JSON, checked as
     # it is sent) with env and cwd, and the kernel takes whatever fits in that. Each item is at
@@ -141,7 +141,8 @@ def command(body: dict[str, Any]) -> Command:
     if len(stdin) > MAX_STDIN:
         raise SessionError(f"stdin over {MAX_STDIN} bytes", reason=Reason.TOO_LARGE)
     return Command(argv=argv, env=env(body.get("env")), cwd=cwd, stdin=stdin,
-                   timeout=number(body, "timeout", 600.0, low=0.001, high=MAX_TIMEOUT))
+                   timeout=number(body, "timeout", default_timeout, low=0.001,
+                                  high=MAX_TIMEOUT))
 
 
 def metadata(value: Any) -> dict[str, str]:

@@ -435,6 +435,7 @@ class Daemon:
                 await session.pause(False)
         del self.sessions[ident]
         session.ended.set()
+        await session.processes.close()  # each one's exec ends, its status said
         self._ended[ident] = why
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)

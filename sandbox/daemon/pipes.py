@@ -61,6 +61,18 @@ async def feed(fd: int, data: bytes) -> None:
         writer.close()
 
 
+async def feed_from(fd: int, chunks: asyncio.Queue[bytes | None]) -> None:
+    """What is put on `chunks`, as it comes, until None (or the reader goes): a background
+    command's stdin."""
+    writer = Writer(fd)
+    try:
+        while (data := await chunks.get()) is not None:
+            if not await writer.write(data):
+                break
+    finally:
+        writer.close()
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)

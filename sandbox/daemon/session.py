@@ -33,7 +33,8 @@ from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
 from ..host import scratch
 from ..host.cgroup import Limits
 from ..images import Image
-from .pipes import Writer, feed, open_pipe, pump, read_all
+from .background import MAX_PROCESSES, STDIN_QUEUED, Background, Processes
+from .pipes import Writer, feed, feed_from, open_pipe, pump, read_all
 from .slot import Slot
 
 _CHUNK = 1 << 16
@@ -71,6 +72,7 @@ class Command:
     cwd: str | None = None
     stdin: bytes = b""
     timeout: float | None = 600.0
+    background: bool = False
 
 
 Event = tuple[str, bytes] | tuple[str, dict[str, Any]]
@@ -98,6 +100,7 @@ class Session:
         self.commands = 0
         self.ended = asyncio.Event()
         self.paused = False
+        self.processes = Processes()
         self.base: Image | None = None  # the image its root is of, if any
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
@@ -164,6 +167,21 @@ class Session:
 
     # -- requests -------------------------------------------------------------------------
 
+    def start(self, command: Command) -> Background:
+        """`command` in the background (`sandbox.daemon.background`): its handle at once.
+        Raises SessionError as an exec would (ended, paused, busy), or past MAX_PROCESSES."""
+        if self.processes.running() >= MAX_PROCESSES:
+            raise SessionError(f"sandbox {self.id} already has {MAX_PROCESSES} processes in "
+                               "the background", reason=Reason.SANDBOX_BUSY)
+        ident = self._begin()
+        # One place more than the writes it holds, for its end (None).
+        stdin: asyncio.Queue[bytes | None] = asyncio.Queue(STDIN_QUEUED + 1)
+        if command.stdin:
+            stdin.put_nowait(command.stdin)
+        events = self.run(command, (ident, stdin))
+        return self.processes.add(list(command.argv), events, stdin,
+                                  lambda: self._kill(ident))
+
     def _begin(self) -> int:
         if self.ended.is_set():
             raise SessionError(f"sandbox {self.id} has ended", reason=Reason.SANDBOX_ENDED)
@@ -201,9 +219,12 @@ class Session:
         with contextlib.suppress(SessionError):
             self._send(Op.KILL, ident, [])
 
-    async def run(self, command: Command) -> AsyncGenerator[Event, None]:
-        """("stdout" | "stderr", bytes) as they come, then ("exit", status)."""
-        ident = self._begin()
+    async def run(self, command: Command,
+                  begun: tuple[int, asyncio.Queue[bytes | None]] | None = None
+                  ) -> AsyncGenerator[Event, None]:
+        """("stdout" | "stderr", bytes) as they come, then ("exit", status). `begun`: the
+        request id `start` took and the queue its stdin comes from."""
+        ident = self._begin() if begun is None else begun[0]
         self.commands += 1
         pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
         ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
@@ -218,7 +239,8 @@ class Session:
                        timeout=command.timeout, pids=self.options.limits.pids)
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1
-            tasks.append(asyncio.create_task(feed(stdin, command.stdin)))
+            tasks.append(asyncio.create_task(
+                feed(stdin, command.stdin) if begun is None else feed_from(stdin, begun[1])))
             for name, slot in (("stdout", 1), ("stderr", 2)):
                 fd, ours[slot] = ours[slot], -1
                 tasks.append(asyncio.create_task(pump(fd, name, queue)))

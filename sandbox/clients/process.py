@@ -1,0 +1,81 @@
+"""A command running in a sandbox's background (`Sandbox.start`): read its output from where
+you left off, write to its stdin, wait for it, kill it. Standard library only, like the sync
+client whose calls it makes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from sealgate.reasons import Reason
+
+from .clientshared import DEFAULT, CallLimit, DaemonError, Result
+
+if TYPE_CHECKING:
+    from .client import Client
+
+Event = tuple[str, "bytes | int | Result"]
+
+
+class Process:
+    """A background process of sandbox `sandbox`; `offset` is where its output was read to."""
+
+    def __init__(self, client: Client, sandbox: str, info: dict[str, Any]) -> None:
+        self.client = client
+        self.sandbox = sandbox
+        self.pid = int(info["pid"])
+        self.info = info
+        self.offset = 0
+
+    def _path(self, tail: str = "") -> str:
+        return f"/v1/sandboxes/{quote(self.sandbox, safe='')}/processes/{self.pid}{tail}"
+
+    def refresh(self, *, call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
+        self.info = self.client.call("GET", self._path(), call_timeout=call_timeout)
+        return self.info
+
+    def output(self, offset: int | None = None, *, follow: bool = False,
+               call_timeout: CallLimit = None) -> Iterator[Event]:
+        """("stdout" | "stderr", bytes) from `offset` (default: where the last read ended),
+        ("lost", n) where the daemon's ring no longer held n bytes of it, and ("exit", Result)
+        once it has ended. Without `follow` it stops at what there is now; with it, it waits
+        for more until the process ends (no call limit by default)."""
+        start = self.offset if offset is None else offset
+        path = self._path(f"/output?offset={start}&follow={'true' if follow else 'false'}")
+        with self.client.open("GET", path, call_timeout=call_timeout) as answer:
+            for line in answer.lines():
+                try:
+                    event = json.loads(line)
+                    self.offset = int(event["offset"])
+                except (ValueError, KeyError, TypeError):
+                    raise DaemonError("the daemon's output held a line that is not an event",
+                                      reason=Reason.INTERNAL_ERROR, status=200) from None
+                if "lost" in event:
+                    yield "lost", int(event["lost"])
+                elif "exit" in event:
+                    yield "exit", Result.of(event, b"", b"")
+                for name in ("stdout", "stderr"):
+                    if name in event:
+                        data = base64.b64decode(event[name])
+                        self.offset += len(data)
+                        yield name, data
+
+    def write(self, data: bytes, *, close: bool = False,
+              call_timeout: CallLimit = DEFAULT) -> None:
+        """Bytes to its stdin (at most 1 MiB a call; `sandbox_busy` while it has not read 16
+        writes); `close` ends its stdin after them."""
+        path = self._path(f"/stdin?close={'true' if close else 'false'}")
+        with self.client.open("POST", path, bytes(data), call_timeout=call_timeout) as answer:
+            self.info = json.loads(answer.read())
+
+    def wait(self, *, call_timeout: CallLimit = None) -> Result:
+        """How it ended, once it has (no call limit by default)."""
+        return Result.of(self.client.call("GET", self._path("/wait"),
+                                          call_timeout=call_timeout), b"", b"")
+
+    def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.info = self.client.call("POST", self._path("/signal"), {"signal": "KILL"},
+                                     call_timeout=call_timeout)

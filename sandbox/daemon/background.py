@@ -1,0 +1,183 @@
+"""Commands in the background: started by an exec that returns at once with a handle, their
+output kept by the daemon in a bounded ring for whoever reads it, from any offset, as often as
+they like.
+
+A background process is an ordinary exec of the session's (`Session.run`: the same agent
+request, limits and confinement) whose events a task of the daemon's takes instead of an HTTP
+caller. Its output is one sequence of bytes (stdout and stderr interleaved as they came, each
+chunk saying which) numbered from 0; the last `RING` bytes of it are kept. A reader asks from an
+offset: what fell out of the ring before it is reported (`{"lost": n}`), never skipped in
+silence, and a reader that follows is woken as output comes, until the process ends (its
+status is the last event). Its stdin stays open for writes until closed. It holds one of the
+sandbox's request places while it runs (so the sandbox is never idle meanwhile), ends with the
+sandbox, and before it only when killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+RING = 1 << 20  # bytes of output kept per process
+STDIN_WRITE = 1 << 20  # the most one write to a background process's stdin may carry
+STDIN_QUEUED = 16  # writes waiting for the command to read them, at most
+MAX_PROCESSES = 32  # in the background at once per sandbox
+_ENDED_KEPT = 64  # ended ones still listed (their output and status readable)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    offset: int  # of its first byte in the process's output
+    stream: str  # "stdout" | "stderr"
+    data: bytes
+
+
+Events = AsyncGenerator[tuple[str, Any], None]
+
+
+class Background:
+    """One process in the background and what it has written."""
+
+    def __init__(self, pid: int, argv: list[str], events: Events,
+                 stdin: asyncio.Queue[bytes | None], kill: Callable[[], None], *,
+                 ring: int = RING) -> None:
+        self.pid = pid
+        self.argv = argv
+        self.kill = kill  # the agent asked to kill it: its status then says so
+        self.stdin_closed = False
+        self.started = time.time()
+        self.stdin = stdin
+        self.status: dict[str, Any] | None = None
+        self._ring = ring
+        self._chunks: collections.deque[_Chunk] = collections.deque()
+        self._start = 0  # the first offset still kept
+        self._end = 0  # the offset the next byte will have
+        self._changed = asyncio.Condition()
+        self._events = events
+        self.task = asyncio.create_task(self._collect())
+
+    async def _collect(self) -> None:
+        try:
+            async for name, data in self._events:
+                if name == "exit":
+                    self.status = data
+                else:
+                    self._append(name, data)
+                async with self._changed:
+                    self._changed.notify_all()
+        finally:
+            await self._events.aclose()
+            if self.status is None:
+                self.status = {"exit": None, "ending": "lost",
+                               "error": "the sandbox ended before the process"}
+            async with self._changed:
+                self._changed.notify_all()
+
+    def _append(self, stream: str, data: bytes) -> None:
+        self._chunks.append(_Chunk(self._end, stream, data))
+        self._end += len(data)
+        while self._end - self._start > self._ring:
+            first = self._chunks[0]
+            over = self._end - self._ring - first.offset
+            if over >= len(first.data):
+                self._chunks.popleft()
+                self._start = first.offset + len(first.data)
+            else:  # keep the tail of the oldest chunk
+                self._chunks[0] = _Chunk(first.offset + over, first.stream, first.data[over:])
+                self._start = first.offset + over
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": self.pid, "argv": self.argv, "started": round(self.started, 3),
+                "state": "running" if self.running else "exited", "status": self.status,
+                "output": {"start": self._start, "end": self._end}}
+
+    async def output(self, offset: int, follow: bool) -> AsyncIterator[dict[str, Any]]:
+        """Events from `offset` on: `{"lost": n, "offset": o}` first if the ring no longer
+        holds what was asked, `{"stdout"|"stderr": base64, "offset": o}` for each piece, and
+        at the end `{"exit": status...}` if the process has ended, else (not following)
+        `{"offset": o, "running": true}`: where to ask from next time."""
+        offset = max(0, offset)
+        if offset < self._start:
+            yield {"lost": self._start - offset, "offset": self._start}
+            offset = self._start
+        while True:
+            for chunk in list(self._chunks):
+                if chunk.offset + len(chunk.data) <= offset:
+                    continue
+                piece = chunk.data[max(0, offset - chunk.offset):]
+                yield {chunk.stream: base64.b64encode(piece).decode(), "offset": offset}
+                offset += len(piece)
+            if offset < self._start:  # the ring moved on while the reader was slow
+                yield {"lost": self._start - offset, "offset": self._start}
+                offset = self._start
+                continue
+            if self.status is not None and offset >= self._end:
+                yield {**self.status, "offset": offset}
+                return
+            if not follow:
+                yield {"offset": offset, "running": self.status is None}
+                return
+            async with self._changed:
+                if offset >= self._end and self.status is None:
+                    await self._changed.wait()
+
+    async def wait(self) -> dict[str, Any]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.status is not None)
+        assert self.status is not None
+        return self.status
+
+    def write(self, data: bytes, close: bool) -> None:
+        """Bytes for its stdin (queued: the pipe's pace is the command's), then maybe its
+        end. Raises ValueError once it was closed, asyncio.QueueFull while the command has not
+        read what was written before."""
+        if self.stdin_closed:
+            raise ValueError("its stdin is closed")
+        if data:
+            if self.stdin.qsize() >= STDIN_QUEUED:  # the last place is kept for the end
+                raise asyncio.QueueFull
+            self.stdin.put_nowait(data)
+        if close:
+            self.stdin.put_nowait(None)
+            self.stdin_closed = True
+
+    async def cancel(self) -> None:
+        """End it with its sandbox: its exec's generator kills the command on the way out."""
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class Processes:
+    """A sandbox's background processes, by the pid the daemon gave them (1, 2, ...: not the
+    sandbox's own process ids)."""
+
+    def __init__(self) -> None:
+        self.table: dict[int, Background] = {}
+        self._next = 1
+
+    def running(self) -> int:
+        return sum(1 for p in self.table.values() if p.running)
+
+    def add(self, argv: list[str], events: Events, stdin: asyncio.Queue[bytes | None],
+            kill: Callable[[], None]) -> Background:
+        made = Background(self._next, argv, events, stdin, kill)
+        self.table[made.pid] = made
+        self._next += 1
+        ended = [p for p in self.table.values() if not p.running]
+        for old in ended[:max(0, len(ended) - _ENDED_KEPT)]:
+            del self.table[old.pid]
+        return made
+
+    async def close(self) -> None:
+        await asyncio.gather(*(p.cancel() for p in self.table.values()))

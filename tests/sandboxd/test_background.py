@@ -1,0 +1,95 @@
+"""Background processes (#25): started with a handle, their output read from an offset and
+again after a reconnect, what fell out of the ring reported, stdin written and closed, killed,
+and ended with their sandbox."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sealgate.reasons import Reason
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+
+from .conftest import Daemon
+from .test_sessions import host_processes
+
+
+@pytest.fixture
+def sb(sandboxd: Daemon) -> Iterator[Sandbox]:
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as made:
+        yield made
+
+
+def _text(events: list[tuple[str, object]], name: str = "stdout") -> bytes:
+    return b"".join(data for kind, data in events if kind == name and isinstance(data, bytes))
+
+
+def test_output_from_an_offset_and_after_a_reconnect(sb: Sandbox) -> None:
+    proc = sb.start(["sh", "-c", "for i in 1 2 3; do echo line $i; done; echo oops >&2; "
+                                 "read answer; echo got $answer; exit 7"])
+    assert proc.info["state"] == "running" and proc.pid >= 1
+    deadline = time.monotonic() + 10
+    seen = b""
+    while b"line 3" not in seen and time.monotonic() < deadline:  # not following: what is there
+        seen += _text(list(proc.output()))
+        time.sleep(0.05)
+    assert seen == b"line 1\nline 2\nline 3\n", seen
+    mark = proc.offset
+    # A second reader (a harness that reconnected) from the start sees it all again, stderr
+    # included, in order.
+    again = list(proc.output(0))
+    assert _text(again) == seen and _text(again, "stderr") in (b"", b"oops\n")
+    proc.write(b"forty-two\n", close=True)
+    rest = list(proc.output(mark, follow=True))
+    assert _text(rest) == b"got forty-two\n"
+    kind, result = rest[-1]
+    assert kind == "exit" and result.exit_code == 7, rest  # type: ignore[union-attr]
+    assert proc.wait().exit_code == 7
+    listed = {p.pid: p.info for p in sb.processes()}
+    assert listed[proc.pid]["state"] == "exited" and listed[proc.pid]["argv"][0] == "sh"
+    with pytest.raises(DaemonError) as refused:
+        proc.write(b"late")
+    assert refused.value.reason is Reason.BAD_REQUEST  # its stdin was closed
+
+
+def test_what_fell_out_of_the_ring_is_said(sb: Sandbox) -> None:
+    proc = sb.start(["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end"])
+    assert proc.wait().ok
+    events = list(proc.output(0))
+    assert events[0][0] == "lost" and int(events[0][1]) > 1_000_000, events[0]  # type: ignore[arg-type]
+    kept = _text(events)
+    assert kept.endswith(b"x\nend\n") and len(kept) <= 1 << 20
+    assert int(events[0][1]) + len(kept) == 3_000_005  # nothing skipped unsaid
+
+
+def test_kill_and_the_sandboxs_end(sandboxd: Daemon) -> None:
+    sb = Sandbox.create("ci-bot", daemon=str(sandboxd.socket))
+    try:
+        killed = sb.start(["sleep", "300"])
+        kept = sb.start(["sh", "-c", "sleep 301"])
+        killed.kill()
+        ended = killed.wait(call_timeout=20)
+        assert ended.ending == "killed" and ended.exit_code != 0, ended
+        assert sb.refresh()["running"] >= 1  # the other one holds the sandbox busy
+        with pytest.raises(DaemonError) as refused:
+            sb.client.call("POST", f"/v1/sandboxes/{sb.id}/processes/{kept.pid}/signal",
+                           {"signal": "TERM"})
+        assert refused.value.reason is Reason.UNSUPPORTED
+        for pid in ("999", "abc", "-1"):
+            with pytest.raises(DaemonError) as refused:
+                sb.client.call("GET", f"/v1/sandboxes/{sb.id}/processes/{pid}")
+            assert refused.value.reason is Reason.NO_SUCH_PROCESS, pid
+        with pytest.raises(DaemonError) as refused:
+            sb.client.call("GET", f"/v1/sandboxes/{sb.id}/processes/{kept.pid}/output"
+                                  "?offset=-5")
+        assert refused.value.reason is Reason.BAD_REQUEST
+        uid = sb.info["uid"]
+        assert any("sleep 301" in line for line in host_processes(uid).values())
+    finally:
+        sb.delete()
+    deadline = time.monotonic() + 10  # nothing of it outlives its sandbox
+    while host_processes(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes(uid) == {}
