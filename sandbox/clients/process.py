@@ -5,25 +5,40 @@ client whose calls it makes."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from sealgate.reasons import Reason
 
 from .clientshared import DEFAULT, CallLimit, DaemonError, Result
 
-if TYPE_CHECKING:
-    from .client import Client
-
 Event = tuple[str, "bytes | int | Result"]
+
+
+class _Answer(Protocol):
+    def lines(self) -> Iterator[bytes]: ...
+    def read(self, most: int | None = None) -> bytes: ...
+
+
+class Calls(Protocol):
+    """What of the sync `Client` a process needs (typed here: client.py imports this module)."""
+
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+             headers: Mapping[str, str] | None = None,
+             call_timeout: CallLimit = DEFAULT) -> dict[str, Any]: ...
+
+    def open(self, method: str, path: str, body: bytes | None = None, *,
+             headers: Mapping[str, str] | None = None,
+             call_timeout: CallLimit = DEFAULT) -> contextlib.AbstractContextManager[_Answer]: ...
 
 
 class Process:
     """A background process of sandbox `sandbox`; `offset` is where its output was read to."""
 
-    def __init__(self, client: Client, sandbox: str, info: dict[str, Any]) -> None:
+    def __init__(self, client: Calls, sandbox: str, info: dict[str, Any]) -> None:
         self.client = client
         self.sandbox = sandbox
         self.pid = int(info["pid"])

@@ -57,6 +57,15 @@ def run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), timeout=20))
 
 
+async def until(happened: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Until `happened()`, looking every 20 ms: the store's renewals and logins run on its own
+    timers, which a loaded machine delays (a fixed sleep then fails for nothing)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not happened():
+        assert asyncio.get_running_loop().time() < deadline, "not within the bound"
+        await asyncio.sleep(0.02)
+
+
 def token_file(tmp_path: Path, token: str, name: str = "token") -> Path:
     path = tmp_path / name
     path.write_text(token + "\n")
@@ -209,8 +218,8 @@ def test_renewable_token_renewed_at_half_ttl(fake: VaultFake, tmp_path: Path) ->
     async def body() -> None:
         store = approle_store(fake, tmp_path)
         await store.fetch(GITHUB)
-        await asyncio.sleep(0.7)  # past the first token's TTL: only renewal keeps it alive
-        assert fake.count("auth/token/renew-self", "POST") >= 2
+        # Past the first token's TTL: only renewal keeps it alive.
+        await until(lambda: fake.count("auth/token/renew-self", "POST") >= 2)
         assert (await store.fetch(GITHUB))[0].reveal() == CANARY
         await store.close()
 
@@ -224,8 +233,8 @@ def test_relogin_when_renewal_fails(fake: VaultFake, tmp_path: Path) -> None:
     async def body() -> None:
         store = approle_store(fake, tmp_path)
         await store.fetch(GITHUB)
-        await asyncio.sleep(0.5)  # renewed once at 0.15 s, refused at 0.3 s -> login again
-        assert fake.count("auth/approle/login") >= 2
+        # Renewed once at 0.15 s, refused at 0.3 s -> login again.
+        await until(lambda: fake.count("auth/approle/login") >= 2)
         assert (await store.fetch(GITHUB))[0].reveal() == CANARY
         await store.close()
 
@@ -238,8 +247,7 @@ def test_non_renewable_token_is_replaced_by_login(fake: VaultFake, tmp_path: Pat
     async def body() -> None:
         store = approle_store(fake, tmp_path)
         await store.fetch(GITHUB)
-        await asyncio.sleep(0.4)
-        assert fake.count("auth/approle/login") >= 2
+        await until(lambda: fake.count("auth/approle/login") >= 2)
         assert fake.count("auth/token/renew-self") == 0
         await store.close()
 
