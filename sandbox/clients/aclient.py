@@ -12,6 +12,7 @@ or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself. Every
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -141,6 +142,15 @@ class AsyncSandbox:
     async def resume(self, *, call_timeout: CallLimit = DEFAULT) -> None:
         self.info = await self._call("/resume", None, call_timeout)
 
+    async def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    cwd: str | None = None, stdin: bytes | None = None,
+                    timeout: float | None = None,
+                    call_timeout: CallLimit = DEFAULT) -> AsyncProcess:
+        """As `Sandbox.start`: a command in the background, its handle at once."""
+        body = exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stream=False)
+        info = await self._call("/exec", {**body, "background": True}, call_timeout)
+        return AsyncProcess(self, info)
+
     def _url(self, tail: str) -> str:
         return f"{self._base}/v1/sandboxes/{quote(self.id, safe='')}{tail}"
 
@@ -186,6 +196,57 @@ class AsyncSandbox:
         async with self._answer("GET", self._base + file_path(self.id, path),
                                 call_limit(call_timeout, self.timeout)) as response:
             return await response.read()
+
+
+class AsyncProcess:
+    """As `sealgate.sandbox.clients.process.Process`, for asyncio."""
+
+    def __init__(self, sandbox: AsyncSandbox, info: dict[str, Any]) -> None:
+        self._sandbox = sandbox
+        self.pid = int(info["pid"])
+        self.info = info
+        self.offset = 0
+
+    async def output(self, offset: int | None = None, *, follow: bool = False,
+                     call_timeout: CallLimit = None) -> AsyncIterator[tuple[str, Any]]:
+        """("stdout" | "stderr", bytes), ("lost", n), then ("exit", Result) once it ended."""
+        start = self.offset if offset is None else offset
+        url = self._sandbox._url(f"/processes/{self.pid}/output?offset={start}"
+                                 f"&follow={'true' if follow else 'false'}")
+        async with self._sandbox._answer("GET", url, call_limit(call_timeout, None)) as answer:
+            async for line in answer.content:
+                try:
+                    event = json.loads(line)
+                    self.offset = int(event["offset"])
+                except (ValueError, KeyError, TypeError):
+                    raise DaemonError("the daemon's output held a line that is not an event",
+                                      reason=Reason.INTERNAL_ERROR, status=200) from None
+                if "lost" in event:
+                    yield "lost", int(event["lost"])
+                elif "exit" in event:
+                    yield "exit", Result.of(event, b"", b"")
+                for name in ("stdout", "stderr"):
+                    if name in event:
+                        data = base64.b64decode(event[name])
+                        self.offset += len(data)
+                        yield name, data
+
+    async def write(self, data: bytes, *, close: bool = False,
+                    call_timeout: CallLimit = DEFAULT) -> None:
+        url = self._sandbox._url(f"/processes/{self.pid}/stdin"
+                                 f"?close={'true' if close else 'false'}")
+        async with self._sandbox._answer("POST", url, call_limit(call_timeout, TIMEOUT),
+                                         data=bytes(data)) as answer:
+            self.info = await answer.json()
+
+    async def wait(self, *, call_timeout: CallLimit = None) -> Result:
+        status = await self._sandbox._call(f"/processes/{self.pid}/wait", None, call_timeout,
+                                           "GET")
+        return Result.of(status, b"", b"")
+
+    async def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.info = await self._sandbox._call(f"/processes/{self.pid}/signal",
+                                              {"signal": "KILL"}, call_timeout)
 
 
 class _Creating:

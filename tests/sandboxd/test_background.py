@@ -4,12 +4,14 @@ and ended with their sandbox."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from sealgate.reasons import Reason
+from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 
 from .conftest import Daemon
@@ -93,3 +95,18 @@ def test_kill_and_the_sandboxs_end(sandboxd: Daemon) -> None:
     while host_processes(uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert host_processes(uid) == {}
+
+
+def test_the_async_client_too(sandboxd: Daemon) -> None:
+    async def drive() -> None:
+        async with AsyncSandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+            proc = await sb.start(["sh", "-c", "echo ready; read x; echo got $x"])
+            await proc.write(b"it\n", close=True)
+            events = [event async for event in proc.output(follow=True)]
+            assert b"".join(d for k, d in events if k == "stdout") == b"ready\ngot it\n"
+            assert events[-1][0] == "exit" and (await proc.wait()).ok
+            sleeper = await sb.start(["sleep", "300"])
+            await sleeper.kill()
+            assert (await sleeper.wait()).ending == "killed"
+
+    asyncio.run(drive())
