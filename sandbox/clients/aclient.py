@@ -12,7 +12,6 @@ or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself. Every
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -40,6 +39,7 @@ from .clientshared import (
     event_of,
     exec_body,
     file_path,
+    output_events,
     stream_cut,
     timed_out,
     unreachable,
@@ -215,21 +215,9 @@ class AsyncProcess:
                                  f"&follow={'true' if follow else 'false'}")
         async with self._sandbox._answer("GET", url, call_limit(call_timeout, None)) as answer:
             async for line in answer.content:
-                try:
-                    event = json.loads(line)
-                    self.offset = int(event["offset"])
-                except (ValueError, KeyError, TypeError):
-                    raise DaemonError("the daemon's output held a line that is not an event",
-                                      reason=Reason.INTERNAL_ERROR, status=200) from None
-                if "lost" in event:
-                    yield "lost", int(event["lost"])
-                elif "exit" in event:
-                    yield "exit", Result.of(event, b"", b"")
-                for name in ("stdout", "stderr"):
-                    if name in event:
-                        data = base64.b64decode(event[name])
-                        self.offset += len(data)
-                        yield name, data
+                self.offset, events = output_events(line)
+                for event in events:
+                    yield event
 
     async def write(self, data: bytes, *, close: bool = False,
                     call_timeout: CallLimit = DEFAULT) -> None:

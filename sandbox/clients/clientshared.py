@@ -162,6 +162,28 @@ def event_of(line: bytes) -> tuple[str, bytes | Result]:
                           reason=Reason.INTERNAL_ERROR, status=200) from None
 
 
+def output_events(line: bytes) -> tuple[int, list[tuple[str, Any]]]:
+    """One line of a background process's output (`.../output`): the offset it ends at and
+    its events: ("lost", n), ("exit", Result), ("stdout" | "stderr", bytes)."""
+    try:
+        event = json.loads(line)
+        offset = int(event["offset"])
+        events: list[tuple[str, Any]] = []
+        if "lost" in event:
+            events.append(("lost", int(event["lost"])))
+        elif "exit" in event:
+            events.append(("exit", Result.of(event, b"", b"")))
+        for name in ("stdout", "stderr"):
+            if name in event:
+                data = base64.b64decode(event[name])
+                offset += len(data)
+                events.append((name, data))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DaemonError("the daemon's output held a line that is not an event",
+                          reason=Reason.INTERNAL_ERROR, status=200) from None
+    return offset, events
+
+
 def stream_cut() -> DaemonError:
     return DaemonError("the command's stream ended without its exit status",
                        reason=Reason.INTERNAL_ERROR, status=200)

@@ -4,16 +4,13 @@ client whose calls it makes."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from sealgate.reasons import Reason
-
-from .clientshared import DEFAULT, CallLimit, DaemonError, Result
+from .clientshared import DEFAULT, CallLimit, Result, output_events
 
 Event = tuple[str, "bytes | int | Result"]
 
@@ -62,21 +59,8 @@ class Process:
         path = self._path(f"/output?offset={start}&follow={'true' if follow else 'false'}")
         with self.client.open("GET", path, call_timeout=call_timeout) as answer:
             for line in answer.lines():
-                try:
-                    event = json.loads(line)
-                    self.offset = int(event["offset"])
-                except (ValueError, KeyError, TypeError):
-                    raise DaemonError("the daemon's output held a line that is not an event",
-                                      reason=Reason.INTERNAL_ERROR, status=200) from None
-                if "lost" in event:
-                    yield "lost", int(event["lost"])
-                elif "exit" in event:
-                    yield "exit", Result.of(event, b"", b"")
-                for name in ("stdout", "stderr"):
-                    if name in event:
-                        data = base64.b64decode(event[name])
-                        self.offset += len(data)
-                        yield name, data
+                self.offset, events = output_events(line)
+                yield from events
 
     def write(self, data: bytes, *, close: bool = False,
               call_timeout: CallLimit = DEFAULT) -> None:

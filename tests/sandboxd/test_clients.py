@@ -55,10 +55,18 @@ def test_the_async_client_drives_a_session(sandboxd: Daemon) -> None:
 
 
 def test_the_cli_is_a_thin_client(sandboxd: Daemon) -> None:
-    made = cli(sandboxd, "create", "ci-bot", "--json", "--ttl", "120", "--memory", "256M")
+    made = cli(sandboxd, "create", "ci-bot", "--json", "--ttl", "120", "--memory", "256M",
+               "--metadata", "via=cli")
     assert made.returncode == 0, made.stderr
     info = json.loads(made.stdout)
     ident = info["id"]
+    try:
+        _drive(sandboxd, ident, info)
+    finally:  # never left to the package's other tests, whatever failed
+        Sandbox(sandboxd.client, {"id": ident}).delete()
+
+
+def _drive(sandboxd: Daemon, ident: str, info: dict[str, object]) -> None:
     assert info["limits"]["memory"] == 256 << 20
     put = cli(sandboxd, "put", ident, "-", "dir/in.txt", stdin=b"via cli\n")
     assert put.returncode == 0, put.stderr
@@ -69,7 +77,13 @@ def test_the_cli_is_a_thin_client(sandboxd: Daemon) -> None:
     listed = json.loads(cli(sandboxd, "ls", "--json").stdout)
     assert ident in [s["id"] for s in listed]
     table = cli(sandboxd, "ls").stdout.decode()
-    assert table.splitlines()[0].split()[:3] == ["ID", "SANDBOX", "ADDRESS"] and ident in table
+    assert table.splitlines()[0].split()[:4] == ["ID", "SANDBOX", "IMAGE", "ADDRESS"]
+    assert ident in table and "via=cli" in table
+    assert ident not in cli(sandboxd, "ls", "--metadata", "via=other").stdout.decode()
+    updated = cli(sandboxd, "update", ident, "--ttl", "300", "--json")
+    assert updated.returncode == 0 and json.loads(updated.stdout)["expires_in"] > 290
+    nothing = cli(sandboxd, "update", ident)
+    assert nothing.returncode == 2 and b"say what to change" in nothing.stderr
     timed = cli(sandboxd, "exec", ident, "--timeout", "0.5", "--", "sleep", "30")
     assert timed.returncode == 124
     assert cli(sandboxd, "rm", ident).returncode == 0
