@@ -322,13 +322,17 @@ class Sandbox:
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None, stdin: bytes | None = None,
-              timeout: float | None = None, call_timeout: CallLimit = DEFAULT) -> Process:
+              timeout: float | None = None, idempotency_key: str | None = None,
+              call_timeout: CallLimit = DEFAULT) -> Process:
         """A command in the background: its handle at once (`Process`: output from an offset,
         stdin, wait, kill). It runs until it ends, is killed, or the sandbox ends (`timeout`:
-        a limit of its own, none by default)."""
+        a limit of its own, none by default). A retry with the same `idempotency_key` gets the
+        same process."""
         body = exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stream=False)
+        headers = None if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         info = self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/exec",
-                                {**body, "background": True}, call_timeout=call_timeout)
+                                {**body, "background": True}, headers=headers,
+                                call_timeout=call_timeout)
         return Process(self.client, self.id, info)
 
     def processes(self, *, call_timeout: CallLimit = DEFAULT) -> list[Process]:

@@ -214,8 +214,11 @@ async def _exec(request: web.Request) -> web.StreamResponse:
         raise BadRequest("'stream' and 'background' must be true or false")
     # In the background no limit unless asked: it ends with its sandbox.
     command = bodies.command(body, None if background else 600.0)
+    key = bodies.idempotency_key(request)
     if background:
-        return web.json_response(session.start(command).info(), status=201)
+        return web.json_response(session.start(command, key).info(), status=201)
+    if key is not None:  # a stream cannot be given twice
+        raise BadRequest("Idempotency-Key is taken by creates and background execs")
     events = session.run(command)
     if not stream:
         return await _collected(events)

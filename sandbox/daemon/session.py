@@ -40,6 +40,7 @@ from .slot import Slot
 _CHUNK = 1 << 16
 _BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
 MAX_REQUESTS = 64  # at once per sandbox
+MAX_KEYS = 256  # Idempotency-Keys of background starts remembered per sandbox
 MAX_PATH = 4096
 IO_STALL = 60.0  # seconds a file transfer may go without progress
 _T = TypeVar("_T")
@@ -101,6 +102,7 @@ class Session:
         self.ended = asyncio.Event()
         self.paused = False
         self.processes = Processes()
+        self._keys: dict[str, tuple[Command, Background]] = {}  # Idempotency-Key -> start
         self.base: Image | None = None  # the image its root is of, if any
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
@@ -167,9 +169,15 @@ class Session:
 
     # -- requests -------------------------------------------------------------------------
 
-    def start(self, command: Command) -> Background:
-        """`command` in the background (`sandbox.daemon.background`): its handle at once.
-        Raises SessionError as an exec would (ended, paused, busy), or past MAX_PROCESSES."""
+    def start(self, command: Command, key: str | None = None) -> Background:
+        """`command` in the background (`sandbox.daemon.background`): its handle at once; with
+        `key` (an Idempotency-Key), the one an earlier start with that key made. Raises
+        SessionError as an exec would (ended, paused, busy), or past MAX_PROCESSES."""
+        if key is not None and (known := self._keys.get(key)) is not None:
+            if known[0] != command:
+                raise SessionError("Idempotency-Key already used for another exec",
+                                   reason=Reason.BAD_REQUEST)
+            return known[1]
         if self.processes.running() >= MAX_PROCESSES:
             raise SessionError(f"sandbox {self.id} already has {MAX_PROCESSES} processes in "
                                "the background", reason=Reason.SANDBOX_BUSY)
@@ -179,8 +187,12 @@ class Session:
         if command.stdin:
             stdin.put_nowait(command.stdin)
         events = self.run(command, (ident, stdin))
-        return self.processes.add(list(command.argv), events, stdin,
-                                  lambda: self._kill(ident))
+        made = self.processes.add(list(command.argv), events, stdin, lambda: self._kill(ident))
+        if key is not None:
+            self._keys[key] = (command, made)
+            while len(self._keys) > MAX_KEYS:  # the oldest forgotten first
+                del self._keys[next(iter(self._keys))]
+        return made
 
     def _begin(self) -> int:
         if self.ended.is_set():

@@ -110,3 +110,16 @@ def test_the_async_client_too(sandboxd: Daemon) -> None:
             assert (await sleeper.wait()).ending == "killed"
 
     asyncio.run(drive())
+
+
+def test_a_retried_start_gets_the_same_process(sb: Sandbox) -> None:
+    first = sb.start(["sleep", "300"], idempotency_key="start-1")
+    again = sb.start(["sleep", "300"], idempotency_key="start-1")
+    assert again.pid == first.pid and len(sb.processes()) == 1
+    with pytest.raises(DaemonError) as refused:
+        sb.start(["sleep", "301"], idempotency_key="start-1")
+    assert refused.value.reason is Reason.BAD_REQUEST
+    with pytest.raises(DaemonError) as refused:  # a stream cannot be given twice
+        sb.client.call("POST", f"/v1/sandboxes/{sb.id}/exec",
+                       {"argv": ["true"], "stream": False}, headers={"Idempotency-Key": "x"})
+    assert refused.value.reason is Reason.BAD_REQUEST
