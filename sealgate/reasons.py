@@ -247,6 +247,9 @@ class Reason(StrEnum):
     SANDBOX_ENDED = ("sandbox_ended", 410, "the sandbox ended: deleted, expired, its agent died")
     SANDBOX_BUSY = ("sandbox_busy", 429, "a sandbox already running its most requests at once")
     SANDBOX_PAUSED = ("sandbox_paused", 409, "the sandbox is paused: resume it first")
+    PORT_UNREACHABLE = (
+        "port_unreachable", 502, "nothing in the sandbox answers HTTP on that port",
+    )
     NO_SUCH_PROCESS = ("no_such_process", 404, "no background process of that sandbox has that id")
     NO_SUCH_IMAGE = ("no_such_image", 404, "no image, template or snapshot of that name")
     IMAGE_REFUSED = (

@@ -157,10 +157,12 @@ class Client:
         return headers
 
     def open(self, method: str, path: str, body: bytes | None = None, *,
-             headers: Mapping[str, str] | None = None,
+             headers: Mapping[str, str] | None = None, forwarded: bool = False,
              call_timeout: CallLimit = DEFAULT) -> Answer:
         """The answer, its body unread (`with` it); DaemonError for a refusal or a daemon that
-        cannot be reached, CallTimeout past the call's limit."""
+        cannot be reached, CallTimeout past the call's limit. `forwarded`: the answer may be a
+        sandbox server's (a port route), whatever its status; only the daemon's own refusals
+        (marked `X-Sealgate-Error`) raise."""
         deadline = _Deadline(call_limit(call_timeout, self.timeout), self.daemon)
         conn = self._connection(deadline.left())
         try:
@@ -176,7 +178,7 @@ class Client:
             conn.close()
             raise unreachable(self.daemon, exc) from None
         answer = Answer(conn, sock, response, deadline)
-        if response.status >= 300:
+        if response.status >= 300 and (not forwarded or response.getheader("X-Sealgate-Error")):
             with answer:
                 raise error_of(response.status, answer.read(1 << 16))
         return answer
@@ -334,6 +336,18 @@ class Sandbox:
                                 {**body, "background": True}, headers=headers,
                                 call_timeout=call_timeout)
         return Process(self.client, self.id, info)
+
+    def port(self, port: int, path: str = "/", *, method: str = "GET", body: bytes | None = None,
+             headers: Mapping[str, str] | None = None,
+             call_timeout: CallLimit = DEFAULT) -> tuple[int, dict[str, str], bytes]:
+        """An HTTP request to `port` of the sandbox's own loopback, through the daemon (no one
+        else can reach it): the server's status, headers and body, whatever the status.
+        DaemonError `port_unreachable` when nothing there answers HTTP."""
+        where = f"/v1/sandboxes/{quote(self.id, safe='')}/ports/{int(port)}/{path.lstrip('/')}"
+        with self.client.open(method, where, body, headers=headers, forwarded=True,
+                              call_timeout=call_timeout) as answer:
+            return (answer.status, dict(answer.response.getheaders()),
+                    answer.read())
 
     def processes(self, *, call_timeout: CallLimit = DEFAULT) -> list[Process]:
         """Its background processes (the ended ones it still keeps included)."""

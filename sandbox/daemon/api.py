@@ -20,6 +20,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,7 +28,7 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import bodies
+from . import bodies, ports
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
@@ -60,13 +61,16 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_get("/v1/sandboxes/{id}/processes/{pid}/wait", _wait)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/stdin", _stdin)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/signal", _signal)
+    app.router.add_route("*", "/v1/sandboxes/{id}/ports/{port}/{path:.*}", _port)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     return app
 
 
 def error(reason: Reason, detail: str) -> web.Response:
-    return web.json_response({"error": reason.value, "detail": detail}, status=reason.status)
+    # The header tells the daemon's own refusal from an answer forwarded from a sandbox's port.
+    return web.json_response({"error": reason.value, "detail": detail}, status=reason.status,
+                             headers={"X-Sealgate-Error": reason.value})
 
 
 @web.middleware
@@ -311,6 +315,22 @@ async def _signal(request: web.Request) -> web.Response:
     if process.running:
         process.kill()
     return web.json_response(process.info())
+
+
+async def _port(request: web.Request) -> web.StreamResponse:
+    """An HTTP request to a port the sandbox serves (`sandbox.daemon.ports`)."""
+    session = request.app[_DAEMON].get(request.match_info["id"])
+    port = request.match_info["port"]
+    if not port.isdigit() or not 0 < int(port) < 65536 or len(port) > 5:
+        raise BadRequest("a port from 1 to 65535")
+    if session.paused:
+        raise SessionError(f"sandbox {session.id} is paused", reason=Reason.SANDBOX_PAUSED)
+
+    def began() -> None:
+        request[_STREAMING] = True
+
+    return await ports.forward(request, Path("/run/netns") / session.slot.link.netns,
+                               int(port), request.match_info["path"], began)
 
 
 async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:

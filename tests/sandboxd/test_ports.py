@@ -1,0 +1,101 @@
+"""A port the sandbox serves, reached by the harness through the daemon (#25's ports): the
+request arrives as sent (less the daemon's own credentials), the server's answer comes back
+whatever its status, nothing listening is the daemon's clear refusal, and no one else (another
+sandbox) reaches the port."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sealgate.reasons import Reason
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+
+from .conftest import Daemon
+
+# A server that says what it was sent: method, path, headers, body.
+_ECHO = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Echo(BaseHTTPRequestHandler):
+    def answer(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        out = json.dumps({"method": self.command, "path": self.path,
+                          "headers": {k.lower(): v for k, v in self.headers.items()},
+                          "body": body.decode()}).encode()
+        self.send_response(404 if self.path.startswith("/missing") else 200)
+        self.send_header("content-type", "application/json")
+        self.send_header("x-from", "the-sandbox")
+        self.end_headers()
+        self.wfile.write(out)
+    do_GET = do_POST = do_PUT = answer
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+
+
+@pytest.fixture
+def served(sandboxd: Daemon) -> Iterator[Sandbox]:
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        sb.start(["python3", "-c", _ECHO, "8000"])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                sb.port(8000, "/ready")
+                break
+            except DaemonError as exc:
+                assert exc.reason is Reason.PORT_UNREACHABLE, exc
+                time.sleep(0.1)
+        yield sb
+
+
+def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -> None:
+    status, headers, body = served.port(8000, "/api/items?q=1&r=two", method="POST",
+                                        body=b'{"name": "x"}',
+                                        headers={"X-Custom": "kept",
+                                                 "Authorization": "Bearer daemon-key"})
+    assert status == 200 and headers.get("x-from") == "the-sandbox"
+    seen = json.loads(body)
+    assert (seen["method"], seen["path"], seen["body"]) == ("POST", "/api/items?q=1&r=two",
+                                                             '{"name": "x"}')
+    assert seen["headers"]["x-custom"] == "kept"
+    assert "authorization" not in seen["headers"]  # the daemon's credential stays the daemon's
+    assert seen["headers"]["host"] == "127.0.0.1:8000"
+    # The server's own 404 is its answer, not a refusal of the daemon's.
+    status, headers, body = served.port(8000, "/missing")
+    assert status == 404 and "X-Sealgate-Error" not in headers
+
+
+def test_nothing_listening_and_bad_ports_are_the_daemons_refusals(served: Sandbox) -> None:
+    with pytest.raises(DaemonError) as refused:
+        served.port(8001)
+    assert refused.value.reason is Reason.PORT_UNREACHABLE and refused.value.status == 502
+    for bad in ("0", "65536", "http", "99999999"):
+        with pytest.raises(DaemonError) as refused:
+            served.client.call("GET", f"/v1/sandboxes/{served.id}/ports/{bad}/")
+        assert refused.value.reason is Reason.BAD_REQUEST, bad
+
+
+_PROBE = """
+import socket, sys
+for host in sys.argv[1:]:
+    try:
+        with socket.create_connection((host, 8000), timeout=3) as c:
+            c.sendall(b"GET /probe HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n")
+            c.settimeout(5)
+            print(host, c.recv(65536).decode(errors="replace"))
+    except OSError as exc:
+        print(host, "refused", exc)
+"""
+
+
+def test_another_sandbox_cannot_reach_the_port(served: Sandbox, sandboxd: Daemon) -> None:
+    """Its address (where the link's table sends it to the proxy instead, which answers for
+    itself) nor its own loopback (which is its own) reach the server."""
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as other:
+        probe = other.run(["python3", "-c", _PROBE, served.info["address"], "127.0.0.1"])
+        assert probe.ok and "the-sandbox" not in probe.text and "/probe" not in probe.text, \
+            probe
