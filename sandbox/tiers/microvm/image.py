@@ -1,13 +1,15 @@
 """The guest's kernel and initramfs, built from Debian packages and cached by their inputs.
 
 The kernel is Debian's generic one (`linux-image-amd64`): the cloud flavour lacks 9p, which
-shares the host's /usr into the guest read-only, so the guest needs no disk image at all. The
-package is fetched with `apt-get download` and unpacked with `dpkg-deb` into the build
-directory, never installed on the host (that would touch the host's boot). The initramfs is
-written here, as a newc cpio: a static busybox (Debian's `busybox-static`, unpacked the same
-way), the handful of modules the guest needs (virtio over MMIO, its network, console port,
-9p, and a block device, erofs and overlayfs for an image's disk), an `/init` that mounts /usr and starts the guest agent, and the agent itself
-(`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the shared /usr).
+shares the host's /usr into the guest read-only, so the guest needs no disk image of its own
+(an image's sandbox gets the image as a disk). The package is fetched with `apt-get download`
+and unpacked with `dpkg-deb` into the build directory, never installed on the host (that
+would touch the host's boot). The initramfs is written here, as a newc cpio: a static busybox
+(Debian's `busybox-static`, unpacked the same way), the handful of modules the guest needs
+(virtio over MMIO, its network, console port, 9p, and a block device, erofs and overlayfs for
+an image's disk), an `/init` that mounts /usr and starts the guest agent, and the agent
+itself (`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the
+shared /usr).
 
 An image lives in `<dir>/<key>/`, the key a hash of the two packages' versions and of every
 file of sealgate's that ends up in the guest, so a change to any of them builds a new one;
