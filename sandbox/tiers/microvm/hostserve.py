@@ -17,6 +17,11 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   The request's descriptors become the process's standard streams (`shim.main`);
 - `kill`: the guest kills the command's process group.
 
+A slot from an image (`Order.disk`) has its root made in the guest at set-up (`hostrun`); its
+execs run there as the guest's root (`root`: the image's files are root's, and the VM is the
+boundary), while put and get still run as the slot's uid in the guest's own root, on the same
+9p /workspace the image's root has bound.
+
 The VM is this slot's alone and lives as long as this process: when the daemon's end of the
 channel closes, or the daemon kills QEMU (this process's child), or the guest ends, this
 process ends, which the daemon watches. The daemon's warm pool of slots is the pool of booted

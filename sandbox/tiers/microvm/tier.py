@@ -9,7 +9,9 @@ of the link to a tap, boots the VM on it, gives the guest the sandbox's address,
 files and the clean environment over the agent's channel, runs the command and exits with its
 status. The guest sees the host's /usr read-only (9p), its own /etc, /proc, /dev and tmpfs, and
 the workspace read-write; it holds no credential and no key (the CA bundle has certificates
-only).
+only). A sandboxd slot from an image (`image_owner="guest"`) also gets the image as a read-only
+erofs disk (`sandbox.images.disk`), of which the guest makes the sandbox's root
+(`guest/vmroot.py`).
 
 Limits: the guest's RAM is the workload's memory limit (up to `_MAX_GUEST_MIB`: the guest's
 own kernel then refuses what is over it), the process limit applies to the command's uid inside
