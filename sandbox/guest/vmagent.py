@@ -226,9 +226,9 @@ class Agent:
                             stderr=subprocess.PIPE, close_fds=True, preexec_fn=enter)
         except (OSError, subprocess.SubprocessError) as exc:
             os.rmdir(group)  # the failed child was reaped: nothing is in it
-            self.send({"op": Op.OUT, "id": ident, "fd": 2},
-                      f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
-                      if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
+            said = (f"cannot run {argv[0]!r}: {exc.strerror or exc}" if isinstance(exc, OSError)
+                    else f"cannot enter {cwd!r} in the image's root" if in_root else str(exc))
+            self.send({"op": Op.OUT, "id": ident, "fd": 2}, f"sealgate: {said}\n".encode())
             self.send({"op": Op.EXIT, "id": ident, "code": NOT_STARTED})
             return
         # The pipes are read by the select loop; the Popen object's own waiting is never used

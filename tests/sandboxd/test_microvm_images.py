@@ -37,10 +37,11 @@ def microvm_imaged(dproxy: Proxy, store: Path, tmp_path_factory: pytest.TempPath
     daemon.stop()
 
 
-def _vm(daemon: Daemon, image: str) -> Sandbox:
+def _vm(daemon: Daemon, image: str, **limits: int) -> Sandbox:
     """A sandbox on a VM of the image's warm pool (debian: one booted ahead, one refilled
     behind each create) or booted for it (hostile), under emulation here."""
-    return Sandbox.create("ci-bot", image=image, daemon=str(daemon.socket), call_timeout=240)
+    return Sandbox.create("ci-bot", image=image, daemon=str(daemon.socket), call_timeout=240,
+                          limits=limits or None)
 
 
 def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
@@ -71,6 +72,9 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         ran = sb.run(["sh", "-c", "python3 /workspace/hello.py > /workspace/out.txt"])
         assert ran.ok, ran.text
         assert sb.read("out.txt") == b"hello from the workspace\n"
+        assert sb.run(["pwd"], cwd="/etc").stdout == b"/etc\n"
+        lost = sb.run(["true"], cwd="/no/such/place")
+        assert lost.exit_code == 127 and b"cannot enter '/no/such/place'" in lost.stderr, lost
         resolv = sb.run(["cat", "/etc/resolv.conf"]).stdout
         assert resolv.startswith(b"nameserver 10.216."), resolv
         got = sb.run(["python3", "-c", _FETCH, f"{url}/from-microvm-image"], timeout=120)
@@ -86,7 +90,7 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
     with _vm(microvm_imaged, "debian") as again:
         assert not again.run(["test", "-e", "/usr/bin/planted"]).ok
         assert again.run(["test", "-e", "/etc/sealgate-test-image"]).ok
-    with _vm(microvm_imaged, "hostile") as hostile:
+    with _vm(microvm_imaged, "hostile", pids=12) as hostile:
         env = dict(line.split("=", 1) for line in hostile.run(["sh", "-c", "set"]).text
                    .splitlines() if "=" in line and not line.startswith(" "))
         assert "192.0.2.66" not in env.get("HTTPS_PROXY", ""), env
@@ -99,6 +103,10 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         assert hostile.run(["readlink", "/tmp"]).stdout == b""  # a directory of its own now
         assert hostile.run(["readlink", "/etc/ssl/certs"]).stdout == b""
         assert hostile.run(["stat", "-c", "%a %u", "/bin/suid-sh"]).stdout == b"755 0\n"
+        # The guest's root is not held to RLIMIT_NPROC: its command's cgroup holds it.
+        many = hostile.run(["sh", "-c", "for i in $(busybox seq 20); do busybox sleep 2 & "
+                                        "done; wait; echo done"], timeout=60)
+        assert many.stdout == b"done\n" and b"fork" in many.stderr, many
     after = _tree(store / "layers")
     assert {path: after.get(path) for path in layers_before} == layers_before
     # One disk per image, built once, kept in the store.
