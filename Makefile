@@ -9,8 +9,9 @@ STAMP := $(VENV)/.sealgate-installed
 DEB_RUNTIME := iproute2 nftables iptables ca-certificates curl bubblewrap util-linux runsc
 DEB_BENCH := squid wrk nginx-light hey
 # The microVM tier's QEMU; its guest kernel and busybox are unpacked from Debian's packages into
-# var/microvm by scripts/microvm-image, never installed on the host.
-DEB_MICROVM := qemu-system-x86
+# var/microvm by scripts/microvm-image, never installed on the host. erofs-utils makes an image's
+# disk for a microVM sandbox (sandbox/images/disk.py).
+DEB_MICROVM := qemu-system-x86 erofs-utils
 # The OCI images the sandbox tests start from (scripts/test-images): debian's is debootstrapped;
 # busybox's package is unpacked by apt-get download and dpkg-deb, never installed on the host.
 DEB_IMAGES := debootstrap

@@ -154,7 +154,8 @@ class Daemon:
             # that policy's, never another's (nor a pool's, which any policy takes from).
             raise SessionError(f"image {name[:64]!r} belongs to another policy",
                                reason=Reason.IMAGE_REFUSED)
-        return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir)
+        return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir,
+                                self.store.root / "disks")
 
     async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
         self._preparing += 1
@@ -405,6 +406,10 @@ class Daemon:
         new image of its policy's (frozen meanwhile, so one instant of it). Raises
         SessionError."""
         session = self.get(ident)
+        tier = tiers.get(self.config.slots.isolation)
+        if session.base is not None and tier.no_snapshot is not None:
+            raise SessionError(f"the {tier.name} tier cannot snapshot sandbox {ident[:64]}: "
+                               f"{tier.no_snapshot}", reason=Reason.UNSUPPORTED)
         upper = session.upper
         if self.store is None or session.base is None or upper is None:
             raise SessionError(f"sandbox {ident[:64]} has no image to snapshot (create it with "

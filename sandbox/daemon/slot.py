@@ -31,6 +31,7 @@ from ..host.cgroup import Group, Limits
 from ..host.dns import LoopDns
 from ..host.launch import Launch, environment, staged
 from ..host.network import Link, Plan
+from ..images import disk as images_disk
 from ..runtime import prerequisites, remove_link, take_link, trust, unregister
 
 SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command
@@ -93,29 +94,38 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
         files = {**staged(link, bundle, ca, image is not None), **staging.agent_files(),
                  SECCOMP: program}
         command = [PYTHON, "-I", "-S", staging.AGENT, "--seccomp", SECCOMP]
-        root = None
+        root = disk = None
+        dirs: dict[str, int] = {}
         if image is not None:
             if tier.image_owner is None:
                 raise SandboxError(f"images do not run on the {tier.name} tier yet")
-            owner = uid if tier.image_owner == "sandbox" else 0
-            root = rootfs.mount(scratch.mount_point(link.index), owner, image.layers)
-            # What it writes, /workspace and its home included, is its overlay's: one cap,
-            # and all of it in a snapshot.
-            places = {}
             dirs = dict(_IMAGE_DIRS)
             if image.workdir.startswith("/") and image.workdir != "/":
                 dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
-            rootfs.lay_over(root, owner, dirs,
-                            [p for p in files if not p.startswith(("/proc/", "/run/"))])
-            command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
-                       "--hide", rootfs.HOST]
+            if tier.image_owner == "guest":
+                # A kernel of its own makes the root inside, of the image as one read-only
+                # disk: nothing is mounted here, and /workspace stays the slot's scratch.
+                if image.disks is None:
+                    raise SandboxError("no place for the image's disk (sandboxd --images)")
+                disk = images_disk.build(image.disks, image.key, image.layers)
+            else:
+                owner = uid if tier.image_owner == "sandbox" else 0
+                root = rootfs.mount(scratch.mount_point(link.index), owner, image.layers)
+                # What it writes, /workspace and its home included, is its overlay's: one
+                # cap, and all of it in a snapshot.
+                places = {}
+                rootfs.lay_over(root, owner, dirs,
+                                [p for p in files if not p.startswith(("/proc/", "/run/"))])
+                command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
+                           "--hide", rootfs.HOST]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         undo.callback(ours.close)
         try:
             with contextlib.ExitStack() as handed:  # the descriptors only the child keeps
                 handed.callback(theirs.close)
                 launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
-                                {}, writable=places, agent=True, root=root)
+                                {}, writable=places, agent=True, root=root, disk=disk,
+                                root_dirs=dirs if disk is not None else {})
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # bubblewrap's --die-with-parent follows the thread that forked it: the daemon

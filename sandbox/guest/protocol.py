@@ -60,6 +60,7 @@ class Op(StrEnum):
     PING = "ping"
     NET = "net"
     SEAL = "seal"
+    ROOT = "root"  # an image's root, made in the guest (`vmroot`)
     STDIN = "stdin"
     # frames, guest -> host (ready as well)
     OK = "ok"

@@ -9,6 +9,8 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
 - `seal`: the guest's root read-only, once the host has put what it stages there (the first
   `exec` does it if the host has not), so that only the scratch mounts are writable;
+- `root` (dirs, files): a sandbox from an image: its root made of the image's disk, with the
+  staged files laid over (`vmroot`), before the seal;
 - `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session and a
   cgroup of its own as that uid with no supplementary groups, only the environment given, and
   at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
@@ -17,7 +19,11 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   past its timeout, 127 when it could not be started; and `signal` N or `timed_out`, so that
   a command's own exit 143 or 124 is not read as one), after all its output. When the command
   ends or times out, everything it started is killed, whatever session it moved to (nothing
-  leaves its cgroup without root), and its exit is said once they are gone.
+  leaves its cgroup without root), and its exit is said once they are gone. With `root` (once
+  the image's root is made) it runs chrooted there as the guest's root (uid 0, the only uid
+  an image's files are writable by): there the VM is the boundary, not a uid, and the process
+  limit is its cgroup's `pids.max` (root is not held to RLIMIT_NPROC). Without it, never as
+  root.
 
 The agent holds nothing the host has not handed it: no credential, no key.
 """
@@ -74,6 +80,7 @@ class Agent:
         self.frames = Frames()
         self.groups = itertools.count(1)
         self.sealed = False
+        self.root: str | None = None  # an image's root, once made (`vmroot`)
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -153,6 +160,9 @@ class Agent:
         elif op == Op.SEAL:
             self._seal()
             self.send({"op": Op.OK, "id": ident})
+        elif op == Op.ROOT:
+            self._make_root(header)
+            self.send({"op": Op.OK, "id": ident})
         elif op == Op.PUT:
             put(str(header["path"]), payload, int(header.get("mode", 0o644)),
                 int(header.get("uid", 0)), int(header.get("gid", 0)))
@@ -182,11 +192,15 @@ class Agent:
         argv = [str(a) for a in header["argv"]]
         env = {str(k): str(v) for k, v in header.get("env", {}).items()}
         uid, gid = int(header["uid"]), int(header["gid"])
-        if uid == 0 or gid == 0:
-            raise ValueError("a command never runs as root")
+        in_root = header.get("root") is True
+        if in_root and self.root is None:
+            raise ValueError("this guest has no image root")
+        if (uid == 0 or gid == 0) and not in_root:
+            raise ValueError("a command never runs as root outside an image's root")
         self._seal()  # if the host has not: no command runs with the root writable
         home = env.get("HOME")
-        if home and not os.path.isdir(home):
+        cwd = header.get("cwd") or home or "/"
+        if home and not in_root and not os.path.isdir(home):
             os.makedirs(home, mode=0o700)
             os.chown(home, uid, gid)
         # The child inherits the agent's limit; the agent, root, is not held to it.
@@ -194,16 +208,27 @@ class Agent:
         resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
         group = f"{CGROUPS}/command-{next(self.groups)}"
         os.mkdir(group)
+        enter = None
+        if in_root:
+            root = self.root or "/"  # set: checked above
+            # Root is not held to RLIMIT_NPROC: its group is (the agent in it for the fork).
+            if header.get("pids"):
+                with open(f"{group}/pids.max", "w") as fh:
+                    fh.write(str(pids + 1))
+
+            def enter() -> None:  # in the child, after its uid is set, before its exec
+                os.chroot(root)
+                os.chdir(cwd)
         try:
-            child = born_in(group, argv, env=env, cwd=header.get("cwd") or home or "/",
+            child = born_in(group, argv, env=env, cwd=None if in_root else cwd,
                             user=uid, group=gid, extra_groups=[], start_new_session=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, close_fds=True)
+                            stderr=subprocess.PIPE, close_fds=True, preexec_fn=enter)
         except (OSError, subprocess.SubprocessError) as exc:
             os.rmdir(group)  # the failed child was reaped: nothing is in it
-            self.send({"op": Op.OUT, "id": ident, "fd": 2},
-                      f"sealgate: cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode()
-                      if isinstance(exc, OSError) else f"sealgate: {exc}\n".encode())
+            said = (f"cannot run {argv[0]!r}: {exc.strerror or exc}" if isinstance(exc, OSError)
+                    else f"cannot enter {cwd!r} in the image's root" if in_root else str(exc))
+            self.send({"op": Op.OUT, "id": ident, "fd": 2}, f"sealgate: {said}\n".encode())
             self.send({"op": Op.EXIT, "id": ident, "code": NOT_STARTED})
             return
         # The pipes are read by the select loop; the Popen object's own waiting is never used
@@ -225,6 +250,16 @@ class Agent:
         self.commands[ident] = cmd
         self.by_pid[child.pid] = cmd
         self.send({"op": Op.STARTED, "id": ident, "pid": child.pid})
+
+    def _make_root(self, header: dict[str, Any]) -> None:
+        if self.sealed or self.root is not None:
+            raise ValueError("the root is made once, before the seal")
+        from . import vmroot  # an image's sandbox only: ctypes costs every other's start
+
+        dirs = {str(k): int(v) for k, v in header["dirs"].items()}
+        with open(f"{CGROUPS}/cgroup.subtree_control", "w") as fh:
+            fh.write("+pids")  # each command's process limit is its group's (see _exec)
+        self.root = vmroot.make(dirs, [str(p) for p in header["files"]])
 
     def _seal(self) -> None:
         if not self.sealed:

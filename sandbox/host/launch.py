@@ -65,6 +65,11 @@ class Launch:
     # The sandbox's own root from an image (`sandbox.host.rootfs`), in place of the host's
     # system directories: the sandbox is root of its user namespace there (its uid outside).
     root: Path | None = None
+    # Or, for a tier with a kernel of its own (`Tier.image_owner == "guest"`), the image as one
+    # read-only disk (`sandbox.images.disk`) and the directories to make in the root its guest
+    # makes of it, by mode.
+    disk: Path | None = None
+    root_dirs: Mapping[str, int] = field(default_factory=dict)
 
 
 def staged(link: Link, bundle: bytes, proxy_ca: bytes, image: bool = False) -> dict[str, bytes]:

@@ -61,6 +61,7 @@ class ImageRoot:
     layers: tuple[Path, ...]
     env: tuple[str, ...] = ()  # "NAME=value", the image's
     workdir: str = ""
+    disks: Path | None = None  # where its disk is kept, for a tier that takes one (the store's)
 
 
 class _Attr(ctypes.Structure):

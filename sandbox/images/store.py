@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import archive, oci
+from . import archive, disk, oci
 from .errors import ImageError
 from .record import Catalog, Image, Index, human, short, write_atomic
 from .snapshot import copy_upper
@@ -277,6 +277,14 @@ class Store:
             for entry in sorted(os.listdir(self.root / "tmp")):
                 _remove(self.root / "tmp" / entry)
                 removed.append(f"tmp/{entry}")
+            # The microVM's disks (`disk`) of images no longer here (one a VM has open stays
+            # readable by it); a build's own files start with a dot and are left to it.
+            disks = {disk.name(",".join(image.layers)) for image in catalog.images}
+            with contextlib.suppress(FileNotFoundError):
+                for entry in sorted(os.listdir(self.root / "disks")):
+                    if not entry.startswith(".") and entry not in disks:
+                        _remove(self.root / "disks" / entry)
+                        removed.append(f"disks/{entry}")
             with self._index.change() as catalog:
                 catalog.layers = {k: v for k, v in catalog.layers.items()
                                   if k.removeprefix("sha256:") in layers}

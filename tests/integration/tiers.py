@@ -22,7 +22,7 @@ ENV = {} if vm.kvm_problem() is None else {vm.ACCEL_ENV: "tcg"}
 ENV.update({k: os.environ[k] for k in (image.DIR_ENV,) if k in os.environ})
 
 
-def _problem(name: str) -> str | None:
+def unavailable(name: str) -> str | None:
     saved = {key: os.environ.get(key) for key in ENV}
     os.environ.update(ENV)
     try:
@@ -36,7 +36,7 @@ def _problem(name: str) -> str | None:
 
 
 def _param(name: str) -> object:
-    problem = _problem(name)
+    problem = unavailable(name)
     return pytest.param(name, id=name, marks=pytest.mark.skipif(
         problem is not None, reason=f"isolation {name}: {problem}"))
 

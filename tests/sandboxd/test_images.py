@@ -34,6 +34,11 @@ from .conftest import PLAN, UID_BASE, Daemon, sealgate, start_daemon
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_store(tmp_path_factory)
+
+
+def make_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of the test images: busybox, debian and `_hostile`'s."""
     where = tmp_path_factory.mktemp("image-store") / "images"
     for name, layout in (("busybox", images.busybox_layout()), ("debian", images.debian_layout())):
         done = sealgate("image", "import", str(layout), "--name", name, "--store", str(where),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.cli import main
-from sealgate.sandbox.images import Image, ImageError, Store
+from sealgate.sandbox.images import Image, ImageError, Store, disk
 from sealgate.sandbox.images import store as store_module
 from sealgate.sandbox.images.unpack import OPAQUE_XATTR
 from tests import ocikit
@@ -97,6 +98,42 @@ def test_layers_are_shared_and_gc_keeps_what_is_referenced(tmp_path: Path,
     store.gc()
     assert contents(store) == set()
     assert json.loads((store.root / "index.json").read_text())["layers"] == {}
+
+
+def test_an_images_disk_is_its_merged_layers(tmp_path: Path, store: Store) -> None:
+    """The microVM's erofs disk of an image (`disk.build`): the layers merged (a whiteout and
+    an opaque directory resolved), every file root's, no extended attribute; built once, and
+    gone at the first gc after its image."""
+    with_tmp = [*BASE, directory("tmp"), file("tmp/old-tmp", b"t")]
+    image = store.import_path(ocikit.write(tmp_path / "img", [ocikit.layer(with_tmp),
+                                                              ocikit.layer(TOP)]).root, "img")
+    key = ",".join(image.layers)
+    built = disk.build(store.root / "disks", key, store.layer_dirs(image))
+    assert built == store.root / "disks" / disk.name(key)
+    assert stat.S_IMODE(built.stat().st_mode) == 0o644
+    assert disk.build(store.root / "disks", key, []).stat().st_mtime == built.stat().st_mtime
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    mounted = subprocess.run(["mount", "-t", "erofs", "-o", "ro,loop", str(built), str(seen)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount an erofs image here: {mounted.stderr.strip()}")
+    try:
+        assert (seen / "etc/motd").read_bytes() == b"hi"
+        assert (seen / "etc/os-release").read_bytes() == b"ID=test\n"
+        assert os.readlink(seen / "bin/ash") == "sh"
+        assert not (seen / "var/log/old").exists()  # its whiteout resolved
+        assert os.listdir(seen / "tmp") == []  # opaque: the lower's file hidden
+        assert stat.S_IMODE(os.stat(seen / "tmp").st_mode) == 0o1777
+        for path in seen.rglob("*"):
+            assert path.lstat().st_uid == 0 and path.lstat().st_gid == 0, path
+            assert os.listxattr(path, follow_symlinks=False) == [], path
+    finally:
+        subprocess.run(["umount", str(seen)], check=True)
+    assert store.gc() == []
+    store.remove("img")
+    assert f"disks/{built.name}" in store.gc()
+    assert not built.exists()
 
 
 def test_concurrent_imports_share_a_layer_and_all_land(tmp_path: Path, store: Store) -> None:

@@ -10,7 +10,9 @@ staged files, the addresses; never on a command line, which `ps` shows), then:
    table, its name server, the proxy) sees exactly what it sees for any tier;
 2. boots the VM on that tap (`vm`), as the run's uid, with the workspace shared read-write;
 3. gives the guest its address and route, and the staged files (the CA bundle, resolv.conf,
-   ...), over the agent's channel, and then has its root made read-only;
+   ...), over the agent's channel, for a sandbox from an image (sandboxd's: `disk`) has the
+   image's root made of its disk with those files laid over, and then has the guest's own
+   root made read-only;
 4. runs the command as the run's uid with the clean environment, its input and output this
    process's own, and exits with its status (125 when the VM could not be had).
 """
@@ -49,6 +51,8 @@ class Order:
     pids: int
     memory_mib: int
     workspace: str | None = None
+    disk: str | None = None  # an image's erofs disk (`sandbox.images.disk`), read-only
+    root_dirs: dict[str, int] | None = None  # with `disk`: what to make in its root, by mode
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -85,7 +89,8 @@ def start(order: Order) -> Booted:
     wire(order.sandbox_if)
     spec = vm.Spec(found, accel, order.uid, order.gid, tap=TAP,
                    workspace=Path(order.workspace) if order.workspace else None,
-                   memory_mib=order.memory_mib)
+                   memory_mib=order.memory_mib,
+                   disk=Path(order.disk) if order.disk else None)
     try:
         booted = pool.boot(spec, _BOOT_SECONDS)
     except SandboxError as exc:
@@ -95,6 +100,9 @@ def start(order: Order) -> Booted:
         for path, text in order.files.items():
             if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
                 booted.channel.put(path, text.encode("latin-1"))
+        if order.disk:
+            booted.channel.root(order.root_dirs or {},
+                                [p for p in order.files if not p.startswith("/proc/")])
         booted.channel.seal()  # here, at set-up, rather than at the first command
     except BaseException:
         booted.close()

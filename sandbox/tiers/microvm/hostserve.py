@@ -17,6 +17,11 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   The request's descriptors become the process's standard streams (`shim.main`);
 - `kill`: the guest kills the command's process group.
 
+A slot from an image (`Order.disk`) has its root made in the guest at set-up (`hostrun`); its
+execs run there as the guest's root (`root`: the image's files are root's, and the VM is the
+boundary), while put and get still run as the slot's uid in the guest's own root, on the same
+9p /workspace the image's root has bound.
+
 The VM is this slot's alone and lives as long as this process: when the daemon's end of the
 channel closes, or the daemon kills QEMU (this process's child), or the guest ends, this
 process ends, which the daemon watches. The daemon's warm pool of slots is the pool of booted
@@ -194,12 +199,17 @@ class Server:
             self._slots.release()
 
     def _start(self, gid: int, argv: list[str], env: dict[str, Any], stdin: int, *,
-               cwd: str | None, timeout: float | None, pids: int | None = None) -> None:
-        # The create's process limit is each command's RLIMIT_NPROC inside, as in the agent.
+               cwd: str | None, timeout: float | None, pids: int | None = None,
+               in_root: bool = False) -> None:
+        # The create's process limit is each command's RLIMIT_NPROC inside, as in the agent
+        # (or its cgroup's, in an image's root: `vmagent`).
         order = self.order
-        self.guest.send({"op": Op.EXEC, "id": gid, "argv": argv, "env": env,
-                         "cwd": cwd or WORKSPACE, "uid": order.uid, "gid": order.gid,
-                         "timeout": timeout, "pids": pids or order.pids})
+        frame = {"op": Op.EXEC, "id": gid, "argv": argv, "env": env, "cwd": cwd or WORKSPACE,
+                 "uid": order.uid, "gid": order.gid, "timeout": timeout,
+                 "pids": pids or order.pids}
+        if in_root:  # the image's files are root's: its commands are the guest's root there
+            frame.update(uid=0, gid=0, root=True)
+        self.guest.send(frame)
         # The feeder owns the request's stdin from here: it closes it at its end.
         threading.Thread(target=self._feed, args=(gid, stdin), daemon=True).start()
 
@@ -220,7 +230,7 @@ class Server:
         timeout = req.get("timeout")
         self._start(gid, [str(a) for a in req["argv"]], dict(req.get("env") or {}), stdin,
                     cwd=req.get("cwd"), timeout=None if timeout is None else float(timeout),
-                    pids=req.get("pids"))
+                    pids=req.get("pids"), in_root=self.order.disk is not None)
         ended, error = _drain(frames, {1: stdout, 2: stderr}, timeout)
         for fd in (stdout, stderr):
             os.close(fd)

@@ -1,13 +1,15 @@
 """The guest's kernel and initramfs, built from Debian packages and cached by their inputs.
 
 The kernel is Debian's generic one (`linux-image-amd64`): the cloud flavour lacks 9p, which
-shares the host's /usr into the guest read-only, so the guest needs no disk image at all. The
-package is fetched with `apt-get download` and unpacked with `dpkg-deb` into the build
-directory, never installed on the host (that would touch the host's boot). The initramfs is
-written here, as a newc cpio: a static busybox (Debian's `busybox-static`, unpacked the same
-way), the handful of modules the guest needs (virtio over MMIO, its network, console port and
-9p), an `/init` that mounts /usr and starts the guest agent, and the agent itself
-(`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the shared /usr).
+shares the host's /usr into the guest read-only, so the guest needs no disk image of its own
+(an image's sandbox gets the image as a disk). The package is fetched with `apt-get download`
+and unpacked with `dpkg-deb` into the build directory, never installed on the host (that
+would touch the host's boot). The initramfs is written here, as a newc cpio: a static busybox
+(Debian's `busybox-static`, unpacked the same way), the handful of modules the guest needs
+(virtio over MMIO, its network, console port, 9p, and a block device, erofs and overlayfs for
+an image's disk), an `/init` that mounts /usr and starts the guest agent, and the agent
+itself (`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the
+shared /usr).
 
 An image lives in `<dir>/<key>/`, the key a hash of the two packages' versions and of every
 file of sealgate's that ends up in the guest, so a change to any of them builds a new one;
@@ -33,9 +35,14 @@ from ...guest import staging
 
 KERNEL_PACKAGE = "linux-image-amd64"  # the metapackage: it names the current ABI's package
 BUSYBOX_PACKAGE = "busybox-static"
-# The guest's modules, loaded in this order (each after what it depends on).
+# The guest's modules, loaded in this order (each after what it depends on: `modinfo -F
+# depends` of Debian's 6.1 package). virtio_blk, erofs and overlay serve a sandbox from an
+# image (its layers as one read-only erofs disk, `sandbox.host.rootdisk`); erofs needs
+# libcrc32c, which finds its algorithm (its softdep, crc32c) only if it is already loaded: the
+# guest has no modprobe to load it on demand.
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "failover", "net_failover", "virtio_net",
-           "virtio_console", "virtio-rng", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p")
+           "virtio_console", "virtio-rng", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p",
+           "virtio_blk", "crc32c_generic", "libcrc32c", "erofs", "overlay")
 # The agent's modules: the package `guest` in the guest's /sealgate.
 GUEST_FILES = (*(staging.HERE / name for name in staging.VM_MODULES), staging.VM_INIT)
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "var" / "microvm"

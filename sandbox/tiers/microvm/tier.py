@@ -9,7 +9,9 @@ of the link to a tap, boots the VM on it, gives the guest the sandbox's address,
 files and the clean environment over the agent's channel, runs the command and exits with its
 status. The guest sees the host's /usr read-only (9p), its own /etc, /proc, /dev and tmpfs, and
 the workspace read-write; it holds no credential and no key (the CA bundle has certificates
-only).
+only). A sandboxd slot from an image (`image_owner="guest"`) also gets the image as a read-only
+erofs disk (`sandbox.images.disk`), of which the guest makes the sandbox's root
+(`guest/vmroot.py`).
 
 Limits: the guest's RAM is the workload's memory limit (up to `_MAX_GUEST_MIB`: the guest's
 own kernel then refuses what is over it), the process limit applies to the command's uid inside
@@ -23,6 +25,7 @@ guest's kernel.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -90,9 +93,13 @@ def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     """A sandboxd slot (`sandbox.tiers.microvm.hostserve`): its VM booted and serving the
     daemon's agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so the
     daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
-    the slot); the guest's RAM is fixed at its boot, before any create names its limits."""
-    return _host_command(launch, cgroups, undo, "hostserve",
-                         _order(launch, [], launch.writable.get(WORKSPACE)))
+    the slot); the guest's RAM is fixed at its boot, before any create names its limits.
+    From an image (`launch.disk`), the guest makes the sandbox's root of its disk."""
+    order = _order(launch, [], launch.writable.get(WORKSPACE))
+    if launch.disk is not None:
+        order = dataclasses.replace(order, disk=str(launch.disk),
+                                    root_dirs=dict(launch.root_dirs))
+    return _host_command(launch, cgroups, undo, "hostserve", order)
 
 
 def _clean_up(_: int) -> None:
@@ -106,6 +113,9 @@ def _host_limits(limits: Limits) -> Limits:
 # A slot's first process says it serves once its guest has booted: seconds under emulation,
 # several at once on a loaded host.
 TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve,
-            ready_seconds=90.0,
+            ready_seconds=90.0, image_owner="guest",
+            no_snapshot="an image's sandbox writes into an overlay in its guest's memory, which "
+                        "the host cannot copy from (a copy through the guest's agent is not "
+                        "wired yet)",
             no_fork="QEMU's migration to a file is not wired yet (and a guest whose /usr is "
                     "the host's over 9p cannot be migrated: an image's disk is the way)")

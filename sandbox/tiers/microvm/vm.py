@@ -5,6 +5,9 @@
   read-only over 9p (`-fsdev ... readonly=on`), a random source, and, when it has a network,
   one virtio-net device on a tap. The kernel boots through its PVH entry from the uncompressed
   image (`image`): no decompression inside the guest, the largest cost of a boot here.
+- A sandbox from an image (`Spec.disk`) also gets the image as a read-only virtio-blk disk
+  (erofs, `sandbox.images.disk`), QEMU's side read-only too (`readonly=on`): the guest makes
+  its root of it (`guest/vmroot.py`).
 - The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
   the host's is involved and nothing else can connect to it.
 - QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group
@@ -13,7 +16,9 @@
   and checked for a starter dead before it was set: `parentdeath`).
   What that uid cannot open is handed to it as descriptors by the root starter: the image's
   kernel and initramfs (read through `/dev/fd/N`, so the root-only var/ on their path is never
-  walked) and the tap (opened and attached here, as root). It runs under its own seccomp
+  walked), an image's disk (through a descriptor set, `-add-fd`: QEMU duplicates the
+  descriptor, never opens a path, and the store's directory is root's only) and the tap
+  (opened and attached here, as root). It runs under its own seccomp
   filter (`-sandbox on` with everything optional denied: obsolete calls, privilege changes,
   spawning, resource changes). A 9p share of the workspace then writes as that uid, like the
   other tiers' workloads.
@@ -62,6 +67,7 @@ class Spec:
     workspace: Path | None = None  # shared read-write as /workspace
     memory_mib: int = MEMORY_MIB
     console: Path | None = None  # where the guest's console goes (debugging); else nowhere
+    disk: Path | None = None  # an image's erofs disk, read-only (`sandbox.images.disk`)
 
 
 def accelerator() -> tuple[str | None, str]:
@@ -117,10 +123,11 @@ class Handed:
     kernel: int
     initrd: int
     tap: int | None
+    disk: int | None = None
 
     def all(self) -> tuple[int, ...]:
         return (self.agent, self.kernel, self.initrd,
-                *((self.tap,) if self.tap is not None else ()))
+                *(fd for fd in (self.tap, self.disk) if fd is not None))
 
 
 def command(spec: Spec, fds: Handed) -> list[str]:
@@ -167,6 +174,11 @@ def command(spec: Spec, fds: Handed) -> list[str]:
     if spec.workspace is not None:
         argv += ["-fsdev", f"local,id=ws,path={spec.workspace},security_model=none",
                  "-device", "virtio-9p-device,fsdev=ws,mount_tag=workspace"]
+    if fds.disk is not None:
+        # QEMU takes the descriptor from the set (opened read-only, as the drive is).
+        argv += ["-add-fd", f"fd={fds.disk},set=1",
+                 "-drive", "if=none,id=image,format=raw,readonly=on,file=/dev/fdset/1",
+                 "-device", "virtio-blk-device,drive=image"]
     if fds.tap is not None:
         argv += ["-netdev", f"tap,id=net,fd={fds.tap}",
                  "-device", f"virtio-net-device,netdev=net,mac={spec.mac}"]
@@ -203,10 +215,14 @@ class Machine:
         try:
             for path in (spec.image.kernel, spec.image.initrd):
                 opened.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            tap = disk = None
             if spec.tap is not None:
-                opened.append(open_tap(spec.tap))
-            fds = Handed(guest_end.fileno(), opened[0], opened[1],
-                         opened[2] if spec.tap is not None else None)
+                tap = open_tap(spec.tap)
+                opened.append(tap)
+            if spec.disk is not None:
+                disk = os.open(spec.disk, os.O_RDONLY | os.O_CLOEXEC)
+                opened.append(disk)
+            fds = Handed(guest_end.fileno(), opened[0], opened[1], tap, disk)
             self.proc = subprocess.Popen(command(spec, fds), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                          pass_fds=fds.all())

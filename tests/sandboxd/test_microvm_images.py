@@ -1,0 +1,115 @@
+"""Sandboxes from images on the microVM tier (#24): the image as a read-only erofs disk, the
+root made of it in the guest (`sandbox/guest/vmroot.py`). The images and their store are
+test_images.py's (the hostile image among them); the daemon is real, on the microVM tier, under
+emulation where KVM cannot run the guest. Guests boot in seconds there: one test, few VMs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sealgate.reasons import Reason
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from tests.harness import Origin, Proxy
+from tests.integration import tiers as tier_env
+
+from .conftest import Daemon, start_daemon
+from .test_images import _FETCH, _tree, make_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if (problem := tier_env.unavailable("microvm")) is not None:
+        pytest.skip(f"isolation microvm: {problem}")
+    return make_store(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def microvm_imaged(dproxy: Proxy, store: Path, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[Daemon]:
+    daemon = start_daemon(dproxy, tmp_path_factory.mktemp("sandboxd-microvm-images"), "--pool",
+                          "0", "--pool", "debian=1", "--images", str(store), "--isolation",
+                          "microvm", "--no-selftest", ready=240)
+    yield daemon
+    daemon.stop()
+
+
+def _vm(daemon: Daemon, image: str, **limits: int) -> Sandbox:
+    """A sandbox on a VM of the image's warm pool (debian: one booted ahead, one refilled
+    behind each create) or booted for it (hostile), under emulation here."""
+    return Sandbox.create("ci-bot", image=image, daemon=str(daemon.socket), call_timeout=240,
+                          limits=limits or None)
+
+
+def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
+                                 origin_https: Origin) -> None:
+    """The same images in microVMs: the image as an erofs disk, its root an overlay in the
+    guest's memory that its commands (the guest's root) may change and that is gone with it,
+    ours laid over the image's links, and the network boundary unchanged. Four VMs: two of
+    debian's pool, its refill, and one booted for the hostile image."""
+    layers_before = _tree(store / "layers")
+    url = f"https://api.test:{origin_https.port}"
+    origin_https.reset()
+    assert microvm_imaged.client.health()["pool"] == 1  # debian's VM, booted with its disk
+    with _vm(microvm_imaged, "debian") as sb:
+        assert sb.info["isolation"] == "microvm"
+        assert sb.run(["cat", "/etc/sealgate-test-image"]).stdout == b"debian-test\n"
+        python = sb.run(["python3", "-c", "import os, sys; print(sys.executable, os.getuid(), "
+                                          "os.uname().release)"])
+        executable, uid, release = python.stdout.decode().split()
+        assert (executable, uid) == ("/usr/bin/python3", "0"), python
+        assert release != os.uname().release  # the guest's kernel, not the host's
+        # Neither the host's programs nor the guest's own root (the agent's /usr) show.
+        for host_only in ("/usr/bin/qemu-system-x86_64", "/usr/bin/bwrap", "/sealgate",
+                          "/run/sealgate/host", "/dev/vda"):
+            assert not sb.run(["test", "-e", host_only]).ok, host_only
+        # The root is its own to change; the workspace is the slot's, through put and get.
+        assert sb.run(["sh", "-c", "echo planted > /usr/bin/planted"]).ok
+        sb.write("hello.py", b"print('hello from the workspace')\n")
+        ran = sb.run(["sh", "-c", "python3 /workspace/hello.py > /workspace/out.txt"])
+        assert ran.ok, ran.text
+        assert sb.read("out.txt") == b"hello from the workspace\n"
+        assert sb.run(["pwd"], cwd="/etc").stdout == b"/etc\n"
+        lost = sb.run(["true"], cwd="/no/such/place")
+        assert lost.exit_code == 127 and b"cannot enter '/no/such/place'" in lost.stderr, lost
+        resolv = sb.run(["cat", "/etc/resolv.conf"]).stdout
+        assert resolv.startswith(b"nameserver 10.216."), resolv
+        got = sb.run(["python3", "-c", _FETCH, f"{url}/from-microvm-image"], timeout=120)
+        assert (got.exit_code, got.stdout) == (0, b"hello from origin\n"), got.stderr
+        refused = sb.run(["python3", "-c", _FETCH, f"https://other.test:{origin_https.port}/x"],
+                         timeout=120)
+        assert refused.exit_code != 0 and b"403" in refused.stderr, refused
+        with pytest.raises(DaemonError) as unsupported:
+            sb.snapshot("snap-microvm")
+        assert unsupported.value.reason is Reason.UNSUPPORTED, unsupported.value
+        assert "guest's memory" in str(unsupported.value)
+    assert [r.path for r in origin_https.requests] == ["/from-microvm-image"]
+    with _vm(microvm_imaged, "debian") as again:
+        assert not again.run(["test", "-e", "/usr/bin/planted"]).ok
+        assert again.run(["test", "-e", "/etc/sealgate-test-image"]).ok
+    with _vm(microvm_imaged, "hostile", pids=12) as hostile:
+        env = dict(line.split("=", 1) for line in hostile.run(["sh", "-c", "set"]).text
+                   .splitlines() if "=" in line and not line.startswith(" "))
+        assert "192.0.2.66" not in env.get("HTTPS_PROXY", ""), env
+        assert env.get("SSL_CERT_FILE", "").strip("'") != "/etc/evil.pem", env
+        resolv = hostile.run(["cat", "/etc/resolv.conf"]).stdout
+        assert resolv.startswith(b"nameserver 10.216.") and b"192.0.2.53" not in resolv
+        assert b"192.0.2.1" not in hostile.run(["cat", "/etc/hosts"]).stdout
+        bundle = hostile.run(["cat", "/etc/ssl/certs/ca-certificates.crt"])
+        assert bundle.ok and b"BEGIN CERTIFICATE" in bundle.stdout, bundle
+        assert hostile.run(["readlink", "/tmp"]).stdout == b""  # a directory of its own now
+        assert hostile.run(["readlink", "/etc/ssl/certs"]).stdout == b""
+        assert hostile.run(["stat", "-c", "%a %u", "/bin/suid-sh"]).stdout == b"755 0\n"
+        # The guest's root is not held to RLIMIT_NPROC: its command's cgroup holds it.
+        spawn = "for i in $(busybox seq {}); do busybox sleep 1 & done; wait; echo done"
+        few = hostile.run(["sh", "-c", spawn.format(6)], timeout=60)
+        assert few.stdout == b"done\n", few
+        many = hostile.run(["sh", "-c", spawn.format(20)], timeout=60)
+        assert many.exit_code != 0 and b"can't fork" in many.stderr, many
+    after = _tree(store / "layers")
+    assert {path: after.get(path) for path in layers_before} == layers_before
+    # One disk per image, built once, kept in the store.
+    assert len(list((store / "disks").glob("*.erofs"))) == 2
