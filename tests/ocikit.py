@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -99,7 +101,7 @@ def layer(content: list[Member] | bytes, compression: str = "gzip") -> Layer:
     if compression == "gzip":
         blob = gzip.compress(raw, compresslevel=6, mtime=0)
     elif compression == "zstd":
-        blob = b"\x28\xb5\x2f\xfd" + raw  # only the media type matters: it is refused
+        blob = zstandard.ZstdCompressor(level=3).compress(raw)
     else:
         blob = raw
     return Layer(raw, blob, LAYER_MEDIA[compression])

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+import zstandard
+
 from .errors import ImageError
 
 WHITEOUT = ".wh."
@@ -107,11 +109,16 @@ class Meter:
 
 def unpack_blob(blob: Readable, compression: str, dest: Path, *, max_bytes: int,
                 max_entries: int, what: str) -> Unpacked:
-    """Unpack a layer blob (`compression` "" or "gzip") into the empty directory `dest`; the
-    whole uncompressed stream is read, so `.diff_id` covers it."""
+    """Unpack a layer blob (`compression` "", "gzip" or "zstd") into the empty directory
+    `dest`; the whole uncompressed stream is read, so `.diff_id` covers it. Both decompress as
+    they are read: the byte cap stops a bomb of either early."""
     source: Readable = blob
     if compression == "gzip":
         source = gzip.GzipFile(fileobj=blob, mode="rb")  # type: ignore[call-overload]
+    elif compression == "zstd":
+        # zstandard is ours already (the proxy scrubs zstd-encoded answers with it).
+        source = zstandard.ZstdDecompressor().stream_reader(
+            blob, read_across_frames=True)  # type: ignore[arg-type]  # any .read(n) will do
     elif compression:
         raise ImageError(f"{what}: {compression} compression is not supported")
     meter = Meter(source, max_bytes, what)

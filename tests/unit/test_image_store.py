@@ -231,9 +231,18 @@ def test_every_blob_is_verified_and_nothing_is_left(tmp_path: Path, store: Store
     assert store.list() == []
 
 
-def test_a_zstd_layer_is_refused(tmp_path: Path, store: Store) -> None:
+def test_a_zstd_layer(tmp_path: Path, store: Store) -> None:
     ocikit.write(tmp_path / "img", [ocikit.layer(BASE, compression="zstd")])
-    with pytest.raises(ImageError, match="zstd-compressed layers are not supported"):
+    image = store.import_path(tmp_path / "img", "zst")
+    assert len(image.layers) == 1 and store.layer_dirs(image)[0].is_dir()
+
+
+def test_a_zstd_bomb_is_stopped_early(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store", max_layer_bytes=10 << 20)
+    raw = ocikit.tar_bytes([ocikit.file("zeros", bytes(64 << 20))])
+    ocikit.write(tmp_path / "img", [ocikit.layer(raw, compression="zstd")])
+    assert len(ocikit.layer(raw, "zstd").blob) < 1 << 20
+    with pytest.raises(ImageError, match="uncompressed .max_layer_bytes.; refused"):
         store.import_path(tmp_path / "img")
     assert contents(store) == set()
 
