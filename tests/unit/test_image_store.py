@@ -242,7 +242,7 @@ def test_a_zstd_bomb_is_stopped_early(tmp_path: Path) -> None:
     raw = ocikit.tar_bytes([ocikit.file("zeros", bytes(64 << 20))])
     ocikit.write(tmp_path / "img", [ocikit.layer(raw, compression="zstd")])
     assert len(ocikit.layer(raw, "zstd").blob) < 1 << 20
-    with pytest.raises(ImageError, match="uncompressed .max_layer_bytes.; refused"):
+    with pytest.raises(ImageError, match=r"uncompressed \(max_layer_bytes\); refused"):
         store.import_path(tmp_path / "img")
     assert contents(store) == set()
 
