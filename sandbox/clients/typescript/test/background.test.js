@@ -40,9 +40,10 @@ describe('background processes', { skip }, () => {
 
   test('stdin given at the start; kill', () => withSandbox(async (sb) => {
     const cat = await sb.start(['cat'], { stdin: 'given at the start\n' });
+    await cat.write('and after\n', { close: true }); // its stdin stays open until closed
     const result = await cat.wait({ callTimeout: 20 });
     assert.ok(result.ok);
-    assert.equal(text(await all(cat.output({ offset: 0 }))), 'given at the start\n');
+    assert.equal(text(await all(cat.output({ offset: 0 }))), 'given at the start\nand after\n');
     const sleeper = await sb.start(['sleep', '300']);
     await sleeper.kill();
     const ended = await sleeper.wait({ callTimeout: 20 });
