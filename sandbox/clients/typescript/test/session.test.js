@@ -66,6 +66,19 @@ describe('a session through the daemon', { skip }, () => {
     assert.equal((await client.health()).ready, true);
   }, { metadata: { suite: label } }));
 
+  test('a create retried with its idempotency key gets the same sandbox', async () => {
+    const idempotencyKey = `ts-${randomUUID()}`;
+    const first = await Sandbox.create(policy, { daemon, idempotencyKey, ttl: 120 });
+    try {
+      const again = await Sandbox.create(policy, { daemon, idempotencyKey, ttl: 120 });
+      assert.equal(again.id, first.id);
+      await assert.rejects(Sandbox.create(policy, { daemon, idempotencyKey, ttl: 60 }),
+        refused('bad_request', 400)); // the same key, another body
+    } finally {
+      await first.delete();
+    }
+  });
+
   test('refusals: an unknown sandbox id, fork, a snapshot without an image, paused', async () => {
     await assert.rejects(Sandbox.create('no-such-bot', { daemon }), (err) => {
       assert.ok(err instanceof DaemonError, String(err));
@@ -109,6 +122,11 @@ describe('a session through the daemon', { skip }, () => {
     }, refused('client_timeout', 0));
     assert.deepEqual(seen, ['stdout']);
     assert.ok(Date.now() - began < 6000);
+    // A loop left early ends its call too.
+    for await (const event of sb.stream(['sh', '-c', 'echo first; sleep 30'])) {
+      assert.equal(event.kind, 'stdout');
+      break;
+    }
     // The commands whose callers left are killed: the sandbox runs nothing and serves on.
     const deadline = Date.now() + 10_000;
     while ((await sb.refresh()).running > 0 && Date.now() < deadline) {
