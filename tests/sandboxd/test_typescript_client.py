@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, Proxy, free_port
 
-from .conftest import Daemon
+from .conftest import Daemon, start_daemon
 
 PACKAGE = ROOT / "sandbox" / "clients" / "typescript"
 
@@ -33,14 +35,34 @@ def _node() -> str:
     return node
 
 
-def test_the_typescript_client_drives_a_session(sandboxd: Daemon) -> None:
+def test_the_typescript_client_drives_a_session(
+    sandboxd: Daemon, dproxy: Proxy, tmp_path: Path
+) -> None:
+    """Every test file, none skipped: through the package's daemon on its unix socket, and
+    through one over TCP (the bearer key's) started here."""
     node = _node()
     files = sorted(str(f.relative_to(PACKAGE)) for f in (PACKAGE / "test").glob("*.test.js"))
     assert files, f"no tests under {PACKAGE / 'test'}"
+    key = secrets.token_urlsafe(24)
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    tcp = start_daemon(dproxy, tmp_path, "--pool", "0", "--no-selftest",
+                       "--listen", f"127.0.0.1:{port}", "--key-file", str(key_file))
+    try:
+        _run(node, files, sandboxd, {"SEALGATE_TEST_TCP": f"http://127.0.0.1:{port}",
+                                     "SEALGATE_TEST_TCP_KEY": key})
+        assert tcp.client.list() == []  # what the tests made over TCP they deleted
+    finally:
+        tcp.stop()
+
+
+def _run(node: str, files: list[str], sandboxd: Daemon, extra: dict[str, str]) -> None:
     before = {s["id"] for s in sandboxd.client.list()}
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(PACKAGE),
            "SEALGATE_SANDBOXD": str(sandboxd.socket), "SEALGATE_TEST_SANDBOX": "ci-bot",
-           "SEALGATE_TEST_OTHER_SANDBOX": "other-bot", "NO_COLOR": "1"}
+           "SEALGATE_TEST_OTHER_SANDBOX": "other-bot", "NO_COLOR": "1", **extra}
     try:
         done = subprocess.run([node, "--test", "--test-reporter=tap", *files], cwd=PACKAGE,
                               env=env, capture_output=True, text=True, timeout=300, check=False)
