@@ -1,5 +1,5 @@
 // One daemon, a connection per call: the calls every Sandbox and Process make through it.
-import { malformed } from './errors.js';
+import { DaemonError, malformed } from './errors.js';
 import { request } from './transport.js';
 
 export const DEFAULT_DAEMON = '/run/sealgate/sandboxd.sock';
@@ -77,7 +77,7 @@ export class Client {
     try {
       return await this.call('GET', '/v1/health', undefined, { callTimeout });
     } catch (err) {
-      if (err instanceof Error && 'status' in err && err.status === 503) {
+      if (err instanceof DaemonError && err.status === 503) {
         return { ready: false, problem: err.message };
       }
       throw err;

@@ -50,8 +50,8 @@ export class Sandbox {
   /** Change it while it runs: `ttl` seconds left from now, its idle timeout, its labels (all
    * replaced), who it is to the proxy (`sandbox`: another id of the rules).
    * @param {{ttl?: number, idleTimeout?: number, metadata?: Record<string, string>,
-   *   sandbox?: string, callTimeout?: number | null}} changes */
-  async update({ callTimeout, ...changes }) {
+   *   sandbox?: string, callTimeout?: number | null}} [changes] */
+  async update({ callTimeout, ...changes } = {}) {
     const body = fieldsOf(changes);
     if (!Object.keys(body).length) {
       throw new TypeError('say what to change: ttl, idleTimeout, metadata or sandbox');
