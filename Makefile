@@ -41,7 +41,7 @@ lint: $(STAMP)
 # a network namespace of its own. Most tests wait on real processes and sockets, so more
 # workers than CPUs pay.
 TEST_WORKERS ?= 3
-test: $(STAMP) deps lint microvm-image test-images
+test: $(STAMP) deps lint microvm-image test-images ts-client
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Built before pytest: the test session's own network namespace cannot reach apt. A machine that
@@ -57,6 +57,23 @@ microvm-image: $(STAMP)
 test-images:
 	@bash scripts/debian-deps.sh $(DEB_IMAGES)
 	@scripts/test-images || echo "note: no test images (the tests that need them will skip)" >&2
+
+# The TypeScript client (sandbox/clients/typescript): its dev dependencies (typescript,
+# @types/node) from its package-lock.json, again only when the lock changed, then `tsc` checks
+# its JavaScript, types and tests (a type error fails here). It is plain JavaScript: its tests
+# (tests/sandboxd/test_typescript_client.py) need only node, and skip without it. Before pytest:
+# the test session's network namespace cannot reach npm.
+TS_CLIENT := sandbox/clients/typescript
+.PHONY: ts-client
+ts-client:
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+		echo "note: no node/npm: the TypeScript client is not checked (its tests will skip)" >&2; \
+	elif ! { test $(TS_CLIENT)/node_modules/.package-lock.json -nt $(TS_CLIENT)/package-lock.json \
+			|| (cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error); }; then \
+		echo "note: npm ci failed: the TypeScript client is not type-checked" >&2; \
+	else \
+		cd $(TS_CLIENT) && npm run --silent check; \
+	fi
 
 bench: $(STAMP) deps test-images
 	@bash scripts/debian-deps.sh $(DEB_BENCH)

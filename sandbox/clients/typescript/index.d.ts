@@ -1,0 +1,143 @@
+// The types of @sealgate/sandbox (index.js and src/: plain JavaScript, these written by hand).
+/// <reference types="node" />
+
+/** Seconds; `null`: no limit; left out: the call's default (60 s; a command's timeout + 30 s). */
+export type CallTimeout = number | null;
+export type Bytes = Buffer | Uint8Array | string;
+
+export interface CallOptions {
+  callTimeout?: CallTimeout;
+}
+
+export interface CreateOptions extends CallOptions {
+  /** A socket path or `http(s)://host:port` (default `$SEALGATE_SANDBOXD`, then
+   * /run/sealgate/sandboxd.sock). */
+  daemon?: string;
+  /** The bearer key of a TCP daemon (default `$SEALGATE_SANDBOXD_KEY`). */
+  key?: string;
+  limits?: { pids?: number; memory?: number | string; cpus?: number | null };
+  env?: Record<string, string>;
+  ttl?: number;
+  idleTimeout?: number;
+  isolation?: 'bwrap' | 'gvisor' | 'microvm' | string;
+  image?: string;
+  metadata?: Record<string, string>;
+  /** A retry with the same key and body within 10 minutes gets the sandbox the first made. */
+  idempotencyKey?: string;
+}
+
+export interface ExecOptions extends CallOptions {
+  env?: Record<string, string>;
+  /** Default /workspace. */
+  cwd?: string;
+  stdin?: Bytes;
+  /** The command's own limit in seconds (exit 124 past it); `null`: the sandbox's lifetime.
+   * Default 600 for run/stream, none for start. */
+  timeout?: number | null;
+}
+
+export type StreamEvent =
+  | { kind: 'stdout' | 'stderr'; data: Buffer }
+  | { kind: 'exit'; data: Result };
+
+export type OutputEvent = StreamEvent | { kind: 'lost'; data: number };
+
+/** The sandbox as the daemon answers it (`id`, `sandbox`, `expires_in`, `metadata`, ...). */
+export type SandboxInfo = Record<string, any> & { id: string };
+
+export declare const DEFAULT_DAEMON: string;
+export declare const TIMEOUT: number;
+export declare const GRACE: number;
+
+/** A refusal of the daemon (`reason` its error code, `status` the HTTP status), or the
+ * client's own `client_timeout` / `at_capacity` (status 0: never answered). */
+export declare class DaemonError extends Error {
+  constructor(message: string, how: { reason: string; status: number });
+  readonly reason: string;
+  readonly status: number;
+  /** The same as `reason`. */
+  readonly code: string;
+}
+
+export declare class CommandFailed extends Error {
+  constructor(result: Result);
+  readonly result: Result;
+}
+
+/** How a command ended. */
+export declare class Result {
+  constructor(status: Record<string, any>, stdout?: Buffer, stderr?: Buffer);
+  /** null when it was lost; 128 + N for signal N; 124 timed out. */
+  exitCode: number | null;
+  stdout: Buffer;
+  stderr: Buffer;
+  /** exit | timed_out | killed | lost */
+  ending: string;
+  signal: number | null;
+  usage: Record<string, number>;
+  durationMs: number;
+  error: string | null;
+  truncated: boolean;
+  readonly ok: boolean;
+  /** stdout as UTF-8. */
+  readonly text: string;
+  withOutput(stdout: Buffer, stderr: Buffer): Result;
+}
+
+export declare class Client {
+  constructor(opts?: { daemon?: string; key?: string; timeout?: number | null });
+  readonly daemon: string;
+  readonly key: string | null;
+  readonly timeout: number | null;
+  /** A call with a JSON body whose answer is a JSON object (what the others are made of). */
+  call(method: string, path: string, body?: unknown,
+       opts?: CallOptions & { headers?: Record<string, string> }): Promise<Record<string, any>>;
+  list(opts?: CallOptions & { metadata?: Record<string, string> }): Promise<SandboxInfo[]>;
+  health(opts?: CallOptions): Promise<Record<string, any>>;
+}
+
+export declare class Sandbox {
+  constructor(client: Client, info: SandboxInfo);
+  static create(sandbox: string, opts?: CreateOptions): Promise<Sandbox>;
+  readonly client: Client;
+  readonly id: string;
+  info: SandboxInfo;
+  run(argv: string[], opts?: ExecOptions & { check?: boolean }): Promise<Result>;
+  /** Leaving the loop early ends the command. */
+  stream(argv: string[], opts?: ExecOptions): AsyncGenerator<StreamEvent, void, undefined>;
+  start(argv: string[], opts?: ExecOptions): Promise<Process>;
+  processes(opts?: CallOptions): Promise<Process[]>;
+  /** The bytes written. */
+  write(path: string, data: Bytes, opts?: CallOptions & { mode?: number }): Promise<number>;
+  read(path: string, opts?: CallOptions): Promise<Buffer>;
+  update(changes: CallOptions & { ttl?: number; idleTimeout?: number;
+    metadata?: Record<string, string>; sandbox?: string }): Promise<SandboxInfo>;
+  snapshot(name?: string, opts?: CallOptions): Promise<Record<string, any>>;
+  /** No tier takes a memory snapshot yet: a DaemonError `unsupported`. */
+  fork(n: number, opts?: CallOptions): Promise<Sandbox[]>;
+  pause(opts?: CallOptions): Promise<void>;
+  resume(opts?: CallOptions): Promise<void>;
+  refresh(opts?: CallOptions): Promise<SandboxInfo>;
+  /** Deletes it; one already gone is fine. */
+  delete(opts?: CallOptions): Promise<void>;
+}
+
+/** A background process (`Sandbox.start`). */
+export declare class Process {
+  constructor(client: Client, sandbox: string, info: Record<string, any>);
+  readonly client: Client;
+  readonly sandbox: string;
+  readonly pid: number;
+  info: Record<string, any>;
+  /** Where its output was read to; the next output() goes on from here. */
+  offset: number;
+  /** From `offset` (default: `this.offset`); `follow` waits until it ends. No call limit by
+   * default. */
+  output(opts?: CallOptions & { offset?: number; follow?: boolean }):
+    AsyncGenerator<OutputEvent, void, undefined>;
+  write(data: Bytes, opts?: CallOptions & { close?: boolean }): Promise<void>;
+  /** No call limit by default. */
+  wait(opts?: CallOptions): Promise<Result>;
+  kill(opts?: CallOptions): Promise<void>;
+  refresh(opts?: CallOptions): Promise<Record<string, any>>;
+}
