@@ -105,7 +105,13 @@ export declare class Sandbox {
   run(argv: string[], opts?: ExecOptions & { check?: boolean }): Promise<Result>;
   /** Leaving the loop early ends the command. */
   stream(argv: string[], opts?: ExecOptions): AsyncGenerator<StreamEvent, void, undefined>;
-  start(argv: string[], opts?: ExecOptions): Promise<Process>;
+  /** A retry with the same `idempotencyKey` gets the same process. */
+  start(argv: string[], opts?: ExecOptions & { idempotencyKey?: string }): Promise<Process>;
+  /** An HTTP request to a port the sandbox serves, through the daemon: the server's answer,
+   * whatever its status (the daemon's own refusals throw, `port_unreachable` among them). */
+  port(port: number, path?: string, opts?: CallOptions & { method?: string; body?: Bytes;
+    headers?: Record<string, string> }): Promise<{ status: number;
+    headers: Record<string, string | string[] | undefined>; body: Buffer }>;
   processes(opts?: CallOptions): Promise<Process[]>;
   /** The bytes written. */
   write(path: string, data: Bytes, opts?: CallOptions & { mode?: number }): Promise<number>;

@@ -8,7 +8,8 @@ export const GRACE = 30; // an exec's: its command's timeout and this, for the a
 
 const BODILESS = new Set(['GET', 'HEAD', 'DELETE']);
 
-/** @typedef {{headers?: Record<string, string>, callTimeout?: number | null}} CallOptions */
+/** @typedef {{headers?: Record<string, string>, callTimeout?: number | null,
+ *   forwarded?: boolean}} CallOptions */
 
 export class Client {
   /** `daemon`: a socket path or `http(s)://host:port` (default `$SEALGATE_SANDBOXD`, then
@@ -25,13 +26,15 @@ export class Client {
   /** The answer, its body unread (`close()` it). @param {string} method @param {string} path
    * @param {Buffer | null} [body] @param {CallOptions} [opts] @param {number | null} [fallback]
    *   the limit when `callTimeout` is not given (default: the client's) */
-  open(method, path, body = null, { headers, callTimeout } = {}, fallback = this.timeout) {
+  open(method, path, body = null, { headers, callTimeout, forwarded } = {},
+    fallback = this.timeout) {
     /** @type {Record<string, string>} */
     const sent = { 'Content-Type': 'application/json', ...headers };
     if (body || !BODILESS.has(method)) sent['Content-Length'] = String(body?.length ?? 0);
     if (this.key) sent.Authorization = `Bearer ${this.key}`;
     const seconds = callTimeout === undefined ? fallback : callTimeout;
-    return request({ daemon: this.daemon, method, path, body, headers: sent, seconds });
+    return request({ daemon: this.daemon, method, path, body, headers: sent, seconds,
+      forwarded });
   }
 
   /** A call with a JSON body (or none) whose answer is a JSON object.

@@ -130,12 +130,31 @@ export class Sandbox {
   }
 
   /** A command in the background: its handle at once (no time limit unless `timeout`).
-   * @param {string[]} argv @param {RunOptions} [opts] */
+   * @param {string[]} argv @param {RunOptions & {idempotencyKey?: string}} [opts] */
   async start(argv, opts = {}) {
     const body = execBody(argv, { ...opts, timeout: opts.timeout ?? null }, false);
+    /** @type {Record<string, string>} */
+    const headers = {};
+    if (opts.idempotencyKey != null) headers['Idempotency-Key'] = opts.idempotencyKey;
     const info = await this.client.call('POST', this.path('/exec'), { ...body, background: true },
-      { callTimeout: opts.callTimeout });
+      { headers, callTimeout: opts.callTimeout });
     return new Process(this.client, this.id, info);
+  }
+
+  /** An HTTP request to `port` of the sandbox's own loopback, through the daemon (no one else
+   * can reach it): the server's status, headers and body, whatever the status.
+   * @param {number} port @param {string} [path]
+   * @param {{method?: string, body?: Buffer | Uint8Array | string,
+   *   headers?: Record<string, string>, callTimeout?: number | null}} [opts] */
+  async port(port, path = '/', { method = 'GET', body, headers, callTimeout } = {}) {
+    const where = this.path(`/ports/${Math.trunc(port)}/${path.replace(/^\/+/, '')}`);
+    const answer = await this.client.open(method, where, body == null ? null : Buffer.from(body),
+      { headers, callTimeout, forwarded: true });
+    try {
+      return { status: answer.status, headers: answer.res.headers, body: await answer.read() };
+    } finally {
+      answer.close();
+    }
   }
 
   /** Its background processes (the ended ones it still keeps included).

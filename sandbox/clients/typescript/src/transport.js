@@ -105,10 +105,12 @@ export class Answer {
  * daemon that cannot be reached (`at_capacity`, status 0) or a call past its limit
  * (`client_timeout`, status 0).
  * @param {{daemon: string, method: string, path: string, body?: Buffer | null,
- *   headers: Record<string, string>, seconds: number | null}} call
+ *   headers: Record<string, string>, seconds: number | null, forwarded?: boolean}} call
+ *   `forwarded`: the answer may be a sandbox server's (a port route), whatever its status;
+ *   only the daemon's own refusals (marked X-Sealgate-Error) are errors
  * @returns {Promise<Answer>}
  */
-export async function request({ daemon, method, path, body, headers, seconds }) {
+export async function request({ daemon, method, path, body, headers, seconds, forwarded }) {
   const target = targetOf(daemon);
   const deadline = new Deadline(seconds, daemon);
   const answer = await new Promise((resolve, reject) => {
@@ -130,7 +132,7 @@ export async function request({ daemon, method, path, body, headers, seconds }) 
     });
     req.end(body ?? undefined);
   });
-  if (answer.status >= 300) {
+  if (answer.status >= 300 && (!forwarded || answer.res.headers['x-sealgate-error'])) {
     try {
       throw errorOf(answer.status, await answer.read(1 << 16));
     } finally {

@@ -51,5 +51,30 @@ describe('background processes', { skip }, () => {
     assert.notEqual(ended.exitCode, 0);
     await assert.rejects(sb.client.call('GET', `/v1/sandboxes/${sb.id}/processes/999`),
       refused('no_such_process', 404));
+    const once = await sb.start(['sleep', '301'], { idempotencyKey: 'start-once' });
+    const again = await sb.start(['sleep', '301'], { idempotencyKey: 'start-once' });
+    assert.equal(again.pid, once.pid); // a retry gets the same process
+  }));
+
+  test('a port the sandbox serves, through the daemon', () => withSandbox(async (sb) => {
+    await sb.write('hello.txt', 'served from the sandbox\n');
+    await sb.start(['python3', '-m', 'http.server', '8000', '--bind', '127.0.0.1',
+      '--directory', '/workspace']);
+    const deadline = Date.now() + 20_000;
+    let got;
+    while (!got && Date.now() < deadline) {
+      try {
+        got = await sb.port(8000, '/hello.txt');
+      } catch (err) {
+        refused('port_unreachable', 502)(err); // not listening yet; anything else throws
+        await sleep(100);
+      }
+    }
+    assert.equal(got?.status, 200);
+    assert.equal(got?.body.toString(), 'served from the sandbox\n');
+    const missing = await sb.port(8000, '/nothing-here'); // the server's 404, not an error
+    assert.equal(missing.status, 404);
+    assert.equal(missing.headers['x-sealgate-error'], undefined);
+    await assert.rejects(sb.port(8001), refused('port_unreachable', 502));
   }));
 });
