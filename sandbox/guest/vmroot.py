@@ -30,6 +30,8 @@ import ctypes
 import os
 import stat
 
+from . import layover
+
 ROOT = "/mnt/root"
 _IMAGE, _RW = "/mnt/image", "/mnt/rw"
 _DISK = "/dev/vda"
@@ -75,14 +77,14 @@ def make(dirs: dict[str, int], files: list[str]) -> str:
            f"lowerdir={_IMAGE},upperdir={_RW}/upper,workdir={_RW}/work")
     top = os.open(ROOT, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        made = {path: _walk(top, path, True, mode) for path, mode in dirs.items()}
+        made = {path: layover.walk(top, path, True, mode) for path, mode in dirs.items()}
         try:
             _fill(top, made)
         finally:
             for fd in made.values():
                 os.close(fd)
         for path in files:
-            fd = _walk(top, path, False, 0o644)
+            fd = layover.walk(top, path, False, 0o644)
             try:
                 _bind(path, fd, read_only=True)
             finally:
@@ -163,48 +165,3 @@ def _dev(dev: int) -> None:
         _mount("shm", f"{_at(dev)}/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     finally:
         os.close(dev)
-
-
-def _walk(top: int, path: str, directory: bool, mode: int) -> int:
-    """A descriptor of `path` in the root, a directory (or a regular file), made so if it is
-    anything else."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise OSError(f"not a path to lay over: {path!r}")
-    fd = os.dup(top)
-    try:
-        for depth, name in enumerate(parts):
-            last = depth == len(parts) - 1
-            fd = _step(fd, name, directory or not last, mode if last else 0o755)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _step(parent: int, name: str, want_dir: bool, mode: int) -> int:
-    """`name` in `parent` as a directory or an empty file; closes `parent`."""
-    try:
-        try:
-            info = os.lstat(name, dir_fd=parent)
-        except FileNotFoundError:
-            info = None
-        if info is not None:
-            fits = stat.S_ISDIR(info.st_mode) if want_dir else stat.S_ISREG(info.st_mode)
-            if not fits:
-                if stat.S_ISDIR(info.st_mode):  # set aside, never removed through a link
-                    os.rename(name, f".{name}.image", src_dir_fd=parent, dst_dir_fd=parent)
-                else:
-                    os.unlink(name, dir_fd=parent)
-                info = None
-        if info is None:
-            if want_dir:
-                os.mkdir(name, mode, dir_fd=parent)
-            else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, mode, dir_fd=parent))
-            os.chmod(name, mode, dir_fd=parent)  # just made: ours, not a link
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if want_dir else 0)
-        return os.open(name, flags, dir_fd=parent)
-    finally:
-        os.close(parent)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import stat
 import subprocess
 import threading
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SandboxError
+from ..guest import layover
 
 HOST = "/run/sealgate/host"  # where an image sandbox's agent finds the host's /usr
 
@@ -159,66 +159,19 @@ def mount(point: Path, uid: int, layers: Sequence[Path]) -> Path:
 
 def lay_over(root: Path, uid: int, dirs: Mapping[str, int], files: Iterable[str]) -> None:
     """Make each of `dirs` a directory (of that mode, if made) and each of `files` a regular
-    file in `root` (the sandbox's overlay, as host root), replacing whatever link or other
-    thing the image has there, never following one. Raises RootError."""
+    file in `root` (the sandbox's overlay, as host root), `uid`'s if made, replacing whatever
+    link or other thing the image has there, never following one (`guest.layover`). Raises
+    RootError."""
     top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for path, mode in dirs.items():
-            os.close(_walk(top, path, uid, directory=True, mode=mode))
+            os.close(layover.walk(top, path, True, mode, uid))
         for path in files:
-            os.close(_walk(top, path, uid, directory=False))
+            os.close(layover.walk(top, path, False, 0o644, uid))
     except OSError as exc:
         raise RootError(f"cannot prepare the image's root: {exc.strerror}") from None
     finally:
         os.close(top)
-
-
-def _walk(top: int, path: str, uid: int, *, directory: bool, mode: int = 0o755) -> int:
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise RootError(f"not a path to lay over: {path!r}")
-    fd = os.dup(top)
-    try:
-        for depth, name in enumerate(parts):
-            last = depth == len(parts) - 1
-            want_dir = directory or not last
-            fd = _step(fd, name, uid, want_dir, mode if last else 0o755)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _step(parent: int, name: str, uid: int, want_dir: bool, mode: int) -> int:
-    """`name` in `parent` as a directory (or an empty file), made so if it is anything else;
-    closes `parent`, returns the new descriptor."""
-    try:
-        try:
-            info = os.lstat(name, dir_fd=parent)
-        except FileNotFoundError:
-            info = None
-        if info is not None:
-            fits = stat.S_ISDIR(info.st_mode) if want_dir else stat.S_ISREG(info.st_mode)
-            if not fits:
-                if stat.S_ISDIR(info.st_mode):
-                    # A directory where the sandbox's file is to be: set it aside (it is the
-                    # sandbox's own copy-up), never a recursive removal through a link.
-                    os.rename(name, f".{name}.image", src_dir_fd=parent, dst_dir_fd=parent)
-                else:
-                    os.unlink(name, dir_fd=parent)
-                info = None
-        if info is None:
-            if want_dir:
-                os.mkdir(name, 0o700, dir_fd=parent)
-            else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o644, dir_fd=parent))
-            os.chown(name, uid, uid, dir_fd=parent, follow_symlinks=False)
-            os.chmod(name, mode if want_dir else 0o644, dir_fd=parent)  # ours, just made
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if want_dir else 0)
-        return os.open(name, flags, dir_fd=parent)
-    finally:
-        os.close(parent)
 
 
 def loader() -> tuple[str, str]:
