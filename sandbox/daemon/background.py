@@ -24,7 +24,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-RING = 1 << 20  # bytes of output kept per process
+RING = 1 << 20  # bytes of output kept per process (daemon memory: at most 32 per sandbox)
+_PIECES = 4096  # chunks kept per process: tiny writes must not cost far more than their bytes
+_COALESCE = 64 << 10  # a chunk grows by the next of its stream up to this
 STDIN_WRITE = 1 << 20  # the most one write to a background process's stdin may carry
 STDIN_QUEUED = 16  # writes waiting for the command to read them, at most
 MAX_PROCESSES = 32  # in the background at once per sandbox
@@ -80,8 +82,16 @@ class Background:
                 self._changed.notify_all()
 
     def _append(self, stream: str, data: bytes) -> None:
-        self._chunks.append(_Chunk(self._end, stream, data))
+        last = self._chunks[-1] if self._chunks else None
+        if last is not None and last.stream == stream \
+                and len(last.data) + len(data) <= _COALESCE:
+            self._chunks[-1] = _Chunk(last.offset, stream, last.data + data)
+        else:
+            self._chunks.append(_Chunk(self._end, stream, data))
         self._end += len(data)
+        while len(self._chunks) > _PIECES:  # stdout and stderr in turn, a byte each
+            dropped = self._chunks.popleft()
+            self._start = dropped.offset + len(dropped.data)
         while self._end - self._start > self._ring:
             first = self._chunks[0]
             over = self._end - self._ring - first.offset

@@ -29,9 +29,10 @@ MAX_BODY = 24 << 20  # a request body forwarded (read whole: the daemon's own ca
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 300.0  # the most the answer may go without a byte
 # Not forwarded either way: the connection's own, and what is the daemon's or recomputed.
+# X-Sealgate-Error marks the daemon's own refusals: a server in the sandbox may not forge one.
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                       "te", "trailer", "transfer-encoding", "upgrade", "host", "authorization",
-                      "content-length"})
+                      "content-length", "x-sealgate-error"})
 
 
 async def forward(request: web.Request, netns: Path, port: int, path: str,
