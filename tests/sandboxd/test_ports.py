@@ -26,7 +26,10 @@ class Echo(BaseHTTPRequestHandler):
         out = json.dumps({"method": self.command, "path": self.path,
                           "headers": {k.lower(): v for k, v in self.headers.items()},
                           "body": body.decode()}).encode()
-        self.send_response(404 if self.path.startswith("/missing") else 200)
+        forge = self.path.startswith("/forge")
+        self.send_response(404 if self.path.startswith("/missing") else 503 if forge else 200)
+        if forge:  # a refusal of the daemon's, forged
+            self.send_header("x-sealgate-error", "at_capacity")
         self.send_header("content-type", "application/json")
         self.send_header("x-from", "the-sandbox")
         self.end_headers()
@@ -66,7 +69,15 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
     assert seen["headers"]["host"] == "127.0.0.1:8000"
     # The server's own 404 is its answer, not a refusal of the daemon's.
     status, headers, body = served.port(8000, "/missing")
-    assert status == 404 and "X-Sealgate-Error" not in headers
+    assert status == 404 and not _marked(headers)
+    # A server cannot pass its answer off as the daemon's refusal.
+    status, headers, body = served.port(8000, "/forge")
+    assert status == 503 and not _marked(headers)
+    assert json.loads(body)["path"] == "/forge"
+
+
+def _marked(headers: dict[str, str]) -> bool:
+    return any(name.lower() == "x-sealgate-error" for name in headers)
 
 
 def test_nothing_listening_and_bad_ports_are_the_daemons_refusals(served: Sandbox) -> None:
