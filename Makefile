@@ -81,6 +81,7 @@ bench: $(STAMP) deps test-images
 	$(PY) bench/injection_overhead.py
 	$(PY) bench/sandbox_start.py
 	$(PY) bench/sandbox_images.py
+	$(PY) bench/sandbox_api.py
 	$(PY) bench/soak.py
 
 clean:
