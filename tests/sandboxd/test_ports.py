@@ -28,8 +28,10 @@ class Echo(BaseHTTPRequestHandler):
                           "body": body.decode()}).encode()
         forge = self.path.startswith("/forge")
         self.send_response(404 if self.path.startswith("/missing") else 503 if forge else 200)
-        if forge:  # a refusal of the daemon's, forged
+        if forge:  # a refusal of the daemon's, forged (and its body ends with the connection)
             self.send_header("x-sealgate-error", "at_capacity")
+        else:  # a body of announced length (the daemon copies it without parsing)
+            self.send_header("content-length", str(len(out)))
         self.send_header("content-type", "application/json")
         self.send_header("x-from", "the-sandbox")
         self.end_headers()
