@@ -293,9 +293,7 @@ async def _stdin(request: web.Request) -> web.Response:
     close = request.query.get("close", "false")
     if close not in ("true", "false"):
         raise BadRequest("?close=true|false")
-    data = await request.content.read(STDIN_WRITE + 1)
-    if len(data) > STDIN_WRITE:
-        raise SessionError(f"over {STDIN_WRITE} bytes in one write", reason=Reason.TOO_LARGE)
+    data = await bodies.raw(request, STDIN_WRITE)
     try:
         process.write(data, close == "true")
     except ValueError as exc:

@@ -176,3 +176,14 @@ def metadata_filter(query: Any) -> dict[str, str]:
             raise BadRequest(f"unknown parameter {name[:64]!r}: filter with metadata.NAME=VALUE")
         wanted[label] = value
     return wanted
+
+
+async def raw(request: web.Request, cap: int) -> bytes:
+    """The whole body, at most `cap` bytes (`too_large` past it). One `read(n)` would give
+    whatever had arrived so far, not the body: a large one would be cut without a word."""
+    data = bytearray()
+    while chunk := await request.content.read(cap + 1 - len(data)):
+        data += chunk
+        if len(data) > cap:
+            raise SessionError(f"a body over {cap} bytes", reason=Reason.TOO_LARGE)
+    return bytes(data)

@@ -22,6 +22,7 @@ from aiohttp import web
 from sealgate.reasons import Reason
 
 from ..host import nsocket
+from . import bodies
 from .session import SessionError
 
 MAX_HEAD = 64 << 10  # the answer's status line and headers
@@ -53,9 +54,7 @@ async def forward(request: web.Request, netns: Path, port: int, path: str,
     # small one paces a large answer to a crawl.
     reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
     try:
-        body = await request.content.read(MAX_BODY + 1)
-        if len(body) > MAX_BODY:
-            raise SessionError(f"a body over {MAX_BODY} bytes", reason=Reason.TOO_LARGE)
+        body = await bodies.raw(request, MAX_BODY)
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         headers = [(name, value) for name, value in request.headers.items()
                    if name.lower() not in _DROPPED]

@@ -56,6 +56,13 @@ def test_output_from_an_offset_and_after_a_reconnect(sb: Sandbox) -> None:
     assert refused.value.reason is Reason.BAD_REQUEST  # its stdin was closed
 
 
+def test_a_full_stdin_write_arrives_whole(sb: Sandbox) -> None:
+    proc = sb.start(["wc", "-c"])
+    proc.write(b"s" * (1 << 20), close=True)  # the most one write may carry
+    assert proc.wait().ok
+    assert _text(list(proc.output(0))).strip() == str(1 << 20).encode()
+
+
 def test_what_fell_out_of_the_ring_is_said(sb: Sandbox) -> None:
     proc = sb.start(["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end"])
     assert proc.wait().ok

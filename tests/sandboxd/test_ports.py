@@ -38,7 +38,9 @@ class Echo(BaseHTTPRequestHandler):
         self.wfile.write(out)
     do_GET = do_POST = do_PUT = answer
     def log_message(self, *a): pass
-HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+# On every address: the port route reaches it on the loopback, and another sandbox must not
+# reach it on the sandbox's own address either.
+HTTPServer(("0.0.0.0", int(sys.argv[1])), Echo).serve_forever()
 """
 
 
@@ -70,6 +72,10 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
     assert "authorization" not in seen["headers"]  # the daemon's credential stays the daemon's
     assert seen["headers"]["host"] == "127.0.0.1:8000"
     # The server's own 404 is its answer, not a refusal of the daemon's.
+    # A body larger than what one read of the daemon's gets arrives whole.
+    big = b"b" * 3_000_000
+    status, _, body = served.port(8000, "/big", method="PUT", body=big)
+    assert status == 200 and json.loads(body)["body"] == big.decode()
     status, headers, body = served.port(8000, "/missing")
     assert status == 404 and not _marked(headers)
     # A server cannot pass its answer off as the daemon's refusal.
