@@ -311,7 +311,9 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes(imaged: Daemon) -> None:
             sb.run(["true"])
         assert refused.value.reason is Reason.SANDBOX_PAUSED and refused.value.status == 409
         sb.resume()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # it spins again as soon as it is scheduled
+        while _cpu_ticks(uid) <= frozen and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _cpu_ticks(uid) > frozen
         assert sb.run(["true"]).ok
 
