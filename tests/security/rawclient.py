@@ -345,8 +345,10 @@ class LoopbackTrap:
                     assert isinstance(key.fileobj, socket.socket)
                     with contextlib.suppress(OSError):
                         conn, _ = key.fileobj.accept()
-                        conn.close()
+                        # Counted before the close: the dialler's answer (a 502) follows the
+                        # close, so a test reading the count then has it, however loaded.
                         self.connections += 1
+                        conn.close()
 
     def reset(self) -> None:
         self.connections = 0
