@@ -149,6 +149,9 @@ class Daemon:
             layers = tuple(self.store.layer_dirs(image))
         except ImageError as exc:
             raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
+        except OSError as exc:  # the store unreadable: said, never a traceback
+            raise SessionError(f"the image store: {exc.strerror or exc}",
+                               reason=Reason.SANDBOX_FAILED) from None
         if image.owner is not None and image.owner != policy:
             # A snapshot or template carries what its policy's sandbox wrote: its files are
             # that policy's, never another's (nor a pool's, which any policy takes from).
@@ -418,6 +421,9 @@ class Daemon:
         await session.pause()
         try:
             layer = await asyncio.to_thread(self.store.add_layer, upper)
+        except OSError as exc:  # a full disk, say: its own words, the sandbox thawed below
+            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: the image store: "
+                               f"{exc.strerror or exc}", reason=Reason.SANDBOX_FAILED) from None
         except ImageError as exc:
             raise SessionError(f"cannot snapshot sandbox {ident[:64]}: {exc}",
                                reason=Reason.SANDBOX_FAILED) from None
@@ -429,6 +435,9 @@ class Daemon:
                                      owner=session.options.sandbox)
         except ImageError as exc:
             raise SessionError(str(exc), reason=Reason.BAD_REQUEST) from None
+        except OSError as exc:
+            raise SessionError(f"the image store: {exc.strerror or exc}",
+                               reason=Reason.SANDBOX_FAILED) from None
         _log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
              layer=layer)
         return made
