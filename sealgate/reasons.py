@@ -260,6 +260,14 @@ class Reason(StrEnum):
     BAD_PATH = ("bad_path", 400, "a file path outside the workspace: absolute, '..', a link")
     NO_SUCH_FILE = ("no_such_file", 404, "no regular file at that path of the workspace")
     TOO_LARGE = ("too_large", 413, "a body, file, stdin or field over its cap")
+    FILE_EXISTS = (
+        "file_exists", 409, "a workspace path already taken (mkdir, a rename onto a non-empty "
+        "directory)",
+    )
+    BAD_ARCHIVE = (
+        "bad_archive", 400, "a tar stream refused whole: a member leaving its directory or "
+        "going through a link, a device or FIFO, a hard link out, over a cap, not a tar",
+    )
     CLIENT_TIMEOUT = (
         "client_timeout", 504,
         "the daemon's client gave up: the call's own time limit (`call_timeout`) passed before "

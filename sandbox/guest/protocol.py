@@ -17,10 +17,19 @@ the request's descriptors passed with it (SCM_RIGHTS):
                      {"op": "put", "id", "path", "size", "mode"}   fds: data (read), status
                      {"op": "get", "id", "path", "limit"}         fds: data (write), status
                      {"op": "kill", "id"}
+                     {"op": "list", "id", "path", "limit"}       fds: data (write), status
+                     {"op": "stat" | "mkdir" | "remove" | "rename", "id", "path", ...}
+                                                                  fds: status
+                     {"op": "tar", "id", "path"}                  fds: data (write), status
+                     {"op": "untar", "id", "path", "max_bytes", "max_entries"}
+                                                                  fds: data (read), status
+                     {"op": "watch", "id", "path", "recursive"}  fds: events (write), status
 
 A request is answered on its status descriptor, one JSON line (`status_line`): an exec's
 `exit`, `ending` (`Ending`), `signal`, `usage`, `error`; a put's or get's `size` or `error`
-(`too_large` when a get's file is over its limit).
+(`too_large` when a get's file is over its limit); a list's `size` (its JSON follows on its
+data), a stat's `entry`, a tar's or watch's `ok` before its stream; an error's `exists` when
+the path is taken. A watch runs until it is killed.
 
 **Frames** (the microVM's console port, host and guest agent): a 4-byte big-endian length,
 then a JSON header line (an object), then the raw payload. The host asks (`ping`, `net`,
@@ -56,6 +65,14 @@ class Op(StrEnum):
     PUT = "put"
     GET = "get"
     KILL = "kill"
+    LIST = "list"  # the workspace's files beyond put and get (`fsops`, `tarball`, `watch`)
+    STAT = "stat"
+    MKDIR = "mkdir"
+    REMOVE = "remove"
+    RENAME = "rename"
+    TAR = "tar"  # a directory out as a tar stream
+    UNTAR = "untar"  # a tar stream unpacked into a directory
+    WATCH = "watch"
     # frames, host -> guest (exec, put, get, kill as well, with the guest's own fields)
     PING = "ping"
     NET = "net"
@@ -94,6 +111,14 @@ DESCRIPTORS: dict[str, tuple[tuple[str, str], ...]] = {
     Op.PUT: (("data", IN), ("status", OUT)),
     Op.GET: (("data", OUT), ("status", OUT)),
     Op.KILL: (),
+    Op.LIST: (("data", OUT), ("status", OUT)),
+    Op.STAT: (("status", OUT),),
+    Op.MKDIR: (("status", OUT),),
+    Op.REMOVE: (("status", OUT),),
+    Op.RENAME: (("status", OUT),),
+    Op.TAR: (("data", OUT), ("status", OUT)),
+    Op.UNTAR: (("data", IN), ("status", OUT)),
+    Op.WATCH: (("events", OUT), ("status", OUT)),
 }
 # A request's fields besides op and id.
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -101,6 +126,14 @@ FIELDS: dict[str, tuple[str, ...]] = {
     Op.PUT: ("path", "size", "mode"),
     Op.GET: ("path", "limit"),
     Op.KILL: (),
+    Op.LIST: ("path", "limit"),
+    Op.STAT: ("path",),
+    Op.MKDIR: ("path", "mode", "parents"),
+    Op.REMOVE: ("path", "recursive"),
+    Op.RENAME: ("path", "to"),
+    Op.TAR: ("path",),
+    Op.UNTAR: ("path", "max_bytes", "max_entries"),
+    Op.WATCH: ("path", "recursive"),
 }
 # One request: well under the socket's buffer (a bigger one would fail to send, EMSGSIZE).
 MAX_REQUEST = 128 << 10

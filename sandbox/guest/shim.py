@@ -6,15 +6,33 @@ guest as a process of its own (`main`).
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from typing import Any
 
 from .files import get, put
+from .fsops import ls, mkdir, remove, rename, stat_op
 from .protocol import DESCRIPTORS, IN, Op
 
+Handler = Callable[[dict[str, Any], list[int]], None]
+
+
+def _later(module: str, name: str) -> Handler:
+    """A handler whose module is imported by the shim that runs it: tarfile and ctypes would
+    cost every agent's start, for ops few sandboxes use."""
+    def run(req: dict[str, Any], fds: list[int]) -> None:
+        handler: Handler = getattr(importlib.import_module(f".{module}", __package__), name)
+        handler(req, fds)
+    return run
+
+
 # An op -> its handler, given the request and its descriptors in the order `DESCRIPTORS` says.
-SHIMS: dict[str, Callable[[dict[str, Any], list[int]], None]] = {Op.PUT: put, Op.GET: get}
+SHIMS: dict[str, Handler] = {
+    Op.PUT: put, Op.GET: get, Op.LIST: ls, Op.STAT: stat_op, Op.MKDIR: mkdir,
+    Op.REMOVE: remove, Op.RENAME: rename, Op.TAR: _later("tarball", "tar"),
+    Op.UNTAR: _later("tarball", "untar"), Op.WATCH: _later("watch", "watch"),
+}
 
 
 def main(argv: list[str]) -> None:
