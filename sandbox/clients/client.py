@@ -56,6 +56,7 @@ from .clientshared import (
     unreachable,
     update_body,
 )
+from .files import Files
 from .process import Process
 
 __all__ = ["DEFAULT", "DEFAULT_DAEMON", "Answer", "CallLimit", "CallTimeout", "Client",
@@ -129,6 +130,10 @@ class Answer:
     def lines(self) -> Iterator[bytes]:
         while line := self._wait(self.response.readline):
             yield line
+
+    def chunks(self) -> Iterator[bytes]:
+        while chunk := self._wait(lambda: self.response.read1(1 << 16)):
+            yield chunk
 
 
 class Client:
@@ -379,6 +384,12 @@ class Sandbox:
         except (ValueError, KeyError, TypeError):
             raise DaemonError("the daemon's answer to a write has no size",
                               reason=Reason.INTERNAL_ERROR, status=answer.status) from None
+
+    @property
+    def files(self) -> Files:
+        """The workspace's files beyond write and read: list, stat, mkdir, remove, rename,
+        directories as tar streams, watch (`files.Files`)."""
+        return Files(self)
 
     def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes:
         """A file of the workspace."""

@@ -28,7 +28,7 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import bodies, ports
+from . import bodies, fsapi, ports
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
@@ -64,6 +64,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_route("*", "/v1/sandboxes/{id}/ports/{port}/{path:.*}", _port)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
+    fsapi.register(app, lambda r: r.app[_DAEMON].get(r.match_info["id"]), _STREAMING)
     return app
 
 

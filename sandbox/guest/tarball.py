@@ -87,7 +87,7 @@ def untar(req: dict[str, Any], fds: list[int]) -> None:
                                   int(req["max_entries"])))
     except Refused as exc:
         report(status, {"error": str(exc), "refused": True})
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         report(status, {"error": f"not a valid tar stream ({exc})", "refused": True})
     except (OSError, ValueError, KeyError) as exc:
         report(status, {"error": _said(exc)})

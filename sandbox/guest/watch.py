@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import stat
 import struct
 from typing import Any
@@ -38,6 +39,8 @@ MASK = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DEL
 MAX_WATCHED = 8192  # directories under one watch
 _HEAD = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 _READ = 1 << 16
+_PAIRING = 0.05  # seconds a move's first end waits for its second
+_PAIRING_READS = 16
 
 
 class _Gone(Exception):
@@ -113,11 +116,22 @@ class Watcher:
     def run(self) -> None:
         with contextlib.suppress(_Gone):
             while True:
-                self._send(self._events(os.read(self.fd, _READ)))
+                said: list[dict[str, Any]] = []
+                moving: dict[int, tuple[int, str, bool]] = {}  # cookie -> (said[i], path, dir)
+                self._events(os.read(self.fd, _READ), said, moving)
+                # A move's two ends may come in two reads: its other end is waited for a
+                # moment (and a few reads at most) before it is said as a delete.
+                for _ in range(_PAIRING_READS):
+                    if not moving or not select.select([self.fd], [], [], _PAIRING)[0]:
+                        break
+                    self._events(os.read(self.fd, _READ), said, moving)
+                for _, path, is_dir in moving.values():  # moved out of the watch
+                    if is_dir:
+                        self._forget(path)
+                self._send(said)
 
-    def _events(self, data: bytes) -> list[dict[str, Any]]:
-        said: list[dict[str, Any]] = []
-        moving: dict[int, tuple[int, str, bool]] = {}  # cookie -> (index in said, path, dir)
+    def _events(self, data: bytes, said: list[dict[str, Any]],
+                moving: dict[int, tuple[int, str, bool]]) -> None:
         offset = 0
         while offset + _HEAD.size <= len(data):
             wd, mask, cookie, size = _HEAD.unpack_from(data, offset)
@@ -162,10 +176,6 @@ class Watcher:
                     said.append({"event": "create", "path": path, "dir": is_dir})
                     if is_dir and self.recursive:
                         said += self._watch_new(path)
-        for _, path, is_dir in moving.values():  # moved out of the watch
-            if is_dir:
-                self._forget(path)
-        return said
 
     def _send(self, events: list[dict[str, Any]]) -> None:
         if not events:

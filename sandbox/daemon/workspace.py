@@ -1,0 +1,241 @@
+"""The workspace's files beyond put and get, through a sandbox's agent: list, stat, mkdir,
+remove, rename, a directory in and out as a tar stream, and watch. Each is an op its shim
+serves inside the sandbox, as the sandbox's uid (`guest/fsops.py`, `tarball.py`, `watch.py`):
+the daemon never touches the sandbox's files itself, it sends the request and reads the
+sandbox's word, bounded like put's and get's (`session`).
+
+A watch's events come through a bounded queue: a caller that reads more slowly than the
+sandbox changes loses events, never the daemon's memory, and is told where (`overflow`, with
+how many were dropped); the events after it are whole again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from sealgate.reasons import Reason
+
+from ..guest.protocol import STATUS_MAX, Op
+from .pipes import Writer, open_pipe, read_all
+from .session import Session, SessionError, _file_reason, _stalled, _status, check_path
+
+MAX_ENTRIES = 100_000  # a directory's, listed at once
+MAX_LISTING = 32 << 20  # its JSON
+MAX_UNPACKED = 1 << 30  # a tar stream's bytes, decompressed (the sandbox's tmpfs caps it too)
+MAX_MEMBERS = 200_000
+WATCH_QUEUE = 4096  # events held for a caller before they are dropped
+_CHUNK = 1 << 16
+
+
+def check_dir(path: str) -> str:
+    """A directory of the workspace; "" for the workspace itself."""
+    return path if path == "" else check_path(path)
+
+
+def _fail(path: str, answer: dict[str, Any]) -> SessionError:
+    if answer.get("refused"):
+        reason = Reason.BAD_ARCHIVE
+    elif answer.get("exists"):
+        reason = Reason.FILE_EXISTS
+    else:
+        reason = _file_reason(answer)
+    return SessionError(f"{path or '/workspace'}: {answer.get('error', 'no answer')}",
+                        reason=reason)
+
+
+async def _ask(session: Session, op: Op, path: str, data: int | None = None,
+               **fields: Any) -> tuple[dict[str, Any], int]:
+    """Send `op` with a status pipe (and `data`, the agent's end of a data pipe, if any, which
+    is closed here either way); its status line and the request's id. The request stays
+    counted (`Session._begin`) until the caller's `_end`."""
+    try:
+        ident = session._begin()
+    except BaseException:
+        if data is not None:
+            os.close(data)
+        raise
+    try:
+        status_r, status_w = os.pipe()
+        try:
+            session._send(op, ident, [fd for fd in (data, status_w) if fd is not None],
+                          path=path, **fields)
+        except SessionError:
+            os.close(status_r)
+            raise
+        async with open_pipe(status_r) as reader:
+            try:
+                line = await _stalled(reader.readline(), "did not answer")
+            except ValueError:
+                line = b""
+        answer = _status(line)
+        if "error" in answer:
+            raise _fail(path, answer)
+        return answer, ident
+    except BaseException:
+        session._end()
+        raise
+
+
+async def stat(session: Session, path: str) -> dict[str, Any]:
+    answer, _ = await _ask(session, Op.STAT, check_dir(path))
+    session._end()
+    entry: dict[str, Any] = answer.get("entry", {})
+    return entry
+
+
+async def mkdir(session: Session, path: str, mode: int, parents: bool) -> bool:
+    answer, _ = await _ask(session, Op.MKDIR, check_path(path), mode=mode, parents=parents)
+    session._end()
+    return bool(answer.get("created"))
+
+
+async def remove(session: Session, path: str, recursive: bool) -> None:
+    await _ask(session, Op.REMOVE, check_path(path), recursive=recursive)
+    session._end()
+
+
+async def rename(session: Session, path: str, to: str) -> None:
+    await _ask(session, Op.RENAME, check_path(path), to=check_path(to))
+    session._end()
+
+
+async def listing(session: Session, path: str) -> list[dict[str, Any]]:
+    data_r, data_w = os.pipe()
+    try:
+        answer, _ = await _ask(session, Op.LIST, check_dir(path), data_w, limit=MAX_ENTRIES)
+    except BaseException:
+        os.close(data_r)
+        raise
+    try:
+        size = int(answer.get("size", 0))
+        if size > MAX_LISTING:
+            os.close(data_r)
+            raise SessionError(f"{path}: a listing over {MAX_LISTING} bytes",
+                               reason=Reason.TOO_LARGE)
+        raw = await _stalled(read_all(data_r, size), "stopped sending the listing")
+        entries = json.loads(raw or b"null")
+        if not isinstance(entries, list) or len(raw) != size:
+            raise SessionError(f"{path}: the sandbox's listing was cut short",
+                               reason=Reason.SANDBOX_FAILED)
+        return entries
+    finally:
+        session._end()
+
+
+async def untar(session: Session, path: str, body: AsyncIterator[bytes]) -> dict[str, Any]:
+    """Unpack the tar (or gzipped tar) `body` into the directory `path`, all or nothing."""
+    check_dir(path)
+    data_r, data_w = os.pipe()
+    writer = Writer(data_w)
+    asked = asyncio.create_task(_ask(session, Op.UNTAR, path, data_r, max_bytes=MAX_UNPACKED,
+                                     max_entries=MAX_MEMBERS))
+    try:
+        async for chunk in body:
+            if asked.done() or not await _stalled(writer.write(chunk), "stopped reading"):
+                break  # refused already: the rest of the body is not wanted
+    except BaseException:
+        asked.cancel()  # the agent sees a cut stream and refuses it
+        raise
+    finally:
+        writer.close()
+    answer, _ = await _stalled(asked, "did not say how the unpacking went")
+    session._end()
+    return answer
+
+
+class _Stream:
+    """A shim's data, read as it is sent until it ends; `aclose` ends the request whether or
+    not it was read, and asks the agent to kill its shim (a watch runs until then)."""
+
+    def __init__(self, session: Session, ident: int, fd: int) -> None:
+        self._session, self._ident, self._fd = session, ident, fd
+        self._open = True
+
+    async def chunks(self, stall: bool = True) -> AsyncGenerator[bytes, None]:
+        fd, self._fd = self._fd, -1
+        async with open_pipe(fd) as reader:
+            while chunk := await (_stalled(reader.read(_CHUNK), "stopped sending")
+                                  if stall else reader.read(_CHUNK)):
+                yield chunk
+
+    async def aclose(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._open:
+            self._open = False
+            self._session._kill(self._ident)
+            self._session._end()
+
+
+async def tar(session: Session, path: str) -> _Stream:
+    data_r, data_w = os.pipe()
+    try:
+        _, ident = await _ask(session, Op.TAR, check_dir(path), data_w)
+    except BaseException:
+        os.close(data_r)
+        raise
+    return _Stream(session, ident, data_r)
+
+
+async def watch(session: Session, path: str, recursive: bool) -> tuple[int, _Stream]:
+    """The watch's directories in place (their count) and the stream of its events."""
+    data_r, data_w = os.pipe()
+    try:
+        answer, ident = await _ask(session, Op.WATCH, check_dir(path), data_w,
+                                   recursive=recursive)
+    except BaseException:
+        os.close(data_r)
+        raise
+    return int(answer.get("watching", 0)), _Stream(session, ident, data_r)
+
+
+async def events(stream: _Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[bytes, None]:
+    """A watch's events (NDJSON lines) for a caller, through a queue of `limit`: once it is
+    full, events are dropped until the caller has taken what it holds; then it is told
+    `{"event": "overflow", "dropped": N}` and the events go on from there."""
+    queue: collections.deque[bytes] = collections.deque()
+    dropped = 0
+    more = asyncio.Event()
+    ended = False
+
+    async def fill() -> None:
+        nonlocal dropped, ended
+        pending = b""
+        try:
+            async for chunk in stream.chunks(stall=False):
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > STATUS_MAX:  # no event is this long: the shim is not ours
+                    break
+                for line in lines:
+                    if dropped or len(queue) >= limit:
+                        dropped += 1
+                    else:
+                        queue.append(line + b"\n")
+                more.set()
+        finally:
+            ended = True
+            more.set()
+
+    filler = asyncio.create_task(fill())
+    try:
+        while True:
+            await more.wait()
+            more.clear()
+            while queue:
+                yield queue.popleft()
+            if dropped:
+                said, dropped = dropped, 0
+                yield json.dumps({"event": "overflow", "dropped": said}).encode() + b"\n"
+            if ended:
+                return
+    finally:
+        filler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await filler
