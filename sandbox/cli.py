@@ -18,7 +18,7 @@ from pathlib import Path
 from sealgate.clikit import Subcommands
 
 from . import tiers
-from .clients import sessioncli
+from .clients import filescli, sessioncli
 from .host.cgroup import CgroupError, Limits, parse_size
 from .host.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
@@ -77,6 +77,7 @@ def register(sub: Subcommands) -> None:
                                  "processes, registrations, links, tables, cgroups, tmpfs)")
     g.set_defaults(func=_gc)
     sessioncli.register(ps)
+    filescli.register(ps)
 
 
 def parse_duration(text: str) -> float | None:

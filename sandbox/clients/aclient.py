@@ -24,6 +24,7 @@ import aiohttp
 
 from sealgate.reasons import Reason
 
+from .afiles import AsyncFiles
 from .clientshared import (
     DEFAULT,
     DEFAULT_DAEMON,
@@ -191,6 +192,11 @@ class AsyncSandbox:
                              limit=call_limit(call_timeout, self.timeout), where=self._where,
                              data=bytes(data))
         return int(answer["size"])
+
+    @property
+    def files(self) -> AsyncFiles:
+        """As `Sandbox.files`, each call awaited (`afiles.AsyncFiles`)."""
+        return AsyncFiles(self)
 
     async def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes:
         async with self._answer("GET", self._base + file_path(self.id, path),

@@ -6,7 +6,6 @@ each call is done inside the sandbox as its uid, never through a link.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 from sealgate.reasons import Reason
 
 from .clientshared import DEFAULT, CallLimit, DaemonError
-from .fsshared import SPOOL, Entry, WatchEvent, clean, pack, route, unpack
+from .fsshared import SPOOL, Entry, WatchEvent, clean, json_object, pack, route, unpack
 
 if TYPE_CHECKING:
     from .client import Answer, Sandbox
@@ -87,7 +86,7 @@ class Files:
                 headers={"Content-Type": "application/x-tar",
                          **({} if isinstance(data, bytes) else {"Content-Length": str(size)})},
                 call_timeout=call_timeout) as answer:
-            return _object(answer.read())
+            return json_object(answer.read())
 
     def upload_dir(self, local: str | os.PathLike[str], path: str = "", *,
                    call_timeout: CallLimit = DEFAULT) -> dict[str, Any]:
@@ -131,7 +130,7 @@ class Watch:
         self._answer = answer
         self._lines = answer.lines()
         try:  # its first line says the watch is in place, and on how many directories
-            first = _object(next(self._lines, b"null"))
+            first = json_object(next(self._lines, b"null"))
             if first.get("event") != "watching":
                 raise DaemonError("the watch did not start", reason=Reason.INTERNAL_ERROR,
                                   status=200)
@@ -154,13 +153,3 @@ class Watch:
                  traceback: TracebackType | None) -> None:
         self.close()
 
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        said = json.loads(raw)
-    except ValueError:
-        said = None
-    if not isinstance(said, dict):
-        raise DaemonError("the daemon answered with something other than an object",
-                          reason=Reason.INTERNAL_ERROR, status=200)
-    return said

@@ -71,6 +71,17 @@ class WatchEvent:
                               reason=Reason.INTERNAL_ERROR, status=200) from None
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        raise DaemonError("the daemon answered with something other than an object",
+                          reason=Reason.INTERNAL_ERROR, status=200)
+    return said
+
+
 def route(ident: str, tail: str, **query: Any) -> str:
     said = {k: ("true" if v else "false") if isinstance(v, bool) else v
             for k, v in query.items() if v is not None}

@@ -7,6 +7,7 @@ workspace (and what a link there points at) checked unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -20,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from sealgate.reasons import Reason
+from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.clients.fsshared import WatchEvent
 from tests import ocikit
 from tests.integration.tiers import TIERS
 from tests.ocikit import Member, directory, file, hardlink, symlink
-from tests.sandboxd.conftest import Daemon, TierDaemons
+from tests.sandboxd.conftest import Daemon, TierDaemons, sealgate
 
 pytestmark = [pytest.mark.root]
 
@@ -305,3 +307,52 @@ def _until(watch: object, last: object, seconds: float = 60) -> list[WatchEvent]
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(seconds), [(e.event, e.path) for e in got][-20:]
     return got
+
+
+def test_the_async_client_too(sandboxd: Daemon, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncSandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+            assert await sb.files.mkdir("a/b", parents=True)
+            await sb.files.upload_tar(ocikit.tar_bytes([file("a/b/c.txt", b"async")]))
+            assert [e.path for e in await sb.files.list("a/b")] == ["a/b/c.txt"]
+            assert (await sb.files.stat("a/b/c.txt")).size == 5
+            await sb.files.download_dir("a", tmp_path / "down")
+            async with await sb.files.watch("a") as watch:
+                assert watch.directories == 2
+                await sb.files.rename("a/b/c.txt", "a/d.txt")
+                await sb.files.remove("a/b")
+                seen = []
+                async for event in watch:
+                    seen.append((event.event, event.path))
+                    if event.path == "a/b" and event.event == "delete":
+                        break
+            assert seen == [("rename", "a/d.txt"), ("delete", "a/b")], seen
+            assert not await sb.files.exists("a/b")
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert (tmp_path / "down" / "b" / "c.txt").read_bytes() == b"async"
+
+
+def test_the_cli(sandboxd: Daemon, tmp_path: Path) -> None:
+    (tmp_path / "up" / "pkg").mkdir(parents=True)
+    (tmp_path / "up" / "pkg" / "m.py").write_text("m = 1\n")
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        def files(*args: str) -> str:
+            done = sealgate("sandbox", "files", args[0], "--daemon", str(sandboxd.socket),
+                            sb.id, *args[1:])
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        files("mkdir", "-p", "a/b")
+        files("upload", str(tmp_path / "up"), "a/b")
+        files("mv", "a/b/pkg/m.py", "a/m.py")
+        assert [json.loads(line)["path"] for line in files("ls", "a", "--json").splitlines()] \
+            == ["a/b", "a/m.py"]
+        assert json.loads(files("stat", "a/m.py"))["size"] == 6
+        files("download", "a", str(tmp_path / "down"))
+        assert (tmp_path / "down" / "m.py").read_text() == "m = 1\n"
+        files("rm", "-r", "a")
+        assert not sb.files.exists("a")
+        refused_cli = sealgate("sandbox", "files", "ls", "--daemon", str(sandboxd.socket),
+                               sb.id, "../etc")
+        assert refused_cli.returncode == 125 and "bad_path" in refused_cli.stderr

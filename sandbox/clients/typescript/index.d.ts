@@ -116,6 +116,8 @@ export declare class Sandbox {
   /** The bytes written. */
   write(path: string, data: Bytes, opts?: CallOptions & { mode?: number }): Promise<number>;
   read(path: string, opts?: CallOptions): Promise<Buffer>;
+  /** The workspace's files beyond write and read. */
+  readonly files: Files;
   update(changes: CallOptions & { ttl?: number; idleTimeout?: number;
     metadata?: Record<string, string>; sandbox?: string }): Promise<SandboxInfo>;
   snapshot(name?: string, opts?: CallOptions): Promise<Record<string, any>>;
@@ -126,6 +128,56 @@ export declare class Sandbox {
   refresh(opts?: CallOptions): Promise<SandboxInfo>;
   /** Deletes it; one already gone is fine. */
   delete(opts?: CallOptions): Promise<void>;
+}
+
+/** A workspace entry as the sandbox saw it (never followed: a link is a `symlink`). */
+export interface Entry {
+  name: string;
+  /** From /workspace. */
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  /** Permission bits. */
+  mode: number;
+  mtime: number;
+  /** A symlink's, as written. */
+  target?: string;
+}
+
+/** One change under a watch; `overflow`: events were dropped (`dropped` of them, when the
+ * daemon's queue dropped them): look again. */
+export interface WatchEvent {
+  event: 'create' | 'modify' | 'chmod' | 'delete' | 'rename' | 'overflow';
+  path: string;
+  isDir: boolean;
+  /** A rename's old path. */
+  source?: string;
+  dropped?: number;
+}
+
+/** `sb.files`: paths from /workspace ('' or '/' the workspace itself). */
+export declare class Files {
+  constructor(sb: Sandbox);
+  list(path?: string, opts?: CallOptions): Promise<Entry[]>;
+  stat(path: string, opts?: CallOptions): Promise<Entry>;
+  exists(path: string, opts?: CallOptions): Promise<boolean>;
+  /** False when `parents` and it was there already. */
+  mkdir(path: string, opts?: CallOptions & { parents?: boolean; mode?: number }): Promise<boolean>;
+  remove(path: string, opts?: CallOptions & { recursive?: boolean }): Promise<void>;
+  rename(source: string, target: string, opts?: CallOptions): Promise<void>;
+  /** All or nothing: a DaemonError `bad_archive` names the member refused. */
+  uploadTar(data: Bytes, path?: string, opts?: CallOptions):
+    Promise<{ path: string; size: number; entries: number }>;
+  downloadTar(path?: string, opts?: CallOptions): Promise<Buffer>;
+  /** Once the watch is in place. No call limit by default. */
+  watch(path?: string, opts?: CallOptions & { recursive?: boolean }): Promise<Watch>;
+}
+
+/** A watch in place: `for await` its events; `close()` ends it in the sandbox too. */
+export declare class Watch {
+  readonly directories: number;
+  [Symbol.asyncIterator](): AsyncGenerator<WatchEvent, void, undefined>;
+  close(): void;
 }
 
 /** A background process (`Sandbox.start`). */

@@ -1,6 +1,7 @@
 // A live sandbox of the daemon: its commands, files, changes and end.
 import { Client, GRACE } from './client.js';
 import { CommandFailed, DaemonError, malformed } from './errors.js';
+import { Files } from './files.js';
 import { Process } from './process.js';
 import { eventOf, execBody, fieldsOf, streamCut } from './result.js';
 
@@ -186,6 +187,11 @@ export class Sandbox {
       throw malformed("the daemon's answer to a write has no size", answer.status);
     }
     return /** @type {number} */ (size);
+  }
+
+  /** The workspace's files beyond write and read (`Files`). */
+  get files() {
+    return new Files(this);
   }
 
   /** A file of the workspace. @param {string} path @param {CallOptions} [opts] */
