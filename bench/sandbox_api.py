@@ -199,6 +199,38 @@ def ports(fig: Figures, plan: Plan, sb: Sandbox, daemon: Daemon, progress: Progr
     server.kill()
 
 
+# A file named by the time it is made, from the clock the bubblewrap sandbox shares with the
+# host: the event's arrival at the client less that is the watch's own latency.
+MAKER = ("import sys, time\n"
+         "for line in sys.stdin:\n"
+         "    open(f'watched/{time.time():.6f}', 'w').close()\n")
+WATCH = "watch: a file made in the sandbox to its create event at the client"
+
+
+def watch_latency(fig: Figures, plan: Plan, sb: Sandbox, progress: Progress) -> None:
+    """A background process makes a file whenever it reads a line; the client, watching the
+    directory through `sb.files.watch`, reads the create event: the shim's inotify in the
+    sandbox, its pipe, the daemon's queue and the HTTP stream, one change at a time."""
+    count = 200 if plan == FULL else 50
+    progress.begin("watch events")
+    sb.files.mkdir("watched", parents=True)
+    maker = sb.start(["python3", "-u", "-c", MAKER])
+    try:
+        with sb.files.watch("watched", call_timeout=300) as watch:
+            events = iter(watch)
+            for i in range(count):
+                maker.write(b"\n")
+                event = next(e for e in events if e.event == "create")
+                fig.add(WATCH, (time.time() - float(event.path.rsplit("/", 1)[1])) * 1000)
+                progress.show(f"{i + 1}/{count}")
+    finally:
+        maker.kill()
+    fig.notes.append(f"{WATCH}: {count} files made one at a time by a background Python "
+                     "process, each named by `time.time()` when it is made (the sandbox shares "
+                     "the host's clock); the latency is the event's arrival at the client less "
+                     "that time.")
+
+
 # -- the report -----------------------------------------------------------------------------
 
 
@@ -354,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress({"background start": plan.starts * 0.03,
                          "exec with background": plan.execs * 0.02, "port: server up": 2,
                          "port: small requests": plan.small * 0.01,
-                         "port: 64 MiB transfers": plan.big * 1.0})
+                         "port: 64 MiB transfers": plan.big * 1.0, "watch events": 2})
     started = time.monotonic()
     with bench_session(SCRIPT, ("sealgate",)) as session:
         setup, paths = session.setup, dict(session.paths)
@@ -372,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                 starts(fig, plan, sb, progress)
                 execs(fig, plan, sb, progress)
                 ports(fig, plan, sb, daemons[-1], progress)
+                watch_latency(fig, plan, sb, progress)
             finally:
                 with contextlib.suppress(DaemonError):
                     sb.delete()
