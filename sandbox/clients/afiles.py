@@ -9,7 +9,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -18,12 +18,25 @@ from sealgate.reasons import Reason
 from .clientshared import DEFAULT, CallLimit, DaemonError, call_limit
 from .fsshared import SPOOL, Entry, WatchEvent, clean, json_object, pack, route, unpack
 
-if TYPE_CHECKING:
-    from .aclient import AsyncSandbox
+
+class _AsyncSandbox(Protocol):
+    """What of `aclient.AsyncSandbox` the files use (that module imports this one)."""
+
+    id: str
+    timeout: float | None
+    _base: str
+
+    def _answer(self, method: str, url: str, limit: float | None, **send: Any
+                ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]: ...
+
+    async def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes: ...
+
+    async def write(self, path: str, data: bytes, *, mode: int = 0o644,
+                    call_timeout: CallLimit = DEFAULT) -> int: ...
 
 
 class AsyncFiles:
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: _AsyncSandbox) -> None:
         self._sb = sandbox
 
     def _url(self, tail: str, **query: Any) -> str:

@@ -10,25 +10,35 @@ import os
 import tempfile
 from collections.abc import Iterator
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from sealgate.reasons import Reason
 
 from .clientshared import DEFAULT, CallLimit, DaemonError
 from .fsshared import SPOOL, Entry, WatchEvent, clean, json_object, pack, route, unpack
 
-if TYPE_CHECKING:
-    from .client import Answer, Sandbox
+
+class _Sandbox(Protocol):
+    """What of `client.Sandbox` the files use (that module imports this one)."""
+
+    id: str
+    client: Any  # client.Client
+
+    def read(self, path: str, *, call_timeout: CallLimit = DEFAULT) -> bytes: ...
+
+    def write(self, path: str, data: bytes, *, mode: int = 0o644,
+              call_timeout: CallLimit = DEFAULT) -> int: ...
 
 
 class Files:
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: _Sandbox) -> None:
         self._sb = sandbox
 
     def _call(self, method: str, tail: str, body: dict[str, Any] | None = None,
               call_timeout: CallLimit = DEFAULT, **query: Any) -> dict[str, Any]:
-        return self._sb.client.call(method, route(self._sb.id, tail, **query), body,
-                                    call_timeout=call_timeout)
+        answer: dict[str, Any] = self._sb.client.call(
+            method, route(self._sb.id, tail, **query), body, call_timeout=call_timeout)
+        return answer
 
     def list(self, path: str = "", *, call_timeout: CallLimit = DEFAULT) -> list[Entry]:
         """The entries of a directory, by name."""
@@ -82,7 +92,7 @@ class Files:
             size = data.tell()
             data.seek(0)
         with self._sb.client.open(
-                "PUT", route(self._sb.id, "/tar", path=clean(path)), data,  # type: ignore[arg-type]
+                "PUT", route(self._sb.id, "/tar", path=clean(path)), data,
                 headers={"Content-Type": "application/x-tar",
                          **({} if isinstance(data, bytes) else {"Content-Length": str(size)})},
                 call_timeout=call_timeout) as answer:
@@ -98,7 +108,8 @@ class Files:
         """The directory `path` as a tar stream (its files, directories and links)."""
         with self._sb.client.open("GET", route(self._sb.id, "/tar", path=clean(path)),
                                   call_timeout=call_timeout) as answer:
-            return answer.read()
+            data: bytes = answer.read()
+        return data
 
     def download_dir(self, path: str, local: str | os.PathLike[str], *,
                      call_timeout: CallLimit = DEFAULT) -> None:
@@ -126,7 +137,7 @@ class Watch:
     """A watch in place: iterate for its events (`WatchEvent`); `close()` (or leaving its
     `with`) ends it in the sandbox too."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Any) -> None:  # client.Answer
         self._answer = answer
         self._lines = answer.lines()
         try:  # its first line says the watch is in place, and on how many directories
