@@ -139,6 +139,7 @@ class Watch:
 
     def __init__(self, answer: Any) -> None:  # client.Answer
         self._answer = answer
+        self._closed = False
         self._lines = answer.lines()
         try:  # its first line says the watch is in place, and on how many directories
             first = json_object(next(self._lines, b"null"))
@@ -151,10 +152,17 @@ class Watch:
         self.directories = int(first.get("directories", 0))
 
     def __iter__(self) -> Iterator[WatchEvent]:
-        for line in self._lines:
-            yield WatchEvent.of(line)
+        try:
+            for line in self._lines:
+                yield WatchEvent.of(line)
+        except (AttributeError, ValueError, DaemonError):
+            # http.client, its connection closed under a read (`close` from another thread),
+            # fails as it finds it gone: the end of the watch that was asked for, not an error.
+            if not self._closed:
+                raise
 
     def close(self) -> None:
+        self._closed = True
         self._answer.__exit__(None, None, None)
 
     def __enter__(self) -> Watch:
