@@ -83,9 +83,10 @@ class Daemon:
         self._dismantling: set[asyncio.Task[None]] = set()
         self._creating = 0
         self._inits: dict[int, int] = {}  # inits of ended sandboxes -> rounds left to reap
-        self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
+        self._watched: dict[int, tuple[int, slot.Slot]] = {}  # slot index -> pidfd, slot
         self._failures = 0
         self._closing = False
+        self.held = False  # while a successor takes over (`hold`): nothing made, ended, taken
         # Idempotency-Key -> when, what was asked, the create (`create`)
         self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
             OrderedDict()
@@ -117,6 +118,64 @@ class Daemon:
         await asyncio.gather(*(self._release(s) for pool in pools.values() for s in pool),
                              return_exceptions=True)
         await asyncio.gather(*self._dismantling, return_exceptions=True)
+
+    # -- a hand-over to a successor (`sandbox.daemon.handover`) ----------------------------
+
+    def slots(self) -> list[tuple[slot.Slot, int, str | None, Session | None]]:
+        """Every live slot: its pidfd, its pool's key if it waits in one, its session if not."""
+        owner = {id(s.slot): s for s in self.sessions.values()}
+        pool_of = {id(s): key for key, pool in self._pools.items() for s in pool}
+        return [(made, pidfd, pool_of.get(id(made)), owner.get(id(made)))
+                for pidfd, made in self._watched.values()
+                if id(made) in owner or id(made) in pool_of]
+
+    def busy(self) -> int:
+        """Creates and prepares under way, and slots still being taken down."""
+        return self._creating + self._preparing
+
+    def hold(self, held: bool = True) -> None:
+        """Act on nothing (no refill, no expiry, no agent's death) while a successor takes the
+        slots over, or again as before once it did not."""
+        self.held = held
+        loop = asyncio.get_running_loop()
+        for pidfd, made in self._watched.values():
+            if held:
+                loop.remove_reader(pidfd)
+            else:  # a death meanwhile is seen now
+                loop.add_reader(pidfd, self._died, made)
+        self._wake.set()
+
+    def take_over(self, adopted: list[tuple[slot.Slot, int, str | None, Session | None]]
+                  ) -> None:
+        """Serve slots a predecessor handed over: sessions as they were, pool slots in the pool
+        of their key if it wants them, else taken down."""
+        for made, pidfd, key, session in adopted:
+            self._watch(made, pidfd)
+            pool = self._pools.get(key)
+            if session is not None:
+                self.sessions[session.id] = session
+            elif pool is not None and len(pool) < self._wanted[key][0]:
+                pool.append(made)
+            else:
+                self._background(self._release(made))
+        self._wake.set()
+
+    def relinquish(self) -> None:
+        """Stop without ending a sandbox: a successor holds them all now. Our descriptors of
+        them close (so they die with the successor, never with us nor with neither)."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for pidfd, made in self._watched.values():
+            with contextlib.suppress(ValueError):
+                asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+            made.names.close()
+            made.channel.close()
+            made.guard.close()
+        self._watched.clear()
+        self.sessions.clear()
+        self._pools.clear()
 
     def status(self) -> dict[str, Any]:
         return {"ready": self.ready and self.unverified is None,
@@ -182,17 +241,19 @@ class Daemon:
             await self._release(made)
             raise
         made.init = orphans.init_of(made.process.pid)
-        made.names.start(loop)
-        pidfd = os.pidfd_open(made.process.pid)
-        self._watched[made.index] = pidfd
-        loop.add_reader(pidfd, self._died, made)
+        self._watch(made, os.pidfd_open(made.process.pid))
         return made
+
+    def _watch(self, made: slot.Slot, pidfd: int) -> None:
+        made.names.start(asyncio.get_running_loop())
+        self._watched[made.index] = (pidfd, made)
+        asyncio.get_running_loop().add_reader(pidfd, self._died, made)
 
     def _short(self) -> tuple[str | None, ImageRoot | None] | None:
         """The first pool short of what it is to hold, within the daemon's capacity."""
         room = self.config.max_sandboxes - len(self.sessions) - sum(
             len(p) for p in self._pools.values())
-        if room <= 0:
+        if room <= 0 or self.held:
             return None
         for key, (count, root) in self._wanted.items():
             if len(self._pools.get(key, ())) < count:
@@ -213,7 +274,7 @@ class Daemon:
             except SandboxError as exc:
                 self._failures += 1
                 self.problem = f"cannot prepare a sandbox: {exc}"
-                _log("pool_failed", detail=str(exc))
+                log("pool_failed", detail=str(exc))
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(self._failures, 6)))
                 continue
             self._failures = 0
@@ -245,10 +306,10 @@ class Daemon:
         task.add_done_callback(self._spawned.discard)
 
     def _unwatch(self, gone: slot.Slot) -> None:
-        pidfd = self._watched.pop(gone.index, None)
-        if pidfd is not None:
-            asyncio.get_running_loop().remove_reader(pidfd)
-            os.close(pidfd)
+        watched = self._watched.pop(gone.index, None)
+        if watched is not None:
+            asyncio.get_running_loop().remove_reader(watched[0])
+            os.close(watched[0])
 
     async def _release(self, gone: slot.Slot, *, wait: bool = True) -> None:
         """Release a slot; without `wait`, return once the sandbox is over (`slot.end`) and
@@ -317,7 +378,7 @@ class Daemon:
             self._background(self.delete(work.result().id, "its creator left"))
 
     async def _create(self, options: Options) -> Session:
-        if self._closing:
+        if self._closing or self.held:
             raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
         if self.unverified is not None:
             raise SessionError(f"not ready: {self.unverified}", reason=Reason.AT_CAPACITY)
@@ -356,7 +417,7 @@ class Daemon:
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
-        _log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
+        log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
              uid=taken.uid, warm=not cold, image=options.image)
         return session
 
@@ -397,7 +458,7 @@ class Daemon:
                                reason=Reason.BAD_REQUEST)
         if sandbox is not None and sandbox != session.options.sandbox:
             await asyncio.to_thread(self._register, session.slot, sandbox)
-            _log("identity_changed", id=ident, sandbox=sandbox, was=session.options.sandbox)
+            log("identity_changed", id=ident, sandbox=sandbox, was=session.options.sandbox)
             session.options = dataclasses.replace(session.options, sandbox=sandbox)
         if metadata is not None:
             session.options = dataclasses.replace(session.options, metadata=metadata)
@@ -438,7 +499,7 @@ class Daemon:
         except OSError as exc:
             raise SessionError(f"the image store: {exc.strerror or exc}",
                                reason=Reason.SANDBOX_FAILED) from None
-        _log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
+        log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
              layer=layer)
         return made
 
@@ -455,12 +516,14 @@ class Daemon:
             self._ended.popitem(last=False)
         self._wake.set()
         await self._release(session.slot, wait=False)
-        _log("ended", id=ident, sandbox=session.options.sandbox, why=why,
+        log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(_REAP_SECONDS)
+            if self.held:
+                continue
             slots = self.config.slots
             uids = range(slots.uid_base, slots.uid_base + len(slots.plan.links))
             for pid, rounds in list(self._inits.items()):
@@ -481,7 +544,7 @@ async def _quietly(work: Coroutine[Any, Any, None]) -> None:
         await work
 
 
-def _log(event: str, **fields: Any) -> None:
+def log(event: str, **fields: Any) -> None:
     """One JSON line per lifecycle event, on stdout (what an operator's collector reads)."""
     line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields})
     with contextlib.suppress(OSError):
