@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import secrets
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
@@ -38,9 +36,10 @@ from .. import tiers
 from ..errors import SandboxError
 from ..guest.protocol import read_hello
 from ..host.rootfs import ImageRoot
-from ..images import Image, ImageError, Store
+from ..images import Image, Store
 from ..runtime import clean_up_stale
-from . import orphans, slot
+from . import imaging, orphans, slot
+from .events import log
 from .session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
@@ -97,7 +96,7 @@ class Daemon:
         """Clean up after a daemon that died, then fill the pools in the background. Raises
         SandboxError for a pool of an image the store does not have."""
         for name, count in self.config.image_pools.items():
-            root = self.image_root(name, None)[1]
+            root = imaging.image_root(self.store, self.config.slots.isolation, name, None)[1]
             self._wanted[root.key] = (count, root)
             self._pools.setdefault(root.key, [])
         await asyncio.to_thread(clean_up_stale)
@@ -192,32 +191,6 @@ class Daemon:
 
     async def discard(self, canary: slot.Slot) -> None:
         await self._release(canary)
-
-    def image_root(self, name: str, policy: str | None) -> tuple[Image, ImageRoot]:
-        """Image `name` from the store, as a root for `policy`'s sandbox (None: for a pool,
-        which any policy may take from). Raises SessionError."""
-        if self.store is None:
-            raise SessionError("this daemon has no image store (sandboxd --images)",
-                               reason=Reason.BAD_REQUEST)
-        tier = tiers.get(self.config.slots.isolation)
-        if tier.image_owner is None:
-            raise SessionError(f"images do not run on the {tier.name} tier yet",
-                               reason=Reason.BAD_REQUEST)
-        try:
-            image = self.store.get(name)
-            layers = tuple(self.store.layer_dirs(image))
-        except ImageError as exc:
-            raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
-        except OSError as exc:  # the store unreadable: said, never a traceback
-            raise SessionError(f"the image store: {exc.strerror or exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        if image.owner is not None and image.owner != policy:
-            # A snapshot or template carries what its policy's sandbox wrote: its files are
-            # that policy's, never another's (nor a pool's, which any policy takes from).
-            raise SessionError(f"image {name[:64]!r} belongs to another policy",
-                               reason=Reason.IMAGE_REFUSED)
-        return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir,
-                                self.store.root / "disks")
 
     async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
         self._preparing += 1
@@ -387,7 +360,8 @@ class Daemon:
                                reason=Reason.BAD_REQUEST)
         base = root = None
         if options.image is not None:
-            base, root = self.image_root(options.image, options.sandbox)
+            base, root = imaging.image_root(self.store, self.config.slots.isolation,
+                                              options.image, options.sandbox)
         pool = self._pools.get(None if root is None else root.key, [])
         cold = not pool
         try:
@@ -466,42 +440,9 @@ class Daemon:
         return session
 
     async def snapshot(self, ident: str, name: str | None) -> Image:
-        """Sandbox `ident`'s filesystem, its image's layers and what it wrote over them, as a
-        new image of its policy's (frozen meanwhile, so one instant of it). Raises
-        SessionError."""
-        session = self.get(ident)
-        tier = tiers.get(self.config.slots.isolation)
-        if session.base is not None and tier.no_snapshot is not None:
-            raise SessionError(f"the {tier.name} tier cannot snapshot sandbox {ident[:64]}: "
-                               f"{tier.no_snapshot}", reason=Reason.UNSUPPORTED)
-        upper = session.upper
-        if self.store is None or session.base is None or upper is None:
-            raise SessionError(f"sandbox {ident[:64]} has no image to snapshot (create it with "
-                               "an image)", reason=Reason.BAD_REQUEST)
-        was_paused = session.paused
-        await session.pause()
-        try:
-            layer = await asyncio.to_thread(self.store.add_layer, upper)
-        except OSError as exc:  # a full disk, say: its own words, the sandbox thawed below
-            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: the image store: "
-                               f"{exc.strerror or exc}", reason=Reason.SANDBOX_FAILED) from None
-        except ImageError as exc:
-            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: {exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        finally:
-            if not was_paused and not session.ended.is_set():
-                await session.pause(False)
-        try:
-            made = self.store.derive(session.base, layer, name or f"{ident}-{int(time.time())}",
-                                     owner=session.options.sandbox)
-        except ImageError as exc:
-            raise SessionError(str(exc), reason=Reason.BAD_REQUEST) from None
-        except OSError as exc:
-            raise SessionError(f"the image store: {exc.strerror or exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
-             layer=layer)
-        return made
+        """Sandbox `ident`'s filesystem as a new image (`imaging.snapshot`)."""
+        return await imaging.snapshot(self.store, self.config.slots.isolation, self.get(ident),
+                                      name)
 
     async def delete(self, ident: str, why: str = "deleted") -> None:
         session = self.get(ident)
@@ -543,10 +484,3 @@ async def _quietly(work: Coroutine[Any, Any, None]) -> None:
     with contextlib.suppress(SessionError):  # already ended by another way
         await work
 
-
-def log(event: str, **fields: Any) -> None:
-    """One JSON line per lifecycle event, on stdout (what an operator's collector reads)."""
-    line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields})
-    with contextlib.suppress(OSError):
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()

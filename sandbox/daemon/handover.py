@@ -48,7 +48,8 @@ from .. import tiers
 from ..errors import SandboxError
 from ..host import lease, network
 from . import carried
-from .daemon import Daemon, log
+from .daemon import Daemon
+from .events import log
 from .session import Session
 
 MAGIC = "sealgate-sandboxd-handover"

@@ -30,7 +30,8 @@ from ..runtime import setup
 from . import adopt, handover, selftest, slot
 from .api import make_app
 from .apiserver import Runner
-from .daemon import Config, Daemon, log
+from .daemon import Config, Daemon
+from .events import log
 
 
 @dataclass(frozen=True)
