@@ -74,7 +74,7 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | No
         sock.settimeout(handover.TAKE_SECONDS)
         try:
             records, listeners = await asyncio.to_thread(_receive, sock, want(settings))
-        except HandoverError as exc:
+        except (HandoverError, OSError) as exc:
             raise HandoverError(f"daemon {pid} serving {settings.socket} did not hand its "
                                 f"sandboxes over, and serves on: {exc}") from None
         items: list[Item] = []
