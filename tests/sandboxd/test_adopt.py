@@ -154,11 +154,44 @@ def test_a_refused_hand_over_leaves_the_old_daemon_serving(
     words = refused(daemons(*_FLAGS, "--no-adopt", sock=old.socket, wait=False))
     assert f"daemon {old.process.pid} serves" in words, words
     assert sb.run(["true"]).ok
-    # Once idle, the default adopts.
+    # Once idle, the default adopts; and a third daemon from the second (the cgroups still
+    # named for the first, their leases saying so), this one with its self-test on.
     new = daemons(*_FLAGS, sock=old.socket)
     assert old.process.wait(30) == 0
     assert sb.read("f") == b"x"
     assert [s["id"] for s in new.client.list()] == [sb.id]
+    third = daemons("--pool", "1", sock=old.socket)
+    assert new.process.wait(30) == 0, new.log.read_text()
+    assert sb.read("f") == b"x" and sb.run(["true"]).ok
+    until(lambda: third.client.health().get("ready"), 60, "the third daemon's self-test")
+    state = host()
+    held = state.of(third.process.pid)  # the adopted groups counted as the third's
+    assert held["leases"] >= 2 and held["cgroups"] >= 3 * held["leases"], held
+    assert state.orphans() == [], state.orphans()
+
+
+def test_requests_under_way_end_before_the_hand_over(daemons: Callable[..., Daemon]) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    stream = sb.stream(["sh", "-c", "echo up; sleep 3; echo done"])
+    assert next(stream) == ("stdout", b"up\n")
+    new = daemons(*_FLAGS, "--adopt", sock=old.socket, wait=False)
+
+    # Meanwhile the old daemon takes no new request, and says why.
+    def held() -> str | None:
+        try:
+            sb.refresh()
+        except DaemonError as exc:
+            return str(exc) if exc.status == 503 else None
+        return None
+    assert "handing its sandboxes over" in until(held, 10, "new requests refused")
+    # The command under way ran to its end on the old daemon.
+    rest = list(stream)
+    assert rest[0] == ("stdout", b"done\n") and rest[1][0] == "exit", rest
+    assert rest[1][1].exit_code == 0, rest  # type: ignore[union-attr]
+    assert old.process.wait(30) == 0, old.log.read_text()
+    until(lambda: "serving on" in new.log.read_text(), 30, "the successor serving")
+    assert sb.run(["true"]).ok
 
 
 def test_a_sandbox_never_outlives_both_daemons(
