@@ -82,8 +82,10 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | No
             if len(listeners) != 1 + (settings.listen is not None):
                 raise HandoverError(f"{len(listeners)} listening sockets handed over")
             for n, (record, fds) in enumerate(records):
-                items.append(_rebuild(record, fds, settings))
-                records[n] = (record, [])  # the slot's own from here on
+                made, pidfd = carried.rebuild_slot(record, fds, settings.config.slots)
+                records[n] = (record, [])  # the slot's own from here on: dropped with it
+                items.append((made, pidfd, None, None))
+                items[-1] = (made, pidfd, *_owner(record, made))
             room = daemon.config.max_sandboxes
             if len(items) > room:
                 raise HandoverError(f"{len(items)} sandboxes and ready slots, over this "
@@ -132,18 +134,13 @@ def _receive(sock: socket.socket, wanted: dict[str, Any]
     return records, listeners
 
 
-def _rebuild(record: dict[str, Any], fds: list[int], settings: Settings) -> Item:
-    made, pidfd = carried.rebuild_slot(record, fds, settings.config.slots)
+def _owner(record: dict[str, Any], made: Slot) -> tuple[str | None, Session | None]:
+    """The pool a slot waits in, or the sandbox it is. Raises ValueError."""
+    pool = record.get("pool")
+    if pool is not None and not isinstance(pool, str):
+        raise ValueError(f"slot {made.index}: a malformed pool key")
     session = record.get("session")
-    try:
-        pool = record.get("pool")
-        if pool is not None and not isinstance(pool, str):
-            raise ValueError(f"slot {made.index}: a malformed pool key")
-        owner = None if session is None else carried.rebuild_session(session, made)
-    except ValueError:
-        _drop(made, pidfd)
-        raise
-    return made, pidfd, pool, owner
+    return pool, None if session is None else carried.rebuild_session(session, made)
 
 
 def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: Settings,

@@ -108,36 +108,30 @@ def rebuild_slot(data: Mapping[str, Any], fds: list[int], config: SlotConfig
     if data.get("tier") != config.isolation:
         raise ValueError(f"slot {index}: of the {str(data.get('tier'))[:32]} tier")
     link = link_at(config.plan, index)
+    groups = [Path(str(g)) for g in _list(data, "groups")]
+    if not groups or any(g.parent.name != cgroup.PARENT or not g.name.startswith(f"run-{index}-")
+                         or not g.is_relative_to(cgroup.ROOT) for g in groups):
+        raise ValueError(f"slot {index}: not its cgroups: {[str(g) for g in groups][:4]}")
+    env = data.get("environment")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"slot {index}: a malformed environment")
+    root = _image_root(data.get("image"), index)
+    init = data.get("init")
     channel_fd, pidfd, pipe, dns_fd = fds
     if _pidfd_of(pidfd) != pid:
         raise ValueError(f"slot {index}: its process descriptor is not pid {pid}'s")
-    if not stat.S_ISFIFO(_mode(pipe)):
+    if not stat.S_ISFIFO(os.fstat(pipe).st_mode):
         raise ValueError(f"slot {index}: its watchdog's descriptor is not a pipe")
-    channel = socket.socket(fileno=channel_fd)
-    dns = socket.socket(fileno=dns_fd)
+    # Wrapped last, and let go of on a refusal: the caller closes the numbers once.
+    channel, dns = socket.socket(fileno=channel_fd), socket.socket(fileno=dns_fd)
     if (channel.family, channel.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET) \
             or (dns.family, dns.type) != (socket.AF_INET, socket.SOCK_DGRAM) \
             or dns.getsockname()[0] != str(link.host_ip):
         channel.detach()
         dns.detach()
         raise ValueError(f"slot {index}: its channel or name server is not what it must be")
-    groups = [Path(str(g)) for g in _list(data, "groups")]
-    if not groups or any(g.parent.name != cgroup.PARENT or not g.name.startswith(f"run-{index}-")
-                         or not g.is_relative_to(cgroup.ROOT) for g in groups):
-        channel.detach()
-        dns.detach()
-        raise ValueError(f"slot {index}: not its cgroups: {[str(g) for g in groups][:4]}")
     channel.setblocking(False)
     dns.setblocking(False)
-    env = data.get("environment")
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ValueError(f"slot {index}: a malformed environment")
-    image = data.get("image")
-    root = None if image is None else ImageRoot(
-        str(image["key"]), tuple(Path(str(p)) for p in image["layers"]),
-        tuple(str(e) for e in image["env"]), str(image["workdir"]),
-        None if image["disks"] is None else Path(str(image["disks"])))
-    init = data.get("init")
     made = Slot(link, LoopDns(link.host_ip, link.host_ip, dns), Group(groups), uid,
                 Held(pid, os.dup(pidfd)), channel, {str(k): v for k, v in env.items()},
                 tiers.get(config.isolation), Watchdog.held(pipe), root,
@@ -145,8 +139,7 @@ def rebuild_slot(data: Mapping[str, Any], fds: list[int], config: SlotConfig
     return made, pidfd
 
 
-def rebuild_session(data: Mapping[str, Any], made: Slot, store_image: Image | None = None
-                    ) -> Session:
+def rebuild_session(data: Mapping[str, Any], made: Slot) -> Session:
     """The session a record describes, on `made` (on the event loop). Raises ValueError."""
     ident = str(data.get("id"))
     if not _ID.fullmatch(ident):
@@ -198,8 +191,15 @@ def _strings(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _mode(fd: int) -> int:
-    return os.fstat(fd).st_mode
+def _image_root(image: Any, index: int) -> ImageRoot | None:
+    if image is None:
+        return None
+    try:
+        return ImageRoot(str(image["key"]), tuple(Path(str(p)) for p in image["layers"]),
+                         tuple(str(e) for e in image["env"]), str(image["workdir"]),
+                         None if image["disks"] is None else Path(str(image["disks"])))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"slot {index}: a malformed image root ({exc})") from None
 
 
 def _pidfd_of(fd: int) -> int | None:

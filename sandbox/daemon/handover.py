@@ -48,6 +48,7 @@ from .. import tiers
 from ..errors import SandboxError
 from ..host import lease, network
 from . import carried
+from .api import error
 from .daemon import Daemon
 from .events import log
 from .session import Session
@@ -127,7 +128,6 @@ def differences(ours: Mapping[str, Any], theirs: Any) -> list[str]:
 
 def refuse_while_held(daemon: Daemon) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware: while a successor takes over, every call but health is refused (503)."""
-    from .api import error  # api imports the daemon; this module is imported after it
 
     @web.middleware
     async def held(request: web.Request,
