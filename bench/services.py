@@ -81,12 +81,14 @@ class Services:
         self.started: list[Service] = []
 
     def start(
-        self, name: str, argv: list[str], port: int, log: Path, listeners: int = 1
+        self, name: str, argv: list[str], port: int, log: Path, listeners: int = 1,
+        env: Mapping[str, str] | None = None,
     ) -> Service:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         service = Service(name, proc, port, log)
         self.started.append(service)
@@ -180,6 +182,15 @@ class Setup:
     def orchestrator_pinned(self) -> contextlib.AbstractContextManager[None]:
         """This thread, and the stub DNS thread it starts, off the proxy CPU while measuring."""
         return pinned(int(LOAD_CPU) if self.pin else None)
+
+
+@dataclass(frozen=True)
+class Build:
+    """How to start one commit's sealgate: its command and what its environment adds."""
+
+    label: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -293,18 +304,20 @@ def start_mitmdump(
 
 def start_sealgate(
     setup: Setup, paths: Mapping[str, str], name: str, rules: Path, resolver: str,
-    origin: Origin, *extra: str, workers: int = 1,
+    origin: Origin, *extra: str, workers: int = 1, build: Build | None = None,
 ) -> Service:
-    """`sealgate proxy` on the proxy CPU, its state (audit log included) in work/`name`."""
+    """`sealgate proxy` on the proxy CPU, its state (audit log included) in work/`name`; of
+    `build` (another commit's, bench/ab.py) or else this checkout's."""
     port = free_port()
-    argv = [*setup.prefix(PROXY_CPU), paths["sealgate"], "proxy",
+    command = build.command if build is not None else [paths["sealgate"]]
+    argv = [*setup.prefix(PROXY_CPU), *command, "proxy",
             "--listen", f"127.0.0.1:{port}", "--rules", str(rules),
             "--state", str(setup.work / name), "--resolver", resolver,
             "--upstream-ca", str(origin.ca.path), *extra]
     if workers > 1:
         argv += ["--workers", str(workers)]
     service = setup.services.start(name, argv, port, setup.work / f"{name}.log",
-                                   listeners=workers)
+                                   listeners=workers, env=build.env if build else None)
     if workers > 1 and setup.pin:
         _spread_workers(service)
     return service

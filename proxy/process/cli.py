@@ -7,7 +7,6 @@ only `proxy` needs the second it takes to import.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -188,15 +187,15 @@ def _run_proxy(args: argparse.Namespace) -> int:
     except mitm.MitmproxyMismatch as exc:
         print(exc, file=sys.stderr)
         return 2
-    from . import supervisor
+    from . import eventloop, supervisor
     from .master import prepare
 
     if args.worker_index is None:
         prepare(config)
     try:
         if config.workers > 1 and args.worker_index is None:
-            return asyncio.run(supervisor.supervise(config))
-        return asyncio.run(supervisor.serve_one(config, args.worker_index))
+            return eventloop.run(supervisor.supervise(config))
+        return eventloop.run(supervisor.serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
         # mitmproxy rolls a failed option update back, re-running configure on the defaults;
         # an error there would mask the one that matters, which is the first in the chain.
