@@ -23,6 +23,7 @@ from ..engine import conncap, deadline, memory
 from ..engine.conncap import ConnectionGate
 from ..engine.handshake import HandshakeDeadline
 from ..engine.memory import Reclaimer
+from ..engine.resumption import Sessions
 from ..errors import Denial
 from . import settings
 from .budget import BudgetLedger
@@ -52,6 +53,7 @@ class Lifecycle:
         self.reclaimer = Reclaimer()
         self.metrics = Metrics()
         self.handshakes = HandshakeDeadline()
+        self.sessions = Sessions()
         self.addons = [self.handshakes]  # its hooks run after this addon's
 
     # -- set-up ---------------------------------------------------------------------------
@@ -117,12 +119,15 @@ class Lifecycle:
             if closed := self.handshakes.take_closed():
                 self._emit("handshake_timeout", count=closed,
                            seconds=self.handshakes.seconds)
+            self.metrics.total("upstream_tls_offered_total", self.sessions.offered)
+            self.metrics.total("upstream_tls_resumed_total", self.sessions.resumed)
             with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
                 self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
                                    connections_open=self.gate.open,
                                    requests_in_flight=len(self.in_flight),
                                    resident_bytes=memory.resident(),
-                                   response_deadlines_pending=deadline.pending())
+                                   response_deadlines_pending=deadline.pending(),
+                                   upstream_tls_sessions=len(self.sessions))
 
     def drained(self, *, waited: float, cut: int) -> None:
         """The drain's end (proxy/process/drain.py): what it waited for, and what it had to cut."""

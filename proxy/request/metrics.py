@@ -37,9 +37,12 @@ _HELP: Final = {
     "requests_in_flight": "Requests decided and not yet answered.",
     "resident_bytes": "The worker's resident memory.",
     "response_deadlines_pending": "Requests sent upstream in full, waiting for a response head.",
+    "upstream_tls_offered_total": "Upstream TLS handshakes that offered a cached session.",
+    "upstream_tls_resumed_total": "Upstream TLS handshakes that resumed a session.",
+    "upstream_tls_sessions": "Upstream TLS sessions cached for resumption.",
 }
 _GAUGES: Final = frozenset({"connections_open", "requests_in_flight", "resident_bytes",
-                            "response_deadlines_pending"})
+                            "response_deadlines_pending", "upstream_tls_sessions"})
 
 
 class Metrics:
@@ -66,6 +69,10 @@ class Metrics:
             self._add("tls_denied_total", 1, reason=str(fields.get("reason", "")))
         else:
             self._add("events_total", 1, event=event)
+
+    def total(self, name: str, value: float) -> None:
+        """A counter kept elsewhere (the running total, not an increment)."""
+        self.counters[(name, ())] = value
 
     def snapshot(self, **gauges: float) -> dict[str, Any]:
         return {

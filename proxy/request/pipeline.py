@@ -336,6 +336,18 @@ class Sealgate(Steps):
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._pinned.pop(data.server.id, None)
 
+    def tls_start_server(self, data: tls.TlsData) -> None:
+        """After TlsConfig made the upstream handshake's connection: a session to resume."""
+        conn = self.conns.get(data.context.client.id)
+        identity = conn.identity if conn is not None else None
+        self.sessions.start(data, (identity.sandbox or "") if identity is not None else "")
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        self.sessions.established(data)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.sessions.closed(data.server)
+
     # -- responses ------------------------------------------------------------------------
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
