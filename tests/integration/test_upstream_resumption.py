@@ -134,3 +134,33 @@ def test_a_sandboxs_next_connection_resumes_and_others_never_do(
         assert one("resume.test") == ("127.0.0.2", "resume.test", True)
     finally:
         dns.set("resume.test", "A 127.0.0.1", ttl=0)
+
+
+def test_a_sandboxs_client_resumes_its_session_with_the_proxy(
+    proxy: Proxy, origin: Resuming
+) -> None:
+    """The client leg: a client that keeps its session (curl, Node, Go with a cache) resumes
+    with the proxy's leaf for the name, and the request inside is decided as always."""
+    import base64
+
+    auth = base64.b64encode(f"bot-1:{KEYS['bot-1']}".encode()).decode()
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    session: ssl.SSLSession | None = None
+    reused = []
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
+            raw.sendall(f"CONNECT resume.test:{origin.port} HTTP/1.1\r\nHost: resume.test:"
+                        f"{origin.port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+            assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+            with context.wrap_socket(raw, server_hostname="resume.test",
+                                     session=session) as tls:
+                tls.sendall(b"GET /x HTTP/1.1\r\nHost: resume.test\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"ok"):
+                    if not (data := tls.recv(4096)):
+                        break
+                    answer += data
+                assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+                reused.append(tls.session_reused)
+                session = tls.session  # read after data: TLS 1.3 tickets follow the handshake
+    assert reused == [False, True, True]
