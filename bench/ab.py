@@ -43,6 +43,7 @@ from services import (
     Build,
     Lane,
     Setup,
+    origin_policy,
     probe,
     rules_yaml,
     start_dns,
@@ -56,6 +57,7 @@ TOOLS = ("wrk", "hey", "nginx", "taskset", "sealgate")
 TUNNEL_NAME = "tunnel.bench"
 CONCURRENCY = 16
 TOLERANCE = 0.03  # a path whose every round is this much slower is reported `slower`
+MIN_ROUNDS = 3  # fewer say nothing: one round is one sample of a noisy machine
 WORK_TREE = "."
 # path -> (load kind, lane suffix, what it is)
 PATHS = {
@@ -67,15 +69,6 @@ PATHS = {
     "base-url-new": ("newconn", "-base", "base-URL mode, a new connection per request"),
     "broker": ("https", "-broker", "intercepted, a brokered secret injected"),
 }
-_POLICY = """
-    mode: enforce
-    allow:
-      - host: {origin}
-        ports: [{http_port}, {https_port}]
-        methods: [GET]
-        paths: ["/1k"]{inject}
-      - host: {tunnel}
-        ports: [{https_port}]"""
 SECRET_NAME = "bench_key"
 
 
@@ -122,14 +115,9 @@ def start_all(setup: Setup, paths: dict[str, str], sides: list[Side]) -> None:
     origin = start_origin(setup, paths, ORIGIN_NAME, TUNNEL_NAME)
     resolver = start_dns(setup, ORIGIN_NAME, TUNNEL_NAME)
     keys = {"bench": secrets.token_urlsafe(18), "broker": secrets.token_urlsafe(18)}
-    policies = {
-        name: _POLICY.format(
-            origin=ORIGIN_NAME, tunnel=TUNNEL_NAME, http_port=origin.http_port,
-            https_port=origin.https_port,
-            inject=(f"\n        inject: [{{secret: 'file:{SECRET_NAME}', as: bearer}}]"
-                    if name == "broker" else ""))
-        for name in keys
-    }
+    policies = {"bench": origin_policy(origin, TUNNEL_NAME),
+                "broker": origin_policy(origin, TUNNEL_NAME,
+                                        f"{{secret: 'file:{SECRET_NAME}', as: bearer}}")}
     rules = setup.work / "rules.yaml"
     rules.write_text(rules_yaml(policies, {f"bench-{n}": (n, k) for n, k in keys.items()}))
     store = setup.work / "secrets.yaml"
@@ -172,6 +160,8 @@ class Verdict:
     def word(self) -> str:
         if not self.rps:
             return "not measured"
+        if len(self.rps) < MIN_ROUNDS:
+            return f"no verdict ({len(self.rps)} of {MIN_ROUNDS} rounds)"
         if max(self.rps) < 1 - TOLERANCE and (not self.cpu or max(self.cpu) < 1 - TOLERANCE):
             return "slower"
         if min(self.rps) > 1 + TOLERANCE and (not self.cpu or min(self.cpu) > 1 + TOLERANCE):

@@ -45,12 +45,12 @@ from report import (
 )
 from rounds import Cell, Goal, Result, Row, ratios, reaches, rows, run_rounds
 from services import (
-    BODY_PATH,
     ORIGIN_NAME,
     PROXY_CPU,
     Lane,
     Setup,
     micro_figures,
+    origin_policy,
     probe,
     rules_yaml,
     start_dns,
@@ -105,17 +105,6 @@ GUARD_TARGET_US = 20.0
 
 # -- the set-up -------------------------------------------------------------------------------
 
-# The origin by name, GET of the body only (so HTTPS to it is intercepted); the tunnel name
-# without method or path limits (so its TLS passes through).
-_POLICY = """
-    mode: enforce
-    allow:
-      - host: {origin}
-        ports: [{http_port}, {https_port}]
-        methods: [GET]
-        paths: ["{path}"]
-      - host: {tunnel}
-        ports: [{https_port}]"""
 
 
 def start_all(setup: Setup, paths: Mapping[str, str]) -> None:
@@ -125,10 +114,8 @@ def start_all(setup: Setup, paths: Mapping[str, str]) -> None:
     resolver = start_dns(setup, ORIGIN_NAME, TUNNEL_NAME)
     sandbox_key = secrets.token_urlsafe(18)
     rules = setup.work / "rules.yaml"
-    rules.write_text(rules_yaml({"bench": _POLICY.format(
-        origin=ORIGIN_NAME, tunnel=TUNNEL_NAME, http_port=origin.http_port,
-        https_port=origin.https_port, path=BODY_PATH,
-    )}, {SANDBOX: ("bench", sandbox_key)}))
+    rules.write_text(rules_yaml({"bench": origin_policy(origin, TUNNEL_NAME)},
+                                {SANDBOX: ("bench", sandbox_key)}))
 
     plain, tls = origin.url("http"), origin.url("https")
     named_plain, named_tls = origin.url("http", ORIGIN_NAME), origin.url("https", ORIGIN_NAME)

@@ -337,6 +337,23 @@ def start_squid(setup: Setup, paths: Mapping[str, str]) -> Service:
     )
 
 
+def origin_policy(origin: Origin, tunnel: str, inject: str = "") -> str:
+    """A policy's lines up to `allow` (for `rules_yaml`): the origin by name, GET of the body
+    only (so HTTPS to it is intercepted), with `inject` (a rule's inject list) if given; and
+    `tunnel`, the same origin under another name, without method or path limits (so its TLS
+    passes through undecrypted)."""
+    inject_line = f"\n        inject: [{inject}]" if inject else ""
+    return f"""
+    mode: enforce
+    allow:
+      - host: {ORIGIN_NAME}
+        ports: [{origin.http_port}, {origin.https_port}]
+        methods: [GET]
+        paths: ["{BODY_PATH}"]{inject_line}
+      - host: {tunnel}
+        ports: [{origin.https_port}]"""
+
+
 def rules_yaml(policies: Mapping[str, str], sandboxes: Mapping[str, tuple[str, str]]) -> str:
     """A rules file: each policy (name -> its lines up to and including `allow`) gets
     `OPEN_POLICY_TAIL`; each sandbox (id -> (policy, key)) the digest of its key."""
