@@ -44,10 +44,12 @@ def register(sub: Subcommands) -> None:
                    help="worker processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
                    help="CA bundle to verify upstream servers with (default: certifi)")
-    p.add_argument("--metrics-listen", default=env("SEALGATE_METRICS_LISTEN", ""),
-                   help="serve GET /metrics (Prometheus text: requests by decision and reason, "
-                        "refusals, connections, memory) on HOST:PORT; the same is on the "
-                        "control socket at /v1/metrics")
+    p.add_argument("--admin", "--metrics-listen", dest="admin",
+                   default=env("SEALGATE_ADMIN", env("SEALGATE_METRICS_LISTEN", "")),
+                   help="serve GET /healthz, /readyz and /metrics (Prometheus text: requests "
+                        "by decision and reason, refusals, connections, memory) on HOST:PORT; "
+                        "--metrics-listen is its older name. The metrics are on the control "
+                        "socket at /v1/metrics too")
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
     p.add_argument("--connect-timeout", type=float,
                    default=env("SEALGATE_CONNECT_TIMEOUT", "10"),
@@ -142,7 +144,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     return ProxyConfig(
         listen=_listen_address(args.listen),
         transparent=_listen_address(args.transparent) if args.transparent else None,
-        metrics_listen=_listen_address(args.metrics_listen) if args.metrics_listen else None,
+        admin=_listen_address(args.admin) if args.admin else None,
         rules=Path(args.rules),
         state=Path(args.state),
         resolver=args.resolver,

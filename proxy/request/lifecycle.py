@@ -122,12 +122,24 @@ class Lifecycle:
             self.metrics.total("upstream_tls_offered_total", self.sessions.offered)
             self.metrics.total("upstream_tls_resumed_total", self.sessions.resumed)
             with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
-                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
+                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
                                    connections_open=self.gate.open,
                                    requests_in_flight=len(self.in_flight),
                                    resident_bytes=memory.resident(),
                                    response_deadlines_pending=deadline.pending(),
                                    upstream_tls_sessions=len(self.sessions))
+
+    def _unready(self) -> list[str]:
+        """What keeps this worker from being ready (its /readyz, proxy/process/admin.py)."""
+        state = self.state
+        if state is None:
+            return ["rules: none loaded"]
+        unready = []
+        if not state.audit.healthy:
+            unready.append("audit: the audit log cannot be written")
+        unready += [f"secrets: the {scheme} store is unavailable past its grace"
+                    for scheme in state.broker.secrets.unavailable()]
+        return unready
 
     def drained(self, *, waited: float, cut: int) -> None:
         """The drain's end (proxy/process/drain.py): what it waited for, and what it had to cut."""

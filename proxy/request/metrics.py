@@ -81,12 +81,13 @@ class Metrics:
             "buckets": self.buckets, "duration_sum": self.duration_sum, "gauges": gauges,
         }
 
-    def write(self, directory: Path, **gauges: float) -> None:
-        """This worker's snapshot, replaced whole (a reader never sees half of one)."""
+    def write(self, directory: Path, unready: Iterable[str] = (), **gauges: float) -> None:
+        """This worker's snapshot, replaced whole (a reader never sees half of one), with what
+        keeps it from being ready (proxy/process/admin.py)."""
         directory.mkdir(mode=0o700, exist_ok=True)
         path = directory / f"{os.getpid()}.json"
         partial = path.with_suffix(".part")
-        partial.write_text(json.dumps(self.snapshot(**gauges)))
+        partial.write_text(json.dumps({**self.snapshot(**gauges), "unready": list(unready)}))
         partial.replace(path)
 
     def _add(self, name: str, value: float, **labels: str) -> None:
@@ -99,20 +100,27 @@ class Metrics:
         self.buckets[bisect.bisect_left(BUCKETS_MS, ms)] += 1
 
 
-def exposition(directory: Path) -> str:
-    """Every live worker's snapshot in `directory`, in Prometheus' text format. A snapshot of a
-    process that is gone is removed: its successor counts from zero under its own pid."""
-    snapshots: list[tuple[str, dict[str, Any]]] = []
+def snapshots(directory: Path) -> list[tuple[str, float, dict[str, Any]]]:
+    """Every live worker's last snapshot in `directory`: its pid, when it was written (epoch
+    seconds) and what it says. A snapshot of a process that is gone is removed: its successor
+    counts from zero under its own pid."""
+    found: list[tuple[str, float, dict[str, Any]]] = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
         pid = path.stem
         if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
             path.unlink(missing_ok=True)
             continue
         try:
-            snapshots.append((pid, json.loads(path.read_text())))
+            found.append((pid, path.stat().st_mtime, json.loads(path.read_text())))
         except (OSError, ValueError):
-            continue  # being replaced this instant: the next scrape has it
-    return "".join(_family(name, snapshots) for name in _HELP)
+            continue  # being replaced this instant: the next read has it
+    return found
+
+
+def exposition(directory: Path) -> str:
+    """Every live worker's snapshot in `directory`, in Prometheus' text format."""
+    found = [(pid, snap) for pid, _, snap in snapshots(directory)]
+    return "".join(_family(name, found) for name in _HELP)
 
 
 def _family(name: str, snapshots: Iterable[tuple[str, dict[str, Any]]]) -> str:
