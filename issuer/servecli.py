@@ -19,9 +19,9 @@ from .service import Issuer
 __all__ = ["add_issuer", "parse_listen"]
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT` or `[IPv6]:PORT`; port 0 picks a free port."""
-    problem = CliError(f"--listen {text!r} is not HOST:PORT or [IPv6]:PORT")
+    problem = CliError(f"{flag} {text!r} is not HOST:PORT or [IPv6]:PORT")
     try:
         host, port = parse_hostport(text)
     except ValueError:
@@ -46,6 +46,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
         from . import webapp
 
         host, port = parse_listen(args.listen)
+        admin = parse_listen(args.admin, "--admin") if args.admin else None
         if (args.tls_cert is None) != (args.tls_key is None):
             raise CliError("--tls-cert and --tls-key go together")
         if args.client_ca is not None and args.tls_cert is None:
@@ -72,7 +73,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
             raise CliError(f"cannot open the audit log {args.audit_log}: {exc.strerror}") from None
         try:
             issuer = Issuer(args.keys, args.callers, audit)
-            options = webapp.ServeOptions(host, port, context, args.reload_interval)
+            options = webapp.ServeOptions(host, port, context, args.reload_interval, admin)
             asyncio.run(webapp.serve(issuer, options))
         except OSError as exc:
             raise CliError(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
@@ -102,6 +103,8 @@ def add_issuer(sub: Subcommands) -> None:
     serve.add_argument(
         "--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS callers"
     )
+    serve.add_argument("--admin", metavar="HOST:PORT",
+                       help="serve GET /healthz and /readyz there (plain HTTP, no service)")
     serve.add_argument("--audit-log", type=Path, help="append audit lines to this file")
     serve.add_argument(
         "--audit-stdout",

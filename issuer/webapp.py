@@ -4,6 +4,12 @@
     GET  /v1/keys     the public keys tokens are sealed to, newest first
     GET  /healthz     200 when keys, callers and the audit log are all in order, else 503
 
+and on the admin listener (`--admin HOST:PORT`, off the service port, as every component has
+one: docs/operations.md): `GET /healthz` 200 `{"ok": true}` while the process answers, and
+`GET /readyz` 200 `{"ready": true}` or 503 `{"ready": false, "unready": [...]}` (a key
+directory or callers file whose last reload failed, an audit log that cannot be written, or
+stopping).
+
 What a mint does is `service.Issuer`'s; this module is the routes, TLS and serving. Every mint
 attempt is one audit line, without the secret, the API key or the token.
 """
@@ -126,11 +132,16 @@ async def _keys_handler(request: web.Request) -> web.Response:
     )
 
 
-async def _health_handler(request: web.Request) -> web.Response:
-    issuer = request.app[_ISSUER_KEY]
+def _problems(issuer: Issuer) -> dict[str, str]:
     problems = dict(issuer.problems)
     if not issuer.audit.healthy:
         problems["audit"] = "the audit log cannot be written"
+    return problems
+
+
+async def _health_handler(request: web.Request) -> web.Response:
+    issuer = request.app[_ISSUER_KEY]
+    problems = _problems(issuer)
     return web.json_response(
         {
             "ok": not problems,
@@ -164,6 +175,25 @@ def make_app(issuer: Issuer, *, reload_interval: float = 2.0) -> web.Application
     return app
 
 
+def make_admin_app(issuer: Issuer, stopping: asyncio.Event) -> web.Application:
+    """The admin listener's app: liveness and readiness, nothing of the service."""
+    app = web.Application(client_max_size=1024)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(_: web.Request) -> web.Response:
+        unready = ["stopping"] if stopping.is_set() else [
+            f"{part}: {problem}" for part, problem in sorted(_problems(issuer).items())]
+        if unready:
+            return web.json_response({"ready": False, "unready": unready}, status=503)
+        return web.json_response({"ready": True})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
 def tls_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
     """Server TLS; with `client_ca`, client certificates are requested and, when presented,
     must chain to it (callers without one can still use an API key)."""
@@ -182,6 +212,7 @@ class ServeOptions:
     port: int
     ssl_context: ssl.SSLContext | None = None
     reload_interval: float = 2.0
+    admin: tuple[str, int] | None = None  # /healthz and /readyz over plain HTTP
 
 
 async def serve(issuer: Issuer, options: ServeOptions) -> None:
@@ -194,15 +225,31 @@ async def serve(issuer: Issuer, options: ServeOptions) -> None:
     await site.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    admin: web.AppRunner | None = None
+    if options.admin is not None:
+        admin = web.AppRunner(make_admin_app(issuer, stop), access_log=None)
+        await admin.setup()
+        try:
+            await web.TCPSite(admin, *options.admin).start()
+        except OSError:
+            await admin.cleanup()
+            await runner.cleanup()
+            raise
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, issuer.reload, "SIGHUP")
     scheme = "https" if options.ssl_context is not None else "http"
     for address in runner.addresses:
         logger.info("issuer: listening on %s://%s", scheme, format_hostport(*address[:2]))
+    for address in admin.addresses if admin is not None else ():
+        logger.info("issuer: admin on http://%s", format_hostport(*address[:2]))
     try:
         await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        # The service first (its requests in flight finish), readiness saying "stopping" on
+        # the admin listener meanwhile; then the admin listener.
         await runner.cleanup()
+        if admin is not None:
+            await admin.cleanup()

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 from sealgate import credentials as tk
+from tests.harness import free_port
 from tests.unit.test_issuer_service import (  # noqa: F401 -- env: the unit tests' fixture
     API_KEYS,
     CANARY,
@@ -23,7 +24,10 @@ from tests.unit.test_issuer_service import (  # noqa: F401 -- env: the unit test
 
 
 def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
+    """Minting, a reload on SIGHUP, and readiness on the admin listener: ready, then not ready
+    naming the callers file a reload could not read, then ready again once it can."""
     audit = env.audit_path.with_name("serve.log")
+    admin = free_port()
     proc = subprocess.Popen(
         [
             str(SEALGATE),
@@ -39,6 +43,8 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
             str(audit),
             "--reload-interval",
             "0",
+            "--admin",
+            f"127.0.0.1:{admin}",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -74,6 +80,27 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
                 break
             time.sleep(0.05)
         assert current == newer.kid
+        readyz = f"http://127.0.0.1:{admin}/readyz"
+        assert _http("GET", f"http://127.0.0.1:{admin}/healthz").json() == {"ok": True}
+        assert (_http("GET", readyz).status_code, _http("GET", readyz).json()) == (
+            200, {"ready": True})
+        good = env.callers_path.read_text()
+        env.callers_path.write_text("callers: [", encoding="utf-8")
+        proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if (reply := _http("GET", readyz)).status_code == 503:
+                break
+            time.sleep(0.05)
+        assert reply.status_code == 503
+        (reason,) = reply.json()["unready"]
+        assert reason.startswith("callers: ") and "YAML" in reason, reason
+        env.callers_path.write_text(good, encoding="utf-8")
+        proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if (reply := _http("GET", readyz)).status_code == 200:
+                break
+            time.sleep(0.05)
+        assert reply.json() == {"ready": True}
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=10)
         assert proc.returncode == 0, stderr
