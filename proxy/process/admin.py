@@ -7,7 +7,7 @@ with nothing else of the proxy reachable there (the control API stays on its uni
                    or dead: its snapshot older than `STALE_SECONDS`); in any worker, no rules
                    loaded, an audit log that cannot be written, a secret store unavailable past
                    its grace
-    GET /metrics   every worker's counters, Prometheus text (proxy/request/metrics.py)
+    GET /metrics   the workers' metrics, summed, in Prometheus' text format (exposition.py)
 
 Readiness is read from the snapshots every worker writes each second (with what keeps it from
 being ready), so the process that answers -- the supervisor, or the one serving process -- sees
@@ -23,6 +23,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..request import metrics
+from . import exposition
 from .drain import Health
 
 STALE_SECONDS = 3.0  # a worker writes its snapshot every second
@@ -63,8 +64,8 @@ def make_app(directory: Path, workers: int, health: Health) -> web.Application:
 
 def metrics_handler(directory: Path) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def serve_metrics(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.exposition(directory),
-                            content_type="text/plain", charset="utf-8")
+        return web.Response(body=exposition.exposition(directory),
+                            headers={"Content-Type": exposition.CONTENT_TYPE})
 
     return serve_metrics
 

@@ -54,6 +54,7 @@ class Lifecycle:
         self.metrics = Metrics()
         self.handshakes = HandshakeDeadline()
         self.sessions = Sessions()
+        self.upstream_open = 0  # upstream connections connected and not yet closed
         self.addons = [self.handshakes]  # its hooks run after this addon's
 
     # -- set-up ---------------------------------------------------------------------------
@@ -119,15 +120,17 @@ class Lifecycle:
             if closed := self.handshakes.take_closed():
                 self._emit("handshake_timeout", count=closed,
                            seconds=self.handshakes.seconds)
-            self.metrics.total("upstream_tls_offered_total", self.sessions.offered)
-            self.metrics.total("upstream_tls_resumed_total", self.sessions.resumed)
+            self.metrics.total("upstream_tls_offered", self.sessions.offered)
+            self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
             with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
                 self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
                                    connections_open=self.gate.open,
                                    requests_in_flight=len(self.in_flight),
                                    resident_bytes=memory.resident(),
                                    response_deadlines_pending=deadline.pending(),
-                                   upstream_tls_sessions=len(self.sessions))
+                                   upstream_tls_sessions=len(self.sessions),
+                                   upstream_connections_open=self.upstream_open,
+                                   audit_backlog_bytes=state.audit.backlog if state else 0)
 
     def _unready(self) -> list[str]:
         """What keeps this worker from being ready (its /readyz, proxy/process/admin.py)."""

@@ -327,6 +327,7 @@ class Sealgate(Steps):
         self._pinned[server.id] = (name, port)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.upstream_open += 1
         # mitmproxy matches reusable upstream connections by address; give the connection back
         # its name so keep-alive reuse keeps working although we dialed the pinned IP.
         original = self._pinned.pop(data.server.id, None)
@@ -346,6 +347,7 @@ class Sealgate(Steps):
         self.sessions.established(data)
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.upstream_open = max(0, self.upstream_open - 1)
         self.sessions.closed(data.server)
 
     # -- responses ------------------------------------------------------------------------
