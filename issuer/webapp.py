@@ -8,7 +8,8 @@ and on the admin listener (`--admin HOST:PORT`, off the service port, as every c
 one: docs/operations.md): `GET /healthz` 200 `{"ok": true}` while the process answers, and
 `GET /readyz` 200 `{"ready": true}` or 503 `{"ready": false, "unready": [...]}` (a key
 directory or callers file whose last reload failed, an audit log that cannot be written, or
-stopping).
+stopping), and `GET /metrics`: tokens minted by caller and processor, refusals by reason, in
+Prometheus' text format.
 
 What a mint does is `service.Issuer`'s; this module is the routes, TLS and serving. Every mint
 attempt is one audit line, without the secret, the API key or the token.
@@ -28,6 +29,13 @@ from typing import Final
 
 from aiohttp import web
 from cryptography import x509
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from sealgate import credentials as tk
 from sealgate.credentials import keys
@@ -76,8 +84,35 @@ async def _read_body(request: web.Request) -> bytes:
         raise BodyTooLarge(f"body is larger than {MAX_BODY_BYTES} bytes") from None
 
 
+# A `_created` gauge beside every counter says when the process started, which the scrape's
+# own process metrics would say once; the issuer serves only its own families.
+disable_created_metrics()
+
+
+class Mints:
+    """The mint counters: callers and processors are the issuer's own configuration (a callers
+    file, the processor kinds), reasons the enum's: no label takes a request's text."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.issued = Counter("sealgate_issuer_tokens_minted", "Tokens minted, by caller and "
+                              "processor.", ["caller", "processor"], registry=self.registry)
+        self.refused = Counter("sealgate_issuer_refusals", "Mints refused or failed, by reason.",
+                               ["reason"], registry=self.registry)
+
+    def count(self, record: Mapping[str, object], reason: str | None) -> None:
+        if reason is None:
+            self.issued.labels(str(record["caller"]), str(record["processor"])).inc()
+        else:
+            self.refused.labels(reason).inc()
+
+
+_METRICS_KEY: Final = web.AppKey("metrics", Mints)
+
+
 async def _mint_handler(request: web.Request) -> web.Response:
     issuer = request.app[_ISSUER_KEY]
+    mints = request.app[_METRICS_KEY]
     # Every line has the same fields; those not known when a request is refused stay null.
     record: dict[str, object] = dict.fromkeys(_AUDIT_FIELDS)
     record["remote"] = request.remote
@@ -93,16 +128,20 @@ async def _mint_handler(request: web.Request) -> web.Response:
         detail = scrub(str(exc), secret_of(body))
         headers = exc.headers() if isinstance(exc, MintRefused) else None
         issuer.audit.emit("mint", **record, outcome="refused", reason=exc.reason)
+        mints.count(record, exc.reason)
         return _error(exc.reason, detail, headers)
     except Exception as exc:
         # The type only: an unexpected exception's text might hold request content.
         logger.error("issuer: mint failed with %s", type(exc).__name__)
         issuer.audit.emit("mint", **record, outcome="error", reason=Reason.INTERNAL_ERROR)
+        mints.count(record, Reason.INTERNAL_ERROR)
         return _error(Reason.INTERNAL_ERROR, "the issuer failed; see its log")
     issuer.audit.emit("mint", **record, outcome="issued", reason=None)
     if not issuer.audit.healthy:
         # The line did not reach the file: withhold the token rather than issue it unrecorded.
+        mints.count(record, Unavailable.reason)
         return _error(Unavailable.reason, "the audit log cannot be written; not minting")
+    mints.count(record, None)
     return web.json_response(
         {
             "token": token,
@@ -154,11 +193,13 @@ async def _health_handler(request: web.Request) -> web.Response:
     )
 
 
-def make_app(issuer: Issuer, *, reload_interval: float = 2.0) -> web.Application:
+def make_app(issuer: Issuer, *, reload_interval: float = 2.0,
+             mints: Mints | None = None) -> web.Application:
     """The aiohttp application. With `reload_interval` > 0 it polls the key directory and the
     callers file that often and reloads on change."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[_ISSUER_KEY] = issuer
+    app[_METRICS_KEY] = mints or Mints()
     app.router.add_post("/v1/tokens", _mint_handler)
     app.router.add_get("/v1/keys", _keys_handler)
     app.router.add_get("/healthz", _health_handler)
@@ -175,9 +216,13 @@ def make_app(issuer: Issuer, *, reload_interval: float = 2.0) -> web.Application
     return app
 
 
-def make_admin_app(issuer: Issuer, stopping: asyncio.Event) -> web.Application:
-    """The admin listener's app: liveness and readiness, nothing of the service."""
+def make_admin_app(issuer: Issuer, stopping: asyncio.Event, mints: Mints) -> web.Application:
+    """The admin listener's app: liveness, readiness and metrics, nothing of the service."""
     app = web.Application(client_max_size=1024)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(mints.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -191,6 +236,7 @@ def make_admin_app(issuer: Issuer, stopping: asyncio.Event) -> web.Application:
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -217,8 +263,9 @@ class ServeOptions:
 
 async def serve(issuer: Issuer, options: ServeOptions) -> None:
     """Serve until SIGINT or SIGTERM; SIGHUP reloads keys and callers."""
+    mints = Mints()
     runner = web.AppRunner(
-        make_app(issuer, reload_interval=options.reload_interval), access_log=None
+        make_app(issuer, reload_interval=options.reload_interval, mints=mints), access_log=None
     )
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port, ssl_context=options.ssl_context)
@@ -227,7 +274,7 @@ async def serve(issuer: Issuer, options: ServeOptions) -> None:
     stop = asyncio.Event()
     admin: web.AppRunner | None = None
     if options.admin is not None:
-        admin = web.AppRunner(make_admin_app(issuer, stop), access_log=None)
+        admin = web.AppRunner(make_admin_app(issuer, stop, mints), access_log=None)
         await admin.setup()
         try:
             await web.TCPSite(admin, *options.admin).start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -80,6 +81,18 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
                 break
             time.sleep(0.05)
         assert current == newer.kid
+        refused = _http("POST", f"{url}/v1/tokens", json=body(),
+                        headers={"Authorization": "Bearer not-a-caller-key"})
+        assert refused.status_code == 401
+        metrics = _http("GET", f"http://127.0.0.1:{admin}/metrics").text
+        assert 'sealgate_issuer_tokens_minted_total{caller="ci",processor="bearer"} 1.0' in (
+            metrics), metrics
+        assert 'sealgate_issuer_refusals_total{reason="unauthenticated"} 1.0' in metrics, metrics
+        promtool = shutil.which("promtool", path=f"{ROOT / 'var' / 'tools'}:{os.environ['PATH']}")
+        if promtool is not None:
+            checked = subprocess.run([promtool, "check", "metrics"], input=metrics,
+                                     capture_output=True, text=True, timeout=30, check=False)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
         readyz = f"http://127.0.0.1:{admin}/readyz"
         assert _http("GET", f"http://127.0.0.1:{admin}/healthz").json() == {"ok": True}
         assert (_http("GET", readyz).status_code, _http("GET", readyz).json()) == (
@@ -108,7 +121,8 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=10)
-    (line,) = (json.loads(text) for text in audit.read_text().splitlines())
-    assert (line["caller"], line["outcome"]) == ("ci", "issued")
+    issued, refused = (json.loads(text) for text in audit.read_text().splitlines())
+    assert (issued["caller"], issued["outcome"]) == ("ci", "issued")
+    assert (refused["outcome"], refused["reason"]) == ("refused", "unauthenticated")
     assert CANARY not in audit.read_text() and CANARY not in stderr
     assert API_KEYS["ci"] not in stderr
