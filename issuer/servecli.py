@@ -95,17 +95,23 @@ def add_issuer(sub: Subcommands) -> None:
         description="Mint tokens over HTTP for the callers in --callers, sealing to the newest "
         "public key in --keys. SIGHUP reloads keys and callers. See docs/issuer.md.",
     )
-    serve.add_argument("--keys", type=Path, required=True, help="directory of <kid>.pub files")
-    serve.add_argument("--callers", type=Path, required=True, help="the callers file (YAML)")
-    serve.add_argument("--listen", default="127.0.0.1:8090", help="HOST:PORT (default %(default)s)")
-    serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
-    serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    serve.add_argument("--keys", type=Path, metavar="DIR", required=True,
+                       help="directory of <kid>.pub files")
+    serve.add_argument("--callers", type=Path, metavar="FILE", required=True,
+                       help="the callers file (YAML)")
+    serve.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8090",
+                       help="HOST:PORT (default %(default)s)")
+    serve.add_argument("--tls-cert", type=Path, metavar="FILE",
+                       help="server certificate chain (PEM)")
+    serve.add_argument("--tls-key", type=Path, metavar="FILE", help="server private key (PEM)")
     serve.add_argument(
-        "--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS callers"
+        "--client-ca", type=Path, metavar="FILE",
+        help="CA (PEM) for client certificates; enables mTLS callers",
     )
     serve.add_argument("--admin", metavar="HOST:PORT",
                        help="serve GET /healthz and /readyz there (plain HTTP, no service)")
-    serve.add_argument("--audit-log", type=Path, help="append audit lines to this file")
+    serve.add_argument("--audit-log", type=Path, metavar="FILE",
+                       help="append audit lines to this file")
     serve.add_argument(
         "--audit-stdout",
         action="store_true",
