@@ -18,17 +18,26 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ..host import lease, network
 from . import carried, handover
-from .daemon import Daemon
+from .daemon import Config, Daemon
 from .handover import HandoverError
 from .session import Session
 from .slot import Slot
 
-if TYPE_CHECKING:
-    from .serve import Settings
+
+class Settings(Protocol):
+    """What of a daemon's settings (`serve.Settings`) a hand-over depends on."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def socket(self) -> Path: ...
+    @property
+    def listen(self) -> tuple[str, int] | None: ...
 
 Item = tuple[Slot, int, str | None, Session | None]  # as `Daemon.slots` gives them
 
