@@ -80,7 +80,7 @@ class PortRoutes:
         if not ws.can_prepare(request).ok:
             raise BadRequest("a WebSocket handshake (GET with Upgrade: websocket)")
         # Connected first: nothing listening is the daemon's plain refusal, not a closed socket.
-        reader, writer = await ports.connect(_netns(session), port)
+        reader, writer = await ports.stream(await ports.connect(_netns(session), port))
         try:
             request[self._streaming] = True
             await ws.prepare(request)

@@ -14,17 +14,18 @@ its bytes are relayed both ways as they are (`relay`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import h11
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from sealgate.reasons import Reason
 
 from ..host import nsocket
-from . import bodies, relay
+from . import bodies, relay, splice
 from .session import SessionError
 
 MAX_HEAD = 64 << 10  # the answer's status line and headers
@@ -40,7 +41,7 @@ _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-a
                       "content-length", "x-sealgate-error"})
 
 
-async def connect(netns: Path, port: int) -> _Stream:
+async def connect(netns: Path, port: int) -> socket.socket:
     """A connection to `port` on the loopback of the sandbox whose namespace is `netns`.
     Raises SessionError (port_unreachable) when nothing accepts it."""
     sock = await asyncio.to_thread(nsocket.socket_in, netns)
@@ -51,8 +52,12 @@ async def connect(netns: Path, port: int) -> _Stream:
         sock.close()
         raise SessionError(f"nothing in the sandbox accepts connections on port {port}",
                            reason=Reason.PORT_UNREACHABLE) from None
-    # The reader's limit is its buffer before it stops reading (h11 caps the head itself): a
-    # small one paces a large answer to a crawl.
+    return sock
+
+
+async def stream(sock: socket.socket) -> _Stream:
+    """`sock` as asyncio streams, for what is relayed rather than parsed. The reader's limit is
+    its buffer before it stops reading: a small one paces a large stream to a crawl."""
     return await asyncio.open_connection(sock=sock, limit=_READ)
 
 
@@ -62,7 +67,7 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
     called once the answer has started (errors after it end the stream, not a JSON answer). A
     WebSocket upgrade the server accepts is relayed until it closes or the sandbox `ended`.
     Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
-    reader, writer = await connect(netns, port)
+    sock = await connect(netns, port)
     try:
         upgrade = _websocket(request)
         # An upgrade's GET has no body, and aiohttp hands what follows it to the relay.
@@ -74,18 +79,16 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
         headers += [("connection", "upgrade"), ("upgrade", "websocket")] if upgrade else \
             [("connection", "close"), ("content-length", str(len(body)))]
         target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
-        for event in (h11.Request(method=request.method, target=target, headers=headers),
-                      h11.Data(data=body), h11.EndOfMessage()):
-            writer.write(conn.send(event) or b"")
-        await writer.drain()
-        return await _answer(request, conn, (reader, writer), port, began=began, ended=ended)
+        sent = b"".join(conn.send(event) or b"" for event in (
+            h11.Request(method=request.method, target=target, headers=headers),
+            h11.Data(data=body), h11.EndOfMessage()))
+        await asyncio.get_running_loop().sock_sendall(sock, sent)
+        return await _answer(request, conn, sock, port, began=began, ended=ended)
     except (h11.ProtocolError, ConnectionError, TimeoutError) as exc:
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
                            reason=Reason.PORT_UNREACHABLE) from None
     finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        sock.close()
 
 
 def _websocket(request: web.Request) -> bool:
@@ -95,39 +98,45 @@ def _websocket(request: web.Request) -> bool:
     return "upgrade" in tokens and request.headers.get("upgrade", "").lower() == "websocket"
 
 
-async def _copy(conn: h11.Connection, reader: asyncio.StreamReader,
-                response: web.StreamResponse, length: int) -> None:
-    """A body of a known length, copied as it comes: past the head there is nothing left to
-    parse, and h11's buffer would copy every byte once more (a quarter of direct speed)."""
+async def _body(request: web.Request, conn: h11.Connection, sock: socket.socket,
+                response: web.StreamResponse, client: AbstractStreamWriter) -> None:
+    """A body of a known length, moved as it comes: past the head there is nothing left to
+    parse. By splice(2) where it can (`splice`), else read and written."""
+    length = response.content_length or 0
     pending = bytes(conn.trailing_data[0][:length])
     if pending:
         await response.write(pending)
     left = length - len(pending)
+    if splice.usable(request):
+        await splice.body(sock, request, client, left, READ_SECONDS)
+        return
+    loop = asyncio.get_running_loop()
     while left > 0:
-        data = await asyncio.wait_for(reader.read(min(_READ, left)), READ_SECONDS)
+        data = await asyncio.wait_for(loop.sock_recv(sock, min(_READ, left)), READ_SECONDS)
         if not data:
             return  # cut short: the caller sees fewer bytes than were announced
         await response.write(data)
         left -= len(data)
 
 
-async def _answer(request: web.Request, conn: h11.Connection, stream: _Stream, port: int, *,
-                  began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
-    reader = stream[0]
+async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socket, port: int,
+                  *, began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
     response: web.StreamResponse | None = None
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await asyncio.wait_for(reader.read(_READ), READ_SECONDS))
+            conn.receive_data(await asyncio.wait_for(loop.sock_recv(sock, _READ), READ_SECONDS))
         elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            return await _switched(request, conn, event, stream, began=began, ended=ended)
+            return await _switched(request, conn, event, sock, began=began, ended=ended)
         elif isinstance(event, h11.Response):
             response = _head(event.status_code, event.reason, event.headers)
             began()
-            await response.prepare(request)
+            client = await response.prepare(request)
+            assert client is not None  # prepared: its writer
             if (response.content_length is not None and request.method != "HEAD"
                     and event.status_code not in (204, 304)):
-                await _copy(conn, reader, response, response.content_length)
+                await _body(request, conn, sock, response, client)
                 break
         elif isinstance(event, h11.Data) and response is not None:
             await response.write(event.data)
@@ -155,7 +164,7 @@ def _head(status: int, reason: bytes, headers: Iterable[tuple[bytes, bytes]]
 
 
 async def _switched(request: web.Request, conn: h11.Connection, event: h11.InformationalResponse,
-                    stream: _Stream, *, began: Callable[[], None],
+                    sock: socket.socket, *, began: Callable[[], None],
                     ended: asyncio.Event) -> web.StreamResponse:
     """The server accepted the WebSocket (h11 only lets a 101 through to a request that asked
     for the upgrade): its 101 to the caller, then the bytes both ways as they are."""
@@ -166,5 +175,9 @@ async def _switched(request: web.Request, conn: h11.Connection, event: h11.Infor
     client = await response.prepare(request)
     assert client is not None  # prepared: its writer
     early, _ = conn.trailing_data
-    await relay.upgraded(request, client, bytes(early), stream, ended)
+    reader, writer = await stream(sock)
+    try:
+        await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
+    finally:
+        writer.close()
     return response

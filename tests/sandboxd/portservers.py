@@ -93,6 +93,11 @@ def serve(sb: Sandbox, port: int, ready: Callable[[], object]) -> None:
     sb.run(["sh", "-c", ": > /workspace/seen.log"])
 
 
-def seen(sb: Sandbox) -> list[str]:
-    """What reached the servers so far, a line each."""
-    return sb.read("seen.log").decode().splitlines()
+def seen(sb: Sandbox, at_least: int = 0) -> list[str]:
+    """What reached the servers so far, a line each; waited for (at most 10 s) until there
+    are `at_least` lines, as a server writes a connection's end after the daemon closed it."""
+    deadline = time.monotonic() + 10
+    while len(lines := sb.read("seen.log").decode().splitlines()) < at_least \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return lines
