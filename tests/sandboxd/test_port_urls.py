@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -24,7 +25,7 @@ import pytest
 from sealgate.sandbox.clients.client import Sandbox
 from tests.harness import Proxy, free_port
 
-from .conftest import GATEWAY, Daemon, start_daemon
+from .conftest import GATEWAY, Daemon, sealgate, start_daemon
 from .portservers import seen, serve
 
 PORT = 8000
@@ -35,6 +36,7 @@ class Keyed:
     daemon: Daemon
     url: str  # http://127.0.0.1:PORT
     key: str
+    key_file: Path
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def keyed(dproxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
     port = free_port()
     daemon = start_daemon(dproxy, where, "--pool", "1", "--no-selftest",
                           "--listen", f"127.0.0.1:{port}", "--key-file", str(key_file))
-    yield Keyed(daemon, f"http://127.0.0.1:{port}", key)
+    yield Keyed(daemon, f"http://127.0.0.1:{port}", key, key_file)
     daemon.stop()
 
 
@@ -94,6 +96,15 @@ def test_a_signed_url_works_without_the_key(served: Sandbox, keyed: Keyed) -> No
     log = seen(served)
     assert log[0] == "GET /app/page?q=1 HTTP/1.1" and log[2] == "GET /live HTTP/1.1", log
     assert not any("signed" in line for line in log), log  # the token never reaches it
+
+
+def test_the_cli_prints_a_signed_url(served: Sandbox, keyed: Keyed) -> None:
+    done = sealgate("sandbox", "url", served.id, str(PORT), "--expires-in", "60",
+                    "--daemon", keyed.url, "--key-file", str(keyed.key_file))
+    assert done.returncode == 0, done.stderr
+    assert _get(done.stdout.strip() + "cli")[2] == b"plain GET /cli HTTP/1.1"
+    assert sealgate("sandbox", "url", served.id, "0", "--daemon", keyed.url, "--key-file",
+                    str(keyed.key_file)).stderr.startswith("sealgate: bad_request")
 
 
 def test_tampered_expired_and_carried_over_urls_are_refused(served: Sandbox,
