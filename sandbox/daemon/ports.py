@@ -33,9 +33,9 @@ MAX_BODY = 24 << 20  # a request body forwarded (read whole: the daemon's own ca
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 300.0  # the most the answer may go without a byte
 _READ = 1 << 20  # bytes taken from the server at a time
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a connection to the sandbox's port
 # Not forwarded either way: the connection's own, and what is the daemon's or recomputed.
 # X-Sealgate-Error marks the daemon's own refusals: a server in the sandbox may not forge one.
-_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a connection to the sandbox's port
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                       "te", "trailer", "transfer-encoding", "upgrade", "host", "authorization",
                       "content-length", "x-sealgate-error"})
@@ -108,15 +108,18 @@ async def _body(request: web.Request, conn: h11.Connection, sock: socket.socket,
         await response.write(pending)
     left = length - len(pending)
     if splice.usable(request):
-        await splice.body(sock, request, client, left, READ_SECONDS)
-        return
+        left -= await splice.body(sock, request, client, left, READ_SECONDS)
     loop = asyncio.get_running_loop()
     while left > 0:
         data = await asyncio.wait_for(loop.sock_recv(sock, min(_READ, left)), READ_SECONDS)
         if not data:
-            return  # cut short: the caller sees fewer bytes than were announced
+            break
         await response.write(data)
         left -= len(data)
+    if left > 0 and request.transport is not None:
+        # Cut short by the server: the caller's connection is closed, so it sees a cut body
+        # rather than waiting on a keep-alive connection for bytes that will not come.
+        request.transport.close()
 
 
 async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socket, port: int,

@@ -1,7 +1,8 @@
 """Servers the port tests start inside a sandbox (standard library only: the sandbox's python3 is
 the host's), and what they write down of what reached them, so a test checks at the server.
 
-Port A answers HTTP (`plain <request line>`) and accepts a WebSocket, echoing its messages;
+Port A answers HTTP (`plain <request line>`; `/short` a body cut short of its length) and
+accepts a WebSocket, echoing its messages;
 port A+1 echoes raw TCP and, at the client's end of sending, says how many bytes it got and
 closes. Every request line and every frame goes to /workspace/seen.log as it arrives.
 """
@@ -28,6 +29,9 @@ class Web(socketserver.StreamRequestHandler):
             name, _, value = h.partition(":")
             headers[name.strip().lower()] = value.strip()
         SEEN.write("headers " + " ".join(sorted(headers)) + "\n")
+        if line.startswith("GET /short "):  # announces more than it sends, then closes
+            self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+            return
         if headers.get("upgrade", "").lower() != "websocket":
             body = ("plain " + line).encode()
             self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n"

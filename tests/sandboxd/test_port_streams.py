@@ -11,6 +11,7 @@ import base64
 import contextlib
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -148,6 +149,15 @@ def test_a_huge_or_malformed_frame_closes_the_tcp_route_cleanly(
     assert _raw_frame(served, tierd[1], huge) == 1009  # message too big
     assert _raw_frame(served, tierd[1], b"\x83\x80" + os.urandom(4)) == 1002  # protocol error
     assert seen(served, at_least=2) == ["tcp end 0", "tcp end 0"]
+
+
+def test_a_body_cut_short_by_the_server_is_cut_for_the_caller(served: Sandbox) -> None:
+    """Fewer bytes than announced, then the server's close: the caller's connection closes too
+    (the cut answer at once, not a wait on a keep-alive connection until its time-out)."""
+    began = time.monotonic()
+    status, headers, body = served.port(PORT, "/short", call_timeout=30)
+    assert (status, headers["Content-Length"], body) == (200, "100", b"0123456789")
+    assert time.monotonic() - began < 10
 
 
 def test_nothing_listening_is_refused_before_any_upgrade(served: Sandbox) -> None:
