@@ -15,7 +15,9 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   same walk of the workspace that never follows a link, with the workload's rights and no
   more; the guest agent's own root file calls are only ever used for what the host stages.
   The request's descriptors become the process's standard streams (`shim.main`);
-- `kill`: the guest kills the command's process group.
+- `kill`: the guest kills the command's process group; `signal`: it sends it the signal;
+- an exec with `tty` is refused (exit 127, its error saying so): the guest's terminals are not
+  wired yet, and `resize` has nothing to resize.
 
 A slot from an image (`Order.disk`) has its root made in the guest at set-up (`hostrun`); its
 execs run there as the guest's root (`root`: the image's files are root's, and the VM is the
@@ -52,6 +54,8 @@ from ...guest.protocol import (
     DESCRIPTORS,
     FIELDS,
     IN,
+    NOT_STARTED,
+    SIGNALS,
     WORKSPACE,
     Ending,
     GuestFrames,
@@ -152,10 +156,12 @@ class Server:
 
     def _dispatch(self, message: bytes, fds: list[int]) -> None:
         op, ident, req = parse(message, fds) or (None, 0, {})
-        if op == Op.KILL:
-            if (gid := self._running.get(ident)) is not None:
-                self._killed.add(gid)
-                self.guest.send({"op": Op.KILL, "id": gid})
+        if op in (Op.KILL, Op.SIGNAL, Op.RESIZE):
+            number = req.get("signal") if op == Op.SIGNAL else SIGNALS["KILL"]
+            if op != Op.RESIZE and (gid := self._running.get(ident)) is not None \
+                    and number in SIGNALS.values():  # the guest kills its group for KILL
+                self._killed.update([gid] if op == Op.KILL else [])
+                self.guest.send({"op": Op.KILL, "id": gid, "signal": number})
             return
         if op is not None and self._slots.acquire(blocking=False):
             # Known before its thread runs: a kill right behind the request finds it.
@@ -226,6 +232,10 @@ class Server:
     def _exec(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]],
               req: dict[str, Any], fds: list[int]) -> None:
         stdin, stdout, stderr, status = fds
+        if req.get("tty") is not None:
+            _write_all(status, status_line({"exit": NOT_STARTED, "error": "the microVM tier "
+                                            "serves no terminal yet"}))
+            return
         fds[0] = -1  # the feeder's now
         timeout = req.get("timeout")
         self._start(gid, [str(a) for a in req["argv"]], dict(req.get("env") or {}), stdin,
