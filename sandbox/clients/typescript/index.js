@@ -5,3 +5,4 @@ export { CommandFailed, DaemonError } from './src/errors.js';
 export { Process } from './src/process.js';
 export { Result } from './src/result.js';
 export { Sandbox } from './src/sandbox.js';
+export { Terminal } from './src/terminal.js';
