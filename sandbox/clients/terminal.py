@@ -52,7 +52,7 @@ def ending(text: str) -> Result:
     if not isinstance(said, dict):
         raise DaemonError("the daemon sent a text frame that is not an object",
                           reason=Reason.INTERNAL_ERROR, status=101)
-    if "error" in said:
+    if "exit" not in said:  # a refusal (a command that could not start has its exit, 127)
         raise error_of(101, text.encode())
     return Result.of(said, b"", b"")
 

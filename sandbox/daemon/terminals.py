@@ -44,7 +44,9 @@ _CLOSE = {Reason.TOO_LARGE: WSCloseCode.MESSAGE_TOO_BIG, Reason.BAD_JSON: WSClos
 
 
 async def serve(request: web.Request, session: Session) -> web.WebSocketResponse:
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
+    # No permessage-deflate: a terminal's frames are small, and a frame's size is then what
+    # crossed the wire (Node 20's WebSocket offers it and cannot read it back).
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False)
     if not ws.can_prepare(request).ok:
         raise BadRequest("a terminal is a WebSocket: GET with Upgrade: websocket")
     await ws.prepare(request)

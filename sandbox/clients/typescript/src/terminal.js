@@ -28,7 +28,7 @@ export class Terminal {
           return;
         }
         const said = JSON.parse(event.data);
-        if (said.error) {
+        if (!('exit' in said)) { // a refusal (a command that could not start has its exit)
           reject(new DaemonError(`${said.error}: ${said.detail}`,
             { reason: String(said.error), status: 101 }));
         } else {
