@@ -54,6 +54,7 @@ def relay(command: int, stdin: int, stdout: int, master: int, sizes: int) -> int
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a reader gone is an EPIPE, said below
+    os.write(wake_w, b"\0")  # a look at once: the command may have ended before the handler
     os.set_blocking(master, False)
     pending = b""  # typed, not yet taken by the terminal
     reading, showing = True, True
@@ -69,8 +70,12 @@ def relay(command: int, stdin: int, stdout: int, master: int, sizes: int) -> int
             pending = os.read(stdin, _CHUNK)
             reading = bool(pending)
         if pending and master in writable:
-            with contextlib.suppress(BlockingIOError):
+            try:
                 pending = pending[os.write(master, pending):]
+            except BlockingIOError:
+                pass
+            except OSError:  # no one left on the terminal's side to type to (EIO)
+                pending, reading = b"", False
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 512)

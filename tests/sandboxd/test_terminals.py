@@ -81,6 +81,21 @@ def test_a_terminal_session(tierd: tuple[str, Daemon]) -> None:
         assert terminal.wait(timeout=20).exit_code == 3
 
 
+def test_a_command_that_ends_at_once(tierd: tuple[str, Daemon]) -> None:
+    """Its end is seen however soon it comes (before its supervisor looks, even), and what it
+    showed first."""
+    tier, daemon = tierd
+    if tier == "microvm":
+        pytest.skip("the microVM tier serves no terminal yet")
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket), call_timeout=300) as sb:
+        for _ in range(5):
+            with sb.pty(24, 80, ["printf", "x"]) as terminal:
+                assert terminal.read(timeout=20) == b"x"
+                assert terminal.wait(timeout=20).exit_code == 0
+            with sb.pty(24, 80, ["true"]) as terminal:
+                assert terminal.wait(timeout=20).exit_code == 0
+
+
 _STI = """
 import fcntl, termios, sys, os
 assert os.isatty(0), "not on a terminal"
