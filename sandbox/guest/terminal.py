@@ -37,6 +37,12 @@ def resize(master: int, rows: int, cols: int) -> None:
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
+def take(slave: int) -> None:
+    """In a command's child after `setsid` (the microVM's agent starts it by Popen, its
+    streams the terminal): the terminal as its controlling terminal."""
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+
 def controlling(slave: int) -> list[tuple[int, ...] | tuple[int, int, str, int, int]]:
     """posix_spawn's file actions that give a command started with `setsid` the terminal as
     its standard streams and its controlling terminal: a session leader with none gets the
