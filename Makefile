@@ -41,7 +41,7 @@ lint: $(STAMP)
 # a network namespace of its own. Most tests wait on real processes and sockets, so more
 # workers than CPUs pay.
 TEST_WORKERS ?= 3
-test: $(STAMP) deps lint microvm-image test-images ts-client
+test: $(STAMP) deps lint microvm-image test-images ts-client promtool
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Built before pytest: the test session's own network namespace cannot reach apt. A machine that
@@ -57,6 +57,19 @@ microvm-image: $(STAMP)
 test-images:
 	@bash scripts/debian-deps.sh $(DEB_IMAGES)
 	@scripts/test-images || echo "note: no test images (the tests that need them will skip)" >&2
+
+# promtool, Prometheus' own check of the metrics' exposition (tests/integration/test_metrics.py),
+# from Debian's prometheus package unpacked into var/tools: installing the package would also
+# enable a Prometheus server at every boot. Without it that check skips, saying why.
+PROMTOOL := var/tools/promtool
+.PHONY: promtool
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	@mkdir -p var/tools/deb && cd var/tools/deb && rm -rf unpacked *.deb && \
+	{ apt-get download prometheus >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } && \
+	dpkg-deb -x prometheus_*.deb unpacked && cp unpacked/usr/bin/promtool ../promtool && \
+	rm -rf unpacked *.deb || echo "note: no promtool (the exposition check will skip)" >&2
 
 # The TypeScript client (sandbox/clients/typescript): its dev dependencies (typescript,
 # @types/node) from its package-lock.json, again only when the lock changed, then `tsc` checks

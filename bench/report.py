@@ -254,8 +254,9 @@ def figure(width_ratios: list[float], size: tuple[float, float]) -> tuple[Figure
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(width_ratios), figsize=size, width_ratios=width_ratios)
-    return fig, list(axes)
+    fig, axes = plt.subplots(1, len(width_ratios), figsize=size, width_ratios=width_ratios,
+                             squeeze=False)
+    return fig, list(axes[0])
 
 
 def save(fig: Figure, path: Path) -> None:

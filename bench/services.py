@@ -81,12 +81,14 @@ class Services:
         self.started: list[Service] = []
 
     def start(
-        self, name: str, argv: list[str], port: int, log: Path, listeners: int = 1
+        self, name: str, argv: list[str], port: int, log: Path, listeners: int = 1,
+        env: Mapping[str, str] | None = None,
     ) -> Service:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         service = Service(name, proc, port, log)
         self.started.append(service)
@@ -180,6 +182,15 @@ class Setup:
     def orchestrator_pinned(self) -> contextlib.AbstractContextManager[None]:
         """This thread, and the stub DNS thread it starts, off the proxy CPU while measuring."""
         return pinned(int(LOAD_CPU) if self.pin else None)
+
+
+@dataclass(frozen=True)
+class Build:
+    """How to start one commit's sealgate: its command and what its environment adds."""
+
+    label: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -293,18 +304,20 @@ def start_mitmdump(
 
 def start_sealgate(
     setup: Setup, paths: Mapping[str, str], name: str, rules: Path, resolver: str,
-    origin: Origin, *extra: str, workers: int = 1,
+    origin: Origin, *extra: str, workers: int = 1, build: Build | None = None,
 ) -> Service:
-    """`sealgate proxy` on the proxy CPU, its state (audit log included) in work/`name`."""
+    """`sealgate proxy` on the proxy CPU, its state (audit log included) in work/`name`; of
+    `build` (another commit's, bench/ab.py) or else this checkout's."""
     port = free_port()
-    argv = [*setup.prefix(PROXY_CPU), paths["sealgate"], "proxy",
+    command = build.command if build is not None else [paths["sealgate"]]
+    argv = [*setup.prefix(PROXY_CPU), *command, "proxy",
             "--listen", f"127.0.0.1:{port}", "--rules", str(rules),
             "--state", str(setup.work / name), "--resolver", resolver,
             "--upstream-ca", str(origin.ca.path), *extra]
     if workers > 1:
         argv += ["--workers", str(workers)]
     service = setup.services.start(name, argv, port, setup.work / f"{name}.log",
-                                   listeners=workers)
+                                   listeners=workers, env=build.env if build else None)
     if workers > 1 and setup.pin:
         _spread_workers(service)
     return service
@@ -322,6 +335,23 @@ def start_squid(setup: Setup, paths: Mapping[str, str]) -> Service:
         [*setup.prefix(PROXY_CPU), paths["squid"], "-N", "-f", str(squid_dir / "squid.conf")],
         port, squid_dir / "stdout.log",
     )
+
+
+def origin_policy(origin: Origin, tunnel: str, inject: str = "") -> str:
+    """A policy's lines up to `allow` (for `rules_yaml`): the origin by name, GET of the body
+    only (so HTTPS to it is intercepted), with `inject` (a rule's inject list) if given; and
+    `tunnel`, the same origin under another name, without method or path limits (so its TLS
+    passes through undecrypted)."""
+    inject_line = f"\n        inject: [{inject}]" if inject else ""
+    return f"""
+    mode: enforce
+    allow:
+      - host: {ORIGIN_NAME}
+        ports: [{origin.http_port}, {origin.https_port}]
+        methods: [GET]
+        paths: ["{BODY_PATH}"]{inject_line}
+      - host: {tunnel}
+        ports: [{origin.https_port}]"""
 
 
 def rules_yaml(policies: Mapping[str, str], sandboxes: Mapping[str, tuple[str, str]]) -> str:

@@ -19,9 +19,9 @@ from .service import Issuer
 __all__ = ["add_issuer", "parse_listen"]
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT` or `[IPv6]:PORT`; port 0 picks a free port."""
-    problem = CliError(f"--listen {text!r} is not HOST:PORT or [IPv6]:PORT")
+    problem = CliError(f"{flag} {text!r} is not HOST:PORT or [IPv6]:PORT")
     try:
         host, port = parse_hostport(text)
     except ValueError:
@@ -46,6 +46,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
         from . import webapp
 
         host, port = parse_listen(args.listen)
+        admin = parse_listen(args.admin, "--admin") if args.admin else None
         if (args.tls_cert is None) != (args.tls_key is None):
             raise CliError("--tls-cert and --tls-key go together")
         if args.client_ca is not None and args.tls_cert is None:
@@ -72,7 +73,7 @@ def _issuer_serve(args: argparse.Namespace) -> int:
             raise CliError(f"cannot open the audit log {args.audit_log}: {exc.strerror}") from None
         try:
             issuer = Issuer(args.keys, args.callers, audit)
-            options = webapp.ServeOptions(host, port, context, args.reload_interval)
+            options = webapp.ServeOptions(host, port, context, args.reload_interval, admin)
             asyncio.run(webapp.serve(issuer, options))
         except OSError as exc:
             raise CliError(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
@@ -94,15 +95,23 @@ def add_issuer(sub: Subcommands) -> None:
         description="Mint tokens over HTTP for the callers in --callers, sealing to the newest "
         "public key in --keys. SIGHUP reloads keys and callers. See docs/issuer.md.",
     )
-    serve.add_argument("--keys", type=Path, required=True, help="directory of <kid>.pub files")
-    serve.add_argument("--callers", type=Path, required=True, help="the callers file (YAML)")
-    serve.add_argument("--listen", default="127.0.0.1:8090", help="HOST:PORT (default %(default)s)")
-    serve.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
-    serve.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    serve.add_argument("--keys", type=Path, metavar="DIR", required=True,
+                       help="directory of <kid>.pub files")
+    serve.add_argument("--callers", type=Path, metavar="FILE", required=True,
+                       help="the callers file (YAML)")
+    serve.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8090",
+                       help="HOST:PORT (default %(default)s)")
+    serve.add_argument("--tls-cert", type=Path, metavar="FILE",
+                       help="server certificate chain (PEM)")
+    serve.add_argument("--tls-key", type=Path, metavar="FILE", help="server private key (PEM)")
     serve.add_argument(
-        "--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS callers"
+        "--client-ca", type=Path, metavar="FILE",
+        help="CA (PEM) for client certificates; enables mTLS callers",
     )
-    serve.add_argument("--audit-log", type=Path, help="append audit lines to this file")
+    serve.add_argument("--admin", metavar="HOST:PORT",
+                       help="serve GET /healthz and /readyz there (plain HTTP, no service)")
+    serve.add_argument("--audit-log", type=Path, metavar="FILE",
+                       help="append audit lines to this file")
     serve.add_argument(
         "--audit-stdout",
         action="store_true",

@@ -116,7 +116,7 @@ def remove_link(index: int, table: str) -> None:
 def clean_up_after(left: lease.Lease) -> None:
     """Everything a run that died without its teardown left: its cgroups (and any process in
     them), its registration with the proxy, its link, namespace and table."""
-    Group.left_by(f"run-{left.index}-{left.pid}").remove()
+    Group.left_by(left.groups).remove()
     tiers.clean_up(left.index)
     scratch.remove(left.index)
     if left.state:

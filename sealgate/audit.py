@@ -126,6 +126,11 @@ class AuditLog:
     def healthy(self) -> bool:
         return not self._failed and (self._copy is None or self._copy.healthy)
 
+    @property
+    def backlog(self) -> int:
+        """Bytes of lines waiting to be written (more than a turn's worth: the file is failing)."""
+        return len(self._buffer)
+
     def emit(self, event: str, **fields: Any) -> None:
         if not _FORBIDDEN.isdisjoint(fields):
             fields = {k: v for k, v in fields.items() if k not in _FORBIDDEN}

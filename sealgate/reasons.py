@@ -250,6 +250,10 @@ class Reason(StrEnum):
     PORT_UNREACHABLE = (
         "port_unreachable", 502, "nothing in the sandbox answers HTTP on that port",
     )
+    BAD_SIGNATURE = (
+        "bad_signature", 403,
+        "a signed port URL that is tampered with, expired, or for another sandbox or port",
+    )
     NO_SUCH_PROCESS = ("no_such_process", 404, "no background process of that sandbox has that id")
     NO_SUCH_IMAGE = ("no_such_image", 404, "no image, template or snapshot of that name")
     IMAGE_REFUSED = (

@@ -7,11 +7,14 @@ for a long-polling API) until the response head arrives; past it, the client get
 `upstream_timeout` and the upstream's side is dropped: an HTTP/1 connection is closed (a late
 answer on it would otherwise be read as the next request's), an HTTP/2 stream is reset.
 
-The timer is mitmproxy's own wake-up (a command the connection's handler turns into a timer task
-and, when it fires, an event routed back to the stream), with one change: a deadline that is met
-ends its task at once. Left to fire, every answered request on a busy keep-alive connection
-would keep a sleeping task (about 1.5 KB) for the whole timeout: at 5,000 requests a second and
-60 s, 300,000 of them. mitm.py wires the two functions here into mitmproxy.
+The timer is a plain `call_later` handle per waiting request, in the connection handler's set
+of wake-up timers (so a client's disconnect cancels it with mitmproxy's own); only a deadline
+that fires makes a task, to deliver its event through the handler as mitmproxy's wake-ups are.
+mitmproxy's own wake-up (a command the handler turns into a sleeping task) cost a task, a
+future and three turns of the loop for every request, met or not; and left to run, every
+answered request on a busy keep-alive connection would keep a sleeping task (about 1.5 KB) for
+the whole timeout: at 5,000 requests a second and 60 s, 300,000 of them. mitm.py wires
+`bounded_wait` into mitmproxy.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from mitmproxy import http
 from mitmproxy.net.http import status_codes
@@ -29,29 +31,36 @@ from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, SendHttp
 from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+from mitmproxy.utils import asyncio_utils
 
 from sealgate.reasons import Reason
 
+from .handlers import handler_of
 from .limits import META, Bounds
 from .refusal import said
 
 _KEY = "_sealgate_deadline"  # the stream's armed deadline, in its instance dict
+
+
 class Deadline(commands.RequestWakeup):
-    """A response deadline: a wake-up that can be called off once the response has come."""
+    """A response deadline: the event a fired timer sends is a wake-up of this command."""
 
     def __init__(self, delay: float) -> None:
         super().__init__(delay)
         self.met = False
-        self.woken: asyncio.Future[bool] | None = None  # its timer's, while that waits
+        self.timer: asyncio.TimerHandle | None = None  # while it waits
+        self.handler: server.ConnectionHandler | None = None
+        self.routes: list[tuple[HttpLayer, object]] = []
 
 
-_WAITING: weakref.WeakSet[Deadline] = weakref.WeakSet()  # timers waiting now, this worker
+# Armed deadlines, this worker; weak: a client's disconnect cancels a timer without us.
+_WAITING: weakref.WeakSet[Deadline] = weakref.WeakSet()
 
 
 def pending() -> int:
     """How many response deadlines are waiting: requests sent in full, no response head yet.
     A met deadline's timer ends at once, so this is never more than the requests waiting."""
-    return len(_WAITING)
+    return sum(1 for d in _WAITING if d.timer is not None and not d.timer.cancelled())
 
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:
@@ -86,9 +95,9 @@ def bounded_wait(handle: _Handler, default: float) -> _Handler:
             if _waiting(self) and self.flow.request.method != "CONNECT":
                 deadline = Deadline(seconds(self.flow, default))
                 vars(self)[_KEY] = deadline
-                yield deadline
+                _arm(self, deadline)
         elif not armed.met and not _waiting(self):
-            _call_off(self, armed)
+            _call_off(armed)
 
     return handle_event
 
@@ -96,6 +105,49 @@ def bounded_wait(handle: _Handler, default: float) -> _Handler:
 def _waiting(stream: HttpStream) -> bool:
     return bool(stream.client_state == stream.state_done
                 and stream.server_state == stream.state_wait_for_response_headers)
+
+
+def _routes(stream: HttpStream) -> list[tuple[HttpLayer, object]]:
+    """Each HTTP layer above the stream and its child towards it. A wake-up enters at the top
+    and each HTTP layer on the way sends it to the child it came from (an intercepted CONNECT's
+    inner HTTP layer is below the outer one's CONNECT stream)."""
+    layers = stream.context.layers
+    below = layers[:layers.index(stream) + 1]
+    return [(layer, below[i + 1]) for i, layer in enumerate(below[:-1])
+            if isinstance(layer, HttpLayer)]
+
+
+def _arm(stream: HttpStream, deadline: Deadline) -> None:
+    """The timer, and the HTTP layers' entries that route its wake-up back to this stream (as
+    each makes for a wake-up a stream asks for)."""
+    handler, routes = handler_of(stream.context.client.id), _routes(stream)
+    if handler is None or not routes:  # the client is gone: nothing waits for an answer
+        deadline.met = True
+        return
+    for layer, child in routes:
+        layer.command_sources[deadline] = child  # type: ignore[assignment]
+    deadline.handler, deadline.routes = handler, routes
+    deadline.timer = asyncio.get_running_loop().call_later(deadline.delay, _fire, deadline)
+    handler.wakeup_timer.add(deadline.timer)  # type: ignore[arg-type]  # cancelled alike
+    _WAITING.add(deadline)
+
+
+def _fire(deadline: Deadline) -> None:
+    handler = deadline.handler
+    _forget(deadline)
+    if not deadline.met and handler is not None:
+        task = asyncio_utils.create_task(handler.server_event(events.Wakeup(deadline)),
+                                         name="response deadline", client=handler.client.peername)
+        handler.wakeup_timer.add(task)
+        task.add_done_callback(handler.wakeup_timer.discard)
+
+
+def _forget(deadline: Deadline) -> None:
+    _WAITING.discard(deadline)
+    if deadline.timer is not None and deadline.handler is not None:
+        deadline.timer.cancel()
+        deadline.handler.wakeup_timer.discard(deadline.timer)
+    deadline.timer = None
 
 
 def _time_out(stream: HttpStream, delay: float) -> CommandGenerator[None]:
@@ -108,52 +160,11 @@ def _time_out(stream: HttpStream, delay: float) -> CommandGenerator[None]:
         ResponseProtocolError(stream.stream_id, said, status_codes.GATEWAY_TIMEOUT))
 
 
-def _call_off(stream: HttpStream, deadline: Deadline) -> None:
+def _call_off(deadline: Deadline) -> None:
     """The response came (or the stream ended): the timer goes now, and with it the entry the
     HTTP layer keeps to route its event back here."""
     deadline.met = True
-    if deadline.woken is not None and not deadline.woken.done():
-        deadline.woken.set_result(False)
-    layers = stream.context.layers
-    parent = layers[layers.index(stream) - 1]  # as HttpStream.mode finds it
-    if isinstance(parent, HttpLayer):
-        parent.command_sources.pop(deadline, None)
-
-
-def _wake(woken: asyncio.Future[bool]) -> None:
-    if not woken.done():
-        woken.set_result(True)
-
-
-_Wakeup = Callable[[server.ConnectionHandler, commands.RequestWakeup], Coroutine[Any, Any, None]]
-
-
-def endable(wakeup: _Wakeup) -> _Wakeup:
-    """The connection handler's timer, which a met deadline ends early: it then sends nothing."""
-
-    @functools.wraps(wakeup)
-    async def timer(self: server.ConnectionHandler, request: commands.RequestWakeup) -> None:
-        if not isinstance(request, Deadline):
-            await wakeup(self, request)
-            return
-        if request.met:
-            self.wakeup_timer.discard(asyncio.current_task())
-            return
-        # Woken by its timer (True) or by `_call_off` (False). Not cancelled: a cancelled
-        # task keeps its exception, whose traceback holds this frame and so the deadline, in
-        # a cycle only a full collection frees (60 MiB over 30,000 keep-alive requests).
-        loop = asyncio.get_running_loop()
-        request.woken = woken = loop.create_future()
-        timer = loop.call_later(request.delay, _wake, woken)
-        _WAITING.add(request)
-        try:
-            fired = await woken
-        finally:
-            _WAITING.discard(request)
-            timer.cancel()
-            request.woken = None
-            self.wakeup_timer.discard(asyncio.current_task())
-        if fired:
-            await self.server_event(events.Wakeup(request))
-
-    return timer
+    _forget(deadline)
+    for layer, _ in deadline.routes:
+        layer.command_sources.pop(deadline, None)
+    deadline.routes = []

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import wsproto.events
-from mitmproxy import addonmanager, connection, ctx, flow, http, tls
+from mitmproxy import addonmanager, connection, flow, http, tls
 from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
@@ -60,6 +60,7 @@ from mitmproxy.utils import asyncio_utils
 
 from ..errors import ProxyError
 from . import bodycap, deadline, limits, linger, speedups, upstream
+from .handlers import handler_of
 from .mitmcheck import mismatches
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
@@ -109,9 +110,6 @@ def install(
     server.TCP_TIMEOUT = bounds.idle_seconds  # type: ignore[assignment]
     HttpStream._handle_event = deadline.bounded_wait(  # type: ignore[method-assign]
         HttpStream._handle_event, bounds.response_seconds
-    )
-    server.ConnectionHandler.wakeup = deadline.endable(  # type: ignore[method-assign, assignment]
-        server.ConnectionHandler.wakeup
     )
     _scoped(_http1, "http1", read_request_head=_marking_origin_form(http1.read_request_head))
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
@@ -366,8 +364,7 @@ def cut_off(flow: http.HTTPFlow) -> None:
 def close_client(client_id: str) -> None:
     """Close a client's connection now, whatever its layers are waiting for (a handshake that
     does not finish, a stream cut off): its writer first, so nothing more gets out."""
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(client_id) if proxyserver else None
+    handler = handler_of(client_id)
     if handler is None:
         return
     io = handler.transports.get(handler.client)

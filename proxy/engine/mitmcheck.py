@@ -205,10 +205,13 @@ def _response_deadline() -> None:
     _names(HttpLayer.__init__, "command_sources")
     _names(vars(HttpStream)["mode"].func, "layers", "index")
     _names(_http1.Http1Client.send, "RequestProtocolError", "CloseConnection")
-    _params(server.ConnectionHandler.wakeup, "(self, request)")
-    _coroutine(server.ConnectionHandler.wakeup)
-    _names(server.ConnectionHandler.wakeup, "wakeup_timer", "server_event", "Wakeup")
-    _names(server.ConnectionHandler.server_event, "RequestWakeup", "wakeup", "wakeup_timer")
+    # The timer: a handle in the handler's set of wake-up timers, which a disconnect cancels;
+    # when it fires, the wake-up goes through the handler's event entry, in a task.
+    _names(server.ConnectionHandler.__init__, "wakeup_timer")
+    _names(server.ConnectionHandler.handle_client, "wakeup_timer", "cancel")
+    _params(server.ConnectionHandler.server_event, "(self, event)")
+    _coroutine(server.ConnectionHandler.server_event)
+    _params(asyncio_utils.create_task, "(coro, *, name, client=)")
     _fields(events.Wakeup, "command")
 
 

@@ -23,7 +23,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import connection, http
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import layer
 from mitmproxy.proxy.layers import tls
@@ -31,6 +31,7 @@ from mitmproxy.proxy.layers import tls
 from sealgate.reasons import Reason
 
 from ..errors import Denial
+from .handlers import handler_of
 from .refusal import OWN_REASON, deny_response, said
 
 # What mitmproxy's TLS layer and HTTP client say of a failed upstream handshake, and of a
@@ -110,8 +111,7 @@ def _overdue(tls_layer: tls.ServerTLSLayer, seconds: float) -> None:
     server = tls_layer.conn
     if server.tls_established or server.state is connection.ConnectionState.CLOSED:
         return
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(tls_layer.context.client.id) if proxyserver else None
+    handler = handler_of(tls_layer.context.client.id)
     if handler is None or server not in handler.transports:
         return
     vars(tls_layer)[_OVERDUE] = handshake_message(seconds)

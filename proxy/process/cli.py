@@ -7,14 +7,12 @@ only `proxy` needs the second it takes to import.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sealgate.clikit import Subcommands
+from sealgate.clikit import Subcommands, env_option
 from sealgate.hostport import format_hostport, parse_hostport
 
 from . import statedir
@@ -27,68 +25,72 @@ if TYPE_CHECKING:
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("proxy", help="run the egress proxy")
-    env = os.environ.get
-    p.add_argument("--listen", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
-                   help="explicit proxy listen address HOST:PORT (env SEALGATE_LISTEN)")
-    p.add_argument("--transparent", default=env("SEALGATE_TRANSPARENT"),
-                   help="also listen for redirected (iptables/nftables) traffic on HOST:PORT")
-    p.add_argument("--rules", default=env("SEALGATE_RULES", "rules"),
-                   help="rules file or directory (env SEALGATE_RULES)")
-    p.add_argument("--state", default=env("SEALGATE_STATE", "var"),
-                   help="state directory: CA, registry, audit log, control socket")
-    p.add_argument("--resolver", default=env("SEALGATE_RESOLVER"),
-                   help="DNS server HOST:PORT the guard uses (default: system nameservers)")
+    env_option(p, "--listen", metavar="HOST:PORT", env="SEALGATE_LISTEN", default="127.0.0.1:8080",
+               help="explicit proxy listen address HOST:PORT")
+    env_option(p, "--transparent", metavar="HOST:PORT", env="SEALGATE_TRANSPARENT",
+               help="also listen for redirected (iptables/nftables) traffic on HOST:PORT")
+    env_option(p, "--rules", metavar="PATH", env="SEALGATE_RULES", default="rules",
+               help="rules file or directory")
+    env_option(p, "--state", metavar="DIR", env="SEALGATE_STATE", default="var",
+               help="state directory: CA, registry, audit log, control socket")
+    env_option(p, "--resolver", metavar="HOST:PORT", env="SEALGATE_RESOLVER",
+               help="DNS server HOST:PORT the guard uses (default: system nameservers)")
     p.add_argument("--sandbox-network", action="append", default=[], metavar="CIDR",
                    help="sandbox range never connected to, whatever allow_networks say; "
                         "repeatable (default 10.200.0.0/16, the sandbox runtime's)")
-    p.add_argument("--workers", type=int, default=env("SEALGATE_WORKERS", "1"),
-                   help="worker processes sharing the port (SO_REUSEPORT)")
-    p.add_argument("--upstream-ca", default=env("SEALGATE_UPSTREAM_CA"),
-                   help="CA bundle to verify upstream servers with (default: certifi)")
-    p.add_argument("--metrics-listen", default=env("SEALGATE_METRICS_LISTEN", ""),
-                   help="serve GET /metrics (Prometheus text: requests by decision and reason, "
-                        "refusals, connections, memory) on HOST:PORT; the same is on the "
-                        "control socket at /v1/metrics")
+    env_option(p, "--workers", metavar="N", type=int, env="SEALGATE_WORKERS", default="1",
+               help="worker processes sharing the port (SO_REUSEPORT)")
+    env_option(p, "--upstream-ca", metavar="FILE", env="SEALGATE_UPSTREAM_CA",
+               help="CA bundle to verify upstream servers with (default: certifi)")
+    env_option(p, "--admin", "--metrics-listen", metavar="HOST:PORT", dest="admin",
+               env="SEALGATE_ADMIN",
+               help="serve GET /healthz, /readyz and /metrics (Prometheus text: requests "
+                    "by decision and reason, refusals, connections, memory) on HOST:PORT; "
+                    "--metrics-listen is its older name. The metrics are on the control "
+                    "socket at /v1/metrics too")
     p.add_argument("--audit-stdout", action="store_true", help="also print audit lines")
-    p.add_argument("--connect-timeout", type=float,
-                   default=env("SEALGATE_CONNECT_TIMEOUT", "10"),
-                   help="seconds an upstream dial may take, and then the proxy's TLS handshake "
-                        "with it, before 504 connect_timeout")
-    p.add_argument("--drain-timeout", type=float, default=env("SEALGATE_DRAIN_TIMEOUT", "30"),
-                   help="on SIGTERM, seconds requests in flight may take to finish before the "
-                        "proxy closes them (it stops accepting at once)")
-    p.add_argument("--idle-timeout", type=float, default=env("SEALGATE_IDLE_TIMEOUT", "60"),
-                   help="seconds a connection may pass with nothing sent either way")
-    p.add_argument("--response-timeout", type=float,
-                   default=env("SEALGATE_RESPONSE_TIMEOUT", "60"),
-                   help="seconds an upstream may take from a request sent in full to its "
-                        "response head (504 upstream_timeout after; a rule's response_timeout "
-                        "replaces it)")
-    p.add_argument("--handshake-timeout", type=float,
-                   default=env("SEALGATE_HANDSHAKE_TIMEOUT", "10"),
-                   help="seconds a connection that starts with TLS (after its CONNECT, or "
-                        "redirected) has to finish the handshake; closed after")
-    p.add_argument("--header-timeout", type=float, default=env("SEALGATE_HEADER_TIMEOUT", "10"),
-                   help="seconds a request head may take from its first byte (408 after)")
-    p.add_argument("--linger-timeout", type=float,
-                   default=env("SEALGATE_LINGER_TIMEOUT", "5"),
-                   help="seconds after refusing a request at its head that its body is still "
-                        "read and dropped, so that a client still sending it reads the refusal")
-    p.add_argument("--linger-bytes", type=int, default=64 * 1024 * 1024,
+    env_option(p, "--connect-timeout", metavar="SECONDS", type=float,
+               env="SEALGATE_CONNECT_TIMEOUT", default="10",
+               help="seconds an upstream dial may take, and then the proxy's TLS handshake "
+                    "with it, before 504 connect_timeout")
+    env_option(p, "--drain-timeout", metavar="SECONDS", type=float, env="SEALGATE_DRAIN_TIMEOUT",
+               default="30",
+               help="on SIGTERM, seconds requests in flight may take to finish before the "
+                    "proxy closes them (it stops accepting at once)")
+    env_option(p, "--idle-timeout", metavar="SECONDS", type=float, env="SEALGATE_IDLE_TIMEOUT",
+               default="60",
+               help="seconds a connection may pass with nothing sent either way")
+    env_option(p, "--response-timeout", metavar="SECONDS", type=float,
+               env="SEALGATE_RESPONSE_TIMEOUT", default="60",
+               help="seconds an upstream may take from a request sent in full to its "
+                    "response head (504 upstream_timeout after; a rule's response_timeout "
+                    "replaces it)")
+    env_option(p, "--handshake-timeout", metavar="SECONDS", type=float,
+               env="SEALGATE_HANDSHAKE_TIMEOUT", default="10",
+               help="seconds a connection that starts with TLS (after its CONNECT, or "
+                    "redirected) has to finish the handshake; closed after")
+    env_option(p, "--header-timeout", metavar="SECONDS", type=float, env="SEALGATE_HEADER_TIMEOUT",
+               default="10",
+               help="seconds a request head may take from its first byte (408 after)")
+    env_option(p, "--linger-timeout", metavar="SECONDS", type=float, env="SEALGATE_LINGER_TIMEOUT",
+               default="5",
+               help="seconds after refusing a request at its head that its body is still "
+                    "read and dropped, so that a client still sending it reads the refusal")
+    p.add_argument("--linger-bytes", metavar="N", type=int, default=64 * 1024 * 1024,
                    help="most bytes of refused bodies read and dropped per connection")
-    p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
+    p.add_argument("--max-header-bytes", metavar="N", type=int, default=64 * 1024,
                    help="most bytes of a request head, line and fields (431 over)")
-    p.add_argument("--max-header-fields", type=int, default=100,
+    p.add_argument("--max-header-fields", metavar="N", type=int, default=100,
                    help="most header fields of a request (431 over)")
-    p.add_argument("--max-connections", type=int, default=0,
+    p.add_argument("--max-connections", metavar="N", type=int, default=0,
                    help="most client connections a worker holds (0: what the descriptor limit "
                         "allows); more are closed as they are accepted")
-    p.add_argument("--max-connections-per-source", type=int, default=512,
+    p.add_argument("--max-connections-per-source", metavar="N", type=int, default=512,
                    help="most client connections one source address holds in a worker")
-    p.add_argument("--max-uri-bytes", type=int, default=8 * 1024,
+    p.add_argument("--max-uri-bytes", metavar="N", type=int, default=8 * 1024,
                    help="most bytes of a request target (414 over)")
-    p.add_argument("--token-keys", default=env("SEALGATE_TOKEN_KEYS"),
-                   help="directory of private token keys (<kid>.key); unset: tokens refused")
+    env_option(p, "--token-keys", metavar="DIR", env="SEALGATE_TOKEN_KEYS",
+               help="directory of private token keys (<kid>.key); unset: tokens refused")
     p.add_argument("--secret-store", action="append", default=[], metavar="URL",
                    help="secret store for brokered credentials, repeatable: file:PATH, env:, "
                         "vault:https://HOST:8200?auth=… (default file:<state>/secrets.yaml)")
@@ -98,8 +100,8 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=_run_proxy)
 
     c = sub.add_parser("ca", help="show the interception CA")
-    c.add_argument("--state", default=env("SEALGATE_STATE", "var"),
-                   help="the proxy's state directory (default $SEALGATE_STATE or var)")
+    env_option(c, "--state", env="SEALGATE_STATE", default="var",
+               help="the proxy's state directory (default $SEALGATE_STATE or var)")
     c.add_argument("--print", action="store_true", dest="print_pem",
                    help="print the CA certificate (PEM) for a trust store")
     c.add_argument("--create", action="store_true",
@@ -109,10 +111,10 @@ def register(sub: Subcommands) -> None:
 
     e = sub.add_parser("env", help="print the environment a client needs: the proxy and its CA "
                                    "for every runtime")
-    e.add_argument("--state", default=env("SEALGATE_STATE", "var"),
-                   help="the proxy's state directory, for its CA")
-    e.add_argument("--proxy", default=env("SEALGATE_LISTEN", "127.0.0.1:8080"),
-                   metavar="HOST:PORT", help="where clients reach the proxy")
+    env_option(e, "--state", env="SEALGATE_STATE", default="var",
+               help="the proxy's state directory, for its CA")
+    env_option(e, "--proxy", env="SEALGATE_LISTEN", default="127.0.0.1:8080",
+               metavar="HOST:PORT", help="where clients reach the proxy")
     e.add_argument("--sandbox", help="the sandbox id, put in the proxy URL with --key-file")
     e.add_argument("--key-file", type=Path, help="the sandbox's proxy key (a file, never an "
                                                  "argument); printed inside the proxy URL")
@@ -122,7 +124,7 @@ def register(sub: Subcommands) -> None:
     e.set_defaults(func=_run_env)
 
     s = sub.add_parser("sources", help="source address -> sandbox registry (control API)")
-    s.add_argument("--state", default=env("SEALGATE_STATE", "var"))
+    env_option(s, "--state", env="SEALGATE_STATE", default="var")
     s.add_argument("--json", action="store_true")
     ss = s.add_subparsers(dest="action", required=True)
     ss.add_parser("list")
@@ -143,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     return ProxyConfig(
         listen=_listen_address(args.listen),
         transparent=_listen_address(args.transparent) if args.transparent else None,
-        metrics_listen=_listen_address(args.metrics_listen) if args.metrics_listen else None,
+        admin=_listen_address(args.admin) if args.admin else None,
         rules=Path(args.rules),
         state=Path(args.state),
         resolver=args.resolver,
@@ -188,15 +190,15 @@ def _run_proxy(args: argparse.Namespace) -> int:
     except mitm.MitmproxyMismatch as exc:
         print(exc, file=sys.stderr)
         return 2
-    from . import supervisor
+    from . import eventloop, supervisor
     from .master import prepare
 
     if args.worker_index is None:
         prepare(config)
     try:
         if config.workers > 1 and args.worker_index is None:
-            return asyncio.run(supervisor.supervise(config))
-        return asyncio.run(supervisor.serve_one(config, args.worker_index))
+            return eventloop.run(supervisor.supervise(config))
+        return eventloop.run(supervisor.serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
         # mitmproxy rolls a failed option update back, re-running configure on the defaults;
         # an error there would mask the one that matters, which is the first in the chain.

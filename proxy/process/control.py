@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -26,8 +26,8 @@ from aiohttp import web
 from sealgate.reasons import Reason
 
 from ..policy.rulesfile import RulesError, load_rules
-from ..request import metrics
 from ..request.registry import RegistryError, SourceRegistry
+from . import admin
 
 _MAX_BODY = 4096
 
@@ -37,7 +37,7 @@ def make_app(
 ) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY)
     # The workers write their snapshots beside the registry, in the state directory.
-    app.router.add_get("/v1/metrics", metrics_handler(registry.path.parent / "metrics"))
+    app.router.add_get("/v1/metrics", admin.metrics_handler(registry.path.parent / "metrics"))
 
     async def health(_: web.Request) -> web.Response:
         if draining():
@@ -85,24 +85,6 @@ def make_app(
     app.router.add_put("/v1/sources/{address}", put_source)
     app.router.add_delete("/v1/sources/{address}", delete_source)
     return app
-
-
-def metrics_handler(directory: Path) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def serve_metrics(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.exposition(directory),
-                            content_type="text/plain", charset="utf-8")
-
-    return serve_metrics
-
-
-async def start_metrics(host: str, port: int, directory: Path) -> web.AppRunner:
-    """`GET /metrics` alone, over TCP for a scraper: nothing else of the control API is there."""
-    app = web.Application(client_max_size=_MAX_BODY)
-    app.router.add_get("/metrics", metrics_handler(directory))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
 
 
 def _error(reason: Reason, detail: str) -> web.Response:

@@ -52,7 +52,7 @@ class ProxyConfig:
     audit_stdout: bool = False
     connect_timeout: float = 10.0
     drain_timeout: float = 30.0  # how long requests in flight may take to finish on SIGTERM
-    metrics_listen: tuple[str, int] | None = None  # GET /metrics for a scraper
+    admin: tuple[str, int] | None = None  # /healthz, /readyz, /metrics over TCP (admin.py)
     limits: HttpLimits = field(default_factory=HttpLimits)
     token_keys: Path | None = None
     secret_stores: tuple[str, ...] = ()
@@ -90,6 +90,7 @@ class StartupReport:
             lines.append(f"  mode       {mode}")
         if self.config.workers > 1:
             lines.append(f"  workers    {self.config.workers} (SO_REUSEPORT)")
+        lines.append(f"  event loop {type(asyncio.get_running_loop()).__module__.split('.')[0]}")
         lines.append(f"  rules      {self.config.rules}")
         if rules is not None:
             for name, policy in sorted(rules.policies.items()):

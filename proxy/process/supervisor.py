@@ -24,7 +24,7 @@ from collections import deque
 from aiohttp import web
 
 from ..request.registry import SourceRegistry
-from . import control, statedir
+from . import admin, control, statedir
 from .drain import Health
 from .master import ProxyConfig, serve
 
@@ -124,18 +124,18 @@ async def supervise(config: ProxyConfig) -> int:
 
 
 async def _start_control(config: ProxyConfig, health: Health) -> list[web.AppRunner]:
-    """The control API on its socket and, if asked for, /metrics on its own TCP listener (a
-    separate app: nothing else of the control API is reachable there)."""
+    """The control API on its socket and, if asked for, the admin listener over TCP (a separate
+    app: nothing else of the control API is reachable there)."""
     registry = SourceRegistry(config.state / "registry.json")
     runners = [await control.start(statedir.control_socket(config.state), registry, config.rules,
                                    lambda: health.draining)]
-    if config.metrics_listen is not None:
+    if config.admin is not None:
         try:
-            runners.append(await control.start_metrics(*config.metrics_listen,
-                                                       config.state / "metrics"))
+            runners.append(await admin.start(*config.admin, config.state / "metrics",
+                                             config.workers, health))
         except OSError as exc:
             await runners[0].cleanup()
-            raise SystemExit(f"sealgate: --metrics-listen: {exc}") from None
+            raise SystemExit(f"sealgate: --admin: {exc}") from None
     return runners
 
 

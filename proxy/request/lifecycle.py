@@ -23,6 +23,7 @@ from ..engine import conncap, deadline, memory
 from ..engine.conncap import ConnectionGate
 from ..engine.handshake import HandshakeDeadline
 from ..engine.memory import Reclaimer
+from ..engine.resumption import Sessions
 from ..errors import Denial
 from . import settings
 from .budget import BudgetLedger
@@ -52,6 +53,8 @@ class Lifecycle:
         self.reclaimer = Reclaimer()
         self.metrics = Metrics()
         self.handshakes = HandshakeDeadline()
+        self.sessions = Sessions()
+        self.upstream_open = 0  # upstream connections connected and not yet closed
         self.addons = [self.handshakes]  # its hooks run after this addon's
 
     # -- set-up ---------------------------------------------------------------------------
@@ -117,12 +120,29 @@ class Lifecycle:
             if closed := self.handshakes.take_closed():
                 self._emit("handshake_timeout", count=closed,
                            seconds=self.handshakes.seconds)
+            self.metrics.total("upstream_tls_offered", self.sessions.offered)
+            self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
             with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
-                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics",
+                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
                                    connections_open=self.gate.open,
                                    requests_in_flight=len(self.in_flight),
                                    resident_bytes=memory.resident(),
-                                   response_deadlines_pending=deadline.pending())
+                                   response_deadlines_pending=deadline.pending(),
+                                   upstream_tls_sessions=len(self.sessions),
+                                   upstream_connections_open=self.upstream_open,
+                                   audit_backlog_bytes=state.audit.backlog if state else 0)
+
+    def _unready(self) -> list[str]:
+        """What keeps this worker from being ready (its /readyz, proxy/process/admin.py)."""
+        state = self.state
+        if state is None:
+            return ["rules: none loaded"]
+        unready = []
+        if not state.audit.healthy:
+            unready.append("audit: the audit log cannot be written")
+        unready += [f"secrets: the {scheme} store is unavailable past its grace"
+                    for scheme in state.broker.secrets.unavailable()]
+        return unready
 
     def drained(self, *, waited: float, cut: int) -> None:
         """The drain's end (proxy/process/drain.py): what it waited for, and what it had to cut."""

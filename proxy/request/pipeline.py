@@ -327,6 +327,7 @@ class Sealgate(Steps):
         self._pinned[server.id] = (name, port)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.upstream_open += 1
         # mitmproxy matches reusable upstream connections by address; give the connection back
         # its name so keep-alive reuse keeps working although we dialed the pinned IP.
         original = self._pinned.pop(data.server.id, None)
@@ -335,6 +336,19 @@ class Sealgate(Steps):
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._pinned.pop(data.server.id, None)
+
+    def tls_start_server(self, data: tls.TlsData) -> None:
+        """After TlsConfig made the upstream handshake's connection: a session to resume."""
+        conn = self.conns.get(data.context.client.id)
+        identity = conn.identity if conn is not None else None
+        self.sessions.start(data, (identity.sandbox or "") if identity is not None else "")
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        self.sessions.established(data)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.upstream_open = max(0, self.upstream_open - 1)
+        self.sessions.closed(data.server)
 
     # -- responses ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself. Every
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -40,6 +41,7 @@ from .clientshared import (
     exec_body,
     file_path,
     output_events,
+    signed_url,
     stream_cut,
     timed_out,
     unreachable,
@@ -171,6 +173,46 @@ class AsyncSandbox:
         await ws.send_str(json.dumps(exec_message(rows, cols, argv, env=env, cwd=cwd,
                                                   timeout=timeout)))
         return AsyncTerminal(ws)
+
+    async def url(self, port: int, *, expires_in: float = 3600,
+                  call_timeout: CallLimit = DEFAULT) -> str:
+        """As `Sandbox.url`: a signed URL of `port` for a browser, no key needed."""
+        return signed_url(await self._call("/urls", {"port": port, "expires_in": expires_in},
+                                           call_timeout))
+
+    def websocket(self, port: int, path: str = "/", *, headers: Mapping[str, str] | None = None,
+                  call_timeout: CallLimit = DEFAULT
+                  ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse]:
+        """A WebSocket to the server the sandbox runs on `port`, through the daemon (its
+        upgrade relayed). `call_timeout` bounds the handshake; DaemonError when refused."""
+        return self._websocket(f"/ports/{int(port)}/{path.lstrip('/')}", headers, call_timeout)
+
+    def tcp(self, port: int, *, call_timeout: CallLimit = DEFAULT
+            ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse]:
+        """A TCP connection to `port` in the sandbox, its bytes in binary messages both ways
+        (at most 1 MiB each; an empty one ends our sending); closed when the server closes."""
+        return self._websocket(f"/tcp/{int(port)}", None, call_timeout)
+
+    @contextlib.asynccontextmanager
+    async def _websocket(self, tail: str, headers: Mapping[str, str] | None,
+                         call_timeout: CallLimit) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        limit = call_limit(call_timeout, self.timeout)
+        try:
+            async with asyncio.timeout(limit):
+                ws = await self._http.ws_connect(self._url(tail),
+                                                 headers={**(headers or {}), **self._headers})
+        except aiohttp.WSServerHandshakeError as exc:
+            said = exc.headers.get("X-Sealgate-Error") if exc.headers is not None else None
+            if said is None:
+                raise  # the sandbox's server's own refusal, as it answered
+            raise error_of(exc.status, json.dumps({"error": said, "detail": exc.message})
+                           .encode()) from None
+        except TimeoutError:
+            raise timed_out(self._where, limit) from None
+        except aiohttp.ClientError as exc:
+            raise unreachable(self._where, exc) from None
+        async with ws:
+            yield ws
 
     def _url(self, tail: str) -> str:
         return f"{self._base}/v1/sandboxes/{quote(self.id, safe='')}{tail}"

@@ -51,6 +51,7 @@ from .clientshared import (
     event_of,
     exec_body,
     file_path,
+    signed_url,
     stream_cut,
     timed_out,
     unreachable,
@@ -365,6 +366,14 @@ class Sandbox:
                               call_timeout=call_timeout) as answer:
             return (answer.status, dict(answer.response.getheaders()),
                     answer.read())
+
+    def url(self, port: int, *, expires_in: float = 3600,
+            call_timeout: CallLimit = DEFAULT) -> str:
+        """A URL of `port` to hand to a browser: signed for this sandbox and port, usable without
+        the daemon's key until `expires_in` seconds from now (or the daemon's restart)."""
+        return signed_url(self.client.call(
+            "POST", f"/v1/sandboxes/{quote(self.id, safe='')}/urls",
+            {"port": port, "expires_in": expires_in}, call_timeout=call_timeout))
 
     def processes(self, *, call_timeout: CallLimit = DEFAULT) -> list[Process]:
         """Its background processes (the ended ones it still keeps included)."""

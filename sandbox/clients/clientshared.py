@@ -149,6 +149,12 @@ def error_of(status: int, raw: bytes) -> DaemonError:
     return DaemonError(f"{reason.value}: {detail}", reason=reason, status=status)
 
 
+def signed_url(answer: dict[str, Any]) -> str:
+    """A signed URL call's URL: absolute when asked over TCP; over the unix socket, whose
+    address no browser can use, its path (for whatever serves the daemon to the browser)."""
+    return str(answer.get("url") or answer["path"])
+
+
 def event_of(line: bytes) -> tuple[str, bytes | Result]:
     """One line of an exec's stream: ("stdout" | "stderr", bytes) or ("exit", Result)."""
     try:

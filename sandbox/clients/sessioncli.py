@@ -1,4 +1,4 @@
-"""`sealgate sandbox create | exec | put | get | ls | rm`: a thin client of the daemon's API
+"""`sealgate sandbox create | exec | url | put | get | ls | rm`: a thin client of the daemon's API
 (the same calls as `sealgate.sandbox.Sandbox`), for people and shell scripts.
 
 `exec` streams the command's stdout and stderr to ours as they come and exits with its status
@@ -87,6 +87,14 @@ def register(ps: Any) -> None:
     snap.add_argument("--name", help="the image's name (default: ID-<unix time>)")
     snap.add_argument("--json", action="store_true", help="print the image's record as JSON")
     snap.set_defaults(func=refusing(_snapshot))
+
+    url = ps.add_parser("url", help="a signed URL of a sandbox's port, for a browser (no key)")
+    client_args(url)
+    url.add_argument("id")
+    url.add_argument("port", type=int)
+    url.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS",
+                     help="how long it works (default 3600; at most the daemon's maximum TTL)")
+    url.set_defaults(func=refusing(_url))
 
     e = ps.add_parser("exec", help="run a command in a sandbox, streaming its output")
     client_args(e)
@@ -224,6 +232,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     made = Sandbox(client_of(args), {"id": args.id}).snapshot(args.name,
                                                               call_timeout=args.call_timeout)
     print(json.dumps(made, indent=2) if args.json else made["name"])
+    return 0
+
+
+def _url(args: argparse.Namespace) -> int:
+    print(Sandbox(client_of(args), {"id": args.id}).url(
+        args.port, expires_in=args.expires_in, call_timeout=args.call_timeout))
     return 0
 
 

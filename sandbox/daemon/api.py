@@ -20,7 +20,6 @@ import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -28,10 +27,11 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import bodies, ports, terminals
+from . import bodies, terminals
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
+from .portroutes import PortRoutes, signed
 from .session import Options, SessionError, check_path
 
 _DAEMON = web.AppKey("daemon", Daemon)
@@ -62,7 +62,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/stdin", _stdin)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/signal", _signal)
     app.router.add_get("/v1/sandboxes/{id}/pty", _pty)
-    app.router.add_route("*", "/v1/sandboxes/{id}/ports/{port}/{path:.*}", _port)
+    PortRoutes(_DAEMON, _STREAMING).add_to(app)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     return app
@@ -83,7 +83,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     # Only the unix socket's own connections go without the key: a connection whose transport
     # is already gone (so its listener cannot be told) must show it like a TCP one.
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
-    if not isinstance(sockname, str):
+    if not isinstance(sockname, str) and not signed(request):  # it checks its own token
         given = request.headers.get("Authorization", "").encode(errors="surrogateescape")
         key = request.app[_KEY]
         if not key or not hmac.compare_digest(given, b"Bearer " + key):
@@ -313,22 +313,6 @@ async def _signal(request: web.Request) -> web.Response:
 
 async def _pty(request: web.Request) -> web.StreamResponse:
     return await terminals.serve(request, request.app[_DAEMON].get(request.match_info["id"]))
-
-
-async def _port(request: web.Request) -> web.StreamResponse:
-    """An HTTP request to a port the sandbox serves (`sandbox.daemon.ports`)."""
-    session = request.app[_DAEMON].get(request.match_info["id"])
-    port = request.match_info["port"]
-    if not port.isdigit() or not 0 < int(port) < 65536 or len(port) > 5:
-        raise BadRequest("a port from 1 to 65535")
-    if session.paused:
-        raise SessionError(f"sandbox {session.id} is paused", reason=Reason.SANDBOX_PAUSED)
-
-    def began() -> None:
-        request[_STREAMING] = True
-
-    return await ports.forward(request, Path("/run/netns") / session.slot.link.netns,
-                               int(port), request.match_info["path"], began)
 
 
 async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:

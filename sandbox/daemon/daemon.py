@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import secrets
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
@@ -38,9 +36,10 @@ from .. import tiers
 from ..errors import SandboxError
 from ..guest.protocol import read_hello
 from ..host.rootfs import ImageRoot
-from ..images import Image, ImageError, Store
+from ..images import Image, Store
 from ..runtime import clean_up_stale
-from . import orphans, slot
+from . import imaging, orphans, slot
+from .events import log
 from .session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
@@ -83,9 +82,10 @@ class Daemon:
         self._dismantling: set[asyncio.Task[None]] = set()
         self._creating = 0
         self._inits: dict[int, int] = {}  # inits of ended sandboxes -> rounds left to reap
-        self._watched: dict[int, int] = {}  # slot index -> pidfd of its sandbox
+        self._watched: dict[int, tuple[int, slot.Slot]] = {}  # slot index -> pidfd, slot
         self._failures = 0
         self._closing = False
+        self.held = False  # while a successor takes over (`hold`): nothing made, ended, taken
         # Idempotency-Key -> when, what was asked, the create (`create`)
         self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
             OrderedDict()
@@ -96,7 +96,7 @@ class Daemon:
         """Clean up after a daemon that died, then fill the pools in the background. Raises
         SandboxError for a pool of an image the store does not have."""
         for name, count in self.config.image_pools.items():
-            root = self.image_root(name, None)[1]
+            root = imaging.image_root(self.store, self.config.slots.isolation, name, None)[1]
             self._wanted[root.key] = (count, root)
             self._pools.setdefault(root.key, [])
         await asyncio.to_thread(clean_up_stale)
@@ -118,6 +118,64 @@ class Daemon:
                              return_exceptions=True)
         await asyncio.gather(*self._dismantling, return_exceptions=True)
 
+    # -- a hand-over to a successor (`sandbox.daemon.handover`) ----------------------------
+
+    def slots(self) -> list[tuple[slot.Slot, int, str | None, Session | None]]:
+        """Every live slot: its pidfd, its pool's key if it waits in one, its session if not."""
+        owner = {id(s.slot): s for s in self.sessions.values()}
+        pool_of = {id(s): key for key, pool in self._pools.items() for s in pool}
+        return [(made, pidfd, pool_of.get(id(made)), owner.get(id(made)))
+                for pidfd, made in self._watched.values()
+                if id(made) in owner or id(made) in pool_of]
+
+    def busy(self) -> int:
+        """Creates and prepares under way, and slots still being taken down."""
+        return self._creating + self._preparing
+
+    def hold(self, held: bool = True) -> None:
+        """Act on nothing (no refill, no expiry, no agent's death) while a successor takes the
+        slots over, or again as before once it did not."""
+        self.held = held
+        loop = asyncio.get_running_loop()
+        for pidfd, made in self._watched.values():
+            if held:
+                loop.remove_reader(pidfd)
+            else:  # a death meanwhile is seen now
+                loop.add_reader(pidfd, self._died, made)
+        self._wake.set()
+
+    def take_over(self, adopted: list[tuple[slot.Slot, int, str | None, Session | None]]
+                  ) -> None:
+        """Serve slots a predecessor handed over: sessions as they were, pool slots in the pool
+        of their key if it wants them, else taken down."""
+        for made, pidfd, key, session in adopted:
+            self._watch(made, pidfd)
+            pool = self._pools.get(key)
+            if session is not None:
+                self.sessions[session.id] = session
+            elif pool is not None and len(pool) < self._wanted[key][0]:
+                pool.append(made)
+            else:
+                self._background(self._release(made))
+        self._wake.set()
+
+    def relinquish(self) -> None:
+        """Stop without ending a sandbox: a successor holds them all now. Our descriptors of
+        them close (so they die with the successor, never with us nor with neither)."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for pidfd, made in self._watched.values():
+            with contextlib.suppress(ValueError):
+                asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+            made.names.close()
+            made.channel.close()
+            made.guard.close()
+        self._watched.clear()
+        self.sessions.clear()
+        self._pools.clear()
+
     def status(self) -> dict[str, Any]:
         return {"ready": self.ready and self.unverified is None,
                 "problem": self.unverified or self.problem,
@@ -133,32 +191,6 @@ class Daemon:
 
     async def discard(self, canary: slot.Slot) -> None:
         await self._release(canary)
-
-    def image_root(self, name: str, policy: str | None) -> tuple[Image, ImageRoot]:
-        """Image `name` from the store, as a root for `policy`'s sandbox (None: for a pool,
-        which any policy may take from). Raises SessionError."""
-        if self.store is None:
-            raise SessionError("this daemon has no image store (sandboxd --images)",
-                               reason=Reason.BAD_REQUEST)
-        tier = tiers.get(self.config.slots.isolation)
-        if tier.image_owner is None:
-            raise SessionError(f"images do not run on the {tier.name} tier yet",
-                               reason=Reason.BAD_REQUEST)
-        try:
-            image = self.store.get(name)
-            layers = tuple(self.store.layer_dirs(image))
-        except ImageError as exc:
-            raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
-        except OSError as exc:  # the store unreadable: said, never a traceback
-            raise SessionError(f"the image store: {exc.strerror or exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        if image.owner is not None and image.owner != policy:
-            # A snapshot or template carries what its policy's sandbox wrote: its files are
-            # that policy's, never another's (nor a pool's, which any policy takes from).
-            raise SessionError(f"image {name[:64]!r} belongs to another policy",
-                               reason=Reason.IMAGE_REFUSED)
-        return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir,
-                                self.store.root / "disks")
 
     async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
         self._preparing += 1
@@ -182,17 +214,19 @@ class Daemon:
             await self._release(made)
             raise
         made.init = orphans.init_of(made.process.pid)
-        made.names.start(loop)
-        pidfd = os.pidfd_open(made.process.pid)
-        self._watched[made.index] = pidfd
-        loop.add_reader(pidfd, self._died, made)
+        self._watch(made, os.pidfd_open(made.process.pid))
         return made
+
+    def _watch(self, made: slot.Slot, pidfd: int) -> None:
+        made.names.start(asyncio.get_running_loop())
+        self._watched[made.index] = (pidfd, made)
+        asyncio.get_running_loop().add_reader(pidfd, self._died, made)
 
     def _short(self) -> tuple[str | None, ImageRoot | None] | None:
         """The first pool short of what it is to hold, within the daemon's capacity."""
         room = self.config.max_sandboxes - len(self.sessions) - sum(
             len(p) for p in self._pools.values())
-        if room <= 0:
+        if room <= 0 or self.held:
             return None
         for key, (count, root) in self._wanted.items():
             if len(self._pools.get(key, ())) < count:
@@ -213,7 +247,7 @@ class Daemon:
             except SandboxError as exc:
                 self._failures += 1
                 self.problem = f"cannot prepare a sandbox: {exc}"
-                _log("pool_failed", detail=str(exc))
+                log("pool_failed", detail=str(exc))
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(self._failures, 6)))
                 continue
             self._failures = 0
@@ -245,10 +279,10 @@ class Daemon:
         task.add_done_callback(self._spawned.discard)
 
     def _unwatch(self, gone: slot.Slot) -> None:
-        pidfd = self._watched.pop(gone.index, None)
-        if pidfd is not None:
-            asyncio.get_running_loop().remove_reader(pidfd)
-            os.close(pidfd)
+        watched = self._watched.pop(gone.index, None)
+        if watched is not None:
+            asyncio.get_running_loop().remove_reader(watched[0])
+            os.close(watched[0])
 
     async def _release(self, gone: slot.Slot, *, wait: bool = True) -> None:
         """Release a slot; without `wait`, return once the sandbox is over (`slot.end`) and
@@ -317,7 +351,7 @@ class Daemon:
             self._background(self.delete(work.result().id, "its creator left"))
 
     async def _create(self, options: Options) -> Session:
-        if self._closing:
+        if self._closing or self.held:
             raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
         if self.unverified is not None:
             raise SessionError(f"not ready: {self.unverified}", reason=Reason.AT_CAPACITY)
@@ -326,7 +360,8 @@ class Daemon:
                                reason=Reason.BAD_REQUEST)
         base = root = None
         if options.image is not None:
-            base, root = self.image_root(options.image, options.sandbox)
+            base, root = imaging.image_root(self.store, self.config.slots.isolation,
+                                              options.image, options.sandbox)
         pool = self._pools.get(None if root is None else root.key, [])
         cold = not pool
         try:
@@ -356,7 +391,7 @@ class Daemon:
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
-        _log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
+        log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
              uid=taken.uid, warm=not cold, image=options.image)
         return session
 
@@ -397,7 +432,7 @@ class Daemon:
                                reason=Reason.BAD_REQUEST)
         if sandbox is not None and sandbox != session.options.sandbox:
             await asyncio.to_thread(self._register, session.slot, sandbox)
-            _log("identity_changed", id=ident, sandbox=sandbox, was=session.options.sandbox)
+            log("identity_changed", id=ident, sandbox=sandbox, was=session.options.sandbox)
             session.options = dataclasses.replace(session.options, sandbox=sandbox)
         if metadata is not None:
             session.options = dataclasses.replace(session.options, metadata=metadata)
@@ -405,42 +440,9 @@ class Daemon:
         return session
 
     async def snapshot(self, ident: str, name: str | None) -> Image:
-        """Sandbox `ident`'s filesystem, its image's layers and what it wrote over them, as a
-        new image of its policy's (frozen meanwhile, so one instant of it). Raises
-        SessionError."""
-        session = self.get(ident)
-        tier = tiers.get(self.config.slots.isolation)
-        if session.base is not None and tier.no_snapshot is not None:
-            raise SessionError(f"the {tier.name} tier cannot snapshot sandbox {ident[:64]}: "
-                               f"{tier.no_snapshot}", reason=Reason.UNSUPPORTED)
-        upper = session.upper
-        if self.store is None or session.base is None or upper is None:
-            raise SessionError(f"sandbox {ident[:64]} has no image to snapshot (create it with "
-                               "an image)", reason=Reason.BAD_REQUEST)
-        was_paused = session.paused
-        await session.pause()
-        try:
-            layer = await asyncio.to_thread(self.store.add_layer, upper)
-        except OSError as exc:  # a full disk, say: its own words, the sandbox thawed below
-            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: the image store: "
-                               f"{exc.strerror or exc}", reason=Reason.SANDBOX_FAILED) from None
-        except ImageError as exc:
-            raise SessionError(f"cannot snapshot sandbox {ident[:64]}: {exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        finally:
-            if not was_paused and not session.ended.is_set():
-                await session.pause(False)
-        try:
-            made = self.store.derive(session.base, layer, name or f"{ident}-{int(time.time())}",
-                                     owner=session.options.sandbox)
-        except ImageError as exc:
-            raise SessionError(str(exc), reason=Reason.BAD_REQUEST) from None
-        except OSError as exc:
-            raise SessionError(f"the image store: {exc.strerror or exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
-        _log("snapshot", id=ident, sandbox=session.options.sandbox, image=made.name,
-             layer=layer)
-        return made
+        """Sandbox `ident`'s filesystem as a new image (`imaging.snapshot`)."""
+        return await imaging.snapshot(self.store, self.config.slots.isolation, self.get(ident),
+                                      name)
 
     async def delete(self, ident: str, why: str = "deleted") -> None:
         session = self.get(ident)
@@ -455,12 +457,14 @@ class Daemon:
             self._ended.popitem(last=False)
         self._wake.set()
         await self._release(session.slot, wait=False)
-        _log("ended", id=ident, sandbox=session.options.sandbox, why=why,
+        log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(_REAP_SECONDS)
+            if self.held:
+                continue
             slots = self.config.slots
             uids = range(slots.uid_base, slots.uid_base + len(slots.plan.links))
             for pid, rounds in list(self._inits.items()):
@@ -480,10 +484,3 @@ async def _quietly(work: Coroutine[Any, Any, None]) -> None:
     with contextlib.suppress(SessionError):  # already ended by another way
         await work
 
-
-def _log(event: str, **fields: Any) -> None:
-    """One JSON line per lifecycle event, on stdout (what an operator's collector reads)."""
-    line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields})
-    with contextlib.suppress(OSError):
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()

@@ -61,6 +61,13 @@ def register(sub: Subcommands) -> None:
                         f"{', '.join(tiers.NAMES)} (default {tiers.DEFAULT})")
     p.add_argument("--no-selftest", action="store_true",
                    help="report ready without first proving the network boundary holds")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--adopt", action="store_true",
+                     help="take over the live sandboxes of the daemon serving --socket (an "
+                          "upgrade without losing work), or refuse to start; the default does "
+                          "so when one serves there")
+    how.add_argument("--no-adopt", action="store_true",
+                     help="never take over: refuse to start while a daemon serves --socket")
     p.set_defaults(func=_run)
 
 

@@ -6,23 +6,26 @@ and no egress rule changes.
 The request goes on as HTTP/1.1 (h11 writes it and reads the answer: a server in the sandbox is
 untrusted, and its answer is parsed with caps, never copied through as bytes), without the
 hop-by-hop headers and without the daemon's own `Authorization` (the bearer key of a TCP
-listener must never reach the sandbox). The answer streams back as it comes.
+listener must never reach the sandbox). The answer streams back as it comes. A WebSocket
+handshake goes on as one, and once the server answers 101 the connection is no longer HTTP:
+its bytes are relayed both ways as they are (`relay`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import h11
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from sealgate.reasons import Reason
 
 from ..host import nsocket
-from . import bodies
+from . import bodies, relay, splice
 from .session import SessionError
 
 MAX_HEAD = 64 << 10  # the answer's status line and headers
@@ -30,6 +33,7 @@ MAX_BODY = 24 << 20  # a request body forwarded (read whole: the daemon's own ca
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 300.0  # the most the answer may go without a byte
 _READ = 1 << 20  # bytes taken from the server at a time
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a connection to the sandbox's port
 # Not forwarded either way: the connection's own, and what is the daemon's or recomputed.
 # X-Sealgate-Error marks the daemon's own refusals: a server in the sandbox may not forge one.
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -37,11 +41,9 @@ _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-a
                       "content-length", "x-sealgate-error"})
 
 
-async def forward(request: web.Request, netns: Path, port: int, path: str,
-                  began: Callable[[], None]) -> web.StreamResponse:
-    """`request` to `port` of the sandbox whose namespace is `netns`; its answer. `began` is
-    called once the answer has started (errors after it end the stream, not a JSON answer).
-    Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
+async def connect(netns: Path, port: int) -> socket.socket:
+    """A connection to `port` on the loopback of the sandbox whose namespace is `netns`.
+    Raises SessionError (port_unreachable) when nothing accepts it."""
     sock = await asyncio.to_thread(nsocket.socket_in, netns)
     loop = asyncio.get_running_loop()
     try:
@@ -50,79 +52,135 @@ async def forward(request: web.Request, netns: Path, port: int, path: str,
         sock.close()
         raise SessionError(f"nothing in the sandbox accepts connections on port {port}",
                            reason=Reason.PORT_UNREACHABLE) from None
-    # The reader's limit is its buffer before it stops reading (h11 caps the head itself): a
-    # small one paces a large answer to a crawl.
-    reader, writer = await asyncio.open_connection(sock=sock, limit=_READ)
+    return sock
+
+
+async def stream(sock: socket.socket) -> _Stream:
+    """`sock` as asyncio streams, for what is relayed rather than parsed. The reader's limit is
+    its buffer before it stops reading: a small one paces a large stream to a crawl."""
+    return await asyncio.open_connection(sock=sock, limit=_READ)
+
+
+async def forward(request: web.Request, netns: Path, port: int, path: str, *,
+                  began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
+    """`request` to `port` of the sandbox whose namespace is `netns`; its answer. `began` is
+    called once the answer has started (errors after it end the stream, not a JSON answer). A
+    WebSocket upgrade the server accepts is relayed until it closes or the sandbox `ended`.
+    Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
+    sock = await connect(netns, port)
     try:
-        body = await bodies.raw(request, MAX_BODY)
+        upgrade = _websocket(request)
+        # An upgrade's GET has no body, and aiohttp hands what follows it to the relay.
+        body = b"" if upgrade else await bodies.raw(request, MAX_BODY)
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         headers = [(name, value) for name, value in request.headers.items()
                    if name.lower() not in _DROPPED]
-        headers += [("host", f"127.0.0.1:{port}"), ("connection", "close"),
-                    ("content-length", str(len(body)))]
+        headers += [("host", f"127.0.0.1:{port}")]
+        headers += [("connection", "upgrade"), ("upgrade", "websocket")] if upgrade else \
+            [("connection", "close"), ("content-length", str(len(body)))]
         target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
-        for event in (h11.Request(method=request.method, target=target, headers=headers),
-                      h11.Data(data=body), h11.EndOfMessage()):
-            writer.write(conn.send(event) or b"")
-        await writer.drain()
-        return await _answer(request, conn, reader, port, began)
+        sent = b"".join(conn.send(event) or b"" for event in (
+            h11.Request(method=request.method, target=target, headers=headers),
+            h11.Data(data=body), h11.EndOfMessage()))
+        await asyncio.get_running_loop().sock_sendall(sock, sent)
+        return await _answer(request, conn, sock, port, began=began, ended=ended)
     except (h11.ProtocolError, ConnectionError, TimeoutError) as exc:
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
                            reason=Reason.PORT_UNREACHABLE) from None
     finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        sock.close()
 
 
-async def _copy(conn: h11.Connection, reader: asyncio.StreamReader,
-                response: web.StreamResponse, length: int) -> None:
-    """A body of a known length, copied as it comes: past the head there is nothing left to
-    parse, and h11's buffer would copy every byte once more (a quarter of direct speed)."""
+def _websocket(request: web.Request) -> bool:
+    """A WebSocket handshake, as aiohttp's parser tells one (it then hands the connection's
+    further bytes to whoever takes them, not to its HTTP parser)."""
+    tokens = {t.strip().lower() for t in request.headers.get("connection", "").split(",")}
+    return "upgrade" in tokens and request.headers.get("upgrade", "").lower() == "websocket"
+
+
+async def _body(request: web.Request, conn: h11.Connection, sock: socket.socket,
+                response: web.StreamResponse, client: AbstractStreamWriter) -> None:
+    """A body of a known length, moved as it comes: past the head there is nothing left to
+    parse. By splice(2) where it can (`splice`), else read and written."""
+    length = response.content_length or 0
     pending = bytes(conn.trailing_data[0][:length])
     if pending:
         await response.write(pending)
     left = length - len(pending)
+    if splice.usable(request):
+        left -= await splice.body(sock, request, client, left, READ_SECONDS)
+    loop = asyncio.get_running_loop()
     while left > 0:
-        data = await asyncio.wait_for(reader.read(min(_READ, left)), READ_SECONDS)
+        data = await asyncio.wait_for(loop.sock_recv(sock, min(_READ, left)), READ_SECONDS)
         if not data:
-            return  # cut short: the caller sees fewer bytes than were announced
+            break
         await response.write(data)
         left -= len(data)
+    if left > 0 and request.transport is not None:
+        # Cut short by the server: the caller's connection is closed, so it sees a cut body
+        # rather than waiting on a keep-alive connection for bytes that will not come.
+        request.transport.close()
 
 
-async def _answer(request: web.Request, conn: h11.Connection, reader: asyncio.StreamReader,
-                  port: int, began: Callable[[], None]) -> web.StreamResponse:
+async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socket, port: int,
+                  *, began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
     response: web.StreamResponse | None = None
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await asyncio.wait_for(reader.read(_READ), READ_SECONDS))
+            conn.receive_data(await asyncio.wait_for(loop.sock_recv(sock, _READ), READ_SECONDS))
+        elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+            return await _switched(request, conn, event, sock, began=began, ended=ended)
         elif isinstance(event, h11.Response):
-            response = web.StreamResponse(status=event.status_code,
-                                          reason=event.reason.decode("latin-1") or None)
-            for name, value in event.headers:
-                text = name.decode("latin-1")
-                if text.lower() == "content-length":
-                    response.content_length = int(value)
-                elif text.lower() not in _DROPPED:
-                    response.headers.add(text, value.decode("latin-1"))
+            response = _head(event.status_code, event.reason, event.headers)
             began()
-            await response.prepare(request)
+            client = await response.prepare(request)
+            assert client is not None  # prepared: its writer
             if (response.content_length is not None and request.method != "HEAD"
                     and event.status_code not in (204, 304)):
-                await _copy(conn, reader, response, response.content_length)
+                await _body(request, conn, sock, response, client)
                 break
         elif isinstance(event, h11.Data) and response is not None:
             await response.write(event.data)
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
             break
-        elif event is h11.PAUSED:  # a 101: what follows is not HTTP
-            raise SessionError("an upgrade (WebSocket) through a port is not served yet",
-                               reason=Reason.UNSUPPORTED)
         # an InformationalResponse (100 Continue) is passed over
     if response is None:
         raise SessionError(f"port {port} closed the connection without an answer",
                            reason=Reason.PORT_UNREACHABLE)
     await response.write_eof()
+    return response
+
+
+def _head(status: int, reason: bytes, headers: Iterable[tuple[bytes, bytes]]
+          ) -> web.StreamResponse:
+    """The server's status and headers, less the dropped ones, for the caller."""
+    response = web.StreamResponse(status=status, reason=reason.decode("latin-1") or None)
+    for name, value in headers:
+        text = name.decode("latin-1")
+        if text.lower() == "content-length":
+            response.content_length = int(value)
+        elif text.lower() not in _DROPPED:
+            response.headers.add(text, value.decode("latin-1"))
+    return response
+
+
+async def _switched(request: web.Request, conn: h11.Connection, event: h11.InformationalResponse,
+                    sock: socket.socket, *, began: Callable[[], None],
+                    ended: asyncio.Event) -> web.StreamResponse:
+    """The server accepted the WebSocket (h11 only lets a 101 through to a request that asked
+    for the upgrade): its 101 to the caller, then the bytes both ways as they are."""
+    response = _head(101, event.reason, event.headers)
+    response.headers.update({"Connection": "Upgrade", "Upgrade": "websocket"})
+    response.force_close()
+    began()
+    client = await response.prepare(request)
+    assert client is not None  # prepared: its writer
+    early, _ = conn.trailing_data
+    reader, writer = await stream(sock)
+    try:
+        await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
+    finally:
+        writer.close()
     return response

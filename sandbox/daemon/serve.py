@@ -1,5 +1,7 @@
-"""Running the daemon: its listeners, its start (gateway, stale leases, pool, self-test) and a
-clean stop on SIGTERM or SIGINT (every sandbox deleted, nothing left)."""
+"""Running the daemon: its listeners, its start (gateway, the sandboxes of a predecessor it takes
+over, stale leases, pool, self-test) and a clean stop on SIGTERM or SIGINT (every sandbox
+deleted, nothing left), or its exit once a successor took everything over
+(`sandbox.daemon.handover`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import ssl
 import sys
 from dataclasses import dataclass
@@ -24,10 +27,11 @@ from ..host import firewall
 from ..host.cgroup import parse_size
 from ..host.network import Plan
 from ..runtime import setup
-from . import selftest, slot
+from . import adopt, handover, selftest, slot
 from .api import make_app
 from .apiserver import Runner
 from .daemon import Config, Daemon
+from .events import log
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Settings:
     key: bytes | None = None
     tls: ssl.SSLContext | None = None
     selftest: bool = True
+    adopt: str = "may"  # a predecessor's sandboxes: "must" (--adopt), "may", "never"
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Settings:
@@ -87,7 +92,8 @@ class Settings:
         images = (args.images or args.state / "images").resolve()
         config = Config(slots=slots, pool=pool, max_sandboxes=args.max_sandboxes,
                         max_ttl=args.max_ttl, images=images, image_pools=image_pools)
-        return cls(config, args.socket, listen, key, tls, not args.no_selftest)
+        return cls(config, args.socket, listen, key, tls, not args.no_selftest,
+                   "must" if args.adopt else "never" if args.no_adopt else "may")
 
 
 def _pools(items: list[str]) -> tuple[int, dict[str, int]]:
@@ -135,11 +141,17 @@ async def _serve(settings: Settings) -> int:
     if settings.selftest:
         daemon.unverified = "the self-test has not run yet"
     try:
+        taken = await adopt.take_over(settings, daemon, settings.adopt)
         await daemon.start()
     except SandboxError as exc:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 2
+    if taken is not None:
+        daemon.take_over(taken.items)
+        log("adopted", predecessor=taken.predecessor, slots=len(taken.items),
+            sandboxes=sum(1 for item in taken.items if item[3] is not None), ms=taken.ms)
     app = make_app(daemon, settings.key)
+    app.middlewares.append(handover.refuse_while_held(daemon))
 
     async def selftest_call(_: web.Request) -> web.Response:
         checks = await _verify(daemon, settings.socket)
@@ -150,35 +162,68 @@ async def _serve(settings: Settings) -> int:
     app.router.add_get("/v1/selftest", selftest_call)
     runner = Runner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
+    listeners = taken.listeners if taken is not None else []
+    giver = handover.Giver(daemon, adopt.want(settings), listeners)
     try:
-        settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(FileNotFoundError):
-            settings.socket.unlink()
-        old = os.umask(0o177)  # no moment when others could connect
-        try:
-            await web.UnixSite(runner, str(settings.socket)).start()
-        finally:
-            os.umask(old)
+        if taken is None:
+            listeners += _listen(settings)
+        # A predecessor's listening sockets go on: what it had not accepted is ours to.
+        await web.SockSite(runner, listeners[0]).start()
         where = [str(settings.socket)]
         if settings.listen is not None:
+            await web.SockSite(runner, listeners[1], ssl_context=settings.tls).start()
             host, port = settings.listen
-            await web.TCPSite(runner, host, port, ssl_context=settings.tls).start()
             where.append(f"{'https' if settings.tls else 'http'}://{host}:{port}")
+        await giver.start(handover.path_for(settings.config.slots.state, settings.socket))
         print(f"sealgate sandboxd: serving on {', '.join(where)}; pool "
-              f"{settings.config.pool}, at most {settings.config.max_sandboxes} sandboxes",
+              f"{settings.config.pool}, at most {settings.config.max_sandboxes} sandboxes"
+              + ("" if taken is None else f"; took over {len(taken.items)} slots from "
+                 f"daemon {taken.predecessor} in {taken.ms:g} ms"),
               file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        handed = asyncio.create_task(giver.done.wait())
+        handed.add_done_callback(lambda _: stop.set())
         if settings.selftest:
             first = asyncio.create_task(_verify(daemon, settings.socket))
             await asyncio.wait([first, asyncio.create_task(stop.wait())],
                                return_when=asyncio.FIRST_COMPLETED)
         await stop.wait()
     finally:
+        await giver.stop()
+        if giver.done.is_set():  # the successor's now: ended by nothing of ours
+            daemon.relinquish()
+            print("sealgate sandboxd: handed every sandbox over to its successor",
+                  file=sys.stderr, flush=True)
         await daemon.close()
         await runner.cleanup()
-        with contextlib.suppress(FileNotFoundError):
-            settings.socket.unlink()
+        for listener in listeners:
+            listener.close()
+        if not giver.done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                settings.socket.unlink()
     return 0
+
+
+def _listen(settings: Settings) -> list[socket.socket]:
+    """The API's listening sockets, made here rather than by aiohttp so that they can be
+    handed to a successor: the unix socket (owner-only), and the TCP one if asked for."""
+    settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileNotFoundError):
+        settings.socket.unlink()
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # no moment when others could connect
+    try:
+        unix.bind(str(settings.socket))
+    finally:
+        os.umask(old)
+    made = [unix]
+    if settings.listen is not None:
+        host, port = settings.listen
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        made.append(socket.create_server((host, port), family=family))
+    for sock in made:
+        sock.listen(128)
+    return made

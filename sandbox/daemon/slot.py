@@ -11,6 +11,12 @@ lifetime) is cheap to set on a running slot, so the pool can hold everything els
 event loop owns (the name server, the agent's channel) are started and stopped by the daemon.
 The order of teardown is `runtime`'s: processes killed with their cgroups, then the tmpfs, then
 the namespace before its table, the lease last.
+
+A slot dies with the last holder of two descriptors, never with a parent: the agent exits at the
+end of its channel, and a watchdog (`sandbox.host.watchdog`) empties the slot's cgroups at the end
+of its pipe. Both are handed to a successor daemon (`sandbox.daemon.handover`) with the rest of
+the slot, which parent-death signals could not follow: bubblewrap's --die-with-parent would kill
+the sandbox as the daemon that started it exits, whoever holds it then.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from .. import tiers
 from ..errors import SandboxError
@@ -31,6 +38,7 @@ from ..host.cgroup import Group, Limits
 from ..host.dns import LoopDns
 from ..host.launch import Launch, environment, staged
 from ..host.network import Link, Plan
+from ..host.watchdog import Watchdog
 from ..images import disk as images_disk
 from ..runtime import prerequisites, remove_link, take_link, trust, unregister
 
@@ -56,16 +64,27 @@ class SlotConfig:
                                f"{len(self.plan.links)} uids at or above 1000")
 
 
+class Process(Protocol):
+    """The slot's first process (bubblewrap, runsc, ...): our child, or one a predecessor
+    started (`sandbox.daemon.carried.Held`)."""
+
+    @property
+    def pid(self) -> int: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class Slot:
     link: Link
     names: LoopDns
     group: Group
     uid: int
-    process: subprocess.Popen[bytes]
+    process: Process
     channel: socket.socket  # the daemon's end of the agent's
     environment: dict[str, str]  # what every command starts from
     tier: tiers.Tier
+    guard: Watchdog  # empties the cgroups once no daemon holds its pipe
     image: rootfs.ImageRoot | None = None  # None: the host's system directories, read-only
     init: int | None = None  # the PID namespace's init, once the agent has said hello
 
@@ -88,6 +107,11 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
         undo.callback(tier.clean_up, link.index)  # after the cgroups' removal kills the slot
         group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
         undo.callback(group.remove)
+        try:
+            guard = Watchdog(group.dirs)
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox's watchdog: {exc}") from None
+        undo.callback(guard.stop)
         places = scratch.create(link.index, uid, uid, config.disk)
         undo.callback(scratch.remove, link.index)
         bundle, ca = trust(proxy_ca)
@@ -128,10 +152,9 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
                                 root_dirs=dirs if disk is not None else {})
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
-                # bubblewrap's --die-with-parent follows the thread that forked it: the daemon
-                # prepares slots in its executor's threads, which live as long as the daemon
-                # (Python's pool never retires an idle worker), so the sandbox still dies with
-                # the daemon, never with a thread.
+                # Whatever a tier's parent-death signal follows (the thread that forked it, for
+                # gVisor and the microVM), the channel and the watchdog end the slot with the
+                # last daemon holding it.
                 process = subprocess.Popen(  # the agent's channel is its stdin
                     started.argv, env=started.env, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL, pass_fds=started.pass_fds)
@@ -140,7 +163,7 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
         undo.pop_all()
     ours.setblocking(False)
     return Slot(link, names, group, uid, process, ours, _environment(launch, image), tier,
-                image)
+                guard, image)
 
 
 def _host_python() -> list[str]:
@@ -189,6 +212,7 @@ def end(slot: Slot, config: SlotConfig) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         slot.process.wait(10)
     slot.group.kill()
+    slot.guard.stop()  # once the groups are empty: a kill before that still has it empty them
     unregister(config.state, str(slot.link.sandbox_ip))
 
 
@@ -201,7 +225,7 @@ def dismantle(slot: Slot) -> None:
     remove_link(slot.index, firewall.table_name(slot.link))
 
 
-def _kill(bwrap: subprocess.Popen[bytes]) -> None:
+def _kill(bwrap: Process) -> None:
     """End the sandbox: the init of its PID namespace (bubblewrap's child), so that every
     process of the namespace dies with it and bubblewrap, still alive, reaps it and exits.
     Killing bubblewrap first would orphan that init to the host's pid 1, which is not always

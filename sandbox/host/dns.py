@@ -58,10 +58,14 @@ class _Names:
     """The socket, bound on the host end of the link before the sandbox starts, and the
     answers; how it is served is the subclass's."""
 
-    def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
+    def __init__(self, bind: IPv4Address, answer: IPv4Address,
+                 sock: socket.socket | None = None) -> None:
+        """`sock`: the socket already bound (a sandbox a predecessor daemon handed over)."""
         self._answer = str(answer)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind((str(bind), 0))
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((str(bind), 0))
+        self._sock = sock
         self.port: int = self._sock.getsockname()[1]
         self._bucket = _Bucket()
 
@@ -136,8 +140,9 @@ class LoopDns(_Names):
     """Served on an event loop: read while there are tokens, then not at all until the
     bucket has one again (the socket is left alone, its buffer fills, the kernel drops)."""
 
-    def __init__(self, bind: IPv4Address, answer: IPv4Address) -> None:
-        super().__init__(bind, answer)
+    def __init__(self, bind: IPv4Address, answer: IPv4Address,
+                 sock: socket.socket | None = None) -> None:
+        super().__init__(bind, answer, sock)
         self._sock.setblocking(False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._later: asyncio.TimerHandle | None = None
@@ -161,3 +166,7 @@ class LoopDns(_Names):
             if self._later is not None:
                 self._later.cancel()
         self._sock.close()
+
+    def fileno(self) -> int:
+        """The socket, to hand to a successor daemon with its sandbox."""
+        return self._sock.fileno()

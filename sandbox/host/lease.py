@@ -24,6 +24,13 @@ class Lease:
     started: str  # the process's start time in clock ticks since boot
     state: str  # the proxy's state directory
     address: str  # the sandbox's address, registered with that proxy
+    # Its cgroups' name, if not run-INDEX-PID: a daemon that took a predecessor's sandbox over
+    # holds groups named for that one (`sandbox.daemon.handover`).
+    group: str = ""
+
+    @property
+    def groups(self) -> str:
+        return self.group or f"run-{self.index}-{self.pid}"
 
 
 def _start_time(pid: int) -> str | None:
@@ -35,9 +42,9 @@ def _start_time(pid: int) -> str | None:
     return raw[raw.rindex(b")") + 2 :].split()[19].decode()
 
 
-def take(index: int, state: Path, address: str) -> None:
+def take(index: int, state: Path, address: str, group: str = "") -> None:
     pid = os.getpid()
-    lease = Lease(index, pid, _start_time(pid) or "", str(state), address)
+    lease = Lease(index, pid, _start_time(pid) or "", str(state), address, group)
     path = lease_path(index)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(lease)))
@@ -57,7 +64,8 @@ def stale() -> list[Lease]:
         try:
             # Fields a newer sealgate may add are not a reason to think its holder is dead.
             data = json.loads(path.read_text())
-            lease = Lease(**{k: data[k] for k in Lease.__dataclass_fields__})
+            lease = Lease(**{k: data[k] for k in Lease.__dataclass_fields__ if k != "group"},
+                          group=str(data.get("group", "")))
         except (OSError, ValueError, TypeError, KeyError):
             index = path.stem.removeprefix("lease-")
             if index.isdigit():
@@ -66,3 +74,14 @@ def stale() -> list[Lease]:
         if _start_time(lease.pid) != lease.started:
             found.append(lease)
     return found
+
+
+def holder(index: int) -> int | None:
+    """The pid holding lease `index`, if that process is alive (and the one that took it);
+    None for no lease, an unreadable one, or a dead holder's."""
+    try:
+        data = json.loads(lease_path(index).read_text())
+        pid, started = int(data["pid"]), str(data["started"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return pid if _start_time(pid) == started else None

@@ -125,7 +125,7 @@ def free(plan: Plan) -> Link:
     index = next((i for i in range(len(plan.links)) if not _exists(i)), None)
     if index is None:
         raise NetworkError(f"all {len(plan.links)} sandbox links of {plan.range} are in use")
-    return _link(plan, index)
+    return link_at(plan, index)
 
 
 def build(link: Link) -> None:
@@ -151,7 +151,7 @@ def _exists(index: int) -> bool:
             or Path(f"/sys/class/net/sgh{index}").exists())
 
 
-def _link(plan: Plan, index: int) -> Link:
+def link_at(plan: Plan, index: int) -> Link:
     net = plan.links[index]
     return Link(index, f"sg-{index}", f"sgh{index}", f"sgn{index}", net[1], net[2], plan.gateway)
 

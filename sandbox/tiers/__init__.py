@@ -41,6 +41,9 @@ A tier is a module of this package defining `TIER`, a `Tier`:
 - `no_snapshot`: why the tier cannot snapshot an image's sandbox's filesystem, or None;
 - `no_fork`: why the tier cannot take a memory snapshot of a running sandbox (what `fork`
   resumes copies from), said to a caller who asks for one.
+- `no_adopt`: why a sandboxd slot of the tier cannot be handed to a successor daemon
+  (`sandbox.daemon.handover`), or None: its processes must not die with the daemon that started
+  them, only with the last one holding the slot's channel and watchdog.
 
 Adding a tier is its module and its entry in `_TABLE`.
 """
@@ -79,6 +82,7 @@ class Tier:
     image_owner: str | None = None
     no_snapshot: str | None = None
     no_fork: str = "it takes no memory snapshot"
+    no_adopt: str | None = None
 
 
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.

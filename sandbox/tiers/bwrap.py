@@ -5,7 +5,8 @@ namespaces, no capabilities and a seccomp filter.
   never root outside (a root-owned 0600 file stays unreadable even through a read-only bind);
 - bubblewrap gives it new user, PID, IPC, UTS and cgroup namespaces (the network one stays the
   sandbox's), no capabilities, no nested user namespaces, a new session (no keystrokes pushed
-  into the caller's terminal), and dies with its parent;
+  into the caller's terminal), and dies with its parent (a one-shot run's: sandboxd's slots die
+  with their channel and watchdog, `sandbox.daemon.slot`);
 - the filesystem is the host's system directories read-only (/usr, /etc and the /bin, /sbin,
   /lib links), fresh /proc, /dev and empty tmpfs on /tmp, /run and the home directory, and
   the workspace, if given, read-write at /workspace. Nothing else of the host is visible: not
@@ -86,7 +87,12 @@ def argv(launch: Launch, args_fd: int, cgroups: Sequence[Path],
 def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int | None) -> list[str]:
     """bubblewrap's arguments; `files` are the staged files' descriptors, by path inside."""
     out = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns", "--as-pid-1",
-           "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
+           "--hostname", HOSTNAME, "--new-session"]
+    if not launch.agent:
+        # sandboxd's slot dies with the last daemon holding its channel and watchdog instead
+        # (`sandbox.daemon.slot`): this signal would follow the daemon that started it, and
+        # kill the sandbox at a hand-over to its successor.
+        out.append("--die-with-parent")
     out += ["--cap-drop", "ALL"] + (
         ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if launch.agent else [])
     if launch.root is not None:  # the image's, the sandbox's own to change (uid 0 inside)

@@ -274,6 +274,9 @@ def _host_limits(limits: Limits) -> Limits:
 
 
 TIER = Tier("gvisor", _unavailable, start, _remove, _host_limits, image_owner="root",
+            no_adopt="runsc runs as root under a parent-death signal armed for the daemon that "
+                     "started it (the uid never changes, so nothing disarms it), and its "
+                     "sandbox goes with it: the sandbox would die as that daemon exits",
             no_fork=f"runsc refuses to checkpoint a sandbox on --network={NETWORK} ('checkpoint "
                     "not supported when using hostinet'), and its own netstack does not start "
                     "on this kernel (see NETWORK)")

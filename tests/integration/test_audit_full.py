@@ -10,49 +10,21 @@ meanwhile every new request is refused with 503 `audit_unavailable`.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import client, rules_allowing
+from tests.fulldisk import fill, small_tmpfs
 from tests.harness import Origin, ProxyFactory
 
 
 @pytest.fixture()
 def small_disk() -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    mount = Path(tempfile.mkdtemp(prefix="sealgate-full-"))
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs",
-                           str(mount)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        mount.rmdir()
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
+    with small_tmpfs() as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
-        mount.rmdir()
-
-
-def _fill(directory: Path) -> Path:
-    """A file taking every free byte of the filesystem."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (4096, 512, 64, 1):  # down to the last byte (at most 64 KiB in all)
-            with contextlib.suppress(OSError):
-                while os.write(fd, b"\0" * size) == size:
-                    pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_a_full_disk_lets_at_most_one_request_out_unlogged_and_loses_no_line(
@@ -65,7 +37,7 @@ def test_a_full_disk_lets_at_most_one_request_out_unlogged_and_loses_no_line(
         session = client(p)
         url = f"http://api.test:{origin_http.port}"
         assert session.get(f"{url}/before", timeout=5).status_code == 200
-        filler = _fill(small_disk)
+        filler = fill(small_disk)
         # The log's last page may still hold a few lines: send until the first refusal.
         statuses = []
         for i in range(40):

@@ -1,11 +1,15 @@
-"""`GET /metrics` (--metrics-listen) and the control socket's /v1/metrics: every worker's
-requests by decision and reason, its refusals and gauges, in Prometheus' text format."""
+"""`GET /metrics` (--admin) and the control socket's /v1/metrics: the workers' requests by
+decision and reason, injections, latencies and gauges, summed over the workers, in Prometheus'
+text format, checked with Prometheus' own `promtool check metrics` after real traffic."""
 
 from __future__ import annotations
 
 import http.client
+import os
 import re
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 
@@ -13,16 +17,25 @@ import pytest
 import requests
 
 from tests.conftest import KEYS, client, rules_allowing
-from tests.harness import Origin, Proxy, ProxyFactory, free_port
+from tests.harness import ROOT, Origin, Proxy, ProxyFactory, free_port
 
 CANARY = "sk-metrics-canary-not-a-label-7c1d"
 
 
 @pytest.fixture(scope="module")
-def mproxy(proxy_with: ProxyFactory, origin_http: Origin) -> Iterator[tuple[Proxy, int]]:
+def mproxy(proxy_with: ProxyFactory, origin_http: Origin,
+           origin_https: Origin) -> Iterator[tuple[Proxy, int]]:
     port = free_port()
-    with proxy_with(rules_allowing("api.test", origin_http.port), name="metrics",
-                    options=["--workers", "2", "--metrics-listen", f"127.0.0.1:{port}"]) as p:
+    injecting = f"""
+      - host: api.test
+        ports: [{origin_https.port}]
+        paths: ["/inject"]
+        inject: [{{secret: "file:api_key", as: bearer}}]"""
+    rules = rules_allowing("api.test", origin_http.port).replace(
+        "    allow_networks:", injecting.lstrip("\n") + "\n    allow_networks:", 1)
+    with proxy_with(rules, name="metrics",
+                    secrets={"api_key": CANARY}, options=["--workers", "2", "--admin",
+                                                          f"127.0.0.1:{port}"]) as p:
         yield p, port
 
 
@@ -32,15 +45,14 @@ def scrape(port: int) -> str:
     return r.text
 
 
-def workers(text: str) -> set[str]:
-    return set(re.findall(r'worker="(\d+)"', text))
+def workers(text: str) -> int:
+    return int(total(text, "sealgate_workers"))
 
 
 def scrape_until(port: int, ready: Callable[[str], bool], timeout: float = 20.0) -> str:
     """Scrape until `ready` says the figures are in (or the timeout), and return the last.
-    A worker writes its snapshot a second after it starts serving and every second after, and
-    the proxy says it is ready once worker 0 is: the other may still be starting (seconds, on a
-    loaded machine), while one keep-alive client's requests all go to one worker."""
+    A worker writes its snapshot a second after it starts serving and every second after: the
+    other may still be starting (seconds, on a loaded machine)."""
     deadline = time.monotonic() + timeout
     text = scrape(port)
     while not ready(text) and time.monotonic() < deadline:
@@ -50,52 +62,71 @@ def scrape_until(port: int, ready: Callable[[str], bool], timeout: float = 20.0)
 
 
 def total(text: str, name: str, **labels: str) -> float:
-    """The sum over workers of the samples of `name` that carry `labels`."""
+    """The sum of the samples of `name` that carry `labels`."""
     found = 0.0
     for line in text.splitlines():
-        match = re.fullmatch(r"(\w+)\{([^}]*)\} (\S+)", line)
+        match = re.fullmatch(r"(\w+)(?:\{([^}]*)\})? (\S+)", line)
         if match is None or match.group(1) != name:
             continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
         if all(have.get(k) == v for k, v in labels.items()):
             found += float(match.group(3))
     return found
 
 
 def test_requests_are_counted_by_decision_and_reason(
-    mproxy: tuple[Proxy, int], origin_http: Origin
+    mproxy: tuple[Proxy, int], origin_http: Origin, origin_https: Origin
 ) -> None:
     p, port = mproxy
+    scrape_until(port, lambda t: workers(t) == 2)
+    time.sleep(1.2)  # a snapshot a second old may lack the start-up probe's request yet
+    before = scrape(port)
     with client(p) as c:
         for _ in range(3):
             assert c.get(f"http://api.test:{origin_http.port}/m", timeout=5).status_code == 200
         denied = c.get(f"http://other.test:{origin_http.port}/m?k={CANARY}", timeout=5)
         assert denied.status_code == 403
-    text = scrape_until(port, lambda t: len(workers(t)) == 2 and total(
-        t, "sealgate_requests_total", decision="allow") >= 3 and total(
-        t, "sealgate_requests_total", decision="deny", reason="not_allowed") >= 1)
-    assert total(text, "sealgate_requests_total", decision="allow", reason="") >= 3
-    assert total(text, "sealgate_requests_total", decision="deny", reason="not_allowed") >= 1
-    assert total(text, "sealgate_request_duration_ms_count") >= 4
-    assert "# TYPE sealgate_request_duration_ms histogram" in text
-    assert total(text, "sealgate_resident_bytes") > 10 * 1024 * 1024
-    assert len(workers(text)) == 2  # each worker's own series
+        injected = c.get(f"https://api.test:{origin_https.port}/inject", timeout=5)
+        assert injected.status_code == 200
+    # Three plain GETs, and the HTTPS one's CONNECT and GET (a CONNECT has its own line).
+    allowed = total(before, "sealgate_requests_total", decision="allow", reason="") + 5
+    text = scrape_until(port, lambda t: total(
+        t, "sealgate_requests_total", decision="allow", reason="") >= allowed and total(
+        t, "sealgate_injections_total", source="broker") >= 1)
+    assert total(text, "sealgate_requests_total", decision="allow", reason="") == allowed
+    assert total(text, "sealgate_requests_total", decision="deny", reason="not_allowed") == (
+        total(before, "sealgate_requests_total", decision="deny", reason="not_allowed") + 1)
+    assert total(text, "sealgate_injections_total", source="broker") == 1 + total(
+        before, "sealgate_injections_total", source="broker")
+    count = total(text, "sealgate_request_duration_seconds_count")
+    assert count >= 6 and total(text, "sealgate_request_duration_seconds_bucket",
+                                le="+Inf") == count
+    assert total(text, "sealgate_dns_duration_seconds_count") >= 4
+    assert "# TYPE sealgate_request_duration_seconds histogram" in text
+    assert total(text, "sealgate_resident_bytes") > 20 * 1024 * 1024  # two workers' RSS
+    assert workers(text) == 2 and 'worker="' not in text  # summed, not a series per pid
     assert CANARY not in text and KEYS["bot-1"] not in text
+    promtool = shutil.which("promtool", path=f"{ROOT / 'var' / 'tools'}:{os.environ['PATH']}")
+    if promtool is None:
+        pytest.skip("no promtool (Debian's prometheus package) to check the exposition with")
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_the_control_socket_serves_the_same(mproxy: tuple[Proxy, int]) -> None:
     p, port = mproxy
-    both = workers(scrape_until(port, lambda t: len(workers(t)) == 2))
+    scrape_until(port, lambda t: workers(t) == 2)
     conn = _UnixHTTP(str(p.state / "control.sock"))
     conn.request("GET", "/v1/metrics")
     answer = conn.getresponse()
     assert answer.status == 200
     text = answer.read().decode()
     assert "# TYPE sealgate_requests_total counter" in text
-    assert workers(text) == both
+    assert workers(text) == 2
 
 
-def test_only_metrics_are_on_the_tcp_listener(mproxy: tuple[Proxy, int]) -> None:
+def test_only_health_and_metrics_are_on_the_admin_listener(mproxy: tuple[Proxy, int]) -> None:
     _, port = mproxy
     for path in ("/v1/sources", "/v1/health", "/v1/metrics"):
         assert requests.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code == 404

@@ -151,3 +151,20 @@ def test_over_http2_the_stream_gets_the_json_504(rproxy: Proxy, slow: Slow) -> N
     r = h2_get(rproxy.port, target, ("bot-1", KEYS["bot-1"]), rproxy.ca, "/never")
     assert r.status == 504, r.body[:300]
     assert r.json()["reason"] == "upstream_timeout"
+
+
+def test_a_client_that_leaves_takes_its_timer_with_it(rproxy: Proxy, slow: Slow) -> None:
+    """The deadline of a request whose client hung up is cancelled with the connection (the
+    stream's end calls it off; the handler's disconnect cancels its timers besides), not left
+    to wait out the rule's 4 s holding the connection's state."""
+    import requests
+
+    before = len(slow.paths)
+    with client(rproxy) as c, pytest.raises(requests.exceptions.ReadTimeout):
+        c.get(f"https://longpoll.test:{slow.port}/never", timeout=(5, 0.8))
+    left = time.monotonic()
+    assert slow.paths[before:] == ["/never"]  # it did reach the origin, and waited
+    while pending_deadlines(rproxy) != 0 and time.monotonic() - left < 2.0:
+        time.sleep(0.05)
+    # Well within the 3 s the timer has left: it went with the client, it did not fire.
+    assert pending_deadlines(rproxy) == 0 and time.monotonic() - left < 2.5

@@ -20,7 +20,7 @@ import requests
 from sealgate.proxy.process.controlclient import call
 from sealgate.proxy.process.statedir import control_socket as socket_path
 from tests.conftest import KEYS, rules_allowing
-from tests.harness import Origin, Proxy, ProxyFactory
+from tests.harness import Origin, Proxy, ProxyFactory, free_port
 
 SLOW_SECONDS = 1.5
 
@@ -161,11 +161,12 @@ def workers_alive(pids: set[int]) -> bool:
 def test_sigterm_lets_requests_in_flight_finish(
     tmp_path: Path, slow: SlowOrigin, proxy_with: ProxyFactory, count: int
 ) -> None:
+    admin = free_port()
     with proxy_with(rules_allowing("api.test", slow.port), directory=tmp_path,
-                    options=["--workers", str(count)]) as p:
-        if count > 1:
-            wait_for(lambda: sum(e["event"] == "proxy_started" for e in p.audit()) == count, 20,
-                     "every worker up")
+                    options=["--workers", str(count), "--admin", f"127.0.0.1:{admin}"]) as p:
+        readyz = f"http://127.0.0.1:{admin}/readyz"
+        wait_for(lambda: requests.get(readyz, timeout=5).status_code == 200, 20, "ready")
+        assert requests.get(readyz, timeout=5).json() == {"ready": True, "workers": count}
         url = f"http://api.test:{slow.port}/slow"
         with ThreadPoolExecutor(10) as pool:
             futures = [pool.submit(lambda: session(p).get(url, timeout=30)) for _ in range(10)]
@@ -175,6 +176,9 @@ def test_sigterm_lets_requests_in_flight_finish(
             # Not ready any more, and no longer accepting.
             status, health = call(socket_path(p.state), "GET", "/v1/health")
             assert (status, health) == (503, {"ok": False, "draining": True})
+            ready = requests.get(readyz, timeout=5)
+            assert (ready.status_code, ready.json()) == (
+                503, {"ready": False, "unready": ["draining"]})
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", p.port), timeout=2).close()
             answers = [f.result() for f in futures]

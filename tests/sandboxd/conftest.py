@@ -94,8 +94,10 @@ class Daemon:
             return self.process.wait()
 
 
-def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30) -> Daemon:
-    sock = where / "sandboxd.sock"
+def launch(proxy: Proxy, where: Path, *extra: str, sock: Path | None = None) -> Daemon:
+    """A daemon started, its log in `where`, its API socket there too unless given (a
+    successor's is its predecessor's)."""
+    sock = sock or where / "sandboxd.sock"
     log = where / "sandboxd.log"
     with open(log, "a") as out:
         process = subprocess.Popen(
@@ -104,7 +106,12 @@ def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30) -> D
              "--uid-base", str(UID_BASE), *extra],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **tiers.ENV})
-    daemon = Daemon(process, sock, log)
+    return Daemon(process, sock, log)
+
+
+def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30,
+                 sock: Path | None = None) -> Daemon:
+    daemon = launch(proxy, where, *extra, sock=sock)
     try:
         daemon.wait_ready(ready)
     except BaseException:

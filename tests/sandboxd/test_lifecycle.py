@@ -115,10 +115,13 @@ def _indices(names: Iterator[str], pattern: str) -> set[int]:
 def host() -> Host:
     with lock():  # nothing is half taken or half removed while it is counted
         leases = {}
+        claimed = {}  # a cgroup a successor daemon holds, named for its predecessor -> holder
         for path in RUN_DIR.glob("lease-*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 lease = json.loads(path.read_text())
                 leases[int(lease["index"])] = int(lease["pid"])
+                if lease.get("group"):
+                    claimed[lease["group"]] = int(lease["pid"])
         netns = _indices(iter(os.listdir("/run/netns") if os.path.isdir("/run/netns") else []),
                          r"sg-(\d+)")
         # Asked of netlink: /sys/class/net is the namespace's that mounted sysfs.
@@ -134,7 +137,7 @@ def host() -> Host:
         # cgroup v2's one tree, or v1's hierarchy per controller (a group in each)
         for group in [*_CGROUPS.glob("sealgate/run-*"), *_CGROUPS.glob("*/sealgate/run-*")]:
             if (m := re.fullmatch(r"run-(\d+)-(\d+)", group.name)) is not None:
-                cgroups[int(m[1]), int(m[2])] += 1
+                cgroups[int(m[1]), claimed.get(group.name, int(m[2]))] += 1
         mounts: Counter[int] = Counter()
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             point = line.split()[4]

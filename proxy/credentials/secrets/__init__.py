@@ -123,6 +123,10 @@ class SecretBroker:
         written; the env store cannot (SecretConfigError)."""
         await self._caches[self.check(ref).store].write(ref, value)
 
+    def unavailable(self) -> list[str]:
+        """The stores that failed a request past its grace and have not answered since."""
+        return [scheme for scheme, cache in self._caches.items() if cache.unavailable]
+
     async def close(self) -> None:
         for cache in self._caches.values():
             await cache.close()

@@ -73,6 +73,9 @@ class SecretCache:
         self._entries: dict[SecretRef, _Entry] = {}
         self._refused: dict[SecretRef, tuple[SecretError, float]] = {}
         self._inflight: dict[SecretRef, asyncio.Task[Secret]] = {}
+        # The store failed a caller past its grace, and has not answered since: the proxy's
+        # readiness says so (an outage is not a missing or refused secret, which is config).
+        self.unavailable = False
 
     @property
     def scheme(self) -> str:
@@ -104,6 +107,7 @@ class SecretCache:
             if entry is not None and self._clock() < entry.expires + self._stale_grace:
                 log.warning("secret %s: serving cached value within stale grace: %s", ref, exc)
                 return entry.secret
+            self.unavailable = True
             raise
 
     async def write(self, ref: SecretRef, value: str) -> None:
@@ -160,6 +164,7 @@ class SecretCache:
             raise SecretUnavailable(
                 f"secret {ref}: {self.scheme} store failed with {type(exc).__name__}"
             ) from None
+        self.unavailable = False
         ttl = min(self._ttl, suggested) if suggested > 0 and not math.isnan(suggested) else 0.0
         fetched = self._clock()
         self._entries[ref] = _Entry(

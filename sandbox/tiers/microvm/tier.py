@@ -114,6 +114,8 @@ def _host_limits(limits: Limits) -> Limits:
 # several at once on a loaded host.
 TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve,
             ready_seconds=90.0, image_owner="guest",
+            no_adopt="its host side (hostrun, then QEMU) runs under a parent-death signal armed "
+                     "for the daemon that started it: the guest would die as that daemon exits",
             no_snapshot="an image's sandbox writes into an overlay in its guest's memory, which "
                         "the host cannot copy from (a copy through the guest's agent is not "
                         "wired yet)",

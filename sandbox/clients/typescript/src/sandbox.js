@@ -171,6 +171,16 @@ export class Sandbox {
     }
   }
 
+  /** A URL of `port` to hand to a browser: signed for this sandbox and port, usable without
+   * the daemon's key for `expiresIn` seconds (or until the daemon restarts). Over the unix
+   * socket, whose address no browser can use, its path.
+   * @param {number} port @param {{expiresIn?: number, callTimeout?: number | null}} [opts] */
+  async url(port, { expiresIn = 3600, callTimeout } = {}) {
+    const made = await this.client.call('POST', this.path('/urls'),
+      { port, expires_in: expiresIn }, { callTimeout });
+    return made.url ?? made.path;
+  }
+
   /** Its background processes (the ended ones it still keeps included).
    * @param {CallOptions} [opts] */
   async processes({ callTimeout } = {}) {

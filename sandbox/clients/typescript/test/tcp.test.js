@@ -46,3 +46,28 @@ test('over TCP with the bearer key from the environment', { skip: url ? false : 
       }
     }
   });
+
+test('a signed URL of a port, fetched without the key', { skip: url ? false : 'no SEALGATE_TEST_TCP' },
+  async () => {
+    const sb = await Sandbox.create(policy, { daemon: url, key });
+    try {
+      await sb.write('hello.txt', 'through a signed URL\n');
+      await sb.start(['python3', '-m', 'http.server', '8000', '--directory', '/workspace']);
+      const signed = await sb.url(8000, { expiresIn: 60 });
+      assert.ok(signed.startsWith(`${url}/v1/signed/${sb.id}.8000.`), signed);
+      const deadline = Date.now() + 20_000;
+      let answer = await fetch(`${signed}hello.txt`); // fetch: no Authorization at all
+      while (answer.status === 502 && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        answer = await fetch(`${signed}hello.txt`);
+      }
+      assert.equal(answer.status, 200);
+      assert.equal(await answer.text(), 'through a signed URL\n');
+      const tampered = signed.replace(/\.8000\./, '.8001.');
+      const refusal = await fetch(`${tampered}hello.txt`);
+      assert.equal(refusal.status, 403);
+      assert.equal(refusal.headers.get('x-sealgate-error'), 'bad_signature');
+    } finally {
+      await sb.delete();
+    }
+  });

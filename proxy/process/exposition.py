@@ -1,0 +1,113 @@
+"""The proxy's metrics in Prometheus' exposition format, with prometheus-client: every live
+worker's snapshot (proxy/request/metrics.py) summed into one series per label set.
+
+The workers are summed, not labelled: a worker's pid as a label would make new series at every
+restart and tell an operator nothing they act on. A restarted worker counts from zero, so a sum
+can drop; Prometheus' rate() and increase() read that as the counter reset it is. Names follow
+Prometheus' conventions: base units (`_seconds`, `_bytes`), counters ending `_total`, help text
+on every family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from ..request.metrics import BUCKETS, HISTOGRAMS, snapshots
+
+PREFIX: Final = "sealgate_"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+# name (counters without `_total`, which the client adds) -> (help, label names)
+COUNTERS: Final = {
+    "requests": ("Requests decided, by decision and reason (reason empty: allowed and "
+                 "answered).", ("decision", "reason")),
+    "injections": ("Credentials injected into requests, by where they came from (broker: a "
+                   "secret store; token: a sealed token).", ("source",)),
+    "connections_closed": ("Client connections that ended.", ()),
+    "connections_refused": ("Client connections closed as they were accepted, by reason.",
+                            ("reason",)),
+    "handshake_timeouts": ("Connections closed at their TLS handshake deadline.", ()),
+    "tls_denied": ("ClientHellos refused, by reason.", ("reason",)),
+    "events": ("Other audit events (reloads, drains, ...), by event.", ("event",)),
+    "upstream_tls_offered": ("Upstream TLS handshakes that offered a cached session.", ()),
+    "upstream_tls_resumed": ("Upstream TLS handshakes that resumed a session.", ()),
+}
+GAUGES: Final = {
+    "connections_open": "Client connections open now.",
+    "upstream_connections_open": "Upstream connections open now.",
+    "requests_in_flight": "Requests decided and not yet answered.",
+    "resident_bytes": "The workers' resident memory.",
+    "response_deadlines_pending": "Requests sent upstream in full, waiting for a response head.",
+    "upstream_tls_sessions": "Upstream TLS sessions cached for resumption.",
+    "audit_backlog_bytes": "Audit lines waiting to be written.",
+}
+HISTOGRAM_HELP: Final = {
+    "request_duration_seconds": "Time from a request's head to its audit line.",
+    "dns_duration_seconds": "The guard's lookup of a request's name (cached answers included).",
+    "upstream_connect_duration_seconds": "TCP connect to the upstream, for requests that "
+                                         "opened a connection.",
+}
+
+
+class _Workers(Collector):
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterator[Metric]:
+        found = [snap for _, _, snap in snapshots(self.directory)]
+        workers = GaugeMetricFamily(f"{PREFIX}workers", "Worker processes reporting.")
+        workers.add_metric([], len(found))
+        yield workers
+        yield from _counters(found)
+        for name, help_text in GAUGES.items():
+            gauge = GaugeMetricFamily(f"{PREFIX}{name}", help_text)
+            gauge.add_metric([], sum(float(s.get("gauges", {}).get(name, 0)) for s in found))
+            yield gauge
+        for name in HISTOGRAMS:
+            yield _histogram(name, found)
+
+
+def _counters(found: list[dict[str, Any]]) -> Iterator[Metric]:
+    sums: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in COUNTERS}
+    for snap in found:
+        for name, labels, value in snap.get("counters", ()):
+            if name in sums:
+                key = tuple(str(labels.get(label, "")) for label in COUNTERS[name][1])
+                sums[name][key] = sums[name].get(key, 0.0) + float(value)
+    for name, (help_text, labels) in COUNTERS.items():
+        family = CounterMetricFamily(f"{PREFIX}{name}", help_text, labels=list(labels))
+        for values, total in sorted(sums[name].items()):
+            family.add_metric(list(values), total)
+        yield family
+
+
+def _histogram(name: str, found: list[dict[str, Any]]) -> Metric:
+    counts = [0.0] * (len(BUCKETS) + 2)
+    for snap in found:
+        for i, value in enumerate(snap.get("histograms", {}).get(name, ())[:len(counts)]):
+            counts[i] += float(value)
+    cumulative, buckets = 0.0, []
+    for bound, count in zip((*map(str, BUCKETS), "+Inf"), counts, strict=False):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    family = HistogramMetricFamily(f"{PREFIX}{name}", HISTOGRAM_HELP[name])
+    family.add_metric([], buckets, sum_value=counts[-1])
+    return family
+
+
+def exposition(directory: Path) -> bytes:
+    """Every live worker's snapshot in `directory`, summed, in Prometheus' text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Workers(directory))
+    return generate_latest(registry)

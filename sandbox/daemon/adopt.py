@@ -1,0 +1,181 @@
+"""The successor's side of a hand-over (`sandbox.daemon.handover`): at its start, a daemon takes
+the live sandboxes of the one serving its API socket, or refuses to start and says why.
+
+Whether it tries is `--adopt` (it must: no daemon to adopt from is an error), the default (it
+adopts if a daemon is there, else starts afresh), or `--no-adopt` (it never does, and will not
+start while a daemon serves its socket: it would take the socket from under it). Everything it
+receives is checked (`sandbox.daemon.carried`) and rebuilt before it answers `taken`; the
+leases are rewritten in its name under the links' lock just before, each only if it is still
+the old daemon's. A refusal closes every descriptor received, so the old daemon's own copies are
+the sandboxes' only holders again, and it serves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..host import lease, network
+from . import carried, handover
+from .daemon import Config, Daemon
+from .handover import HandoverError
+from .session import Session
+from .slot import Slot
+
+
+class Settings(Protocol):
+    """What of a daemon's settings (`serve.Settings`) a hand-over depends on."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def socket(self) -> Path: ...
+    @property
+    def listen(self) -> tuple[str, int] | None: ...
+
+Item = tuple[Slot, int, str | None, Session | None]  # as `Daemon.slots` gives them
+
+
+@dataclass
+class Taken:
+    items: list[Item]
+    listeners: list[socket.socket]
+    predecessor: int  # its pid
+    ms: float  # from hello to taken
+
+
+def want(settings: Settings) -> dict[str, Any]:
+    """What a sandbox of the daemon depends on: a successor must run with the same."""
+    slots = settings.config.slots
+    return {"socket": os.path.abspath(settings.socket), "state": str(slots.state),
+            "proxy_port": slots.proxy_port, "transparent_port": slots.transparent_port,
+            "range": str(slots.plan.range), "gateway": str(slots.plan.gateway),
+            "uid_base": slots.uid_base, "isolation": slots.isolation,
+            "images": str(settings.config.images),
+            "listen": None if settings.listen is None else list(settings.listen)}
+
+
+async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | None:
+    """The sandboxes of the daemon serving our API socket, or None if none does (and `mode`
+    is not "must"). Raises HandoverError saying why not."""
+    path = handover.path_for(settings.config.slots.state, settings.socket)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        if mode == "must":
+            raise HandoverError(f"--adopt: no daemon serves {settings.socket} (no hand-over "
+                                f"socket at {path})") from None
+        return None
+    with sock:
+        pid = handover.peer_is_root(sock)
+        if mode == "never":
+            raise HandoverError(f"daemon {pid} serves {settings.socket}: stop it first, or "
+                                "start this one without --no-adopt to take its sandboxes over")
+        started = time.monotonic()
+        sock.settimeout(handover.TAKE_SECONDS)
+        try:
+            records, listeners = await asyncio.to_thread(_receive, sock, want(settings))
+        except (HandoverError, OSError) as exc:
+            raise HandoverError(f"daemon {pid} serving {settings.socket} did not hand its "
+                                f"sandboxes over, and serves on: {exc}") from None
+        items: list[Item] = []
+        try:
+            if len(listeners) != 1 + (settings.listen is not None):
+                raise HandoverError(f"{len(listeners)} listening sockets handed over")
+            for n, (record, fds) in enumerate(records):
+                made, pidfd = carried.rebuild_slot(record, fds, settings.config.slots)
+                records[n] = (record, [])  # the slot's own from here on: dropped with it
+                items.append((made, pidfd, None, None))
+                items[-1] = (made, pidfd, *_owner(record, made))
+            room = daemon.config.max_sandboxes
+            if len(items) > room:
+                raise HandoverError(f"{len(items)} sandboxes and ready slots, over this "
+                                    f"daemon's --max-sandboxes {room}")
+            await asyncio.to_thread(_commit, sock, items, pid, settings, started)
+        except (HandoverError, ValueError, OSError) as exc:
+            with contextlib.suppress(OSError):
+                handover.send(sock, {"refused": str(exc)})
+            for made, pidfd, *_ in items:
+                _drop(made, pidfd)
+            for _, fds in records:
+                handover.close(fds)
+            for listener in listeners:
+                listener.close()
+            raise HandoverError(f"cannot take over from daemon {pid}, which serves on: "
+                                f"{exc}") from None
+    return Taken(items, listeners, pid, round((time.monotonic() - started) * 1000, 1))
+
+
+def _receive(sock: socket.socket, wanted: dict[str, Any]
+             ) -> tuple[list[tuple[dict[str, Any], list[int]]], list[socket.socket]]:
+    handover.send(sock, {"sealgate": handover.MAGIC, "version": handover.VERSION,
+                         "want": wanted})
+    offer, fds = handover.receive(sock)
+    handover.close(fds)
+    if "refused" in offer:
+        raise HandoverError(str(offer["refused"])[:1000])
+    count = offer.get("offer")
+    if fds or not isinstance(count, int) or count < 0:
+        raise HandoverError("not the hand-over protocol (no offer)")
+    records: list[tuple[dict[str, Any], list[int]]] = []
+    try:
+        for _ in range(count):
+            message, fds = handover.receive(sock)
+            records.append((message.get("slot") or {}, fds))
+        end, fds = handover.receive(sock)
+        listeners = [socket.socket(fileno=fd) for fd in fds]
+        if end.get("end") is not True or not all(
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) for s in listeners):
+            handover.close(s.detach() for s in listeners)
+            raise HandoverError("not the hand-over protocol (no listeners at the end)")
+    except BaseException:
+        for _, fds in records:
+            handover.close(fds)
+        raise
+    return records, listeners
+
+
+def _owner(record: dict[str, Any], made: Slot) -> tuple[str | None, Session | None]:
+    """The pool a slot waits in, or the sandbox it is. Raises ValueError."""
+    pool = record.get("pool")
+    if pool is not None and not isinstance(pool, str):
+        raise ValueError(f"slot {made.index}: a malformed pool key")
+    session = record.get("session")
+    return pool, None if session is None else carried.rebuild_session(session, made)
+
+
+def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: Settings,
+            started: float) -> None:
+    """The leases ours, then `taken`: from here on the sandboxes die with us. Only well
+    within the old daemon's wait (`TAKE_SECONDS` from after our hello): past it, that one takes
+    its leases back and serves on, and must never find them rewritten after."""
+    with network.lock():
+        if time.monotonic() - started > handover.TAKE_SECONDS / 2:
+            raise HandoverError("the hand-over took too long")
+        for made, *_ in items:
+            if lease.holder(made.index) != predecessor:
+                raise HandoverError(f"slot {made.index}'s lease is no longer daemon "
+                                    f"{predecessor}'s")
+        for made, *_ in items:
+            lease.take(made.index, settings.config.slots.state, str(made.link.sandbox_ip),
+                       made.group.dirs[0].name)
+    with contextlib.suppress(OSError):  # a predecessor gone meanwhile has nothing to hear
+        handover.send(sock, {"taken": True})
+
+
+def _drop(made: Slot, pidfd: int) -> None:
+    """Our descriptors of a slot we do not take, closed: it is the old daemon's alone."""
+    made.channel.close()
+    made.names.close()
+    made.guard.close()
+    os.close(pidfd)
+    if isinstance(made.process, carried.Held):
+        made.process.close()

@@ -1,0 +1,120 @@
+"""The API's routes to a sandbox's ports (docs/sandbox-api.md, Ports), reached by the harness
+only:
+
+- `/v1/sandboxes/{id}/ports/{port}/{path}`: HTTP, and a WebSocket upgrade (`ports`);
+- `GET /v1/sandboxes/{id}/tcp/{port}`: a raw TCP stream in a WebSocket's binary messages;
+- `POST /v1/sandboxes/{id}/urls {"port", "expires_in"}`: a signed URL for a browser, a daemon
+  call outside `/ports/{port}/`, which is the sandbox server's path space;
+- `/v1/signed/{token}/{path}`: a signed URL's requests, the one route the daemon serves without
+  its bearer key (`signed`), and to nothing but the port its token names.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from sealgate.reasons import Reason
+
+from . import bodies, ports, relay
+from .bodies import BadRequest
+from .session import Session, SessionError
+from .signing import Signer
+
+_SIGNED = "sealgate-signed"  # the signed route's name, which the key check lets through
+
+
+def signed(request: web.Request) -> bool:
+    """Whether `request` is to the signed route, which checks its own token."""
+    return request.match_info.route.name == _SIGNED
+
+
+class PortRoutes:
+    """The handlers, given how the API finds its daemon (`daemon`: the app's key for it) and
+    marks an answer begun (`streaming`: set once errors can no longer be a JSON answer)."""
+
+    def __init__(self, daemon: web.AppKey[Any], streaming: str) -> None:
+        self._daemon = daemon
+        self._streaming = streaming
+        self._signer = Signer()
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_route("*", "/v1/sandboxes/{id}/ports/{port}/{path:.*}", self._port)
+        app.router.add_get("/v1/sandboxes/{id}/tcp/{port}", self._tcp)
+        app.router.add_post("/v1/sandboxes/{id}/urls", self._url)
+        app.router.add_route("*", "/v1/signed/{token}/{path:.*}", self._signed, name=_SIGNED)
+
+    def _session(self, request: web.Request, ident: str) -> Session:
+        session: Session = request.app[self._daemon].get(ident)
+        if session.paused:
+            raise SessionError(f"sandbox {session.id} is paused", reason=Reason.SANDBOX_PAUSED)
+        if session.options.isolation == "microvm":
+            raise SessionError("a microVM's ports: its guest's loopback is not the namespace's, "
+                               "where the daemon's socket is", reason=Reason.UNSUPPORTED)
+        return session
+
+    async def _port(self, request: web.Request) -> web.StreamResponse:
+        port = _port_number(request.match_info["port"])
+        return await self._forward(request, self._session(request, request.match_info["id"]),
+                                   port)
+
+    async def _signed(self, request: web.Request) -> web.StreamResponse:
+        ident, port = self._signer.check(request.match_info["token"])
+        return await self._forward(request, self._session(request, ident), port)
+
+    async def _forward(self, request: web.Request, session: Session,
+                       port: int) -> web.StreamResponse:
+        def began() -> None:
+            request[self._streaming] = True
+
+        return await ports.forward(request, _netns(session), port, request.match_info["path"],
+                                   began=began, ended=session.ended)
+
+    async def _tcp(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request, request.match_info["id"])
+        port = _port_number(request.match_info["port"])
+        ws = web.WebSocketResponse(max_msg_size=relay.MAX_MESSAGE)
+        if not ws.can_prepare(request).ok:
+            raise BadRequest("a WebSocket handshake (GET with Upgrade: websocket)")
+        # Connected first: nothing listening is the daemon's plain refusal, not a closed socket.
+        reader, writer = await ports.stream(await ports.connect(_netns(session), port))
+        try:
+            request[self._streaming] = True
+            await ws.prepare(request)
+            await relay.tcp(ws, reader, writer, session.ended)
+        finally:
+            writer.close()
+            await ws.close()
+        return ws
+
+    async def _url(self, request: web.Request) -> web.Response:
+        daemon = request.app[self._daemon]
+        session = daemon.get(request.match_info["id"])
+        body = await bodies.body(request, {"port", "expires_in"})
+        port = body.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise BadRequest("'port': a port from 1 to 65535")
+        # No URL outlives the longest a sandbox may live.
+        expires_in = bodies.number(body, "expires_in", 3600.0, low=1,
+                                   high=daemon.config.max_ttl) or 3600.0
+        expires = int(time.time() + expires_in)
+        path = f"/v1/signed/{self._signer.sign(session.id, port, expires)}/"
+        # Only a TCP caller's address is one a browser could use; the unix socket's is not.
+        over_tcp = not isinstance(request.transport and
+                                  request.transport.get_extra_info("sockname"), str)
+        url = f"{request.scheme}://{request.host}{path}" if over_tcp else None
+        return web.json_response({"url": url, "path": path, "port": port, "expires_at": expires},
+                                 status=201)
+
+
+def _port_number(text: str) -> int:
+    if not text.isdigit() or len(text) > 5 or not 0 < int(text) < 65536:
+        raise BadRequest("a port from 1 to 65535")
+    return int(text)
+
+
+def _netns(session: Session) -> Path:
+    return Path("/run/netns") / session.slot.link.netns

@@ -1,0 +1,309 @@
+"""An upgrade without losing work (`sealgate sandboxd --adopt`, `sandbox.daemon.handover`): a
+successor takes over the live sandboxes of the daemon serving its socket, or refuses and the old
+one serves on; a sandbox never outlives both.
+
+Real daemons, a real proxy beside them, real sandboxes: each test checks what happened (the
+file still there, the proxy's registry and audit, the processes of a sandbox's cgroups, the
+leases on the host), not what a daemon says."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.daemon import handover
+from tests.harness import Origin, Proxy
+from tests.integration.tiers import unavailable
+from tests.sandboxd.conftest import Daemon, launch, start_daemon
+from tests.sandboxd.test_lifecycle import host, registered, until
+
+pytestmark = pytest.mark.root
+
+_FLAGS = ("--pool", "1", "--no-selftest")
+
+
+@pytest.fixture
+def daemons(dproxy: Proxy, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Daemons started in the test's directories (the first one's socket shared by the
+    successors), all stopped after it whatever happened."""
+    started: list[Daemon] = []
+
+    def start(*flags: str, sock: Path | None = None, wait: bool = True,
+              ready: float = 60) -> Daemon:
+        where = tmp_path / f"d{len(started)}"
+        where.mkdir()
+        daemon = start_daemon(dproxy, where, *flags, sock=sock, ready=ready) if wait \
+            else launch(dproxy, where, *flags, sock=sock)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in reversed(started):
+        if daemon.process.poll() is None:
+            daemon.stop()
+
+
+def create(daemon: Daemon, sandbox: str = "ci-bot", **options: Any) -> Sandbox:
+    return Sandbox.create(sandbox, daemon=str(daemon.socket), **options)
+
+
+def refused(daemon: Daemon, seconds: float = 60) -> str:
+    """A successor that must refuse: its exit status 2 and its words."""
+    assert daemon.process.wait(seconds) == 2, daemon.log.read_text()
+    return daemon.log.read_text()
+
+
+def group_members(index: int) -> list[int]:
+    """The processes in every cgroup of link `index`'s sandbox, whoever made them."""
+    found = []
+    root = Path("/sys/fs/cgroup")  # cgroup v2's one tree, or v1's hierarchy per controller
+    for group in [*root.glob(f"sealgate/run-{index}-*"), *root.glob(f"*/sealgate/run-{index}-*")]:
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in (group / "cgroup.procs").read_text().split()]
+    return sorted(set(found))
+
+
+def index_of(sb: Sandbox) -> int:
+    return int(sb.info["uid"]) - 3_100_000
+
+
+def test_a_successor_takes_every_sandbox_over(
+    daemons: Callable[..., Daemon], dproxy: Proxy, origin_https: Origin
+) -> None:
+    old = daemons(*_FLAGS)
+    kept = create(old, metadata={"team": "a"}, ttl=300)
+    other = create(old, "other-bot", ttl=200, idle_timeout=100)
+    kept.write("kept.txt", b"work in progress")
+    assert kept.run(["sh", "-c", "echo 1 > /workspace/n"]).ok
+    before = {s["id"]: s for s in old.client.list()}
+    sources = registered(dproxy)
+    assert sources[kept.info["address"]] == "ci-bot"
+
+    new = daemons(*_FLAGS, "--adopt", sock=old.socket)
+    assert old.process.wait(30) == 0, old.log.read_text()  # it exits, deleting nothing
+    assert "handed every sandbox over" in old.log.read_text()
+    after = {s["id"]: s for s in new.client.list()}
+    assert set(after) == set(before) == {kept.id, other.id}
+    for ident, was in before.items():
+        now = after[ident]
+        for key in ("sandbox", "address", "uid", "created", "metadata", "idle_timeout",
+                    "commands", "limits", "image", "isolation"):
+            assert now[key] == was[key], (key, now, was)
+        # The same deadline: only the time since `before` has gone.
+        assert was["expires_in"] - 30 <= now["expires_in"] <= was["expires_in"], (now, was)
+    # The work is there, and the sandboxes serve.
+    assert kept.read("kept.txt") == b"work in progress"
+    assert kept.run(["sh", "-c", "cat /workspace/n"]).text == "1\n"
+    assert other.run(["true"]).ok
+    # Registered as before: the proxy attributes each one's egress to the same sandbox.
+    assert registered(dproxy) == sources
+    url = f"https://api.test:{origin_https.port}/after-adoption"
+    got = kept.run(["curl", "-sS", "-m", "10", url])
+    assert (got.exit_code, got.text) == (0, "hello from origin\n"), got.stderr
+    line = dproxy.wait_audit(lambda e: e.get("event") == "request"
+                             and e.get("path") == "/after-adoption")
+    assert (line["sandbox"], line["decision"]) == ("ci-bot", "allow")
+    # The leases are the successor's: a check of stale ones by anyone spares them.
+    held = host()
+    assert held.of(old.process.pid)["leases"] == 0
+    assert held.of(new.process.pid)["leases"] == 3  # two sandboxes and the pool's slot
+    assert held.orphans() == [], held.orphans()
+    # And it ends them as its own at its stop.
+    pid = new.process.pid
+    assert new.stop() == 0
+    assert host().of(pid) == host().of(-1)
+    assert not {kept.info["address"], other.info["address"]} & set(registered(dproxy))
+
+
+def test_a_refused_hand_over_leaves_the_old_daemon_serving(
+    daemons: Callable[..., Daemon]
+) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    sb.write("f", b"x")
+    # Another uid base: a sandbox's uid depends on it.
+    words = refused(daemons(*_FLAGS, "--uid-base", "3200000", "--adopt", sock=old.socket,
+                            wait=False))
+    assert "uid_base: 3100000 here, 3200000 there" in words, words
+    assert "serves on" in words and "Traceback" not in words, words
+    # A background process running: named, and refused.
+    started = sb.start(["sh", "-c", "sleep 60"])
+    words = refused(daemons(*_FLAGS, "--adopt", sock=old.socket, wait=False))
+    assert f"background processes are running in {sb.id} (pids {started.pid})" in words, words
+    assert old.process.poll() is None
+    assert old.client.health()["ready"]
+    assert sb.read("f") == b"x" and sb.run(["true"]).ok
+    started.kill()
+    started.wait()
+    # No predecessor at all: --adopt says so; the default starts afresh.
+    lonely = daemons(*_FLAGS, "--adopt", wait=False)
+    assert "--adopt: no daemon serves" in refused(lonely)
+    # --no-adopt will not take the socket from under a live daemon.
+    words = refused(daemons(*_FLAGS, "--no-adopt", sock=old.socket, wait=False))
+    assert f"daemon {old.process.pid} serves" in words, words
+    assert sb.run(["true"]).ok
+    # Once idle, the default adopts; and a third daemon from the second (the cgroups still
+    # named for the first, their leases saying so), this one with its self-test on.
+    new = daemons(*_FLAGS, sock=old.socket)
+    assert old.process.wait(30) == 0
+    assert sb.read("f") == b"x"
+    assert [s["id"] for s in new.client.list()] == [sb.id]
+    third = daemons("--pool", "1", sock=old.socket)
+    assert new.process.wait(30) == 0, new.log.read_text()
+    assert sb.read("f") == b"x" and sb.run(["true"]).ok
+    until(lambda: third.client.health().get("ready"), 60, "the third daemon's self-test")
+    state = host()
+    held = state.of(third.process.pid)  # the adopted groups counted as the third's
+    assert held["leases"] >= 2 and held["cgroups"] >= 3 * held["leases"], held
+    assert state.orphans() == [], state.orphans()
+
+
+def test_requests_under_way_end_before_the_hand_over(daemons: Callable[..., Daemon]) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    stream = sb.stream(["sh", "-c", "echo up; sleep 3; echo done"])
+    assert next(stream) == ("stdout", b"up\n")
+    new = daemons(*_FLAGS, "--adopt", sock=old.socket, wait=False)
+
+    # Meanwhile the old daemon takes no new request, and says why.
+    def held() -> str | None:
+        try:
+            sb.refresh()
+        except DaemonError as exc:
+            return str(exc) if exc.status == 503 else None
+        return None
+    assert "handing its sandboxes over" in until(held, 10, "new requests refused")
+    # The command under way ran to its end on the old daemon.
+    rest = list(stream)
+    assert rest[0] == ("stdout", b"done\n") and rest[1][0] == "exit", rest
+    assert rest[1][1].exit_code == 0, rest  # type: ignore[union-attr]
+    assert old.process.wait(30) == 0, old.log.read_text()
+    until(lambda: "serving on" in new.log.read_text(), 30, "the successor serving")
+    assert sb.run(["true"]).ok
+
+
+def test_a_sandbox_never_outlives_both_daemons(
+    daemons: Callable[..., Daemon], dproxy: Proxy
+) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    index = index_of(sb)
+    assert sb.run(["sh", "-c", "sleep 600 & echo started"]).ok
+    assert group_members(index)
+    new = daemons(*_FLAGS, "--adopt", sock=old.socket)
+    assert old.process.wait(30) == 0
+    assert group_members(index), "the sandbox died with the daemon that started it"
+    assert sb.run(["true"]).ok
+    # The successor killed outright: its channel and watchdog pipe close with it, and the
+    # sandbox goes (none of it is the old daemon's any more, nor anyone's).
+    pid = new.process.pid
+    new.process.kill()
+    new.process.wait(10)
+    until(lambda: not group_members(index), 5, "the sandbox's processes dead")
+    # The next start cleans up what was left, as after any killed daemon.
+    daemons(*_FLAGS)
+    left = host()
+    assert left.of(pid) == host().of(-1), left.of(pid)
+    assert sb.info["address"] not in registered(dproxy)
+
+
+def test_the_hand_over_socket_is_roots_and_speaks_only_its_protocol(
+    daemons: Callable[..., Daemon], dproxy: Proxy
+) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    path = handover.path_for(dproxy.state, old.socket)
+    mode = path.stat()
+    assert stat.S_ISSOCK(mode.st_mode) and stat.S_IMODE(mode.st_mode) == 0o600
+    assert mode.st_uid == 0 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+    def answer(*packets: bytes, fds: list[int] | None = None) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.settimeout(10)
+            conn.connect(str(path))
+            for packet in packets:
+                socket.send_fds(conn, [packet], fds or [])
+            got: dict[str, Any] = json.loads(conn.recv(1 << 16))
+            return got
+
+    for packets in ([b"GET / HTTP/1.1\r\n\r\n"], [b"\xff" * 100], [b"[1, 2]"],
+                    [json.dumps({"sealgate": handover.MAGIC, "version": 99}).encode()],
+                    [json.dumps({"sealgate": handover.MAGIC, "version": 1,
+                                 "want": {"state": "/elsewhere"}}).encode()]):
+        got = answer(*packets)
+        assert set(got) == {"refused"}, got
+    r, w = os.pipe()
+    try:
+        hello = json.dumps({"sealgate": handover.MAGIC, "version": 1}).encode()
+        assert "not a hand-over hello" in answer(hello, fds=[r])["refused"]
+    finally:
+        os.close(r)
+        os.close(w)
+    # A silent peer is dropped after the hello's time; the daemon serves on meanwhile.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.settimeout(handover.HELLO_SECONDS + 5)
+        conn.connect(str(path))
+        assert sb.run(["true"]).ok
+        assert "no answer in time" in json.loads(conn.recv(1 << 16))["refused"]
+    # Not root: refused by its credentials.
+    script = ("import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+              "s.settimeout(10); s.connect(sys.argv[1]); print(s.recv(4096).decode())")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "python3", "-c", script, str(path)], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode != 0 and "Permission denied" in done.stderr, done
+    assert old.process.poll() is None and sb.run(["true"]).ok
+    assert re.search(r'"event": "handover_refused"', old.log.read_text())
+
+
+@pytest.mark.parametrize("tier", ["gvisor", "microvm"])
+def test_a_tier_that_cannot_change_daemons_is_refused(
+    daemons: Callable[..., Daemon], tier: str
+) -> None:
+    if (problem := unavailable(tier)) is not None:
+        pytest.skip(problem)
+    old = daemons("--pool", "0", "--no-selftest", "--isolation", tier)
+    words = refused(daemons("--pool", "0", "--no-selftest", "--isolation", tier, "--adopt",
+                            sock=old.socket, wait=False))
+    assert f"the {tier} tier's sandboxes cannot change daemons" in words, words
+    assert old.process.poll() is None and old.client.health()["ready"]
+
+
+def test_handing_over_fifty_idle_sandboxes(
+    daemons: Callable[..., Daemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    count = 50
+    old = daemons("--pool", "4", "--no-selftest")
+    boxes = [create(old, metadata={"n": str(n)}) for n in range(count)]
+    started = time.monotonic()
+    new = daemons("--pool", "4", "--no-selftest", "--adopt", sock=old.socket, wait=False)
+    assert old.process.wait(30) == 0
+    until(lambda: "serving on" in new.log.read_text(), 30, "the successor serving")
+    ready = time.monotonic() - started
+    took = re.search(r"took over (\d+) slots from daemon \d+ in ([\d.]+) ms",
+                     new.log.read_text())
+    assert took is not None and int(took[1]) >= count, new.log.read_text()[-2000:]
+    handed = [json.loads(line) for line in old.log.read_text().splitlines()
+              if '"event": "handed_over"' in line]
+    assert len(handed) == 1
+    assert {s["id"] for s in new.client.list()} == {sb.id for sb in boxes}
+    assert all(sb.run(["true"]).ok for sb in boxes[:: count // 5])
+    with capsys.disabled():
+        print(f"\nhand-over of {count} idle sandboxes (+ pool): successor's exchange "
+              f"{took[2]} ms, old daemon held {handed[0]['ms']} ms, successor ready after "
+              f"{ready * 1000:.0f} ms (its Python's start included)")
+    with contextlib.suppress(DaemonError):
+        for sb in boxes:
+            sb.delete()

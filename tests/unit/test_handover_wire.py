@@ -1,0 +1,126 @@
+"""The hand-over's wire and records (`sandbox.daemon.handover`, `sandbox.daemon.carried`): what is
+not the protocol is refused in words, and a refused record leaves its descriptors to be closed
+once, by the caller (tests/sandboxd/test_adopt.py runs the hand-over for real)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sealgate.sandbox.daemon import carried, handover
+from sealgate.sandbox.daemon.slot import SlotConfig
+
+CONFIG = SlotConfig(state=Path("/nonexistent"), proxy_port=3128)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.settimeout(5)
+    with a, b:
+        yield a, b
+
+
+def open_fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+@pytest.mark.parametrize("packet", [b"not json", b"[1, 2]", b'"text"', b"\xff\xfe"])
+def test_what_is_not_a_json_object_is_refused_and_its_descriptors_closed(
+    pair: tuple[socket.socket, socket.socket], packet: bytes
+) -> None:
+    a, b = pair
+    r, w = os.pipe()
+    try:
+        before = open_fds()
+        socket.send_fds(a, [packet], [r, w])
+        with pytest.raises(handover.HandoverError, match="not the hand-over protocol"):
+            handover.receive(b)
+        assert open_fds() == before  # what came with it was closed
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_an_oversized_message_is_refused(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    with pytest.raises(handover.HandoverError, match="over"):
+        handover.send(a, {"x": "y" * handover.MAX_MESSAGE})
+    a.close()
+    with pytest.raises(handover.HandoverError, match="closed"):
+        handover.receive(b)
+
+
+def test_a_hello_is_compared_setting_by_setting() -> None:
+    ours = {"uid_base": 1, "state": "/s"}
+    assert handover.differences(ours, dict(ours)) == []
+    assert handover.differences(ours, {"uid_base": 2, "state": "/s"}) == \
+        ["uid_base: 1 here, 2 there"]
+    assert handover.differences(ours, None) == ["no settings given"]
+
+
+def test_the_hand_over_socket_is_one_per_api_socket() -> None:
+    one = handover.path_for(Path("/s"), Path("/run/a.sock"))
+    assert one.parent == Path("/s/handover")
+    assert one != handover.path_for(Path("/s"), Path("/run/b.sock"))
+
+
+def record(pid: int) -> dict[str, object]:
+    return {"index": 3, "uid": CONFIG.uid_base + 3, "pid": pid, "tier": "bwrap", "init": None,
+            "groups": ["/sys/fs/cgroup/pids/sealgate/run-3-1"], "environment": {"A": "b"},
+            "image": None, "pool": None}
+
+
+def test_a_slot_whose_descriptors_are_not_what_they_must_be_is_refused() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    r, w = os.pipe()
+    channel, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stream, stream_peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        good = record(child.pid)
+        cases = [
+            ({**good}, [channel.fileno(), pidfd, w], "4 descriptors"),
+            ({**good, "uid": 5}, [channel.fileno(), pidfd, w, stream.fileno()], "links and uids"),
+            ({**good, "tier": "gvisor"}, [channel.fileno(), pidfd, w, stream.fileno()], "tier"),
+            ({**good, "groups": ["/sys/fs/cgroup/pids/user.slice"]},
+             [channel.fileno(), pidfd, w, stream.fileno()], "not its cgroups"),
+            ({**good, "environment": {"A": 1}},
+             [channel.fileno(), pidfd, w, stream.fileno()], "environment"),
+            ({**good, "pid": child.pid + 1}, [channel.fileno(), pidfd, w, stream.fileno()],
+             "not pid"),
+            (good, [channel.fileno(), r, w, stream.fileno()], "not pid"),  # a pipe, no pidfd
+            (good, [channel.fileno(), pidfd, pidfd, stream.fileno()], "not a pipe"),
+            (good, [stream.fileno(), pidfd, w, stream.fileno()], "not what it must be"),
+            (good, [channel.fileno(), pidfd, w, stream.fileno()], "not what it must be"),
+        ]
+        for data, fds, words in cases:
+            before = open_fds()
+            with pytest.raises(ValueError, match=words):
+                carried.rebuild_slot(data, fds, CONFIG)
+            assert open_fds() == before, words  # nothing closed, nothing opened: the caller's
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (pidfd, r, w):
+            os.close(fd)
+        for sock in (channel, other, stream, stream_peer):
+            sock.close()
+
+
+def test_a_held_process_is_watched_and_killed_by_its_pidfd() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    held = carried.Held(child.pid, os.pidfd_open(child.pid))
+    with pytest.raises(subprocess.TimeoutExpired):
+        held.wait(0.05)
+    held.kill()
+    assert held.wait(5) == 0
+    assert child.wait(5) == -9
+    held.kill()  # over: nothing to signal, nothing raised
+    assert held.wait(0) == 0
