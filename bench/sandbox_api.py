@@ -1,5 +1,6 @@
-"""Background processes and ports (issue #25), each beside a baseline in the same run: a
-background start against a foreground `true`; a sandbox's HTTP server reached through the
+"""Background processes, terminals and ports (issue #25), each beside a baseline in the same
+run: a background start against a foreground `true`; a terminal opened to its first byte
+against a `true` run to its exit; a sandbox's HTTP server reached through the
 daemon (`sb.port`) against a direct connection made in the sandbox's network namespace; an
 exec's cost with background processes running against none.
 
@@ -39,7 +40,7 @@ from sandbox_start import (
 from services import ROOT, BenchError
 from session import bench_session
 
-from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.clients.client import DaemonError, Sandbox, Terminal
 from sealgate.sandbox.host.nsocket import socket_in
 
 SCRIPT = "sandbox_api"
@@ -64,10 +65,11 @@ class Plan:
     execs: int  # `true`s with none and with BACKGROUND sleeps running, each
     small: int  # requests for the 16-byte file, through the daemon and direct, each
     big: int  # transfers of the 64 MiB file, each way
+    ptys: int  # terminals opened to their first byte, and as many `true`s interleaved
 
 
-FULL = Plan(starts=200, execs=200, small=1000, big=10)
-QUICK = Plan(starts=50, execs=50, small=200, big=3)
+FULL = Plan(starts=200, execs=200, small=1000, big=10, ptys=200)
+QUICK = Plan(starts=50, execs=50, small=200, big=3, ptys=50)
 
 
 def run_true(sb: Sandbox) -> float:
@@ -104,6 +106,30 @@ def execs(fig: Figures, plan: Plan, sb: Sandbox, progress: Progress) -> None:
             proc.kill()
             proc.wait(call_timeout=60)
         progress.show(f"{done + ROUND}/{plan.execs}")
+
+
+OPENED = "terminal: sb.pty(printf x) opened to its first byte"
+BESIDE = "foreground beside terminals: sb.run(['true']) to its exit"
+
+
+def first_byte(sb: Sandbox) -> tuple[Terminal, bytes]:
+    terminal = sb.pty(24, 80, ["printf", "x"], call_timeout=60)
+    return terminal, terminal.read(timeout=60)
+
+
+def terminals(fig: Figures, plan: Plan, sb: Sandbox, progress: Progress) -> None:
+    """A foreground `true` to its exit, then a terminal opened (`sb.pty`, the WebSocket's
+    upgrade, the exec, the terminal made inside) until `printf x`'s byte comes, then awaited
+    to its end (not timed), over and over."""
+    progress.begin("terminal open")
+    for i in range(plan.ptys):
+        fig.add(BESIDE, run_true(sb))
+        took, (terminal, shown) = timed(lambda: first_byte(sb))
+        with terminal:
+            fig.add(OPENED, took)
+            if shown != b"x" or terminal.wait(timeout=60).exit_code != 0:
+                raise BenchError(f"a terminal in {sb.id} showed {shown!r}: {terminal.result}")
+        progress.show(f"{i + 1}/{plan.ptys}")
 
 
 def netns_of(address: str) -> Path:
@@ -259,6 +285,8 @@ def targets(fig: Figures) -> list[Target]:
                f"{tput:.2f}", tput >= 0.5),
         Target("port, sequential 16-byte requests/s through the daemon / direct", "(none)",
                f"{rate:.2f}", None),
+        Target("terminal opened to its first byte p50, against a `true` to its exit p50 "
+               f"({ms(fig.p50(BESIDE))} ms)", "(none)", f"{ms(fig.p50(OPENED))} ms", None),
         Target(f"exec `true` p50 with {BACKGROUND} background sleeps, against none "
                f"({ms(bare)} ms)", "unchanged: within 10 %", f"{ms(busy)} ms "
                f"({(busy / bare - 1) * 100:+.0f} %)", busy <= bare * 1.10),
@@ -384,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     fig = Figures()
     progress = Progress({"background start": plan.starts * 0.03,
-                         "exec with background": plan.execs * 0.02, "port: server up": 2,
+                         "exec with background": plan.execs * 0.02,
+                         "terminal open": plan.ptys * 0.03, "port: server up": 2,
                          "port: small requests": plan.small * 0.01,
                          "port: 64 MiB transfers": plan.big * 1.0, "watch events": 2})
     started = time.monotonic()
@@ -403,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 daemons[-1].settle()
                 starts(fig, plan, sb, progress)
                 execs(fig, plan, sb, progress)
+                terminals(fig, plan, sb, progress)
                 ports(fig, plan, sb, daemons[-1], progress)
                 watch_latency(fig, plan, sb, progress)
             finally:

@@ -1,5 +1,5 @@
 """`sealgate sandbox setup | run | teardown | gc` (the runtime around the proxy, root only) and
-the daemon's thin client: `create | exec | put | get | ls | rm` (`sandbox.clients.sessioncli`).
+the daemon's thin client: `create | exec | shell | put | get | ls | rm` (`sandbox.clients`).
 
 Only argparse at import: what a command runs is imported when it runs, so `sealgate --help` and
 the client commands start in tens of milliseconds."""
@@ -18,7 +18,7 @@ from pathlib import Path
 from sealgate.clikit import Subcommands
 
 from . import tiers
-from .clients import filescli, sessioncli
+from .clients import filescli, sessioncli, shellcli
 from .host.cgroup import CgroupError, Limits, parse_size
 from .host.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
 
@@ -78,6 +78,7 @@ def register(sub: Subcommands) -> None:
     g.set_defaults(func=_gc)
     sessioncli.register(ps)
     filescli.register(ps)
+    shellcli.register(ps)
 
 
 def parse_duration(text: str) -> float | None:

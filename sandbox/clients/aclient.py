@@ -48,6 +48,7 @@ from .clientshared import (
     unreachable,
     update_body,
 )
+from .terminal import closed_early, ending, exec_message, resize_message
 
 
 class AsyncSandbox:
@@ -153,6 +154,26 @@ class AsyncSandbox:
         body = exec_body(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stream=False)
         info = await self._call("/exec", {**body, "background": True}, call_timeout)
         return AsyncProcess(self, info)
+
+    async def pty(self, rows: int = 24, cols: int = 80, argv: Sequence[str] | None = None, *,
+                  env: Mapping[str, str] | None = None, cwd: str | None = None,
+                  timeout: float | None = None,
+                  call_timeout: CallLimit = DEFAULT) -> AsyncTerminal:
+        """As `Sandbox.pty`: `argv` (a login shell by default) on a terminal inside."""
+        limit = call_limit(call_timeout, self.timeout)
+        try:
+            ws = await self._http.ws_connect(self._url("/pty"), headers=self._headers,
+                                             timeout=aiohttp.ClientWSTimeout(ws_close=limit))
+        except aiohttp.WSServerHandshakeError as exc:  # its body unread: the reason's header
+            reason = exc.headers.get("X-Sealgate-Error") if exc.headers else None
+            said = json.dumps({"error": reason,
+                               "detail": f"the daemon refused the terminal ({exc.status})"})
+            raise error_of(exc.status, said.encode()) from None
+        except aiohttp.ClientError as exc:
+            raise unreachable(self._where, exc) from None
+        await ws.send_str(json.dumps(exec_message(rows, cols, argv, env=env, cwd=cwd,
+                                                  timeout=timeout)))
+        return AsyncTerminal(ws)
 
     async def url(self, port: int, *, expires_in: float = 3600,
                   call_timeout: CallLimit = DEFAULT) -> str:
@@ -280,9 +301,53 @@ class AsyncProcess:
                                            "GET")
         return Result.of(status, b"", b"")
 
-    async def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+    async def signal(self, name: str = "TERM", *, call_timeout: CallLimit = DEFAULT) -> None:
         self.info = await self._sandbox._call(f"/processes/{self.pid}/signal",
-                                              {"signal": "KILL"}, call_timeout)
+                                              {"signal": name}, call_timeout)
+
+    async def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        await self.signal("KILL", call_timeout=call_timeout)
+
+
+class AsyncTerminal:
+    """As `sealgate.sandbox.clients.terminal.Terminal`, for asyncio (aiohttp's WebSocket)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self.result: Result | None = None
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            await self._ws.send_bytes(bytes(data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._ws.send_str(resize_message(rows, cols))
+
+    async def read(self) -> bytes:
+        """What the terminal shows next; b"" once it ended, its status in `result`."""
+        while self.result is None:
+            message = await self._ws.receive()
+            if message.type == aiohttp.WSMsgType.BINARY:
+                return bytes(message.data)
+            if message.type != aiohttp.WSMsgType.TEXT:
+                raise closed_early(self._ws.close_code)
+            self.result = ending(message.data)
+        return b""
+
+    async def wait(self) -> Result:
+        while await self.read():
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+    async def __aenter__(self) -> AsyncTerminal:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
 
 class _Creating:

@@ -59,9 +59,10 @@ from .clientshared import (
 )
 from .files import Files
 from .process import Process
+from .terminal import Terminal, exec_message
 
 __all__ = ["DEFAULT", "DEFAULT_DAEMON", "Answer", "CallLimit", "CallTimeout", "Client",
-           "CommandFailed", "DaemonError", "Process", "Result", "Sandbox"]
+           "CommandFailed", "DaemonError", "Process", "Result", "Sandbox", "Terminal"]
 _T = TypeVar("_T")
 
 class _Unix(http.client.HTTPConnection):
@@ -155,6 +156,13 @@ class Client:
             return http.client.HTTPSConnection(url.netloc, timeout=wait,
                                                context=ssl.create_default_context())
         return http.client.HTTPConnection(url.netloc, timeout=wait)
+
+    def connect(self, wait: float | None) -> tuple[socket.socket, str, dict[str, str]]:
+        """A connection of its own, its Host and the headers every call carries (a terminal's
+        WebSocket: `terminal`)."""
+        conn = self._connection(wait)
+        conn.connect()
+        return conn.sock, conn.host, self._headers()
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **(extra or {})}
@@ -342,6 +350,15 @@ class Sandbox:
                                 {**body, "background": True}, headers=headers,
                                 call_timeout=call_timeout)
         return Process(self.client, self.id, info)
+
+    def pty(self, rows: int = 24, cols: int = 80, argv: Sequence[str] | None = None, *,
+            env: Mapping[str, str] | None = None, cwd: str | None = None,
+            timeout: float | None = None, call_timeout: CallLimit = DEFAULT) -> Terminal:
+        """`argv` (by default a login shell) on a terminal of `rows` x `cols` inside the
+        sandbox (`Terminal`: write, read, resize, wait); `call_timeout` bounds the opening."""
+        message = exec_message(rows, cols, argv, env=env, cwd=cwd, timeout=timeout)
+        return Terminal.open(self.client, f"/v1/sandboxes/{quote(self.id, safe='')}/pty",
+                             message, call_limit(call_timeout, self.client.timeout))
 
     def port(self, port: int, path: str = "/", *, method: str = "GET", body: bytes | None = None,
              headers: Mapping[str, str] | None = None,

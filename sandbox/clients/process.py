@@ -75,6 +75,11 @@ class Process:
         return Result.of(self.client.call("GET", self._path("/wait"),
                                           call_timeout=call_timeout), b"", b"")
 
-    def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
-        self.info = self.client.call("POST", self._path("/signal"), {"signal": "KILL"},
+    def signal(self, name: str = "TERM", *, call_timeout: CallLimit = DEFAULT) -> None:
+        """`name` (TERM, INT, HUP, QUIT, USR1, USR2, KILL) to its process group, sent inside
+        the sandbox."""
+        self.info = self.client.call("POST", self._path("/signal"), {"signal": name},
                                      call_timeout=call_timeout)
+
+    def kill(self, *, call_timeout: CallLimit = DEFAULT) -> None:
+        self.signal("KILL", call_timeout=call_timeout)

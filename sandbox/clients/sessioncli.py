@@ -171,7 +171,7 @@ def client_of(args: argparse.Namespace) -> Client:
     return Client(args.daemon, key)
 
 
-def _pairs(items: list[str]) -> dict[str, str]:
+def pairs(items: list[str]) -> dict[str, str]:
     env = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -200,10 +200,10 @@ def _refused(exc: DaemonError) -> int:
 def _create(args: argparse.Namespace) -> int:
     limits: dict[str, Any] = {k: v for k, v in (("pids", args.pids), ("memory", args.memory),
                                                  ("cpus", args.cpus)) if v is not None}
-    sb = Sandbox.create(args.sandbox, limits=limits or None, env=_pairs(args.env) or None,
+    sb = Sandbox.create(args.sandbox, limits=limits or None, env=pairs(args.env) or None,
                         ttl=args.ttl, idle_timeout=args.idle_timeout,
                         isolation=args.isolation, image=args.image,
-                        metadata=_pairs(args.metadata) or None, daemon=args.daemon,
+                        metadata=pairs(args.metadata) or None, daemon=args.daemon,
                         key=client_of(args).key, call_timeout=args.call_timeout)
     print(json.dumps(sb.info, indent=2) if args.json else sb.id)
     return 0
@@ -216,7 +216,7 @@ def _update(args: argparse.Namespace) -> int:
         return 2
     info = Sandbox(client_of(args), {"id": args.id}).update(
         ttl=args.ttl, idle_timeout=args.idle_timeout,
-        metadata=None if args.metadata is None else _pairs(args.metadata),
+        metadata=None if args.metadata is None else pairs(args.metadata),
         sandbox=args.sandbox, call_timeout=args.call_timeout)
     print(json.dumps(info, indent=2) if args.json else info["id"])
     return 0
@@ -248,10 +248,10 @@ def _exec(args: argparse.Namespace) -> int:
     out, err = sys.stdout.buffer, sys.stderr.buffer
     result: Result | None = None
     if args.json:
-        result = sb.run(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
+        result = sb.run(command, env=pairs(args.env), cwd=args.cwd, stdin=stdin,
                         timeout=args.timeout, call_timeout=args.call_timeout)
     else:
-        for name, data in sb.stream(command, env=_pairs(args.env), cwd=args.cwd, stdin=stdin,
+        for name, data in sb.stream(command, env=pairs(args.env), cwd=args.cwd, stdin=stdin,
                                     timeout=args.timeout, call_timeout=args.call_timeout):
             if isinstance(data, Result):
                 result = data
@@ -304,7 +304,7 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    sandboxes = client_of(args).list(metadata=_pairs(args.metadata),
+    sandboxes = client_of(args).list(metadata=pairs(args.metadata),
                                      call_timeout=args.call_timeout)
     if args.json:
         print(json.dumps(sandboxes, indent=2))

@@ -27,7 +27,7 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import bodies, fsapi
+from . import bodies, fsapi, terminals
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
@@ -61,6 +61,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_get("/v1/sandboxes/{id}/processes/{pid}/wait", _wait)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/stdin", _stdin)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/signal", _signal)
+    app.router.add_get("/v1/sandboxes/{id}/pty", _pty)
     PortRoutes(_DAEMON, _STREAMING).add_to(app)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
@@ -307,13 +308,12 @@ async def _stdin(request: web.Request) -> web.Response:
 
 async def _signal(request: web.Request) -> web.Response:
     process = _background(request)
-    body = await bodies.body(request, {"signal"})
-    if body.get("signal", "KILL") != "KILL":
-        raise SessionError("only KILL so far: the agent's protocol carries no other signal "
-                           "yet", reason=Reason.UNSUPPORTED)
-    if process.running:
-        process.kill()
+    process.signal(bodies.signal_name((await bodies.body(request, {"signal"})).get("signal")))
     return web.json_response(process.info())
+
+
+async def _pty(request: web.Request) -> web.StreamResponse:
+    return await terminals.serve(request, request.app[_DAEMON].get(request.match_info["id"]))
 
 
 async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:

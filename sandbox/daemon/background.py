@@ -20,9 +20,11 @@ import base64
 import collections
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from ..guest.protocol import SIGNALS, Op
 
 RING = 1 << 20  # bytes of output kept per process (daemon memory: at most 32 per sandbox)
 _PIECES = 4096  # chunks kept per process: tiny writes must not cost far more than their bytes
@@ -43,15 +45,21 @@ class _Chunk:
 Events = AsyncGenerator[tuple[str, Any], None]
 
 
+class Control(Protocol):
+    """A request to the agent about this process's exec (`Session.control`)."""
+
+    def __call__(self, op: Op, **fields: Any) -> None: ...
+
+
 class Background:
     """One process in the background and what it has written."""
 
     def __init__(self, pid: int, argv: list[str], events: Events,
-                 stdin: asyncio.Queue[bytes | None], kill: Callable[[], None], *,
+                 stdin: asyncio.Queue[bytes | None], control: Control, *,
                  ring: int = RING) -> None:
         self.pid = pid
         self.argv = argv
-        self.kill = kill  # the agent asked to kill it: its status then says so
+        self._control = control
         self.stdin_closed = False
         self.started = time.time()
         self.stdin = stdin
@@ -101,6 +109,16 @@ class Background:
             else:  # keep the tail of the oldest chunk
                 self._chunks[0] = _Chunk(first.offset + over, first.stream, first.data[over:])
                 self._start = first.offset + over
+
+    def signal(self, name: str) -> None:
+        """`name` (of `SIGNALS`) to its process group, inside the sandbox: the agent there
+        sends it (the daemon never signals a process id of the sandbox's). KILL is the kill
+        op, after which its status says killed."""
+        if self.running:
+            if name == "KILL":
+                self._control(Op.KILL)
+            else:
+                self._control(Op.SIGNAL, signal=SIGNALS[name])
 
     @property
     def running(self) -> bool:
@@ -180,8 +198,8 @@ class Processes:
         return sum(1 for p in self.table.values() if p.running)
 
     def add(self, argv: list[str], events: Events, stdin: asyncio.Queue[bytes | None],
-            kill: Callable[[], None]) -> Background:
-        made = Background(self._next, argv, events, stdin, kill)
+            control: Control) -> Background:
+        made = Background(self._next, argv, events, stdin, control)
         self.table[made.pid] = made
         self._next += 1
         ended = [p for p in self.table.values() if not p.running]

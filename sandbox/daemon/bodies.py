@@ -16,7 +16,7 @@ from aiohttp import web
 from sealgate.reasons import Reason
 
 from ..errors import SandboxError
-from ..guest.protocol import MAX_REQUEST
+from ..guest.protocol import MAX_REQUEST, SIGNALS
 from ..host.cgroup import CgroupError, Limits, parse_size
 from .session import Command, SessionError
 
@@ -143,6 +143,17 @@ def command(body: dict[str, Any], default_timeout: float | None = 600.0) -> Comm
     return Command(argv=argv, env=env(body.get("env")), cwd=cwd, stdin=stdin,
                    timeout=number(body, "timeout", default_timeout, low=0.001,
                                   high=MAX_TIMEOUT))
+
+
+def signal_name(value: Any) -> str:
+    """A signal for a process's group, by name (`TERM` or `SIGTERM`; default KILL)."""
+    name = "KILL" if value is None else value
+    if isinstance(name, str) and name.upper().removeprefix("SIG") in SIGNALS:
+        return name.upper().removeprefix("SIG")
+    if name in ("STOP", "CONT", "SIGSTOP", "SIGCONT"):
+        raise SessionError("STOP and CONT are not sent to one process: pause and resume the "
+                           "sandbox to freeze it", reason=Reason.UNSUPPORTED)
+    raise BadRequest(f"'signal' must be one of {', '.join(SIGNALS)}, not {str(name)[:20]!r}")
 
 
 def metadata(value: Any) -> dict[str, str]:

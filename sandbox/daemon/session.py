@@ -74,6 +74,7 @@ class Command:
     stdin: bytes = b""
     timeout: float | None = 600.0
     background: bool = False
+    tty: tuple[int, int] | None = None  # rows, cols: on a terminal inside (`terminal`)
 
 
 Event = tuple[str, bytes] | tuple[str, dict[str, Any]]
@@ -91,11 +92,8 @@ def check_path(path: str) -> str:
 
 class Session:
     def __init__(self, ident: str, slot: Slot, options: Options) -> None:
-        self.id = ident
-        self.slot = slot
-        self.options = options
-        self.created = time.time()
-        self._started = time.monotonic()
+        self.id, self.slot, self.options = ident, slot, options
+        self.created, self._started = time.time(), time.monotonic()
         self.last_active = self._started
         self.active = 0
         self.commands = 0
@@ -181,20 +179,21 @@ class Session:
         if self.processes.running() >= MAX_PROCESSES:
             raise SessionError(f"sandbox {self.id} already has {MAX_PROCESSES} processes in "
                                "the background", reason=Reason.SANDBOX_BUSY)
-        ident = self._begin()
+        ident = self.begin()
         # One place more than the writes it holds, for its end (None).
         stdin: asyncio.Queue[bytes | None] = asyncio.Queue(STDIN_QUEUED + 1)
         if command.stdin:
             stdin.put_nowait(command.stdin)
         events = self.run(command, (ident, stdin))
-        made = self.processes.add(list(command.argv), events, stdin, lambda: self._kill(ident))
+        made = self.processes.add(list(command.argv), events, stdin,
+                                  lambda op, **fields: self.control(op, ident, **fields))
         if key is not None:
             self._keys[key] = (command, made)
             while len(self._keys) > MAX_KEYS:  # the oldest forgotten first
                 del self._keys[next(iter(self._keys))]
         return made
 
-    def _begin(self) -> int:
+    def begin(self) -> int:
         if self.ended.is_set():
             raise SessionError(f"sandbox {self.id} has ended", reason=Reason.SANDBOX_ENDED)
         if self.paused:
@@ -227,16 +226,17 @@ class Session:
             for fd in fds:
                 os.close(fd)
 
-    def _kill(self, ident: int) -> None:
+    def control(self, op: Op, ident: int, **fields: Any) -> None:
+        """A request about a running exec (kill, signal, resize): no descriptors, no answer."""
         with contextlib.suppress(SessionError):
-            self._send(Op.KILL, ident, [])
+            self._send(op, ident, [], **fields)
 
     async def run(self, command: Command,
                   begun: tuple[int, asyncio.Queue[bytes | None]] | None = None
                   ) -> AsyncGenerator[Event, None]:
         """("stdout" | "stderr", bytes) as they come, then ("exit", status). `begun`: the
         request id `start` took and the queue its stdin comes from."""
-        ident = self._begin() if begun is None else begun[0]
+        ident = self.begin() if begun is None else begun[0]
         self.commands += 1
         pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, status
         ours = [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]]
@@ -248,7 +248,7 @@ class Session:
         try:
             self._send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
                        argv=list(command.argv), env=env, cwd=command.cwd or self._workdir,
-                       timeout=command.timeout, pids=self.options.limits.pids)
+                       timeout=command.timeout, pids=self.options.limits.pids, tty=command.tty)
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
             stdin, ours[0] = ours[0], -1
             tasks.append(asyncio.create_task(
@@ -272,7 +272,7 @@ class Session:
                     except TimeoutError:
                         if asked:
                             return False, None
-                        self._kill(ident)
+                        self.control(Op.KILL, ident)
                         asked = True
                         deadline = time.monotonic() + _BACKSTOP
 
@@ -301,7 +301,7 @@ class Session:
             yield "exit", status
         finally:
             if not finished:
-                self._kill(ident)
+                self.control(Op.KILL, ident)
             for task in (*tasks, *([status_task] if status_task else [])):
                 task.cancel()
             try:
@@ -316,7 +316,7 @@ class Session:
         """Write `size` bytes from `body` to `path` of the workspace (replacing, never through a
         link); the size written."""
         check_path(path)
-        ident = self._begin()
+        ident = self.begin()
         try:
             data_r, data_w = os.pipe()
             status_r, status_w = os.pipe()
@@ -347,7 +347,7 @@ class Session:
     async def get(self, path: str, limit: int) -> tuple[int, Download]:
         """The size of `path` of the workspace and its bytes, read as they are sent."""
         check_path(path)
-        ident = self._begin()
+        ident = self.begin()
         try:
             data_r, data_w = os.pipe()
             status_r, status_w = os.pipe()

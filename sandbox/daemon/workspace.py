@@ -53,9 +53,9 @@ async def _ask(session: Session, op: Op, path: str, data: int | None = None,
                **fields: Any) -> tuple[dict[str, Any], int]:
     """Send `op` with a status pipe (and `data`, the agent's end of a data pipe, if any, which
     is closed here either way); its status line and the request's id. The request stays
-    counted (`Session._begin`) until the caller's `_end`."""
+    counted (`Session.begin`) until the caller's `_end`."""
     try:
-        ident = session._begin()
+        ident = session.begin()
     except BaseException:
         if data is not None:
             os.close(data)
@@ -170,7 +170,7 @@ class _Stream:
             self._fd = -1
         if self._open:
             self._open = False
-            self._session._kill(self._ident)
+            self._session.control(Op.KILL, self._ident)
             self._session._end()
 
 

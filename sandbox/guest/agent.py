@@ -48,7 +48,7 @@ import socket
 
 from .commands import Commands
 from .confine import PR_SET_DUMPABLE, Confinement, prctl
-from .protocol import NOT_STARTED, Op, hello, parse, receive, report
+from .protocol import NOT_STARTED, Op, hello, parse, receive, report, terminal_size
 from .shim import SHIMS
 
 
@@ -132,6 +132,13 @@ def _serve(chan: socket.socket, message: bytes, fds: list[int], shims: dict[int,
         return
     if op == Op.EXEC:
         commands.start(ident, req, fds)
+        return
+    if op == Op.SIGNAL:
+        commands.signal(ident, req.get("signal"))
+        return
+    if op == Op.RESIZE:
+        if (size := terminal_size([req.get("rows"), req.get("cols")])) is not None:
+            commands.resize(ident, *size)
         return
     handler = SHIMS.get(op) if op is not None else None
     if handler is None:

@@ -14,10 +14,14 @@ import stat
 import time
 from typing import Any
 
+from . import terminal
 from .confine import Confinement, clone
-from .protocol import NOT_STARTED, TIMED_OUT, WORKSPACE, Ending, report
+from .protocol import NOT_STARTED, SIGNALS, TIMED_OUT, WORKSPACE, Ending, report, terminal_size
 
 _REAPS = 256  # children the agent reaps at one look
+# What a command's supervisor passes on to its process group (the `signal` op): the agent
+# signals the supervisor, never a process id of the workload's it could not know is its.
+_FORWARDED = frozenset(n for n in SIGNALS.values() if n != signal.SIGKILL)
 
 
 def _answer(ending: Ending, code: int, usage: list[float]) -> dict[str, Any]:
@@ -36,9 +40,12 @@ def _answer(ending: Ending, code: int, usage: list[float]) -> dict[str, Any]:
 
 
 class _Running:
-    def __init__(self, pid: int, status: int, report: int, deadline: float | None) -> None:
+    def __init__(self, pid: int, status: int, report: int, deadline: float | None, *,
+                 supervised: bool, sizes: int) -> None:
         self.pid, self.status, self.report, self.deadline = pid, status, report, deadline
         self.ending = Ending.EXIT
+        self.supervised = supervised  # pid is the command's supervisor (an init, a relay)
+        self.sizes = sizes  # its terminal's relay's pipe (`terminal.SIZE`), or -1
 
     def code(self, init: int) -> int:
         """The command's wait status as its init said it, or, where the init said nothing (it
@@ -70,7 +77,8 @@ class Commands:
         status = fds[3]
         try:
             command = _Command.of(req)
-            pid, ending_fd = command.launch(fds[:3], self.confinement, self.descriptors())
+            pid, ending_fd, sizes = command.launch(fds[:3], self.confinement,
+                                                    self.descriptors())
         except NotStarted as exc:
             report(status, {"error": str(exc), "exit": NOT_STARTED})
             os.close(status)
@@ -79,7 +87,24 @@ class Commands:
             for fd in fds[:3]:
                 os.close(fd)
         deadline = None if command.timeout is None else time.monotonic() + command.timeout
-        self.running[ident] = _Running(pid, status, ending_fd, deadline)
+        supervised = self.confinement.own_namespaces or command.tty is not None
+        self.running[ident] = _Running(pid, status, ending_fd, deadline,
+                                       supervised=supervised, sizes=sizes)
+
+    def signal(self, ident: int, number: object) -> None:
+        """`number` (one of `_FORWARDED`) to the command's process group: through its
+        supervisor where it has one, else to the group it leads (its own session's)."""
+        run = self.running.get(ident)
+        if run is None or not isinstance(number, int) or number not in _FORWARDED:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            (os.kill if run.supervised else os.killpg)(run.pid, number)
+
+    def resize(self, ident: int, rows: int, cols: int) -> None:
+        run = self.running.get(ident)
+        if run is not None and run.sizes >= 0:
+            with contextlib.suppress(OSError):  # a full pipe: the relay is behind, or stopped
+                os.write(run.sizes, terminal.SIZE.pack(rows, cols))
 
     def kill(self, ident: int, ending: Ending = Ending.KILLED) -> bool:
         run = self.running.get(ident)
@@ -99,7 +124,8 @@ class Commands:
         """What a clone of the agent (a command's init, a shim) must close first: the channel,
         the loop's wake-up pipe, the running commands' status and report pipes (a copy kept
         open would hold their callers' statuses back until the clone ended)."""
-        return [0, *self.own, *(fd for r in self.running.values() for fd in (r.status, r.report))]
+        return [0, *self.own, *(fd for r in self.running.values()
+                                for fd in (r.status, r.report, r.sizes) if fd >= 0)]
 
     def wait_seconds(self) -> float:
         """Until the next look is due: half a second, or a deadline's sooner."""
@@ -132,6 +158,8 @@ class Commands:
                 report(run.status, _answer(run.ending, run.code(code),
                                             [ru.ru_utime, ru.ru_stime, float(ru.ru_maxrss)]))
                 os.close(run.status)
+                if run.sizes >= 0:
+                    os.close(run.sizes)
         return reaped
 
 
@@ -149,8 +177,9 @@ class _Command:
     """An exec request, checked in the agent before anything is started."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, pids: int,
-                 timeout: float | None) -> None:
+                 timeout: float | None, *, tty: tuple[int, int] | None) -> None:
         self.argv, self.env, self.cwd, self.pids, self.timeout = argv, env, cwd, pids, timeout
+        self.tty = tty
 
     @classmethod
     def of(cls, req: dict[str, Any]) -> _Command:
@@ -161,19 +190,23 @@ class _Command:
             cwd = str(req.get("cwd") or WORKSPACE)
             timeout = req.get("timeout")
             seconds = None if timeout is None else float(timeout)
+            tty = None if req.get("tty") is None else terminal_size(req["tty"]) or ()
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise NotStarted(f"bad request: {type(exc).__name__}") from None
-        if not argv:
-            raise NotStarted("bad request: an empty argv")
+        if not argv or tty == ():
+            raise NotStarted("bad request: an empty argv or a bad terminal size")
         if any("\0" in part for part in (*argv, cwd, *env, *env.values())):
             raise NotStarted("bad request: a NUL in the argv, the environment or the cwd")
-        return cls(argv, env, cwd, pids, seconds)
+        return cls(argv, env, cwd, pids, seconds, tty=tty or None)
 
     def launch(self, fds: list[int], confinement: Confinement,
-               others: list[int]) -> tuple[int, int]:
+               others: list[int]) -> tuple[int, int, int]:
         """Start the command (`_child`): the pid of the agent's child (the command, or its
-        namespace's init) and the descriptor on which an init says how the command ended, once
-        the command is executing; NotStarted with the reason if it could not be."""
+        supervisor: its namespace's init, or its terminal's relay), the descriptor on which a
+        supervisor says how the command ended, once the command is executing, and the pipe
+        its terminal's sizes go to (-1 without one); NotStarted with the reason if it could
+        not be."""
+        sizes_r, sizes_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) if self.tty else (-1, -1)
         errors_r, errors_w = os.pipe2(os.O_CLOEXEC)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
@@ -184,30 +217,38 @@ class _Command:
             if pid == 0:
                 os.close(errors_r)
                 os.close(report_r)
-                self._child(fds, confinement, errors_w, report_w, others)  # never returns
+                mine = [sizes_w] if self.tty else []  # the agent's end
+                self._child(fds, confinement, errors_w, report_w, [*others, *mine],
+                            sizes=sizes_r)  # never returns
             os.close(errors_w)
             errors_w = -1
             said = _read_all(errors_r)  # nothing, once the command runs
         except BaseException:
             os.close(report_r)
+            if sizes_w >= 0:
+                os.close(sizes_w)
             raise
         finally:
-            os.close(errors_r)
-            os.close(report_w)
-            if errors_w >= 0:
-                os.close(errors_w)
+            for fd in (errors_r, report_w, errors_w, sizes_r):
+                if fd >= 0:
+                    os.close(fd)
         if said:
             os.close(report_r)
+            if sizes_w >= 0:
+                os.close(sizes_w)
             os.waitpid(pid, 0)
             raise NotStarted(said.decode(errors="replace")[:4000])
-        return pid, report_r
+        return pid, report_r, sizes_w
 
     def _child(self, fds: list[int], confinement: Confinement, errors: int, report: int,
-               others: list[int]) -> None:
+               others: list[int], *, sizes: int) -> None:
         """In the clone: the command's session, namespaces, directory, limits and confinement,
         then the command. Whatever fails before the command runs is said on `errors` and ends
         the clone (the agent reaps it)."""
         try:
+            # Held until a supervisor's handlers pass them on: one sent right after the start
+            # is not lost (an init ignores what it has no handler for).
+            signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
             signal.set_wakeup_fd(-1)  # the agent's, closed next with the rest of its own
             for fd in others:
                 os.close(fd)
@@ -221,17 +262,21 @@ class _Command:
                 raise NotStarted(f"cwd {self.cwd}: {exc.strerror or exc}") from None
             _limit_processes(self.pids)
             confinement.drop()
+            try:  # as the command's uid, its terminal its own: the sandbox's devpts
+                master, slave = terminal.open_pty(*self.tty) if self.tty else (-1, -1)
+            except OSError as exc:
+                raise NotStarted(f"cannot open a terminal: {exc.strerror or exc}") from None
             try:
                 program = _which(self.argv[0], self.env.get("PATH", os.defpath))
-                if not confinement.own_namespaces:  # the clone becomes the command
+                if not confinement.own_namespaces and self.tty is None:  # it becomes the command
                     for target, fd in enumerate(fds):
                         os.dup2(fd, target)
                     signal.pthread_sigmask(signal.SIG_SETMASK, ())
                     os.execve(program, self.argv, self.env)  # noqa: S606 argv, not a shell
                 command = os.posix_spawn(
                     program, self.argv, self.env, setsid=True, setsigdef=_DEFAULT_SIGNALS,
-                    setsigmask=(), file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
-                                                 for target, fd in enumerate(fds)])
+                    setsigmask=(), file_actions=terminal.controlling(slave) if self.tty
+                    else [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)])
             except OSError as exc:
                 raise NotStarted(f"{self.argv[0]}: {exc.strerror or exc}") from None
         except NotStarted as exc:
@@ -239,30 +284,46 @@ class _Command:
         except BaseException as exc:  # the clone must never return into the agent
             said = f"cannot start: {exc}"
         else:
-            for fd in (*fds, errors):  # the command's streams are its own; it has started
+            # The command's streams are its own; it has started. A terminal's relay keeps the
+            # exec's stdin and stdout, the master and the pipe of sizes.
+            for fd in (errors, *([*fds[2:], slave] if self.tty else fds)):
                 os.close(fd)
-            self._init(command, report)
+            self._init(command, report, [*fds[:2], master, sizes] if self.tty else None)
         with contextlib.suppress(OSError):
             os.write(errors, said.encode()[:4000] or b"cannot start")
         os._exit(NOT_STARTED)
 
     @staticmethod
-    def _init(command: int, report: int) -> None:
+    def _init(command: int, report: int, relayed: list[int] | None) -> None:
         """PID 1 of the command's namespaces, the command PID 2 (so that it keeps a process's
         usual signals: an init ignores those it has no handler for, even its own): reap what
         comes, and once the command ends say its wait status on `report` and exit, which ends
         the namespace with whatever is left in it. It holds no capability and runs under the
         filter like the command; it is not dumpable (the agent's copy), so the command cannot
-        open its descriptors or memory; the worst a command can do to it is to itself."""
-        while True:
-            try:
-                pid, code = os.waitpid(-1, 0)
-            except ChildProcessError:  # cannot be: the command is ours until reaped
-                os._exit(1)
-            if pid == command:
-                with contextlib.suppress(OSError):
-                    os.write(report, b"%d" % code)
-                os._exit(0)
+        open its descriptors or memory; the worst a command can do to it is to itself.
+
+        It passes the `signal` op's signals on to the command's process group, and on a
+        terminal (`relayed`: the exec's stdin and stdout, the master) relays it meanwhile."""
+        for number in _FORWARDED:
+            signal.signal(number, lambda n, _: _killpg(command, n))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        code = None
+        try:
+            if relayed is not None:
+                code = terminal.relay(command, *relayed)
+            while code is None:
+                pid, status = os.waitpid(-1, 0)
+                code = status if pid == command else None
+        except (ChildProcessError, OSError):  # cannot be: the command is ours until reaped
+            os._exit(1)
+        with contextlib.suppress(OSError):
+            os.write(report, b"%d" % code)
+        os._exit(0)
+
+
+def _killpg(group: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, number)
 
 
 def _limit_processes(pids: int) -> None:

@@ -10,6 +10,9 @@ B=/sealgate/busybox
 fail() { echo "sealgate guest init: $*" > /dev/hvc0; $B reboot -f; }
 $B mount -t devtmpfs -o nosuid,noexec dev /dev || fail "devtmpfs"
 $B mount -t proc -o nosuid,nodev,noexec proc /proc || fail "proc"
+# The terminals of commands run with one (/dev/ptmx, devtmpfs's, opens this instance).
+$B mkdir -p /dev/pts
+$B mount -t devpts -o nosuid,noexec,mode=0620,ptmxmode=0666 devpts /dev/pts || fail "devpts"
 # The guest's boot line names nothing of the host's but its TSC rate under emulation; it reads
 # empty as on the other tiers.
 $B mount --bind /sealgate/empty /proc/cmdline || fail "/proc/cmdline"

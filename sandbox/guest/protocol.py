@@ -12,7 +12,7 @@ the request's descriptors passed with it (SCM_RIGHTS):
 
     agent -> daemon  {"op": "ready", "version"}               once, when it serves
                      {"op": "failed", "detail"}               a launcher that could not start
-    daemon -> agent  {"op": "exec", "id", "argv", "env", "cwd", "timeout", "pids"}
+    daemon -> agent  {"op": "exec", "id", "argv", "env", "cwd", "timeout", "pids", "tty"}
                          fds: stdin, stdout, stderr, status
                      {"op": "put", "id", "path", "size", "mode"}   fds: data (read), status
                      {"op": "get", "id", "path", "limit"}         fds: data (write), status
@@ -24,6 +24,13 @@ the request's descriptors passed with it (SCM_RIGHTS):
                      {"op": "untar", "id", "path", "max_bytes", "max_entries"}
                                                                   fds: data (read), status
                      {"op": "watch", "id", "path", "recursive"}  fds: events (write), status
+                     {"op": "signal", "id", "signal"}   a running exec's process group
+                     {"op": "resize", "id", "rows", "cols"}   a running exec's terminal
+
+An exec with `tty` ([rows, cols], else null) runs on a pseudo-terminal the agent opens inside
+the sandbox (its own devpts), the command its session leader with the terminal as controlling
+tty; the terminal's output comes on stdout (stderr is closed at once) and stdin is typed into
+it, relayed by the command's supervisor inside (`terminal`).
 
 A request is answered on its status descriptor, one JSON line (`status_line`): an exec's
 `exit`, `ending` (`Ending`), `signal`, `usage`, `error`; a put's or get's `size` or `error`
@@ -73,7 +80,9 @@ class Op(StrEnum):
     TAR = "tar"  # a directory out as a tar stream
     UNTAR = "untar"  # a tar stream unpacked into a directory
     WATCH = "watch"
-    # frames, host -> guest (exec, put, get, kill as well, with the guest's own fields)
+    SIGNAL = "signal"
+    RESIZE = "resize"
+    # frames, host -> guest (exec, put, get, kill, resize as well, with the guest's own fields)
     PING = "ping"
     NET = "net"
     SEAL = "seal"
@@ -119,10 +128,12 @@ DESCRIPTORS: dict[str, tuple[tuple[str, str], ...]] = {
     Op.TAR: (("data", OUT), ("status", OUT)),
     Op.UNTAR: (("data", IN), ("status", OUT)),
     Op.WATCH: (("events", OUT), ("status", OUT)),
+    Op.SIGNAL: (),
+    Op.RESIZE: (),
 }
 # A request's fields besides op and id.
 FIELDS: dict[str, tuple[str, ...]] = {
-    Op.EXEC: ("argv", "env", "cwd", "timeout", "pids"),
+    Op.EXEC: ("argv", "env", "cwd", "timeout", "pids", "tty"),
     Op.PUT: ("path", "size", "mode"),
     Op.GET: ("path", "limit"),
     Op.KILL: (),
@@ -134,7 +145,25 @@ FIELDS: dict[str, tuple[str, ...]] = {
     Op.TAR: ("path",),
     Op.UNTAR: ("path", "max_bytes", "max_entries"),
     Op.WATCH: ("path", "recursive"),
+    Op.SIGNAL: ("signal",),
+    Op.RESIZE: ("rows", "cols"),
 }
+# The signals a caller may send a running command's process group, by name (Linux's numbers,
+# the same on every tier: each runs a Linux kernel). KILL is the kill op (its status says
+# killed); STOP and CONT are not among them: a stopped command would hold its place with its
+# time limit running, and pausing the sandbox is the way to freeze it.
+SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15}
+TTY_MAX = 4096  # a terminal's rows or columns, at most
+
+
+def terminal_size(value: Any) -> tuple[int, int] | None:
+    """An exec's or resize's [rows, cols] as two ints from 1 to TTY_MAX; None for anything
+    else."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    if not all(type(n) is int and 0 < n <= TTY_MAX for n in value):
+        return None
+    return int(value[0]), int(value[1])
 # One request: well under the socket's buffer (a bigger one would fail to send, EMSGSIZE).
 MAX_REQUEST = 128 << 10
 _MAX_PACKET = 1 << 20  # what the agent reads at once

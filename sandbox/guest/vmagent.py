@@ -11,7 +11,7 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   `exec` does it if the host has not), so that only the scratch mounts are writable;
 - `root` (dirs, files): a sandbox from an image: its root made of the image's disk, with the
   staged files laid over (`vmroot`), before the seal;
-- `exec` (argv, env, cwd, uid, gid, timeout, pids): starts the command in a new session and a
+- `exec` (argv, env, cwd, uid, gid, timeout, pids, tty): starts the command in a new session and a
   cgroup of its own as that uid with no supplementary groups, only the environment given, and
   at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
   payload closes it), `kill` signals its process group (SIGKILL, the default: its cgroup);
@@ -23,14 +23,14 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   the image's root is made) it runs chrooted there as the guest's root (uid 0, the only uid
   an image's files are writable by): there the VM is the boundary, not a uid, and the process
   limit is its cgroup's `pids.max` (root is not held to RLIMIT_NPROC). Without it, never as
-  root.
+  root. With `tty` ([rows, cols]) its streams are a terminal of the guest's devpts, its
+  controlling terminal, whose output comes as fd 1 and which `resize` (rows, cols) resizes.
 
 The agent holds nothing the host has not handed it: no credential, no key.
 """
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import resource
@@ -40,8 +40,22 @@ import subprocess
 import sys
 import time
 
-from .protocol import MAX_FRAME, NOT_STARTED, TIMED_OUT, VERSION, Frames, Op, encode
-from .vmos import CGROUPS, born_in, configure, kill_group, killpg, port_path, put, seal, warm_up
+from . import terminal
+from .protocol import MAX_FRAME, NOT_STARTED, TIMED_OUT, VERSION, Frames, Op, encode, terminal_size
+from .vmos import (
+    CGROUPS,
+    born_in,
+    configure,
+    drain,
+    gone,
+    kill_all,
+    killpg,
+    port_path,
+    put,
+    seal,
+    wait_writable,
+    warm_up,
+)
 
 # Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
 # and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
@@ -97,7 +111,7 @@ class Agent:
             try:
                 view = view[os.write(fd, view):]
             except BlockingIOError:
-                _wait_writable(fd)
+                wait_writable(fd)
 
     def run(self) -> None:
         self.send({"op": Op.READY, "kernel": os.uname().release, "version": VERSION})
@@ -129,7 +143,7 @@ class Agent:
         if kind == "port":
             self._from_host()
         elif kind == "wake":
-            _drain(self.wake_r)
+            drain(self.wake_r)
             self._reap()
         elif kind == "out":
             self._output(cmd, fd)
@@ -177,11 +191,16 @@ class Agent:
             cmd.pending += payload
             cmd.closing = cmd.closing or not payload
             self._feed(cmd)
+        elif op == Op.RESIZE:
+            cmd = self.commands[int(header["id"])]
+            size = terminal_size([header.get("rows"), header.get("cols")])
+            if size is not None and cmd.outputs:  # a terminal's master, until it ends
+                terminal.resize(next(iter(cmd.outputs)), *size)
         elif op == Op.KILL:
             cmd = self.commands[int(header["id"])]
             sig = int(header.get("signal", signal.SIGKILL))
             if cmd.status is None and sig == signal.SIGKILL:
-                _kill(cmd)
+                kill_all(cmd)
             elif cmd.status is None:
                 killpg(cmd.pid, sig)
         else:
@@ -209,6 +228,10 @@ class Agent:
         group = f"{CGROUPS}/command-{next(self.groups)}"
         os.mkdir(group)
         enter = None
+        tty = terminal_size(header.get("tty"))
+        master, slave = terminal.open_pty(*tty) if tty else (-1, -1)
+        if tty:
+            os.fchown(slave, uid, gid)  # the command's own, as after a login
         if in_root:
             root = self.root or "/"  # set: checked above
             # Root is not held to RLIMIT_NPROC: its group is (the agent in it for the fork).
@@ -219,32 +242,43 @@ class Agent:
             def enter() -> None:  # in the child, after its uid is set, before its exec
                 os.chroot(root)
                 os.chdir(cwd)
+        streams = subprocess.PIPE if slave < 0 else slave
+
+        def started() -> None:  # in the child: its terminal, then the image's root if any
+            terminal.take(0)
+            if enter is not None:
+                enter()
         try:
             child = born_in(group, argv, env=env, cwd=None if in_root else cwd,
                             user=uid, group=gid, extra_groups=[], start_new_session=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, close_fds=True, preexec_fn=enter)
+                            stdin=streams, stdout=streams, stderr=streams, close_fds=True,
+                            preexec_fn=enter if slave < 0 else started)
         except (OSError, subprocess.SubprocessError) as exc:
+            if master >= 0:
+                os.close(master)
             os.rmdir(group)  # the failed child was reaped: nothing is in it
             said = (f"cannot run {argv[0]!r}: {exc.strerror or exc}" if isinstance(exc, OSError)
                     else f"cannot enter {cwd!r} in the image's root" if in_root else str(exc))
             self.send({"op": Op.OUT, "id": ident, "fd": 2}, f"sealgate: {said}\n".encode())
             self.send({"op": Op.EXIT, "id": ident, "code": NOT_STARTED})
             return
+        finally:
+            if slave >= 0:
+                os.close(slave)
         # The pipes are read by the select loop; the Popen object's own waiting is never used
-        # (the agent, PID 1, reaps every child itself).
-        assert child.stdin and child.stdout and child.stderr
-        stdin = os.dup(child.stdin.fileno())
+        # (the agent, PID 1, reaps every child itself). A terminal is its master, both ways.
+        pipes = [p for p in (child.stdin, child.stdout, child.stderr) if p is not None]
+        stdin = os.dup(master if slave >= 0 else pipes[0].fileno())
         timeout = header.get("timeout")
         cmd = _Command(ident, child.pid, group,
                        time.monotonic() + float(timeout) if timeout else None, stdin)
         os.set_blocking(stdin, False)
-        for pipe, fd in ((child.stdout, 1), (child.stderr, 2)):
-            dup = os.dup(pipe.fileno())
-            os.set_blocking(dup, False)
-            cmd.outputs.add(dup)
-            self.sel.register(dup, selectors.EVENT_READ, ("out", (cmd, fd)))
-        for pipe in (child.stdin, child.stdout, child.stderr):
+        for out, fd in ([(master, 1)] if slave >= 0 else
+                        [(os.dup(pipes[1].fileno()), 1), (os.dup(pipes[2].fileno()), 2)]):
+            os.set_blocking(out, False)
+            cmd.outputs.add(out)
+            self.sel.register(out, selectors.EVENT_READ, ("out", (cmd, fd)))
+        for pipe in pipes:
             pipe.close()
         child.returncode = 0  # so its finaliser never waits for what the agent reaps
         self.commands[ident] = cmd
@@ -272,6 +306,8 @@ class Agent:
             data = os.read(fd, _CHUNK)
         except BlockingIOError:
             return
+        except OSError:  # a terminal's master once no one holds its other side (EIO)
+            data = b""
         if data:
             self.send({"op": Op.OUT, "id": cmd.id, "fd": which}, data)
             return
@@ -320,7 +356,7 @@ class Agent:
             cmd.status = os.waitstatus_to_exitcode(status)
             # Everything it started goes with it, whatever session it moved to: nothing
             # outlives it or holds its output open.
-            _kill(cmd)
+            kill_all(cmd)
             cmd.gone_by = time.monotonic() + _GONE_SECONDS
             self._finish(cmd)
 
@@ -330,10 +366,10 @@ class Agent:
             if cmd.status is None and cmd.deadline is not None and now >= cmd.deadline:
                 cmd.timed_out = True
                 cmd.deadline = None
-                _kill(cmd)
+                kill_all(cmd)
 
     def _finish(self, cmd: _Command) -> None:
-        if cmd.status is None or cmd.outputs or not _gone(cmd):
+        if cmd.status is None or cmd.outputs or not gone(cmd):
             return
         if cmd.stdin is not None:
             if cmd.stdin in self.sel.get_map():
@@ -350,41 +386,6 @@ class Agent:
             ended["code"] = status
         del self.commands[cmd.id]
         self.send(ended)
-
-
-def _wait_writable(fd: int) -> None:
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_WRITE)
-        sel.select(1.0)
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _kill(cmd: _Command) -> None:
-    """SIGKILL for every process of the command's, at once (its cgroup's)."""
-    if cmd.group is not None and not kill_group(cmd.group):
-        killpg(cmd.pid, signal.SIGKILL)  # never expected; its session, at least
-
-
-def _gone(cmd: _Command) -> bool:
-    """Whether nothing of the ended command runs any more (its group removed, which only an
-    empty one can be), or what is left has had its time to die: its exit is said then, and an
-    empty group that cannot be removed is left behind."""
-    if cmd.group is None:
-        return True
-    try:
-        os.rmdir(cmd.group)
-    except OSError as exc:
-        if exc.errno == errno.EBUSY and time.monotonic() < cmd.gone_by:
-            return False
-    cmd.group = None
-    return True
 
 
 def main() -> None:

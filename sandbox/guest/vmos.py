@@ -4,8 +4,12 @@ its channel's device, its processes. Standard library only, as the agent."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import selectors
+import signal
 import subprocess
+import time
 
 TYPE_CHECKING = False  # typing costs the guest's start; type checkers take this as true
 if TYPE_CHECKING:
@@ -99,3 +103,38 @@ def port_path() -> str:
         except FileNotFoundError:  # a console port has no name
             continue
     raise FileNotFoundError(f"no virtio port named {PORT_NAME}")
+
+
+def wait_writable(fd: int) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_WRITE)
+        sel.select(1.0)
+
+
+def drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def kill_all(cmd: Any) -> None:
+    """SIGKILL for every process of a command's (the agent's `_Command`), at once (its cgroup's)."""
+    if cmd.group is not None and not kill_group(cmd.group):
+        killpg(cmd.pid, signal.SIGKILL)  # never expected; its session, at least
+
+
+def gone(cmd: Any) -> bool:
+    """Whether nothing of the ended command runs any more (its group removed, which only an
+    empty one can be), or what is left has had its time to die: its exit is said then, and an
+    empty group that cannot be removed is left behind."""
+    if cmd.group is None:
+        return True
+    try:
+        os.rmdir(cmd.group)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY and time.monotonic() < cmd.gone_by:
+            return False
+    cmd.group = None
+    return True

@@ -84,7 +84,7 @@ def test_kill_and_the_sandboxs_end(sandboxd: Daemon) -> None:
         assert sb.refresh()["running"] >= 1  # the other one holds the sandbox busy
         with pytest.raises(DaemonError) as refused:
             sb.client.call("POST", f"/v1/sandboxes/{sb.id}/processes/{kept.pid}/signal",
-                           {"signal": "TERM"})
+                           {"signal": "STOP"})  # pausing the sandbox is the way to freeze
         assert refused.value.reason is Reason.UNSUPPORTED
         for pid in ("999", "abc", "-1"):
             with pytest.raises(DaemonError) as refused:

@@ -63,6 +63,11 @@ def _run(node: str, files: list[str], sandboxd: Daemon, extra: dict[str, str]) -
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(PACKAGE),
            "SEALGATE_SANDBOXD": str(sandboxd.socket), "SEALGATE_TEST_SANDBOX": "ci-bot",
            "SEALGATE_TEST_OTHER_SANDBOX": "other-bot", "NO_COLOR": "1", **extra}
+    # Node 20 and 21 have the global WebSocket (the client's terminals) behind a flag.
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    if re.match(r"v2[01]\.", version):
+        env["NODE_OPTIONS"] = "--experimental-websocket"
     try:
         done = subprocess.run([node, "--test", "--test-reporter=tap", *files], cwd=PACKAGE,
                               env=env, capture_output=True, text=True, timeout=300, check=False)

@@ -20,7 +20,7 @@ async def _events(pieces: list[tuple[str, bytes]]) -> AsyncGenerator[tuple[str, 
 
 
 async def _drained(pieces: list[tuple[str, bytes]]) -> tuple[Background, list[dict[str, Any]]]:
-    process = Background(1, ["x"], _events(pieces), asyncio.Queue(), lambda: None)
+    process = Background(1, ["x"], _events(pieces), asyncio.Queue(), lambda op, **fields: None)
     await process.wait()
     return process, [event async for event in process.output(0, follow=False)]
 

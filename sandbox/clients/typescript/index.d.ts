@@ -116,6 +116,11 @@ export declare class Sandbox {
    * over the unix socket its path. WebSocket upgrades through it are relayed too. */
   url(port: number, opts?: CallOptions & { expiresIn?: number }): Promise<string>;
   processes(opts?: CallOptions): Promise<Process[]>;
+  /** `argv` (a login shell by default) on a terminal inside the sandbox: over Node's global
+   * WebSocket (Node >= 22) to a daemon's TCP listener; `unsupported` (a DaemonError) where
+   * Node has no WebSocket or the daemon is a unix socket. */
+  pty(opts?: { rows?: number; cols?: number; argv?: string[]; env?: Record<string, string>;
+    cwd?: string; timeout?: number | null }): Promise<Terminal>;
   /** The bytes written. */
   write(path: string, data: Bytes, opts?: CallOptions & { mode?: number }): Promise<number>;
   read(path: string, opts?: CallOptions): Promise<Buffer>;
@@ -199,6 +204,24 @@ export declare class Process {
   write(data: Bytes, opts?: CallOptions & { close?: boolean }): Promise<void>;
   /** No call limit by default. */
   wait(opts?: CallOptions): Promise<Result>;
+  /** A signal to its process group, sent inside the sandbox (default TERM). */
+  signal(name?: 'TERM' | 'INT' | 'HUP' | 'QUIT' | 'USR1' | 'USR2' | 'KILL',
+    opts?: CallOptions): Promise<void>;
   kill(opts?: CallOptions): Promise<void>;
   refresh(opts?: CallOptions): Promise<Record<string, any>>;
+}
+
+/** A command on a terminal in a sandbox (`Sandbox.pty`), over Node's global WebSocket. */
+export declare class Terminal {
+  /** Its status once it has ended. */
+  result: Result | null;
+  /** What the terminal shows, as it comes. */
+  onData(listener: (data: Buffer) => void): void;
+  /** Typed into the terminal. */
+  write(data: Bytes): void;
+  resize(rows: number, cols: number): void;
+  /** Its status once it has ended; a DaemonError for a refusal or a close without one. */
+  wait(): Promise<Result>;
+  /** Ends it: the daemon kills the command. */
+  close(): void;
 }

@@ -6,3 +6,4 @@ export { Files, Watch } from './src/files.js';
 export { Process } from './src/process.js';
 export { Result } from './src/result.js';
 export { Sandbox } from './src/sandbox.js';
+export { Terminal } from './src/terminal.js';

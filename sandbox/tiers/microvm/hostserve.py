@@ -15,7 +15,8 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   same walk of the workspace that never follows a link, with the workload's rights and no
   more; the guest agent's own root file calls are only ever used for what the host stages.
   The request's descriptors become the process's standard streams (`shim.main`);
-- `kill`: the guest kills the command's process group.
+- `kill`: the guest kills the command's process group; `signal`: it sends it the signal;
+  `resize`: the guest resizes an exec's terminal (an exec with `tty` runs on one there).
 
 A slot from an image (`Order.disk`) has its root made in the guest at set-up (`hostrun`); its
 execs run there as the guest's root (`root`: the image's files are root's, and the VM is the
@@ -52,6 +53,7 @@ from ...guest.protocol import (
     DESCRIPTORS,
     FIELDS,
     IN,
+    SIGNALS,
     WORKSPACE,
     Ending,
     GuestFrames,
@@ -152,10 +154,16 @@ class Server:
 
     def _dispatch(self, message: bytes, fds: list[int]) -> None:
         op, ident, req = parse(message, fds) or (None, 0, {})
-        if op == Op.KILL:
-            if (gid := self._running.get(ident)) is not None:
-                self._killed.add(gid)
-                self.guest.send({"op": Op.KILL, "id": gid})
+        if op in (Op.KILL, Op.SIGNAL, Op.RESIZE):
+            number = req.get("signal") if op == Op.SIGNAL else SIGNALS["KILL"]
+            if (gid := self._running.get(ident)) is None:
+                return
+            if op == Op.RESIZE:
+                self.guest.send({"op": Op.RESIZE, "id": gid, "rows": req.get("rows"),
+                                 "cols": req.get("cols")})
+            elif number in SIGNALS.values():  # the guest kills its group for KILL
+                self._killed.update([gid] if op == Op.KILL else [])
+                self.guest.send({"op": Op.KILL, "id": gid, "signal": number})
             return
         if op is not None and self._slots.acquire(blocking=False):
             # Known before its thread runs: a kill right behind the request finds it.
@@ -200,13 +208,13 @@ class Server:
 
     def _start(self, gid: int, argv: list[str], env: dict[str, Any], stdin: int, *,
                cwd: str | None, timeout: float | None, pids: int | None = None,
-               in_root: bool = False) -> None:
+               in_root: bool = False, tty: list[int] | None = None) -> None:
         # The create's process limit is each command's RLIMIT_NPROC inside, as in the agent
         # (or its cgroup's, in an image's root: `vmagent`).
         order = self.order
         frame = {"op": Op.EXEC, "id": gid, "argv": argv, "env": env, "cwd": cwd or WORKSPACE,
                  "uid": order.uid, "gid": order.gid, "timeout": timeout,
-                 "pids": pids or order.pids}
+                 "pids": pids or order.pids, "tty": tty}
         if in_root:  # the image's files are root's: its commands are the guest's root there
             frame.update(uid=0, gid=0, root=True)
         self.guest.send(frame)
@@ -230,7 +238,8 @@ class Server:
         timeout = req.get("timeout")
         self._start(gid, [str(a) for a in req["argv"]], dict(req.get("env") or {}), stdin,
                     cwd=req.get("cwd"), timeout=None if timeout is None else float(timeout),
-                    pids=req.get("pids"), in_root=self.order.disk is not None)
+                    pids=req.get("pids"), in_root=self.order.disk is not None,
+                    tty=req.get("tty"))
         ended, error = _drain(frames, {1: stdout, 2: stderr}, timeout)
         for fd in (stdout, stderr):
             os.close(fd)

@@ -65,9 +65,15 @@ export class Process {
     return new Result(await this.client.call('GET', this.path('/wait'), undefined, { callTimeout }));
   }
 
+  /** A signal to its process group, sent inside the sandbox: TERM, INT, HUP, QUIT, USR1,
+   * USR2 or KILL. @param {string} [name] @param {{callTimeout?: number | null}} [opts] */
+  async signal(name = 'TERM', { callTimeout } = {}) {
+    this.info = await this.client.call('POST', this.path('/signal'), { signal: name },
+      { callTimeout });
+  }
+
   /** @param {{callTimeout?: number | null}} [opts] */
   async kill({ callTimeout } = {}) {
-    this.info = await this.client.call('POST', this.path('/signal'), { signal: 'KILL' },
-      { callTimeout });
+    await this.signal('KILL', { callTimeout });
   }
 }

@@ -3,6 +3,7 @@ import { Client, GRACE } from './client.js';
 import { CommandFailed, DaemonError, malformed } from './errors.js';
 import { Files } from './files.js';
 import { Process } from './process.js';
+import { Terminal } from './terminal.js';
 import { eventOf, execBody, fieldsOf, streamCut } from './result.js';
 
 /** @typedef {import('./client.js').CallOptions} CallOptions */
@@ -140,6 +141,19 @@ export class Sandbox {
     const info = await this.client.call('POST', this.path('/exec'), { ...body, background: true },
       { headers, callTimeout: opts.callTimeout });
     return new Process(this.client, this.id, info);
+  }
+
+  /** `argv` (by default a login shell) on a terminal of `rows` x `cols` inside the sandbox,
+   * over Node's global WebSocket (`Terminal`; `unsupported` where Node has none).
+   * @param {{rows?: number, cols?: number, argv?: string[], env?: Record<string, string>,
+   *   cwd?: string, timeout?: number | null}} [opts] */
+  async pty({ rows = 24, cols = 80, argv, env, cwd, timeout = null } = {}) {
+    /** @type {Record<string, unknown>} */
+    const message = { tty: { rows, cols }, timeout };
+    if (argv) message.argv = argv;
+    if (env) message.env = env;
+    if (cwd) message.cwd = cwd;
+    return Terminal.open(this.client, this.path('/pty'), message);
   }
 
   /** An HTTP request to `port` of the sandbox's own loopback, through the daemon (no one else
