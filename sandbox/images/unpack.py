@@ -49,6 +49,8 @@ from typing import IO, Any, Protocol
 
 import zstandard
 
+from ..guest.tarball import Refused
+from ..guest.tarball import parts as member_parts
 from .errors import ImageError
 
 WHITEOUT = ".wh."
@@ -169,16 +171,12 @@ def unpack(stream: Readable, dest: Path, *, max_entries: int, what: str) -> tupl
 
 
 def parts(name: str, what: str) -> tuple[str, ...]:
-    """A member name's components, `./` and empty ones dropped; absolute names, `..` and NUL
-    refused."""
-    if "\x00" in name:
-        raise ImageError(f"{what}: member {name!r}: a NUL in its name")
-    if name.startswith("/"):
-        raise ImageError(f"{what}: member {name!r}: an absolute name")
-    comps = tuple(c for c in name.split("/") if c not in ("", "."))
-    if ".." in comps:
-        raise ImageError(f"{what}: member {name!r}: a '..' component")
-    return comps
+    """A member name's components (the guest unpacker's rule, one for both), its refusal an
+    ImageError naming `what`."""
+    try:
+        return member_parts(name)
+    except Refused as exc:
+        raise ImageError(f"{what}: {exc}") from None
 
 
 @dataclass
