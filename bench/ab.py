@@ -72,6 +72,17 @@ PATHS = {
 SECRET_NAME = "bench_key"
 
 
+_ISOLATED = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if "Editable" not in getattr(f, "__qualname__", type(f).__qualname__)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "Editable" not in getattr(h, "__qualname__", "")]
+sys.path_importer_cache.clear()
+from sealgate.cli import main
+sys.argv[0] = "sealgate"
+sys.exit(main())
+"""
+
+
 @dataclass(frozen=True)
 class Side:
     name: str  # "old" or "new"
@@ -104,10 +115,11 @@ def build_of(revision: str) -> Build:
         if done.returncode != 0:
             raise BenchError(f"pip could not install {revision}: {done.stderr[-1500:]}")
         (home / "installed").write_text(commit + "\n")
-    # Its own sealgate first on the path; this venv's packages (mitmproxy, ...) after it.
-    return Build(f"{revision} ({commit[:10]})",
-                 [sys.executable, "-c", "import sys; from sealgate.cli import main; "
-                  "sys.argv[0] = 'sealgate'; sys.exit(main())"],
+    # Its own sealgate first on the path, this venv's packages (mitmproxy, ...) after it. The
+    # venv's editable install of this tree must not answer for any of its modules: -P keeps
+    # the working directory (this checkout's sealgate/) off the path, and _ISOLATED drops the
+    # editable finders, which would fill in a module the old tree lacks with this tree's.
+    return Build(f"{revision} ({commit[:10]})", [sys.executable, "-P", "-c", _ISOLATED],
                  {"PYTHONPATH": str(site)})
 
 

@@ -7,6 +7,7 @@ only `proxy` needs the second it takes to import.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -190,15 +191,15 @@ def _run_proxy(args: argparse.Namespace) -> int:
     except mitm.MitmproxyMismatch as exc:
         print(exc, file=sys.stderr)
         return 2
-    from . import eventloop, supervisor
+    from . import supervisor
     from .master import prepare
 
     if args.worker_index is None:
         prepare(config)
     try:
         if config.workers > 1 and args.worker_index is None:
-            return eventloop.run(supervisor.supervise(config))
-        return eventloop.run(supervisor.serve_one(config, args.worker_index))
+            return asyncio.run(supervisor.supervise(config))
+        return asyncio.run(supervisor.serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
         # mitmproxy rolls a failed option update back, re-running configure on the defaults;
         # an error there would mask the one that matters, which is the first in the chain.

@@ -90,7 +90,6 @@ class StartupReport:
             lines.append(f"  mode       {mode}")
         if self.config.workers > 1:
             lines.append(f"  workers    {self.config.workers} (SO_REUSEPORT)")
-        lines.append(f"  event loop {type(asyncio.get_running_loop()).__module__.split('.')[0]}")
         lines.append(f"  rules      {self.config.rules}")
         if rules is not None:
             for name, policy in sorted(rules.policies.items()):
