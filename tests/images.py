@@ -10,6 +10,8 @@ the script left in `<dir>/<name>.why`, else that it has not been run.
   /bin, /etc/passwd and /etc/group (root, nobody), /tmp (1777), /root, /home;
   Env PATH=/bin:/usr/bin, WorkingDir /, Cmd ["/bin/sh"].
 - `busybox_archive()`: the same layout as an oci-archive (one tar).
+- `busybox_program()`: its /bin/busybox, a static program, for images a test builds itself
+  (the host need not have busybox installed).
 - `debian_layout()`: an OCI layout, two layers: Debian bookworm (debootstrap minbase with
   python3, python3-pip, ca-certificates; setuid /usr/bin/su, mount, passwd...; /dev empty),
   then `DEBIAN_MARKER` added and `DEBIAN_DELETED` removed through whiteouts;
@@ -20,7 +22,9 @@ Every layout's one manifest is tagged `REF`.
 
 from __future__ import annotations
 
+import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +48,20 @@ def busybox_layout() -> Path:
 
 def busybox_archive() -> Path:
     return _found("busybox.tar", "busybox")
+
+
+def busybox_program() -> bytes:
+    layout = busybox_layout()
+
+    def blob(digest: str) -> Path:
+        return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(blob(index["manifests"][0]["digest"]).read_text())
+    with tarfile.open(blob(manifest["layers"][0]["digest"])) as layer:
+        member = layer.extractfile("bin/busybox")
+        assert member is not None, "the busybox image has no bin/busybox"
+        return member.read()
 
 
 def debian_layout() -> Path:

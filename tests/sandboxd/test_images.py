@@ -58,7 +58,7 @@ def _hostile(where: Path) -> Path:
     trust store and /tmp (links out), a setuid shell, the proxy variables and an LD_PRELOAD in
     its Env. Each is a layer member our unpacker takes (the ones it refuses are
     tests/unit/test_image_unpack.py's)."""
-    busybox = Path("/bin/busybox").read_bytes()
+    busybox = images.busybox_program()
     members = [ocikit.file("bin/busybox", busybox, 0o755),
                *(ocikit.symlink(f"bin/{name}", "busybox") for name in _APPLETS),
                ocikit.file("bin/suid-sh", busybox, 0o4755, uid=0, gid=0),
