@@ -14,13 +14,18 @@ import sys
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sealgate.clikit import Subcommands
 
 from . import tiers
 from .clients import filescli, sessioncli, shellcli
+from .errors import SandboxError
 from .host.cgroup import CgroupError, Limits, parse_size
 from .host.network import DEFAULT_GATEWAY, DEFAULT_RANGE, NetworkError, Plan
+
+if TYPE_CHECKING:
+    from .host.rootfs import ImageRoot
 
 
 def register(sub: Subcommands) -> None:
@@ -71,7 +76,14 @@ def register(sub: Subcommands) -> None:
                    help="an extra environment variable (repeatable): NAME passes the caller's "
                         "value (never shown by ps), NAME=VALUE sets one (visible to ps: not for "
                         "secrets); nothing else of the caller's environment is passed")
-    r.add_argument("command", nargs="+", metavar="-- COMMAND")
+    r.add_argument("--image", help="the sandbox's root: an image of the store (sealgate image), "
+                                   "its layers read-only under the run's own writes; without a "
+                                   "COMMAND its Entrypoint and Cmd run")
+    r.add_argument("--images", type=Path,
+                   help="the image store (default: STATE/images)")
+    r.add_argument("--disk", default="1G",
+                   help="with --image: most bytes the run writes over it (default 1G)")
+    r.add_argument("command", nargs="*", metavar="-- COMMAND")
     r.set_defaults(func=_run)
     g = ps.add_parser("gc", help="clean up what runs and daemons that died left (their leases: "
                                  "processes, registrations, links, tables, cgroups, tmpfs)")
@@ -136,7 +148,6 @@ def _guarded(action: Callable[[], None]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .errors import SandboxError
     from .oneshot import Run, run
 
     if problem := _root():
@@ -159,18 +170,48 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         limits = Limits(args.pids, parse_size(args.memory), args.cpus or None)
+        disk = parse_size(args.disk)
         plan = _plan(args)
     except (CgroupError, NetworkError) as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
+        return 2
+    image = None
+    if args.image is not None:
+        try:
+            image, command = _image(args, command)
+        except SandboxError as exc:  # ImageError
+            print(f"sealgate: {exc}", file=sys.stderr)
+            return 2
+    if not command:
+        print("sealgate: no command to run (give one after --, or an image with an Entrypoint "
+              "or Cmd)", file=sys.stderr)
         return 2
     spec = Run(
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
         transparent_port=args.transparent_port, plan=plan, workspace=args.workspace,
         uid=args.uid, gid=args.uid, env=env, limits=limits, timeout=args.timeout,
-        isolation=args.isolation,
+        isolation=args.isolation, image=image, disk=disk,
     )
     try:
         return run(spec)
     except SandboxError as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 125
+
+
+def _image(args: argparse.Namespace, command: list[str]) -> tuple[ImageRoot, list[str]]:
+    """The run's root from `--image`, and its command: the given one, else the image's
+    Entrypoint and Cmd (a given command replaces the Cmd, as `docker run` does, and runs
+    after the Entrypoint). Raises SandboxError (ImageError)."""
+    from .images import ImageError, Store
+    from .runtime import image_of
+
+    store = Store(args.images or args.state / "images")
+    try:
+        image, root = image_of(store, args.image)
+    except OSError as exc:
+        raise ImageError(f"the image store: {exc.strerror or exc}") from None
+    if image.owner is not None and image.owner != args.sandbox:
+        # A snapshot or template carries what its sandbox wrote: that sandbox's alone.
+        raise ImageError(f"image {args.image[:64]!r} belongs to another sandbox")
+    return root, [*image.entrypoint, *(command or image.cmd)]

@@ -11,10 +11,13 @@ Order matters and every step is undone on the way out, whatever happened:
 4. its name server (`sandbox.host.dns`) is bound on the host end of its link; the CA bundle (system
    roots plus the proxy's CA) and the sandbox's other files are handed over in memory
    (`launch.staged`), never written where the host's paths would show;
-5. the command runs under its isolation tier (`sandbox.tiers`: bubblewrap, gVisor, ...), which
+5. from an image (`sandbox.host.rootfs`), its root: the image's layers shared read-only under
+   the run's own writes, on a scratch tmpfs of `disk` bytes that goes with the run; the image's
+   `Env` and `WorkingDir` apply, under the proxy's variables, as in a sandboxd sandbox;
+6. the command runs under its isolation tier (`sandbox.tiers`: bubblewrap, gVisor, ...), which
    is all that differs between tiers; its exit status is the run's (128 + N for signal N), or
    124 once it has run past its time limit: then it is killed with everything it started;
-6. teardown: whatever is left in the cgroups is killed and they are removed, the address is
+7. teardown: whatever is left in the cgroups is killed and they are removed, the address is
    unregistered, and the namespace deleted before its firewall table, so nothing is ever left
    in it unfiltered.
 
@@ -28,6 +31,7 @@ during set-up they stop it at the next step, and teardown always runs to its end
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -40,12 +44,14 @@ from typing import Any
 
 from . import tiers
 from .errors import SandboxError
+from .host import scratch
 from .host.cgroup import Group, Limits
 from .host.dns import FakeDns
-from .host.launch import NOBODY, Launch, staged
+from .host.launch import NOBODY, Launch, environment, staged
 from .host.network import Plan
+from .host.rootfs import ImageRoot
 from .host.watchdog import Watchdog
-from .runtime import prerequisites, register, take_link, trust
+from .runtime import image_root, image_variables, prerequisites, register, take_link, trust
 
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TIMED_OUT = 124  # as timeout(1) says it
@@ -66,6 +72,8 @@ class Run:
     limits: Limits = field(default_factory=Limits)
     timeout: float | None = 600.0  # seconds the command may run; None: no limit
     isolation: str = tiers.DEFAULT
+    image: ImageRoot | None = None  # None: the host's system directories, read-only
+    disk: int = 1 << 30  # bytes of the scratch tmpfs an image's root writes to
 
 
 def run(spec: Run) -> int:
@@ -82,6 +90,9 @@ def run(spec: Run) -> int:
                 stop.check()
                 register(spec.sandbox, spec.state, link, undo)
                 stop.check()
+                if spec.image is not None:  # its root's writes: gone once its processes are
+                    scratch.create(link.index, spec.uid, spec.gid, spec.disk)
+                    undo.callback(scratch.remove, link.index)
                 # Unwound after the cgroups' removal, which kills every process of the run.
                 undo.callback(tier.clean_up, link.index)
                 group = Group.create(f"run-{link.index}-{os.getpid()}",
@@ -97,8 +108,11 @@ def run(spec: Run) -> int:
                 try:
                     bundle, ca = trust(proxy_ca)
                     launch = Launch(link, spec.command, spec.proxy_port,
-                                    staged(link, bundle, ca), program, spec.workspace, spec.uid,
-                                    spec.gid, spec.env, limits=spec.limits)
+                                    staged(link, bundle, ca, spec.image is not None), program,
+                                    spec.workspace, spec.uid, spec.gid, spec.env,
+                                    limits=spec.limits)
+                    if spec.image is not None:
+                        launch = _from_image(launch, spec.image, spec, tier)
                     started = tier.start(launch, group.dirs, undo)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
@@ -107,6 +121,20 @@ def run(spec: Run) -> int:
         except _Stopped as exc:
             return 128 + exc.signum
     return code
+
+
+def _from_image(launch: Launch, image: ImageRoot, spec: Run, tier: tiers.Tier) -> Launch:
+    """The launch with `image` as its root, on the run's scratch tmpfs."""
+    index = launch.link.index
+    root, disk, dirs = image_root(tier, image, index, spec.uid, launch.files)
+    # The image's variables reach the host's own programs of the launch too (bubblewrap's
+    # setpriv): no loader variable, as for --env. The caller's --env wins over the image's.
+    env = {name: value for name, value in image_variables(environment(launch), image).items()
+           if not name.startswith("LD_")}
+    workdir = image.workdir
+    cwd = workdir if workdir.startswith("/") and spec.workspace is None else None
+    return dataclasses.replace(launch, env={**env, **spec.env}, root=root, disk=disk,
+                               root_dirs=dirs if disk is not None else {}, cwd=cwd)
 
 
 def _remove_watched(group: Group, watchdog: Watchdog) -> None:

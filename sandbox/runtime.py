@@ -12,12 +12,15 @@ cleaning up after a dead run asks every tier (`clean_up_after`):
 - `register`: the proxy learns the sandbox's address through its control API, which is how it
   knows whose requests these are (no proxy password needs to be inside the sandbox);
 - `trust`: the CA bundle (system roots plus the proxy's CA) the sandbox is handed in memory;
+- `image_of`, `image_root` and `image_variables`: a sandbox's root and environment from an image
+  (`sandbox.host.rootfs`), the same for a run and a slot;
 - `setup` and `teardown`: what every sandbox of a range shares, once per host (the gateway).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,10 +35,12 @@ from sealgate.proxy import (
 
 from . import tiers
 from .errors import SandboxError
-from .host import firewall, lease, network, scratch, seccomp
+from .host import firewall, lease, network, rootfs, scratch, seccomp
 from .host.cgroup import Group
 from .host.dns import FakeDns, LoopDns
 from .host.network import Link, Plan
+from .images import Image, Store
+from .images import disk as images_disk
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _N = TypeVar("_N", FakeDns, LoopDns)
@@ -150,3 +155,53 @@ def trust(proxy_ca: Path) -> tuple[bytes, bytes]:
     return roots.rstrip(b"\n") + b"\n" + ca, ca
 
 
+
+
+# The directories an image sandbox needs in its root, whatever the image has there, by mode.
+IMAGE_DIRS = {"/proc": 0o755, "/dev": 0o755, "/run": 0o755, "/workspace": 0o755,
+              "/home/sandbox": 0o755, "/tmp": 0o1777, "/var/tmp": 0o1777}  # noqa: S108
+# What an image's Env may set over ours: the rest (the proxy, the trust store) stays ours.
+_IMAGE_MAY_SET = frozenset({"PATH", "LANG", "TERM", "HOME"})
+
+
+def image_of(store: Store, name: str) -> tuple[Image, rootfs.ImageRoot]:
+    """Image `name` (or digest) of the store, and what a sandbox's root needs of it. Raises
+    ImageError (no such image) or OSError (the store unreadable)."""
+    image = store.get(name)
+    return image, rootfs.ImageRoot(",".join(image.layers), tuple(store.layer_dirs(image)),
+                                   image.env, image.workdir, store.root / "disks")
+
+
+def image_root(tier: tiers.Tier, image: rootfs.ImageRoot, index: int, uid: int,
+               files: Iterable[str]) -> tuple[Path | None, Path | None, dict[str, int]]:
+    """The image as the root of the sandbox on link `index`, whose scratch tmpfs is made:
+    the overlay to give the tier as / (bubblewrap, gVisor), or the read-only disk its guest
+    makes the root of (a microVM), and the directories that root needs, by mode. `files` are
+    the staged files the tier lays over the root. Raises SandboxError (what was mounted goes
+    with the tmpfs)."""
+    if tier.image_owner is None:
+        raise SandboxError(f"images do not run on the {tier.name} tier yet")
+    dirs = dict(IMAGE_DIRS)
+    if image.workdir.startswith("/") and image.workdir != "/":
+        dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
+    if tier.image_owner == "guest":
+        # A kernel of its own makes the root inside, of the image as one read-only disk:
+        # nothing is mounted here.
+        if image.disks is None:
+            raise SandboxError("no place for the image's disk (the image store's)")
+        return None, images_disk.build(image.disks, image.key, image.layers), dirs
+    owner = uid if tier.image_owner == "sandbox" else 0
+    root = rootfs.mount(scratch.mount_point(index), owner, image.layers)
+    rootfs.lay_over(root, owner, dirs, [p for p in files if not p.startswith(("/proc/", "/run/"))])
+    return root, None, dirs
+
+
+def image_variables(ours: Mapping[str, str], image: rootfs.ImageRoot) -> dict[str, str]:
+    """The image's `Env` a command of its sandbox gets: what does not change ours, and its
+    PATH, LANG, TERM and HOME. The proxy's and the trust store's variables stay ours."""
+    found = {}
+    for item in image.env:
+        name, _, value = item.partition("=")
+        if name and "\0" not in item and (name not in ours or name in _IMAGE_MAY_SET):
+            found[name] = value
+    return found

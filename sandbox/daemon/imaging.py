@@ -11,6 +11,7 @@ from sealgate.reasons import Reason
 from .. import tiers
 from ..host.rootfs import ImageRoot
 from ..images import Image, ImageError, Store
+from ..runtime import image_of
 from .events import log
 from .session import Session, SessionError
 
@@ -27,8 +28,7 @@ def image_root(store: Store | None, isolation: str, name: str, policy: str | Non
         raise SessionError(f"images do not run on the {tier.name} tier yet",
                            reason=Reason.BAD_REQUEST)
     try:
-        image = store.get(name)
-        layers = tuple(store.layer_dirs(image))
+        image, root = image_of(store, name)
     except ImageError as exc:
         raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
     except OSError as exc:  # the store unreadable: said, never a traceback
@@ -39,8 +39,7 @@ def image_root(store: Store | None, isolation: str, name: str, policy: str | Non
         # that policy's, never another's (nor a pool's, which any policy takes from).
         raise SessionError(f"image {name[:64]!r} belongs to another policy",
                            reason=Reason.IMAGE_REFUSED)
-    return image, ImageRoot(",".join(image.layers), layers, image.env, image.workdir,
-                            store.root / "disks")
+    return image, root
 
 
 async def snapshot(store: Store | None, isolation: str, session: Session, name: str | None

@@ -39,8 +39,15 @@ from ..host.dns import LoopDns
 from ..host.launch import Launch, environment, staged
 from ..host.network import Link, Plan
 from ..host.watchdog import Watchdog
-from ..images import disk as images_disk
-from ..runtime import prerequisites, remove_link, take_link, trust, unregister
+from ..runtime import (
+    image_root,
+    image_variables,
+    prerequisites,
+    remove_link,
+    take_link,
+    trust,
+    unregister,
+)
 
 SECCOMP = "/run/sealgate/seccomp.bpf"  # the filter the agent installs on every command
 PYTHON = "/usr/bin/python3"  # the host system's, which the sandbox sees read-only
@@ -121,25 +128,11 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
         root = disk = None
         dirs: dict[str, int] = {}
         if image is not None:
-            if tier.image_owner is None:
-                raise SandboxError(f"images do not run on the {tier.name} tier yet")
-            dirs = dict(_IMAGE_DIRS)
-            if image.workdir.startswith("/") and image.workdir != "/":
-                dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
-            if tier.image_owner == "guest":
-                # A kernel of its own makes the root inside, of the image as one read-only
-                # disk: nothing is mounted here, and /workspace stays the slot's scratch.
-                if image.disks is None:
-                    raise SandboxError("no place for the image's disk (sandboxd --images)")
-                disk = images_disk.build(image.disks, image.key, image.layers)
-            else:
-                owner = uid if tier.image_owner == "sandbox" else 0
-                root = rootfs.mount(scratch.mount_point(link.index), owner, image.layers)
+            root, disk, dirs = image_root(tier, image, link.index, uid, files)
+            if root is not None:
                 # What it writes, /workspace and its home included, is its overlay's: one
                 # cap, and all of it in a snapshot.
                 places = {}
-                rootfs.lay_over(root, owner, dirs,
-                                [p for p in files if not p.startswith(("/proc/", "/run/"))])
                 command = [*_host_python(), "-I", "-S", staging.AGENT, "--seccomp", SECCOMP,
                            "--hide", rootfs.HOST]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -182,18 +175,7 @@ def _environment(launch: Launch, image: rootfs.ImageRoot | None) -> dict[str, st
     if image is None:
         return ours
     env = {k: v for k, v in ours.items() if k != "NPM_CONFIG_PREFIX"}  # its root is writable
-    for item in image.env:
-        name, _, value = item.partition("=")
-        if name and "\0" not in item and (name not in ours or name in _IMAGE_MAY_SET):
-            env[name] = value
-    return env
-
-
-# The directories an image sandbox needs in its root, whatever the image has there, by mode.
-_IMAGE_DIRS = {"/proc": 0o755, "/dev": 0o755, "/run": 0o755, "/workspace": 0o755,
-               "/home/sandbox": 0o755, "/tmp": 0o1777, "/var/tmp": 0o1777}  # noqa: S108
-# What an image's Env may set over ours: the rest (the proxy, the trust store) stays ours.
-_IMAGE_MAY_SET = frozenset({"PATH", "LANG", "TERM", "HOME"})
+    return {**env, **image_variables(ours, image)}
 
 
 def release(slot: Slot, config: SlotConfig) -> None:

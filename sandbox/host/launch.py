@@ -70,6 +70,14 @@ class Launch:
     # makes of it, by mode.
     disk: Path | None = None
     root_dirs: Mapping[str, int] = field(default_factory=dict)
+    cwd: str | None = None  # where the command starts (an image's WorkingDir); None: `working_dir`
+
+
+def working_dir(launch: Launch) -> str:
+    """Where the command starts: the launch's own, else /workspace if it has one, else home."""
+    if launch.cwd is not None:
+        return launch.cwd
+    return WORKSPACE if launch.workspace is not None or WORKSPACE in launch.writable else HOME
 
 
 def staged(link: Link, bundle: bytes, proxy_ca: bytes, image: bool = False) -> dict[str, bytes]:

@@ -44,6 +44,7 @@ from ..host.launch import (
     environment,
     host_prefix,
     tool,
+    working_dir,
 )
 from . import Started, Tier
 
@@ -120,12 +121,9 @@ def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int | None) -> li
         out += ["--bind", str(host), inside]
     for path, fd in files.items():  # over /proc and /etc, so after them
         out += ["--perms", "0444", "--ro-bind-data", str(fd), path]
-    chdir = HOME
     if launch.workspace is not None:
         out += ["--bind", str(launch.workspace), WORKSPACE]
-    if launch.workspace is not None or WORKSPACE in launch.writable:
-        chdir = WORKSPACE
-    out += ["--chdir", chdir]
+    out += ["--chdir", working_dir(launch)]
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
     return out

@@ -67,6 +67,7 @@ from ..host.launch import (
     environment,
     host_prefix,
     tool,
+    working_dir,
 )
 from ..host.network import RUN_DIR
 from ..host.seccomp import REFUSED_OPTIONS
@@ -202,8 +203,8 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     # the other way round (the commands root there, with no capability, as on bubblewrap).
     ours, theirs = (0, 0), (launch.uid, launch.gid)
     agent, command = (theirs, ours) if launch.root is not None else (ours, theirs)
-    if not launch.agent:
-        agent = theirs
+    if not launch.agent:  # a one-shot run: its process is the workload, with no capability
+        agent = command
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -212,8 +213,7 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
             "args": [*launch.command, *(["--user", f"{command[0]}:{command[1]}"]
                                        if launch.agent else [])],
             "env": [f"{name}={value}" for name, value in environment(launch).items()],
-            "cwd": WORKSPACE if launch.workspace is not None or WORKSPACE in launch.writable
-            else HOME,
+            "cwd": working_dir(launch),
             "capabilities": _capabilities(launch),
             "noNewPrivileges": True,
             # The workload's process limit, counted by gVisor's kernel (the sandbox's uid has

@@ -34,10 +34,12 @@ PLAN = ["--range", RANGE, "--gateway", GATEWAY]
 CANARY = "sk_live_sandbox_env_canary_5e1d"
 
 
-def sealgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sealgate(*args: str, timeout: float = 60, stdin: str | None = None
+             ) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CANARY_SECRET": CANARY, **TIER_ENV}
     return subprocess.run([*SEALGATE, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env,
+                          **({"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}))
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +73,11 @@ sandboxes:
 
 def run(
     p: Proxy, *command: str, sandbox: str = "box-1", limits: tuple[str, ...] = (),
-    tier: str = "bwrap",
+    tier: str = "bwrap", stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return sealgate("sandbox", "run", *PLAN, "--sandbox", sandbox, "--state", str(p.state),
                     "--proxy-port", str(p.port), "--transparent-port", str(p.transparent_port),
-                    "--isolation", tier, *limits, "--", *command)
+                    "--isolation", tier, *limits, "--", *command, stdin=stdin)
 
 
 def leftovers() -> list[str]:

@@ -42,6 +42,7 @@ class _Limits:
     cwd: str | None
     timeout: float | None
     pids: int | None
+    in_root: bool = False  # in the image's root (`root`), as the guest's root there
 
 
 class Channel:
@@ -150,19 +151,23 @@ class Channel:
 
     def stream(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
                cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
-               stdin_fd: int | None = None, stdout_fd: int = 1, stderr_fd: int = 2) -> int:
+               stdin_fd: int | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
+               in_root: bool = False) -> int:
         """Run a command with its input read from `stdin_fd` and its output written to the
-        descriptors given, as it comes; its exit status."""
-        return self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=b"",
+        descriptors given, as it comes; its exit status. `in_root`: in the image's root."""
+        return self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids, in_root), stdin=b"",
                           stdin_fd=stdin_fd, out={1: stdout_fd, 2: stderr_fd})
 
     def _exec(self, argv: Sequence[str], env: Mapping[str, str], how: _Limits, *, stdin: bytes,
               stdin_fd: int | None, out: Mapping[int, bytearray | int]) -> int:
         ident = next(self._ids)
         timeout = how.timeout
-        self.sock.sendall(encode({"op": Op.EXEC, "id": ident, "argv": list(argv),
-                                  "env": dict(env), "cwd": how.cwd, "uid": how.uid,
-                                  "gid": how.gid, "timeout": timeout, "pids": how.pids}))
+        order: dict[str, Any] = {"op": Op.EXEC, "id": ident, "argv": list(argv), "env": dict(env),
+                                 "cwd": how.cwd, "uid": how.uid, "gid": how.gid,
+                                 "timeout": timeout, "pids": how.pids}
+        if how.in_root:  # the image's files are root's: its commands are the guest's root there
+            order.update(uid=0, gid=0, root=True)
+        self.sock.sendall(encode(order))
         if stdin_fd is None:
             if stdin:
                 self.sock.sendall(encode({"op": Op.STDIN, "id": ident}, stdin))

@@ -114,7 +114,8 @@ def run(order: Order) -> int:
     booted = start(order)
     try:
         return booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
-                                     cwd=order.cwd, pids=order.pids, stdin_fd=0)
+                                     cwd=order.cwd, pids=order.pids, stdin_fd=0,
+                                     in_root=order.disk is not None)
     finally:
         booted.close()
 

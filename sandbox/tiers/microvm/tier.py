@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...host.cgroup import Limits
-from ...host.launch import HOME, WORKSPACE, Launch, environment, host_prefix
+from ...host.launch import WORKSPACE, Launch, environment, host_prefix, working_dir
 from .. import Started, Tier
 from ..bwrap import memfd
 from . import image, vm
@@ -67,7 +67,7 @@ def _order(launch: Launch, command: list[str], workspace: Path | None) -> Order:
         command=command, env=environment(launch),
         files={path: data.decode("latin-1") for path, data in launch.files.items()},
         sandbox_if=link.sandbox_if, address=f"{link.sandbox_ip}/30", gateway=str(link.host_ip),
-        uid=launch.uid, gid=launch.gid, cwd=WORKSPACE if workspace else HOME,
+        uid=launch.uid, gid=launch.gid, cwd=working_dir(launch),
         pids=launch.limits.pids, memory_mib=_guest_mib(launch.limits),
         workspace=str(workspace) if workspace else None)
 
@@ -85,8 +85,8 @@ def _host_command(launch: Launch, cgroups: Sequence[Path], undo: contextlib.Exit
 
 
 def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
-    return _host_command(launch, cgroups, undo, "hostrun",
-                         _order(launch, list(launch.command), launch.workspace))
+    return _host_command(launch, cgroups, undo, "hostrun", _image(
+        launch, _order(launch, list(launch.command), launch.workspace)))
 
 
 def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
@@ -95,11 +95,15 @@ def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
     the slot); the guest's RAM is fixed at its boot, before any create names its limits.
     From an image (`launch.disk`), the guest makes the sandbox's root of its disk."""
-    order = _order(launch, [], launch.writable.get(WORKSPACE))
-    if launch.disk is not None:
-        order = dataclasses.replace(order, disk=str(launch.disk),
-                                    root_dirs=dict(launch.root_dirs))
-    return _host_command(launch, cgroups, undo, "hostserve", order)
+    return _host_command(launch, cgroups, undo, "hostserve",
+                         _image(launch, _order(launch, [], launch.writable.get(WORKSPACE))))
+
+
+def _image(launch: Launch, order: Order) -> Order:
+    """From an image (`launch.disk`), the guest makes the sandbox's root of its disk."""
+    if launch.disk is None:
+        return order
+    return dataclasses.replace(order, disk=str(launch.disk), root_dirs=dict(launch.root_dirs))
 
 
 def _clean_up(_: int) -> None:
