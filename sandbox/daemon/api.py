@@ -27,7 +27,7 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import bodies, fsapi, terminals
+from . import admin, bodies, fsapi, terminals
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
@@ -227,7 +227,7 @@ async def _exec(request: web.Request) -> web.StreamResponse:
         raise BadRequest("Idempotency-Key is taken by creates and background execs")
     events = session.run(command)
     if not stream:
-        return await _collected(events)
+        return await _collected(request, events)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     async with contextlib.aclosing(events):
         first = True
@@ -236,8 +236,11 @@ async def _exec(request: web.Request) -> web.StreamResponse:
                 request[_STREAMING] = True
                 await response.prepare(request)
                 first = False
-            line = {name: base64.b64encode(data).decode()} if isinstance(data, bytes) \
-                else {**data}
+            if isinstance(data, bytes):
+                line = {name: base64.b64encode(data).decode()}
+            else:
+                line = {**data}
+                admin.ended(request.app, data)
             try:
                 await response.write(json.dumps(line).encode() + b"\n")
             except (ConnectionError, RuntimeError):
@@ -316,7 +319,7 @@ async def _pty(request: web.Request) -> web.StreamResponse:
     return await terminals.serve(request, request.app[_DAEMON].get(request.match_info["id"]))
 
 
-async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:
+async def _collected(request: web.Request, events: AsyncGenerator[Any, None]) -> web.Response:
     captured = {"stdout": bytearray(), "stderr": bytearray()}
     truncated = False
     status: dict[str, Any] = {}
@@ -324,6 +327,7 @@ async def _collected(events: AsyncGenerator[Any, None]) -> web.Response:
         async for name, data in events:
             if name == "exit":
                 status = data
+                admin.ended(request.app, data)
             elif len(captured[name]) < MAX_CAPTURE:
                 captured[name] += data[:MAX_CAPTURE - len(captured[name])]
             else:

@@ -12,7 +12,7 @@ import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from sealgate.clikit import Subcommands
+from sealgate.clikit import Subcommands, env_option
 
 from .. import tiers
 from ..host.network import DEFAULT_GATEWAY, DEFAULT_RANGE
@@ -36,6 +36,9 @@ def register(sub: Subcommands) -> None:
                    help=f"the proxy's address for sandboxes (default {DEFAULT_GATEWAY})")
     p.add_argument("--socket", type=Path, default=Path(env("SEALGATE_SANDBOXD", DEFAULT_SOCKET)),
                    help=f"the API's unix socket, owner-only (default {DEFAULT_SOCKET})")
+    env_option(p, "--admin", metavar="HOST:PORT", env="SEALGATE_SANDBOXD_ADMIN",
+               help="serve /healthz, /readyz and /metrics over plain TCP there, nothing else "
+                    "of the API (for probes and Prometheus)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="also serve the API over TCP, every request with the bearer key")
     p.add_argument("--key-file", type=Path,

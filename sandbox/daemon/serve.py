@@ -27,7 +27,7 @@ from ..host import firewall
 from ..host.cgroup import parse_size
 from ..host.network import Plan
 from ..runtime import setup
-from . import adopt, handover, selftest, slot
+from . import admin, adopt, handover, selftest, slot
 from .api import make_app
 from .apiserver import Runner
 from .daemon import Config, Daemon
@@ -43,6 +43,7 @@ class Settings:
     tls: ssl.SSLContext | None = None
     selftest: bool = True
     adopt: str = "may"  # a predecessor's sandboxes: "must" (--adopt), "may", "never"
+    admin: tuple[str, int] | None = None  # /healthz, /readyz and /metrics (`admin`)
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Settings:
@@ -60,7 +61,12 @@ class Settings:
         pool, image_pools = _pools(args.pool or ["4"])
         if not 1 <= args.max_sandboxes <= len(plan.links):
             raise ValueError(f"--max-sandboxes 1..{len(plan.links)}")
-        listen = key = tls = None
+        listen = key = tls = admin_at = None
+        if args.admin:
+            try:
+                admin_at = parse_hostport(args.admin)
+            except ValueError as exc:
+                raise ValueError(f"--admin: {exc}") from None
         if args.listen:
             try:
                 listen = parse_hostport(args.listen)
@@ -93,7 +99,7 @@ class Settings:
         config = Config(slots=slots, pool=pool, max_sandboxes=args.max_sandboxes,
                         max_ttl=args.max_ttl, images=images, image_pools=image_pools)
         return cls(config, args.socket, listen, key, tls, not args.no_selftest,
-                   "must" if args.adopt else "never" if args.no_adopt else "may")
+                   "must" if args.adopt else "never" if args.no_adopt else "may", admin_at)
 
 
 def _pools(items: list[str]) -> tuple[int, dict[str, int]]:
@@ -152,6 +158,10 @@ async def _serve(settings: Settings) -> int:
             sandboxes=sum(1 for item in taken.items if item[3] is not None), ms=taken.ms)
     app = make_app(daemon, settings.key)
     app.middlewares.append(handover.refuse_while_held(daemon))
+    metrics = admin.Metrics(daemon)
+    app[admin.METRICS] = metrics
+    app.middlewares.insert(0, metrics.middleware)  # outermost: it times every answer
+    stop = asyncio.Event()
 
     async def selftest_call(_: web.Request) -> web.Response:
         checks = await _verify(daemon, settings.socket)
@@ -162,6 +172,16 @@ async def _serve(settings: Settings) -> int:
     app.router.add_get("/v1/selftest", selftest_call)
     runner = Runner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
+    watcher = None
+    if settings.admin is not None:
+        try:
+            watcher = await admin.start(daemon, metrics, stop.is_set, settings.admin)
+        except OSError as exc:
+            await runner.cleanup()
+            await daemon.close()
+            print(f"sealgate sandboxd: --admin {settings.admin[0]}:{settings.admin[1]}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
     listeners = taken.listeners if taken is not None else []
     giver = handover.Giver(daemon, adopt.want(settings), listeners)
     try:
@@ -180,7 +200,6 @@ async def _serve(settings: Settings) -> int:
               + ("" if taken is None else f"; took over {len(taken.items)} slots from "
                  f"daemon {taken.predecessor} in {taken.ms:g} ms"),
               file=sys.stderr, flush=True)
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -199,6 +218,8 @@ async def _serve(settings: Settings) -> int:
                   file=sys.stderr, flush=True)
         await daemon.close()
         await runner.cleanup()
+        if watcher is not None:
+            await watcher.cleanup()
         for listener in listeners:
             listener.close()
         if not giver.done.is_set():
