@@ -32,7 +32,7 @@ run: $(STAMP) deps
 	$(VENV)/bin/sealgate proxy
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy issuer sandbox sealgate tests bench scripts/typecheck scripts/archmap \
+	$(VENV)/bin/ruff check proxy issuer sandbox kube sealgate tests bench scripts/typecheck scripts/archmap \
 		scripts/test-images
 	$(PY) scripts/typecheck
 

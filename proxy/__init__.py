@@ -12,7 +12,13 @@ The proxy itself (the `sealgate proxy` process) is in request/ (every request's 
 """
 
 from .errors import ProxyError
-from .process.controlclient import ControlError, SourceRefused, register_source, unregister_source
+from .process.controlclient import (
+    ControlError,
+    SourceRefused,
+    register_source,
+    registered_sources,
+    unregister_source,
+)
 from .process.statedir import ca_bundle_path, control_socket
 
 __all__ = [
@@ -22,5 +28,6 @@ __all__ = [
     "ca_bundle_path",
     "control_socket",
     "register_source",
+    "registered_sources",
     "unregister_source",
 ]

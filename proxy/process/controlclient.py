@@ -1,6 +1,7 @@
 """The control API's client (process/control.py is the server): one request over its unix socket,
-and the two calls the sandbox runtime makes, an address registered as a sandbox's and
-unregistered. Standard library only: the sandbox runtime imports it through the proxy's face.
+and the calls the sandbox runtime (and Kubernetes' pod watcher) makes: an address registered as
+a sandbox's and unregistered, and what is registered. Standard library only: the sandbox
+runtime imports it through the proxy's face.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def unregister_source(control_socket: Path, address: Address) -> bool:
     if refused.reason is Reason.NOT_REGISTERED:
         return False
     raise refused
+
+
+def registered_sources(control_socket: Path) -> dict[str, str]:
+    """Every address the registry holds, with its sandbox. Raises ControlError."""
+    status, body = call(control_socket, "GET", "/v1/sources")
+    sources = body.get("sources")
+    if status != 200 or not isinstance(sources, dict):
+        raise ControlError(f"control API answered {status} to GET /v1/sources")
+    return {str(address): str(sandbox) for address, sandbox in sources.items()}
 
 
 def _refused(body: Mapping[str, Any]) -> SourceRefused:

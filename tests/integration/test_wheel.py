@@ -33,9 +33,8 @@ import requests
 
 from tests.conftest import KEYS
 from tests.harness import ROOT, Origin, free_port, key_digest
-from tests.layout import modules
+from tests.layout import modules, package_dirs
 
-PARTS = ("proxy", "issuer", "sandbox")
 # What pip must not see of the test venv: sealgate's editable install.
 _OWN = ("sealgate", "__editable__.sealgate", "__editable___sealgate")
 
@@ -67,8 +66,8 @@ def _build_wheel(work: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("sealgate", *PARTS):
-        shutil.copytree(ROOT / name, src / name, symlinks=True,
+    for folder in {path.relative_to(ROOT) for path in package_dirs(ROOT).values()}:
+        shutil.copytree(ROOT / folder, src / folder, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
     out = work / "dist"
     _run(sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",

@@ -3,7 +3,9 @@
 No cycles; nothing in the packages imports tests/ or bench/; no file anywhere imports the old
 top-level names `proxy`, `issuer`, `sandbox` (installed, they would be someone else's); and
 imports point downward only: the base modules in sealgate/ (files, hostname, audit, ...) import
-no part, issuer imports neither proxy nor sandbox, proxy does not import sandbox. sealgate.cli is
+no part, issuer imports neither proxy nor sandbox, proxy does not import sandbox, kube (the pod
+watcher, a client of the proxy's face) imports neither sandbox nor issuer, and nothing imports
+kube. sealgate.cli is
 the top and may import everything. Lazy imports (inside functions) and TYPE_CHECKING ones count:
 they are dependencies all the same.
 """
@@ -18,12 +20,14 @@ from pathlib import Path
 from tests.layout import modules as layout_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("proxy", "issuer", "sandbox")
+PARTS = ("proxy", "issuer", "sandbox", "kube")
 # Which part may not import which (sealgate.X -> forbidden prefixes); the base is every module
 # directly in sealgate/ but the CLI.
 FORBIDDEN = {
-    "sealgate.issuer": ("sealgate.proxy", "sealgate.sandbox"),
-    "sealgate.proxy": ("sealgate.sandbox",),
+    "sealgate.proxy": ("sealgate.sandbox", "sealgate.kube"),
+    "sealgate.issuer": ("sealgate.proxy", "sealgate.sandbox", "sealgate.kube"),
+    "sealgate.sandbox": ("sealgate.kube",),
+    "sealgate.kube": ("sealgate.sandbox", "sealgate.issuer"),
 }
 BASE_MAY_NOT = tuple(f"sealgate.{part}" for part in PARTS)
 TOP = "sealgate.cli"

@@ -1,0 +1,90 @@
+"""`sealgate kube identity`: the pod watcher beside a proxy (its control socket shared), telling
+it which sandbox each pod address is. Only argparse at import; kubernetes-asyncio when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from sealgate.clikit import Subcommands, env_option
+
+
+def register(sub: Subcommands) -> None:
+    p = sub.add_parser("kube", help="sealgate on Kubernetes: identity by pod")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    i = actions.add_parser("identity", help="watch the pods and tell the proxy each pod "
+                                            "address's sandbox (from a label)")
+    env_option(i, "--state", env="SEALGATE_STATE", default="var", type=Path,
+               help="the proxy's state directory: its control socket")
+    env_option(i, "--kubeconfig", env="KUBECONFIG", metavar="FILE",
+               help="a kubeconfig file (default: the pod's service account, in-cluster)")
+    i.add_argument("--namespace",
+                   help="watch one namespace only (default: every namespace: an address a "
+                        "sandbox pod had can be reused by a pod of any namespace, and only "
+                        "seeing that pod withdraws it)")
+    i.add_argument("--label", default="sealgate.dev/sandbox",
+                   help="the pod label whose value is the sandbox id the rules name (default "
+                        "sealgate.dev/sandbox)")
+    i.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
+                   help="withdraw every registration once the API has not answered for this "
+                        "long (default 30)")
+    i.set_defaults(func=_identity)
+
+
+def _identity(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if not args.stale_after > 0:
+        print("sealgate kube: --stale-after must be more than 0", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_watch(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    try:
+        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio.config.config_exception import ConfigException
+    except ImportError:
+        print("sealgate kube: needs kubernetes-asyncio (pip install 'sealgate[kube]')",
+              file=sys.stderr)
+        return 2
+
+    from sealgate.proxy import control_socket
+
+    from .podwatch import Settings, Watcher
+
+    configuration = client.Configuration()
+    try:
+        if args.kubeconfig:
+            await config.load_kube_config(config_file=args.kubeconfig,
+                                          client_configuration=configuration)
+        else:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration)
+    except (ConfigException, OSError, ValueError) as exc:
+        print(f"sealgate kube: no Kubernetes API to watch: {exc}", file=sys.stderr)
+        return 2
+    settings = Settings(control_socket(args.state), args.label, args.namespace,
+                        args.stale_after)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with client.ApiClient(configuration) as api:
+        watcher = Watcher(client.CoreV1Api(api), settings)
+        print(f"sealgate kube: watching pods ({args.namespace or 'every namespace'}, label "
+              f"{args.label}) for the proxy at {settings.control}", file=sys.stderr, flush=True)
+        task = asyncio.create_task(watcher.run(stop))
+        await stop.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return 0
