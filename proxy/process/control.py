@@ -11,19 +11,22 @@ a sandbox that could reach it could claim another sandbox's address. Endpoints:
     PUT    /v1/sources/{address}      body {"sandbox": "bot-1"}  -> 200, or 400/404 with a reason
     DELETE /v1/sources/{address}      -> 200, or 404
 
-Sandbox ids are checked against the rules in force at the time of the call.
+Sandbox ids are checked against the rules in force at the time of the call: a rules file
+changed into one that does not load keeps the previous ids, as the workers keep the previous
+rules.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aiohttp import web
 
 from sealgate.reasons import Reason
+from sealgate.watch import Snapshot
 
 from ..policy.rulesfile import RulesError, load_rules
 from ..request.registry import RegistryError, SourceRegistry
@@ -36,6 +39,7 @@ def make_app(
     registry: SourceRegistry, rules_path: Path, draining: Callable[[], bool] = lambda: False
 ) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY)
+    in_force = _RulesInForce(rules_path)
     # The workers write their snapshots beside the registry, in the state directory.
     app.router.add_get("/v1/metrics", admin.metrics_handler(registry.path.parent / "metrics"))
 
@@ -56,7 +60,7 @@ def make_app(
         if not isinstance(sandbox, str):
             return _error(Reason.BAD_REQUEST, "field 'sandbox' (string) is required")
         try:
-            known = load_rules(rules_path).sandboxes
+            known = in_force.sandboxes()
         except RulesError as exc:
             return _error(Reason.RULES_UNAVAILABLE, str(exc))
         if sandbox not in known:
@@ -85,6 +89,34 @@ def make_app(
     app.router.add_put("/v1/sources/{address}", put_source)
     app.router.add_delete("/v1/sources/{address}", delete_source)
     return app
+
+
+class _RulesInForce:
+    """The sandbox ids of the rules in force, as the workers hold them: read again once their
+    files changed, and the previous ones kept while what changed does not load (a broken
+    update must not stop sandboxes from starting while every worker serves the rules before
+    it). RulesError only while no rules have ever loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen = Snapshot.unread((path,))
+        self._known: Mapping[str, object] | None = None
+        self._error: RulesError | None = None
+
+    def sandboxes(self) -> Mapping[str, object]:
+        if self._seen.changed():
+            try:
+                rules = load_rules(self.path)
+            except RulesError as exc:
+                self._error = exc
+                self._seen = self._seen.retake()
+            else:
+                self._known, self._error = rules.sandboxes, None
+                self._seen = Snapshot.take((self.path, *rules.sources))
+        if self._known is None:
+            assert self._error is not None
+            raise self._error
+        return self._known
 
 
 def _error(reason: Reason, detail: str) -> web.Response:
