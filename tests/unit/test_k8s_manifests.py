@@ -1,0 +1,141 @@
+"""deploy/k8s: every manifest valid against Kubernetes' own schemas (kubernetes-validate, its
+OpenAPI schemas for the version below, strict: an unknown field fails), and what they must say
+checked from their meaning: each container's command line parsed by sealgate's own CLI (a flag
+renamed fails here), hardened containers, probes on the admin listener, the rules loadable, RBAC
+read-only on pods, the proxy's egress policy reaching no private, link-local or metadata
+address, sandboxes reaching the proxy alone."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sealgate.cli import full_parser
+from sealgate.proxy.policy.rulesfile import load_rules
+
+ROOT = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+KUBERNETES = "1.33.0"
+OPTIONAL = {"dns.yaml"}  # kept beside a kustomization, not in it (its comment says why)
+CUSTOM = {"monitoring.coreos.com/v1"}  # CRDs kubernetes-validate has no schema for
+
+
+def documents(directory: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    listed = yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]
+    for name in listed:
+        for doc in yaml.safe_load_all((directory / name).read_text()):
+            if doc:
+                yield directory / name, doc
+
+
+def every() -> list[tuple[Path, dict[str, Any]]]:
+    return [d for k in sorted(ROOT.glob("*/kustomization.yaml")) for d in documents(k.parent)]
+
+
+def pods() -> Iterator[tuple[str, dict[str, Any]]]:
+    for _, doc in every():
+        if doc["kind"] == "Deployment":
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+def test_every_file_is_in_its_kustomization() -> None:
+    for kustomization in ROOT.glob("*/kustomization.yaml"):
+        listed = set(yaml.safe_load(kustomization.read_text())["resources"])
+        present = {p.name for p in kustomization.parent.glob("*.yaml")} - {"kustomization.yaml"}
+        assert present - OPTIONAL == listed, kustomization
+
+
+@pytest.mark.parametrize("path,doc", every(), ids=lambda v: v.name if isinstance(v, Path)
+                         else f"{v['kind']}/{v['metadata']['name']}")
+def test_valid_against_kubernetes_schemas(path: Path, doc: dict[str, Any]) -> None:
+    if doc["apiVersion"] in CUSTOM:
+        assert doc["spec"]["endpoints"] and doc["spec"]["selector"]
+        return
+    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_containers_run_sealgate_commands_that_exist_hardened() -> None:
+    parser = full_parser()
+    for name, spec in pods():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert container["resources"]["limits"]["memory"]
+            if "command" not in container:  # the image's entry point: sealgate
+                args = parser.parse_args(container["args"])
+                assert callable(args.func), container["name"]
+
+
+def test_probes_ask_the_admin_listener_the_command_opens() -> None:
+    parser = full_parser()
+    for name, spec in pods():
+        for container in spec["containers"]:
+            args = parser.parse_args(container["args"])
+            if getattr(args, "admin", None) is None:
+                continue
+            port = int(args.admin.rpartition(":")[2])
+            named = {p["name"]: p["containerPort"] for p in container["ports"]}
+            assert named["admin"] == port, name
+            assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+            assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+
+
+def test_the_rules_load(tmp_path: Path) -> None:
+    (found,) = [d for _, d in every() if d["kind"] == "ConfigMap"
+                and d["metadata"]["name"] == "sealgate-rules"]
+    for key, text in found["data"].items():
+        (tmp_path / key).write_text(text)
+    assert load_rules(tmp_path).sandboxes
+
+
+def test_the_pod_watcher_may_only_read_pods() -> None:
+    roles = [d for _, d in every() if d["kind"] in ("ClusterRole", "Role")]
+    assert roles and all(r["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                         "verbs": ["get", "list", "watch"]}] for r in roles)
+
+
+def _allowed(policy: dict[str, Any], address: str, port: int) -> bool:
+    """Whether an egress rule's ipBlock lets `address`:`port` out."""
+    ip = ipaddress.ip_address(address)
+    for rule in policy["spec"].get("egress", []):
+        if rule.get("ports") and port not in [p["port"] for p in rule["ports"]]:
+            continue
+        for peer in rule.get("to", []):
+            block = peer.get("ipBlock")
+            if block is None or ip.version != ipaddress.ip_network(block["cidr"]).version:
+                continue
+            if ip in ipaddress.ip_network(block["cidr"]) and not any(
+                    ip in ipaddress.ip_network(e) for e in block.get("except", [])):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("address", [
+    "169.254.169.254", "10.0.0.1", "172.16.0.1", "192.168.1.1", "100.64.0.1", "127.0.0.1",
+    "0.0.0.0", "fd00:ec2::254", "fe80::1", "::1", "::ffff:10.0.0.1", "64:ff9b::a00:1"])
+def test_the_proxy_reaches_nothing_internal(address: str) -> None:
+    (policy,) = [d for _, d in every() if d["kind"] == "NetworkPolicy"
+                 and d["metadata"]["name"] == "sealgate-proxy"]
+    assert not _allowed(policy, address, 443) and not _allowed(policy, address, 80)
+    assert _allowed(policy, "93.184.215.14", 443)  # the policy is not simply closed
+
+
+def test_sandboxes_reach_the_proxy_alone() -> None:
+    (policy,) = [d for _, d in every() if d["kind"] == "NetworkPolicy"
+                 and d["metadata"]["name"] == "sealgate-sandboxes"]
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    (rule,) = spec["egress"]
+    assert rule["ports"] == [{"port": 3128, "protocol": "TCP"}]
+    (peer,) = rule["to"]
+    assert peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "sealgate-proxy"}}
+    assert "ipBlock" not in peer
