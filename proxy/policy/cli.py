@@ -7,14 +7,17 @@ widens access under --fail-on-widen); 2 the question was wrong (usage, an unknow
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport
 
+from . import annotate, gitrules
 from .cases import load_cases, run_case
 from .diff import diff
 from .explain import ExplainError, Explanation, describe, explain, injects
@@ -30,7 +33,7 @@ def register(sub: Subcommands) -> None:
     check.add_argument("paths", nargs="+", metavar="RULES", type=Path,
                        help="rules file or directory (each checked on its own)")
     check.add_argument("--strict", action="store_true", help="warnings fail the check too")
-    check.add_argument("--json", action="store_true")
+    _formats(check, "text", "json", "github")
     check.set_defaults(func=_check)
 
     ex = rs.add_parser("explain", help="what the rules decide for one request, and why")
@@ -46,17 +49,43 @@ def register(sub: Subcommands) -> None:
     test = rs.add_parser("test", help="run rules test cases (see docs/rules.md)")
     test.add_argument("rules", type=Path, metavar="RULES")
     test.add_argument("cases", nargs="+", type=Path, metavar="CASES")
-    test.add_argument("--json", action="store_true")
+    _formats(test, "text", "json", "github")
     test.set_defaults(func=_test)
 
     d = rs.add_parser("diff", help="what changes between two versions of the rules")
-    d.add_argument("old", type=Path, metavar="OLD")
-    d.add_argument("new", type=Path, metavar="NEW")
+    d.add_argument("old", metavar="OLD", help="the rules before: a file or directory, or with "
+                                            "PATH a git revision (origin/main)")
+    d.add_argument("new", metavar="NEW", help="the rules after: likewise (HEAD)")
+    d.add_argument("at", nargs="?", metavar="PATH",
+                   help="after --: OLD and NEW are git revisions, and PATH the rules file or "
+                        "directory read from each (from git's objects, not the work tree)")
     d.add_argument("--fail-on-widen", action="store_true",
                    help="exit 1 if any change gives some sandbox more access, or may (the "
                         "[review] changes)")
-    d.add_argument("--json", action="store_true")
+    _formats(d, "text", "json", "github", "markdown")
     d.set_defaults(func=_diff)
+
+
+def _formats(parser: argparse.ArgumentParser, *names: str) -> None:
+    parser.add_argument("--format", choices=names, default="text",
+                        help="text (default), json, github (workflow commands: annotations "
+                             "on the pull request's lines)"
+                             + (", markdown (a pull request comment)" if "markdown" in names
+                                else ""))
+    parser.add_argument("--json", dest="format", action="store_const", const="json",
+                        help="the same as --format json")
+
+
+def _unprefixed(where: str, prefixes: list[str]) -> str:
+    for prefix in prefixes:
+        if where.startswith(prefix):
+            return where[len(prefix):]
+    return where
+
+
+def _lines(lines: list[str]) -> None:
+    for line in lines:
+        print(line)
 
 
 def _load(path: Path) -> RuleSet | None:
@@ -74,8 +103,11 @@ def _load(path: Path) -> RuleSet | None:
 def _check(args: argparse.Namespace) -> int:
     reports = [_check_one(path) for path in args.paths]
     failed = any(r["error"] or (args.strict and r["warnings"]) for r in reports)
-    if args.json:
+    if args.format == "json":
         print(json.dumps({"ok": not failed, "results": reports}, indent=2))
+        return 1 if failed else 0
+    if args.format == "github":
+        _lines(annotate.check(reports, args.strict))
         return 1 if failed else 0
     for report in reports:
         if report["error"]:
@@ -167,9 +199,12 @@ def _test(args: argparse.Namespace) -> int:
             return 2
         outcomes += [run_case(rules, case) for case in cases]
     failed = [o for o in outcomes if not o.passed]
-    if args.json:
+    if args.format == "json":
         print(json.dumps({"passed": len(outcomes) - len(failed), "failed": len(failed),
                           "cases": [o.to_json() for o in outcomes]}, indent=2))
+    elif args.format == "github":
+        _lines([*annotate.test(outcomes),
+                f"::notice::{len(outcomes) - len(failed)} passed, {len(failed)} failed"])
     else:
         for o in outcomes:
             print(f"{'PASS' if o.passed else 'FAIL'}  {o.case.name}  ({o.case.where})")
@@ -183,14 +218,30 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    old, new = _load(args.old), _load(args.new)
-    if old is None or new is None:
-        return 2
-    changes = diff(old, new)
+    with tempfile.TemporaryDirectory(prefix="sealgate-rules-") as scratch:
+        try:
+            paths = [Path(args.old), Path(args.new)] if args.at is None else [
+                gitrules.checkout(rev, args.at, Path(scratch) / side)
+                for rev, side in ((args.old, "old"), (args.new, "new"))]
+        except RulesError as exc:
+            print(f"sealgate: {exc}", file=sys.stderr)
+            return 2
+        old, new = _load(paths[0]), _load(paths[1])
+        if old is None or new is None:
+            return 2
+        changes = diff(old, new)
+    if args.at is not None:  # places named as in the repository, not the scratch copy
+        prefixes = [f"{Path(scratch) / side}/" for side in ("old", "new")]
+        changes = [dataclasses.replace(c, where=_unprefixed(c.where, prefixes))
+                   for c in changes]
     widening = [c for c in changes if c.widens is not False]
-    if args.json:
+    if args.format == "json":
         print(json.dumps({"changes": [c.to_json() for c in changes],
                           "widens_or_review": len(widening)}, indent=2))
+    elif args.format == "github":
+        _lines(annotate.diff(changes, args.fail_on_widen))
+    elif args.format == "markdown":
+        print(annotate.markdown(changes, args.old, args.new))
     else:
         scope = None
         for c in changes:

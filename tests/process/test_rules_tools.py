@@ -91,3 +91,92 @@ def test_diff_marks_what_may_widen_for_review(tmp_path: Path) -> None:
     path = str(write(tmp_path, "moved2.yaml", moved))
     assert sealgate("diff", "--fail-on-widen", str(write(tmp_path, "r.yaml", RULES)),
                     path).returncode == 1
+
+
+def test_github_annotations_and_a_markdown_diff(tmp_path: Path) -> None:
+    good = write(tmp_path, "rules.yaml", RULES)
+    bad = write(tmp_path, "bad.yaml", RULES.replace("mode: enforce", "mode: enforcing"))
+    out = sealgate("check", "--format", "github", str(good), str(bad))
+    assert out.returncode == 1
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("::error")]
+    assert line.startswith(f"::error file={bad},line=") and "title=rules%3A policies.ci.mode" \
+        in line, line
+    # The fixture's warnings, each on its line; under --strict each is an error.
+    assert f"::warning file={good},line=27,title=rules%3A any_host::" in out.stdout
+    strict = sealgate("check", "--format", "github", "--strict", str(good))
+    assert strict.returncode == 1 and "::warning" not in strict.stdout
+    assert f"::error file={good},line=27,title=rules%3A any_host::" in strict.stdout
+    cases = write(tmp_path, "cases.yaml", CASES)
+    out = sealgate("test", "--format", "github", str(good), str(cases))
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1 and lines[-1] == "::notice::2 passed, 2 failed"
+    assert all(x.startswith(f"::error file={cases},line=") for x in lines[:-1]) and \
+        len(lines) == 3, lines
+    wider = write(tmp_path, "wider.yaml", RULES.replace(
+        "  watcher:\n    mode: report", "  watcher:\n    mode: report\n    tokens: true").replace(
+        '      - host: "*"\n        ports: [8080]\n',
+        '      - host: "*"\n        ports: [8080]\n      - host: new.example.com\n'
+        '        ports: [443]\n'))
+    out = sealgate("diff", "--format", "github", "--fail-on-widen", str(good), str(wider))
+    assert out.returncode == 1
+    added = _line(wider, "host: new.example.com")
+    lines = out.stdout.splitlines()
+    assert f"::error file={wider},line={added},title=rules diff::" in lines[0], lines
+    assert "new.example.com" in lines[0] and "(widens access)" in lines[0]
+    # A policy's own setting has no line of its own in the loaded rules: no file property.
+    assert lines[1] == ("::error title=rules diff::policy watcher: changed: tokens false -> "
+                        "true (widens access)"), lines
+    out = sealgate("diff", "--format", "markdown", str(good), str(wider))
+    assert out.returncode == 0
+    assert "| ~ | tokens false -&gt; true |  | **widens** |" in out.stdout, out.stdout
+    assert f"]({wider}#L{added}) | **widens** |" in out.stdout, out.stdout
+
+
+def test_annotations_carry_no_command_of_the_author_s(tmp_path: Path) -> None:
+    """A rules file is a pull request author's text: a newline and `::` in a message must not
+    become a workflow command of its own (`::add-mask::`, `::set-output`, ...)."""
+    from sealgate.proxy.policy import annotate
+
+    line = annotate.workflow("warning", "x\n::add-mask::secret", file="a,b:c.yaml", line=3,
+                             title="t\n::stop-commands::y")
+    # One line: the runner reads a command only at a line's start, and the message's `::` after
+    # the command's own is data.
+    assert "\n" not in line and "\r" not in line, line
+    assert line.endswith("::x%0A::add-mask::secret")
+    assert line.startswith("::warning file=a%2Cb%3Ac.yaml,line=3,title=t%0A%3A%3Astop")
+
+
+def _line(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_diff_between_git_revisions_reads_git_not_the_work_tree(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True, timeout=30)
+
+    git("init", "-q")
+    (tmp_path / "rules").mkdir()
+    write(tmp_path / "rules", "ci.yaml", RULES)
+    git("add", ".")
+    git("commit", "-qm", "base")
+    wider = RULES.replace("  watcher:\n    mode: report",
+                          "  watcher:\n    mode: report\n    tokens: true")
+    (tmp_path / "rules" / "ci.yaml").write_text(wider)
+    git("commit", "-qam", "head")
+    (tmp_path / "rules" / "ci.yaml").write_text(RULES)  # the work tree says otherwise: unread
+
+    def rules(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*SEALGATE, "rules", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+
+    out = rules("diff", "HEAD~1", "HEAD", "--", "rules")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["policy watcher", "  ~ tokens false -> true  [widens]",
+                                       "1 changes, 1 widen or may widen access"]
+    out = rules("diff", "--fail-on-widen", "HEAD~1", "HEAD", "--", "rules/ci.yaml")
+    assert out.returncode == 1
+    for bad in (["--", "HEAD", "HEAD", "/etc"], ["HEAD", "nope", "--", "rules"],
+                ["HEAD", "HEAD", "--", "../x"]):
+        out = rules("diff", *bad)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
