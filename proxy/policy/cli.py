@@ -48,7 +48,8 @@ def register(sub: Subcommands) -> None:
 
     test = rs.add_parser("test", help="run rules test cases (see docs/rules.md)")
     test.add_argument("rules", type=Path, metavar="RULES")
-    test.add_argument("cases", nargs="+", type=Path, metavar="CASES")
+    test.add_argument("cases", nargs="+", type=Path, metavar="CASES",
+                      help="case files, or directories of them (each *.yaml in it)")
     _formats(test, "text", "json", "github")
     test.set_defaults(func=_test)
 
@@ -74,6 +75,14 @@ def _formats(parser: argparse.ArgumentParser, *names: str) -> None:
                                 else ""))
     parser.add_argument("--json", dest="format", action="store_const", const="json",
                         help="the same as --format json")
+
+
+def _case_files(given: Path) -> list[Path]:
+    """A case file, or every *.yaml / *.yml directly in a directory, sorted."""
+    if not given.is_dir():
+        return [given]
+    return sorted(p for p in given.iterdir()
+                  if not p.name.startswith(".") and p.suffix in (".yaml", ".yml"))
 
 
 def _unprefixed(where: str, prefixes: list[str]) -> str:
@@ -191,7 +200,7 @@ def _test(args: argparse.Namespace) -> int:
     if rules is None:
         return 2
     outcomes = []
-    for path in args.cases:
+    for path in [f for given in args.cases for f in _case_files(given)]:
         try:
             cases = load_cases(path)
         except RulesError as exc:
