@@ -31,7 +31,7 @@ from . import admin, bodies, fsapi, terminals
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
-from .portroutes import PortRoutes, signed
+from .portroutes import PortRoutes, loggable, signed
 from .session import Options, SessionError, check_path
 
 _DAEMON = web.AppKey("daemon", Daemon)
@@ -109,7 +109,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as exc:  # a bug: said as one, never a traceback
         if request.get(_STREAMING):
             raise
-        logging.getLogger(__name__).exception("%s %s", request.method, request.path[:80])
+        logging.getLogger(__name__).exception("%s %s", request.method, loggable(request))
         return error(Reason.INTERNAL_ERROR, type(exc).__name__)
 
 

@@ -23,6 +23,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from sealgate.reasons import Reason, SealgateError
 
 from .api import error
+from .portroutes import loggable
 
 _LOG = logging.getLogger("sealgate.sandbox.daemon.api")
 
@@ -43,12 +44,12 @@ class _Connection(web.RequestHandler):
                 (Reason.BAD_REQUEST, f"not an HTTP/1.x request: {exc.message}")
         elif isinstance(exc, SealgateError):  # a refusal met once the answer had begun
             reason, detail = exc.reason, str(exc)
-            _LOG.warning("%s %s cut short: %s: %s", request.method, request.path[:80],
+            _LOG.warning("%s %s cut short: %s: %s", request.method, loggable(request),
                          reason.value, detail[:200])
         elif isinstance(exc, ConnectionError) or exc is None:  # the caller left; a time-out
             reason, detail = Reason.INTERNAL_ERROR, message or "no answer could be made"
         else:
-            _LOG.error("a bug answering %s %s", request.method, request.path[:80],
+            _LOG.error("a bug answering %s %s", request.method, loggable(request),
                        exc_info=exc)
             reason, detail = Reason.INTERNAL_ERROR, type(exc).__name__
         if request.writer.output_size > 0:

@@ -25,6 +25,17 @@ from .session import Session, SessionError
 from .signing import Signer
 
 _SIGNED = "sealgate-signed"  # the signed route's name, which the key check lets through
+_SIGNED_PREFIX = "/v1/signed/"
+
+
+def loggable(request: web.BaseRequest) -> str:
+    """The request's path for a log line: a signed URL's token is a credential (whoever has it
+    reaches the port), so it is never written there."""
+    path = request.path
+    if path.startswith(_SIGNED_PREFIX):
+        _, _, rest = path[len(_SIGNED_PREFIX):].partition("/")
+        path = f"{_SIGNED_PREFIX}<token>/{rest}"
+    return path[:80]
 
 
 def signed(request: web.Request) -> bool:

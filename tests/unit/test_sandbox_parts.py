@@ -242,3 +242,16 @@ def test_the_watchdog_takes_only_a_runs_own_groups(groups: list[str], tmp_path: 
     nothing there to kill.)"""
     with pytest.raises(ValueError, match="not a run's cgroups"):
         Watchdog([tmp_path / g for g in groups])
+
+
+def test_a_signed_url_s_token_is_never_logged() -> None:
+    """The daemon's log lines name a request by `portroutes.loggable`: a signed URL's token is
+    a credential (it alone opens the port)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from sealgate.sandbox.daemon.portroutes import loggable
+
+    token = "sb-1.8080.1767225600." + "ab" * 32
+    seen = loggable(make_mocked_request("GET", f"/v1/signed/{token}/app/index.html"))
+    assert seen == "/v1/signed/<token>/app/index.html" and "ab" * 8 not in seen
+    assert loggable(make_mocked_request("GET", "/v1/sandboxes/x/exec")) == "/v1/sandboxes/x/exec"
