@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -81,7 +82,7 @@ class PortRoutes:
         def began() -> None:
             request[self._streaming] = True
 
-        return await ports.forward(request, _netns(session), port, request.match_info["path"],
+        return await ports.forward(request, _netns(session), port, _raw_tail(request),
                                    began=began, ended=session.ended)
 
     async def _tcp(self, request: web.Request) -> web.StreamResponse:
@@ -119,6 +120,20 @@ class PortRoutes:
         url = f"{request.scheme}://{request.host}{path}" if over_tcp else None
         return web.json_response({"url": url, "path": path, "port": port, "expires_at": expires},
                                  status=201)
+
+
+def _raw_tail(request: web.Request) -> str:
+    """The path below the route's prefix as the caller sent it, escapes and all, with its query:
+    the server in the sandbox must get `a%2Fb` and `%3F`, not what aiohttp decoded them to
+    (another path, or a query). The prefix is the route's segments before `{path}`; escapes
+    within them (a `%2F` in an id) would shift the tail, and are refused."""
+    raw, _, query = request.raw_path.partition("?")
+    before = 6 if request.match_info.route.name != _SIGNED else 4  # "" v1 ... {port|token}
+    parts = raw.split("/", before)
+    tail = parts[before] if len(parts) > before else ""
+    if unquote(tail) != request.match_info["path"]:
+        raise BadRequest("an escaped '/' in the route's own segments (an id, a port or token)")
+    return tail + (f"?{query}" if query else "")
 
 
 def _port_number(text: str) -> int:

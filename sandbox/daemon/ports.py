@@ -78,7 +78,7 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
         headers += [("host", f"127.0.0.1:{port}")]
         headers += [("connection", "upgrade"), ("upgrade", "websocket")] if upgrade else \
             [("connection", "close"), ("content-length", str(len(body)))]
-        target = "/" + path + (f"?{request.query_string}" if request.query_string else "")
+        target = "/" + path  # raw, its query included (portroutes._raw_tail)
         sent = b"".join(conn.send(event) or b"" for event in (
             h11.Request(method=request.method, target=target, headers=headers),
             h11.Data(data=body), h11.EndOfMessage()))

@@ -71,6 +71,11 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
     assert seen["headers"]["x-custom"] == "kept"
     assert "authorization" not in seen["headers"]  # the daemon's credential stays the daemon's
     assert seen["headers"]["host"] == "127.0.0.1:8000"
+    # The path and query arrive as sent, escapes and all: %2F is not a segment's end, %3F not
+    # a query, %25 not an escape (found by review: they were decoded before forwarding).
+    raw = "/a%2Fb/c%3Fd%20e%25f/?x=%26y&z=%2F"
+    status, _, body = served.port(8000, raw)
+    assert status == 200 and json.loads(body)["path"] == raw
     # The server's own 404 is its answer, not a refusal of the daemon's.
     # A body larger than what one read of the daemon's gets arrives whole.
     big = b"b" * 3_000_000
