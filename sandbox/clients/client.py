@@ -125,6 +125,12 @@ class Answer:
         while most is None or len(got) < most:
             chunk = self._wait(lambda: self.response.read1(1 << 16))
             if not chunk:
+                # read1 ends a body of a known length quietly when the connection closes
+                # before it: what it still expected is a cut answer, never a whole one.
+                if self.response.length:
+                    raise DaemonError(f"the daemon's answer was cut: {self.response.length} "
+                                      "bytes of its length missing",
+                                      reason=Reason.INTERNAL_ERROR, status=self.status)
                 break
             got += chunk
         return bytes(got if most is None else got[:most])

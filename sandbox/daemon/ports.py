@@ -84,7 +84,8 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
             h11.Data(data=body), h11.EndOfMessage()))
         await asyncio.get_running_loop().sock_sendall(sock, sent)
         return await _answer(request, conn, sock, port, began=began, ended=ended)
-    except (h11.ProtocolError, ConnectionError, TimeoutError) as exc:
+    except (h11.ProtocolError, ConnectionError, TimeoutError, ValueError) as exc:
+        # ValueError: h11's own int() of a Content-Length of thousands of digits.
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
                            reason=Reason.PORT_UNREACHABLE) from None
     finally:
@@ -137,12 +138,15 @@ async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socke
             began()
             client = await response.prepare(request)
             assert client is not None  # prepared: its writer
-            if (response.content_length is not None and request.method != "HEAD"
-                    and event.status_code not in (204, 304)):
-                await _body(request, conn, sock, response, client)
-                break
-        elif isinstance(event, h11.Data) and response is not None:
-            await response.write(event.data)
+            try:
+                await _rest(request, conn, sock, response, client, status=event.status_code)
+            except (h11.ProtocolError, ConnectionError, TimeoutError, ValueError):
+                # Begun, so no refusal can follow: the caller's connection is cut, and it sees
+                # an answer cut short (never a complete-looking one, nor a traceback here).
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            break
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
             break
         # an InformationalResponse (100 Continue) is passed over
@@ -153,9 +157,35 @@ async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socke
     return response
 
 
+async def _rest(request: web.Request, conn: h11.Connection, sock: socket.socket,
+                response: web.StreamResponse, client: AbstractStreamWriter, *,
+                status: int) -> None:
+    """The answer's body, after its head went to the caller."""
+    if (response.content_length is not None and request.method != "HEAD"
+            and status not in (204, 304)):
+        await _body(request, conn, sock, response, client)
+        return
+    loop = asyncio.get_running_loop()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await asyncio.wait_for(loop.sock_recv(sock, _READ), READ_SECONDS))
+        elif isinstance(event, h11.Data):
+            await response.write(event.data)
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            return
+
+
 def _head(status: int, reason: bytes, headers: Iterable[tuple[bytes, bytes]]
           ) -> web.StreamResponse:
-    """The server's status and headers, less the dropped ones, for the caller."""
+    """The server's status and headers, less the dropped ones, for the caller. Raises
+    SessionError for a length and a transfer coding both (two framings: the caller's and the
+    server's reading of where the answer ends could differ)."""
+    headers = list(headers)
+    names = {name.lower() for name, _ in headers}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        raise SessionError("the port answered with both Content-Length and Transfer-Encoding",
+                           reason=Reason.PORT_UNREACHABLE)
     response = web.StreamResponse(status=status, reason=reason.decode("latin-1") or None)
     for name, value in headers:
         text = name.decode("latin-1")

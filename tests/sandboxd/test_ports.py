@@ -5,6 +5,7 @@ sandbox) reaches the port."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from collections.abc import Iterator
@@ -124,3 +125,55 @@ def test_another_sandbox_cannot_reach_the_port(served: Sandbox, sandboxd: Daemon
         # The server's own mark is its x-from header; the proxy's refusals quote the request.
         assert probe.ok and "x-from" not in probe.text.lower(), probe
         assert probe.text.count("(sealgate: ") + probe.text.count("refused") >= 2, probe
+
+
+_HOSTILE = r"""
+import socket, sys
+ANSWERS = {
+    "/digits": b"HTTP/1.1 200 OK\r\ncontent-length: " + b"9" * 5000 + b"\r\n\r\nx",
+    "/both": b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n"
+             b"5\r\nhello\r\n0\r\n\r\n",
+    "/cut": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n3",
+    "/lying": b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789",
+}
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    conn, _ = server.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        head += chunk
+    path = head.split(b" ", 2)[1].decode() if head.count(b" ") >= 2 else ""
+    conn.sendall(ANSWERS.get(path, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"))
+    conn.close()
+"""
+
+
+def test_a_hostile_server_s_answers_are_refused_or_cut_never_a_traceback(
+        sandboxd: Daemon) -> None:
+    """Found by review: a Content-Length of thousands of digits was a 500 and a traceback; a
+    length and a chunked coding both passed the chunks' framing on as the body; an answer cut
+    after its head was a traceback in the log, and the Python client took a body cut short of
+    its length for a whole one."""
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        sb.start(["python3", "-c", _HOSTILE, "8001"])
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert sb.port(8001, "/ready")[0] == 200
+                break
+            except DaemonError as exc:
+                assert exc.reason is Reason.PORT_UNREACHABLE and time.monotonic() < deadline
+                time.sleep(0.1)
+        for refused in ("/digits", "/both"):
+            with pytest.raises(DaemonError) as caught:
+                sb.port(8001, refused)
+            assert caught.value.reason is Reason.PORT_UNREACHABLE, refused
+        for cut in ("/cut", "/lying"):  # begun: the caller sees it cut short, never whole
+            with pytest.raises((DaemonError, OSError, http.client.HTTPException)):
+                sb.port(8001, cut)
+        assert sb.port(8001, "/fine") == (200, sb.port(8001, "/fine")[1], b"ok")
+    log = sandboxd.log.read_text()
+    assert "Traceback" not in log, log[-3000:]

@@ -127,7 +127,9 @@ def main(uri, headers=None, messages=("hello",)):
     from websockets.sync.client import connect
     from websockets.exceptions import InvalidStatus
     try:
-        with connect(uri, additional_headers=headers, open_timeout=10, close_timeout=5) as ws:
+        # 20 s, inside the call's 25: a full run on two loaded CPUs once left a refused host's
+        # answer unread past 10 s, and the client's own timeout then hung in its close.
+        with connect(uri, additional_headers=headers, open_timeout=20, close_timeout=5) as ws:
             replies = []
             for m in messages:
                 ws.send(m)
