@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -74,7 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    code: int = func(args)
+    try:
+        code: int = func(args)
+    except BrokenPipeError:
+        # The reader went away (`sealgate rules suggest ... | head`): nothing more to say, and
+        # no traceback for it. Standard output is pointed at /dev/null so that the interpreter's
+        # flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 

@@ -1,4 +1,5 @@
-"""`sealgate rules`: check, explain, test and diff rules files, as CI and reviewers use them.
+"""`sealgate rules`: check, explain, test, diff and suggest rules files, as CI and reviewers use
+them.
 
 Exit codes: 0 fine; 1 the answer is no (rules invalid, a case failed, a request denied, a change
 widens access under --fail-on-widen); 2 the question was wrong (usage, an unknown sandbox).
@@ -17,7 +18,7 @@ from typing import Any
 from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport
 
-from . import annotate, gitrules
+from . import annotate, gitrules, suggest
 from .cases import load_cases, run_case
 from .diff import diff
 from .explain import ExplainError, Explanation, describe, explain, injects
@@ -65,6 +66,21 @@ def register(sub: Subcommands) -> None:
                         "[review] changes)")
     _formats(d, "text", "json", "github", "markdown")
     d.set_defaults(func=_diff)
+
+    sg = rs.add_parser("suggest", help="the smallest rules that would have allowed what a "
+                                       "report-mode run's audit log shows")
+    sg.add_argument("rules", type=Path, metavar="RULES", help="the rules the run had")
+    sg.add_argument("--from", dest="audit", type=Path, required=True, metavar="AUDIT_LOG",
+                    help="the proxy's audit log (JSON lines; - for standard input)")
+    sg.add_argument("--policy", help="only this policy's requests")
+    sg.add_argument("--paths", type=int, default=5, metavar="N",
+                    help="more than N distinct paths under one prefix become prefix/** "
+                         "(default 5)")
+    sg.add_argument("--include-denied", action="store_true",
+                    help="learn from enforce-mode refusals (not_allowed) too, not only from "
+                         "report-mode lines")
+    sg.add_argument("--json", action="store_true")
+    sg.set_defaults(func=_suggest)
 
 
 def _formats(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -263,3 +279,56 @@ def _diff(args: argparse.Namespace) -> int:
         print(f"{len(changes)} changes, {len(widening)} widen or may widen access" if changes
               else "no changes in meaning")
     return 1 if args.fail_on_widen and widening else 0
+
+
+# -- suggest ----------------------------------------------------------------------------------
+
+
+def _suggest(args: argparse.Namespace) -> int:
+    rules = _load(args.rules)
+    if rules is None:
+        return 2
+    if args.policy is not None and args.policy not in rules.policies:
+        print(f"sealgate: no policy {args.policy!r} in the rules", file=sys.stderr)
+        return 2
+    if args.paths < 1:
+        print("sealgate: --paths must be 1 or more", file=sys.stderr)
+        return 2
+    try:
+        if str(args.audit) == "-":
+            found = suggest.read(sys.stdin, rules, policy=args.policy,
+                                 include_denied=args.include_denied)
+        else:
+            with args.audit.open(encoding="utf-8", errors="replace") as stream:
+                found = suggest.read(stream, rules, policy=args.policy,
+                                     include_denied=args.include_denied)
+    except OSError as exc:
+        print(f"sealgate: {args.audit}: {exc.strerror}", file=sys.stderr)
+        return 2
+    made, still = suggest.learn(rules, found, most_paths=args.paths)
+    changes = diff(rules, suggest.with_suggestions(rules, made))
+    if args.json:
+        print(json.dumps({
+            "rules": [s.to_json() for s in made],
+            "lines": found.lines, "skipped": dict(found.skipped),
+            "requests": sum(sum(c.values()) for c in found.seen.values()),
+            "still_refused": [{"policy": r.policy, **dataclasses.asdict(r.seen),
+                               "reason": r.reason} for r in still],
+            "diff": [c.to_json() for c in changes],
+        }, indent=2))
+        return 0
+    requests = sum(sum(c.values()) for c in found.seen.values())
+    print(f"# sealgate rules suggest: {len(made)} rules from {requests} would-deny requests "
+          f"in {found.lines} lines of {args.audit}")
+    for why, count in sorted(found.skipped.items()):
+        print(f"# skipped {count} lines: {why}")
+    for r in still:
+        what = r.seen.method or "CONNECT"
+        print(f"# no rule can allow {what} {format_hostport(r.seen.host, r.seen.port)}"
+              f"{r.seen.path or ''} ({r.policy}): {r.reason}")
+    if made:
+        print("# append each policy's entries to its allow list; what changes (rules diff):")
+        for c in changes:
+            print(f"#   {c.scope}: {c.sign} {c.what}")
+    _lines(suggest.patch(made))
+    return 0

@@ -155,6 +155,7 @@ async def serve(
     mitm.install(config.connect_timeout, reuse_port=config.workers > 1, bounds=config.limits)
     m = build_master(config, worker)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_cancellation)
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the
     # young generation less often and take everything alive after start-up out of collections.
     gc.set_threshold(20_000, 20, 20)
@@ -173,6 +174,16 @@ async def serve(
     stopping.cancel()
     await running
     return 0
+
+
+def _quiet_cancellation(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Python 3.11's asyncio.streams asks a cancelled connection task for its exception, which
+    raises CancelledError into the loop's handler: a traceback on stderr for every connection
+    the shutdown ends (an idle keep-alive connection, a tunnel), though nothing went wrong
+    (3.12 checks first). A cancellation is never a fault to report; anything else is."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 def _settle(m: master.Master) -> None:
