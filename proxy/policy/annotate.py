@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .bound import Crossing
 from .cases import Outcome
 from .diff import Change
 
@@ -77,6 +78,16 @@ def diff(changes: Iterable[Change], fail_on_widen: bool) -> list[str]:
         verdict = "widens access" if c.widens else "may widen access: review it"
         out.append(workflow(kind, f"{c.scope}: {_SIGNS[c.sign]}: {c.what} ({verdict})",
                             file=file, line=line, title="rules diff"))
+    return out
+
+
+def bound(crossings: Iterable[Crossing]) -> list[str]:
+    out = []
+    for c in crossings:
+        file, line = located(c.where)
+        request = f": {c.request}" if c.request else ""
+        out.append(workflow("error", f"policy {c.policy}: {c.what}{request}", file=file,
+                            line=line, title=f"rules bound: {c.bound}"))
     return out
 
 

@@ -19,7 +19,9 @@ from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport
 
 from . import annotate, gitrules, suggest
+from .bound import bound
 from .cases import load_cases, run_case
+from .ceiling import load_ceiling
 from .diff import diff
 from .explain import ExplainError, Explanation, describe, explain, injects
 from .model import RuleSet, RuleWarning
@@ -66,6 +68,13 @@ def register(sub: Subcommands) -> None:
                         "[review] changes)")
     _formats(d, "text", "json", "github", "markdown")
     d.set_defaults(func=_diff)
+
+    bd = rs.add_parser("bound", help="prove every policy stays inside a ceiling (what no "
+                                     "policy may ever allow)")
+    bd.add_argument("ceiling", type=Path, metavar="CEILING", help="the ceiling file")
+    bd.add_argument("rules", type=Path, metavar="RULES", help="rules file or directory")
+    _formats(bd, "text", "json", "github")
+    bd.set_defaults(func=_bound)
 
     sg = rs.add_parser("suggest", help="the smallest rules that would have allowed what a "
                                        "report-mode run's audit log shows")
@@ -279,6 +288,42 @@ def _diff(args: argparse.Namespace) -> int:
         print(f"{len(changes)} changes, {len(widening)} widen or may widen access" if changes
               else "no changes in meaning")
     return 1 if args.fail_on_widen and widening else 0
+
+
+# -- bound ------------------------------------------------------------------------------------
+
+
+def _bound(args: argparse.Namespace) -> int:
+    try:
+        ceiling = load_ceiling(args.ceiling)
+    except RulesError as exc:
+        print(f"sealgate: {exc}", file=sys.stderr)
+        return 2
+    rules = _load(args.rules)
+    if rules is None:
+        return 2
+    crossings = bound(ceiling, rules)
+    bounded = sorted(n for n in rules.policies
+                     if ceiling.policies is None or n in ceiling.policies)
+    missing = sorted((ceiling.policies or frozenset()) - rules.policies.keys())
+    if args.format == "json":
+        print(json.dumps({"ok": not crossings, "policies": bounded, "not_in_rules": missing,
+                          "crossings": [c.to_json() for c in crossings]}, indent=2))
+    elif args.format == "github":
+        _lines(annotate.bound(crossings))
+    else:
+        for c in crossings:
+            where = f"{c.where}: " if c.where else ""
+            request = f": {c.request}" if c.request else ""
+            print(f"crosses  {where}policy {c.policy}: {c.what} [{c.bound}]{request}")
+        crossed = {c.policy for c in crossings}
+        for name in bounded:
+            if name not in crossed:
+                print(f"inside   policy {name}")
+        for name in missing:
+            print(f"note     the ceiling names policy {name}, which the rules do not define")
+        print(f"{len(bounded)} policies bounded, {len(crossings)} crossings")
+    return 1 if crossings else 0
 
 
 # -- suggest ----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def test_the_workflow_runs_commands_that_exist() -> None:
     workflow = yaml.safe_load((ROOT / "docs" / "examples" / "rules-review.yml").read_text())
     steps = workflow["jobs"]["rules"]["steps"]
     commands = [c for step in steps for c in _commands(step.get("run", ""))]
-    assert len(commands) == 4, commands
+    assert len(commands) == 5, commands
     parser = full_parser()
     for words in commands:
         assert callable(parser.parse_args(words).func), words

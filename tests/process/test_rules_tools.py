@@ -180,3 +180,25 @@ def test_diff_between_git_revisions_reads_git_not_the_work_tree(tmp_path: Path) 
                 ["HEAD", "HEAD", "--", "../x"]):
         out = rules("diff", *bad)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_shipped_rules_stay_under_the_shipped_ceiling() -> None:
+    out = sealgate("bound", "rules/ceilings/ci-bot.yaml", "rules/examples/ci-bot.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == "1 policies bounded, 0 crossings"
+
+
+def test_bound_names_the_rule_and_a_request_that_crosses(tmp_path: Path) -> None:
+    wider = write(tmp_path, "wider.yaml", (ROOT / "rules/examples/ci-bot.yaml").read_text()
+                  .replace('paths: ["/repos/*/*/issues/*/comments"]',
+                           'paths: ["/repos/*/*/issues/*/comments", "/repos/*/*/git/**"]'))
+    out = sealgate("bound", "--json", "rules/ceilings/ci-bot.yaml", str(wider))
+    assert out.returncode == 1, out.stdout + out.stderr
+    crossing, = json.loads(out.stdout)["crossings"]
+    assert crossing["bound"] == "allow" and crossing["where"].endswith("wider.yaml:14")
+    assert crossing["request"] == "POST https://api.github.com/repos/c/c/git"
+    github = sealgate("bound", "--format", "github", "rules/ceilings/ci-bot.yaml", str(wider))
+    assert github.stdout.startswith(f"::error file={wider},line=14,title=rules bound%3A allow::")
+    broken = write(tmp_path, "ceiling.yaml", "version: 1\nceiling:\n  hosts: []\n")
+    out = sealgate("bound", str(broken), str(wider))
+    assert out.returncode == 2 and "ceiling.yaml:3" in out.stderr and "Traceback" not in out.stderr
