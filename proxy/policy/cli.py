@@ -18,7 +18,7 @@ from typing import Any
 from sealgate.clikit import Subcommands
 from sealgate.hostport import format_hostport
 
-from . import annotate, gitrules, suggest
+from . import annotate, gitrules, schema, suggest
 from .bound import bound
 from .cases import load_cases, run_case
 from .ceiling import load_ceiling
@@ -68,6 +68,10 @@ def register(sub: Subcommands) -> None:
                         "[review] changes)")
     _formats(d, "text", "json", "github", "markdown")
     d.set_defaults(func=_diff)
+
+    sc = rs.add_parser("schema", help="the JSON Schema of rules files (rules/schema.json), "
+                                      "for editors")
+    sc.set_defaults(func=_schema)
 
     bd = rs.add_parser("bound", help="prove every policy stays inside a ceiling (what no "
                                      "policy may ever allow)")
@@ -288,6 +292,11 @@ def _diff(args: argparse.Namespace) -> int:
         print(f"{len(changes)} changes, {len(widening)} widen or may widen access" if changes
               else "no changes in meaning")
     return 1 if args.fail_on_widen and widening else 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(schema.schema(), indent=2))
+    return 0
 
 
 # -- bound ------------------------------------------------------------------------------------
