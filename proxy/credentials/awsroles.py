@@ -18,6 +18,7 @@ import hashlib
 import re
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Final
@@ -50,6 +51,7 @@ class RoleSessions:
         # By the base keys and the networks of the policy they were dialed under.
         self.cache: Exchanged[tuple[AwsKeys, tuple[object, ...]]] = Exchanged(clock=clock)
         self._ssl = ssl.create_default_context(cafile=cafile)
+        self.outcomes: Counter[str] = Counter()  # AssumeRole calls: obtained, failed
 
     async def resolve(self, secret: str, guard: Guard | None, policy: Policy | None) -> str:
         """The keys to sign with: `secret` itself, or, when it names a role, the role's
@@ -89,10 +91,15 @@ class RoleSessions:
         headers["authorization"] = sigv4.authorization(
             scope.credential(base.access_key_id), sorted(headers), signature
         )
-        status, text = await dial.post(dial.endpoint(role.sts_endpoint.rstrip("/") + "/"),
-                                       headers, body, guard=guard, policy=policy, tls=self._ssl,
-                                       what="STS AssumeRole at")
-        secret, expires = _keys(status, text, self.clock())
+        try:
+            status, text = await dial.post(
+                dial.endpoint(role.sts_endpoint.rstrip("/") + "/"), headers, body,
+                guard=guard, policy=policy, tls=self._ssl, what="STS AssumeRole at")
+            secret, expires = _keys(status, text, self.clock())
+        except ExchangeError:
+            self.outcomes["failed"] += 1
+            raise
+        self.outcomes["obtained"] += 1
         return Obtained(secret, expires, _SOURCE)
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -82,6 +83,8 @@ class Exchanges:
         self._rotated: dict[tuple[TokenExchange, str], tuple[frozenset[str], str]] = {}
         self._worked_out: dict[Key, Credential] = {}
         self._hot: dict[int, _Hot] = {}  # by the processor's identity: see _Hot
+        # Calls to token endpoints, by processor type and outcome (obtained, failed).
+        self.outcomes: Counter[tuple[str, str]] = Counter()
 
     async def credential(
         self, processor: TokenExchange, stored: str, guard: Guard, policy: Policy, *,
@@ -150,7 +153,9 @@ class Exchanges:
         except (grants.GrantError, ExchangeError) as exc:
             # Named by reference and cause only, as the sandbox's refusal is.
             log.warning("sealgate: %s for %s: no token: %s", processor.kind, named.label, exc)
+            self.outcomes[(processor.kind, "failed")] += 1
             raise ExchangeError(str(exc)) from None
+        self.outcomes[(processor.kind, "obtained")] += 1
         log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, named.label,
                  found.expires - self.cache.clock())
         source = _digest(text)

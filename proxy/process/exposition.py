@@ -19,6 +19,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -42,6 +43,19 @@ COUNTERS: Final = {
     "events": ("Other audit events (reloads, drains, ...), by event.", ("event",)),
     "upstream_tls_offered": ("Upstream TLS handshakes that offered a cached session.", ()),
     "upstream_tls_resumed": ("Upstream TLS handshakes that resumed a session.", ()),
+    "secret_lookups": ("Secrets looked up for injection, by store and how each was served "
+                       "(hit: cached; miss: fetched; stale: cached past its time while the "
+                       "store is down; refused; unavailable).", ("store", "result")),
+    "secret_fetches": ("Fetches from secret stores, by store and outcome (ok, refused, "
+                       "unavailable).", ("store", "outcome")),
+    "token_exchanges": ("Calls to token endpoints (oauth2, github-app, gcp-service-account, "
+                        "aws-sts), by processor type and outcome (obtained, failed).",
+                        ("kind", "outcome")),
+}
+# name -> (help, label names, the counters holding its sum and count)
+SUMMARIES: Final = {
+    "secret_fetch_duration_seconds": ("Time secret stores took to answer a fetch, by store.",
+                                      ("store",), "secret_fetch_seconds", "secret_fetch_count"),
 }
 GAUGES: Final = {
     "connections_open": "Client connections open now.",
@@ -76,6 +90,7 @@ class _Workers(Collector):
             yield gauge
         for name in HISTOGRAMS:
             yield _histogram(name, found)
+        yield from _summaries(found)
 
 
 def _counters(found: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -89,6 +104,21 @@ def _counters(found: list[dict[str, Any]]) -> Iterator[Metric]:
         family = CounterMetricFamily(f"{PREFIX}{name}", help_text, labels=list(labels))
         for values, total in sorted(sums[name].items()):
             family.add_metric(list(values), total)
+        yield family
+
+
+def _summaries(found: list[dict[str, Any]]) -> Iterator[Metric]:
+    for name, (help_text, labels, sum_name, count_name) in SUMMARIES.items():
+        sums: dict[tuple[str, ...], list[float]] = {}
+        for snap in found:
+            for counter, values, value in snap.get("counters", ()):
+                if counter in (sum_name, count_name):
+                    key = tuple(str(values.get(label, "")) for label in labels)
+                    pair = sums.setdefault(key, [0.0, 0.0])
+                    pair[counter == count_name] += float(value)
+        family = SummaryMetricFamily(f"{PREFIX}{name}", help_text, labels=list(labels))
+        for key, (total, count) in sorted(sums.items()):
+            family.add_metric(list(key), count_value=int(count), sum_value=total)
         yield family
 
 

@@ -122,6 +122,8 @@ class Lifecycle:
                            seconds=self.handshakes.seconds)
             self.metrics.total("upstream_tls_offered", self.sessions.offered)
             self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
+            if state is not None:
+                self._credential_totals(state)
             with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
                 self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
                                    connections_open=self.gate.open,
@@ -131,6 +133,21 @@ class Lifecycle:
                                    upstream_tls_sessions=len(self.sessions),
                                    upstream_connections_open=self.upstream_open,
                                    audit_backlog_bytes=state.audit.backlog if state else 0)
+
+    def _credential_totals(self, state: AddonState) -> None:
+        """The secret stores' and token endpoints' running counts, as the broker keeps them."""
+        broker, total = state.broker, self.metrics.total
+        for store, cache in broker.secrets.caches().items():
+            for result, count in cache.lookups.items():
+                total("secret_lookups", count, store=store, result=result)
+            for outcome, count in cache.fetches.items():
+                total("secret_fetches", count, store=store, outcome=outcome)
+            total("secret_fetch_seconds", cache.fetch_seconds, store=store)
+            total("secret_fetch_count", cache.fetches.total(), store=store)
+        for (kind, outcome), count in broker.exchanges.outcomes.items():
+            total("token_exchanges", count, kind=kind, outcome=outcome)
+        for outcome, count in broker.roles.outcomes.items():
+            total("token_exchanges", count, kind="aws-sts", outcome=outcome)
 
     def _unready(self) -> list[str]:
         """What keeps this worker from being ready (its /readyz, proxy/process/admin.py)."""

@@ -67,9 +67,9 @@ class Metrics:
         else:
             self._add("events", 1, event=event)
 
-    def total(self, name: str, value: float) -> None:
+    def total(self, name: str, value: float, **labels: str) -> None:
         """A counter kept elsewhere (the running total, not an increment)."""
-        self.counters[(name, ())] = value
+        self.counters[(name, tuple(sorted(labels.items())))] = value
 
     def snapshot(self, **gauges: float) -> dict[str, Any]:
         return {

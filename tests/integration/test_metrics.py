@@ -5,6 +5,7 @@ text format, checked with Prometheus' own `promtool check metrics` after real tr
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import shutil
@@ -20,21 +21,28 @@ from tests.conftest import KEYS, client, rules_allowing
 from tests.harness import ROOT, Origin, Proxy, ProxyFactory, free_port
 
 CANARY = "sk-metrics-canary-not-a-label-7c1d"
+REFRESH = "rt-metrics-canary-3e9a"
+OAUTH = json.dumps({"refresh_token": REFRESH, "client_id": "c", "client_secret": "s"})
 
 
 @pytest.fixture(scope="module")
 def mproxy(proxy_with: ProxyFactory, origin_http: Origin,
            origin_https: Origin) -> Iterator[tuple[Proxy, int]]:
-    port = free_port()
+    port, dead = free_port(), free_port()  # nothing listens on `dead`: its token call fails
     injecting = f"""
       - host: api.test
         ports: [{origin_https.port}]
         paths: ["/inject"]
-        inject: [{{secret: "file:api_key", as: bearer}}]"""
+        inject: [{{secret: "file:api_key", as: bearer}}]
+      - host: api.test
+        ports: [{origin_https.port}]
+        paths: ["/exchange"]
+        inject: [{{secret: "file:oauth", as: {{type: oauth2,
+                   token_url: "https://127.0.0.1:{dead}/token"}}}}]"""
     rules = rules_allowing("api.test", origin_http.port).replace(
         "    allow_networks:", injecting.lstrip("\n") + "\n    allow_networks:", 1)
     with proxy_with(rules, name="metrics",
-                    secrets={"api_key": CANARY}, options=["--workers", "2", "--admin",
+                    secrets={"api_key": CANARY, "oauth": json.dumps(OAUTH)}, options=["--workers", "2", "--admin",
                                                           f"127.0.0.1:{port}"]) as p:
         yield p, port
 
@@ -88,12 +96,24 @@ def test_requests_are_counted_by_decision_and_reason(
         assert denied.status_code == 403
         injected = c.get(f"https://api.test:{origin_https.port}/inject", timeout=5)
         assert injected.status_code == 200
+        failed = c.get(f"https://api.test:{origin_https.port}/exchange", timeout=15)
+        assert failed.status_code >= 500 and REFRESH not in failed.text
     # Three plain GETs, and the HTTPS one's CONNECT and GET (a CONNECT has its own line).
     allowed = total(before, "sealgate_requests_total", decision="allow", reason="") + 5
     text = scrape_until(port, lambda t: total(
         t, "sealgate_requests_total", decision="allow", reason="") >= allowed and total(
-        t, "sealgate_injections_total", source="broker") >= 1)
+        t, "sealgate_injections_total", source="broker") >= 1 and total(
+        t, "sealgate_token_exchanges_total") >= 1)
     assert total(text, "sealgate_requests_total", decision="allow", reason="") == allowed
+    # The secret stores and token endpoints: the file store read for both credentials, the
+    # token endpoint called once (a failed call is not repeated for 5 s) and failed.
+    assert total(text, "sealgate_secret_fetches_total", store="file", outcome="ok") >= 2
+    assert total(text, "sealgate_secret_lookups_total", store="file") >= 2
+    assert total(text, "sealgate_secret_fetch_duration_seconds_count", store="file") == total(
+        text, "sealgate_secret_fetches_total", store="file")
+    assert total(text, "sealgate_token_exchanges_total", kind="oauth2", outcome="failed") == 1
+    assert total(text, "sealgate_token_exchanges_total", outcome="obtained") == 0
+    assert REFRESH not in text
     assert total(text, "sealgate_requests_total", decision="deny", reason="not_allowed") == (
         total(before, "sealgate_requests_total", decision="deny", reason="not_allowed") + 1)
     assert total(text, "sealgate_injections_total", source="broker") == 1 + total(

@@ -9,7 +9,8 @@ secret = await broker.get("vault:kv/data/ci/github#token")
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 from sealgate.credentials.errors import (
     SecretConfigError,
@@ -122,6 +123,10 @@ class SecretBroker:
         """Write a secret back (a rotated refresh token): the file store and Vault KV can be
         written; the env store cannot (SecretConfigError)."""
         await self._caches[self.check(ref).store].write(ref, value)
+
+    def caches(self) -> Mapping[str, SecretCache]:
+        """Each store's cache, by scheme (read for the metrics)."""
+        return MappingProxyType(self._caches)
 
     def unavailable(self) -> list[str]:
         """The stores that failed a request past its grace and have not answered since."""

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,6 +77,11 @@ class SecretCache:
         # The store failed a caller past its grace, and has not answered since: the proxy's
         # readiness says so (an outage is not a missing or refused secret, which is config).
         self.unavailable = False
+        # For the metrics: lookups by how they were served (hit, miss, stale, refused), the
+        # store's fetches by outcome (ok, refused, unavailable), and the fetches' time.
+        self.lookups: Counter[str] = Counter()
+        self.fetches: Counter[str] = Counter()
+        self.fetch_seconds = 0.0
 
     @property
     def scheme(self) -> str:
@@ -94,21 +100,30 @@ class SecretCache:
 
     async def get(self, ref: SecretRef) -> Secret:
         if (secret := self.fresh(ref)) is not None:
+            self.lookups["hit"] += 1
             return secret
         refused = self._refused.get(ref)
         if refused is not None:
             if self._clock() < refused[1]:
+                self.lookups["refused"] += 1
                 raise refused[0]
             del self._refused[ref]
         try:
-            return await self._wait(ref)
+            secret = await self._wait(ref)
         except SecretUnavailable as exc:
             entry = self._entries.get(ref)
             if entry is not None and self._clock() < entry.expires + self._stale_grace:
                 log.warning("secret %s: serving cached value within stale grace: %s", ref, exc)
+                self.lookups["stale"] += 1
                 return entry.secret
             self.unavailable = True
+            self.lookups["unavailable"] += 1
             raise
+        except SecretError:
+            self.lookups["refused"] += 1
+            raise
+        self.lookups["miss"] += 1
+        return secret
 
     async def write(self, ref: SecretRef, value: str) -> None:
         """Write `value` to the store, if it can be written (SecretError otherwise), and serve
@@ -149,12 +164,16 @@ class SecretCache:
         return task
 
     async def _fetch(self, ref: SecretRef) -> Secret:
+        began = time.monotonic()
+        outcome = "unavailable"
         try:
             secret, suggested = await self.store.fetch(ref)
+            outcome = "ok"
         except SecretUnavailable:
             raise
         except SecretError as exc:
             # Not found, denied, misconfigured: never papered over by a stale copy.
+            outcome = "refused"
             self._entries.pop(ref, None)
             self._refused[ref] = (exc, self._clock() + REFUSED_SECONDS)
             raise
@@ -164,6 +183,9 @@ class SecretCache:
             raise SecretUnavailable(
                 f"secret {ref}: {self.scheme} store failed with {type(exc).__name__}"
             ) from None
+        finally:
+            self.fetches[outcome] += 1
+            self.fetch_seconds += time.monotonic() - began
         self.unavailable = False
         ttl = min(self._ttl, suggested) if suggested > 0 and not math.isnan(suggested) else 0.0
         fetched = self._clock()
