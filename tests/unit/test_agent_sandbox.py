@@ -1,0 +1,136 @@
+"""deploy/k8s/agent-sandbox: the Agent Sandbox resources valid against that project's own CRDs
+(tests/data/agent-sandbox-crds, strictly: a field the schema does not name fails, as the API
+server would prune it silently), the template's pod valid as a Pod against Kubernetes' schemas,
+and what the pods must say checked from its meaning: `sealgate env`'s variables, the identity
+label the pod watcher reads, no service-account token, gVisor, and egress to the proxy (and
+DNS) alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from sealgate.cli import full_parser
+from sealgate.clientenv import variables
+from tests.unit.test_k8s_manifests import KUBERNETES, ROOT, documents
+
+CRDS = Path(__file__).resolve().parents[1] / "data" / "agent-sandbox-crds"
+PROXY = "http://sealgate-proxy.sealgate.svc:3128"
+BUNDLE = "/etc/sealgate-trust/bundle.pem"
+
+
+def _schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the CRD's schema of that version."""
+    found = {}
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            found[key] = version["schema"]["openAPIV3Schema"]
+    return found
+
+
+SCHEMAS = _schemas()
+RESOURCES = [doc for _, doc in documents(ROOT / "agent-sandbox")]
+
+
+def unknown_fields(value: Any, schema: dict[str, Any], where: str = "") -> Iterator[str]:
+    """Fields the structural schema does not name: the API server drops them without a word,
+    so a misspelt field would simply not apply."""
+    if isinstance(value, dict):
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return
+        properties, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for key, item in value.items():
+            if key in properties:
+                yield from unknown_fields(item, properties[key], f"{where}.{key}")
+            elif isinstance(extra, dict):
+                yield from unknown_fields(item, extra, f"{where}.{key}")
+            elif extra is not True:
+                yield f"{where}.{key}"
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from unknown_fields(item, schema["items"], f"{where}[{i}]")
+
+
+def check(doc: dict[str, Any]) -> list[str]:
+    schema = SCHEMAS[(doc["apiVersion"], doc["kind"])]
+    problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+    spec = {k: v for k, v in doc.items() if k != "metadata"}
+    return problems + [f"unknown field {f}" for f in unknown_fields(spec, schema)]
+
+
+@pytest.mark.parametrize("doc", RESOURCES, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_valid_against_the_agent_sandbox_crds(doc: dict[str, Any]) -> None:
+    assert doc["apiVersion"] == "extensions.agents.x-k8s.io/v1beta1"
+    assert check(doc) == []
+
+
+def test_the_strict_check_catches_a_misspelt_field() -> None:
+    claim = next(d for d in RESOURCES if d["kind"] == "SandboxClaim")
+    misspelt = {**claim, "spec": {**claim["spec"], "warmPoolRefs": {"name": "x"}}}
+    assert "unknown field .spec.warmPoolRefs" in check(misspelt)
+    wrong = {**claim, "spec": {**claim["spec"], "lifecycle": {"shutdownPolicy": "Never"}}}
+    assert any("Never" in p for p in check(wrong))
+
+
+def _template() -> dict[str, Any]:
+    return next(d for d in RESOURCES if d["kind"] == "SandboxTemplate")
+
+
+def test_the_template_pod_is_a_valid_hardened_pod() -> None:
+    pod_template = _template()["spec"]["podTemplate"]
+    spec = pod_template["spec"]
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod",
+                                  "metadata": {"name": "sandbox", **pod_template["metadata"]},
+                                  "spec": spec}, KUBERNETES, strict=True)
+    assert spec["automountServiceAccountToken"] is False and spec["runtimeClassName"] == "gvisor"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    for container in spec["initContainers"] + spec["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert "limits" in container["resources"]
+
+
+def test_the_pods_get_sealgate_env_and_the_watcher_s_label() -> None:
+    pod_template = _template()["spec"]["podTemplate"]
+    (container,) = pod_template["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert {k: v for k, v in env.items() if k != "HOME"} == variables(PROXY, BUNDLE)
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(Path(BUNDLE).parent) in mounts
+    label = full_parser().parse_args(["kube", "identity"]).label
+    assert label in pod_template["metadata"]["labels"]
+    assert _template()["spec"]["envVarsInjectionPolicy"] == "Disallowed"
+
+
+def test_the_pods_reach_the_proxy_and_dns_alone() -> None:
+    policy = _template()["spec"]["networkPolicy"]
+    assert policy["ingress"] == []
+    peers = []
+    for rule in policy["egress"]:
+        for peer in rule["to"]:
+            assert "ipBlock" not in peer
+            peers.append((peer["podSelector"]["matchLabels"],
+                          sorted((p["port"], p["protocol"]) for p in rule["ports"])))
+    assert peers == [({"app.kubernetes.io/name": "sealgate-proxy"}, [(3128, "TCP")]),
+                     ({"k8s-app": "kube-dns"}, [(53, "TCP"), (53, "UDP")])]
+
+
+def test_the_pool_and_the_claim_point_at_each_other() -> None:
+    pool = next(d for d in RESOURCES if d["kind"] == "SandboxWarmPool")
+    claim = next(d for d in RESOURCES if d["kind"] == "SandboxClaim")
+    assert pool["spec"]["sandboxTemplateRef"]["name"] == _template()["metadata"]["name"]
+    assert claim["spec"]["warmPoolRef"]["name"] == pool["metadata"]["name"]
+    # Either would force a cold start; credentials are never a pod's environment.
+    assert "env" not in claim["spec"] and "volumeClaimTemplates" not in claim["spec"]
+    kustomization = yaml.safe_load((ROOT / "agent-sandbox" / "kustomization.yaml").read_text())
+    assert {d["metadata"]["namespace"] for d in RESOURCES} == {kustomization["namespace"]}
