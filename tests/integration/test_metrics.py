@@ -41,9 +41,9 @@ def mproxy(proxy_with: ProxyFactory, origin_http: Origin,
                    token_url: "https://127.0.0.1:{dead}/token"}}}}]"""
     rules = rules_allowing("api.test", origin_http.port).replace(
         "    allow_networks:", injecting.lstrip("\n") + "\n    allow_networks:", 1)
-    with proxy_with(rules, name="metrics",
-                    secrets={"api_key": CANARY, "oauth": json.dumps(OAUTH)}, options=["--workers", "2", "--admin",
-                                                          f"127.0.0.1:{port}"]) as p:
+    secrets = {"api_key": CANARY, "oauth": json.dumps(OAUTH)}  # YAML reads JSON's quoting
+    with proxy_with(rules, name="metrics", secrets=secrets,
+                    options=["--workers", "2", "--admin", f"127.0.0.1:{port}"]) as p:
         yield p, port
 
 
