@@ -47,6 +47,7 @@ from .clientshared import (
     timed_out,
     unreachable,
     update_body,
+    url_request,
 )
 from .terminal import closed_early, ending, exec_message, resize_message
 
@@ -175,10 +176,10 @@ class AsyncSandbox:
                                                   timeout=timeout)))
         return AsyncTerminal(ws)
 
-    async def url(self, port: int, *, expires_in: float = 3600,
+    async def url(self, port: int, *, expires_in: float | None = None,
                   call_timeout: CallLimit = DEFAULT) -> str:
         """As `Sandbox.url`: a signed URL of `port` for a browser, no key needed."""
-        return signed_url(await self._call("/urls", {"port": port, "expires_in": expires_in},
+        return signed_url(await self._call("/urls", url_request(port, expires_in),
                                            call_timeout))
 
     def websocket(self, port: int, path: str = "/", *, headers: Mapping[str, str] | None = None,

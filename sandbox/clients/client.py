@@ -56,6 +56,7 @@ from .clientshared import (
     timed_out,
     unreachable,
     update_body,
+    url_request,
 )
 from .files import Files
 from .process import Process
@@ -170,8 +171,10 @@ class Client:
         conn.connect()
         return conn.sock, conn.host, self._headers()
 
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", **(extra or {})}
+    def _headers(self, extra: Mapping[str, str] | None = None, *,
+                 forwarded: bool = False) -> dict[str, str]:
+        # A port's request is the caller's own: no content type of ours goes with it.
+        headers = {**({} if forwarded else {"Content-Type": "application/json"}), **(extra or {})}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         return headers
@@ -186,7 +189,8 @@ class Client:
         deadline = _Deadline(call_limit(call_timeout, self.timeout), self.daemon)
         conn = self._connection(deadline.left())
         try:
-            conn.request(method, path, body=body, headers=self._headers(headers))
+            conn.request(method, path, body=body,
+                         headers=self._headers(headers, forwarded=forwarded))
             # Kept: http.client lets go of its socket once the answer is to close it.
             sock = conn.sock
             sock.settimeout(deadline.left())
@@ -368,23 +372,25 @@ class Sandbox:
 
     def port(self, port: int, path: str = "/", *, method: str = "GET", body: bytes | None = None,
              headers: Mapping[str, str] | None = None,
-             call_timeout: CallLimit = DEFAULT) -> tuple[int, dict[str, str], bytes]:
+             call_timeout: CallLimit = DEFAULT) -> tuple[int, http.client.HTTPMessage, bytes]:
         """An HTTP request to `port` of the sandbox's own loopback, through the daemon (no one
-        else can reach it): the server's status, headers and body, whatever the status.
-        DaemonError `port_unreachable` when nothing there answers HTTP."""
+        else can reach it): the server's status, headers and body, whatever the status. The
+        headers are looked up by name in any case (`headers["content-type"]`), and a repeated
+        one keeps every value (`headers.get_all("Set-Cookie")`). DaemonError `port_unreachable`
+        when nothing there answers HTTP, or when its answer is cut short."""
         where = f"/v1/sandboxes/{quote(self.id, safe='')}/ports/{int(port)}/{path.lstrip('/')}"
         with self.client.open(method, where, body, headers=headers, forwarded=True,
                               call_timeout=call_timeout) as answer:
-            return (answer.status, dict(answer.response.getheaders()),
-                    answer.read())
+            return answer.status, answer.response.headers, answer.read()
 
-    def url(self, port: int, *, expires_in: float = 3600,
+    def url(self, port: int, *, expires_in: float | None = None,
             call_timeout: CallLimit = DEFAULT) -> str:
         """A URL of `port` to hand to a browser: signed for this sandbox and port, usable without
-        the daemon's key until `expires_in` seconds from now (or the daemon's restart)."""
+        the daemon's key until `expires_in` seconds from now (default: an hour, or the daemon's
+        longest time to live if shorter), or the daemon's restart."""
         return signed_url(self.client.call(
             "POST", f"/v1/sandboxes/{quote(self.id, safe='')}/urls",
-            {"port": port, "expires_in": expires_in}, call_timeout=call_timeout))
+            url_request(port, expires_in), call_timeout=call_timeout))
 
     def processes(self, *, call_timeout: CallLimit = DEFAULT) -> list[Process]:
         """Its background processes (the ended ones it still keeps included)."""

@@ -149,6 +149,11 @@ def error_of(status: int, raw: bytes) -> DaemonError:
     return DaemonError(f"{reason.value}: {detail}", reason=reason, status=status)
 
 
+def url_request(port: int, expires_in: float | None) -> dict[str, Any]:
+    """A signed URL call's body: the daemon's default lifetime unless one is asked for."""
+    return {"port": port} if expires_in is None else {"port": port, "expires_in": expires_in}
+
+
 def signed_url(answer: dict[str, Any]) -> str:
     """A signed URL call's URL: absolute when asked over TCP; over the unix socket, whose
     address no browser can use, its path (for whatever serves the daemon to the browser)."""

@@ -92,8 +92,9 @@ def register(ps: Any) -> None:
     client_args(url)
     url.add_argument("id")
     url.add_argument("port", type=int)
-    url.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS",
-                     help="how long it works (default 3600; at most the daemon's maximum TTL)")
+    url.add_argument("--expires-in", type=float, metavar="SECONDS",
+                     help="how long it works (default an hour, or the daemon's maximum TTL if "
+                          "shorter; at most that)")
     url.set_defaults(func=refusing(_url))
 
     e = ps.add_parser("exec", help="run a command in a sandbox, streaming its output")

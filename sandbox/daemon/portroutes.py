@@ -60,9 +60,9 @@ class PortRoutes:
         app.router.add_route("*", "/v1/signed/{token}/{path:.*}", self._signed, name=_SIGNED)
 
     def _session(self, request: web.Request, ident: str) -> Session:
+        """The sandbox whose port is asked for; its ended, paused and busy refusals come from
+        `Session.serving`, which each connection holds."""
         session: Session = request.app[self._daemon].get(ident)
-        if session.paused:
-            raise SessionError(f"sandbox {session.id} is paused", reason=Reason.SANDBOX_PAUSED)
         if session.options.isolation == "microvm":
             raise SessionError("a microVM's ports: its guest's loopback is not the namespace's, "
                                "where the daemon's socket is", reason=Reason.UNSUPPORTED)
@@ -71,19 +71,20 @@ class PortRoutes:
     async def _port(self, request: web.Request) -> web.StreamResponse:
         port = _port_number(request.match_info["port"])
         return await self._forward(request, self._session(request, request.match_info["id"]),
-                                   port)
+                                   port, browser=False)
 
     async def _signed(self, request: web.Request) -> web.StreamResponse:
         ident, port = self._signer.check(request.match_info["token"])
-        return await self._forward(request, self._session(request, ident), port)
+        return await self._forward(request, self._session(request, ident), port, browser=True)
 
-    async def _forward(self, request: web.Request, session: Session,
-                       port: int) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, session: Session, port: int, *,
+                       browser: bool) -> web.StreamResponse:
         def began() -> None:
             request[self._streaming] = True
 
-        return await ports.forward(request, _netns(session), port, _raw_tail(request),
-                                   began=began, ended=session.ended)
+        with session.serving():
+            return await ports.forward(request, _netns(session), port, _raw_tail(request),
+                                       began=began, ended=session.ended, browser=browser)
 
     async def _tcp(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request, request.match_info["id"])
@@ -91,15 +92,17 @@ class PortRoutes:
         ws = web.WebSocketResponse(max_msg_size=relay.MAX_MESSAGE)
         if not ws.can_prepare(request).ok:
             raise BadRequest("a WebSocket handshake (GET with Upgrade: websocket)")
-        # Connected first: nothing listening is the daemon's plain refusal, not a closed socket.
-        reader, writer = await ports.stream(await ports.connect(_netns(session), port))
-        try:
-            request[self._streaming] = True
-            await ws.prepare(request)
-            await relay.tcp(ws, reader, writer, session.ended)
-        finally:
-            writer.close()
-            await ws.close()
+        with session.serving():
+            # Connected first: nothing listening is the daemon's plain refusal, not a closed
+            # socket.
+            reader, writer = await ports.stream(await ports.connect(_netns(session), port))
+            try:
+                request[self._streaming] = True
+                await ws.prepare(request)
+                await relay.tcp(ws, reader, writer, session.ended)
+            finally:
+                writer.close()
+                await ws.close()
         return ws
 
     async def _url(self, request: web.Request) -> web.Response:
@@ -109,9 +112,10 @@ class PortRoutes:
         port = body.get("port")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             raise BadRequest("'port': a port from 1 to 65535")
-        # No URL outlives the longest a sandbox may live.
-        expires_in = bodies.number(body, "expires_in", 3600.0, low=1,
-                                   high=daemon.config.max_ttl) or 3600.0
+        # No URL outlives the longest a sandbox may live; by default an hour, or that.
+        most = daemon.config.max_ttl
+        expires_in = bodies.number(body, "expires_in", min(3600.0, most), low=1,
+                                   high=most) or min(3600.0, most)
         expires = int(time.time() + expires_in)
         path = f"/v1/signed/{self._signer.sign(session.id, port, expires)}/"
         # Only a TCP caller's address is one a browser could use; the unix socket's is not.

@@ -14,6 +14,7 @@ its bytes are relayed both ways as they are (`relay`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -39,12 +40,17 @@ _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a connection to t
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                       "te", "trailer", "transfer-encoding", "upgrade", "host", "authorization",
                       "content-length", "x-sealgate-error"})
+_BROWSER_DROPPED = frozenset({"service-worker-allowed", "referrer-policy"})
 
 
 async def connect(netns: Path, port: int) -> socket.socket:
     """A connection to `port` on the loopback of the sandbox whose namespace is `netns`.
     Raises SessionError (port_unreachable) when nothing accepts it."""
-    sock = await asyncio.to_thread(nsocket.socket_in, netns)
+    try:
+        sock = await asyncio.to_thread(nsocket.socket_in, netns)
+    except OSError as exc:  # the namespace is gone: the sandbox is ending
+        raise SessionError(f"the sandbox's network is gone ({exc.strerror})",
+                           reason=Reason.PORT_UNREACHABLE) from None
     loop = asyncio.get_running_loop()
     try:
         await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), CONNECT_SECONDS)
@@ -62,11 +68,13 @@ async def stream(sock: socket.socket) -> _Stream:
 
 
 async def forward(request: web.Request, netns: Path, port: int, path: str, *,
-                  began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
+                  began: Callable[[], None], ended: asyncio.Event,
+                  browser: bool = False) -> web.StreamResponse:
     """`request` to `port` of the sandbox whose namespace is `netns`; its answer. `began` is
     called once the answer has started (errors after it end the stream, not a JSON answer). A
     WebSocket upgrade the server accepts is relayed until it closes or the sandbox `ended`.
-    Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
+    `browser`: a signed URL's request, whose answer must not send the URL (the credential) on
+    as a Referer. Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
     sock = await connect(netns, port)
     try:
         upgrade = _websocket(request)
@@ -83,7 +91,8 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
             h11.Request(method=request.method, target=target, headers=headers),
             h11.Data(data=body), h11.EndOfMessage()))
         await asyncio.get_running_loop().sock_sendall(sock, sent)
-        return await _answer(request, conn, sock, port, began=began, ended=ended)
+        return await _answer(request, conn, sock, port, began=began, ended=ended,
+                             browser=browser)
     except (h11.ProtocolError, ConnectionError, TimeoutError, ValueError) as exc:
         # ValueError: h11's own int() of a Content-Length of thousands of digits.
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
@@ -124,7 +133,8 @@ async def _body(request: web.Request, conn: h11.Connection, sock: socket.socket,
 
 
 async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socket, port: int,
-                  *, began: Callable[[], None], ended: asyncio.Event) -> web.StreamResponse:
+                  *, began: Callable[[], None], ended: asyncio.Event,
+                  browser: bool) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response: web.StreamResponse | None = None
     while True:
@@ -132,9 +142,10 @@ async def _answer(request: web.Request, conn: h11.Connection, sock: socket.socke
         if event is h11.NEED_DATA:
             conn.receive_data(await asyncio.wait_for(loop.sock_recv(sock, _READ), READ_SECONDS))
         elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            return await _switched(request, conn, event, sock, began=began, ended=ended)
+            return await _switched(request, conn, event, sock, began=began, ended=ended,
+                                   browser=browser)
         elif isinstance(event, h11.Response):
-            response = _head(event.status_code, event.reason, event.headers)
+            response = _head(event.status_code, event.reason, event.headers, browser)
             began()
             client = await response.prepare(request)
             assert client is not None  # prepared: its writer
@@ -176,32 +187,41 @@ async def _rest(request: web.Request, conn: h11.Connection, sock: socket.socket,
             return
 
 
-def _head(status: int, reason: bytes, headers: Iterable[tuple[bytes, bytes]]
-          ) -> web.StreamResponse:
+def _head(status: int, reason: bytes, headers: Iterable[tuple[bytes, bytes]],
+          browser: bool) -> web.StreamResponse:
     """The server's status and headers, less the dropped ones, for the caller. Raises
     SessionError for a length and a transfer coding both (two framings: the caller's and the
-    server's reading of where the answer ends could differ)."""
+    server's reading of where the answer ends could differ).
+
+    For a browser (a signed URL): every sandbox's pages share the daemon's one origin, so what
+    a page may set for its origin it sets for all of them. `Service-Worker-Allowed` is dropped
+    (a worker registered at `/v1/signed/` would see every sandbox's requests), and
+    `Referrer-Policy: no-referrer` replaces the page's own: the URL is the credential, and a
+    Referer would carry it to whatever the page loads from elsewhere."""
     headers = list(headers)
     names = {name.lower() for name, _ in headers}
     if b"content-length" in names and b"transfer-encoding" in names:
         raise SessionError("the port answered with both Content-Length and Transfer-Encoding",
                            reason=Reason.PORT_UNREACHABLE)
     response = web.StreamResponse(status=status, reason=reason.decode("latin-1") or None)
+    dropped = _DROPPED | _BROWSER_DROPPED if browser else _DROPPED
     for name, value in headers:
         text = name.decode("latin-1")
         if text.lower() == "content-length":
             response.content_length = int(value)
-        elif text.lower() not in _DROPPED:
+        elif text.lower() not in dropped:
             response.headers.add(text, value.decode("latin-1"))
+    if browser:
+        response.headers["Referrer-Policy"] = "no-referrer"
     return response
 
 
 async def _switched(request: web.Request, conn: h11.Connection, event: h11.InformationalResponse,
                     sock: socket.socket, *, began: Callable[[], None],
-                    ended: asyncio.Event) -> web.StreamResponse:
+                    ended: asyncio.Event, browser: bool) -> web.StreamResponse:
     """The server accepted the WebSocket (h11 only lets a 101 through to a request that asked
     for the upgrade): its 101 to the caller, then the bytes both ways as they are."""
-    response = _head(101, event.reason, event.headers)
+    response = _head(101, event.reason, event.headers, browser)
     response.headers.update({"Connection": "Upgrade", "Upgrade": "websocket"})
     response.force_close()
     began()
@@ -212,5 +232,10 @@ async def _switched(request: web.Request, conn: h11.Connection, event: h11.Infor
     try:
         await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
     finally:
+        # The transport owns the socket now: it closes it, after what it still holds is sent.
+        # (forward's own close is then a no-op on a closed socket, never a close of a number
+        # another connection may have been given since.)
         writer.close()
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), CONNECT_SECONDS)
     return response

@@ -21,7 +21,15 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -207,6 +215,17 @@ class Session:
     def _end(self) -> None:
         self.active -= 1
         self.last_active = time.monotonic()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """A connection to one of its ports, for as long as it lasts: activity, so the idle
+        timeout waits for it, and one of the MAX_REQUESTS at once (refused, as an exec is,
+        when the sandbox has ended, is paused, or is at the most)."""
+        self.begin()
+        try:
+            yield
+        finally:
+            self._end()
 
     def _send(self, op: Op, ident: int, fds: Sequence[int], **fields: Any) -> None:
         """Hand a request and its descriptors to the agent (ours are closed either way). An agent

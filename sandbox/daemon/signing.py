@@ -2,9 +2,10 @@
 token names the sandbox, the port and the expiry, with an HMAC-SHA256 of the three under a key
 the daemon draws at start (`/v1/signed/{token}/...`, `sandbox.daemon.portroutes`).
 
-The key is random per daemon and never stored: a restart voids every URL it signed (a URL that
-leaked is revoked by restarting, and nothing on disk can mint one), and the bearer key is not
-reused for a second purpose (a daemon on its unix socket alone has none).
+The key is random per daemon process and never stored: a restart voids every URL it signed (a
+URL that leaked is revoked by restarting, and nothing on disk can mint one), and so does a
+hand-over to a successor (`--adopt`), which draws its own; the bearer key is not reused for a
+second purpose (a daemon on its unix socket alone has none).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from sealgate.reasons import Reason
 
 from .session import SessionError
 
-# id . port . expiry (unix seconds) . signature (base64url, no padding)
-_TOKEN = re.compile(r"([^./]{1,256})\.(\d{1,5})\.(\d{1,12})\.([A-Za-z0-9_-]{43})")
+# id . port . expiry (unix seconds) . signature (base64url, no padding): exactly what `sign`
+# writes for the daemon's ids (`sb-` and 16 hex digits), so nothing else reaches the MAC.
+_TOKEN = re.compile(r"(sb-[0-9a-f]{16})\.([1-9][0-9]{0,4})\.([1-9][0-9]{0,11})\."
+                    r"([A-Za-z0-9_-]{43})")
 
 
 class Signer:

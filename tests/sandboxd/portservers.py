@@ -9,10 +9,14 @@ closes. Every request line and every frame goes to /workspace/seen.log as it arr
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
 
 from sealgate.reasons import Reason
+from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 
 SERVERS = r"""
@@ -34,8 +38,11 @@ class Web(socketserver.StreamRequestHandler):
             return
         if headers.get("upgrade", "").lower() != "websocket":
             body = ("plain " + line).encode()
+            # What a page may set for its whole origin, which a signed URL shares with every
+            # sandbox's: the daemon must not pass these on to a browser.
             self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n"
-                             b"x-from: the-sandbox\r\n\r\n%s" % (len(body), body))
+                             b"x-from: the-sandbox\r\nreferrer-policy: unsafe-url\r\n"
+                             b"service-worker-allowed: /\r\n\r\n%s" % (len(body), body))
             return
         accept = base64.b64encode(hashlib.sha1(
             (headers["sec-websocket-key"] + GUID).encode()).digest()).decode()
@@ -105,3 +112,14 @@ def seen(sb: Sandbox, at_least: int = 0) -> list[str]:
             and time.monotonic() < deadline:
         time.sleep(0.05)
     return lines
+
+
+@contextlib.asynccontextmanager
+async def async_sandbox(sb: Sandbox) -> AsyncIterator[AsyncSandbox]:
+    """The same sandbox through the asyncio client (left alive: the sync one deletes it)."""
+    where = sb.client.daemon
+    http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
+    try:
+        yield AsyncSandbox(http, "http://sandboxd", {}, sb.info, where)
+    finally:
+        await http.close()

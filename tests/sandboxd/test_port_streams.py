@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from sealgate.reasons import Reason
-from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from tests.integration.tiers import TIERS
 
 from .conftest import Daemon, TierDaemons
+from .portservers import async_sandbox as _asb
 from .portservers import seen, serve
 
 PORT = 8000
@@ -49,15 +48,6 @@ def served(tierd: tuple[str, Daemon]) -> Iterator[Sandbox]:
         yield sb
 
 
-@contextlib.asynccontextmanager
-async def _asb(sb: Sandbox) -> AsyncIterator[AsyncSandbox]:
-    """The same sandbox through the asyncio client (left alive: the sync one deletes it)."""
-    where = sb.client.daemon
-    http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
-    try:
-        yield AsyncSandbox(http, "http://sandboxd", {}, sb.info, where)
-    finally:
-        await http.close()
 
 
 async def _websocket(sb: Sandbox) -> list[object]:

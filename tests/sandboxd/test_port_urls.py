@@ -86,6 +86,10 @@ def test_a_signed_url_works_without_the_key(served: Sandbox, keyed: Keyed) -> No
     status, headers, body = _get(url + "app/page?q=1")  # a relative link of the app's
     assert (status, body) == (200, b"plain GET /app/page?q=1 HTTP/1.1")
     assert headers["x-from"] == "the-sandbox"
+    # One origin for every sandbox's pages (review): no Referer carries the URL (the
+    # credential) away, and no service worker of one sandbox's page sees the others'.
+    assert headers["referrer-policy"] == "no-referrer"
+    assert "service-worker-allowed" not in headers
 
     async def websocket() -> object:
         async with aiohttp.ClientSession() as http, http.ws_connect(url + "live") as ws:
@@ -96,6 +100,16 @@ def test_a_signed_url_works_without_the_key(served: Sandbox, keyed: Keyed) -> No
     log = seen(served)
     assert log[0] == "GET /app/page?q=1 HTTP/1.1" and log[2] == "GET /live HTTP/1.1", log
     assert not any("signed" in line for line in log), log  # the token never reaches it
+    # Through the bearer route (not a browser), the server's own headers pass.
+    _, own, _ = served.port(PORT, "/not-a-browser")
+    assert (own["referrer-policy"], own["service-worker-allowed"]) == ("unsafe-url", "/")
+
+
+def test_a_url_lives_an_hour_unless_asked(served: Sandbox) -> None:
+    """Found by review: the clients asked for an hour always, which a daemon whose --max-ttl
+    is shorter refuses; the default is now the daemon's (an hour, or its longest TTL)."""
+    expires = int(served.url(PORT).rstrip("/").rsplit("/", 1)[1].split(".")[2])
+    assert 3590 < expires - time.time() <= 3601
 
 
 def test_the_cli_prints_a_signed_url(served: Sandbox, keyed: Keyed) -> None:

@@ -5,6 +5,8 @@ sandbox) reaches the port."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http.client
 import json
 import time
@@ -14,8 +16,10 @@ import pytest
 
 from sealgate.reasons import Reason
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.daemon.session import MAX_REQUESTS
 
 from .conftest import Daemon
+from .portservers import async_sandbox, serve
 
 # A server that says what it was sent: method, path, headers, body.
 _ECHO = """
@@ -35,6 +39,8 @@ class Echo(BaseHTTPRequestHandler):
             self.send_header("content-length", str(len(out)))
         self.send_header("content-type", "application/json")
         self.send_header("x-from", "the-sandbox")
+        self.send_header("set-cookie", "a=1; Path=/")
+        self.send_header("set-cookie", "b=2; Path=/")
         self.end_headers()
         self.wfile.write(out)
     do_GET = do_POST = do_PUT = answer
@@ -66,7 +72,12 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
                                         headers={"X-Custom": "kept",
                                                  "Authorization": "Bearer daemon-key"})
     assert status == 200 and headers.get("x-from") == "the-sandbox"
+    # Repeated headers keep every value (found by review: a dict kept the last cookie).
+    assert headers.get_all("Set-Cookie") == ["a=1; Path=/", "b=2; Path=/"]
     seen = json.loads(body)
+    # The caller's request, with no content type of the client's own (review: JSON's was
+    # added to every port request).
+    assert "content-type" not in seen["headers"]
     assert (seen["method"], seen["path"], seen["body"]) == ("POST", "/api/items?q=1&r=two",
                                                              '{"name": "x"}')
     assert seen["headers"]["x-custom"] == "kept"
@@ -90,7 +101,7 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
     assert json.loads(body)["path"] == "/forge"
 
 
-def _marked(headers: dict[str, str]) -> bool:
+def _marked(headers: http.client.HTTPMessage) -> bool:
     return any(name.lower() == "x-sealgate-error" for name in headers)
 
 
@@ -174,6 +185,33 @@ def test_a_hostile_server_s_answers_are_refused_or_cut_never_a_traceback(
         for cut in ("/cut", "/lying"):  # begun: the caller sees it cut short, never whole
             with pytest.raises((DaemonError, OSError, http.client.HTTPException)):
                 sb.port(8001, cut)
-        assert sb.port(8001, "/fine") == (200, sb.port(8001, "/fine")[1], b"ok")
+        status, _, body = sb.port(8001, "/fine")
+        assert (status, body) == (200, b"ok")
     log = sandboxd.log.read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+
+def test_a_sandbox_s_port_connections_are_capped(sandboxd: Daemon) -> None:
+    """Found by review: a harness (or anything holding a signed URL) could open port
+    connections without limit, each a socket in the sandbox and a relay in the daemon. They
+    count with its requests (MAX_REQUESTS at once; its background server is one), and past
+    that are refused as busy; closed, they free their places."""
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        serve(sb, 8000, lambda: sb.port(8000, "/ready"))
+
+        async def fill() -> tuple[int, DaemonError]:
+            async with async_sandbox(sb) as asb, contextlib.AsyncExitStack() as held:
+                opened = 0
+                while True:
+                    try:
+                        await held.enter_async_context(asb.tcp(8001))
+                    except DaemonError as exc:
+                        return opened, exc
+                    opened += 1
+                    assert opened <= MAX_REQUESTS, "no cap"
+
+        opened, refused = asyncio.run(asyncio.wait_for(fill(), 120))
+        assert opened == MAX_REQUESTS - 1 and refused.reason is Reason.SANDBOX_BUSY, refused
+        assert refused.status == 429
+        assert sb.port(8000, "/after")[0] == 200  # the places are free again

@@ -173,12 +173,13 @@ export class Sandbox {
   }
 
   /** A URL of `port` to hand to a browser: signed for this sandbox and port, usable without
-   * the daemon's key for `expiresIn` seconds (or until the daemon restarts). Over the unix
-   * socket, whose address no browser can use, its path.
+   * the daemon's key for `expiresIn` seconds (default an hour, or the daemon's longest time to
+   * live if shorter), or until the daemon restarts. Over the unix socket, whose address no
+   * browser can use, its path.
    * @param {number} port @param {{expiresIn?: number, callTimeout?: number | null}} [opts] */
-  async url(port, { expiresIn = 3600, callTimeout } = {}) {
-    const made = await this.client.call('POST', this.path('/urls'),
-      { port, expires_in: expiresIn }, { callTimeout });
+  async url(port, { expiresIn, callTimeout } = {}) {
+    const body = expiresIn === undefined ? { port } : { port, expires_in: expiresIn };
+    const made = await this.client.call('POST', this.path('/urls'), body, { callTimeout });
     return made.url ?? made.path;
   }
 
