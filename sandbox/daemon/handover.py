@@ -46,6 +46,7 @@ from sealgate.reasons import Reason
 
 from .. import tiers
 from ..errors import SandboxError
+from ..guest.protocol import receive_fds
 from ..host import lease, network
 from . import carried
 from .api import error
@@ -84,9 +85,11 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One message and the descriptors it came with (the caller's to close). Raises
     HandoverError for what is not one of the protocol's (and closes what came with it)."""
     try:
-        data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+        data, fds, flags = receive_fds(sock, MAX_MESSAGE, MAX_FDS)
     except TimeoutError:
         raise HandoverError("no answer in time") from None
+    except OSError as exc:
+        raise HandoverError(f"the hand-over socket failed: {exc.strerror}") from None
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise HandoverError("a message over the protocol's size, or too many descriptors")
@@ -94,7 +97,7 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
             raise HandoverError("the other daemon closed the hand-over")
         try:
             message = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the stack
             message = None
         if not isinstance(message, dict):
             raise HandoverError("not the hand-over protocol (a JSON object per packet)")

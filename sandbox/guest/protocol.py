@@ -198,22 +198,30 @@ def read_hello(message: bytes) -> str | None:
 
 def receive(chan: socket.socket) -> tuple[bytes, list[int]] | None:
     """The next request and its descriptors (close-on-exec: they reach a command only as its
-    0, 1 and 2); None once the daemon is gone, and with it the sandbox. (socket.recv_fds drops
-    its `flags` argument in CPython 3.11: recvmsg, then.)"""
+    0, 1 and 2); None once the daemon is gone, and with it the sandbox."""
+    try:
+        message, fds, _ = receive_fds(chan, _MAX_PACKET, _MAX_FDS)
+    except OSError:
+        return None
+    return (message, fds) if message else None
+
+
+def receive_fds(chan: socket.socket, size: int, most: int) -> tuple[bytes, list[int], int]:
+    """One packet of at most `size` bytes, the descriptors that came with it (at most `most`)
+    and recvmsg's flags. Received close-on-exec (MSG_CMSG_CLOEXEC): without it a descriptor
+    would be inherited by whatever the receiver starts next, before it could mark it.
+    (socket.recv_fds drops its `flags` argument in CPython 3.11: recvmsg, then.)"""
     # Imported here: the microVM's guest agent, which speaks frames, never pays for them.
     import array
     import socket
 
     fds = array.array("i")
-    try:
-        message, ancillary, _, _ = chan.recvmsg(
-            _MAX_PACKET, socket.CMSG_LEN(_MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
-    except OSError:
-        return None
+    message, ancillary, flags, _ = chan.recvmsg(
+        size, socket.CMSG_LEN(most * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    return (message, list(fds)) if message else None
+    return message, list(fds), flags
 
 
 def parse(message: bytes, fds: list[int]) -> tuple[Op, int, dict[str, Any]] | None:

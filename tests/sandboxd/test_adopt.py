@@ -109,6 +109,11 @@ def test_a_successor_takes_every_sandbox_over(
     assert other.run(["true"]).ok
     # Registered as before: the proxy attributes each one's egress to the same sandbox.
     assert registered(dproxy) == sources
+    # What came over the socket is close-on-exec, as every descriptor of the daemon's: none
+    # reaches a process it starts (review: recv_fds took them inheritable).
+    inheritable = [fd for fd, flags in _fd_flags(new.process.pid).items()
+                   if fd > 2 and not flags & os.O_CLOEXEC]
+    assert inheritable == [], inheritable
     url = f"https://api.test:{origin_https.port}/after-adoption"
     got = kept.run(["curl", "-sS", "-m", "10", url])
     assert (got.exit_code, got.text) == (0, "hello from origin\n"), got.stderr
@@ -125,6 +130,17 @@ def test_a_successor_takes_every_sandbox_over(
     assert new.stop() == 0
     assert host().of(pid) == host().of(-1)
     assert not {kept.info["address"], other.info["address"]} & set(registered(dproxy))
+
+
+def _fd_flags(pid: int) -> dict[int, int]:
+    """Each open descriptor of `pid` and its file status flags (octal in fdinfo)."""
+    flags = {}
+    for entry in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since it was listed
+            for line in entry.read_text().splitlines():
+                if line.startswith("flags:"):
+                    flags[int(entry.name)] = int(line.split()[1], 8)
+    return flags
 
 
 def test_a_refused_hand_over_leaves_the_old_daemon_serving(
@@ -239,6 +255,7 @@ def test_the_hand_over_socket_is_roots_and_speaks_only_its_protocol(
             return got
 
     for packets in ([b"GET / HTTP/1.1\r\n\r\n"], [b"\xff" * 100], [b"[1, 2]"],
+                    [b"[" * 50_000 + b"]" * 50_000],  # deeper than the parser's stack
                     [json.dumps({"sealgate": handover.MAGIC, "version": 99}).encode()],
                     [json.dumps({"sealgate": handover.MAGIC, "version": 1,
                                  "want": {"state": "/elsewhere"}}).encode()]):
