@@ -70,6 +70,25 @@ class _Meter(io.RawIOBase):
         return data
 
 
+class _Rejoined(io.RawIOBase):
+    """`head`, already read from `rest`, then the rest of it."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.rest.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
 class _Member(tarfile.TarInfo):
     """A header that refuses an oversized PAX or long-name header before reading it whole."""
 
@@ -106,9 +125,12 @@ def unpack_into(target: int, raw: io.BufferedReader, max_bytes: int,
                 max_entries: int) -> dict[str, int]:
     """The tar (or gzipped tar) `raw` into the directory `target`, all or nothing; its regular
     files' bytes and its members. Refused raises Refused."""
-    source: IO[bytes] | gzip.GzipFile = raw
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        source = gzip.GzipFile(fileobj=raw, mode="rb")
+    # Read, not peeked: a peek returns what is buffered, which from a pipe may be one byte.
+    head = raw.read(2)
+    whole = io.BufferedReader(_Rejoined(head, raw), _CHUNK)
+    source: IO[bytes] | gzip.GzipFile = whole
+    if head == b"\x1f\x8b":
+        source = gzip.GzipFile(fileobj=whole, mode="rb")
     staging = f".sealgate-untar-{os.getpid()}"
     os.mkdir(staging, 0o700, dir_fd=target)
     try:
@@ -144,6 +166,10 @@ def parts(name: str) -> tuple[str, ...]:
     comps = tuple(c for c in name.split("/") if c not in ("", "."))
     if ".." in comps:
         raise Refused(f"member {name!r}: a '..' component")
+    if len(comps) > MAX_DEPTH:
+        # Refused before it is made: deeper, and neither the merge nor the clean-up of the
+        # staging directory (each level a descriptor) could reach its bottom.
+        raise Refused(f"member {name[:200]!r}...: deeper than {MAX_DEPTH} levels")
     return comps
 
 
