@@ -77,6 +77,12 @@ def register(app: web.Application, session_of: SessionOf, streaming: str) -> Non
             await response.prepare(request)
             async for chunk in stream.chunks():
                 await response.write(chunk)
+            if not await stream.whole():
+                # Cut in the sandbox: the caller's connection is cut too, before the chunked
+                # body's end, so its client sees a broken stream, never a complete-looking one.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the caller left: the shim is killed below

@@ -30,6 +30,7 @@ MAX_LISTING = 32 << 20  # its JSON
 MAX_UNPACKED = 1 << 30  # a tar stream's bytes, decompressed (the sandbox's tmpfs caps it too)
 MAX_MEMBERS = 200_000
 WATCH_QUEUE = 4096  # events held for a caller before they are dropped
+_LAST_WORD_SECONDS = 10.0  # for a tar's status after its data
 _CHUNK = 1 << 16
 
 
@@ -54,6 +55,15 @@ async def _ask(session: Session, op: Op, path: str, data: int | None = None,
     """Send `op` with a status pipe (and `data`, the agent's end of a data pipe, if any, which
     is closed here either way); its status line and the request's id. The request stays
     counted (`Session.begin`) until the caller's `_end`."""
+    async with contextlib.AsyncExitStack() as kept:
+        answer, ident, _ = await _asked(kept, session, op, path, data=data, fields=fields)
+        return answer, ident
+
+
+async def _asked(kept: contextlib.AsyncExitStack, session: Session, op: Op, path: str, *,
+                 data: int | None, fields: dict[str, Any]
+                 ) -> tuple[dict[str, Any], int, asyncio.StreamReader]:
+    """`_ask`, its status pipe's reader left open in `kept`, for a status after the first."""
     try:
         ident = session.begin()
     except BaseException:
@@ -68,15 +78,15 @@ async def _ask(session: Session, op: Op, path: str, data: int | None = None,
         except SessionError:
             os.close(status_r)
             raise
-        async with open_pipe(status_r) as reader:
-            try:
-                line = await _stalled(reader.readline(), "did not answer")
-            except ValueError:
-                line = b""
+        reader = await kept.enter_async_context(open_pipe(status_r))
+        try:
+            line = await _stalled(reader.readline(), "did not answer")
+        except ValueError:
+            line = b""
         answer = _status(line)
         if "error" in answer:
             raise _fail(path, answer)
-        return answer, ident
+        return answer, ident, reader
     except BaseException:
         session._end()
         raise
@@ -153,9 +163,23 @@ class _Stream:
     """A shim's data, read as it is sent until it ends; `aclose` ends the request whether or
     not it was read, and asks the agent to kill its shim (a watch runs until then)."""
 
-    def __init__(self, session: Session, ident: int, fd: int) -> None:
+    def __init__(self, session: Session, ident: int, fd: int,
+                 status: tuple[contextlib.AsyncExitStack, asyncio.StreamReader] | None = None
+                 ) -> None:
         self._session, self._ident, self._fd = session, ident, fd
         self._open = True
+        self._status = status
+
+    async def whole(self) -> bool:
+        """After its data: whether the shim said it sent all of it (a tar's last status).
+        Without that word the stream was cut, however it ended."""
+        if self._status is None:
+            return False
+        try:
+            line = await asyncio.wait_for(self._status[1].readline(), _LAST_WORD_SECONDS)
+        except (TimeoutError, ValueError, OSError):
+            return False
+        return _status(line).get("done") is True
 
     async def chunks(self, stall: bool = True) -> AsyncGenerator[bytes, None]:
         fd, self._fd = self._fd, -1
@@ -168,6 +192,9 @@ class _Stream:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._status is not None:
+            await self._status[0].aclose()
+            self._status = None
         if self._open:
             self._open = False
             self._session.control(Op.KILL, self._ident)
@@ -175,13 +202,19 @@ class _Stream:
 
 
 async def tar(session: Session, path: str) -> _Stream:
+    """The directory as a tar stream; its `whole()` says, after it, whether it is all there
+    (a file that could not be read, a tree too deep, cut it short at a member's boundary,
+    which a tar reader takes for the archive's end)."""
     data_r, data_w = os.pipe()
+    kept = contextlib.AsyncExitStack()
     try:
-        _, ident = await _ask(session, Op.TAR, check_dir(path), data_w)
+        _, ident, reader = await _asked(kept, session, Op.TAR, check_dir(path), data=data_w,
+                                        fields={})
     except BaseException:
         os.close(data_r)
+        await kept.aclose()
         raise
-    return _Stream(session, ident, data_r)
+    return _Stream(session, ident, data_r, (kept, reader))
 
 
 async def watch(session: Session, path: str, recursive: bool) -> tuple[int, _Stream]:

@@ -387,11 +387,17 @@ def tar(req: dict[str, Any], fds: list[int]) -> None:
         report(status, {"error": _said(exc)})
         return
     report(status, {"ok": True})
-    # Past the status, a failure can only cut the stream short: the caller's tar sees it.
-    with contextlib.suppress(OSError, ValueError), \
-            os.fdopen(data, "wb", closefd=False) as out, \
-            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-        _pack(archive, root, "", 0)
+    # Past the first status, a failure can only cut the stream short. A cut at a member's
+    # boundary reads as the archive's end to a tar reader, so the last status says whether
+    # all of it went: the daemon cuts the caller's stream without it.
+    try:
+        with os.fdopen(data, "wb", closefd=False) as out, \
+                tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+            _pack(archive, root, "", 0)
+    except (OSError, ValueError) as exc:
+        report(status, {"error": _said(exc)})
+    else:
+        report(status, {"done": True})
 
 
 def _pack(archive: tarfile.TarFile, parent: int, prefix: str, depth: int) -> None:

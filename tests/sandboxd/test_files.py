@@ -237,6 +237,19 @@ def test_a_gzipped_archive_whose_first_byte_comes_alone(sb: Sandbox) -> None:
     assert sb.read("zipped/z.txt") == b"unzipped"
 
 
+def test_a_download_cut_in_the_sandbox_is_cut_for_the_caller(sb: Sandbox) -> None:
+    """Found by review: a tar stream the sandbox could not finish (here a tree deeper than 256
+    levels) ended at a member's boundary, which a tar reader takes for the archive's end: the
+    caller got part of the directory as if it were all. Now its stream is cut."""
+    if sb.info["isolation"] == "microvm":
+        pytest.skip("open: on the microVM tier the cut is not yet seen (its guest's workspace "
+                    "and status relay differ); issue #25's note")
+    assert sb.run(["python3", "-c", "import os; os.makedirs('/workspace/t/' + 'd/' * 300)"]).ok
+    with pytest.raises(DaemonError, match="cut"):
+        sb.files.download_tar("t")
+    assert len(sb.files.download_tar("d")) > 0  # a whole one still comes whole
+
+
 def test_a_cut_or_foreign_stream_is_refused(sb: Sandbox) -> None:
     raw = ocikit.tar_bytes([file("x", bytes(10000))])
     refused(sb, Reason.BAD_ARCHIVE, sb.files.upload_tar, raw[:2048])
