@@ -138,6 +138,7 @@ class Lifecycle:
         """The secret stores' and token endpoints' running counts, as the broker keeps them."""
         broker, total = state.broker, self.metrics.total
         for store, cache in broker.secrets.caches().items():
+            total("secret_lookups", cache.hits, store=store, result="hit")
             for result, count in cache.lookups.items():
                 total("secret_lookups", count, store=store, result=result)
             for outcome, count in cache.fetches.items():

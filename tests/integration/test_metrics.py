@@ -94,21 +94,25 @@ def test_requests_are_counted_by_decision_and_reason(
             assert c.get(f"http://api.test:{origin_http.port}/m", timeout=5).status_code == 200
         denied = c.get(f"http://other.test:{origin_http.port}/m?k={CANARY}", timeout=5)
         assert denied.status_code == 403
-        injected = c.get(f"https://api.test:{origin_https.port}/inject", timeout=5)
-        assert injected.status_code == 200
+        for _ in range(3):  # one tunnel, one worker: after the first, from the cache
+            injected = c.get(f"https://api.test:{origin_https.port}/inject", timeout=5)
+            assert injected.status_code == 200
         failed = c.get(f"https://api.test:{origin_https.port}/exchange", timeout=15)
         assert failed.status_code >= 500 and REFRESH not in failed.text
-    # Three plain GETs, and the HTTPS one's CONNECT and GET (a CONNECT has its own line).
-    allowed = total(before, "sealgate_requests_total", decision="allow", reason="") + 5
+    # Three plain GETs, and the HTTPS tunnel's CONNECT and three GETs (a CONNECT has its own
+    # line).
+    allowed = total(before, "sealgate_requests_total", decision="allow", reason="") + 7
     text = scrape_until(port, lambda t: total(
         t, "sealgate_requests_total", decision="allow", reason="") >= allowed and total(
-        t, "sealgate_injections_total", source="broker") >= 1 and total(
+        t, "sealgate_injections_total", source="broker") >= 3 and total(
         t, "sealgate_token_exchanges_total") >= 1)
     assert total(text, "sealgate_requests_total", decision="allow", reason="") == allowed
     # The secret stores and token endpoints: the file store read for both credentials, the
     # token endpoint called once (a failed call is not repeated for 5 s) and failed.
     assert total(text, "sealgate_secret_fetches_total", store="file", outcome="ok") >= 2
     assert total(text, "sealgate_secret_lookups_total", store="file") >= 2
+    # Served from the cache on the request path (the broker asks `fresh` first): counted too.
+    assert total(text, "sealgate_secret_lookups_total", store="file", result="hit") >= 2
     assert total(text, "sealgate_secret_fetch_duration_seconds_count", store="file") == total(
         text, "sealgate_secret_fetches_total", store="file")
     assert total(text, "sealgate_token_exchanges_total", kind="oauth2", outcome="failed") == 1
@@ -116,7 +120,7 @@ def test_requests_are_counted_by_decision_and_reason(
     assert REFRESH not in text
     assert total(text, "sealgate_requests_total", decision="deny", reason="not_allowed") == (
         total(before, "sealgate_requests_total", decision="deny", reason="not_allowed") + 1)
-    assert total(text, "sealgate_injections_total", source="broker") == 1 + total(
+    assert total(text, "sealgate_injections_total", source="broker") == 3 + total(
         before, "sealgate_injections_total", source="broker")
     count = total(text, "sealgate_request_duration_seconds_count")
     assert count >= 6 and total(text, "sealgate_request_duration_seconds_bucket",

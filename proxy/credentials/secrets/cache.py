@@ -77,8 +77,10 @@ class SecretCache:
         # The store failed a caller past its grace, and has not answered since: the proxy's
         # readiness says so (an outage is not a missing or refused secret, which is config).
         self.unavailable = False
-        # For the metrics: lookups by how they were served (hit, miss, stale, refused), the
-        # store's fetches by outcome (ok, refused, unavailable), and the fetches' time.
+        # For the metrics: lookups served from the cache (`fresh`, the request path's: an int,
+        # the cheapest count), the others by how they went (miss, stale, refused,
+        # unavailable), the store's fetches by outcome (ok, refused, unavailable), their time.
+        self.hits = 0
         self.lookups: Counter[str] = Counter()
         self.fetches: Counter[str] = Counter()
         self.fetch_seconds = 0.0
@@ -96,11 +98,11 @@ class SecretCache:
             return None
         if now >= entry.refresh_at:
             self._flight(ref)
+        self.hits += 1
         return entry.secret
 
     async def get(self, ref: SecretRef) -> Secret:
         if (secret := self.fresh(ref)) is not None:
-            self.lookups["hit"] += 1
             return secret
         refused = self._refused.get(ref)
         if refused is not None:
