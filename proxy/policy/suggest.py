@@ -197,10 +197,12 @@ def _host_rules(policy: str, host: str, ports: dict[int, Counter[Seen]],
         groups: list[tuple[tuple[str, ...], tuple[str, ...]] | None] = (
             [None] if shape is None else list(shape))
         for group in groups:
-            # Each pattern is in one group: its paths are its requests.
-            covered = seen if group is None else Counter(
-                {s: c for s, c in seen.items()
-                 if s.path is not None and _matches(group[1], s.path)})
+            # The group's rule (its paths compiled once) says which requests it covers.
+            rule = None if group is None else Rule(host, frozenset(port_list),
+                                                   frozenset(group[0]), group[1], source="")
+            covered = seen if rule is None else Counter(
+                {s: c for s, c in seen.items() if s.method is not None and s.path is not None
+                 and rule.allows_request(s.method, s.path)})
             by_method = Counter[str]()
             for s, c in covered.items():
                 by_method[s.method or "CONNECT"] += c
@@ -228,10 +230,6 @@ def _shape(seen: Counter[Seen], most_paths: int) -> _Shape:
     for pattern, methods in methods_of.items():
         grouped[tuple(sorted(methods))].append(pattern)
     return tuple(sorted((m, tuple(sorted(p))) for m, p in grouped.items()))
-
-
-def _matches(patterns: tuple[str, ...], path: str) -> bool:
-    return Rule("x", frozenset(), None, patterns, source="").allows_request("GET", path)
 
 
 def generalise(paths: Iterable[str], most: int) -> dict[str, str]:
