@@ -75,7 +75,7 @@ def test_suggested_rules_allow_what_report_mode_saw_and_nothing_else(
     calls = _workload(plain, tls)
     with proxy_with(_rules("report", []), name="suggest-report") as reporting:
         assert _send(_session(reporting, test_ca), calls) == [200] * len(calls)
-        reporting.wait_audit(lambda line: line.get("path") == "/v1/ping")
+        reporting.wait_audit(lambda line: line.get("path") == "/v1/ping", timeout=30)
         audit = tmp_path / "audit.log"
         audit.write_text(reporting.audit_text())
         rules_file = reporting.rules

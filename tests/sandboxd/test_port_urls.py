@@ -109,7 +109,7 @@ def test_a_url_lives_an_hour_unless_asked(served: Sandbox) -> None:
     """Found by review: the clients asked for an hour always, which a daemon whose --max-ttl
     is shorter refuses; the default is now the daemon's (an hour, or its longest TTL)."""
     expires = int(served.url(PORT).rstrip("/").rsplit("/", 1)[1].split(".")[2])
-    assert 3590 < expires - time.time() <= 3601
+    assert 3500 < expires - time.time() <= 3601  # minted moments ago, on a loaded machine too
 
 
 def test_the_cli_prints_a_signed_url(served: Sandbox, keyed: Keyed) -> None:
