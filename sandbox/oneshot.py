@@ -44,6 +44,7 @@ from typing import Any
 
 from . import tiers
 from .errors import SandboxError
+from .guest.protocol import TIMED_OUT, over_time
 from .host import scratch
 from .host.cgroup import Group, Limits
 from .host.dns import FakeDns
@@ -54,7 +55,6 @@ from .host.watchdog import Watchdog
 from .runtime import image_root, image_variables, prerequisites, register, take_link, trust
 
 _STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-TIMED_OUT = 124  # as timeout(1) says it
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,16 @@ def run(spec: Run) -> int:
                     launch = Launch(link, spec.command, spec.proxy_port,
                                     staged(link, bundle, ca, spec.image is not None), program,
                                     spec.workspace, spec.uid, spec.gid, spec.env,
-                                    limits=spec.limits)
+                                    limits=spec.limits, timeout=spec.timeout)
                     if spec.image is not None:
                         launch = _from_image(launch, spec.image, spec, tier)
                     started = tier.start(launch, group.dirs, undo)
                 except OSError as exc:
                     raise SandboxError(f"cannot prepare the run: {exc}") from None
                 stop.check()
-                code = _supervise(started, stop, names, timeout=spec.timeout)
+                # A tier that keeps the limit from the command's start is given its set-up's.
+                code = _supervise(started, stop, names, timeout=spec.timeout,
+                                  grace=tier.ready_seconds if tier.own_clock else 0.0)
         except _Stopped as exc:
             return 128 + exc.signum
     return code
@@ -145,7 +147,7 @@ def _remove_watched(group: Group, watchdog: Watchdog) -> None:
 
 
 def _supervise(started: tiers.Started, stop: _Stop, names: FakeDns, *,
-               timeout: float | None) -> int:
+               timeout: float | None, grace: float) -> int:
     try:
         proc = subprocess.Popen(started.argv, env=started.env, pass_fds=started.pass_fds)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -155,15 +157,15 @@ def _supervise(started: tiers.Started, stop: _Stop, names: FakeDns, *,
         proc.kill()
     names.start()
     try:
-        code = proc.wait(timeout)
+        code = proc.wait(None if timeout is None else timeout + grace)
     except subprocess.TimeoutExpired:
         # Its PID namespace dies with it, and teardown empties its cgroups: nothing it
         # started, in whatever session or process group, outlives it.
         proc.kill()
         proc.wait()
         stop.sandbox = None
-        print(f"sealgate: the command ran past its time limit ({timeout:g} s) and was killed",
-              file=sys.stderr)
+        if timeout is not None:  # always: no bound, no expiry
+            print(over_time(timeout), file=sys.stderr)
         return TIMED_OUT
     stop.sandbox = None
     if stop.signum is not None:

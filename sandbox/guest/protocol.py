@@ -110,6 +110,11 @@ WORKSPACE = "/workspace"  # where a request's paths start, and an exec's default
 TIMED_OUT = 124  # an exec's exit past its time limit, as timeout(1) says it
 NOT_STARTED = 127  # an exec that could not be started, as a shell says it
 
+
+def over_time(timeout: float) -> str:
+    """What a run says on its standard error when its command was killed at its time limit."""
+    return f"sealgate: the command ran past its time limit ({timeout:g} s) and was killed"
+
 # -- packets -------------------------------------------------------------------------------
 
 # The descriptors each request carries, in order, each read (IN) or written (OUT) by the

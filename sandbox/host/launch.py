@@ -71,6 +71,9 @@ class Launch:
     disk: Path | None = None
     root_dirs: Mapping[str, int] = field(default_factory=dict)
     cwd: str | None = None  # where the command starts (an image's WorkingDir); None: `working_dir`
+    # The command's time limit in seconds, for a tier that keeps it itself from the command's
+    # start (`Tier.own_clock`); None: none, or the runtime's own bound alone keeps it.
+    timeout: float | None = None
 
 
 def working_dir(launch: Launch) -> str:

@@ -41,6 +41,10 @@ A tier is a module of this package defining `TIER`, a `Tier`:
 - `no_snapshot`: why the tier cannot snapshot an image's sandbox's filesystem, or None;
 - `no_fork`: why the tier cannot take a memory snapshot of a running sandbox (what `fork`
   resumes copies from), said to a caller who asks for one.
+- `own_clock`: for `sandbox run`, the tier counts the command's time limit (`Launch.timeout`)
+  from the command's own start, so that a set-up of seconds (a guest's boot under emulation)
+  does not eat it; the runtime's bound then waits `ready_seconds` longer before it kills the
+  run. Without it the runtime's bound alone keeps the limit (a set-up of milliseconds).
 - `no_adopt`: why a sandboxd slot of the tier cannot be handed to a successor daemon
   (`sandbox.daemon.handover`), or None: its processes must not die with the daemon that started
   them, only with the last one holding the slot's channel and watchdog.
@@ -83,6 +87,7 @@ class Tier:
     no_snapshot: str | None = None
     no_fork: str = "it takes no memory snapshot"
     no_adopt: str | None = None
+    own_clock: bool = False
 
 
 # name -> its module in this package; None for a tier this sealgate knows of but lacks.

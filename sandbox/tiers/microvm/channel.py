@@ -34,6 +34,12 @@ class GuestResult:
 
 
 @dataclass(frozen=True)
+class GuestExit:
+    code: int
+    timed_out: bool  # killed by the guest at the command's time limit
+
+
+@dataclass(frozen=True)
 class _Limits:
     """Who a command runs as, where, and for how long."""
 
@@ -145,21 +151,21 @@ class Channel:
             stdin: bytes = b"") -> GuestResult:
         """Run a command to its end; its exit status and everything it wrote."""
         out: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
-        code = self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=stdin,
-                          stdin_fd=None, out=out)
-        return GuestResult(code, bytes(out[1]), bytes(out[2]))
+        ended = self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids), stdin=stdin,
+                           stdin_fd=None, out=out)
+        return GuestResult(ended.code, bytes(out[1]), bytes(out[2]))
 
     def stream(self, argv: Sequence[str], env: Mapping[str, str], *, uid: int, gid: int,
                cwd: str | None = None, timeout: float | None = None, pids: int | None = None,
                stdin_fd: int | None = None, stdout_fd: int = 1, stderr_fd: int = 2,
-               in_root: bool = False) -> int:
+               in_root: bool = False) -> GuestExit:
         """Run a command with its input read from `stdin_fd` and its output written to the
-        descriptors given, as it comes; its exit status. `in_root`: in the image's root."""
+        descriptors given, as it comes; how it ended. `in_root`: in the image's root."""
         return self._exec(argv, env, _Limits(uid, gid, cwd, timeout, pids, in_root), stdin=b"",
                           stdin_fd=stdin_fd, out={1: stdout_fd, 2: stderr_fd})
 
     def _exec(self, argv: Sequence[str], env: Mapping[str, str], how: _Limits, *, stdin: bytes,
-              stdin_fd: int | None, out: Mapping[int, bytearray | int]) -> int:
+              stdin_fd: int | None, out: Mapping[int, bytearray | int]) -> GuestExit:
         ident = next(self._ids)
         timeout = how.timeout
         order: dict[str, Any] = {"op": Op.EXEC, "id": ident, "argv": list(argv), "env": dict(env),
@@ -201,7 +207,7 @@ class Channel:
                     else:
                         _write_all(target, payload)
                 elif op == Op.EXIT:
-                    return int(header["code"])
+                    return GuestExit(int(header["code"]), header.get("timed_out") is True)
                 elif op == Op.ERROR:
                     raise SandboxError(f"the microVM's agent could not run {argv[0]!r}: "
                                        f"{header.get('message')}")

@@ -14,7 +14,9 @@ staged files, the addresses; never on a command line, which `ps` shows), then:
    image's root made of its disk with those files laid over, and then has the guest's own
    root made read-only;
 4. runs the command as the run's uid with the clean environment, its input and output this
-   process's own, and exits with its status (125 when the VM could not be had).
+   process's own, its time limit kept by the guest from the command's start (a boot under
+   emulation takes seconds of it otherwise), and exits with its status (125 when the VM could
+   not be had).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...errors import SandboxError
+from ...guest.protocol import over_time
 from . import image, pool, vm
 from .pool import Booted
 
@@ -53,6 +56,7 @@ class Order:
     workspace: str | None = None
     disk: str | None = None  # an image's erofs disk (`sandbox.images.disk`), read-only
     root_dirs: dict[str, int] | None = None  # with `disk`: what to make in its root, by mode
+    timeout: float | None = None  # the command's, kept by the guest from its start
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -113,11 +117,14 @@ def start(order: Order) -> Booted:
 def run(order: Order) -> int:
     booted = start(order)
     try:
-        return booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
-                                     cwd=order.cwd, pids=order.pids, stdin_fd=0,
-                                     in_root=order.disk is not None)
+        ended = booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
+                                      cwd=order.cwd, timeout=order.timeout, pids=order.pids,
+                                      stdin_fd=0, in_root=order.disk is not None)
     finally:
         booted.close()
+    if ended.timed_out and order.timeout is not None:
+        print(over_time(order.timeout), file=sys.stderr)
+    return ended.code
 
 
 def main() -> int:

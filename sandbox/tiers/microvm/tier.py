@@ -68,7 +68,7 @@ def _order(launch: Launch, command: list[str], workspace: Path | None) -> Order:
         files={path: data.decode("latin-1") for path, data in launch.files.items()},
         sandbox_if=link.sandbox_if, address=f"{link.sandbox_ip}/30", gateway=str(link.host_ip),
         uid=launch.uid, gid=launch.gid, cwd=working_dir(launch),
-        pids=launch.limits.pids, memory_mib=_guest_mib(launch.limits),
+        pids=launch.limits.pids, memory_mib=_guest_mib(launch.limits), timeout=launch.timeout,
         workspace=str(workspace) if workspace else None)
 
 
@@ -117,7 +117,7 @@ def _host_limits(limits: Limits) -> Limits:
 # A slot's first process says it serves once its guest has booted: seconds under emulation,
 # several at once on a loaded host.
 TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve,
-            ready_seconds=90.0, image_owner="guest",
+            ready_seconds=90.0, image_owner="guest", own_clock=True,
             no_adopt="its host side (hostrun, then QEMU) runs under a parent-death signal armed "
                      "for the daemon that started it: the guest would die as that daemon exits",
             no_snapshot="an image's sandbox writes into an overlay in its guest's memory, which "
