@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sealgate.proxy.process.controlclient import call
-from sealgate.sandbox.tiers.microvm.tier import TIER as MICROVM
 from sealgate.sandbox.host.dns import BURST, RATE
+from sealgate.sandbox.tiers.microvm.tier import TIER as MICROVM
 from tests.harness import Proxy
 from tests.integration import test_sandbox as base
 from tests.integration.tiers import TIERS
