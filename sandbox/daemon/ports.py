@@ -40,7 +40,10 @@ _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # a connection to t
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                       "te", "trailer", "transfer-encoding", "upgrade", "host", "authorization",
                       "content-length", "x-sealgate-error"})
-_BROWSER_DROPPED = frozenset({"service-worker-allowed", "referrer-policy"})
+# And to a browser (a signed URL), what reaches past the sandbox's own path: every signed URL is
+# on the daemon's one origin, so a worker scoped above `/v1/signed/{token}/` would serve other
+# sandboxes' pages, and clearing the site's data clears theirs (Referrer-Policy: `_head`).
+_BROWSER_DROPPED = frozenset({"service-worker-allowed", "referrer-policy", "clear-site-data"})
 
 
 async def connect(netns: Path, port: int) -> socket.socket:

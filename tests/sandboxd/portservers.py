@@ -1,7 +1,9 @@
 """Servers the port tests start inside a sandbox (standard library only: the sandbox's python3 is
 the host's), and what they write down of what reached them, so a test checks at the server.
 
-Port A answers HTTP (`plain <request line>`; `/short` a body cut short of its length) and
+Port A answers HTTP (`plain <request line>`, with headers that reach past its own path on a
+browser's origin, and a Referrer-Policy that would send its URL anywhere; `/short` a body cut
+short of its length) and
 accepts a WebSocket, echoing its messages;
 port A+1 echoes raw TCP and, at the client's end of sending, says how many bytes it got and
 closes. Every request line and every frame goes to /workspace/seen.log as it arrives.
@@ -41,8 +43,9 @@ class Web(socketserver.StreamRequestHandler):
             # What a page may set for its whole origin, which a signed URL shares with every
             # sandbox's: the daemon must not pass these on to a browser.
             self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n"
-                             b"x-from: the-sandbox\r\nreferrer-policy: unsafe-url\r\n"
-                             b"service-worker-allowed: /\r\n\r\n%s" % (len(body), body))
+                             b"x-from: the-sandbox\r\nservice-worker-allowed: /\r\n"
+                             b"clear-site-data: \"*\"\r\nreferrer-policy: unsafe-url\r\n"
+                             b"\r\n%s" % (len(body), body))
             return
         accept = base64.b64encode(hashlib.sha1(
             (headers["sec-websocket-key"] + GUID).encode()).digest()).decode()
