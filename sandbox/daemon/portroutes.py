@@ -3,7 +3,7 @@ only:
 
 - `/v1/sandboxes/{id}/ports/{port}/{path}`: HTTP, and a WebSocket upgrade (`ports`);
 - `GET /v1/sandboxes/{id}/tcp/{port}`: a raw TCP stream in a WebSocket's binary messages;
-- `POST /v1/sandboxes/{id}/urls {"port", "expires_in"}`: a signed URL for a browser, a daemon
+- `POST /v1/sandboxes/{id}/urls {"port", "expires_in"?}`: a signed URL for a browser, a daemon
   call outside `/ports/{port}/`, which is the sandbox server's path space;
 - `/v1/signed/{token}/{path}`: a signed URL's requests, the one route the daemon serves without
   its bearer key (`signed`), and to nothing but the port its token names.

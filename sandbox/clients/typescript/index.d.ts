@@ -112,8 +112,9 @@ export declare class Sandbox {
   port(port: number, path?: string, opts?: CallOptions & { method?: string; body?: Bytes;
     headers?: Record<string, string> }): Promise<{ status: number;
     headers: Record<string, string | string[] | undefined>; body: Buffer }>;
-  /** A signed URL of a port for a browser (no key needed), for `expiresIn` seconds (3600);
-   * over the unix socket its path. WebSocket upgrades through it are relayed too. */
+  /** A signed URL of a port for a browser (no key needed), for `expiresIn` seconds (by
+   * default 3600, or the daemon's maximum TTL when shorter); over the unix socket its path.
+   * WebSocket upgrades through it are relayed too. */
   url(port: number, opts?: CallOptions & { expiresIn?: number }): Promise<string>;
   processes(opts?: CallOptions): Promise<Process[]>;
   /** `argv` (a login shell by default) on a terminal inside the sandbox: over Node's global
