@@ -30,6 +30,7 @@ class Echo(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         out = json.dumps({"method": self.command, "path": self.path,
                           "headers": {k.lower(): v for k, v in self.headers.items()},
+                          "types": self.headers.get_all("content-type") or [],
                           "body": body.decode()}).encode()
         forge = self.path.startswith("/forge")
         self.send_response(404 if self.path.startswith("/missing") else 503 if forge else 200)
@@ -83,6 +84,13 @@ def test_a_request_reaches_the_port_and_its_answer_comes_back(served: Sandbox) -
     assert seen["headers"]["x-custom"] == "kept"
     assert "authorization" not in seen["headers"]  # the daemon's credential stays the daemon's
     assert seen["headers"]["host"] == "127.0.0.1:8000"
+    # Found by review: the client sent its own JSON content type with every port request (a
+    # caller's own came as a second), and kept one of an answer's repeated headers.
+    assert seen["types"] == [] and headers.get_all("set-cookie") == ["a=1; Path=/",
+                                                                     "b=2; Path=/"]
+    _, _, body = served.port(8000, "/typed", method="POST", body=b"x=1",
+                             headers={"content-type": "application/x-www-form-urlencoded"})
+    assert json.loads(body)["types"] == ["application/x-www-form-urlencoded"]
     # The path and query arrive as sent, escapes and all: %2F is not a segment's end, %3F not
     # a query, %25 not an escape (found by review: they were decoded before forwarding).
     raw = "/a%2Fb/c%3Fd%20e%25f/?x=%26y&z=%2F"

@@ -29,7 +29,9 @@ export class Client {
   open(method, path, body = null, { headers, callTimeout, forwarded } = {},
     fallback = this.timeout) {
     /** @type {Record<string, string>} */
-    const sent = { 'Content-Type': 'application/json', ...headers };
+    // A port's request (`forwarded`) carries its caller's content type, or none: its body is
+    // not the daemon's JSON.
+    const sent = { ...(forwarded ? {} : { 'Content-Type': 'application/json' }), ...headers };
     if (body || !BODILESS.has(method)) sent['Content-Length'] = String(body?.length ?? 0);
     if (this.key) sent.Authorization = `Bearer ${this.key}`;
     const seconds = callTimeout === undefined ? fallback : callTimeout;
