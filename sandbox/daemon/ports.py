@@ -51,8 +51,8 @@ async def connect(netns: Path, port: int) -> socket.socket:
     Raises SessionError (port_unreachable) when nothing accepts it."""
     try:
         sock = await asyncio.to_thread(nsocket.socket_in, netns)
-    except OSError as exc:  # the namespace is gone: the sandbox is ending
-        raise SessionError(f"the sandbox's network is gone ({exc.strerror})",
+    except nsocket.NamespaceError as exc:  # the daemon out of descriptors, the sandbox gone
+        raise SessionError(f"cannot connect to port {port} in the sandbox: {exc}",
                            reason=Reason.PORT_UNREACHABLE) from None
     loop = asyncio.get_running_loop()
     try:

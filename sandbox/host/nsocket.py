@@ -35,30 +35,18 @@ def socket_in(netns: Path) -> socket.socket:
     failed: list[str] = []
 
     def enter() -> None:
-        ours = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        # Whatever fails here is said as NamespaceError by the caller: an exception escaping
+        # the thread would be a traceback on stderr (the daemon's log) and say nothing back.
         try:
-            theirs = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            os.close(ours)
-            failed.append(f"{netns.name}: {exc.strerror}")
-            return
-        try:
-            if _libc.setns(theirs, _CLONE_NEWNET) != 0:
-                failed.append(f"setns: {os.strerror(ctypes.get_errno())}")
-                return
-            try:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-                sock.setblocking(False)
-                made.append(sock)
-            finally:
-                if _libc.setns(ours, _CLONE_NEWNET) != 0:  # this thread ends here regardless
-                    failed.append("could not leave the namespace")
-        finally:
-            os.close(theirs)
-            os.close(ours)
+            _made_in(netns, made, failed)
+        except OSError as exc:  # out of descriptors (EMFILE, ENFILE), out of memory
+            failed.append(f"{type(exc).__name__}: {exc.strerror or exc}")
 
     thread = threading.Thread(target=enter, name="sealgate-netns", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError as exc:  # no thread to be had (the daemon's own pids limit)
+        raise NamespaceError(f"cannot reach into the sandbox's network: {exc}") from None
     thread.join()
     if failed or not made:
         for sock in made:
@@ -66,3 +54,30 @@ def socket_in(netns: Path) -> socket.socket:
         raise NamespaceError(f"cannot reach into the sandbox's network: "
                              f"{failed[0] if failed else 'no socket'}")
     return made[0]
+
+
+def _made_in(netns: Path, made: list[socket.socket], failed: list[str]) -> None:
+    """In a thread of its own (`socket_in`): a socket made in `netns`, to `made`, or what
+    failed, to `failed`. Raises OSError for what fails otherwise (our own namespace's file,
+    the socket itself), with the thread back in its own namespace (or saying it is not)."""
+    ours = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        theirs = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        os.close(ours)
+        failed.append(f"{netns.name}: {exc.strerror}")
+        return
+    try:
+        if _libc.setns(theirs, _CLONE_NEWNET) != 0:
+            failed.append(f"setns: {os.strerror(ctypes.get_errno())}")
+            return
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            made.append(sock)
+            sock.setblocking(False)
+        finally:
+            if _libc.setns(ours, _CLONE_NEWNET) != 0:  # this thread ends here regardless
+                failed.append("could not leave the namespace")
+    finally:
+        os.close(theirs)
+        os.close(ours)
