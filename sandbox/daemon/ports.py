@@ -65,9 +65,14 @@ async def connect(netns: Path, port: int) -> socket.socket:
 
 
 async def stream(sock: socket.socket) -> _Stream:
-    """`sock` as asyncio streams, for what is relayed rather than parsed. The reader's limit is
+    """`sock` as asyncio streams, for what is relayed rather than parsed: they own it from here
+    (their writer closes it; it is closed here if they cannot be made). The reader's limit is
     its buffer before it stops reading: a small one paces a large stream to a crawl."""
-    return await asyncio.open_connection(sock=sock, limit=_READ)
+    try:
+        return await asyncio.open_connection(sock=sock, limit=_READ)
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def forward(request: web.Request, netns: Path, port: int, path: str, *,
@@ -101,7 +106,7 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
                            reason=Reason.PORT_UNREACHABLE) from None
     finally:
-        sock.close()
+        sock.close()  # without a descriptor once the relay took it over (`_switched`)
 
 
 def _websocket(request: web.Request) -> bool:
@@ -231,7 +236,11 @@ async def _switched(request: web.Request, conn: h11.Connection, event: h11.Infor
     client = await response.prepare(request)
     assert client is not None  # prepared: its writer
     early, _ = conn.trailing_data
-    reader, writer = await stream(sock)
+    # The descriptor goes to the streams' transport, which closes it once what it holds is
+    # written: `forward`'s close of `sock` (detached, so without one) must not close it under
+    # the transport, whose number the next socket would reuse while the transport still
+    # waits to write to it (another connection's bytes on it).
+    reader, writer = await stream(socket.socket(fileno=sock.detach()))
     try:
         await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
     finally:

@@ -162,3 +162,53 @@ def test_nothing_listening_is_refused_before_any_upgrade(served: Sandbox) -> Non
     for port, expected in ((PORT + 2, Reason.PORT_UNREACHABLE), (0, Reason.BAD_REQUEST)):
         refused = asyncio.run(asyncio.wait_for(refusal(port), 60))
         assert refused.reason is expected, (port, refused)
+
+
+# Accepts a WebSocket, never reads from it, and after a while ends its own sending: the
+# daemon's relay ends with bytes for it still waiting to be written.
+_DEAF_WS = r"""
+import base64, hashlib, re, socket, sys, time
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, inherited
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen()
+conn, _ = server.accept()
+head = b""
+while b"\r\n\r\n" not in head:
+    head += conn.recv(4096)
+key = re.search(rb"(?i)sec-websocket-key: *(\S+)", head).group(1)
+accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+             b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+time.sleep(float(sys.argv[2]))
+conn.shutdown(socket.SHUT_WR)
+time.sleep(600)
+"""
+
+
+def test_a_relay_that_ends_with_bytes_unwritten_leaves_no_stale_descriptor(
+        served: Sandbox, tierd: tuple[str, Daemon]) -> None:
+    """Found by review: the port route closed its socket to the server after handing it to
+    the relay's streams, whose transport, still holding bytes for a server that did not read,
+    went on watching that descriptor's number, which the next connection took. What follows
+    such a relay works, and nothing is a traceback in the log."""
+    served.start(["python3", "-c", _DEAF_WS, str(PORT + 5), "3"])
+    time.sleep(1)
+
+    async def flood() -> None:
+        async with _asb(served) as asb, asb.websocket(PORT + 5, "/",
+                                                      call_timeout=20) as ws:
+            async def send() -> None:
+                for _ in range(32):
+                    await ws.send_bytes(os.urandom(MiB))
+
+            sending = asyncio.ensure_future(send())
+            await ws.receive(timeout=20)  # the server's end: the relay closes
+            sending.cancel()
+
+    asyncio.run(asyncio.wait_for(flood(), 30))
+    for attempt in range(20):
+        status, _, body = served.port(PORT, f"/after/{attempt}")
+        assert (status, body) == (200, f"plain GET /after/{attempt} HTTP/1.1".encode())
+        assert asyncio.run(asyncio.wait_for(_tcp(served), 60))[1] == b"bye 3"
+    assert "Traceback" not in tierd[1].log.read_text()
