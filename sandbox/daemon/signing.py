@@ -21,10 +21,12 @@ from sealgate.reasons import Reason
 
 from .session import SessionError
 
-# id . port . expiry (unix seconds) . signature (base64url, no padding): exactly what `sign`
-# writes for the daemon's ids (`sb-` and 16 hex digits), so nothing else reaches the MAC.
+# Exactly what `sign` writes, so that one signature has one spelling: a sandbox id (the
+# daemon's, `sb-` and 16 hex digits), the port and the expiry (unix seconds) as `str` writes an
+# int (ASCII digits, no leading zero: `int` also takes "08000" and other scripts' digits), and
+# the HMAC-SHA256 in unpadded base64url (43 characters, the last holding 4 bits of it).
 _TOKEN = re.compile(r"(sb-[0-9a-f]{16})\.([1-9][0-9]{0,4})\.([1-9][0-9]{0,11})\."
-                    r"([A-Za-z0-9_-]{43})")
+                    r"([A-Za-z0-9_-]{42}[AEIMQUYcgkosw048])")
 
 
 class Signer:

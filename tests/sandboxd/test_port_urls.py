@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import pytest
@@ -153,6 +153,14 @@ def test_tampered_expired_and_carried_over_urls_are_refused(served: Sandbox,
         # The other sandbox's own URL opens the other sandbox, never this one.
         assert _get(other.url(PORT) + "x")[1].get("x-sealgate-error") == "port_unreachable"
     assert "not a signed" in _refusal(f"{base}/not-a-token/")
+    # Found by review: the token's pattern took what `int` reads as the same number (a leading
+    # zero, another script's digits), so one signature had many spellings.
+    arabic = quote("".join(chr(0x0660 + int(d)) for d in port))
+    for what, respelled in {"a leading zero": f"{ident}.0{port}.{expires}.{mac}",
+                            "other digits": f"{ident}.{arabic}.{expires}.{mac}",
+                            "a zero before the expiry": f"{ident}.{port}.0{expires}.{mac}",
+                            }.items():
+        assert "not a signed" in _refusal(f"{base}/{respelled}/"), what
     short = served.url(PORT, expires_in=1)
     time.sleep(2.1)
     assert "expired" in _refusal(short + "late")
