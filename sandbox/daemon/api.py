@@ -31,11 +31,14 @@ from . import admin, bodies, fsapi, terminals
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
-from .portroutes import PortRoutes, loggable, signed
+from .portroutes import PortRoutes, loggable
 from .session import Options, SessionError, check_path
 
 _DAEMON = web.AppKey("daemon", Daemon)
 _KEY = web.AppKey("key", bytes)
+# The routes served without the daemon's key, as registered (never told by a name or a path):
+# each checks a credential of its own.
+_OPEN = web.AppKey("open routes", frozenset)
 _STREAMING = "sealgate.streaming"  # set on a request once its answer has begun
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -62,7 +65,7 @@ def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/stdin", _stdin)
     app.router.add_post("/v1/sandboxes/{id}/processes/{pid}/signal", _signal)
     app.router.add_get("/v1/sandboxes/{id}/pty", _pty)
-    PortRoutes(_DAEMON, _STREAMING).add_to(app)
+    app[_OPEN] = PortRoutes(_DAEMON, _STREAMING).add_to(app)
     app.router.add_put("/v1/sandboxes/{id}/files/{path:.+}", _put)
     app.router.add_get("/v1/sandboxes/{id}/files/{path:.+}", _get)
     fsapi.register(app, lambda r: r.app[_DAEMON].get(r.match_info["id"]), _STREAMING)
@@ -84,7 +87,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     # Only the unix socket's own connections go without the key: a connection whose transport
     # is already gone (so its listener cannot be told) must show it like a TCP one.
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
-    if not isinstance(sockname, str) and not signed(request):  # it checks its own token
+    if not isinstance(sockname, str) and request.match_info.route not in request.app[_OPEN]:
         given = request.headers.get("Authorization", "").encode(errors="surrogateescape")
         key = request.app[_KEY]
         if not key or not hmac.compare_digest(given, b"Bearer " + key):

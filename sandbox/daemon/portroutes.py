@@ -6,7 +6,8 @@ only:
 - `POST /v1/sandboxes/{id}/urls {"port", "expires_in"?}`: a signed URL for a browser, a daemon
   call outside `/ports/{port}/`, which is the sandbox server's path space;
 - `/v1/signed/{token}/{path}`: a signed URL's requests, the one route the daemon serves without
-  its bearer key (`signed`), and to nothing but the port its token names.
+  its bearer key (`add_to` returns it for the API's set of open routes), and to nothing but
+  the port its token names.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from .bodies import BadRequest
 from .session import Session, SessionError
 from .signing import Signer
 
-_SIGNED = "sealgate-signed"  # the signed route's name, which the key check lets through
 _SIGNED_PREFIX = "/v1/signed/"
+# The segments of a route's raw path before its {path} ("", "v1", ..., {port} or {token}).
+_PORT_SEGMENTS, _SIGNED_SEGMENTS = 6, 4
 
 
 def loggable(request: web.BaseRequest) -> str:
@@ -39,11 +41,6 @@ def loggable(request: web.BaseRequest) -> str:
     return path[:80]
 
 
-def signed(request: web.Request) -> bool:
-    """Whether `request` is to the signed route, which checks its own token."""
-    return request.match_info.route.name == _SIGNED
-
-
 class PortRoutes:
     """The handlers, given how the API finds its daemon (`daemon`: the app's key for it) and
     marks an answer begun (`streaming`: set once errors can no longer be a JSON answer)."""
@@ -53,11 +50,14 @@ class PortRoutes:
         self._streaming = streaming
         self._signer = Signer()
 
-    def add_to(self, app: web.Application) -> None:
+    def add_to(self, app: web.Application) -> frozenset[web.AbstractRoute]:
+        """The routes added to `app`; of them, those served without the daemon's key (the
+        signed route, which checks its own token)."""
         app.router.add_route("*", "/v1/sandboxes/{id}/ports/{port}/{path:.*}", self._port)
         app.router.add_get("/v1/sandboxes/{id}/tcp/{port}", self._tcp)
         app.router.add_post("/v1/sandboxes/{id}/urls", self._url)
-        app.router.add_route("*", "/v1/signed/{token}/{path:.*}", self._signed, name=_SIGNED)
+        return frozenset({app.router.add_route("*", "/v1/signed/{token}/{path:.*}",
+                                               self._signed)})
 
     def _session(self, request: web.Request, ident: str) -> Session:
         """The sandbox whose port is asked for; its ended, paused and busy refusals come from
@@ -71,20 +71,22 @@ class PortRoutes:
     async def _port(self, request: web.Request) -> web.StreamResponse:
         port = _port_number(request.match_info["port"])
         return await self._forward(request, self._session(request, request.match_info["id"]),
-                                   port, browser=False)
+                                   port, _PORT_SEGMENTS, browser=False)
 
     async def _signed(self, request: web.Request) -> web.StreamResponse:
         ident, port = self._signer.check(request.match_info["token"])
-        return await self._forward(request, self._session(request, ident), port, browser=True)
+        return await self._forward(request, self._session(request, ident), port,
+                                   _SIGNED_SEGMENTS, browser=True)
 
-    async def _forward(self, request: web.Request, session: Session, port: int, *,
-                       browser: bool) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, session: Session, port: int,
+                       segments: int, *, browser: bool) -> web.StreamResponse:
         def began() -> None:
             request[self._streaming] = True
 
+        tail = _raw_tail(request, segments)
         with session.serving():
-            return await ports.forward(request, _netns(session), port, _raw_tail(request),
-                                       began=began, ended=session.ended, browser=browser)
+            return await ports.forward(request, _netns(session), port, tail, began=began,
+                                       ended=session.ended, browser=browser)
 
     async def _tcp(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request, request.match_info["id"])
@@ -126,13 +128,12 @@ class PortRoutes:
                                  status=201)
 
 
-def _raw_tail(request: web.Request) -> str:
+def _raw_tail(request: web.Request, before: int) -> str:
     """The path below the route's prefix as the caller sent it, escapes and all, with its query:
     the server in the sandbox must get `a%2Fb` and `%3F`, not what aiohttp decoded them to
     (another path, or a query). The prefix is the route's segments before `{path}`; escapes
     within them (a `%2F` in an id) would shift the tail, and are refused."""
     raw, _, query = request.raw_path.partition("?")
-    before = 6 if request.match_info.route.name != _SIGNED else 4  # "" v1 ... {port|token}
     parts = raw.split("/", before)
     tail = parts[before] if len(parts) > before else ""
     if unquote(tail) != request.match_info["path"]:
