@@ -244,10 +244,7 @@ async def _switched(request: web.Request, conn: h11.Connection, event: h11.Infor
     try:
         await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
     finally:
-        # The transport owns the socket now: it closes it, after what it still holds is sent.
-        # (forward's own close is then a no-op on a closed socket, never a close of a number
-        # another connection may have been given since.)
-        writer.close()
+        writer.close()  # the transport's: once what it still holds is sent
         with contextlib.suppress(OSError, TimeoutError):
             await asyncio.wait_for(writer.wait_closed(), CONNECT_SECONDS)
     return response
