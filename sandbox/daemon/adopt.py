@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,39 +84,61 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | No
         sock.settimeout(handover.TAKE_SECONDS)
         try:
             records, listeners = await asyncio.to_thread(_receive, sock, want(settings))
-        except (HandoverError, OSError) as exc:
+        except Exception as exc:
             raise HandoverError(f"daemon {pid} serving {settings.socket} did not hand its "
-                                f"sandboxes over, and serves on: {exc}") from None
+                                f"sandboxes over, and serves on: {_why(exc)}") from None
         items: list[Item] = []
         try:
             if len(listeners) != 1 + (settings.listen is not None):
                 raise HandoverError(f"{len(listeners)} listening sockets handed over")
+            seen: set[Any] = set()
             for n, (record, fds) in enumerate(records):
+                _unique(record, seen)
                 made, pidfd = carried.rebuild_slot(record, fds, settings.config.slots)
                 records[n] = (record, [])  # the slot's own from here on: dropped with it
                 items.append((made, pidfd, None, None))
-                items[-1] = (made, pidfd, *_owner(record, made))
+                items[-1] = (made, pidfd, *_owner(record, made, seen))
             room = daemon.config.max_sandboxes
             if len(items) > room:
                 raise HandoverError(f"{len(items)} sandboxes and ready slots, over this "
                                     f"daemon's --max-sandboxes {room}")
             await asyncio.to_thread(_commit, sock, items, pid, settings, started)
-        except (HandoverError, ValueError, OSError) as exc:
+        except BaseException as exc:  # each descriptor closed once, whatever went wrong
             with contextlib.suppress(OSError):
-                handover.send(sock, {"refused": str(exc)})
+                handover.send(sock, {"refused": _why(exc)})
             for made, pidfd, *_ in items:
                 _drop(made, pidfd)
             for _, fds in records:
                 handover.close(fds)
             for listener in listeners:
                 listener.close()
+            if not isinstance(exc, Exception):
+                raise
             raise HandoverError(f"cannot take over from daemon {pid}, which serves on: "
-                                f"{exc}") from None
+                                f"{_why(exc)}") from None
     return Taken(items, listeners, pid, round((time.monotonic() - started) * 1000, 1))
 
 
+def _why(exc: BaseException) -> str:
+    """Ours (HandoverError, ValueError, OSError) say why; anything else is a record we could
+    not read, named by its kind: never a traceback, and never a peer's text unbounded."""
+    if isinstance(exc, (HandoverError, ValueError, OSError)):
+        return (str(exc) or type(exc).__name__)[:1000]
+    return f"a malformed hand-over ({type(exc).__name__})"
+
+
+def _unique(record: Any, seen: set[Any]) -> None:
+    """A slot handed over twice would be two slots on one link, each ending it: refused."""
+    if not isinstance(record, dict):
+        raise ValueError("a slot's record is not a JSON object")
+    index = record.get("index")
+    if ("index", index) in seen:
+        raise ValueError(f"slot {str(index)[:16]} handed over twice")
+    seen.add(("index", index))
+
+
 def _receive(sock: socket.socket, wanted: dict[str, Any]
-             ) -> tuple[list[tuple[dict[str, Any], list[int]]], list[socket.socket]]:
+             ) -> tuple[list[tuple[Any, list[int]]], list[socket.socket]]:
     handover.send(sock, {"sealgate": handover.MAGIC, "version": handover.VERSION,
                          "want": wanted})
     offer, fds = handover.receive(sock)
@@ -123,33 +146,54 @@ def _receive(sock: socket.socket, wanted: dict[str, Any]
     if "refused" in offer:
         raise HandoverError(str(offer["refused"])[:1000])
     count = offer.get("offer")
-    if fds or not isinstance(count, int) or count < 0:
+    if fds or not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise HandoverError("not the hand-over protocol (no offer)")
-    records: list[tuple[dict[str, Any], list[int]]] = []
+    records: list[tuple[Any, list[int]]] = []
     try:
-        for _ in range(count):
+        for _ in range(count):  # bounded by the old daemon's slots: each a packet it sent
             message, fds = handover.receive(sock)
-            records.append((message.get("slot") or {}, fds))
-        end, fds = handover.receive(sock)
-        listeners = [socket.socket(fileno=fd) for fd in fds]
-        if end.get("end") is not True or not all(
-                s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) for s in listeners):
-            handover.close(s.detach() for s in listeners)
+            records.append((message.get("slot"), fds))
+        end, last = handover.receive(sock)
+        records.append((None, last))  # closed with the rest should it not do
+        if end.get("end") is not True or not all(_listening(fd) for fd in last):
             raise HandoverError("not the hand-over protocol (no listeners at the end)")
     except BaseException:
         for _, fds in records:
             handover.close(fds)
         raise
-    return records, listeners
+    records.pop()
+    return records, [socket.socket(fileno=fd) for fd in last]
 
 
-def _owner(record: dict[str, Any], made: Slot) -> tuple[str | None, Session | None]:
+def _listening(fd: int) -> bool:
+    """A listening socket, checked before anything wraps it (a wrapped one closes its
+    number when dropped: the caller's close would then be a second)."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        probe = socket.socket(fileno=fd)
+        try:
+            return bool(probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        finally:
+            probe.detach()
+    except OSError:
+        return False
+
+
+def _owner(record: dict[str, Any], made: Slot, seen: set[Any]
+           ) -> tuple[str | None, Session | None]:
     """The pool a slot waits in, or the sandbox it is. Raises ValueError."""
     pool = record.get("pool")
     if pool is not None and not isinstance(pool, str):
         raise ValueError(f"slot {made.index}: a malformed pool key")
-    session = record.get("session")
-    return pool, None if session is None else carried.rebuild_session(session, made)
+    data = record.get("session")
+    if data is None:
+        return pool, None
+    session = carried.rebuild_session(data, made)
+    if ("id", session.id) in seen:  # two slots for one sandbox: which would it be?
+        raise ValueError(f"sandbox {session.id} handed over twice")
+    seen.add(("id", session.id))
+    return pool, session
 
 
 def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: Settings,

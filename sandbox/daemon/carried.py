@@ -102,16 +102,25 @@ def rebuild_slot(data: Mapping[str, Any], fds: list[int], config: SlotConfig
     descriptors are the slot's from here on). Raises ValueError saying what does not fit."""
     if len(fds) != FDS:
         raise ValueError(f"a slot comes with {FDS} descriptors, not {len(fds)}")
+    if not isinstance(data, Mapping):
+        raise ValueError("a slot's record is not a JSON object")
     index, uid, pid = _int(data, "index"), _int(data, "uid"), _int(data, "pid")
     if not 0 <= index < len(config.plan.links) or uid != config.uid_base + index:
         raise ValueError(f"slot {index}: not one of this daemon's links and uids")
     if data.get("tier") != config.isolation:
         raise ValueError(f"slot {index}: of the {str(data.get('tier'))[:32]} tier")
     link = link_at(config.plan, index)
-    groups = [Path(str(g)) for g in _list(data, "groups")]
-    if not groups or any(g.parent.name != cgroup.PARENT or not g.name.startswith(f"run-{index}-")
-                         or not g.is_relative_to(cgroup.ROOT) for g in groups):
-        raise ValueError(f"slot {index}: not its cgroups: {[str(g) for g in groups][:4]}")
+    # Checked whole, not by their parts' names: "/sys/fs/cgroup/../../etc/sealgate/run-3-1"
+    # is lexically under the root and named like a run's group.
+    group = re.compile(rf"{re.escape(str(cgroup.ROOT))}(/[a-z0-9_,]{{1,64}})?/"
+                       rf"{re.escape(cgroup.PARENT)}/run-{index}-[0-9]{{1,10}}")
+    raw = _list(data, "groups")
+    if not 0 < len(raw) <= 64 or not all(isinstance(g, str) and group.fullmatch(g)
+                                         for g in raw):
+        raise ValueError(f"slot {index}: not its cgroups: {[str(g)[:100] for g in raw][:4]}")
+    groups = [Path(g) for g in raw]
+    if len({g.name for g in groups}) != 1:
+        raise ValueError(f"slot {index}: its cgroups are not one run's")
     env = data.get("environment")
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise ValueError(f"slot {index}: a malformed environment")
@@ -122,25 +131,39 @@ def rebuild_slot(data: Mapping[str, Any], fds: list[int], config: SlotConfig
         raise ValueError(f"slot {index}: its process descriptor is not pid {pid}'s")
     if not stat.S_ISFIFO(os.fstat(pipe).st_mode):
         raise ValueError(f"slot {index}: its watchdog's descriptor is not a pipe")
-    # Wrapped last, and let go of on a refusal: the caller closes the numbers once.
+    if not all(stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in (channel_fd, dns_fd)):
+        raise ValueError(f"slot {index}: its channel or name server is not a socket")
+    # Wrapped last, and let go of on a refusal: the caller closes the numbers once (a wrapped
+    # one dropped would close its number itself, and the caller's close would be a second,
+    # of whatever had that number by then).
     channel, dns = socket.socket(fileno=channel_fd), socket.socket(fileno=dns_fd)
-    if (channel.family, channel.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET) \
-            or (dns.family, dns.type) != (socket.AF_INET, socket.SOCK_DGRAM) \
-            or dns.getsockname()[0] != str(link.host_ip):
+    held = -1
+    try:
+        if (channel.family, channel.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET) \
+                or (dns.family, dns.type) != (socket.AF_INET, socket.SOCK_DGRAM) \
+                or dns.getsockname()[0] != str(link.host_ip):
+            raise ValueError(f"slot {index}: its channel or name server is not what it must "
+                             "be")
+        channel.setblocking(False)
+        dns.setblocking(False)
+        held = os.dup(pidfd)
+        made = Slot(link, LoopDns(link.host_ip, link.host_ip, dns), Group(groups), uid,
+                    Held(pid, held), channel, {str(k): v for k, v in env.items()},
+                    tiers.get(config.isolation), Watchdog.held(pipe), root,
+                    init if isinstance(init, int) else None)
+    except BaseException:
         channel.detach()
         dns.detach()
-        raise ValueError(f"slot {index}: its channel or name server is not what it must be")
-    channel.setblocking(False)
-    dns.setblocking(False)
-    made = Slot(link, LoopDns(link.host_ip, link.host_ip, dns), Group(groups), uid,
-                Held(pid, os.dup(pidfd)), channel, {str(k): v for k, v in env.items()},
-                tiers.get(config.isolation), Watchdog.held(pipe), root,
-                init if isinstance(init, int) else None)
+        if held >= 0:
+            os.close(held)
+        raise
     return made, pidfd
 
 
 def rebuild_session(data: Mapping[str, Any], made: Slot) -> Session:
     """The session a record describes, on `made` (on the event loop). Raises ValueError."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"slot {made.index}: its sandbox's record is not a JSON object")
     ident = str(data.get("id"))
     if not _ID.fullmatch(ident):
         raise ValueError(f"not a sandbox id: {ident[:32]!r}")

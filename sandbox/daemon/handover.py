@@ -174,10 +174,16 @@ class Giver:
         self._task = asyncio.create_task(self._serve(sock))
 
     async def stop(self) -> None:
+        """Never raises: what stops after us (the daemon's own close, deleting or relinquishing
+        every sandbox) must run whatever became of a hand-over."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:
+                log("handover_failed", why=type(exc).__name__)
         if self._sock is not None:
             self._sock.close()
             if not self.done.is_set():  # else the successor's by now
@@ -187,16 +193,25 @@ class Giver:
     async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while not self.done.is_set():  # one hand-over at a time
-            conn, _ = await loop.sock_accept(sock)
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors, say: the API serves on regardless
+                log("handover_refused", why=f"accept: {exc.strerror or exc}")
+                await asyncio.sleep(1.0)
+                continue
             with conn:
                 conn.setblocking(True)
                 try:
                     await self._give(conn)
                 except (HandoverError, OSError) as exc:
                     why = str(exc) or type(exc).__name__
-                    log("handover_refused", why=why)
-                    with contextlib.suppress(OSError):
-                        send(conn, {"refused": why})
+                except Exception as exc:
+                    why = f"a malformed hand-over ({type(exc).__name__})"
+                else:
+                    continue
+                log("handover_refused", why=why)
+                with contextlib.suppress(OSError):
+                    send(conn, {"refused": why})
 
     async def _give(self, conn: socket.socket) -> None:
         successor = peer_is_root(conn)
@@ -206,7 +221,7 @@ class Giver:
         if fds or hello.get("sealgate") != MAGIC or hello.get("version") != VERSION:
             raise HandoverError(f"not a hand-over hello of version {VERSION}")
         if diff := differences(self.want, hello.get("want")):
-            raise HandoverError("settings differ: " + "; ".join(diff))
+            raise HandoverError("settings differ: " + "; ".join(diff)[:2000])
         tier = tiers.get(self.daemon.config.slots.isolation)
         if tier.no_adopt is not None:
             raise HandoverError(f"the {tier.name} tier's sandboxes cannot change daemons: "
@@ -262,7 +277,6 @@ class Giver:
                 if lease.holder(made.index) != os.getpid():
                     lease.take(made.index, self.daemon.config.slots.state,
                                str(made.link.sandbox_ip), made.group.dirs[0].name)
-
 
 
 def _pids(session: Session) -> str:

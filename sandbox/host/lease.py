@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,9 +29,18 @@ class Lease:
     # holds groups named for that one (`sandbox.daemon.handover`).
     group: str = ""
 
+    def __post_init__(self) -> None:
+        # A path's last part (`sandbox.host.cgroup.Group.left_by`): never "..", a "/", a NUL
+        # or anything else a clean-up could be walked out of its cgroup parent by.
+        if self.group and not _GROUP.fullmatch(self.group):
+            raise ValueError(f"lease {self.index}: not a run's cgroup name: {self.group[:64]!r}")
+
     @property
     def groups(self) -> str:
         return self.group or f"run-{self.index}-{self.pid}"
+
+
+_GROUP = re.compile(r"run-[0-9]{1,10}-[0-9]{1,10}")
 
 
 def _start_time(pid: int) -> str | None:
@@ -63,10 +73,8 @@ def stale() -> list[Lease]:
     for path in sorted(RUN_DIR.glob("lease-*.json")):
         try:
             # Fields a newer sealgate may add are not a reason to think its holder is dead.
-            data = json.loads(path.read_text())
-            lease = Lease(**{k: data[k] for k in Lease.__dataclass_fields__ if k != "group"},
-                          group=str(data.get("group", "")))
-        except (OSError, ValueError, TypeError, KeyError):
+            lease = parse(path.read_text())
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
             index = path.stem.removeprefix("lease-")
             if index.isdigit():
                 found.append(Lease(int(index), 0, "", "", ""))
@@ -74,6 +82,14 @@ def stale() -> list[Lease]:
         if _start_time(lease.pid) != lease.started:
             found.append(lease)
     return found
+
+
+def parse(text: str) -> Lease:
+    """A lease as written; ValueError, TypeError or KeyError (RecursionError for JSON nested
+    past the parser's depth) for what is not one."""
+    data = json.loads(text)
+    return Lease(**{k: data[k] for k in Lease.__dataclass_fields__ if k != "group"},
+                 group=str(data.get("group", "")))
 
 
 def holder(index: int) -> int | None:

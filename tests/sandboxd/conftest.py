@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +118,27 @@ def start_daemon(proxy: Proxy, where: Path, *extra: str, ready: float = 30,
         daemon.stop()  # never left running past its test
         raise
     return daemon
+
+
+@pytest.fixture
+def daemons(dproxy: Proxy, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Daemons started in the test's directories (a successor given its predecessor's
+    socket), all stopped after it whatever happened (test_adopt, test_adopt_faults)."""
+    started: list[Daemon] = []
+
+    def start(*flags: str, sock: Path | None = None, wait: bool = True,
+              ready: float = 60) -> Daemon:
+        where = tmp_path / f"d{len(started)}"
+        where.mkdir()
+        daemon = start_daemon(dproxy, where, *flags, sock=sock, ready=ready) if wait \
+            else launch(dproxy, where, *flags, sock=sock)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in reversed(started):
+        if daemon.process.poll() is None:
+            daemon.stop()
 
 
 class TierDaemons:

@@ -16,7 +16,7 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +26,12 @@ from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.daemon import handover
 from tests.harness import Origin, Proxy
 from tests.integration.tiers import unavailable
-from tests.sandboxd.conftest import Daemon, launch, start_daemon
+from tests.sandboxd.conftest import Daemon
 from tests.sandboxd.test_lifecycle import host, registered, until
 
 pytestmark = pytest.mark.root
 
 _FLAGS = ("--pool", "1", "--no-selftest")
-
-
-@pytest.fixture
-def daemons(dproxy: Proxy, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Daemons started in the test's directories (the first one's socket shared by the
-    successors), all stopped after it whatever happened."""
-    started: list[Daemon] = []
-
-    def start(*flags: str, sock: Path | None = None, wait: bool = True,
-              ready: float = 60) -> Daemon:
-        where = tmp_path / f"d{len(started)}"
-        where.mkdir()
-        daemon = start_daemon(dproxy, where, *flags, sock=sock, ready=ready) if wait \
-            else launch(dproxy, where, *flags, sock=sock)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in reversed(started):
-        if daemon.process.poll() is None:
-            daemon.stop()
 
 
 def create(daemon: Daemon, sandbox: str = "ci-bot", **options: Any) -> Sandbox:
@@ -73,6 +52,18 @@ def group_members(index: int) -> list[int]:
         with contextlib.suppress(OSError):
             found += [int(p) for p in (group / "cgroup.procs").read_text().split()]
     return sorted(set(found))
+
+
+def inheritable(pid: int) -> list[str]:
+    """Descriptors of process `pid` past stdio without O_CLOEXEC, and what they are."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            flags = int(info.split("flags:")[1].split()[0], 8)
+            if int(fd) > 2 and not flags & os.O_CLOEXEC:
+                found.append(f"{fd} -> {os.readlink(f'/proc/{pid}/fd/{fd}')}")
+    return found
 
 
 def index_of(sb: Sandbox) -> int:
@@ -96,6 +87,10 @@ def test_a_successor_takes_every_sandbox_over(
     assert "handed every sandbox over" in old.log.read_text()
     after = {s["id"]: s for s in new.client.list()}
     assert set(after) == set(before) == {kept.id, other.id}
+    # Every descriptor it holds, the handed ones included, closes at an exec: none reaches
+    # a process it starts.
+    leaked = inheritable(new.process.pid)
+    assert not leaked, leaked
     for ident, was in before.items():
         now = after[ident]
         for key in ("sandbox", "address", "uid", "created", "metadata", "idle_timeout",
@@ -109,11 +104,6 @@ def test_a_successor_takes_every_sandbox_over(
     assert other.run(["true"]).ok
     # Registered as before: the proxy attributes each one's egress to the same sandbox.
     assert registered(dproxy) == sources
-    # What came over the socket is close-on-exec, as every descriptor of the daemon's: none
-    # reaches a process it starts (review: recv_fds took them inheritable).
-    inheritable = [fd for fd, flags in _fd_flags(new.process.pid).items()
-                   if fd > 2 and not flags & os.O_CLOEXEC]
-    assert inheritable == [], inheritable
     url = f"https://api.test:{origin_https.port}/after-adoption"
     got = kept.run(["curl", "-sS", "-m", "10", url])
     assert (got.exit_code, got.text) == (0, "hello from origin\n"), got.stderr
@@ -130,17 +120,6 @@ def test_a_successor_takes_every_sandbox_over(
     assert new.stop() == 0
     assert host().of(pid) == host().of(-1)
     assert not {kept.info["address"], other.info["address"]} & set(registered(dproxy))
-
-
-def _fd_flags(pid: int) -> dict[int, int]:
-    """Each open descriptor of `pid` and its file status flags (octal in fdinfo)."""
-    flags = {}
-    for entry in Path(f"/proc/{pid}/fdinfo").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # closed since it was listed
-            for line in entry.read_text().splitlines():
-                if line.startswith("flags:"):
-                    flags[int(entry.name)] = int(line.split()[1], 8)
-    return flags
 
 
 def test_a_refused_hand_over_leaves_the_old_daemon_serving(
@@ -283,6 +262,11 @@ def test_the_hand_over_socket_is_roots_and_speaks_only_its_protocol(
     assert done.returncode != 0 and "Permission denied" in done.stderr, done
     assert old.process.poll() is None and sb.run(["true"]).ok
     assert re.search(r'"event": "handover_refused"', old.log.read_text())
+    # And it stops as ever: every sandbox deleted, nothing left, no traceback.
+    pid = old.process.pid
+    assert old.stop() == 0, old.log.read_text()
+    assert "Traceback" not in old.log.read_text()
+    assert host().of(pid) == host().of(-1)
 
 
 @pytest.mark.parametrize("tier", ["gvisor", "microvm"])

@@ -124,3 +124,101 @@ def test_a_held_process_is_watched_and_killed_by_its_pidfd() -> None:
     assert child.wait(5) == -9
     held.kill()  # over: nothing to signal, nothing raised
     assert held.wait(0) == 0
+
+
+def test_json_nested_past_the_parsers_depth_is_refused_in_words(
+    pair: tuple[socket.socket, socket.socket]
+) -> None:
+    a, b = pair
+    r, w = os.pipe()
+    try:
+        before = open_fds()
+        # Past any recursion limit: json.loads raises RecursionError, not ValueError.
+        socket.send_fds(a, [b'{"slot": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"], [r])
+        with pytest.raises(handover.HandoverError, match="not the hand-over protocol"):
+            handover.receive(b)
+        assert open_fds() == before
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_descriptors_arrive_close_on_exec(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r, w = os.pipe()
+    os.set_inheritable(r, True)  # as it may be on the other side
+    try:
+        socket.send_fds(a, [b"{}"], [r])
+        _, fds = handover.receive(b)
+        assert len(fds) == 1
+        # Never inherited by a process we start: O_CLOEXEC set as it arrived.
+        assert not os.get_inheritable(fds[0])
+        handover.close(fds)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_descriptors_past_the_limit_are_refused_and_those_that_came_closed(
+    pair: tuple[socket.socket, socket.socket]
+) -> None:
+    a, b = pair
+    pipes = [os.pipe() for _ in range(handover.MAX_FDS + 1)]
+    try:
+        before = open_fds()
+        socket.send_fds(a, [b"{}"], [r for r, _ in pipes])  # one more than fits: MSG_CTRUNC
+        with pytest.raises(handover.HandoverError, match="too many descriptors"):
+            handover.receive(b)
+        assert open_fds() == before
+    finally:
+        for pipe in pipes:
+            handover.close(pipe)
+
+
+def test_a_name_server_descriptor_that_is_no_socket_leaves_the_channel_open() -> None:
+    """The channel wrapped first and dropped on the refusal used to close its number: the
+    caller's close was then a second, of whatever had the number by then."""
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    r, w = os.pipe()
+    channel, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        before = open_fds()
+        with pytest.raises(ValueError, match="not a socket"):
+            carried.rebuild_slot(record(child.pid), [channel.fileno(), pidfd, w, r], CONFIG)
+        assert open_fds() == before
+        os.fstat(channel.fileno())  # still open: the caller's, to close once
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (pidfd, r, w):
+            os.close(fd)
+        channel.close()
+        other.close()
+
+
+@pytest.mark.parametrize("group", [
+    "/sys/fs/cgroup/../../etc/sealgate/run-3-1",  # lexically under the root, named like a run's
+    "/sys/fs/cgroup/pids/sealgate/run-3-1/../../../system.slice",
+    "/sys/fs/cgroup/pids/sealgate/run-3-1\x00",
+    "/sys/fs/cgroup/pids/sealgate/run-3-" + "1" * 300,
+    "/sys/fs/cgroup/a/b/sealgate/run-3-1",
+])
+def test_a_slot_whose_cgroups_lead_elsewhere_is_refused(group: str) -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    r, w = os.pipe()
+    channel, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(ValueError, match="not its cgroups"):
+            carried.rebuild_slot({**record(child.pid), "groups": [group]},
+                                 [channel.fileno(), pidfd, w, dns.fileno()], CONFIG)
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (pidfd, r, w):
+            os.close(fd)
+        for sock in (channel, other, dns):
+            sock.close()
+

@@ -1,0 +1,123 @@
+"""A hand-over that goes wrong (`sealgate sandboxd --adopt`, `sandbox.daemon.handover`): a
+record a successor cannot read is refused in words, never a traceback; a SIGTERM halfway leaves
+every sandbox exactly one owner; a slot handed over twice is refused.
+
+Real daemons and sandboxes; the other side, where a test needs it to stop halfway or lie, is a
+process speaking the protocol with the daemon's own functions (tests/sandboxd/handtaker.py), or
+the test itself on a real unix socket."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.daemon import adopt, daemoncli, handover, serve
+from tests.harness import ROOT, Proxy
+from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon
+from tests.sandboxd.test_adopt import _FLAGS, create, refused
+from tests.sandboxd.test_lifecycle import host, until
+
+pytestmark = pytest.mark.root
+
+
+def want_of(proxy: Proxy, api: Path) -> dict[str, Any]:
+    """What a daemon of the tests' settings (conftest.launch, `_FLAGS`) says in its hello,
+    from the command line as the daemon parses it."""
+    parser = argparse.ArgumentParser()
+    daemoncli.register(parser.add_subparsers())
+    args = parser.parse_args([
+        "sandboxd", *PLAN, "--state", str(proxy.state), "--socket", str(api),
+        "--proxy-port", str(proxy.port), "--transparent-port", str(proxy.transparent_port),
+        "--uid-base", str(UID_BASE), *_FLAGS])
+    return adopt.want(serve.Settings.of(args))
+
+
+@contextlib.contextmanager
+def taker(proxy: Proxy, old: Daemon, mode: str, relay: Path | None = None
+          ) -> Iterator[subprocess.Popen[str]]:
+    """tests/sandboxd/handtaker.py, once it has got as far as `mode`; killed after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.sandboxd.handtaker",
+         str(handover.path_for(proxy.state, old.socket)), json.dumps(want_of(proxy, old.socket)),
+         mode, *([] if relay is None else [str(relay)])],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        assert process.stdout.readline() == f"{mode}\n", process.poll()
+        yield process
+    finally:
+        process.stdin.close()
+        process.wait(30)
+
+
+def test_a_slot_handed_over_twice_is_refused(
+    daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path
+) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+    sb.write("f", b"x")
+    api = tmp_path / "next.sock"
+    with taker(dproxy, old, "committed", relay=api) as middle:
+        assert middle.stdout is not None
+        assert middle.stdout.readline() == "serving\n"
+        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
+        answer = json.loads(middle.stdout.readline())
+        words = refused(new)
+        assert "handed over twice" in answer.get("refused", ""), answer
+        assert "handed over twice" in words and "Traceback" not in words, words
+    # The middle one gone before its `taken`: the old daemon takes its leases back, serves on.
+    until(lambda: served(sb), 30, "the old daemon serving again")
+    assert host().of(old.process.pid)["leases"] == 2
+    assert sb.read("f") == b"x"
+
+
+def served(sb: Sandbox) -> bool:
+    try:
+        return sb.run(["true"]).ok
+    except DaemonError:  # 503 while held
+        return False
+
+
+@pytest.mark.parametrize(("packet", "fds"), [
+    (b'{"slot": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 0),  # past the parser's depth
+    (b'{"slot": [1, 2]}', 4),  # not an object, with its descriptors
+    (b'{"slot": {"index": 0, "groups": "x", "session": [1]}}', 4),
+])
+def test_a_record_the_successor_cannot_read_is_refused_in_words(
+    daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path, packet: bytes, fds: int
+) -> None:
+    api = tmp_path / "api.sock"
+    path = handover.path_for(dproxy.state, api)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
+        server.bind(str(path))
+        server.listen(1)
+        server.settimeout(60)
+        try:
+            new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(60)
+                handover.receive(conn)  # its hello
+                handover.send(conn, {"offer": 1, "pid": os.getpid()})
+                r, w = os.pipe()
+                try:
+                    socket.send_fds(conn, [packet], [r, w, r, w][:fds])
+                    socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
+                finally:
+                    os.close(r)
+                    os.close(w)
+                words = refused(new)
+        finally:
+            path.unlink()
+    assert "serves on" in words and "Traceback" not in words, words
