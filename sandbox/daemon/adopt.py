@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,9 +64,11 @@ def want(settings: Settings) -> dict[str, Any]:
             "listen": None if settings.listen is None else list(settings.listen)}
 
 
-async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | None:
+async def take_over(settings: Settings, daemon: Daemon, mode: str,
+                    stopping: Callable[[], bool] = lambda: False) -> Taken | None:
     """The sandboxes of the daemon serving our API socket, or None if none does (and `mode`
-    is not "must"). Raises HandoverError saying why not."""
+    is not "must"). Raises HandoverError saying why not. `stopping`: we were told to stop
+    (SIGTERM) meanwhile: we do not commit, so the old daemon keeps them."""
     path = handover.path_for(settings.config.slots.state, settings.socket)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -102,7 +106,8 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str) -> Taken | No
             if len(items) > room:
                 raise HandoverError(f"{len(items)} sandboxes and ready slots, over this "
                                     f"daemon's --max-sandboxes {room}")
-            await asyncio.to_thread(_commit, sock, items, pid, settings, started)
+            await asyncio.to_thread(_commit, sock, items, pid, settings, started,
+                                    stopping=stopping)
         except BaseException as exc:  # each descriptor closed once, whatever went wrong
             with contextlib.suppress(OSError):
                 handover.send(sock, {"refused": _why(exc)})
@@ -197,20 +202,32 @@ def _owner(record: dict[str, Any], made: Slot, seen: set[Any]
 
 
 def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: Settings,
-            started: float) -> None:
-    """The leases ours, then `taken`: from here on the sandboxes die with us. Only well
-    within the old daemon's wait (`TAKE_SECONDS` from after our hello): past it, that one takes
-    its leases back and serves on, and must never find them rewritten after."""
+            started: float, *, stopping: Callable[[], bool]) -> None:
+    """The leases ours, then `taken`: from here on the sandboxes die with us. The commit is
+    the leases' rewriting, all or none, under the links' lock: the old daemon decides whether
+    it still holds them under that lock too (`Giver._settle`), after shutting its end down, so
+    an end that is readable here (its refusal, or its close) means it gave up: no commit."""
     with network.lock():
+        if stopping():
+            raise HandoverError("told to stop (SIGTERM) before the hand-over was complete")
+        if select.select([sock], [], [], 0)[0]:
+            raise HandoverError("the old daemon gave the hand-over up")
         if time.monotonic() - started > handover.TAKE_SECONDS / 2:
             raise HandoverError("the hand-over took too long")
         for made, *_ in items:
             if lease.holder(made.index) != predecessor:
                 raise HandoverError(f"slot {made.index}'s lease is no longer daemon "
                                     f"{predecessor}'s")
-        for made, *_ in items:
-            lease.take(made.index, settings.config.slots.state, str(made.link.sandbox_ip),
-                       made.group.dirs[0].name)
+        written: list[tuple[int, bytes | None]] = []
+        try:
+            for made, *_ in items:
+                written.append((made.index, lease.saved(made.index)))
+                lease.take(made.index, settings.config.slots.state, str(made.link.sandbox_ip),
+                           made.group.dirs[0].name)
+        except BaseException:  # none of them ours, not some: the old daemon's as they were
+            for index, was in reversed(written):
+                lease.restore(index, was)
+            raise
     with contextlib.suppress(OSError):  # a predecessor gone meanwhile has nothing to hear
         handover.send(sock, {"taken": True})
 

@@ -92,13 +92,19 @@ class Daemon:
 
     # -- start and stop -------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Clean up after a daemon that died, then fill the pools in the background. Raises
-        SandboxError for a pool of an image the store does not have."""
+    def plan(self) -> None:
+        """The pools' images looked up: before a hand-over (`take_over`), whose sandboxes are
+        ours from its commit on; a start failing on an image after it would end them all.
+        Raises SandboxError for a pool of an image the store does not have."""
         for name, count in self.config.image_pools.items():
             root = imaging.image_root(self.store, self.config.slots.isolation, name, None)[1]
             self._wanted[root.key] = (count, root)
             self._pools.setdefault(root.key, [])
+
+    async def start(self) -> None:
+        """Clean up after a daemon that died, then fill the pools in the background. Raises
+        SandboxError for a pool of an image the store does not have."""
+        self.plan()
         await asyncio.to_thread(clean_up_stale)
         orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]

@@ -38,7 +38,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -61,6 +61,7 @@ MAX_FDS = 8  # in one message: a slot's, or the listeners
 HELLO_SECONDS = 5.0
 DRAIN_SECONDS = 10.0  # for requests under way to end
 TAKE_SECONDS = 120.0  # for the successor to rebuild and answer
+_T = TypeVar("_T")
 
 
 class HandoverError(SandboxError):
@@ -238,16 +239,19 @@ class Giver:
             await self._drain()
             items = self.daemon.slots()
             conn.settimeout(TAKE_SECONDS)
-            await asyncio.to_thread(self._send, conn, items)
-            answer, fds = await asyncio.to_thread(receive, conn)
+            await _in_thread(conn, lambda: self._send(conn, items))
+            answer, fds = await _in_thread(conn, lambda: receive(conn))
             close(fds)
             if answer.get("taken") is not True:
                 raise HandoverError(f"the successor did not take them: "
                                     f"{str(answer.get('refused', answer))[:300]}")
         except BaseException:
-            await asyncio.to_thread(self._lease_back, items)
-            self.daemon.hold(False)
-            raise
+            # Whatever ended it (a refusal, a timeout, the successor's death, our SIGTERM),
+            # the leases say who holds the sandboxes: a successor that rewrote them all did
+            # take them, whether or not its `taken` reached us.
+            if not await asyncio.to_thread(self._settle, conn, items, successor):
+                self.daemon.hold(False)
+                raise
         log("handed_over", to=successor, sandboxes=len(self.daemon.sessions),
              slots=len(items), ms=round((time.monotonic() - started) * 1000, 1))
         self.done.set()
@@ -270,13 +274,35 @@ class Giver:
             send(conn, {"slot": record}, fds)
         send(conn, {"end": True}, [s.fileno() for s in self.listeners])
 
-    def _lease_back(self, items: list[Any]) -> None:
-        """The successor may have rewritten leases before it failed: they are ours again."""
+    def _settle(self, conn: socket.socket, items: list[Any], successor: int) -> bool:
+        """A hand-over cut short: True if the successor holds every lease (it committed:
+        the sandboxes are its), else the leases ours again and False. Decided under the
+        links' lock, under which the successor commits only while our end is open: the
+        shutdown first, so it cannot commit after we looked."""
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
         with network.lock():
+            if items and all(lease.holder(made.index) == successor for made, *_ in items):
+                return True
             for made, *_ in items:
                 if lease.holder(made.index) != os.getpid():
                     lease.take(made.index, self.daemon.config.slots.state,
                                str(made.link.sandbox_ip), made.group.dirs[0].name)
+        return False
+
+
+async def _in_thread(conn: socket.socket, work: Callable[[], _T]) -> _T:
+    """`work` (blocking on `conn`) in a thread. Cancelled (SIGTERM), it shuts `conn` down, so
+    the thread ends at once, and waits for it: nothing of a hand-over runs on behind us."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            await running
+        raise
 
 
 def _pids(session: Session) -> str:

@@ -146,22 +146,33 @@ async def _serve(settings: Settings) -> int:
     daemon = Daemon(settings.config)
     if settings.selftest:
         daemon.unverified = "the self-test has not run yet"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from the first moment: see `take_over`
+        loop.add_signal_handler(sig, stop.set)
     try:
-        taken = await adopt.take_over(settings, daemon, settings.adopt)
-        await daemon.start()
+        daemon.plan()  # all that could refuse the start, checked before anything is ours
+        taken = await adopt.take_over(settings, daemon, settings.adopt, stop.is_set)
     except SandboxError as exc:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 2
-    if taken is not None:
+    if taken is not None:  # ours from here on: a stop ends them (`close`), nothing else
         daemon.take_over(taken.items)
         log("adopted", predecessor=taken.predecessor, slots=len(taken.items),
             sandboxes=sum(1 for item in taken.items if item[3] is not None), ms=taken.ms)
+    try:
+        await daemon.start()
+    except (SandboxError, OSError) as exc:
+        await daemon.close()
+        for listener in [] if taken is None else taken.listeners:
+            listener.close()
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 2
     app = make_app(daemon, settings.key)
     app.middlewares.append(handover.refuse_while_held(daemon))
     metrics = admin.Metrics(daemon)
     app[admin.METRICS] = metrics
     app.middlewares.insert(0, metrics.middleware)  # outermost: it times every answer
-    stop = asyncio.Event()
 
     async def selftest_call(_: web.Request) -> web.Response:
         checks = await _verify(daemon, settings.socket)
@@ -200,9 +211,6 @@ async def _serve(settings: Settings) -> int:
               + ("" if taken is None else f"; took over {len(taken.items)} slots from "
                  f"daemon {taken.predecessor} in {taken.ms:g} ms"),
               file=sys.stderr, flush=True)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         handed = asyncio.create_task(giver.done.wait())
         handed.add_done_callback(lambda _: stop.set())
         if settings.selftest:

@@ -61,6 +61,24 @@ def take(index: int, state: Path, address: str, group: str = "") -> None:
     tmp.replace(path)
 
 
+def saved(index: int) -> bytes | None:
+    """Lease `index` as it is (None: none), to `restore` should a change of several fail."""
+    try:
+        return lease_path(index).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def restore(index: int, was: bytes | None) -> None:
+    path = lease_path(index)
+    if was is None:
+        release(index)
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(was)
+    tmp.replace(path)
+
+
 def release(index: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         lease_path(index).unlink()

@@ -142,6 +142,13 @@ def test_a_refused_hand_over_leaves_the_old_daemon_serving(
     assert sb.read("f") == b"x" and sb.run(["true"]).ok
     started.kill()
     started.wait()
+    # A start that cannot be (a pool of an image there is not) is refused before anything is
+    # taken over: the sandboxes are still the old daemon's, never ended by the refusal.
+    words = refused(daemons(*_FLAGS, "--pool", "no-such-image=1", "--adopt", sock=old.socket,
+                            wait=False))
+    assert "no-such-image" in words and "Traceback" not in words, words
+    assert old.process.poll() is None
+    assert sb.read("f") == b"x" and sb.run(["true"]).ok
     # No predecessor at all: --adopt says so; the default starts afresh.
     lonely = daemons(*_FLAGS, "--adopt", wait=False)
     assert "--adopt: no daemon serves" in refused(lonely)

@@ -25,7 +25,7 @@ from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.daemon import adopt, daemoncli, handover, serve
 from tests.harness import ROOT, Proxy
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon
-from tests.sandboxd.test_adopt import _FLAGS, create, refused
+from tests.sandboxd.test_adopt import _FLAGS, create, group_members, index_of, refused
 from tests.sandboxd.test_lifecycle import host, until
 
 pytestmark = pytest.mark.root
@@ -59,6 +59,35 @@ def taker(proxy: Proxy, old: Daemon, mode: str, relay: Path | None = None
     finally:
         process.stdin.close()
         process.wait(30)
+
+
+def test_a_sigterm_halfway_leaves_every_sandbox_one_owner(
+    daemons: Callable[..., Daemon], dproxy: Proxy
+) -> None:
+    # The successor committed (the leases its), its `taken` not yet read: they are its; the
+    # old daemon's stop must not end them.
+    old = daemons(*_FLAGS)
+    index = index_of(create(old))
+    with taker(dproxy, old, "committed") as successor:
+        old.process.terminate()
+        assert old.process.wait(30) == 0, old.log.read_text()
+        assert "handed every sandbox over" in old.log.read_text()
+        assert group_members(index), "the old daemon ended a sandbox another had taken"
+        assert host().of(successor.pid)["leases"] == 2  # the sandbox and the pool's slot
+    # Its holder gone, the sandbox goes (its channel and watchdog pipe closed with it).
+    until(lambda: not group_members(index), 10, "the sandbox's processes dead")
+    first = successor.pid
+    # Not committed: still the old daemon's, so its stop ends them, as a stop does.
+    old = daemons(*_FLAGS)  # and cleans up after the first successor
+    assert host().of(first) == host().of(-1)
+    index = index_of(create(old))
+    with taker(dproxy, old, "received") as successor:
+        old.process.terminate()
+        assert old.process.wait(30) == 0, old.log.read_text()
+        assert "handed every sandbox over" not in old.log.read_text()
+        assert not group_members(index)
+        assert host().of(successor.pid)["leases"] == 0
+    assert host().orphans() == [], host().orphans()
 
 
 def test_a_slot_handed_over_twice_is_refused(
