@@ -51,6 +51,7 @@ class Taken:
     listeners: list[socket.socket]
     predecessor: int  # its pid
     ms: float  # from hello to taken
+    ended: dict[str, str]  # sandboxes that ended on the old daemon -> why (`Daemon._ended`)
 
 
 def want(settings: Settings) -> dict[str, Any]:
@@ -87,7 +88,7 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str,
         started = time.monotonic()
         sock.settimeout(handover.TAKE_SECONDS)
         try:
-            records, listeners = await asyncio.to_thread(_receive, sock, want(settings))
+            records, listeners, ended = await asyncio.to_thread(_receive, sock, want(settings))
         except Exception as exc:
             raise HandoverError(f"daemon {pid} serving {settings.socket} did not hand its "
                                 f"sandboxes over, and serves on: {_why(exc)}") from None
@@ -121,7 +122,7 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str,
                 raise
             raise HandoverError(f"cannot take over from daemon {pid}, which serves on: "
                                 f"{_why(exc)}") from None
-    return Taken(items, listeners, pid, round((time.monotonic() - started) * 1000, 1))
+    return Taken(items, listeners, pid, round((time.monotonic() - started) * 1000, 1), ended)
 
 
 def _why(exc: BaseException) -> str:
@@ -143,7 +144,7 @@ def _unique(record: Any, seen: set[Any]) -> None:
 
 
 def _receive(sock: socket.socket, wanted: dict[str, Any]
-             ) -> tuple[list[tuple[Any, list[int]]], list[socket.socket]]:
+             ) -> tuple[list[tuple[Any, list[int]]], list[socket.socket], dict[str, str]]:
     handover.send(sock, {"sealgate": handover.MAGIC, "version": handover.VERSION,
                          "want": wanted})
     offer, fds = handover.receive(sock)
@@ -162,12 +163,13 @@ def _receive(sock: socket.socket, wanted: dict[str, Any]
         records.append((None, last))  # closed with the rest should it not do
         if end.get("end") is not True or not all(_listening(fd) for fd in last):
             raise HandoverError("not the hand-over protocol (no listeners at the end)")
+        ended = carried.ended(end.get("ended"))
     except BaseException:
         for _, fds in records:
             handover.close(fds)
         raise
     records.pop()
-    return records, [socket.socket(fileno=fd) for fd in last]
+    return records, [socket.socket(fileno=fd) for fd in last], ended
 
 
 def _listening(fd: int) -> bool:

@@ -37,6 +37,7 @@ from .session import Options, Session
 from .slot import Slot, SlotConfig
 
 FDS = 4  # per slot: channel, pidfd, watchdog pipe, name server
+ENDED_KEPT = 4096  # ended ids a daemon remembers (`Daemon._ended`)
 _ID = re.compile(r"sb-[0-9a-f]{16}")
 
 
@@ -158,6 +159,18 @@ def rebuild_slot(data: Mapping[str, Any], fds: list[int], config: SlotConfig
             os.close(held)
         raise
     return made, pidfd
+
+
+def ended(value: Any) -> dict[str, str]:
+    """The ids of sandboxes that ended on the old daemon, and why (`Daemon._ended`): so a
+    caller still learns why, and no new sandbox is ever given one. Raises ValueError."""
+    if value is None:  # a predecessor of before they were handed over
+        return {}
+    if not isinstance(value, dict) or len(value) > ENDED_KEPT or not all(
+            isinstance(k, str) and _ID.fullmatch(k) and isinstance(v, str)
+            for k, v in value.items()):
+        raise ValueError("a malformed list of ended sandboxes")
+    return {k: v[:200] for k, v in value.items()}
 
 
 def rebuild_session(data: Mapping[str, Any], made: Slot) -> Session:

@@ -38,12 +38,11 @@ from ..guest.protocol import read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image, Store
 from ..runtime import clean_up_stale
-from . import imaging, orphans, slot
+from . import carried, imaging, orphans, slot
 from .events import log
 from .session import Options, Session, SessionError
 
 _HELLO_SECONDS = 10.0
-_ENDED_KEPT = 4096
 _REAP_SECONDS = 0.5
 _ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphaned init
 _KEY_SECONDS = 600.0  # how long a create's Idempotency-Key is remembered
@@ -150,10 +149,16 @@ class Daemon:
                 loop.add_reader(pidfd, self._died, made)
         self._wake.set()
 
-    def take_over(self, adopted: list[tuple[slot.Slot, int, str | None, Session | None]]
-                  ) -> None:
+    def ended(self) -> dict[str, str]:
+        """Ids of sandboxes that ended, and why, oldest first: handed to a successor."""
+        return dict(self._ended)
+
+    def take_over(self, adopted: list[tuple[slot.Slot, int, str | None, Session | None]],
+                  ended: Mapping[str, str] | None = None) -> None:
         """Serve slots a predecessor handed over: sessions as they were, pool slots in the pool
-        of their key if it wants them, else taken down."""
+        of their key if it wants them, else taken down; and remember what ended on it."""
+        for ident, why in (ended or {}).items():
+            self._remember(ident, why)
         for made, pidfd, key, session in adopted:
             self._watch(made, pidfd)
             pool = self._pools.get(key)
@@ -364,6 +369,7 @@ class Daemon:
         if options.ttl > self.config.max_ttl:
             raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
                                reason=Reason.BAD_REQUEST)
+        ident = self._new_id()  # before a slot is taken: nothing to give back if it fails
         base = root = None
         if options.image is not None:
             base, root = imaging.image_root(self.store, self.config.slots.isolation,
@@ -393,7 +399,6 @@ class Daemon:
             await self._release(taken)
             raise SessionError(f"cannot set the sandbox's limits: {exc}",
                                reason=Reason.SANDBOX_FAILED) from None
-        ident = "sb-" + secrets.token_hex(8)
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
@@ -458,13 +463,24 @@ class Daemon:
         del self.sessions[ident]
         session.ended.set()
         await session.processes.close()  # each one's exec ends, its status said
-        self._ended[ident] = why
-        while len(self._ended) > _ENDED_KEPT:
-            self._ended.popitem(last=False)
+        self._remember(ident, why)
         self._wake.set()
         await self._release(session.slot, wait=False)
         log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
+
+    def _remember(self, ident: str, why: str) -> None:
+        self._ended[ident] = why
+        while len(self._ended) > carried.ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _new_id(self) -> str:
+        """An id no sandbox of ours has had that we remember, adopted ones' included."""
+        for _ in range(8):  # 64 random bits: a second try is already next to impossible
+            ident = "sb-" + secrets.token_hex(8)
+            if ident not in self.sessions and ident not in self._ended:
+                return ident
+        raise SessionError("no unused sandbox id", reason=Reason.SANDBOX_FAILED)
 
     async def _reap(self) -> None:
         while True:

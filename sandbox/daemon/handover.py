@@ -272,7 +272,8 @@ class Giver:
             record, fds = carried.slot_record(made, pidfd, pool)
             record["session"] = None if session is None else carried.session_record(session)
             send(conn, {"slot": record}, fds)
-        send(conn, {"end": True}, [s.fileno() for s in self.listeners])
+        ended = {k: v[:100] for k, v in self.daemon.ended().items()}
+        send(conn, {"end": True, "ended": ended}, [s.fileno() for s in self.listeners])
 
     def _settle(self, conn: socket.socket, items: list[Any], successor: int) -> bool:
         """A hand-over cut short: True if the successor holds every lease (it committed:

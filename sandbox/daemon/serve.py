@@ -157,7 +157,7 @@ async def _serve(settings: Settings) -> int:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 2
     if taken is not None:  # ours from here on: a stop ends them (`close`), nothing else
-        daemon.take_over(taken.items)
+        daemon.take_over(taken.items, taken.ended)
         log("adopted", predecessor=taken.predecessor, slots=len(taken.items),
             sandboxes=sum(1 for item in taken.items if item[3] is not None), ms=taken.ms)
     try:

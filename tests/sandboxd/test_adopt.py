@@ -74,6 +74,8 @@ def test_a_successor_takes_every_sandbox_over(
     daemons: Callable[..., Daemon], dproxy: Proxy, origin_https: Origin
 ) -> None:
     old = daemons(*_FLAGS)
+    gone = create(old)
+    gone.delete()
     kept = create(old, metadata={"team": "a"}, ttl=300)
     other = create(old, "other-bot", ttl=200, idle_timeout=100)
     kept.write("kept.txt", b"work in progress")
@@ -87,6 +89,10 @@ def test_a_successor_takes_every_sandbox_over(
     assert "handed every sandbox over" in old.log.read_text()
     after = {s["id"]: s for s in new.client.list()}
     assert set(after) == set(before) == {kept.id, other.id}
+    # What ended on the old daemon is known to have ended (and its id never given again).
+    with pytest.raises(DaemonError) as ended:
+        gone.refresh()  # the same socket: the successor answers
+    assert ended.value.reason == "sandbox_ended", ended.value
     # Every descriptor it holds, the handed ones included, closes at an exec: none reaches
     # a process it starts.
     leaked = inheritable(new.process.pid)

@@ -222,3 +222,11 @@ def test_a_slot_whose_cgroups_lead_elsewhere_is_refused(group: str) -> None:
         for sock in (channel, other, dns):
             sock.close()
 
+
+def test_the_ended_ids_handed_over_are_checked() -> None:
+    assert carried.ended(None) == {}
+    assert carried.ended({"sb-0123456789abcdef": "deleted"}) == {"sb-0123456789abcdef": "deleted"}
+    for bad in ([], {"../x": "deleted"}, {"sb-0123456789abcdef": 1},
+                {f"sb-{n:016x}": "x" for n in range(carried.ENDED_KEPT + 1)}):
+        with pytest.raises(ValueError, match="ended sandboxes"):
+            carried.ended(bad)
