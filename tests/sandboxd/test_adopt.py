@@ -181,7 +181,10 @@ def test_a_refused_hand_over_leaves_the_old_daemon_serving(
 def test_requests_under_way_end_before_the_hand_over(daemons: Callable[..., Daemon]) -> None:
     old = daemons(*_FLAGS)
     sb = create(old)
-    stream = sb.stream(["sh", "-c", "echo up; sleep 3; echo done"])
+    # Under way until the test says (a line into a FIFO, from the host: the API is held),
+    # so still under way when the hand-over begins, whatever the machine's speed.
+    stream = sb.stream(["sh", "-c", "mkfifo /workspace/go; echo up; "
+                                    "timeout 120 sh -c 'read x < /workspace/go'; echo done"])
     assert next(stream) == ("stdout", b"up\n")
     new = daemons(*_FLAGS, "--adopt", sock=old.socket, wait=False)
 
@@ -193,6 +196,10 @@ def test_requests_under_way_end_before_the_hand_over(daemons: Callable[..., Daem
             return str(exc) if exc.status == 503 else None
         return None
     assert "handing its sandboxes over" in until(held, 10, "new requests refused")
+    fifo = next(f for p in group_members(index_of(sb))
+                if (f := Path(f"/proc/{p}/root/workspace/go")).exists())
+    with open(fifo, "w") as go:  # the command's read ends: it runs to its end
+        go.write("go\n")
     # The command under way ran to its end on the old daemon.
     rest = list(stream)
     assert rest[0] == ("stdout", b"done\n") and rest[1][0] == "exit", rest
@@ -266,13 +273,19 @@ def test_the_hand_over_socket_is_roots_and_speaks_only_its_protocol(
         conn.connect(str(path))
         assert sb.run(["true"]).ok
         assert "no answer in time" in json.loads(conn.recv(1 << 16))["refused"]
-    # Not root: refused by its credentials.
+    # Not root: kept out by the socket's mode, and (with CAP_DAC_OVERRIDE past the mode, as
+    # nobody) refused by its credentials, before a word.
     script = ("import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
               "s.settimeout(10); s.connect(sys.argv[1]); print(s.recv(4096).decode())")
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           "python3", "-c", script, str(path)], capture_output=True,
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run([*nobody, "python3", "-c", script, str(path)], capture_output=True,
                           text=True, timeout=30, check=False)
     assert done.returncode != 0 and "Permission denied" in done.stderr, done
+    past = ["--inh-caps=+dac_override", "--ambient-caps=+dac_override"]
+    done = subprocess.run([*nobody, *past, "python3", "-c", script, str(path)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done
+    assert "is not root" in json.loads(done.stdout)["refused"], done
     assert old.process.poll() is None and sb.run(["true"]).ok
     assert re.search(r'"event": "handover_refused"', old.log.read_text())
     # And it stops as ever: every sandbox deleted, nothing left, no traceback.
