@@ -88,7 +88,8 @@ async def take_over(settings: Settings, daemon: Daemon, mode: str,
         started = time.monotonic()
         sock.settimeout(handover.TAKE_SECONDS)
         try:
-            records, listeners, ended = await asyncio.to_thread(_receive, sock, want(settings))
+            records, listeners, ended = await asyncio.to_thread(
+                _receive, sock, want(settings), len(settings.config.slots.plan.links))
         except Exception as exc:
             raise HandoverError(f"daemon {pid} serving {settings.socket} did not hand its "
                                 f"sandboxes over, and serves on: {_why(exc)}") from None
@@ -143,7 +144,7 @@ def _unique(record: Any, seen: set[Any]) -> None:
     seen.add(("index", index))
 
 
-def _receive(sock: socket.socket, wanted: dict[str, Any]
+def _receive(sock: socket.socket, wanted: dict[str, Any], most: int
              ) -> tuple[list[tuple[Any, list[int]]], list[socket.socket], dict[str, str]]:
     handover.send(sock, {"sealgate": handover.MAGIC, "version": handover.VERSION,
                          "want": wanted})
@@ -154,9 +155,11 @@ def _receive(sock: socket.socket, wanted: dict[str, Any]
     count = offer.get("offer")
     if fds or not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise HandoverError("not the hand-over protocol (no offer)")
+    if count > most:  # a slot per link at most: the loop below is bounded by our plan
+        raise HandoverError(f"{count} slots offered, over the {most} links of the range")
     records: list[tuple[Any, list[int]]] = []
     try:
-        for _ in range(count):  # bounded by the old daemon's slots: each a packet it sent
+        for _ in range(count):
             message, fds = handover.receive(sock)
             records.append((message.get("slot"), fds))
         end, last = handover.receive(sock)

@@ -249,8 +249,13 @@ class Giver:
             # Whatever ended it (a refusal, a timeout, the successor's death, our SIGTERM),
             # the leases say who holds the sandboxes: a successor that rewrote them all did
             # take them, whether or not its `taken` reached us.
-            if not await asyncio.to_thread(self._settle, conn, items, successor):
-                self.daemon.hold(False)
+            settled = False
+            try:
+                settled = await asyncio.to_thread(self._settle, conn, items, successor)
+            finally:  # held for good, every call would be refused 503 until a restart
+                if not settled:
+                    self.daemon.hold(False)
+            if not settled:
                 raise
         log("handed_over", to=successor, sandboxes=len(self.daemon.sessions),
              slots=len(items), ms=round((time.monotonic() - started) * 1000, 1))

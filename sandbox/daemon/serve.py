@@ -147,9 +147,15 @@ async def _serve(settings: Settings) -> int:
     if settings.selftest:
         daemon.unverified = "the self-test has not run yet"
     stop = asyncio.Event()
+
+    def stopping(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log("stop_requested", signal=sig.name)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # from the first moment: see `take_over`
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, sig)
     try:
         daemon.plan()  # all that could refuse the start, checked before anything is ours
         taken = await adopt.take_over(settings, daemon, settings.adopt, stop.is_set)

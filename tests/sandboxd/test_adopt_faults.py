@@ -97,7 +97,8 @@ def test_a_slot_handed_over_twice_is_refused(
     sb = create(old)
     sb.write("f", b"x")
     api = tmp_path / "next.sock"
-    with taker(dproxy, old, "committed", relay=api) as middle:
+    # The middle one commits nothing: what it relays is refused before any commit.
+    with taker(dproxy, old, "received", relay=api) as middle:
         assert middle.stdout is not None
         assert middle.stdout.readline() == "serving\n"
         new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
@@ -105,7 +106,7 @@ def test_a_slot_handed_over_twice_is_refused(
         words = refused(new)
         assert "handed over twice" in answer.get("refused", ""), answer
         assert "handed over twice" in words and "Traceback" not in words, words
-    # The middle one gone before its `taken`: the old daemon takes its leases back, serves on.
+    # The middle one gone, having committed nothing: the old daemon serves on.
     until(lambda: served(sb), 30, "the old daemon serving again")
     assert host().of(old.process.pid)["leases"] == 2
     assert sb.read("f") == b"x"
@@ -118,6 +119,22 @@ def served(sb: Sandbox) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def old_daemon_of(proxy: Proxy, api: Path) -> Iterator[socket.socket]:
+    """The test as the daemon serving `api`: its hand-over socket, listening (and a listening
+    socket itself, so it can stand for the API's at the end of a hand-over)."""
+    path = handover.path_for(proxy.state, api)
+    path.parent.mkdir(mode=0o700, exist_ok=True)  # as a daemon makes it
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
+        server.bind(str(path))
+        server.listen(1)
+        server.settimeout(60)
+        try:
+            yield server
+        finally:
+            path.unlink()
+
+
 @pytest.mark.parametrize(("packet", "fds"), [
     (b'{"slot": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 0),  # past the parser's depth
     (b'{"slot": [1, 2]}', 4),  # not an object, with its descriptors
@@ -127,26 +144,40 @@ def test_a_record_the_successor_cannot_read_is_refused_in_words(
     daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path, packet: bytes, fds: int
 ) -> None:
     api = tmp_path / "api.sock"
-    path = handover.path_for(dproxy.state, api)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
-        server.bind(str(path))
-        server.listen(1)
-        server.settimeout(60)
-        try:
-            new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
-            conn, _ = server.accept()
-            with conn:
-                conn.settimeout(60)
-                handover.receive(conn)  # its hello
-                handover.send(conn, {"offer": 1, "pid": os.getpid()})
-                r, w = os.pipe()
-                try:
-                    socket.send_fds(conn, [packet], [r, w, r, w][:fds])
-                    socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
-                finally:
-                    os.close(r)
-                    os.close(w)
-                words = refused(new)
-        finally:
-            path.unlink()
+    with old_daemon_of(dproxy, api) as server:
+        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(60)
+            handover.receive(conn)  # its hello
+            handover.send(conn, {"offer": 1, "pid": os.getpid()})
+            r, w = os.pipe()
+            try:
+                socket.send_fds(conn, [packet], [r, w, r, w][:fds])
+                socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
+            finally:
+                os.close(r)
+                os.close(w)
+            words = refused(new)
     assert "serves on" in words and "Traceback" not in words, words
+
+
+def test_a_successor_told_to_stop_halfway_takes_nothing(
+    daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path
+) -> None:
+    api = tmp_path / "api.sock"
+    with old_daemon_of(dproxy, api) as server:
+        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(60)
+            handover.receive(conn)  # its hello
+            handover.send(conn, {"offer": 0, "pid": os.getpid()})
+            new.process.terminate()  # halfway: the end not sent yet
+            until(lambda: '"event": "stop_requested"' in new.log.read_text(), 30,
+                  "the successor's SIGTERM handled")
+            socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
+            answer, _ = handover.receive(conn)
+            words = refused(new)
+    assert "told to stop" in answer["refused"], answer
+    assert "told to stop" in words and "Traceback" not in words, words
