@@ -226,12 +226,17 @@ def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: 
         written: list[tuple[int, bytes | None]] = []
         try:
             for made, *_ in items:
-                written.append((made.index, lease.saved(made.index)))
+                was = lease.saved(made.index)
+                # A lease whose write failed is unchanged (written aside, then renamed).
                 lease.take(made.index, settings.config.slots.state, str(made.link.sandbox_ip),
                            made.group.dirs[0].name)
+                written.append((made.index, was))
         except BaseException:  # none of them ours, not some: the old daemon's as they were
             for index, was in reversed(written):
-                lease.restore(index, was)
+                # Each on its own: one that cannot be is the old daemon's to take back
+                # (`Giver._settle`), and must not keep the others ours.
+                with contextlib.suppress(OSError):
+                    lease.restore(index, was)
             raise
     with contextlib.suppress(OSError):  # a predecessor gone meanwhile has nothing to hear
         handover.send(sock, {"taken": True})

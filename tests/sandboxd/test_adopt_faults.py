@@ -23,6 +23,7 @@ import pytest
 
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.daemon import adopt, daemoncli, handover, serve
+from sealgate.sandbox.host import network
 from tests.harness import ROOT, Proxy
 from tests.sandboxd.conftest import PLAN, UID_BASE, Daemon
 from tests.sandboxd.test_adopt import _FLAGS, create, group_members, index_of, refused
@@ -117,6 +118,30 @@ def served(sb: Sandbox) -> bool:
         return sb.run(["true"]).ok
     except DaemonError:  # 503 while held
         return False
+
+
+def test_a_commit_that_fails_halfway_leaves_every_lease_as_it_was(
+    daemons: Callable[..., Daemon]
+) -> None:
+    old = daemons(*_FLAGS)
+    sb = create(old)
+
+    def held() -> list[int]:
+        return sorted(i for i, p in host().leases.items() if p == old.process.pid)
+    until(lambda: len(held()) == 2, 30, "the pool refilled")  # the sandbox and a pool slot
+    # The pool's slot was made after the sandbox's, so is handed over, and leased, second.
+    second = next(i for i in held() if i != index_of(sb))
+    before = {i: network.lease_path(i).read_bytes() for i in held()}
+    blocker = network.lease_path(second).with_suffix(".tmp")  # where its lease is written
+    blocker.mkdir()
+    try:
+        words = refused(daemons(*_FLAGS, "--adopt", sock=old.socket, wait=False))
+    finally:
+        blocker.rmdir()
+    assert "Is a directory" in words and "Traceback" not in words, words
+    until(lambda: served(sb), 30, "the old daemon serving again")
+    # The first lease, rewritten before the second failed, is the old daemon's as it was.
+    assert {i: network.lease_path(i).read_bytes() for i in held()} == before
 
 
 @contextlib.contextmanager
