@@ -215,7 +215,9 @@ def _commit(sock: socket.socket, items: list[Item], predecessor: int, settings: 
     with network.lock():
         if stopping():
             raise HandoverError("told to stop (SIGTERM) before the hand-over was complete")
-        if select.select([sock], [], [], 0)[0]:
+        said = select.poll()  # not select: the descriptor's number may be past 1024
+        said.register(sock, select.POLLIN)
+        if said.poll(0):  # its refusal, its shutdown (POLLHUP is always reported) or its close
             raise HandoverError("the old daemon gave the hand-over up")
         if time.monotonic() - started > handover.TAKE_SECONDS / 2:
             raise HandoverError("the hand-over took too long")

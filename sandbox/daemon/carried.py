@@ -52,7 +52,11 @@ class Held:
 
     def wait(self, timeout: float | None = None) -> int:
         if self._pidfd >= 0:
-            if not select.select([self._pidfd], [], [], timeout)[0]:
+            # poll, not select: a daemon of many sandboxes holds descriptors past select's
+            # 1024, and select refuses those (ValueError) rather than wait.
+            ready = select.poll()
+            ready.register(self._pidfd, select.POLLIN)
+            if not ready.poll(None if timeout is None else max(0, round(timeout * 1000))):
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
             self.close()
         return 0  # over; how it ended only its parent learns

@@ -4,7 +4,9 @@ once, by the caller (tests/sandboxd/test_adopt.py runs the hand-over for real)."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -230,3 +232,27 @@ def test_the_ended_ids_handed_over_are_checked() -> None:
                 {f"sb-{n:016x}": "x" for n in range(carried.ENDED_KEPT + 1)}):
         with pytest.raises(ValueError, match="ended sandboxes"):
             carried.ended(bad)
+
+
+def test_a_held_process_is_waited_for_by_a_descriptor_past_1024() -> None:
+    """A daemon of many sandboxes holds more than select's 1024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"descriptors limited to {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    high = os.dup2(pidfd, 1500, inheritable=False)
+    os.close(pidfd)
+    try:
+        held = carried.Held(child.pid, high)
+        with pytest.raises(subprocess.TimeoutExpired):
+            held.wait(0.05)
+        held.kill()
+        assert held.wait(5) == 0
+    finally:
+        child.kill()
+        child.wait()
+        with contextlib.suppress(OSError):
+            os.close(high)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
