@@ -102,11 +102,20 @@ class Confinement:
                _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
 
     def namespaces(self) -> None:
-        """In a command's first process, PID 1 of its new namespaces: its own /proc."""
+        """In a command's first process, PID 1 of its new namespaces: its own /proc, and its
+        own devpts: bubblewrap's `--dev` mounts one instance for the sandbox, where every pty
+        is the sandbox's uid's (mode 0620), so one command could open another's /dev/pts/N
+        and read or type into it. A new instance over /dev/pts (bubblewrap's /dev/ptmx is the
+        link pts/ptmx) shows this command only the terminals made in it. Fails closed: a
+        command that cannot have its own is not started."""
         if not self.own_namespaces:
             return
         _private()
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620")
+        if os.path.realpath("/dev/ptmx") != "/dev/pts/ptmx":  # a device node, not the link
+            _mount("/dev/pts/ptmx", "/dev/ptmx", None, _MS_BIND)
         for path in self.covers:
             _mount(f"{_COVERS}/empty", path, None, _MS_BIND)
             _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID

@@ -1,8 +1,8 @@
 """A command on a terminal (an exec with `tty`): the pseudo-terminal opened inside the sandbox,
-from its own devpts (bubblewrap's `--dev` mounts a new instance, gVisor's Sentry has its own,
-the microVM's guest its kernel's), never a host terminal handed in; and the relay between its
-master and the exec's descriptors, run by the command's supervisor inside (its init: no
-capability, the seccomp filter, the sandbox's uid), which opens the terminal as the command's
+from its own devpts (under bubblewrap a new instance per command, `confine`; gVisor's Sentry has
+its own, the microVM's guest its kernel's), never a host terminal handed in; and the relay
+between its master and the exec's descriptors, run by the command's supervisor inside (its init:
+no capability, the seccomp filter, the sandbox's uid), which opens the terminal as the command's
 own uid. The agent never holds the terminal nor handles the workload's bytes: a resize reaches
 the supervisor as 4 bytes (rows, cols) on a pipe of its own (`SIZE`). Standard library only.
 

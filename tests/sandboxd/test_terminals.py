@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import select
 import struct
 import termios
@@ -306,3 +307,44 @@ def test_another_sandbox_cannot_reach_a_terminal(sb: Sandbox, sandboxd: Daemon) 
         terminal.write(b"mine\n")
         assert b"still-mine" in _until(terminal, b"still-mine")
         assert terminal.wait(timeout=20).exit_code == 0
+
+
+
+# Writes a mark to the terminal named, as one that could open it would (or read from it).
+_OPEN_TTY = """
+import os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NOCTTY)
+    os.write(fd, b"INJECTED-BY-" + sys.argv[2].encode() + b"\\n")
+    os.close(fd)
+    print("opened", sys.argv[1])
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+
+
+def test_another_command_cannot_reach_its_terminal(tierd: tuple[str, Daemon]) -> None:
+    """A command's pty is out of another command's reach (one of the same uid would read and
+    type into it): each command has its own devpts, where the same name is another terminal
+    (its own). What each writes to the first's name never shows on the first's terminal; the
+    first's own write does (the probe works)."""
+    tier, daemon = tierd
+    if tier == "gvisor":  # docs/sandbox-api.md: one PID namespace and uid for all commands
+        pytest.skip("under gVisor a sandbox's commands share one uid, PID and mount namespace "
+                    "(and so each other's /proc/N/fd): nothing there parts one from another")
+    own = 'python3 -c "$0" "$(tty)" own; read x; echo still-$x'
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket), call_timeout=300) as sb, \
+            sb.pty(24, 80, ["sh", "-c", own, _OPEN_TTY]) as first:
+        shown = _until(first, b"opened /dev/pts/")
+        while not re.search(rb"opened (\S+)\r\n", shown):
+            shown += _until(first, b"\n")
+        assert b"INJECTED-BY-own" in shown, shown
+        name = re.search(rb"opened (\S+)\r\n", shown)[1].decode()  # type: ignore[index]
+        plain = sb.run(["python3", "-c", _OPEN_TTY, name, "plain"])
+        assert plain.ok, plain
+        with sb.pty(24, 80, ["python3", "-c", _OPEN_TTY, name, "pty"]) as second:
+            assert second.wait(timeout=20).exit_code == 0
+        first.write(b"mine\n")
+        later = _until(first, b"still-mine")
+        assert b"INJECTED-BY-plain" not in later and b"INJECTED-BY-pty" not in later, later
+        assert first.wait(timeout=20).exit_code == 0
