@@ -8,9 +8,9 @@ hostile archives, tested against the same inputs (tests/sandboxd/test_files.py):
   earlier, or one that was there) or a non-directory is refused; files are made
   O_CREAT|O_EXCL|O_NOFOLLOW;
 - refused: absolute names, `..` components, NUL in a name or link, device nodes, FIFOs, sparse
-  files, unknown types, hard links to anything but a regular file this archive made, more than
-  `max_entries` members, more than `max_bytes` of the (decompressed) stream, an extended
-  header over 1 MiB;
+  files, unknown types, hard links to anything but a regular file this archive made, a name (or
+  a hard link's target) over `MAX_LEVELS` components, more than `max_entries` members, more
+  than `max_bytes` of the (decompressed) stream, an extended header over 1 MiB;
 - symlinks are made with their target as written: it means something inside the sandbox, with
   the sandbox's rights, and is never followed here (nor by get, put, tar or the fs ops);
 - setuid and setgid are dropped; ownership is the sandbox's uid; PAX xattrs are ignored;
@@ -42,6 +42,9 @@ from .fsops import MAX_DEPTH, _remove_tree, open_child, open_dir
 from .protocol import report
 
 MAX_HEADER = 1 << 20  # a PAX or GNU long-name header
+# A member's components at most: each costs a walk from the staging root, and the staging
+# directory (at depth 0 of fsops' bounded removal) must come away whole after a refusal.
+MAX_LEVELS = MAX_DEPTH - 1
 _CHUNK = 1 << 16
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
@@ -166,10 +169,6 @@ def parts(name: str) -> tuple[str, ...]:
     comps = tuple(c for c in name.split("/") if c not in ("", "."))
     if ".." in comps:
         raise Refused(f"member {name!r}: a '..' component")
-    if len(comps) > MAX_DEPTH:
-        # Refused before it is made: deeper, and neither the merge nor the clean-up of the
-        # staging directory (each level a descriptor) could reach its bottom.
-        raise Refused(f"member {name[:200]!r}...: deeper than {MAX_DEPTH} levels")
     return comps
 
 
@@ -181,7 +180,7 @@ class _Extractor:
 
     def member(self, m: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         try:
-            self._member(m, tar, parts(m.name))
+            self._member(m, tar, _levels(m, parts(m.name)))
         except Refused:
             raise
         except (OSError, ValueError, OverflowError) as exc:
@@ -213,7 +212,7 @@ class _Extractor:
                 self.dirs[comps] = (mode, mtime)
                 return
             if m.islnk():  # only to a regular file this archive made
-                target = parts(m.linkname)
+                target = _levels(m, parts(m.linkname))
                 source = self._dir(m, target[:-1]) if target else -1
                 try:
                     if not target or not _is_regular(source, target[-1]):
@@ -277,8 +276,15 @@ class _Extractor:
 _ROOT = tarfile.TarInfo(".")
 
 
+def _levels(m: tarfile.TarInfo, comps: tuple[str, ...]) -> tuple[str, ...]:
+    if len(comps) > MAX_LEVELS:
+        raise _refuse(m, f"{len(comps)} levels deep (at most {MAX_LEVELS})")
+    return comps
+
+
 def _refuse(m: tarfile.TarInfo, reason: str) -> Refused:
-    return Refused(f"member {m.name!r}: {reason}")
+    name = m.name if len(m.name) <= 255 else f"{m.name[:255]}..."  # a pax name has no bound
+    return Refused(f"member {name!r}: {reason}")
 
 
 def _mode(parent: int, name: str) -> int | None:

@@ -197,8 +197,8 @@ def test_a_directory_up_and_down_as_tar(sb: Sandbox, tmp_path: Path) -> None:
     ([Member("pipe", tarfile.FIFOTYPE)], "a FIFO"),
     ([directory("d2"), file("d2/x", b"1"), file("d2", b"file")], "non-empty directory"),
     ([file("d", b"over a directory with content")], "non-empty directory"),
-    # Deeper than the clean-up of its staging directory reaches (review: it was left behind).
-    ([file("deep/" * 300 + "x", b"1")], "deeper than 256 levels"),
+    ([file("a/" * 300 + "f", b"deep")], "301 levels deep (at most 255)"),
+    ([file("f", b"1"), hardlink("h", "a/" * 300 + "f")], "301 levels deep"),
 ])
 def test_a_hostile_archive_is_refused_whole(sb: Sandbox, members: list[Member],
                                             match: str) -> None:
