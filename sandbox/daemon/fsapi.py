@@ -23,7 +23,7 @@ from aiohttp import web
 
 from . import bodies, workspace
 from .bodies import BadRequest
-from .session import Session
+from .session import Session, SessionError
 
 SessionOf = Callable[[web.Request], Session]
 _WATCH_LOOK = 0.5  # seconds between looks at whether a quiet watch's caller is still there
@@ -84,6 +84,11 @@ def register(app: web.Application, session_of: SessionOf, streaming: str) -> Non
                     request.transport.close()
                 return response
             await response.write_eof()
+        except SessionError:
+            # Cut in the sandbox (or it stalled): the answer has begun, so only a connection
+            # closed before the chunked end says so; aiohttp then finds it closed, quietly.
+            if request.transport is not None:
+                request.transport.close()
         except (ConnectionError, RuntimeError):
             pass  # the caller left: the shim is killed below
         finally:

@@ -21,7 +21,10 @@ hostile archives, tested against the same inputs (tests/sandboxd/test_files.py):
 
 Out (`tar`): the directory's entries, walked the same way: directories, regular files (exactly
 the size they had when opened) and symlinks (as links); FIFOs, sockets and devices are never
-opened and not in the stream.
+opened and not in the stream. Its status says `ok` before the stream and `done` after its
+end-of-archive; a failure on the way (a directory it may not read, a file that shrank) ends
+the stream with no end-of-archive and says `error` instead, so that the daemon cuts its answer
+rather than pass part of the directory as the whole.
 """
 
 from __future__ import annotations
@@ -366,8 +369,9 @@ def _mtime(value: object) -> float:
 # -- out -----------------------------------------------------------------------------------
 
 class _Exactly(io.RawIOBase):
-    """A file's bytes, exactly `size` of them: cut if it grew since it was opened, padded with
-    zeros if it shrank (the tar header said `size`)."""
+    """A file's bytes, exactly `size` of them (the tar header said `size`): cut if it grew
+    since it was opened; if it shrank, an OSError (the stream is cut: never zeros passed off
+    as its content)."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd, self.left = fd, size
@@ -380,7 +384,8 @@ class _Exactly(io.RawIOBase):
         got = b""
         while len(got) < want and (chunk := os.read(self.fd, want - len(got))):
             got += chunk
-        got += b"\0" * (want - len(got))
+        if len(got) < want:
+            raise OSError(errno.EIO, "a file shrank while it was sent")
         self.left -= want
         return got
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import io
 import json
 import os
@@ -254,6 +255,18 @@ def test_a_cut_or_foreign_stream_is_refused(sb: Sandbox) -> None:
     raw = ocikit.tar_bytes([file("x", bytes(10000))])
     refused(sb, Reason.BAD_ARCHIVE, sb.files.upload_tar, raw[:2048])
     refused(sb, Reason.BAD_ARCHIVE, sb.files.upload_tar, b"\x1f\x8bnot gzip at all" * 10)
+
+
+def test_a_directory_read_only_in_part_comes_down_cut(sb: Sandbox) -> None:
+    """A failure in the middle of a download (a directory the sandbox's uid may not read) is a
+    cut answer, never part of the directory passed off as the whole."""
+    assert sb.run(["sh", "-c", "mkdir -p t/a t/m t/z && echo x > t/a/f && echo y > t/z/g && "
+                               "chmod 000 t/m"]).ok
+    with pytest.raises((DaemonError, http.client.HTTPException)):
+        sb.files.download_tar("t")
+    assert sb.run(["chmod", "755", "t/m"]).ok
+    with tarfile.open(fileobj=io.BytesIO(sb.files.download_tar("t"))) as whole:
+        assert {"a/f", "m", "z/g"} <= set(whole.getnames())
 
 
 def test_watch_sees_create_modify_rename_delete(sb: Sandbox) -> None:
