@@ -30,7 +30,7 @@ def _later(module: str, name: str) -> Handler:
 # An op -> its handler, given the request and its descriptors in the order `DESCRIPTORS` says.
 SHIMS: dict[str, Handler] = {
     Op.PUT: put, Op.GET: get, Op.LIST: ls, Op.STAT: stat_op, Op.MKDIR: mkdir,
-    Op.REMOVE: remove, Op.RENAME: rename, Op.TAR: _later("tarball", "tar"),
+    Op.REMOVE: remove, Op.RENAME: rename, Op.TAR: _later("tarout", "tar"),
     Op.UNTAR: _later("tarball", "untar"), Op.WATCH: _later("watch", "watch"),
 }
 
