@@ -23,7 +23,7 @@ from aiohttp import web
 
 from . import bodies, workspace
 from .bodies import BadRequest
-from .session import Session, SessionError
+from .session import IO_STALL, Session, SessionError
 
 SessionOf = Callable[[web.Request], Session]
 _WATCH_LOOK = 0.5  # seconds between looks at whether a quiet watch's caller is still there
@@ -63,7 +63,16 @@ def register(app: web.Application, session_of: SessionOf, streaming: str) -> Non
 
     async def untar(request: web.Request) -> web.Response:
         async def chunks() -> AsyncIterator[bytes]:
-            async for chunk in request.content.iter_chunked(1 << 16):
+            # Each read bounded from the sender's last bytes (aiohttp's has no limit): a caller
+            # gone silent mid-body would hold the request, and its sandbox awake, for ever.
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(request.content.readany(), IO_STALL)
+                except TimeoutError:
+                    raise BadRequest(f"the archive stopped coming for {IO_STALL:g} s: "
+                                     "nothing was changed") from None
+                if not chunk:
+                    return
                 yield chunk
 
         return web.json_response(

@@ -13,6 +13,7 @@ import http.client
 import io
 import json
 import os
+import socket
 import stat
 import tarfile
 import threading
@@ -27,6 +28,7 @@ from sealgate.reasons import Reason
 from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.clients.fsshared import WatchEvent
+from sealgate.sandbox.daemon.session import IO_STALL
 from tests import ocikit
 from tests.integration.tiers import TIERS
 from tests.ocikit import Member, directory, file, hardlink, symlink
@@ -255,6 +257,21 @@ def test_a_cut_or_foreign_stream_is_refused(sb: Sandbox) -> None:
     raw = ocikit.tar_bytes([file("x", bytes(10000))])
     refused(sb, Reason.BAD_ARCHIVE, sb.files.upload_tar, raw[:2048])
     refused(sb, Reason.BAD_ARCHIVE, sb.files.upload_tar, b"\x1f\x8bnot gzip at all" * 10)
+
+
+def test_an_archive_whose_sender_goes_silent_is_refused(sandboxd: Daemon) -> None:
+    """A PUT /tar whose body stops coming is refused once the sender has been silent for the
+    stall limit (`IO_STALL`), and nothing is changed: it never holds the request for ever."""
+    raw = ocikit.tar_bytes([file("silent/x", bytes(100_000))])
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb, \
+            socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(sandboxd.socket))
+        conn.sendall(f"PUT /v1/sandboxes/{sb.id}/tar HTTP/1.1\r\nHost: sandboxd\r\n"
+                     f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw[:20_000])
+        conn.settimeout(IO_STALL + 30)
+        answer = conn.recv(1 << 16)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"stopped coming" in answer, answer
+        assert sb.run(["ls", "-A"]).text == ""  # nothing unpacked, no staging left
 
 
 def test_a_directory_read_only_in_part_comes_down_cut(sb: Sandbox) -> None:
