@@ -11,7 +11,10 @@ holds by then is said as created (nothing made between its creation and its watc
 The events, one JSON object a line on the events descriptor, paths relative to /workspace:
 `create`, `modify`, `chmod`, `delete`, `rename` (`from`: when both ends of the move were seen
 together; else a move out is a `delete` and a move in a `create`), each with `dir`; `overflow`
-when the kernel's queue dropped events (the caller should look again); the watched directory's
+when the kernel's queue dropped events (the caller should look again), or with `path` and
+`detail` a directory under the watch that is not watched (deeper than `MAX_DEPTH`, past
+`MAX_WATCHED` or the kernel's own limit, gone or a link by the time it was opened), said as
+the watch starts or when it appears, never dropped unsaid; the watched directory's
 own removal or move is a last `delete` of it, and the watch ends. Standard library only.
 """
 
@@ -55,11 +58,14 @@ class Watcher:
         if self.fd < 0:
             raise _os_error("inotify")
         self.paths: dict[int, str] = {}  # watch descriptor -> its directory's path
+        found: list[dict[str, Any]] = []
         fd = open_dir(root)
         try:
-            self.root_wd = self._add(fd, root, 0, [])
+            self.root_wd = self._add(fd, root, 0, found)
         finally:
             os.close(fd)
+        # What is there at the start is not said, but what of it is not watched is.
+        self.unwatched = [e for e in found if e["event"] == "overflow"]
 
     def _add(self, fd: int, path: str, depth: int, found: list[dict[str, Any]]) -> int:
         """Watch the directory `fd` (at `path`), and below it if recursive; what it holds is
@@ -78,22 +84,34 @@ class Watcher:
             except OSError:
                 continue
             found.append({"event": "create", "path": child, "dir": is_dir})
-            if is_dir and self.recursive and depth < MAX_DEPTH:
-                with contextlib.suppress(OSError, ValueError):  # gone, or a link by now
-                    sub = open_child(fd, name)
-                    try:
-                        self._add(sub, child, depth + 1, found)
-                    finally:
-                        os.close(sub)
+            if is_dir and self.recursive:
+                self._add_below(fd, name, child, depth + 1, found)
         return wd
+
+    def _add_below(self, parent: int, name: str, path: str, depth: int,
+                   found: list[dict[str, Any]]) -> None:
+        """The directory `name` of `parent` watched too; if it cannot be, an overflow with
+        its path says so (the caller must look there itself)."""
+        try:
+            _within(depth)
+            sub = open_child(parent, name)
+            try:
+                self._add(sub, path, depth, found)
+            finally:
+                os.close(sub)
+        except (OSError, ValueError) as exc:  # over a limit, gone, or a link by now
+            found.append({"event": "overflow", "path": path, "detail": _said(exc)})
 
     def _watch_new(self, path: str) -> list[dict[str, Any]]:
         """A directory that appeared under the watch: watched too, its content said."""
         found: list[dict[str, Any]] = []
+        # Its depth below the watched directory ("" is the workspace, at 0 as any root is).
+        depth = path.count("/") + 1 - (self.root.count("/") + 1 if self.root else 0)
         try:
+            _within(depth)
             fd = open_dir(path)
             try:
-                self._add(fd, path, path.count("/"), found)
+                self._add(fd, path, depth, found)
             finally:
                 os.close(fd)
         except (OSError, ValueError) as exc:
@@ -115,6 +133,7 @@ class Watcher:
 
     def run(self) -> None:
         with contextlib.suppress(_Gone):
+            self._send(self.unwatched)
             while True:
                 said: list[dict[str, Any]] = []
                 moving: dict[int, tuple[int, str, bool]] = {}  # cookie -> (said[i], path, dir)
@@ -186,6 +205,11 @@ class Watcher:
                 data = data[os.write(self.out, data):]
         except OSError:
             raise _Gone from None  # its reader left
+
+
+def _within(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"deeper than {MAX_DEPTH} levels below the watched directory")
 
 
 def _join(base: str, name: str) -> str:

@@ -301,6 +301,17 @@ def test_watch_sees_create_modify_rename_delete(sb: Sandbox) -> None:
     assert seen.index(("create", "d/e/new")) < seen.index(("create", "d/e/new/f"))
 
 
+def test_a_watch_says_what_it_cannot_watch(sb: Sandbox) -> None:
+    """A directory past the watch's depth limit is said (an overflow with its path and why),
+    never dropped unsaid: the caller knows to look there itself."""
+    deep = "/".join(["x"] * 258)
+    assert sb.run(["python3", "-c", f"import os; os.makedirs({deep!r})"]).ok
+    with sb.files.watch() as watch:
+        got = _until(watch, lambda e: e.event == "overflow")
+    unwatched = "/".join(["x"] * 257)
+    assert [(e.event, e.path) for e in got] == [("overflow", unwatched)], got
+
+
 def test_watch_a_subdirectory_not_recursive(sb: Sandbox) -> None:
     with sb.files.watch("d", recursive=False) as watch:
         assert watch.directories == 1
