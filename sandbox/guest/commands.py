@@ -77,8 +77,10 @@ class Commands:
         status = fds[3]
         try:
             command = _Command.of(req)
+            # The clone closes this exec's status too: only the agent says it (a supervisor
+            # that held it would be one more process a command might reach it through).
             pid, ending_fd, sizes = command.launch(fds[:3], self.confinement,
-                                                    self.descriptors())
+                                                    [*self.descriptors(), status])
         except NotStarted as exc:
             report(status, {"error": str(exc), "exit": NOT_STARTED})
             os.close(status)

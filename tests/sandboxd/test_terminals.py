@@ -348,3 +348,38 @@ def test_another_command_cannot_reach_its_terminal(tierd: tuple[str, Daemon]) ->
         later = _until(first, b"still-mine")
         assert b"INJECTED-BY-plain" not in later and b"INJECTED-BY-pty" not in later, later
         assert first.wait(timeout=20).exit_code == 0
+
+
+# Writes a forged status into every pipe its supervisor (its parent) holds that it can open.
+_FORGE = """
+import os
+forged, where = 0, f"/proc/{os.getppid()}/fd"
+try:
+    names = os.listdir(where)
+except OSError:  # not dumpable, or not ours to see
+    names = []
+for name in names:
+    path = f"{where}/{name}"
+    try:
+        if not os.readlink(path).startswith(("pipe:", "host:")):
+            continue
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b'{"exit": 77, "ending": "exit"}\\n')
+        os.close(fd)
+        forged += 1
+    except OSError:
+        pass
+print("forged", forged, "said")
+"""
+
+
+def test_a_command_cannot_say_its_own_status(tierd: tuple[str, Daemon]) -> None:
+    """Whatever a command writes into what it can open of its terminal's supervisor's
+    descriptors (gVisor lets the same uid open a non-dumpable process's pipes; the status
+    pipe is the daemon's, a host descriptor there, which it cannot), its status is its own
+    exit's."""
+    _, daemon = tierd
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket), call_timeout=300) as sb, \
+            sb.pty(24, 80, ["python3", "-c", _FORGE]) as terminal:
+        shown = _until(terminal, b" said")
+        assert terminal.wait(timeout=20).exit_code == 0, shown
