@@ -229,6 +229,29 @@ async def watch(session: Session, path: str, recursive: bool) -> tuple[int, _Str
     return int(answer.get("watching", 0)), _Stream(session, ident, data_r)
 
 
+_EVENTS = frozenset({"create", "modify", "chmod", "delete", "rename", "overflow"})
+_FIELDS = {"path": str, "from": str, "detail": str, "dir": bool}
+
+
+def _event(line: bytes) -> bytes | None:
+    """A line of the watch shim's as the caller gets it: a known event with only its known
+    fields, typed, written anew; None for anything else (the shim runs as the sandbox's uid,
+    and its caller must never be handed what the workload put there)."""
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("event") not in _EVENTS:
+        return None
+    event = {"event": raw["event"]}
+    for name, kind in _FIELDS.items():
+        if name in raw:
+            if not isinstance(raw[name], kind):
+                return None
+            event[name] = raw[name]
+    return json.dumps(event).encode() + b"\n"
+
+
 async def events(stream: _Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[bytes, None]:
     """A watch's events (NDJSON lines) for a caller, through a queue of `limit`: once it is
     full, events are dropped until the caller has taken what it holds; then it is told
@@ -247,10 +270,12 @@ async def events(stream: _Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[by
                 if len(pending) > STATUS_MAX:  # no event is this long: the shim is not ours
                     break
                 for line in lines:
+                    if (event := _event(line)) is None:
+                        return  # not an event of the shim's: the watch ends (its caller sees)
                     if dropped or len(queue) >= limit:
                         dropped += 1
                     else:
-                        queue.append(line + b"\n")
+                        queue.append(event)
                 more.set()
         finally:
             ended = True
