@@ -15,33 +15,42 @@ from .protocol import WORKSPACE, report
 _CHUNK = 1 << 16
 
 
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _walk(path: str, create: bool) -> tuple[int, str]:
     """The directory holding `path` (under /workspace) and the last name, never through a
     symbolic link; missing directories are made when `create`."""
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError("a path inside the workspace: names joined by '/', no '..'")
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(WORKSPACE, flags)
+    fd = os.open(WORKSPACE, DIR_FLAGS)
     try:
         for name in parts[:-1]:
-            try:
-                nxt = os.open(name, flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(name, 0o755, dir_fd=fd)
-                nxt = os.open(name, flags, dir_fd=fd)
-            except OSError:
-                _refuse_link(fd, name)
-                raise
-            _same_entry(fd, name, nxt)
+            nxt = open_child(fd, name, create)
             os.close(fd)
             fd = nxt
     except BaseException:
         os.close(fd)
         raise
     return fd, parts[-1]
+
+
+def open_child(parent: int, name: str, create: bool = False) -> int:
+    """The directory `name` of `parent`, itself and never where a link there leads; made
+    (0755) when missing and `create`."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.mkdir(name, 0o755, dir_fd=parent)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        _refuse_link(parent, name)
+        raise
+    _same_entry(parent, name, fd)
+    return fd
 
 
 def _same_entry(parent: int, name: str, opened: int) -> None:

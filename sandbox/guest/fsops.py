@@ -16,10 +16,9 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .files import _refuse_link, _said, _same_entry, _walk
+from .files import DIR_FLAGS, _said, _walk, open_child
 from .protocol import WORKSPACE, report
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 256  # a recursive remove's (each level holds a descriptor)
 
 
@@ -33,22 +32,6 @@ def open_dir(path: str, create: bool = False) -> int:
         return open_child(parent, name, create)
     finally:
         os.close(parent)
-
-
-def open_child(parent: int, name: str, create: bool = False) -> int:
-    """The directory `name` of `parent`, itself and never where a link there leads."""
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-        os.mkdir(name, 0o755, dir_fd=parent)
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-    except OSError:
-        _refuse_link(parent, name)
-        raise
-    _same_entry(parent, name, fd)
-    return fd
 
 
 def kind(mode: int) -> str:

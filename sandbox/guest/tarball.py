@@ -35,8 +35,8 @@ import tarfile
 import zlib
 from typing import IO, Any
 
-from .files import _said
-from .fsops import MAX_DEPTH, _remove_tree, open_child, open_dir
+from .files import _said, open_child
+from .fsops import MAX_DEPTH, _remove_tree, open_dir
 from .protocol import report
 
 MAX_HEADER = 1 << 20  # a PAX or GNU long-name header

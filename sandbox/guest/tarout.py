@@ -18,8 +18,8 @@ import stat
 import tarfile
 from typing import Any
 
-from .files import _said
-from .fsops import MAX_DEPTH, open_child, open_dir
+from .files import _said, open_child
+from .fsops import MAX_DEPTH, open_dir
 from .protocol import report
 
 

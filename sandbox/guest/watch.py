@@ -29,8 +29,8 @@ import stat
 import struct
 from typing import Any
 
-from .files import _said
-from .fsops import MAX_DEPTH, open_child, open_dir
+from .files import _said, open_child
+from .fsops import MAX_DEPTH, open_dir
 from .protocol import report
 
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
