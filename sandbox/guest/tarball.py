@@ -45,8 +45,8 @@ MAX_HEADER = 1 << 20  # a PAX or GNU long-name header
 MAX_LEVELS = MAX_DEPTH - 1
 _CHUNK = 1 << 16
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
-_META = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+META = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
          tarfile.GNUTYPE_LONGLINK)
 
 
@@ -90,11 +90,12 @@ class _Rejoined(io.RawIOBase):
         return len(data)
 
 
-class _Member(tarfile.TarInfo):
-    """A header that refuses an oversized PAX or long-name header before reading it whole."""
+class Member(tarfile.TarInfo):
+    """A header that refuses an oversized PAX or long-name header before reading it whole
+    (the image unpacker's too, `sandbox/images/unpack.py`)."""
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> Any:
-        if self.type in _META and self.size > MAX_HEADER:
+        if self.type in META and self.size > MAX_HEADER:
             raise Refused(f"a {self.size}-byte extended header (over {MAX_HEADER})")
         return super()._proc_member(tarfile_)  # type: ignore[misc]
 
@@ -139,7 +140,7 @@ def unpack_into(target: int, raw: io.BufferedReader, max_bytes: int,
         try:
             out = _Extractor(stage)
             with tarfile.open(fileobj=_Meter(source, max_bytes), mode="r|",
-                              tarinfo=_Member) as tar:
+                              tarinfo=Member) as tar:
                 while (member := tar.next()) is not None:
                     tar.members.clear()  # type: ignore[attr-defined]  # stream mode keeps all
                     out.entries += 1
@@ -191,7 +192,7 @@ class _Extractor:
             raise _refuse(m, "a FIFO")
         if m.type == tarfile.GNUTYPE_SPARSE or m.sparse is not None:
             raise _refuse(m, "a sparse file (not supported)")
-        if not (m.isdir() or m.type in _REGULAR or m.issym() or m.islnk()):
+        if not (m.isdir() or m.type in REGULAR or m.issym() or m.islnk()):
             raise _refuse(m, f"unknown member type {m.type!r}")
         if "\x00" in m.linkname:
             raise _refuse(m, "a NUL in its link target")
@@ -199,7 +200,7 @@ class _Extractor:
             if m.isdir():
                 return  # the archive's root: the destination itself
             raise _refuse(m, "a non-directory at the archive's root")
-        mtime, mode = _mtime(m.mtime), m.mode & 0o1777  # setuid and setgid dropped
+        mtime, mode = mtime_of(m.mtime), m.mode & 0o1777  # setuid and setgid dropped
         parent = self._dir(m, comps[:-1])
         try:
             base = comps[-1]
@@ -230,10 +231,7 @@ class _Extractor:
             fd = os.open(base, _FILE_FLAGS, 0o600, dir_fd=parent)
             try:
                 if (source_file := tar.extractfile(m)) is not None:
-                    while chunk := source_file.read(_CHUNK):
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(fd, view):]
+                    copy(source_file, fd, _CHUNK)
                 os.fchmod(fd, mode)
                 os.utime(fd, (mtime, mtime))
             finally:
@@ -353,7 +351,17 @@ def _merge(source: int, target: int, where: str, *, dry: bool, depth: int = 0) -
         os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
 
 
-def _mtime(value: object) -> float:
+def copy(source: IO[bytes], fd: int, chunk: int) -> None:
+    """A member's bytes written whole to `fd`."""
+    while data := source.read(chunk):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def mtime_of(value: object) -> float:
+    """A header's mtime as a time to set: 0 for one that is not a finite number, clamped to
+    0 .. 2**33."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -38,31 +38,26 @@ from __future__ import annotations
 import errno
 import gzip
 import hashlib
-import math
 import os
 import stat
 import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Protocol
 
 import zstandard
 
-from ..guest.tarball import Refused
+from ..guest.tarball import REGULAR, Member, Refused, copy, mtime_of
 from ..guest.tarball import parts as member_parts
 from .errors import ImageError
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
-MAX_HEADER = 1 << 20  # a PAX or GNU long-name header
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
-_META = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-         tarfile.GNUTYPE_LONGLINK)
 
 
 class Readable(Protocol):
@@ -129,16 +124,6 @@ def unpack_blob(blob: Readable, compression: str, dest: Path, *, max_bytes: int,
     return Unpacked(meter.digest, size, entries)
 
 
-class _Member(tarfile.TarInfo):
-    """A tar header that refuses an oversized PAX or long-name header before tarfile reads
-    it into memory whole."""
-
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> Any:
-        if self.type in _META and self.size > MAX_HEADER:
-            raise ImageError(f"a {self.size}-byte extended header (over {MAX_HEADER})")
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
-
-
 def unpack(stream: Readable, dest: Path, *, max_entries: int, what: str) -> tuple[int, int]:
     """Extract the tar `stream` into the empty directory `dest` by the rules above; returns
     (bytes of regular files, members). Raises ImageError naming the member on a refusal."""
@@ -147,7 +132,7 @@ def unpack(stream: Readable, dest: Path, *, max_entries: int, what: str) -> tupl
     entries = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|",  # type: ignore[call-overload]
-                          tarinfo=_Member) as tar:
+                          tarinfo=Member) as tar:
             while True:
                 member = tar.next()
                 if member is None:
@@ -159,7 +144,7 @@ def unpack(stream: Readable, dest: Path, *, max_entries: int, what: str) -> tupl
                                      "(max_layer_entries); refused")
                 out.member(member, tar)
         out.finish()
-    except ImageError as exc:
+    except (ImageError, Refused) as exc:  # Refused: an oversized header (`Member`)
         if str(exc).startswith(what):
             raise
         raise ImageError(f"{what}: {exc}") from None
@@ -206,7 +191,7 @@ class _Extractor:
             raise self._refuse(m, "a FIFO")
         if m.type == tarfile.GNUTYPE_SPARSE or m.sparse is not None:
             raise self._refuse(m, "a sparse file (not supported)")
-        if not (m.isdir() or m.type in _REGULAR or m.issym() or m.islnk()):
+        if not (m.isdir() or m.type in REGULAR or m.issym() or m.islnk()):
             raise self._refuse(m, f"unknown member type {m.type!r}")
         if "\x00" in m.linkname:
             raise self._refuse(m, "a NUL in its link target")
@@ -218,7 +203,7 @@ class _Extractor:
         if base.startswith(WHITEOUT):
             self._whiteout(m, base, parent_parts)
             return
-        mtime = _mtime(m.mtime)
+        mtime = mtime_of(m.mtime)
         mode = m.mode & 0o1777
         if m.islnk():  # found before anything of the destination is touched
             source_dir, source_name = self._link_source(m)
@@ -250,7 +235,7 @@ class _Extractor:
         try:
             source = tar.extractfile(m)
             if source is not None:
-                _copy(source, fd)
+                copy(source, fd, _CHUNK)
             os.fchmod(fd, mode)
             os.utime(fd, (mtime, mtime))
         finally:
@@ -376,18 +361,3 @@ class _Extractor:
 
 
 _ROOT_MEMBER = tarfile.TarInfo(".")
-
-
-def _mtime(value: object) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-    return min(max(number, 0.0), float(1 << 33)) if math.isfinite(number) else 0.0
-
-
-def _copy(source: IO[bytes], fd: int) -> None:
-    while data := source.read(_CHUNK):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
