@@ -229,9 +229,10 @@ class Agent:
         os.mkdir(group)
         enter = None
         tty = terminal_size(header.get("tty"))
+        # The terminal stays root's (0620, group root): the command holds it open as its
+        # streams and controlling terminal, and no other command of its uid, which shares
+        # this devpts, can open its /dev/pts/N to read or type into it.
         master, slave = terminal.open_pty(*tty) if tty else (-1, -1)
-        if tty:
-            os.fchown(slave, uid, gid)  # the command's own, as after a login
         if in_root:
             root = self.root or "/"  # set: checked above
             # Root is not held to RLIMIT_NPROC: its group is (the agent in it for the fork).
