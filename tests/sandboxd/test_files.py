@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import http.client
 import io
 import json
 import os
@@ -279,7 +278,7 @@ def test_a_directory_read_only_in_part_comes_down_cut(sb: Sandbox) -> None:
     cut answer, never part of the directory passed off as the whole."""
     assert sb.run(["sh", "-c", "mkdir -p t/a t/m t/z && echo x > t/a/f && echo y > t/z/g && "
                                "chmod 000 t/m"]).ok
-    with pytest.raises((DaemonError, http.client.HTTPException)):
+    with pytest.raises(DaemonError, match="answer was cut"):
         sb.files.download_tar("t")
     assert sb.run(["chmod", "755", "t/m"]).ok
     with tarfile.open(fileobj=io.BytesIO(sb.files.download_tar("t"))) as whole:
