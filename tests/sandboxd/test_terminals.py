@@ -382,3 +382,15 @@ def test_a_command_cannot_say_its_own_status(tierd: tuple[str, Daemon]) -> None:
             sb.pty(24, 80, ["python3", "-c", _FORGE]) as terminal:
         shown = _until(terminal, b" said")
         assert terminal.wait(timeout=20).exit_code == 0, shown
+
+
+def test_a_terminal_command_holds_only_its_terminal(tierd: tuple[str, Daemon]) -> None:
+    """A command on a terminal inherits its three streams (the terminal) and nothing of its
+    supervisor's or the agent's: no status, report or size pipe."""
+    _, daemon = tierd
+    listing = "import os; print(sorted(os.listdir('/proc/self/fd')), 'listed')"
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket), call_timeout=300) as sb, \
+            sb.pty(24, 80, ["python3", "-c", listing]) as terminal:
+        shown = _until(terminal, b"listed")
+        assert b"['0', '1', '2', '3'] listed" in shown, shown  # 3: the listing's own
+        assert terminal.wait(timeout=20).exit_code == 0
