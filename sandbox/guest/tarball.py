@@ -159,16 +159,22 @@ def unpack_into(target: int, raw: io.BufferedReader, max_bytes: int,
 
 
 def parts(name: str) -> tuple[str, ...]:
-    """A member name's components, `./` and empty ones dropped; absolute names, `..` and NUL
-    refused."""
+    """A member name's components, `./` and empty ones dropped; absolute names, `..`, NUL and
+    more than MAX_LEVELS components refused (for the image unpacker too)."""
     if "\x00" in name:
-        raise Refused(f"member {name!r}: a NUL in its name")
+        raise Refused(f"member {_shown(name)!r}: a NUL in its name")
     if name.startswith("/"):
-        raise Refused(f"member {name!r}: an absolute name")
+        raise Refused(f"member {_shown(name)!r}: an absolute name")
     comps = tuple(c for c in name.split("/") if c not in ("", "."))
     if ".." in comps:
-        raise Refused(f"member {name!r}: a '..' component")
+        raise Refused(f"member {_shown(name)!r}: a '..' component")
+    if len(comps) > MAX_LEVELS:  # a hard link's target too: the same walk
+        raise Refused(f"member {_shown(name)!r}: {len(comps)} levels deep (at most {MAX_LEVELS})")
     return comps
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 255 else f"{name[:255]}..."  # a pax name has no bound
 
 
 class _Extractor:
@@ -179,7 +185,7 @@ class _Extractor:
 
     def member(self, m: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         try:
-            self._member(m, tar, _levels(m, parts(m.name)))
+            self._member(m, tar, parts(m.name))
         except Refused:
             raise
         except (OSError, ValueError, OverflowError) as exc:
@@ -211,7 +217,7 @@ class _Extractor:
                 self.dirs[comps] = (mode, mtime)
                 return
             if m.islnk():  # only to a regular file this archive made
-                target = _levels(m, parts(m.linkname))
+                target = parts(m.linkname)
                 source = self._dir(m, target[:-1]) if target else -1
                 try:
                     if not target or not _is_regular(source, target[-1]):
@@ -272,15 +278,8 @@ class _Extractor:
 _ROOT = tarfile.TarInfo(".")
 
 
-def _levels(m: tarfile.TarInfo, comps: tuple[str, ...]) -> tuple[str, ...]:
-    if len(comps) > MAX_LEVELS:
-        raise _refuse(m, f"{len(comps)} levels deep (at most {MAX_LEVELS})")
-    return comps
-
-
 def _refuse(m: tarfile.TarInfo, reason: str) -> Refused:
-    name = m.name if len(m.name) <= 255 else f"{m.name[:255]}..."  # a pax name has no bound
-    return Refused(f"member {name!r}: {reason}")
+    return Refused(f"member {_shown(m.name)!r}: {reason}")
 
 
 def _mode(parent: int, name: str) -> int | None:

@@ -96,6 +96,12 @@ def test_names_leaving_the_layer_are_refused(tmp_path: Path, name: str) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def test_a_name_too_deep_to_walk_is_refused(tmp_path: Path) -> None:
+    """Each component is a walk from the layer's root, and the clean-up of a refused layer
+    must reach its bottom: the workspace's rule (MAX_LEVELS), one for both unpackers."""
+    refused(tmp_path, [file("a/" * 300 + "f", b"x")], "301 levels deep")
+
+
 def test_a_write_through_a_symlink_is_refused(tmp_path: Path, outside: Path) -> None:
     refused(tmp_path, [symlink("evil", str(outside)), file("evil/pwned", b"x")],
             r"member 'evil/pwned': its path goes through the symlink 'evil'")
