@@ -12,18 +12,19 @@ only:
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
 
-from sealgate.reasons import Reason
-
-from . import bodies, ports, relay
+from . import bodies, guestdial, ports, relay
 from .bodies import BadRequest
-from .session import Session, SessionError
+from .session import Session
 from .signing import Signer
 
 _SIGNED_PREFIX = "/v1/signed/"
@@ -61,11 +62,8 @@ class PortRoutes:
 
     def _session(self, request: web.Request, ident: str) -> Session:
         """The sandbox whose port is asked for; its ended, paused and busy refusals come from
-        `Session.serving`, which each connection holds."""
+        `Session.serving`, which each connection holds (`_connected`)."""
         session: Session = request.app[self._daemon].get(ident)
-        if session.options.isolation == "microvm":
-            raise SessionError("a microVM's ports: its guest's loopback is not the namespace's, "
-                               "where the daemon's socket is", reason=Reason.UNSUPPORTED)
         return session
 
     async def _port(self, request: web.Request) -> web.StreamResponse:
@@ -84,8 +82,8 @@ class PortRoutes:
             request[self._streaming] = True
 
         tail = _raw_tail(request, segments)
-        with session.serving():
-            return await ports.forward(request, _netns(session), port, tail, began=began,
+        async with _connected(session, port) as sock:
+            return await ports.forward(request, sock, port, tail, began=began,
                                        ended=session.ended, browser=browser)
 
     async def _tcp(self, request: web.Request) -> web.StreamResponse:
@@ -94,10 +92,9 @@ class PortRoutes:
         ws = web.WebSocketResponse(max_msg_size=relay.MAX_MESSAGE)
         if not ws.can_prepare(request).ok:
             raise BadRequest("a WebSocket handshake (GET with Upgrade: websocket)")
-        with session.serving():
-            # Connected first: nothing listening is the daemon's plain refusal, not a closed
-            # socket.
-            reader, writer = await ports.stream(await ports.connect(_netns(session), port))
+        # Connected first: nothing listening is the daemon's plain refusal, not a closed socket.
+        async with _connected(session, port) as sock:
+            reader, writer = await ports.stream(sock)
             try:
                 request[self._streaming] = True
                 await ws.prepare(request)
@@ -126,6 +123,24 @@ class PortRoutes:
         url = f"{request.scheme}://{request.host}{path}" if over_tcp else None
         return web.json_response({"url": url, "path": path, "port": port, "expires_at": expires},
                                  status=201)
+
+
+@contextlib.asynccontextmanager
+async def _connected(session: Session, port: int) -> AsyncIterator[socket.socket]:
+    """A connection to `port` on the sandbox's loopback, counted as one of its requests while it
+    lasts (`Session.serving`), closed at the end. A microVM's guest has a loopback of its own,
+    which the daemon's socket in the sandbox's namespace does not reach: its agent connects
+    there (`guestdial`)."""
+    with session.serving() as ident:
+        if session.options.isolation == "microvm":
+            async with guestdial.dial(session, ident, port) as dialed:
+                yield dialed
+        else:
+            sock = await ports.connect(_netns(session), port)
+            try:
+                yield sock
+            finally:
+                sock.close()  # without a descriptor once a relay took it over (`ports.stream`)
 
 
 def _raw_tail(request: web.Request, before: int) -> str:

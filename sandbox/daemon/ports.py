@@ -65,25 +65,29 @@ async def connect(netns: Path, port: int) -> socket.socket:
 
 
 async def stream(sock: socket.socket) -> _Stream:
-    """`sock` as asyncio streams, for what is relayed rather than parsed: they own it from here
-    (their writer closes it; it is closed here if they cannot be made). The reader's limit is
-    its buffer before it stops reading: a small one paces a large stream to a crawl."""
+    """`sock`'s connection as asyncio streams, for what is relayed rather than parsed: they own
+    its descriptor from here, which `sock` gives up (its close is then a no-op), so that no
+    close of `sock` can take the number from under the streams' transport while it still
+    waits to write there (the next socket given that number would have its bytes). Their
+    writer closes it, after what it holds is sent; it is closed here if they cannot be made.
+    The reader's limit is its buffer before it stops reading: a small one paces a large
+    stream to a crawl."""
+    taken = socket.socket(fileno=sock.detach())
     try:
-        return await asyncio.open_connection(sock=sock, limit=_READ)
+        return await asyncio.open_connection(sock=taken, limit=_READ)
     except BaseException:
-        sock.close()
+        taken.close()
         raise
 
 
-async def forward(request: web.Request, netns: Path, port: int, path: str, *,
+async def forward(request: web.Request, sock: socket.socket, port: int, path: str, *,
                   began: Callable[[], None], ended: asyncio.Event,
                   browser: bool = False) -> web.StreamResponse:
-    """`request` to `port` of the sandbox whose namespace is `netns`; its answer. `began` is
-    called once the answer has started (errors after it end the stream, not a JSON answer). A
-    WebSocket upgrade the server accepts is relayed until it closes or the sandbox `ended`.
-    `browser`: a signed URL's request, whose answer must not send the URL (the credential) on
-    as a Referer. Raises SessionError (port_unreachable) for no listener or no HTTP answer."""
-    sock = await connect(netns, port)
+    """`request` on `sock`, a connection to `port` in the sandbox (the caller's to close); its
+    answer. `began` is called once the answer has started (errors after it end the stream, not
+    a JSON answer). A WebSocket upgrade the server accepts is relayed until it closes or the
+    sandbox `ended`. `browser`: a signed URL's request, whose answer must not send the URL (the
+    credential) on as a Referer. Raises SessionError (port_unreachable) for no HTTP answer."""
     try:
         upgrade = _websocket(request)
         # An upgrade's GET has no body, and aiohttp hands what follows it to the relay.
@@ -105,8 +109,6 @@ async def forward(request: web.Request, netns: Path, port: int, path: str, *,
         # ValueError: h11's own int() of a Content-Length of thousands of digits.
         raise SessionError(f"port {port} did not answer with HTTP: {type(exc).__name__}",
                            reason=Reason.PORT_UNREACHABLE) from None
-    finally:
-        sock.close()  # without a descriptor once the relay took it over (`_switched`)
 
 
 def _websocket(request: web.Request) -> bool:
@@ -236,11 +238,7 @@ async def _switched(request: web.Request, conn: h11.Connection, event: h11.Infor
     client = await response.prepare(request)
     assert client is not None  # prepared: its writer
     early, _ = conn.trailing_data
-    # The descriptor goes to the streams' transport, which closes it once what it holds is
-    # written: `forward`'s close of `sock` (detached, so without one) must not close it under
-    # the transport, whose number the next socket would reuse while the transport still
-    # waits to write to it (another connection's bytes on it).
-    reader, writer = await stream(socket.socket(fileno=sock.detach()))
+    reader, writer = await stream(sock)
     try:
         await relay.upgraded(request, client, bytes(early), (reader, writer), ended)
     finally:

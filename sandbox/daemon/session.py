@@ -217,13 +217,13 @@ class Session:
         self.last_active = time.monotonic()
 
     @contextlib.contextmanager
-    def serving(self) -> Iterator[None]:
+    def serving(self) -> Iterator[int]:
         """A connection to one of its ports, for as long as it lasts: activity, so the idle
         timeout waits for it, and one of the MAX_REQUESTS at once (refused, as an exec is,
-        when the sandbox has ended, is paused, or is at the most)."""
-        self.begin()
+        when the sandbox has ended, is paused, or is at the most); its request id."""
+        ident = self.begin()
         try:
-            yield
+            yield ident
         finally:
             self._end()
 

@@ -80,6 +80,7 @@ class Op(StrEnum):
     TAR = "tar"  # a directory out as a tar stream
     UNTAR = "untar"  # a tar stream unpacked into a directory
     WATCH = "watch"
+    CONNECT = "connect"  # a port on the sandbox's own loopback, where the daemon cannot reach
     SIGNAL = "signal"
     RESIZE = "resize"
     # frames, host -> guest (exec, put, get, kill, resize as well, with the guest's own fields)
@@ -133,6 +134,8 @@ DESCRIPTORS: dict[str, tuple[tuple[str, str], ...]] = {
     Op.TAR: (("data", OUT), ("status", OUT)),
     Op.UNTAR: (("data", IN), ("status", OUT)),
     Op.WATCH: (("events", OUT), ("status", OUT)),
+    # One socket, sent twice: the caller's bytes in, the server's out.
+    Op.CONNECT: (("to", IN), ("from", OUT), ("status", OUT)),
     Op.SIGNAL: (),
     Op.RESIZE: (),
 }
@@ -150,6 +153,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     Op.TAR: ("path",),
     Op.UNTAR: ("path", "max_bytes", "max_entries"),
     Op.WATCH: ("path", "recursive"),
+    Op.CONNECT: ("port",),
     Op.SIGNAL: ("signal",),
     Op.RESIZE: ("rows", "cols"),
 }

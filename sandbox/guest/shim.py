@@ -32,6 +32,7 @@ SHIMS: dict[str, Handler] = {
     Op.PUT: put, Op.GET: get, Op.LIST: ls, Op.STAT: stat_op, Op.MKDIR: mkdir,
     Op.REMOVE: remove, Op.RENAME: rename, Op.TAR: _later("tarout", "tar"),
     Op.UNTAR: _later("tarball", "untar"), Op.WATCH: _later("watch", "watch"),
+    Op.CONNECT: _later("portdial", "connect"),
 }
 
 

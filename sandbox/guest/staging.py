@@ -20,8 +20,8 @@ PACKAGE = "guest"  # this package's name inside a sandbox
 AGENT = "/run/sealgate/agent.py"  # where the sandbox sees the agent's script
 ZIP = "/run/sealgate/guest.zip"
 AGENT_MODULES = ("__init__.py", "protocol.py", "confine.py", "commands.py", "files.py",
-                 "fsops.py", "tarball.py", "tarout.py", "watch.py", "shim.py", "terminal.py",
-                 "agent.py")
+                 "fsops.py", "tarball.py", "tarout.py", "watch.py", "portdial.py", "shim.py",
+                 "terminal.py", "agent.py")
 VM_MODULES = ("__init__.py", "protocol.py", "vmagent.py", "vmos.py", "vmroot.py", "layover.py",
               "terminal.py")
 VM_INIT = HERE / "init.sh"

@@ -160,6 +160,22 @@ def old_daemon_of(proxy: Proxy, api: Path) -> Iterator[socket.socket]:
             path.unlink()
 
 
+@contextlib.contextmanager
+def offering(daemons: Callable[..., Daemon], proxy: Proxy, tmp_path: Path,
+             count: int) -> Iterator[tuple[Daemon, socket.socket, socket.socket]]:
+    """A successor started against the test as its old daemon, which has taken its hello and
+    offered it `count` sandboxes: (the successor, the hand-over connection, the listener)."""
+    api = tmp_path / "api.sock"
+    with old_daemon_of(proxy, api) as server:
+        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(60)
+            handover.receive(conn)  # its hello
+            handover.send(conn, {"offer": count, "pid": os.getpid()})
+            yield new, conn, server
+
+
 @pytest.mark.parametrize(("packet", "fds"), [
     (b'{"slot": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 0),  # past the parser's depth
     (b'{"slot": [1, 2]}', 4),  # not an object, with its descriptors
@@ -168,41 +184,27 @@ def old_daemon_of(proxy: Proxy, api: Path) -> Iterator[socket.socket]:
 def test_a_record_the_successor_cannot_read_is_refused_in_words(
     daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path, packet: bytes, fds: int
 ) -> None:
-    api = tmp_path / "api.sock"
-    with old_daemon_of(dproxy, api) as server:
-        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(60)
-            handover.receive(conn)  # its hello
-            handover.send(conn, {"offer": 1, "pid": os.getpid()})
-            r, w = os.pipe()
-            try:
-                socket.send_fds(conn, [packet], [r, w, r, w][:fds])
-                socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
-            finally:
-                os.close(r)
-                os.close(w)
-            words = refused(new)
+    with offering(daemons, dproxy, tmp_path, 1) as (new, conn, server):
+        r, w = os.pipe()
+        try:
+            socket.send_fds(conn, [packet], [r, w, r, w][:fds])
+            socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
+        finally:
+            os.close(r)
+            os.close(w)
+        words = refused(new)
     assert "serves on" in words and "Traceback" not in words, words
 
 
 def test_a_successor_told_to_stop_halfway_takes_nothing(
     daemons: Callable[..., Daemon], dproxy: Proxy, tmp_path: Path
 ) -> None:
-    api = tmp_path / "api.sock"
-    with old_daemon_of(dproxy, api) as server:
-        new = daemons(*_FLAGS, "--adopt", sock=api, wait=False)
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(60)
-            handover.receive(conn)  # its hello
-            handover.send(conn, {"offer": 0, "pid": os.getpid()})
-            new.process.terminate()  # halfway: the end not sent yet
-            until(lambda: '"event": "stop_requested"' in new.log.read_text(), 30,
-                  "the successor's SIGTERM handled")
-            socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
-            answer, _ = handover.receive(conn)
-            words = refused(new)
+    with offering(daemons, dproxy, tmp_path, 0) as (new, conn, server):
+        new.process.terminate()  # halfway: the end not sent yet
+        until(lambda: '"event": "stop_requested"' in new.log.read_text(), 30,
+              "the successor's SIGTERM handled")
+        socket.send_fds(conn, [b'{"end": true}'], [server.fileno()])
+        answer, _ = handover.receive(conn)
+        words = refused(new)
     assert "told to stop" in answer["refused"], answer
     assert "told to stop" in words and "Traceback" not in words, words

@@ -14,7 +14,9 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   the other tiers' own agent code (`staging.ZIP`, staged in the guest like every slot's): the
   same walk of the workspace that never follows a link, with the workload's rights and no
   more; the guest agent's own root file calls are only ever used for what the host stages.
-  The request's descriptors become the process's standard streams (`shim.main`);
+  The request's descriptors become the process's standard streams (`shim.main`); a
+  `connect`'s (`guest/portdial.py`, a port on the guest's own loopback) are one socket, shut
+  down here once the shim ends, so the daemon's end sees the connection's end;
 - `kill`: the guest kills the command's process group; `signal`: it sends it the signal;
   `resize`: the guest resizes an exec's terminal (an exec with `tty` runs on one there).
 
@@ -279,6 +281,11 @@ class Server:
         self._start(gid, argv, env, stdin, cwd=WORKSPACE, timeout=None)
         # A status must reach the daemon before the bytes it announces: it reads them after.
         _drain(frames, outputs, None, status_first=True)
+        if op == Op.CONNECT:
+            # The shim ended with the server's end of the connection: the daemon's end must
+            # see it too, while the feeder still holds the socket it reads the caller's from.
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(outputs[1])) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def _drain(
