@@ -243,9 +243,6 @@ def test_a_download_cut_in_the_sandbox_is_cut_for_the_caller(sb: Sandbox) -> Non
     """Found by review: a tar stream the sandbox could not finish (here a tree deeper than 256
     levels) ended at a member's boundary, which a tar reader takes for the archive's end: the
     caller got part of the directory as if it were all. Now its stream is cut."""
-    if sb.info["isolation"] == "microvm":
-        pytest.skip("open: on the microVM tier the cut is not yet seen (its guest's workspace "
-                    "and status relay differ); issue #25's note")
     assert sb.run(["python3", "-c", "import os; os.makedirs('/workspace/t/' + 'd/' * 300)"]).ok
     with pytest.raises(DaemonError, match="cut"):
         sb.files.download_tar("t")
