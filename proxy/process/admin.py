@@ -4,9 +4,9 @@ with nothing else of the proxy reachable there (the control API stays on its uni
     GET /healthz   200 {"ok": true}: the process answers (a liveness probe)
     GET /readyz    200 {"ready": true, "workers": N}, or 503 {"ready": false, "unready":
                    [...]} naming each reason: draining; a worker not reporting (starting, hung
-                   or dead: its snapshot older than `STALE_SECONDS`); in any worker, no rules
-                   loaded, an audit log that cannot be written, a secret store unavailable past
-                   its grace
+                   or dead: its snapshot older than `metrics.STALE_SECONDS`); in any worker,
+                   no rules loaded, an audit log that cannot be written, a secret store
+                   unavailable past its grace
     GET /metrics   the workers' metrics, summed, in Prometheus' text format (exposition.py)
 
 Readiness is read from the snapshots every worker writes each second (with what keeps it from
@@ -16,7 +16,6 @@ the workers' own state, not a guess. It turns false the moment a drain starts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -26,16 +25,12 @@ from ..request import metrics
 from . import exposition
 from .drain import Health
 
-STALE_SECONDS = 3.0  # a worker writes its snapshot every second
-
 
 def readiness(directory: Path, workers: int, health: Health) -> list[str]:
     """Why the proxy is not ready; empty when it is."""
     if health.draining:
         return ["draining"]
-    now = time.time()
-    fresh = [snap for _, written, snap in metrics.snapshots(directory)
-             if now - written < STALE_SECONDS]
+    fresh = metrics.fresh(metrics.snapshots(directory))
     unready = []
     if len(fresh) < workers:
         unready.append(f"workers: {len(fresh)} of {workers} reporting")

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..request.metrics import BUCKETS, HISTOGRAMS, snapshots
+from ..request.metrics import BUCKETS, HISTOGRAMS, fresh, snapshots
 
 PREFIX: Final = "sealgate_"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -79,14 +79,18 @@ class _Workers(Collector):
         self.directory = directory
 
     def collect(self) -> Iterator[Metric]:
-        found = [snap for _, _, snap in snapshots(self.directory)]
-        workers = GaugeMetricFamily(f"{PREFIX}workers", "Worker processes reporting.")
-        workers.add_metric([], len(found))
+        every = snapshots(self.directory)
+        found, now = [snap for _, _, snap in every], fresh(every)
+        # Counts from every live worker (a hung one's are still true, and dropping them would
+        # read as a reset); what is now (gauges, reporting) only from those still reporting.
+        workers = GaugeMetricFamily(f"{PREFIX}workers",
+                                    "Worker processes reporting (a snapshot within 3 s).")
+        workers.add_metric([], len(now))
         yield workers
         yield from _counters(found)
         for name, help_text in GAUGES.items():
             gauge = GaugeMetricFamily(f"{PREFIX}{name}", help_text)
-            gauge.add_metric([], sum(float(s.get("gauges", {}).get(name, 0)) for s in found))
+            gauge.add_metric([], sum(float(s.get("gauges", {}).get(name, 0)) for s in now))
             yield gauge
         for name in HISTOGRAMS:
             yield _histogram(name, found)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -96,6 +97,16 @@ class Metrics:
         # The first bound at or above `seconds`; past the last, the +Inf bucket.
         counts[bisect.bisect_left(BUCKETS, seconds)] += 1
         counts[-1] += seconds
+
+
+STALE_SECONDS = 3.0  # a worker writes its snapshot every second; past this, not reporting
+
+
+def fresh(found: list[tuple[str, float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Of `snapshots`, those of workers still reporting (written within STALE_SECONDS): a hung
+    worker's counters still count, but what it says of now (readiness, gauges) is not now."""
+    now = time.time()
+    return [snap for _, written, snap in found if now - written < STALE_SECONDS]
 
 
 def snapshots(directory: Path) -> list[tuple[str, float, dict[str, Any]]]:

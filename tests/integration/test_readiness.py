@@ -6,6 +6,7 @@ drain's turn to not ready is in test_supervision.py.)"""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import requests
 from tests.conftest import KEYS, client, rules_allowing
 from tests.fulldisk import fill, small_tmpfs
 from tests.harness import Origin, ProxyFactory, free_port, key_digest
+from tests.integration.test_supervision import workers
 from tests.vaultfake import VaultFake
 
 VAULT_TOKEN = "hvs.readiness-token-5e1f"
@@ -110,3 +112,31 @@ def test_a_full_audit_disk_is_not_ready_until_it_has_room(
         filler.unlink()
         until(lambda: session.get(f"{url}/after", timeout=5).status_code == 200
               and readyz(admin)[0] == 200, "ready again with room on the disk")
+
+
+def test_a_hung_worker_is_not_reporting_in_readyz_or_metrics(
+    tmp_path: Path, origin_http: Origin, proxy_with: ProxyFactory
+) -> None:
+    """Found by review: /metrics counted a worker that had stopped writing its snapshot as
+    reporting, and summed its last gauges as now, while /readyz said it was not reporting."""
+    admin = free_port()
+    rules = rules_allowing("127.0.0.1", origin_http.port)
+    with proxy_with(rules, directory=tmp_path,
+                    options=["--workers", "2", "--admin", f"127.0.0.1:{admin}"]) as p:
+        until(lambda: readyz(admin) == (200, {"ready": True, "workers": 2}), "both ready")
+        assert _reporting(admin) == 2
+        hung = workers(p)[1]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            _, said = until(lambda: (got := readyz(admin))[0] == 503 and got, "not ready")
+            assert said["unready"] == ["workers: 1 of 2 reporting"], said
+            assert until(lambda: _reporting(admin) == 1 or None, "one reporting in /metrics")
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        until(lambda: readyz(admin)[0] == 200 and _reporting(admin) == 2, "both again")
+
+
+def _reporting(admin: int) -> float:
+    text = requests.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("sealgate_workers "))
