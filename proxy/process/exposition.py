@@ -60,6 +60,8 @@ SUMMARIES: Final = {
 GAUGES: Final = {
     "connections_open": "Client connections open now.",
     "upstream_connections_open": "Upstream connections open now.",
+    "upstream_dials_pinned": "Upstream dials pinned to a checked address, not yet connected "
+                             "or failed.",
     "requests_in_flight": "Requests decided and not yet answered.",
     "resident_bytes": "The workers' resident memory.",
     "response_deadlines_pending": "Requests sent upstream in full, waiting for a response head.",

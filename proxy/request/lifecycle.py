@@ -11,10 +11,11 @@ import contextlib
 import logging
 import os
 import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import ctx
+from mitmproxy import connection, ctx
 from mitmproxy.addonmanager import Loader
 
 from sealgate.reasons import Reason
@@ -45,7 +46,14 @@ class Lifecycle:
         self.state: AddonState | None = None
         self.budgets = BudgetLedger()
         self.conns: dict[str, Conn] = {}
-        self._pinned: dict[str, tuple[str, int]] = {}
+        # The name and port an upstream dial was asked for, while it goes to the pinned address
+        # (pipeline.py's server_connect to server_connected). Keyed weakly by the connection (a
+        # Connection hashes and compares by its id): a dial cancelled while mitmproxy holds it
+        # back (five connects at once per address) or in a later addon's server_connect hook
+        # gets no hook after the one that pinned it, so no hook could pop it; weakly held, it
+        # goes with the connection, for one weak reference per dial.
+        self._pinned: weakref.WeakKeyDictionary[connection.Server, tuple[str, int]] = (
+            weakref.WeakKeyDictionary())
         self._watcher: asyncio.Task[None] | None = None
         self._failure: tuple[object, str] | None = None  # the rules reload failure last told
         self.in_flight: set[str] = set()  # flows between their request head and their end
@@ -132,6 +140,7 @@ class Lifecycle:
                                    response_deadlines_pending=deadline.pending(),
                                    upstream_tls_sessions=len(self.sessions),
                                    upstream_connections_open=self.upstream_open,
+                                   upstream_dials_pinned=len(self._pinned),
                                    audit_backlog_bytes=state.audit.backlog if state else 0)
 
     def _credential_totals(self, state: AddonState) -> None:

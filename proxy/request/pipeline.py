@@ -324,18 +324,18 @@ class Sealgate(Steps):
         # The upstream handshake names what was checked, never a name the client chose.
         server.sni = pin.host.name
         server.address = (str(pin.address), port)
-        self._pinned[server.id] = (name, port)
+        self._pinned[server] = (name, port)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.upstream_open += 1
         # mitmproxy matches reusable upstream connections by address; give the connection back
         # its name so keep-alive reuse keeps working although we dialed the pinned IP.
-        original = self._pinned.pop(data.server.id, None)
+        original = self._pinned.pop(data.server, None)
         if original is not None:
             mitm.restore_address(data.server, original)
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._pinned.pop(data.server.id, None)
+        self._pinned.pop(data.server, None)
 
     def tls_start_server(self, data: tls.TlsData) -> None:
         """After TlsConfig made the upstream handshake's connection: a session to resume."""
