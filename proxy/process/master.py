@@ -34,6 +34,7 @@ from .ca import ensure_ca
 from .drain import Health, drain
 
 _SETTLE_SECONDS = 2.0
+_IDLE_LOOK, _FREEZE_LOOKS = 0.25, 2400  # for a moment with no connection open: 10 minutes
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
 # whether it handles the event or not, so these leave the chain once the proxy is up. (core
 # validates option changes and offers UI commands; nothing changes options once running.)
@@ -192,6 +193,21 @@ def _settle(m: master.Master) -> None:
             m.addons.remove(addon)
     # The second walk of the chain after every flow event is pure cost when no UI listens.
     mitm.skip_update_walk(m.addons)
+    _freeze_when_idle(m, _FREEZE_LOOKS)
+
+
+def _freeze_when_idle(m: master.Master, looks: int) -> None:
+    """Take what start-up left alive out of every later collection (gc.freeze), at a moment
+    with no client connection open: one open then would be frozen with it, and never collected
+    once closed (nor what its flows hold). Collected first, so no garbage is frozen either. A
+    worker never idle for `_FREEZE_LOOKS` looks goes on unfrozen: slower collections, nothing
+    kept."""
+    gate = getattr(m.addons.get("sealgate"), "gate", None)
+    if gate is not None and gate.open:
+        if looks > 0:
+            asyncio.get_running_loop().call_later(_IDLE_LOOK, _freeze_when_idle, m, looks - 1)
+        return
+    gc.collect()
     gc.freeze()
 
 
