@@ -11,7 +11,8 @@ same (`Key`):
 - the address actually connected (the guard's pin: a name that re-resolves elsewhere never
   resumes the session of the old address);
 - the SNI (the name the first handshake's certificate was verified for);
-- the tenant: the sandbox's identity. Sessions carry nothing of a request, but a ticket is
+- the tenant: the sandbox's identity (for a client no sandbox is proven for, served by a
+  default policy, its source address). Sessions carry nothing of a request, but a ticket is
   an identifier an origin sees again, and one sandbox's connections are never made linkable
   to another's through it.
 

@@ -339,9 +339,12 @@ class Sealgate(Steps):
 
     def tls_start_server(self, data: tls.TlsData) -> None:
         """After TlsConfig made the upstream handshake's connection: a session to resume."""
-        conn = self.conns.get(data.context.client.id)
-        identity = conn.identity if conn is not None else None
-        self.sessions.start(data, (identity.sandbox or "") if identity is not None else "")
+        client = data.context.client
+        conn = self.conns.get(client.id)
+        sandbox = conn.identity.sandbox if conn is not None and conn.identity else None
+        # No sandbox proven (a default policy's client): its address stands for it, so two
+        # such clients' connections are not made linkable through one ticket either.
+        self.sessions.start(data, sandbox or f"@{client.peername[0] if client.peername else ''}")
 
     def tls_established_server(self, data: tls.TlsData) -> None:
         self.sessions.established(data)

@@ -164,3 +164,44 @@ def test_a_sandboxs_client_resumes_its_session_with_the_proxy(
                 reused.append(tls.session_reused)
                 session = tls.session  # read after data: TLS 1.3 tickets follow the handshake
     assert reused == [False, True, True]
+
+
+def test_clients_of_a_default_policy_resume_only_their_own_sessions(
+    proxy_with: ProxyFactory, origin: Resuming
+) -> None:
+    """Found by review: every client no sandbox was proven for (served by the default policy)
+    shared one tenant, "", so one such client's upstream connection resumed another's session
+    and the origin could link them by its ticket. Its source address stands for it now."""
+    rules = f"""
+version: 1
+policies:
+  anon:
+    allow:
+      - host: resume.test
+        ports: [{origin.port}]
+        methods: [GET]
+    allow_networks: [127.0.0.0/8]
+default_policy: anon
+"""
+
+    def one(p: Proxy, source: str) -> tuple[str, str | None, bool]:
+        before = len(origin.seen)
+        context = ssl.create_default_context(cafile=str(p.ca))
+        target = f"resume.test:{origin.port}"
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10,
+                                      source_address=(source, 0)) as raw:
+            raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+            with context.wrap_socket(raw, server_hostname="resume.test") as tls:
+                tls.sendall(b"GET /x HTTP/1.1\r\nHost: resume.test\r\nConnection: close\r\n\r\n")
+                answer = b""
+                while data := tls.recv(4096):
+                    answer += data
+                assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok"), answer
+        assert len(origin.seen) == before + 1
+        return origin.seen[-1]
+
+    with proxy_with(rules, name="resumption-anon") as p:
+        assert one(p, "127.0.0.3")[2] is False
+        assert one(p, "127.0.0.3")[2] is True  # its own session, resumed
+        assert one(p, "127.0.0.4")[2] is False  # another client's: never offered
