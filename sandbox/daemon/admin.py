@@ -35,11 +35,17 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ..guest.protocol import Ending
 from .daemon import Daemon
+from .tally import PREPARE_BUCKETS
 
 Handler = Callable[[web.Request], Any]
 # A call, from milliseconds (an exec of `true`, a warm create) to a cold image create or a
@@ -143,6 +149,37 @@ class _Alive(Collector):
                      "pool fillable, its self-test passed)", 1 if status["ready"] else 0)
         yield _gauge("sealgate_sandboxd_selftest_passed", "1 once the last self-test passed, "
                      "0 before one ran or after one failed", 0 if daemon.unverified else 1)
+        yield from _tally(daemon)
+
+
+def _tally(daemon: Daemon) -> Iterator[Metric]:
+    tally = daemon.tally
+    created = CounterMetricFamily("sealgate_sandboxd_sandboxes_created",
+                                  "Sandboxes created, by how: warm (a pool's slot) or cold "
+                                  "(one prepared for the create)", labels=["how"])
+    for how in ("warm", "cold"):
+        created.add_metric([how], tally.created[how])
+    yield created
+    ended = CounterMetricFamily("sealgate_sandboxd_sandboxes_ended",
+                                "Sandboxes ended, by why (deleted, ttl, idle, agent ended, "
+                                "...)", labels=["why"])
+    for why, count in sorted(tally.ended.items()):
+        ended.add_metric([why], count)
+    yield ended
+    buckets, total = [], 0
+    for bound, count in zip((*PREPARE_BUCKETS, float("inf")), tally.prepare_buckets,
+                            strict=True):
+        total += count
+        buckets.append(("+Inf" if bound == float("inf") else f"{bound:g}", total))
+    yield HistogramMetricFamily("sealgate_sandboxd_slot_prepare_duration_seconds",
+                                "Time to prepare a slot (its namespace, link, cgroups and "
+                                "agent, to the agent's hello): the pools' refill, and a cold "
+                                "create's", buckets=buckets, sum_value=tally.prepare_seconds)
+    yield CounterMetricFamily("sealgate_sandboxd_slot_prepare_failures",
+                              "Slots whose preparation failed", value=tally.prepare_failures)
+    yield CounterMetricFamily("sealgate_sandboxd_leases_cleaned",
+                              "Leftovers of dead runs or daemons (their leases) cleaned up at "
+                              "start", value=tally.cleaned)
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

@@ -41,6 +41,7 @@ from ..runtime import clean_up_stale
 from . import carried, imaging, orphans, slot
 from .events import log
 from .session import Options, Session, SessionError
+from .tally import Tally
 
 _HELLO_SECONDS = 10.0
 _REAP_SECONDS = 0.5
@@ -88,6 +89,7 @@ class Daemon:
         # Idempotency-Key -> when, what was asked, the create (`create`)
         self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
             OrderedDict()
+        self.tally = Tally()  # what it has done, for its metrics (`admin`)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -104,7 +106,7 @@ class Daemon:
         """Clean up after a daemon that died, then fill the pools in the background. Raises
         SandboxError for a pool of an image the store does not have."""
         self.plan()
-        await asyncio.to_thread(clean_up_stale)
+        self.tally.cleaned += len(await asyncio.to_thread(clean_up_stale))
         orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
 
@@ -204,11 +206,25 @@ class Daemon:
         await self._release(canary)
 
     async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
+        # Counted as under way (`busy`) to its agent's hello: until it is watched, a slot is in
+        # no pool and no session, where a hand-over would not see it.
         self._preparing += 1
+        started = time.monotonic()
         try:
             made = await asyncio.to_thread(slot.prepare, self.config.slots, image)
+            await self._hello(made)
+        except BaseException:
+            self.tally.prepare_failures += 1
+            raise
         finally:
             self._preparing -= 1
+        made.init = orphans.init_of(made.process.pid)
+        self._watch(made, os.pidfd_open(made.process.pid))
+        self.tally.prepared(time.monotonic() - started)  # to its agent's hello
+        return made
+
+    async def _hello(self, made: slot.Slot) -> None:
+        """The slot's agent says it serves, or the slot is released. Raises SandboxError."""
         loop = asyncio.get_running_loop()
         try:
             hello = await asyncio.wait_for(loop.sock_recv(made.channel, 4096),
@@ -224,9 +240,6 @@ class Daemon:
         except BaseException:
             await self._release(made)
             raise
-        made.init = orphans.init_of(made.process.pid)
-        self._watch(made, os.pidfd_open(made.process.pid))
-        return made
 
     def _watch(self, made: slot.Slot, pidfd: int) -> None:
         made.names.start(asyncio.get_running_loop())
@@ -402,6 +415,7 @@ class Daemon:
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
+        self.tally.create(warm=not cold)
         log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
              uid=taken.uid, warm=not cold, image=options.image)
         return session
@@ -466,6 +480,7 @@ class Daemon:
         self._remember(ident, why)
         self._wake.set()
         await self._release(session.slot, wait=False)
+        self.tally.end(why)
         log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
 

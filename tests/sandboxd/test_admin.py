@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +83,20 @@ def test_metrics_count_what_the_api_answered(watched: tuple[Daemon, str]) -> Non
     assert grew("sealgate_sandboxd_request_duration_seconds_bucket",
                 call="POST /v1/sandboxes/:id/exec", le="0.25") <= 1
     assert total(alive, "sealgate_sandboxd_sandboxes", tier="bwrap", image="host") == 1
+    # What the daemon did: one create from the pool's slot, one delete, and the pool refilled
+    # (a slot prepared: the histogram's count grows, within its buckets).
+    assert grew("sealgate_sandboxd_sandboxes_created_total", how="warm") == 1
+    assert grew("sealgate_sandboxd_sandboxes_created_total", how="cold") == 0
+    assert grew("sealgate_sandboxd_sandboxes_ended_total", why="deleted") == 1
+    prepared = "sealgate_sandboxd_slot_prepare_duration_seconds"
+    deadline = time.monotonic() + 30  # the refill runs beside the calls: on a loaded host, later
+    while (refill := total(scrape(base), f"{prepared}_count") - total(before, f"{prepared}_count")
+           ) < 1:
+        assert time.monotonic() < deadline, "no slot prepared for the pool"
+        time.sleep(0.1)
+    assert total(scrape(base), f"{prepared}_bucket", le="+Inf") >= \
+        total(before, f"{prepared}_bucket", le="+Inf") + refill
+    assert total(after, "sealgate_sandboxd_slot_prepare_failures_total") == 0
     assert total(after, "sealgate_sandboxd_sandboxes") == 0
     assert total(after, "sealgate_sandboxd_pool_wanted") == 1
     assert total(after, "sealgate_sandboxd_ready") == 1

@@ -1,0 +1,40 @@
+"""What the daemon has done, counted where it happens and read at each scrape (`admin`):
+sandboxes created (from a warm slot or cold) and ended (by why), slots prepared for the pools
+and how long each took, and the leftovers of a dead run or daemon cleaned up at start. Plain
+numbers on the daemon: nothing of prometheus-client on the daemon's paths, which run whether
+or not an admin listener is served.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+# A slot's preparation: a namespace, a link and its table, cgroups, the agent's start; tens of
+# milliseconds for bubblewrap, seconds for an emulated microVM's boot.
+PREPARE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 90.0)
+# Why a sandbox ends, as `Daemon.delete` is told: the label's values, bounded; anything else
+# (a word added later and not here) is counted as `other`, never as a label of its own.
+ENDINGS = ("deleted", "ttl", "idle", "agent ended", "agent not answering", "its creator left",
+           "daemon stopped")
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.created: Counter[str] = Counter()  # "warm" | "cold"
+        self.ended: Counter[str] = Counter()
+        self.cleaned = 0  # leases of dead runs or daemons cleaned up at start
+        self.prepare_failures = 0
+        # Cumulative counts per bucket (the last is +Inf), and the sum of seconds.
+        self.prepare_buckets = [0] * (len(PREPARE_BUCKETS) + 1)
+        self.prepare_seconds = 0.0
+
+    def create(self, warm: bool) -> None:
+        self.created["warm" if warm else "cold"] += 1
+
+    def end(self, why: str) -> None:
+        self.ended[why if why in ENDINGS else "other"] += 1
+
+    def prepared(self, seconds: float) -> None:
+        self.prepare_buckets[bisect.bisect_left(PREPARE_BUCKETS, seconds)] += 1
+        self.prepare_seconds += seconds
