@@ -13,6 +13,11 @@ while so a caller learns why (`sandbox_ended`) rather than that it never was.
 
 Everything the daemon holds is leased in its name (`sandbox.host.lease`); a daemon that was killed
 outright leaves leases the next start cleans up before it prepares anything.
+
+Why one module of ~500 lines: the pools, the sessions and the hand-over's hold are one state
+whose invariants span these methods (a slot is in exactly one pool, session or teardown, and
+`busy` counts every one in between); what stands apart has left (`slot`, `imaging`,
+`idempotency`, `tally`, `carried`).
 """
 
 from __future__ import annotations
@@ -40,14 +45,13 @@ from ..images import Image, Store
 from ..runtime import clean_up_stale
 from . import carried, imaging, orphans, slot
 from .events import log
+from .idempotency import Keys
 from .session import Options, Session, SessionError
 from .tally import Tally
 
 _HELLO_SECONDS = 10.0
 _REAP_SECONDS = 0.5
 _ORPHAN_ROUNDS = 20  # x _REAP_SECONDS: how long to look for a sandbox's orphaned init
-_KEY_SECONDS = 600.0  # how long a create's Idempotency-Key is remembered
-_KEYS_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,7 @@ class Daemon:
         self._closing = False
         self.held = False  # while a successor takes over (`hold`): nothing made, ended, taken
         # Idempotency-Key -> when, what was asked, the create (`create`)
-        self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
-            OrderedDict()
+        self._keys = Keys()  # creates by their Idempotency-Key
         self.tally = Tally()  # what it has done, for its metrics (`admin`)
 
     # -- start and stop -------------------------------------------------------------------
@@ -329,11 +332,8 @@ class Daemon:
     async def create(self, options: Options, key: str | None = None) -> Session:
         """A new sandbox; with `key` (an Idempotency-Key), the one an earlier create with the
         same key made, if it is remembered and succeeded (a retry after a lost answer)."""
-        if key is not None and (known := self._known(key)) is not None:
-            if known[1] != options:
-                raise SessionError("Idempotency-Key already used for another create",
-                                   reason=Reason.BAD_REQUEST)
-            return await asyncio.shield(known[2])
+        if key is not None and (known := self._keys.known(key, options)) is not None:
+            return await asyncio.shield(known)
         # Creates under way count: concurrent cold ones all wait on a prepare.
         if len(self.sessions) + self._creating >= self.config.max_sandboxes:
             raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
@@ -346,26 +346,12 @@ class Daemon:
         work = asyncio.create_task(self._create(options))
         work.add_done_callback(self._created)
         if key is not None:
-            self._keys[key] = (time.monotonic(), options, work)
-            work.add_done_callback(lambda done: self._forget(key, done))
+            self._keys.remember(key, options, work)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             work.add_done_callback(self._abandoned)
             raise
-
-    def _known(self, key: str) -> tuple[float, Options, asyncio.Task[Session]] | None:
-        now = time.monotonic()
-        while self._keys and (len(self._keys) > _KEYS_KEPT
-                              or now - next(iter(self._keys.values()))[0] > _KEY_SECONDS):
-            self._keys.popitem(last=False)
-        return self._keys.get(key)
-
-    def _forget(self, key: str, work: asyncio.Task[Session]) -> None:
-        """A create that failed is not replayed: a retry with its key tries again."""
-        if (work.cancelled() or work.exception() is not None) and key in self._keys \
-                and self._keys[key][2] is work:
-            del self._keys[key]
 
     def _created(self, _: asyncio.Task[Session]) -> None:
         self._creating -= 1
