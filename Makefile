@@ -14,7 +14,9 @@ DEB_BENCH := squid wrk nginx-light hey
 DEB_MICROVM := qemu-system-x86 erofs-utils
 # The OCI images the sandbox tests start from (scripts/test-images): debian's is debootstrapped;
 # busybox's package is unpacked by apt-get download and dpkg-deb, never installed on the host.
-DEB_IMAGES := debootstrap
+# skopeo pulls images; docker-registry is a real registry on loopback for the pull's test (apt
+# never starts it as a service: scripts/debian-deps.sh).
+DEB_IMAGES := debootstrap skopeo docker-registry
 
 .PHONY: run test lint unit deps bench clean
 

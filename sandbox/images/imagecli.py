@@ -41,6 +41,10 @@ def register(sub: Subcommands) -> None:
     pull = commands.add_parser("pull", parents=[store],
                                help="pull an image from its registry (skopeo) and import it")
     pull.add_argument("ref", metavar="REF", help="like debian:12 or ghcr.io/org/img@sha256:...")
+    pull.add_argument("--cert-dir", type=Path, metavar="DIR",
+                      help="a private registry's CA certificates (*.crt), and a client "
+                           "certificate (*.cert, *.key) if it asks for one: skopeo's "
+                           "--src-cert-dir")
     pull.set_defaults(func=_pull)
     imp = commands.add_parser("import", parents=[store],
                               help="import an OCI image layout directory or oci-archive file")
@@ -69,7 +73,8 @@ def _open(args: argparse.Namespace) -> Store:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    return _safely(lambda: _print_image(_open(args).pull(args.ref, _progress)))
+    return _safely(lambda: _print_image(_open(args).pull(args.ref, _progress,
+                                                         cert_dir=args.cert_dir)))
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -76,10 +76,11 @@ class Store:
 
         return self._guarded(work)
 
-    def pull(self, ref: str, progress: Progress = None, *,
+    def pull(self, ref: str, progress: Progress = None, *, cert_dir: Path | None = None,
              timeout: float = PULL_TIMEOUT) -> Image:
         """Pull `ref` from its registry with skopeo (docker://REF), then import it; the
-        image's name is `ref`, with ":latest" when it names neither tag nor digest."""
+        image's name is `ref`, with ":latest" when it names neither tag nor digest.
+        `cert_dir`: the registry's CA (and client) certificates, for a private registry."""
         name = _reference(ref)
         skopeo = shutil.which("skopeo") or SKOPEO
         if not os.access(skopeo, os.X_OK):
@@ -92,7 +93,8 @@ class Store:
         def work(new: list[str]) -> Image:
             with self._temp("pull-") as temp:
                 _say(progress, f"pulling {name} with skopeo")
-                argv = [skopeo, "copy", "--quiet", f"docker://{name}",
+                certs = [f"--src-cert-dir={cert_dir}"] if cert_dir is not None else []
+                argv = [skopeo, "copy", "--quiet", *certs, f"docker://{name}",
                         f"oci:{temp / 'layout'}:latest"]
                 try:
                     done = subprocess.run(argv, capture_output=True, text=True,
