@@ -5,8 +5,8 @@ speed (docs/performance-sandbox-api.md).
 
 Only where both ends are plain sockets: a caller over TLS gets the copying path (`ports`).
 The caller's connection is aiohttp's; its transport has nothing buffered when this starts (it
-is drained first), so the bytes written here follow the head in order, and its writability
-is waited for here on a descriptor of our own (asyncio refuses to watch a transport's).
+is drained first), so the bytes written here follow the head in order. The splicing runs in
+a thread of its own on descriptors of its own (`body`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import select
 import socket
+import threading
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -47,9 +49,55 @@ async def body(server: socket.socket, request: web.Request, writer: AbstractStre
         await writer.drain()
     finally:
         transport.set_write_buffer_limits(high=high, low=low)
-    # A descriptor of our own for the caller's socket: asyncio watches none of a transport's.
+    # Descriptors of our own for both sockets, which the thread closes at its end: the
+    # caller's own closes (a cancelled request: the caller gone) never take a number from
+    # under it, and asyncio watches none of a transport's.
     client = os.dup(transport.get_extra_info("socket").fileno())
+    try:
+        source = os.dup(server.fileno())
+    except OSError:
+        os.close(client)
+        raise
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+
+    def run() -> None:
+        try:
+            moved = _move(source, client, length, timeout)
+        except BaseException as exc:  # said to the request, whatever it is
+            loop.call_soon_threadsafe(_settle, done, 0, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, done, moved, None)
+        finally:
+            os.close(source)
+            os.close(client)
+
+    # A thread of its own, waiting in poll(2) between splices: on the event loop every piece
+    # the server writes took a turn (a reader or writer added and removed, a future), which
+    # made the daemon, not the copy, the limit; and not the loop's executor, whose few threads
+    # a long transfer would take from the sandboxes' set-up.
+    thread = threading.Thread(target=run, name="sealgate-splice", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: the caller's answer is cut
+        os.close(source)
+        os.close(client)
+        raise ConnectionError("no thread for the transfer") from None
+    return await done
+
+
+def _settle(done: asyncio.Future[int], moved: int, error: BaseException | None) -> None:
+    if done.cancelled():  # the request ended first: the thread's end is no one's
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(moved)
+
+
+def _move(server: int, client: int, length: int, timeout: float) -> int:
     out, into = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    poller = select.poll()
     try:
         with contextlib.suppress(OSError):  # a smaller pipe (the system's cap) only costs speed
             fcntl.fcntl(into, _F_SETPIPE_SZ, PIPE)
@@ -59,13 +107,13 @@ async def body(server: socket.socket, request: web.Request, writer: AbstractStre
             wanted = 0 if eof else min(PIPE - held, length - taken)
             if wanted:
                 try:
-                    got = os.splice(server.fileno(), into, wanted, flags=_FLAGS)
+                    got = os.splice(server, into, wanted, flags=_FLAGS)
                     eof = got == 0
                     taken += got
                     held += got
                 except BlockingIOError:
                     if not held:
-                        await _ready(server.fileno(), timeout, write=False)
+                        _wait(poller, server, select.POLLIN, timeout)
                         continue
             if not held:
                 if eof or taken == length:
@@ -74,22 +122,16 @@ async def body(server: socket.socket, request: web.Request, writer: AbstractStre
             try:
                 held -= os.splice(out, client, held, flags=_FLAGS)
             except BlockingIOError:
-                await _ready(client, timeout, write=True)
+                _wait(poller, client, select.POLLOUT, timeout)
     finally:
-        for fd in (out, into, client):
-            os.close(fd)
+        os.close(out)
+        os.close(into)
 
 
-async def _ready(fd: int, timeout: float, *, write: bool) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    (loop.add_writer if write else loop.add_reader)(fd, wake)
+def _wait(poller: select.poll, fd: int, event: int, timeout: float) -> None:
+    poller.register(fd, event)
     try:
-        await asyncio.wait_for(ready, timeout)
+        if not poller.poll(timeout * 1000):
+            raise TimeoutError
     finally:
-        (loop.remove_writer if write else loop.remove_reader)(fd)
+        poller.unregister(fd)

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import http.client
 import json
+import os
+import socket
 import time
 from collections.abc import Iterator
 
@@ -223,3 +225,34 @@ def test_a_sandbox_s_port_connections_are_capped(sandboxd: Daemon) -> None:
         assert opened == MAX_REQUESTS - 1 and refused.reason is Reason.SANDBOX_BUSY, refused
         assert refused.status == 429
         assert sb.port(8000, "/after")[0] == 200  # the places are free again
+
+
+def test_a_caller_leaving_mid_transfer_leaves_nothing_held(sandboxd: Daemon) -> None:
+    """A large body goes by splice(2) in a thread of its own on descriptors of its own: a
+    caller that leaves halfway ends it (its socket refuses the next piece), and the daemon holds
+    no descriptor of it after, and serves on."""
+    with Sandbox.create("ci-bot", daemon=str(sandboxd.socket)) as sb:
+        sb.run(["sh", "-c", "mkdir site && head -c 67108864 /dev/zero > site/big"])
+        sb.start(["python3", "-m", "http.server", "--bind", "127.0.0.1", "--directory", "site",
+                  "8020"])
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                sb.port(8020, "/nothing")
+                break
+            except DaemonError as exc:
+                assert exc.reason is Reason.PORT_UNREACHABLE and time.monotonic() < deadline
+                time.sleep(0.1)
+        held = len(os.listdir(f"/proc/{sandboxd.process.pid}/fd"))
+        for _ in range(3):
+            with socket.socket(socket.AF_UNIX) as raw:
+                raw.connect(str(sandboxd.socket))
+                raw.sendall(f"GET /v1/sandboxes/{sb.id}/ports/8020/big HTTP/1.1\r\n"
+                            "Host: x\r\n\r\n".encode())
+                got = raw.recv(1 << 20)
+                assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{sandboxd.process.pid}/fd")) > held:
+            assert time.monotonic() < deadline, "descriptors still held after the callers left"
+            time.sleep(0.1)
+        assert sb.port(8020, "/nothing")[0] == 404  # and it serves on
