@@ -39,7 +39,8 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PROTOCOL_VERSION: Final = "2026-07-28"
-METHODS: Final = frozenset({"server/discover", "tools/list", "tools/call", "ping"})
+# The 2026-07-28 methods this server has (ping and initialize are gone from that revision).
+METHODS: Final = frozenset({"server/discover", "tools/list", "tools/call"})
 IDENTITY: Final = "sealgate_identity"  # the scope's state key the handlers read
 _TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _B64: Final = re.compile(r"=\?base64\?(.*)\?=")
