@@ -22,6 +22,7 @@ proxy's refusal body carries one: never a credential, never an address the guard
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -54,6 +55,7 @@ from .upstream import Answer, send
 
 __all__ = ["Result", "call_tool"]
 
+log = logging.getLogger("sealgate.mcp")
 _SECRET_KEY: Final = re.compile(r"pass|secret|token|key|auth|cookie|credential|session", re.I)
 _MAX_AUDIT_ARGUMENTS: Final = 2048
 _MAX_AUDIT_VALUE: Final = 256
@@ -96,8 +98,14 @@ async def call_tool(service: Service, identity: Identity, policy: Policy, tool: 
     started = time.monotonic()
     record = _Call(tool.name, identity, policy.name, arguments)
     try:
+        if not service.audit.healthy:
+            # As the proxy: nothing goes out that the audit log cannot account for.
+            raise Denial(Reason.AUDIT_UNAVAILABLE, "the audit log cannot be written")
         result = await _run(service, record, policy, tool, arguments)
-    except Denial as exc:
+    except Exception as exc:  # fail closed, as every proxy hook does
+        if not isinstance(exc, Denial):
+            log.exception("sealgate mcp: tool %s failed", tool.name)  # stderr only
+            exc = Denial(Reason.INTERNAL_ERROR, "the call could not be made")
         # Refused (by the schema, the rules, the budget, the guard, a processor), or allowed
         # and then failed on the way (the API, its answer).
         record.decision = "error" if exc.reason in _FAILURES else "deny"
@@ -148,9 +156,13 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool,
     if call.body is not None:
         request.headers.append(("Content-Type", "application/json"))
     _inject(credentials, request, record)
-    answer = await send(call, request.headers, request.body if call.body is not None else None,
-                        pin=pin, tls=service.tls, limit=tool.max_response_bytes,
-                        timeout=tool.timeout)
+    service.budgets.open_connection(key, policy.budgets)  # calls at once, per sandbox
+    try:
+        answer = await send(call, request.headers,
+                            request.body if call.body is not None else None, pin=pin,
+                            tls=service.tls, limit=tool.max_response_bytes, timeout=tool.timeout)
+    finally:
+        service.budgets.close_connection(key)
     scrubber = Scrubber(record.needles)
     result = _answered(tool, answer, scrubber)
     record.fields.update(status=answer.status, bytes_in=len(answer.body),

@@ -40,6 +40,7 @@ async def serve(config: Settings) -> None:
     server = uvicorn.Server(uvicorn.Config(
         app(service), host=host, port=port, log_level="warning", access_log=False,
         lifespan="on", timeout_keep_alive=5, timeout_graceful_shutdown=10,
+        limit_concurrency=512,  # connections; past it 503 at once
         h11_max_incomplete_event_size=64 * 1024, server_header=False))
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():

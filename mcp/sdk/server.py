@@ -54,10 +54,10 @@ def app(service: Service) -> Gate:
                                  on_call_tool=call)
     host, port = service.settings.listen
     shown = f"[{host}]" if ":" in host else host
-    # The SDK's own Host check (DNS rebinding) for the address served; the gate refuses any
-    # Origin before.
+    # The gate refuses any Origin (what a browser, the way in for DNS rebinding, sends); the
+    # SDK's own Host check besides, for the address served, unless that is every address.
     security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
+        enable_dns_rebinding_protection=host not in ("", "0.0.0.0", "::"),  # noqa: S104
         allowed_hosts=[f"{shown}:{port}", f"localhost:{port}"], allowed_origins=[])
     sdk: Starlette = server.streamable_http_app(
         streamable_http_path="/mcp", json_response=True, stateless_http=True,
