@@ -158,7 +158,7 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool,
     _inject(credentials, request, record)
     service.budgets.open_connection(key, policy.budgets)  # calls at once, per sandbox
     try:
-        answer = await send(call, request.headers,
+        answer = await send(call, request.path, request.headers,
                             request.body if call.body is not None else None, pin=pin,
                             tls=service.tls, limit=tool.max_response_bytes, timeout=tool.timeout)
     finally:

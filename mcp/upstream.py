@@ -35,14 +35,16 @@ class Answer:
     content_type: str
 
 
-async def send(call: ToolRequest, headers: list[tuple[str, str]], body: bytes | None, *,
-               pin: Pin, tls: ssl.SSLContext, limit: int, timeout: float) -> Answer:
-    """`call` with `headers` and `body` (credentials written in) to `pin.address`; Denial for
-    a call that fails, or an answer over `limit` bytes or compressed."""
+async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
+               body: bytes | None, *, pin: Pin, tls: ssl.SSLContext, limit: int,
+               timeout: float) -> Answer:
+    """`call` to `pin.address` with the request target, headers and body its credentials were
+    written into (a query processor adds to the target); Denial for a call that fails, or an
+    answer over `limit` bytes or compressed."""
     default = 443 if call.scheme == "https" else 80
     authority = call.host.name if call.port == default else format_hostport(call.host.name,
                                                                             call.port)
-    url = URL(f"{call.scheme}://{format_hostport(call.host.name, call.port)}{call.target}",
+    url = URL(f"{call.scheme}://{format_hostport(call.host.name, call.port)}{target}",
               encoded=True)
     connector = aiohttp.TCPConnector(ssl=tls if call.scheme == "https" else False,
                                      resolver=Pinned(str(pin.address)), force_close=True,

@@ -50,6 +50,13 @@ policies:
           - secret: file:other
             as: {{type: header, header: X-Key, format: "{{secret}}"}}
             name: other
+      - host: api.test
+        ports: [{port}]
+        paths: ["/q/**"]
+        inject:
+          - secret: file:other
+            as: {{type: query, param: api_key}}
+            name: in_query
       - host: meta.test
         ports: [{port}]
       - host: evil.test
@@ -85,6 +92,17 @@ policies:
         method: GET
         url: https://api.test:{port}/other/x
         credential: github
+      - name: other_header
+        description: The other credential, a header processor.
+        method: GET
+        url: https://api.test:{port}/other/x
+        credential: other
+      - name: in_query
+        description: A credential a query processor puts in the URL.
+        method: GET
+        url: https://api.test:{port}/q/x
+        query: {{page: "2"}}
+        credential: in_query
       - name: big
         description: An answer over its cap.
         method: GET
@@ -151,8 +169,8 @@ def test_the_client_lists_its_policys_tools(server: McpServer) -> None:
     answer, _ = server.client([{"list": True}], BOT)
     assert answer["discovered"] == {"versions": ["2026-07-28"]}
     tools = {t["name"]: t for t in answer["steps"][0]["tools"]}
-    assert set(tools) == {"get_repo", "picked", "create", "wrong_credential", "big", "metadata",
-                          "internal"}
+    assert set(tools) == {"get_repo", "picked", "create", "wrong_credential", "other_header",
+                          "in_query", "big", "metadata", "internal"}
     assert tools["get_repo"]["inputSchema"]["required"] == ["owner", "number"]
     assert tools["get_repo"]["annotations"]["readOnlyHint"] is True
     answer, _ = server.client([{"list": True}], basic("rep-1", KEYS["rep-1"]))
@@ -179,6 +197,19 @@ def test_the_credential_reaches_the_api_and_never_the_agent(server: McpServer,
     assert line["injected"] == ["broker:file:github"] and line["scrubbed"] >= 1
     assert (line["host"], line["path"], line["status"]) == ("api.test", "/repos/octo/issues/7",
                                                             200)
+
+
+def test_any_processor_puts_the_credential_in_and_its_echo_is_scrubbed(server: McpServer,
+                                                                       api: Origin) -> None:
+    api.reset()
+    step, _ = _one(server, "other_header")
+    assert api.requests[-1].values("x-key") == [OTHER]
+    assert "[REDACTED]" in step["result"]["structured"]["headers"]["X-Key"]
+    api.reset()
+    step, _ = _one(server, "in_query")
+    assert api.requests[-1].path == f"/q/x?page=2&api_key={OTHER}"
+    assert step["result"]["structured"]["path"].startswith("/q/x?page=2&api_key=[REDACTED]")
+    assert server.calls()[-1]["path"] == "/q/x"  # the audit line has no query
 
 
 def test_returns_picks_the_fields_and_a_body_is_built_from_arguments(server: McpServer,
