@@ -25,17 +25,31 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $@
 
+# The MCP server's own virtualenv (docs/mcp.md): the `mcp` SDK needs an h11 that mitmproxy, in
+# $(VENV), does not allow, so `sealgate mcp serve` execs this one's python. The SDK pinned and
+# what sealgate's modules below the MCP server need (mcp/requirements.txt), then sealgate
+# itself, editable and without its dependencies (no mitmproxy). Remade only when either file
+# changed; the tests run its python for the official MCP client.
+MCP_VENV := var/mcp-venv
+MCP_STAMP := $(MCP_VENV)/.sealgate-installed
+$(MCP_STAMP): mcp/requirements.txt pyproject.toml
+	@test -x $(MCP_VENV)/bin/python || $(PYTHON) -m venv $(MCP_VENV)
+	$(MCP_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r mcp/requirements.txt
+	$(MCP_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+		--no-build-isolation -e .
+	@touch $@
+
 # Installs missing Debian packages when root; otherwise says what is missing and goes on
-# (tests that need them skip with that reason).
-deps:
+# (tests that need them skip with that reason). And the MCP virtualenv.
+deps: $(MCP_STAMP)
 	@bash scripts/debian-deps.sh $(DEB_RUNTIME)
 
 run: $(STAMP) deps
 	$(VENV)/bin/sealgate proxy
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check proxy issuer sandbox kube sealgate tests bench scripts/typecheck scripts/archmap \
-		scripts/test-images
+lint: $(STAMP) $(MCP_STAMP)
+	$(VENV)/bin/ruff check proxy issuer sandbox kube mcp sealgate tests bench scripts/typecheck \
+		scripts/archmap scripts/test-images
 	$(PY) scripts/typecheck
 
 # The suite on parallel workers (pytest-xdist): a worker runs a module whole, and the modules

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "template": ("sealgate.sandbox.clients.templatecli",
                  "build a template: an image plus setup commands, kept as an image (sandboxd)"),
     "kube": ("sealgate.kube.cli", "sealgate on Kubernetes: identity by pod"),
+    "mcp": ("sealgate.mcp.cli", "serve the tools rules declare over MCP (Streamable HTTP)"),
 }
 
 

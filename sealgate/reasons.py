@@ -193,6 +193,20 @@ class Reason(StrEnum):
         "secret_unavailable", 503, "the secret store cannot produce the secret (past its grace)",
     )
     RULES_UNAVAILABLE = ("rules_unavailable", 503, "no rules are loaded")
+    # -- tool calls over MCP (`sealgate mcp serve`, docs/mcp.md): an error result ----------
+    TOOL_ARGUMENTS_INVALID = (
+        "tool_arguments_invalid", 400, "a tool's arguments fail its schema or its templates",
+    )
+    TOOL_CREDENTIAL = (
+        "tool_credential", 403,
+        "the rule that allows a tool's call does not inject the credential the tool names",
+    )
+    RESPONSE_TOO_LARGE = (
+        "response_too_large", 502, "an answer over the tool's max_response_bytes",
+    )
+    RESPONSE_NOT_JSON = (
+        "response_not_json", 502, "an answer a tool's `returns` fields cannot be read from",
+    )
     # -- responses refused (the connection is closed; audit only) ---------------------------
     ENCODING_UNSCRUBBABLE = (
         "encoding_unscrubbable", 502, "a response coding that cannot be scrubbed (br, stacked)",

@@ -267,6 +267,10 @@ class YamlFile:
         for readers that check types on values rather than nodes. None for an empty file."""
         return None if self.root is None else self._value(self.root, "")
 
+    def value(self, node: Node, field: str) -> object:
+        """The value at `node` as plain Python values, as `data` reads the whole document."""
+        return self._value(node, field)
+
     def _value(self, node: Node, field: str) -> object:
         if isinstance(node, MappingNode):
             return {

@@ -25,7 +25,7 @@ from ..net.guard import Guard
 from ..policy.model import Policy
 from .exchanged import ExchangeError
 
-__all__ = ["MAX_ANSWER", "TIMEOUT", "Endpoint", "endpoint", "post"]
+__all__ = ["MAX_ANSWER", "TIMEOUT", "Endpoint", "Pinned", "endpoint", "post"]
 
 TIMEOUT: Final = 10.0
 MAX_ANSWER: Final = 64 << 10
@@ -51,7 +51,7 @@ def endpoint(url: str) -> Endpoint:
     return Endpoint(url, host, port, (parts.path or "/") + (f"?{parts.query}" * bool(parts.query)))
 
 
-class _Pinned(AbstractResolver):
+class Pinned(AbstractResolver):
     """aiohttp's resolver for one dial: the address the guard checked, and nothing else."""
 
     def __init__(self, address: str) -> None:
@@ -76,7 +76,7 @@ async def post(target: Endpoint, headers: dict[str, str], body: bytes, *, guard:
         pin = await guard.pin(target.host, target.port, policy)
     except Denial as exc:
         raise ExchangeError(f"{what} {target.host.name} is refused ({exc.reason})") from None
-    connector = aiohttp.TCPConnector(ssl=tls, resolver=_Pinned(str(pin.address)),
+    connector = aiohttp.TCPConnector(ssl=tls, resolver=Pinned(str(pin.address)),
                                      force_close=True, use_dns_cache=False)
     try:
         async with aiohttp.ClientSession(

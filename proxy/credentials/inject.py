@@ -20,8 +20,7 @@ import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-
-from mitmproxy import http
+from typing import TYPE_CHECKING
 
 from sealgate.credentials.errors import InjectionError, RequestInapplicable
 from sealgate.credentials.processors import Processor
@@ -29,6 +28,11 @@ from sealgate.reasons import Reason
 
 from ..errors import Denial
 from .scrub import Scrubber
+
+if TYPE_CHECKING:
+    # Annotations only: `Credential` and `credential` are used without mitmproxy, by the MCP
+    # server's own process (proxy/calls.py), which has none.
+    from mitmproxy import http
 
 _IDENTITY = (b"accept-encoding", b"identity")
 _TRAILERS = b"trailers"

@@ -17,9 +17,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv6Address
-from typing import Final, Protocol
-
-from mitmproxy import http
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sealgate.hostname import Host, HostError, denied_name, split_authority
 from sealgate.hostport import format_hostport
@@ -34,6 +32,11 @@ from .hostaddr import (
     parse_networks,
 )
 from .resolver import ResolveError, Resolver
+
+if TYPE_CHECKING:
+    # Annotations only: the guard itself (`Guard`, `Pin`) is used without mitmproxy, by the
+    # MCP server's own process (proxy/calls.py), which has none.
+    from mitmproxy import http
 
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",

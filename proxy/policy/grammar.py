@@ -15,8 +15,9 @@ from typing import Final, TypeVar
 
 from yaml.nodes import Node, ScalarNode
 
-from sealgate.yamlfile import FLOAT, INT, Where, YamlFile, describe, join, show
+from sealgate.yamlfile import FLOAT, INT, Entries, Where, YamlFile, describe, join, show
 
+from . import toolgrammar
 from .injections import injections
 from .model import (
     ANY_HOST,
@@ -32,6 +33,7 @@ from .model import (
     path_glob_regex,
 )
 from .targets import Lint, TargetError, host_pattern, network
+from .tools import Tool
 
 __all__ = ["RulesDocument"]
 
@@ -52,7 +54,7 @@ _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _HEX64: Final = re.compile(r"[0-9A-Fa-f]{64}")
 
 _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
-_POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets")
+_POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets", "tools")
 _RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http",
                      "response_timeout")
 _MAX_RESPONSE_SECONDS: Final = 24 * 3600.0
@@ -190,7 +192,28 @@ class RulesDocument(YamlFile):
                 f"tokens: true intercepts the {blind} rule(s) that alone would pass TLS through "
                 "undecrypted (a token inside a blind tunnel could not be seen)",
             )
-        return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets)
+        named = self._named_credentials(rules, entries, field)
+        tools: tuple[Tool, ...] = ()
+        if "tools" in entries:
+            tools = toolgrammar.tools(self, entries["tools"][1], f"{field}.tools", named)
+        return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets, tools)
+
+    def _named_credentials(self, rules: list[Rule], entries: Entries, field: str
+                           ) -> dict[str, Injection]:
+        """The policy's inject entries by name; one name is one credential (secret and
+        processor), however many rules carry it."""
+        named: dict[str, tuple[Injection, Rule]] = {}
+        for rule in rules:
+            for injection in rule.inject:
+                if injection.name is None:
+                    continue
+                first = named.setdefault(injection.name, (injection, rule))
+                if (first[0].secret, first[0].processor) != (injection.secret,
+                                                             injection.processor):
+                    raise self.error(entries["allow"][1], f"{field}.allow",
+                                     f"inject name {injection.name!r} names two credentials: "
+                                     f"at {first[1].source} and at {rule.source}")
+        return {name: injection for name, (injection, _) in named.items()}
 
     def _budgets(self, node: Node, field: str) -> Budgets:
         entries = self.mapping(node, field)

@@ -5,6 +5,7 @@
         as: bearer                                 # or the processor's JSON form, as a mapping
       - secret: {mount: kv, path: ci/stripe, field: key, kv_version: 2}
         as: {type: placeholder, header: X-Api-Key, placeholder: sg-placeholder-stripe}
+        name: stripe                               # optional: what a tool's `credential` names
 
 The processor vocabulary is the one sealed tokens carry (docs/token-format.md), so a brokered
 credential and a sealed one are put into requests by the same code.
@@ -12,6 +13,7 @@ credential and a sealed one are put into requests by the same code.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -23,13 +25,14 @@ from sealgate.credentials.processors import (
     processor_from_object,
 )
 from sealgate.credentials.secretref import SecretRef, parse_ref
-from sealgate.yamlfile import YamlFile, join
+from sealgate.yamlfile import YamlFile, join, show
 
 from .model import Injection
 
 __all__ = ["injections"]
 
-_INJECT_KEYS: Final = ("secret", "as")
+_INJECT_KEYS: Final = ("secret", "as")  # required; `name` besides, for a tool to name it
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _VAULT_KEYS: Final = ("mount", "path", "field", "kv_version")
 # Processor fields that hold a comma-separated list, which rules may also write as a list.
 _LIST_FIELDS: Final = frozenset[str]().union(*(c.list_fields for c in PROCESSOR_TYPES.values()))
@@ -53,7 +56,14 @@ def injections(doc: YamlFile, node: Node, field: str) -> tuple[Injection, ...]:
 
 def _injection(doc: YamlFile, node: Node, field: str) -> Injection:
     entries = doc.mapping(node, field)
-    doc.expect_keys(entries, node, field, _INJECT_KEYS, required=_INJECT_KEYS)
+    doc.expect_keys(entries, node, field, (*_INJECT_KEYS, "name"), required=_INJECT_KEYS)
+    name = None
+    if "name" in entries:
+        name_node = entries["name"][1]
+        name = doc.string(name_node, f"{field}.name")
+        if not _NAME.fullmatch(name):
+            raise doc.error(name_node, f"{field}.name", f"{show(name)} must be 1-64 of A-Z a-z "
+                                                        "0-9 . _ - (not starting with . _ -)")
     secret_node = entries["secret"][1]
     try:
         ref = _secret_ref(doc, secret_node, f"{field}.secret")
@@ -73,7 +83,7 @@ def _injection(doc: YamlFile, node: Node, field: str) -> Injection:
         processor = processor_from_object(spec)
     except InjectionError as exc:
         raise doc.error(as_node, as_field, str(exc)) from None
-    return Injection(ref, processor)
+    return Injection(ref, processor, name)
 
 
 def _value(doc: YamlFile, node: Node, field: str, *, listed: bool) -> str:

@@ -27,6 +27,7 @@ from sealgate.yamlfile import YamlFileError, format_location
 
 from ..errors import ProxyError
 from ..net.addresses import AddressPolicy
+from .tools import Tool
 
 __all__ = [
     "ANY_HOST",
@@ -229,6 +230,9 @@ class Injection:
 
     secret: SecretRef
     processor: Processor
+    # What a tool names it by (`credential:`); entries of one policy that share a name are the
+    # same credential (grammar.py checks it).
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +291,8 @@ class Policy:
     rules: tuple[Rule, ...]
     allow_networks: tuple[IPv4Network | IPv6Network, ...]
     budgets: Budgets
+    # Calls an agent makes over MCP (`sealgate mcp serve`), each decided by the rules above.
+    tools: tuple[Tool, ...] = ()
     _exact: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _suffix: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _any: _Indexed = field(init=False, repr=False, compare=False)

@@ -17,7 +17,7 @@ from typing import Any
 
 from sealgate.credentials.processors import PROCESSOR_TYPES
 
-from . import grammar, injections
+from . import grammar, injections, toolgrammar, tools
 
 ID = "https://sealgate.dev/schemas/rules-v1.json"
 
@@ -46,6 +46,35 @@ def _processors() -> list[dict[str, Any]]:
     return forms
 
 
+def _tool() -> dict[str, Any]:
+    """A `tools:` entry (toolgrammar.py): its shape; the templates' parameters, the arguments'
+    schema and the credential's name are checked by the loader."""
+    text = {"type": "string"}
+    properties: dict[str, Any] = {
+        "name": {"type": "string", "pattern": _anchored(tools.TOOL_NAME.pattern)},
+        "description": {"type": "string", "minLength": 1,
+                        "maxLength": toolgrammar.MAX_DESCRIPTION},
+        "method": {"type": "string", "pattern": _anchored(toolgrammar._METHOD.pattern)},
+        "url": {"type": "string", "pattern": "^https?://"},
+        "query": {"type": "object", "additionalProperties": text,
+                  "propertyNames": {"pattern": _anchored(toolgrammar._QUERY_NAME.pattern)}},
+        "body": {},
+        "arguments": {"type": "object", "required": ["type"],
+                      "properties": {"type": {"const": "object"}}},
+        "credential": {"type": "string", "pattern": _anchored(injections._NAME.pattern)},
+        "max_response_bytes": {"type": "integer", "minimum": 1,
+                               "maximum": toolgrammar.MAX_RESPONSE_BYTES},
+        "returns": _string_list(text),
+        "timeout": {"type": "number", "exclusiveMinimum": 0,
+                    "maximum": toolgrammar.MAX_TIMEOUT},
+    }
+    if set(properties) != set(toolgrammar.TOOL_KEYS):
+        raise RuntimeError("the schema and the loader name different tool fields: update "
+                           "schema.py")
+    return {"type": "object", "additionalProperties": False,
+            "required": list(toolgrammar._REQUIRED), "properties": properties}
+
+
 def schema() -> dict[str, Any]:
     name = {"type": "string", "pattern": _anchored(grammar._NAME.pattern)}
     integer = {"type": "integer", "maximum": grammar._MAX_INT}
@@ -56,7 +85,9 @@ def schema() -> dict[str, Any]:
     inject = {"type": "object", "additionalProperties": False,
               "required": list(injections._INJECT_KEYS),
               "properties": {"secret": {"oneOf": [{"type": "string"}, vault]},
-                             "as": {"oneOf": _processors()}}}
+                             "as": {"oneOf": _processors()},
+                             "name": {"type": "string",
+                                      "pattern": _anchored(injections._NAME.pattern)}}}
     rule_properties: dict[str, Any] = {
         "host": {"type": "string"},
         "ports": _string_list({"type": "integer", "minimum": 1, "maximum": 65535}),
@@ -81,6 +112,7 @@ def schema() -> dict[str, Any]:
                                "required": ["host"], "properties": rule_properties}),
         "allow_networks": _string_list({"type": "string"}),
         "budgets": budgets,
+        "tools": _string_list(_tool()),
     }
     sandbox = {"type": "object", "additionalProperties": False,
                "required": list(grammar._SANDBOX_KEYS),

@@ -26,6 +26,7 @@ def test_the_table_lists_every_command_with_its_parts_help() -> None:
     (["sandbox", "ls", "--daemon", "/nonexistent.sock"], ("mitmproxy", "aiohttp",
                                                            "sealgate.proxy")),
     (["sandbox", "exec", "--help"], ("mitmproxy", "aiohttp", "sealgate.proxy")),
+    (["mcp", "serve", "--help"], ("mitmproxy", "aiohttp", "sealgate.proxy", "mcp")),
 ])
 def test_a_command_imports_only_its_part(argv: list[str], heavy: tuple[str, ...]) -> None:
     probe = (
@@ -46,6 +47,8 @@ def test_a_command_imports_only_its_part(argv: list[str], heavy: tuple[str, ...]
     (["sandbox", "exec", "sb-x", "--daemon", "/nonexistent.sock", "--", "true"], 125,
      "cannot be reached"),
     (["ca", "--state", "/nonexistent/state"], 1, "no proxy CA in /nonexistent/state/ca"),
+    (["mcp", "serve", "--python", "/nonexistent/python"], 2,
+     "no MCP virtualenv python at /nonexistent/python: run `make deps`"),
 ])
 def test_client_commands_say_what_is_wrong_without_a_traceback(
     argv: list[str], code: int, said: str

@@ -97,3 +97,9 @@ def test_a_source_registered_refused_and_unregistered_through_the_face(tmp_path:
     said = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert said == [None, {"10.200.0.2": "bot-1"},
                     ("unknown_sandbox", "no sandbox 'nobody' in the rules"), True, False]
+
+
+def test_the_services_face_imports_no_mitmproxy() -> None:
+    # sealgate.proxy.calls is what the MCP server (its own virtualenv, no mitmproxy in it)
+    # decides, dials, injects and scrubs with: the proxy's own code, without its process.
+    assert "mitmproxy" not in _imported("sealgate.proxy.calls")

@@ -8,6 +8,11 @@ watcher, a client of the proxy's face) imports neither sandbox nor issuer, and n
 kube. sealgate.cli is
 the top and may import everything. Lazy imports (inside functions) and TYPE_CHECKING ones count:
 they are dependencies all the same.
+
+The MCP server (sealgate.mcp, issue 29) sits above the proxy: it imports the proxy only through
+its faces (sealgate.proxy, sealgate.proxy.calls), neither sandbox, issuer nor kube, and none of
+those import it. Only sealgate.mcp.sdk imports the `mcp` SDK (and what comes with it), which
+is installed in the MCP server's own virtualenv alone; nothing else imports sealgate.mcp.sdk.
 """
 
 from __future__ import annotations
@@ -20,16 +25,25 @@ from pathlib import Path
 from tests.layout import modules as layout_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("proxy", "issuer", "sandbox", "kube")
+PARTS = ("proxy", "issuer", "sandbox", "kube")  # their folders' names, never imported as such
 # Which part may not import which (sealgate.X -> forbidden prefixes); the base is every module
 # directly in sealgate/ but the CLI.
 FORBIDDEN = {
-    "sealgate.proxy": ("sealgate.sandbox", "sealgate.kube"),
-    "sealgate.issuer": ("sealgate.proxy", "sealgate.sandbox", "sealgate.kube"),
+    "sealgate.proxy": ("sealgate.sandbox", "sealgate.kube", "sealgate.mcp"),
+    "sealgate.issuer": ("sealgate.proxy", "sealgate.sandbox", "sealgate.kube", "sealgate.mcp"),
     "sealgate.sandbox": ("sealgate.kube",),
-    "sealgate.kube": ("sealgate.sandbox", "sealgate.issuer"),
+    "sealgate.kube": ("sealgate.sandbox", "sealgate.issuer", "sealgate.mcp"),
+    "sealgate.mcp": ("sealgate.sandbox", "sealgate.issuer", "sealgate.kube"),
 }
-BASE_MAY_NOT = tuple(f"sealgate.{part}" for part in PARTS)
+BASE_MAY_NOT = tuple(f"sealgate.{part}" for part in (*PARTS, "mcp"))
+# What another part may import of these parts: their faces.
+FACES = {
+    "sealgate.proxy": ("sealgate.proxy", "sealgate.proxy.calls"),
+    "sealgate.mcp": ("sealgate.mcp",),
+}
+SDK = "sealgate.mcp.sdk"
+# The top-level packages only the MCP virtualenv has: the SDK and what it brings.
+SDK_PACKAGES = ("mcp", "mcp_types", "starlette", "uvicorn", "httpx2", "pydantic", "anyio")
 TOP = "sealgate.cli"
 
 Graph = dict[str, set[str]]
@@ -141,6 +155,36 @@ def wrong_way(edges: Graph, lines: dict[tuple[str, str], int]) -> list[str]:
     return bad
 
 
+def _part(module: str) -> str | None:
+    return next((p for p in BASE_MAY_NOT if module == p or module.startswith(p + ".")), None)
+
+
+def past_faces(edges: Graph, lines: dict[tuple[str, str], int]) -> list[str]:
+    """Imports from one part into another's insides, not its face."""
+    bad = []
+    for module, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            part = _part(target)
+            if part in FACES and _part(module) not in (part, None) and target not in FACES[part]:
+                bad.append(f"{module} imports {target} (line {lines[(module, target)]})")
+    return bad
+
+
+def sdk_imports(root: Path) -> list[str]:
+    """The SDK imported outside sealgate.mcp.sdk, sealgate.mcp.sdk imported by anything but
+    itself, or mitmproxy imported anywhere in sealgate.mcp."""
+    bad = []
+    for name, path in sorted(layout_modules(root).items()):
+        inside = name == SDK or name.startswith(SDK + ".")
+        for target, _, line in _imports(path, name):
+            top = target.split(".")[0]
+            if (top in SDK_PACKAGES and not inside) or (
+                    (target == SDK or target.startswith(SDK + ".")) and not inside) or (
+                    top == "mitmproxy" and name.startswith("sealgate.mcp")):
+                bad.append(f"{name} imports {target} (line {line})")
+    return bad
+
+
 def outside_imports(root: Path, package: str, refused: tuple[str, ...]) -> list[str]:
     """Imports in root/package whose top-level name is one of `refused`."""
     bad = []
@@ -164,6 +208,17 @@ def test_imports_point_downward() -> None:
     edges, lines = graph(ROOT)
     bad = wrong_way(edges, lines)
     assert not bad, "wrong-way imports:\n  " + "\n  ".join(bad)
+
+
+def test_parts_import_each_other_through_their_faces() -> None:
+    edges, lines = graph(ROOT)
+    bad = past_faces(edges, lines)
+    assert not bad, "imports past a part's face:\n  " + "\n  ".join(bad)
+
+
+def test_only_the_mcp_servers_sdk_modules_import_the_sdk() -> None:
+    bad = sdk_imports(ROOT)
+    assert not bad, "\n".join(bad)
 
 
 def test_packages_import_neither_tests_nor_bench() -> None:
@@ -243,6 +298,36 @@ def test_planted_wrong_way_and_outside_imports_are_found(tmp_path: Path) -> None
         "sealgate/issuer/keys.py:2 imports tests.harness"
     ]
     assert outside_imports(root, "sealgate", PARTS) == ["sealgate/proxy/x.py:2 imports proxy"]
+
+
+def test_planted_face_and_sdk_violations_are_found(tmp_path: Path) -> None:
+    root = _plant(tmp_path, {
+        "sealgate/__init__.py": "",
+        "sealgate/proxy/__init__.py": "",
+        "sealgate/proxy/calls.py": "",
+        "sealgate/proxy/net/__init__.py": "",
+        "sealgate/proxy/net/guard.py": "",
+        "sealgate/mcp/__init__.py": "",
+        "sealgate/mcp/calls.py": (
+            "from sealgate.proxy.calls import decide\n"  # the face: fine
+            "from sealgate.proxy.net.guard import Guard\nimport mcp.types\n"),
+        "sealgate/mcp/gate.py": "from .sdk import server\nfrom mitmproxy import http\n",
+        "sealgate/mcp/sdk/__init__.py": "",
+        "sealgate/mcp/sdk/server.py": (
+            "from mcp.server.lowlevel import Server\nfrom ..calls import x\n"),
+        "sealgate/sandbox/__init__.py": "",
+        "sealgate/sandbox/x.py": "from sealgate.mcp import y\nfrom sealgate.mcp.calls import z\n",
+    })
+    edges, lines = graph(root)
+    assert past_faces(edges, lines) == [
+        "sealgate.mcp.calls imports sealgate.proxy.net.guard (line 2)",
+        "sealgate.sandbox.x imports sealgate.mcp.calls (line 2)",
+    ]
+    assert sdk_imports(root) == [
+        "sealgate.mcp.calls imports mcp.types (line 3)",
+        "sealgate.mcp.gate imports sealgate.mcp.sdk (line 1)",
+        "sealgate.mcp.gate imports mitmproxy (line 2)",
+    ]
 
 
 # -- layers inside the proxy ------------------------------------------------------------------

@@ -66,6 +66,8 @@ _RULE = st.fixed_dictionaries({"host": _mostly(["api.test", "*.x.test", "*"], [5
     "strip": _mostly([["X-A"], []], [["bad header"]]),
     "inject": st.sampled_from([
         [{"secret": "file:k", "as": "bearer"}],
+        [{"secret": "file:k", "as": "bearer", "name": "gh"}],
+        [{"secret": "file:k", "as": "bearer", "name": "bad name"}],
         [{"secret": "file:k", "as": "nope"}],
         [{"secret": {"mount": "kv", "path": "p", "field": "f"},
           "as": {"type": "header", "header": "X-K"}}],
@@ -73,11 +75,30 @@ _RULE = st.fixed_dictionaries({"host": _mostly(["api.test", "*.x.test", "*"], [5
         [{"secret": "file:k", "as": {"type": "header"}}],
         [{"secret": "file:k"}]]),
 })
+_TOOL = st.fixed_dictionaries({
+    "name": _mostly(["list_issues", "a.b-c"], ["bad name", ".x", 5]),
+    "description": _mostly(["Lists issues."], ["", 3]),
+    "method": _mostly(["GET", "POST"], ["get"]),
+    "url": _mostly(["https://api.test/r/{id}", "http://api.test:8080/x"],
+                   ["ftp://api.test/", "https://{host}/", "https://api.test/a?b=1"]),
+}, optional={
+    "query": _mostly([{"q": "{id}"}, {"n": "20"}], [{"bad name": "x"}, {"q": 5}]),
+    "arguments": _mostly([{"type": "object", "properties": {"id": {"type": "string"}},
+                           "required": ["id"]}],
+                         [{"type": "array"}, {"type": "object", "properties": 5}]),
+    "credential": _mostly(["gh"], ["nope", "bad name"]),
+    "max_response_bytes": _mostly([1024], [0, 10**9]),
+    "returns": _mostly([["a", "b.c"]], [[""], "a"]),
+    "timeout": _mostly([5, 2.5], [0, 1000]),
+    "body": _mostly([{"id": "{id}"}], [{"id": "x {id}"}]),
+})
 _POLICY = st.fixed_dictionaries({}, optional={
     "mode": _mostly(["enforce", "report"], ["block", 1]),
     "tokens": _mostly([True, False], ["yes"]),
     "allow": st.lists(_RULE, max_size=3) | st.just(None),
     "allow_networks": _mostly([["10.0.0.0/8"], []], [["10.0.0.1/8"], [5]]),
+    "tools": st.lists(_TOOL, max_size=2) | st.just([{
+        "name": "t", "description": "d", "method": "GET", "url": "https://api.test/x"}]),
     "budgets": st.fixed_dictionaries({}, optional={
         "requests_per_second": _mostly([1, 0.5], [0, -1, "x"]),
         "burst": _mostly([1], [0, 10**20]),
@@ -117,6 +138,10 @@ def test_what_the_loader_accepts_the_schema_accepts(tmp_path: Path, document: An
         {"secret": "file:k", "as": "nope"}]}]}}},
     {"version": 1, "policies": {"ci": {}}, "sandboxes": {"s": {"policy": "ci"}}},
     {"version": 1, "default_policy": "bad name"},
+    {"version": 1, "policies": {"ci": {"tools": [{"name": "t", "description": "d"}]}}},
+    {"version": 1, "policies": {"ci": {"tools": [
+        {"name": "t", "description": "d", "method": "GET", "url": "https://a.test/",
+         "arguments": {"type": "string"}}]}}},
 ])
 def test_shape_errors_are_refused_by_both(tmp_path: Path, document: Any) -> None:
     assert not _accepted(tmp_path, document)

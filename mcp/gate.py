@@ -1,0 +1,215 @@
+"""What a message must be before the SDK's server sees it: an ASGI app in front of it.
+
+The SDK parses and checks messages too; this gate is sealgate's own line, stricter and in one
+place, so that what reaches a tool is decided here and every refusal is a JSON-RPC error that
+says why (never a bare 413 or an HTML page), and nothing of a refused message goes further:
+
+- `POST /mcp` only (405), no `Origin` (403: the endpoint is an agent's, never a web page's,
+  whose Origin the spec says must be checked);
+- who asks, before the body is read (service.py): credentials that prove nothing, or no policy,
+  are 401 with `WWW-Authenticate: Basic`;
+- a body of at most `max_body` bytes, declared or counted as it comes (413);
+- one JSON-RPC 2.0 object: not JSON is -32700, a batch or anything else -32600;
+- the 2026-07-28 revision only (`MCP-Protocol-Version`, -32022 naming it): stateless, each
+  request whole, with `Mcp-Method` and `Mcp-Name` headers the body must agree with (-32020);
+- only the methods this server has (-32601 otherwise) and, for `tools/call`, a tool name
+  that is a tool name (no control characters: -32602).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from sealgate.proxy.calls import Decision, Denial
+from sealgate.reasons import Reason
+
+from .service import Service
+
+__all__ = ["IDENTITY", "METHODS", "PROTOCOL_VERSION", "Gate"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PROTOCOL_VERSION: Final = "2026-07-28"
+# The 2026-07-28 methods this server has (ping and initialize are gone from that revision).
+METHODS: Final = frozenset({"server/discover", "tools/list", "tools/call"})
+IDENTITY: Final = "sealgate_identity"  # the scope's state key the handlers read
+_TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_B64: Final = re.compile(r"=\?base64\?(.*)\?=")
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: int, message: str, *, data: Any = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = (), id: Any = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.data = status, code, message, data
+        self.headers, self.id = headers, id
+
+
+class Gate:
+    def __init__(self, app: App, service: Service, *, path: str = "/mcp") -> None:
+        self.app, self.service, self.path = app, service, path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan: the SDK's session manager starts there
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._admit(scope, receive)
+        except _Refused as refused:
+            await _answer(send, refused)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()  # the client's disconnect, when it comes
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _admit(self, scope: Scope, receive: Receive) -> bytes:
+        if scope["path"] != self.path:
+            raise _Refused(404, INVALID_REQUEST, f"the MCP endpoint is POST {self.path}")
+        if scope["method"] != "POST":
+            raise _Refused(405, INVALID_REQUEST, f"only POST {self.path}",
+                          headers=((b"allow", b"POST"),))
+        headers = _headers(scope)
+        if "origin" in headers:
+            raise _Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
+                                                "endpoint is not for web pages")
+        scope.setdefault("state", {})[IDENTITY] = self._identify(scope, headers)
+        body = await _body(scope, receive, headers, self.service.settings.max_body)
+        message = _message(body)
+        _check_headers(message, headers)
+        return body
+
+    def _identify(self, scope: Scope, headers: dict[str, str]) -> Any:
+        client = scope.get("client")
+        try:
+            identity = self.service.identify(headers.get("authorization"),
+                                             client[0] if client else None)
+        except Denial as exc:
+            raise _unauthorized(f"{exc.reason.value}: {exc.detail}") from None
+        found = self.service.policy(identity)
+        if isinstance(found, Decision):
+            reason = found.reason or Reason.NOT_ALLOWED
+            if reason is Reason.IDENTITY_REQUIRED:
+                raise _unauthorized("identify with Authorization: Basic <sandbox id:key>, or "
+                                    "call from a registered sandbox address")
+            raise _Refused(403, INVALID_REQUEST, f"{reason.value}: {found.detail}")
+        return identity
+
+
+def _unauthorized(message: str) -> _Refused:
+    return _Refused(401, INVALID_REQUEST, message,
+                   headers=((b"www-authenticate", b'Basic realm="sealgate-mcp"'),))
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """Lower-case name -> value; a routing header sent twice is refused (two readers could
+    take different copies)."""
+    found: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        if name in found and name in ("mcp-protocol-version", "mcp-method", "mcp-name",
+                                      "authorization", "content-length"):
+            raise _Refused(400, HEADER_MISMATCH, f"the {name} header appears more than once")
+        found[name] = raw_value.decode("latin-1")
+    return found
+
+
+async def _body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise _Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Refused(400, INVALID_REQUEST, "the client went away")
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise _Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _message(body: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _Refused(400, PARSE_ERROR, "Parse error: the body is not JSON") from None
+    if isinstance(message, list):
+        raise _Refused(400, INVALID_REQUEST, "batch requests are not accepted: send one "
+                                            "JSON-RPC request per POST")
+    if (not isinstance(message, dict) or message.get("jsonrpc") != "2.0"
+            or not isinstance(message.get("method"), str)):
+        raise _Refused(400, INVALID_REQUEST, "the body must be one JSON-RPC 2.0 request")
+    request_id = message.get("id")
+    if "id" in message and (isinstance(request_id, bool)
+                            or not isinstance(request_id, str | int)):
+        raise _Refused(400, INVALID_REQUEST, "a request id is a string or an integer")
+    return message
+
+
+def _check_headers(message: dict[str, Any], headers: dict[str, str]) -> None:
+    request_id = message.get("id")
+    method: str = message["method"]
+    version = headers.get("mcp-protocol-version")
+    if version != PROTOCOL_VERSION:
+        raise _Refused(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
+                      data={"supported": [PROTOCOL_VERSION], "requested": version},
+                      id=request_id)
+    if headers.get("mcp-method") != method:
+        raise _Refused(400, HEADER_MISMATCH, "the Mcp-Method header does not match the body's "
+                                            "method", id=request_id)
+    if "id" not in message:
+        return  # a notification: acknowledged and dropped by the SDK, nothing is called
+    if method not in METHODS:
+        raise _Refused(404, METHOD_NOT_FOUND, f"Method not found: {method[:64]!r}",
+                      id=request_id)
+    if method != "tools/call":
+        return
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        shown = repr(name)[:80] if isinstance(name, str) else "none"
+        raise _Refused(400, INVALID_PARAMS, f"tools/call needs the name of a tool (A-Z a-z 0-9 "
+                                           f"_ . -), got {shown}", id=request_id)
+    if _decoded(headers.get("mcp-name")) != name:
+        raise _Refused(400, HEADER_MISMATCH, "the Mcp-Name header does not match the body's "
+                                            "tool name", id=request_id)
+
+
+def _decoded(value: str | None) -> str | None:
+    """A header value, its `=?base64?...?=` form decoded (the spec's form for non-ASCII)."""
+    if value is None or not (match := _B64.fullmatch(value)):
+        return value
+    try:
+        return base64.b64decode(match.group(1), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+async def _answer(send: Send, refused: _Refused) -> None:
+    error: dict[str, Any] = {"code": refused.code, "message": refused.message}
+    if refused.data is not None:
+        error["data"] = refused.data
+    body = json.dumps({"jsonrpc": "2.0", "id": refused.id, "error": error}).encode()
+    await send({"type": "http.response.start", "status": refused.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *refused.headers]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,81 @@
+"""`sealgate mcp serve`'s process, in the MCP virtualenv (cli.py execs it):
+
+    var/mcp-venv/bin/python -P -m sealgate.mcp.sdk.serve --listen 127.0.0.1:8765 --rules rules
+
+Builds the service (rules, guard, broker, audit), serves the app (server.py) with uvicorn on
+the address given, says `sealgate mcp ready` on stderr once it listens, and stops on SIGTERM or
+SIGINT (uvicorn's own handling: in-flight calls finish first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from sealgate.proxy.calls import RulesError
+
+from ..options import add_serve_options
+from ..service import Service, Settings, listen_address
+from .server import app
+
+__all__ = ["main"]
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    return Settings(
+        listen=listen_address(args.listen), rules=Path(args.rules), state=Path(args.state),
+        resolver=args.resolver, upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
+        secret_stores=tuple(args.secret_store), sandbox_networks=tuple(args.sandbox_network),
+        audit_log=args.audit_log, max_body=args.max_body)
+
+
+async def serve(config: Settings) -> None:
+    service = Service.start(config)
+    host, port = config.listen
+    server = uvicorn.Server(uvicorn.Config(
+        app(service), host=host, port=port, log_level="warning", access_log=False,
+        lifespan="on", timeout_keep_alive=5, timeout_graceful_shutdown=10,
+        limit_concurrency=512,  # connections; past it 503 at once
+        h11_max_incomplete_event_size=64 * 1024, server_header=False))
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        rules = service.rules
+        tools = sum(len(p.tools) for p in rules.policies.values())
+        print(f"sealgate mcp ready\n  listening  http://{args_host(host)}:{port}/mcp\n"
+              f"  rules      {config.rules}: {len(rules.policies)} policies, {tools} tool(s)\n"
+              f"  audit log  {config.audit_log or config.state / 'audit.log'}",
+              file=sys.stderr, flush=True)
+    try:
+        await task
+    finally:
+        await service.close()
+
+
+def args_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sealgate mcp serve")
+    add_serve_options(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        asyncio.run(serve(settings(args)))
+    except (RulesError, ValueError) as exc:
+        print(f"sealgate mcp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

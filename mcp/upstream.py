@@ -1,0 +1,83 @@
+"""One tool call sent to its API: to the address the guard pinned and nothing else, TLS
+verified for the tool's host, no redirect followed, the answer read up to the tool's cap.
+
+The request target goes out exactly as the template made it (`encoded=True`: no client
+re-encoding, which could undo the percent-encoding of an argument). The answer must come
+uncompressed, as asked (`Accept-Encoding: identity`): compressed bytes could not be scrubbed
+before they are decoded, and decoding them unbounded is a bomb, so such an answer is refused
+(`encoding_unscrubbable`), as the proxy refuses what it cannot scrub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+from yarl import URL
+
+from sealgate.hostport import format_hostport
+from sealgate.proxy.calls import Denial, Pin, Pinned, ToolRequest
+from sealgate.reasons import Reason
+
+__all__ = ["Answer", "send"]
+
+_CHUNK: Final = 64 << 10
+_IDENTITY: Final = frozenset({"", "identity"})
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes
+    content_type: str
+
+
+async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
+               body: bytes | None, *, pin: Pin, tls: ssl.SSLContext, limit: int,
+               timeout: float) -> Answer:
+    """`call` to `pin.address` with the request target, headers and body its credentials were
+    written into (a query processor adds to the target); Denial for a call that fails, or an
+    answer over `limit` bytes or compressed."""
+    default = 443 if call.scheme == "https" else 80
+    authority = call.host.name if call.port == default else format_hostport(call.host.name,
+                                                                            call.port)
+    url = URL(f"{call.scheme}://{format_hostport(call.host.name, call.port)}{target}",
+              encoded=True)
+    connector = aiohttp.TCPConnector(ssl=tls if call.scheme == "https" else False,
+                                     resolver=Pinned(str(pin.address)), force_close=True,
+                                     use_dns_cache=False)
+    try:
+        async with asyncio.timeout(timeout), aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+        ) as session, session.request(
+            call.method, url, headers=[("Host", authority), *headers], data=body,
+            allow_redirects=False,
+        ) as answer:
+            coding = answer.headers.get("Content-Encoding", "").strip().lower()
+            if coding not in _IDENTITY:
+                raise Denial(Reason.ENCODING_UNSCRUBBABLE,
+                             "the API answered compressed although asked not to")
+            data = bytearray()
+            async for chunk in answer.content.iter_chunked(_CHUNK):
+                data += chunk
+                if len(data) > limit:
+                    raise Denial(Reason.RESPONSE_TOO_LARGE,
+                                 f"the API's answer is over the tool's {limit} bytes")
+            return Answer(answer.status, bytes(data), answer.headers.get("Content-Type", ""))
+    except TimeoutError:
+        raise Denial(Reason.UPSTREAM_TIMEOUT,
+                     f"the API did not answer within the tool's {timeout:g} s") from None
+    except aiohttp.ClientConnectorCertificateError:
+        raise Denial(Reason.UPSTREAM_TLS_FAILED,
+                     f"{call.host.name}'s certificate did not verify") from None
+    except (aiohttp.ClientConnectorSSLError, ssl.SSLError):
+        raise Denial(Reason.UPSTREAM_TLS_FAILED, f"TLS with {call.host.name} failed") from None
+    except aiohttp.ClientConnectorError:
+        raise Denial(Reason.CONNECT_FAILED, f"{call.host.name} could not be connected to"
+                     ) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise Denial(Reason.UPSTREAM_RESET,
+                     f"the call to {call.host.name} failed ({type(exc).__name__})") from None

@@ -1,0 +1,331 @@
+"""Declared tools through `sealgate mcp serve`, called with the official MCP client, against a
+real HTTPS fake API on loopback (issue 29): the credential reaches the API and nothing else (no
+tool result, audit line, error or stderr holds it); arguments are checked; the guard refuses a
+tool whose host resolves to a metadata or internal address; budgets hold; one audit line a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KEYS
+from tests.dnsstub import StubDNS
+from tests.harness import Origin, OriginCA, key_digest
+from tests.mcpkit import McpServer, basic, needs_mcp_venv
+
+pytestmark = needs_mcp_venv()
+
+CANARY = "ghp-mcp-canary-5e4d3c2b1a"
+OTHER = "other-canary-0f9e8d7c6b"
+BOT = basic("bot-1", KEYS["bot-1"])
+
+
+def rules(port: int) -> str:
+    tool = """
+      - name: {name}
+        description: {description}
+        method: {method}
+        url: {url}"""
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{port}]
+        paths: ["/repos/**", "/big/**"]
+        inject:
+          - secret: file:github
+            as: bearer
+            name: github
+      - host: api.test
+        ports: [{port}]
+        paths: ["/other/**"]
+        inject:
+          - secret: file:other
+            as: {{type: header, header: X-Key, format: "{{secret}}"}}
+            name: other
+      - host: api.test
+        ports: [{port}]
+        paths: ["/q/**"]
+        inject:
+          - secret: file:other
+            as: {{type: query, param: api_key}}
+            name: in_query
+      - host: meta.test
+        ports: [{port}]
+      - host: evil.test
+        ports: [{port}]
+    allow_networks: [127.0.0.1/32]
+    tools:{tool.format(name="get_repo", description="A repository's issue.", method="GET",
+                       url=f"https://api.test:{port}/repos/{{owner}}/issues/{{number}}")}
+        query: {{state: "{{state}}"}}
+        arguments:
+          type: object
+          properties:
+            owner: {{type: string, maxLength: 40}}
+            number: {{type: integer, minimum: 1}}
+            state: {{type: string, enum: [open, closed]}}
+          required: [owner, number]
+          additionalProperties: false
+        credential: github
+      - name: picked
+        description: Only some fields of the answer.
+        method: GET
+        url: https://api.test:{port}/repos/x/issues/1
+        returns: [path]
+        credential: github
+      - name: create
+        description: A POST with a JSON body.
+        method: POST
+        url: https://api.test:{port}/repos/x/issues
+        arguments: {{type: object, properties: {{title: {{type: string}}}}, required: [title]}}
+        body: {{title: "{{title}}", labels: [bot]}}
+        credential: github
+      - name: wrong_credential
+        description: Names a credential the allowing rule does not inject.
+        method: GET
+        url: https://api.test:{port}/other/x
+        credential: github
+      - name: other_header
+        description: The other credential, a header processor.
+        method: GET
+        url: https://api.test:{port}/other/x
+        credential: other
+      - name: in_query
+        description: A credential a query processor puts in the URL.
+        method: GET
+        url: https://api.test:{port}/q/x
+        query: {{page: "2"}}
+        credential: in_query
+      - name: big
+        description: An answer over its cap.
+        method: GET
+        url: https://api.test:{port}/big/x
+        max_response_bytes: 64
+      - name: metadata
+        description: A host that resolves to the metadata address.
+        method: GET
+        url: https://meta.test:{port}/latest/meta-data/
+      - name: internal
+        description: A host that resolves to a private address.
+        method: GET
+        url: https://evil.test:{port}/x
+  tight:
+    allow:
+      - host: api.test
+        ports: [{port}]
+        inject:
+          - {{secret: "file:github", as: bearer, name: github}}
+    allow_networks: [127.0.0.1/32]
+    budgets: {{requests_per_second: 0.01, burst: 1}}
+    tools:
+      - name: once
+        description: One call, then the budget is spent.
+        method: GET
+        url: https://api.test:{port}/repos/x/issues/1
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  rep-1: {{policy: tight, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+default_policy: null
+"""
+
+
+@pytest.fixture(scope="module")
+def api(test_ca: OriginCA, dns: StubDNS) -> Iterator[Origin]:
+    # An API that echoes what it got: the credential comes back in its answer, as a debug
+    # endpoint's or an error page's would.
+    origin = Origin(tls=test_ca.issue("api.test", "meta.test", "evil.test"), echo=True)
+    yield origin
+    origin.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, api: Origin, dns: StubDNS,
+           test_ca: OriginCA) -> Iterator[McpServer]:
+    started = McpServer(tmp_path_factory.mktemp("mcp"), rules(api.port), resolver=dns.address,
+                        upstream_ca=test_ca.path, secrets={"github": CANARY, "other": OTHER})
+    yield started
+    started.stop()
+    everything = started.audit_text() + started.stderr()
+    assert CANARY not in everything and OTHER not in everything
+    assert "Traceback" not in started.stderr(), started.stderr()
+
+
+def _one(server: McpServer, name: str, arguments: dict[str, Any] | None = None,
+         authorization: str | None = BOT) -> tuple[dict[str, Any], str]:
+    answer, printed = server.client([{"call": name, "arguments": arguments or {}}],
+                                    authorization)
+    assert CANARY not in printed and OTHER not in printed
+    return answer["steps"][0], printed
+
+
+def test_the_client_lists_its_policys_tools(server: McpServer) -> None:
+    answer, _ = server.client([{"list": True}], BOT)
+    assert answer["discovered"] == {"versions": ["2026-07-28"]}
+    tools = {t["name"]: t for t in answer["steps"][0]["tools"]}
+    assert set(tools) == {"get_repo", "picked", "create", "wrong_credential", "other_header",
+                          "in_query", "big", "metadata", "internal"}
+    assert tools["get_repo"]["inputSchema"]["required"] == ["owner", "number"]
+    assert tools["get_repo"]["annotations"]["readOnlyHint"] is True
+    answer, _ = server.client([{"list": True}], basic("rep-1", KEYS["rep-1"]))
+    assert [t["name"] for t in answer["steps"][0]["tools"]] == ["once"]
+
+
+def test_the_credential_reaches_the_api_and_never_the_agent(server: McpServer,
+                                                            api: Origin) -> None:
+    api.reset()
+    api.echo = True
+    step, _ = _one(server, "get_repo", {"owner": "octo", "number": 7, "state": "open"})
+    [seen] = api.requests
+    assert seen.method == "GET" and seen.path == "/repos/octo/issues/7?state=open"
+    assert seen.values("authorization") == [f"Bearer {CANARY}"]  # the bytes at the origin
+    result = step["result"]
+    assert result["is_error"] is False
+    # The API echoed the credential; the agent reads it masked, in the text and the JSON alike.
+    echoed = result["structured"]["headers"]["Authorization"]
+    assert echoed.startswith("Bearer [REDACTED]") and CANARY not in json.dumps(result)
+    line = server.calls()[-1]
+    assert (line["tool"], line["sandbox"], line["decision"], line["reason"]) == (
+        "get_repo", "bot-1", "allow", None)
+    assert json.loads(line["arguments"]) == {"owner": "octo", "number": 7, "state": "open"}
+    assert line["injected"] == ["broker:file:github"] and line["scrubbed"] >= 1
+    assert (line["host"], line["path"], line["status"]) == ("api.test", "/repos/octo/issues/7",
+                                                            200)
+
+
+def test_any_processor_puts_the_credential_in_and_its_echo_is_scrubbed(server: McpServer,
+                                                                       api: Origin) -> None:
+    api.reset()
+    step, _ = _one(server, "other_header")
+    assert api.requests[-1].values("x-key") == [OTHER]
+    assert "[REDACTED]" in step["result"]["structured"]["headers"]["X-Key"]
+    api.reset()
+    step, _ = _one(server, "in_query")
+    assert api.requests[-1].path == f"/q/x?page=2&api_key={OTHER}"
+    assert step["result"]["structured"]["path"].startswith("/q/x?page=2&api_key=[REDACTED]")
+    assert server.calls()[-1]["path"] == "/q/x"  # the audit line has no query
+
+
+def test_returns_picks_the_fields_and_a_body_is_built_from_arguments(server: McpServer,
+                                                                     api: Origin) -> None:
+    api.reset()
+    step, _ = _one(server, "picked")
+    assert step["result"]["structured"] == {"path": "/repos/x/issues/1"}
+    api.reset()
+    step, _ = _one(server, "create", {"title": 'a "quoted" title'})
+    [seen] = api.requests
+    assert json.loads(seen.body) == {"title": 'a "quoted" title', "labels": ["bot"]}
+    assert seen.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(("arguments", "said"), [
+    ({"owner": "octo", "number": "7"}, "number: '7' is not of type 'integer'"),
+    ({"owner": "octo"}, "'number' is a required property"),
+    ({"owner": "octo", "number": 1, "extra": 1}, "Additional properties"),
+    ({"owner": "octo", "number": 1, "state": "all"}, "is not one of"),
+])
+def test_arguments_the_schema_refuses_come_back_as_errors_and_call_nothing(
+        server: McpServer, api: Origin, arguments: dict[str, Any], said: str) -> None:
+    api.reset()
+    step, _ = _one(server, "get_repo", arguments)
+    result = step["result"]
+    assert result["is_error"] is True and said in result["text"]
+    assert result["structured"]["error"]["reason"] == "tool_arguments_invalid"
+    assert api.untouched()
+    line = server.calls()[-1]
+    assert (line["decision"], line["reason"]) == ("deny", "tool_arguments_invalid")
+
+
+@pytest.mark.parametrize("owner", ["..", "a/b", "%2e%2e", "."])
+def test_an_argument_cannot_move_the_call_to_another_path(server: McpServer, api: Origin,
+                                                          owner: str) -> None:
+    api.reset()
+    step, _ = _one(server, "get_repo", {"owner": owner, "number": 1})
+    assert step["result"]["structured"]["error"]["reason"] == "path_invalid"
+    assert api.untouched()
+
+
+def test_an_unknown_tool_is_a_protocol_error(server: McpServer) -> None:
+    step, _ = _one(server, "no_such_tool")
+    assert step["error"]["code"] == -32602 and "no_such_tool" in step["error"]["message"]
+
+
+@pytest.mark.parametrize(("tool", "reason"), [("metadata", "metadata"),
+                                              ("internal", "private")])
+def test_the_guard_refuses_a_tool_whose_host_resolves_inside(
+        server: McpServer, api: Origin, tool: str, reason: str) -> None:
+    # The rules allow both hosts (decide says yes): the guard, after resolving, says no.
+    api.reset()
+    step, _ = _one(server, tool)
+    error = step["result"]["structured"]["error"]
+    assert error["reason"] == reason
+    assert "169.254" not in step["result"]["text"] and "10.0.0.1" not in step["result"]["text"]
+    assert api.untouched()
+    line = server.calls()[-1]
+    assert (line["tool"], line["decision"], line["reason"]) == (tool, "deny", reason)
+    assert line.get("rule") is not None and "address" not in line
+
+
+def test_a_tool_carries_only_the_credential_its_allowing_rule_injects(server: McpServer,
+                                                                     api: Origin) -> None:
+    api.reset()
+    step, _ = _one(server, "wrong_credential")
+    assert step["result"]["structured"]["error"]["reason"] == "tool_credential"
+    assert api.untouched()
+
+
+def test_an_answer_over_the_cap_is_refused_and_not_returned(server: McpServer,
+                                                            api: Origin) -> None:
+    api.reset()
+    step, _ = _one(server, "big")
+    assert step["result"]["structured"]["error"]["reason"] == "response_too_large"
+    assert server.calls()[-1]["decision"] == "error"
+
+
+def test_the_policys_budget_holds(server: McpServer, api: Origin) -> None:
+    rep = basic("rep-1", KEYS["rep-1"])
+    answer, _ = server.client([{"call": "once"}, {"call": "once"}], rep)
+    first, second = (s["result"] for s in answer["steps"])
+    assert first["is_error"] is False
+    assert second["structured"]["error"]["reason"] == "budget_exceeded"
+
+
+def test_who_calls_is_the_sandbox_proven_or_registered(server: McpServer) -> None:
+    answer, _ = server.client([{"list": True}], basic("bot-1", "wrong-key"))
+    assert "identity_invalid" in answer["discovered"]["error"]["message"]
+    answer, _ = server.client([{"list": True}], None)  # loopback, registered for no one
+    assert "Authorization: Basic" in answer["discovered"]["error"]["message"]
+    # The source registry the sandbox runtime fills (`sealgate sources add`): by address.
+    registry = server.state / "registry.json"
+    registry.write_text(json.dumps({"sources": {"127.0.0.1": "rep-1"}}))
+    try:
+        answer, _ = server.client([{"list": True}], None)
+        assert [t["name"] for t in answer["steps"][0]["tools"]] == ["once"]
+    finally:
+        registry.unlink()
+
+
+def test_one_audit_line_per_call_and_no_secret_in_any(server: McpServer) -> None:
+    before = len(server.calls())
+    server.client([{"call": "picked"}, {"call": "metadata"}, {"call": "get_repo",
+                                                              "arguments": {"owner": 5}}], BOT)
+    lines = server.calls()[before:]
+    assert [line["tool"] for line in lines] == ["picked", "metadata", "get_repo"]
+    assert all(line["policy"] == "ci" and line["identified_by"] == "proxy-auth"
+               for line in lines)
+    assert CANARY not in server.audit_text()
+
+
+def test_secret_looking_arguments_are_masked_in_the_audit_line(
+        server: McpServer, tmp_path: Path) -> None:
+    # Not a declared argument (refused by the schema), still never written as given.
+    _one(server, "get_repo", {"owner": "o", "number": 1, "api_token": "tok-from-agent-123"})
+    line = server.calls()[-1]
+    assert "tok-from-agent-123" not in json.dumps(line)
+    assert json.loads(line["arguments"])["api_token"] == "[MASKED]"

@@ -1,0 +1,62 @@
+"""The official MCP client (the `mcp` SDK's `streamable_http_client` and `ClientSession`) run as a
+script by the MCP virtualenv's python (the tests' own virtualenv cannot hold the SDK beside
+mitmproxy): tests/mcpkit.py writes a plan on its stdin and reads one JSON document back.
+
+    {"url": "http://127.0.0.1:PORT/mcp", "authorization": "Basic ..." | null,
+     "steps": [{"list": true}, {"call": "name", "arguments": {...}}]}
+
+prints {"discovered": {...} | {"error": ...}, "steps": [one of {"tools": [...]},
+{"result": {"text", "structured", "is_error"}}, {"error": {"code", "message"}}]}. Every step
+is bounded (20 s); run with -P, so nothing beside this file shadows the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+STEP_SECONDS = 20
+
+
+async def run(plan: dict[str, Any]) -> dict[str, Any]:
+    headers = {"Authorization": plan["authorization"]} if plan.get("authorization") else {}
+    out: dict[str, Any] = {"steps": []}
+    async with httpx2.AsyncClient(headers=headers, timeout=STEP_SECONDS) as http, \
+            streamable_http_client(plan["url"], http_client=http) as streams, \
+            ClientSession(streams[0], streams[1]) as session:
+        try:
+            with anyio.fail_after(STEP_SECONDS):
+                found = await session.discover()
+            out["discovered"] = {"versions": found.supported_versions}
+        except MCPError as exc:
+            out["discovered"] = {"error": {"code": exc.code, "message": exc.message}}
+            return out
+        for step in plan["steps"]:
+            try:
+                with anyio.fail_after(STEP_SECONDS):
+                    out["steps"].append(await _step(session, step))
+            except MCPError as exc:
+                out["steps"].append({"error": {"code": exc.code, "message": exc.message}})
+    return out
+
+
+async def _step(session: ClientSession, step: dict[str, Any]) -> dict[str, Any]:
+    if step.get("list"):
+        listed = await session.list_tools()
+        return {"tools": [tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+                          for tool in listed.tools]}
+    result = await session.call_tool(step["call"], step.get("arguments") or {})
+    return {"result": {
+        "text": "".join(getattr(c, "text", "") for c in result.content),
+        "structured": result.structured_content, "is_error": result.is_error}}
+
+
+if __name__ == "__main__":
+    print(json.dumps(anyio.run(run, json.load(sys.stdin))))
