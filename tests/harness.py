@@ -256,6 +256,18 @@ class RawListener:
 # -- the proxy --------------------------------------------------------------------------------
 
 
+
+def end(process: subprocess.Popen[bytes]) -> int:
+    """`process` stopped: SIGTERM, and SIGKILL if it has not ended 10 s later; its status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+    return int(process.returncode)
+
 class Proxy:
     """`sealgate proxy` as a real process on an ephemeral loopback port."""
 
@@ -348,15 +360,9 @@ class Proxy:
         self.process.send_signal(sig)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        code = end(self.process)
         self._stderr.close()
-        return int(self.process.returncode)
+        return code
 
 
 def secret_store(directory: Path, **secrets: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import ROOT, SEALGATE, free_port
+from tests.harness import ROOT, SEALGATE, end, free_port
 
 MCP_PYTHON = ROOT / "var" / "mcp-venv" / "bin" / "python"
 CLIENT = ROOT / "tests" / "mcpclient.py"
@@ -100,13 +100,7 @@ class McpServer:
         return answer.status_code, parsed, {k.lower(): v for k, v in answer.headers.items()}
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        end(self.process)
         self._stderr.close()
 
 
