@@ -25,6 +25,7 @@ variables, in one line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import re
@@ -40,8 +41,8 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from .clikit import env_option
 
-__all__ = ["ENV", "EVENTS", "FORMATS", "LEVELS", "LEVEL_ENV", "add_flags", "configure", "scrub",
-           "scrub_fields"]
+__all__ = ["ENV", "EVENTS", "FORMATS", "LEVELS", "LEVEL_ENV", "add_flags", "bound", "configure",
+           "is_console", "scrub", "scrub_fields"]
 
 FORMATS: Final = ("json", "console")
 LEVELS: Final = ("debug", "info", "warning", "error")
@@ -62,12 +63,13 @@ _SECRET_FIELDS: Final = frozenset({
 # Record attributes the standard library sets on every record: not fields of the line.
 _RECORD_ATTRIBUTES: Final = frozenset(vars(logging.makeLogRecord({})))
 _installed: list[tuple[logging.Logger, logging.Handler]] = []
+_chosen = {"console": False}  # what `configure` chose for the main stream
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """`--log-format` and `--log-level` (and their environment variables), the same on every
     command that serves."""
-    env_option(parser, "--log-format", env=ENV, choices=FORMATS, metavar="json|console",
+    env_option(parser, "--log-format", env=ENV, choices=FORMATS, metavar="FORMAT",
                help="operational log lines on stderr: json (the default) or console (the "
                     "default when stderr is a terminal)")
     env_option(parser, "--log-level", env=LEVEL_ENV, choices=LEVELS, default="info",
@@ -98,6 +100,7 @@ def configure(fmt: str | None = None, level: str = "info", *, stream: TextIO | N
         cache_logger_on_first_use=True,
     )
     stream = stream or sys.stderr
+    _chosen["console"] = fmt == "console" or (fmt is None and _is_terminal(stream))
     main = _handler(stream, fmt)
     # mitmproxy's own records stay out, as in the lean master before (tests/mitmlog.py shows
     # them to a test): what they report of a flow the audit line says, with its request id.
@@ -107,6 +110,9 @@ def configure(fmt: str | None = None, level: str = "info", *, stream: TextIO | N
     threshold = logging.getLevelName(level.upper())
     logging.getLogger("sealgate").setLevel(threshold)
     root.setLevel(logging.DEBUG if threshold == logging.DEBUG else logging.WARNING)
+    # mitmproxy's records are not ours to show, and at debug it would make one per flow event,
+    # each formatted and posted to its event loop by its own handler.
+    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
     events_logger = logging.getLogger(EVENTS)
     events_logger.setLevel(logging.INFO)  # lifecycle events are the daemon's output, always
     events_logger.propagate = events is None
@@ -116,6 +122,17 @@ def configure(fmt: str | None = None, level: str = "info", *, stream: TextIO | N
     # The last resort's multi-line traceback would be the one line that is not a line.
     sys.excepthook = _uncaught
     threading.excepthook = _uncaught_in_thread
+
+
+def bound(**fields: Any) -> contextlib.AbstractContextManager[Any]:
+    """`fields` on every log line written inside the block, and in the tasks it starts (which
+    copy the context): a request's id, sandbox and policy on the lines of what it caused."""
+    return structlog.contextvars.bound_contextvars(**fields)
+
+
+def is_console() -> bool:
+    """Whether the log is console text (a person reads it), not JSON lines."""
+    return _chosen["console"]
 
 
 def _install(logger: logging.Logger, handler: logging.Handler) -> None:
@@ -264,13 +281,22 @@ def _uncaught(kind: type[BaseException], value: BaseException,
     if issubclass(kind, KeyboardInterrupt):
         sys.__excepthook__(kind, value, traceback)
         return
-    logging.getLogger("sealgate").critical("uncaught exception",
-                                           exc_info=(kind, value, traceback))
+    _last_words("uncaught exception", (kind, value, traceback), {})
 
 
 def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
     if args.exc_value is None or issubclass(args.exc_type, SystemExit):
         return
-    logging.getLogger("sealgate").critical(
-        "uncaught exception in a thread", extra={"thread_name": getattr(args.thread, "name", None)},
-        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    _last_words("uncaught exception in a thread",
+                (args.exc_type, args.exc_value, args.exc_traceback),
+                {"thread_name": getattr(args.thread, "name", None)})
+
+
+def _last_words(message: str, exc_info: Any, extra: dict[str, Any]) -> None:
+    """Straight to this module's handlers, not through the loggers: at the end of a process
+    another library's handler on the root logger may no longer work (mitmproxy's posts to an
+    event loop that is closed by then)."""
+    record = logging.getLogger("sealgate").makeRecord(
+        "sealgate", logging.CRITICAL, "", 0, message, (), exc_info, extra=extra)
+    for _, handler in _installed[:1]:
+        handler.handle(record)
