@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import sys
 from pathlib import Path
 
+from sealgate import oplog
 from sealgate.audit import AuditLog
 from sealgate.clikit import Subcommands
+from sealgate.credentials.keys import KeyFileError
 from sealgate.hostport import parse_hostport
 
+from .callers import CallersFileError
 from .clibase import CliError, run
 from .service import Issuer
 
@@ -64,24 +66,30 @@ def _issuer_serve(args: argparse.Namespace) -> int:
                 context = webapp.tls_context(args.tls_cert, args.tls_key, args.client_ca)
             except (OSError, ValueError) as exc:
                 raise CliError(f"cannot load the TLS files: {exc}") from None
-        logging.basicConfig(
-            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
-        )
+        # The command line is checked: from here on every message is a log line.
+        oplog.configure(args.log_format, args.log_level)
         try:
             audit = AuditLog(args.audit_log, stdout=args.audit_stdout or args.audit_log is None)
         except OSError as exc:
-            raise CliError(f"cannot open the audit log {args.audit_log}: {exc.strerror}") from None
+            return _cannot_start(f"cannot open the audit log {args.audit_log}: {exc.strerror}")
         try:
             issuer = Issuer(args.keys, args.callers, audit)
             options = webapp.ServeOptions(host, port, context, args.reload_interval, admin)
             asyncio.run(webapp.serve(issuer, options))
         except OSError as exc:
-            raise CliError(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
+            return _cannot_start(f"cannot serve on {args.listen}: {exc.strerror or exc}")
+        except (KeyFileError, CallersFileError) as exc:
+            return _cannot_start(str(exc))
         finally:
             audit.close()
         return 0
 
     return run("issuer serve", body)
+
+
+def _cannot_start(error: str) -> int:
+    logging.getLogger("sealgate.issuer").error("the issuer cannot start", extra={"error": error})
+    return 1
 
 
 def add_issuer(sub: Subcommands) -> None:
@@ -130,4 +138,5 @@ def add_issuer(sub: Subcommands) -> None:
         action="store_true",
         help="allow plain HTTP on a non-loopback address (only behind a TLS proxy)",
     )
+    oplog.add_flags(serve)
     serve.set_defaults(func=_issuer_serve)

@@ -98,12 +98,8 @@ class Issuer:
         loaded = self._attempt("keys", why, self._load_keys, keys.KeyFileError)
         if loaded is not None:
             if loaded != self.public_keys:
-                logger.info(
-                    "issuer: keys reloaded (%s): sealing to %s, %d key(s)",
-                    why,
-                    loaded[0].kid,
-                    len(loaded),
-                )
+                logger.info("keys reloaded",
+                            extra={"why": why, "kid": loaded[0].kid, "keys": len(loaded)})
             self.public_keys = loaded
         registry = self._attempt(
             "callers", why, lambda: cl.load_callers(self.callers_path), cl.CallersFileError
@@ -111,7 +107,7 @@ class Issuer:
         if registry is not None:
             self.callers = registry
             self.limiter.forget_except(registry.names)
-            logger.info("issuer: callers reloaded (%s): %d caller(s)", why, len(registry))
+            logger.info("callers reloaded", extra={"why": why, "callers": len(registry)})
 
     def _attempt(
         self, part: str, why: str, load: Callable[[], _T], expected: type[Exception]
@@ -124,7 +120,8 @@ class Issuer:
         except Exception as exc:
             problem = str(exc) if isinstance(exc, expected) else f"{type(exc).__name__} loading it"
             self.problems[part] = problem
-            logger.error("issuer: keeping the previous %s (%s): %s", part, why, problem)
+            logger.error("reload failed, keeping the previous",
+                         extra={"part": part, "why": why, "error": problem})
             return None
         self.problems.pop(part, None)
         return loaded
@@ -145,7 +142,7 @@ class Issuer:
                     self.reload("files changed")
             except Exception as exc:
                 # Keep watching: one odd failure must not silently end reloads for good.
-                logger.error("issuer: reload failed with %s", type(exc).__name__)
+                logger.error("reload failed", extra={"error_type": type(exc).__name__})
 
     def authenticate(self, authorization: Sequence[str], subject: str | None) -> cl.Caller:
         """The caller named by `Authorization: Bearer <api key>` and/or the verified client

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import signal
 import ssl
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from prometheus_client import (
 )
 
 from sealgate import credentials as tk
+from sealgate import oplog
 from sealgate.credentials import keys
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
@@ -49,7 +51,8 @@ from .service import Issuer
 __all__ = ["MAX_BODY_BYTES", "ServeOptions", "make_app", "serve", "tls_context"]
 
 MAX_BODY_BYTES: Final = 64 * 1024
-_AUDIT_FIELDS: Final = ("caller", "remote", "kid", "hosts", "processor", "ttl", "binding", "jti")
+_AUDIT_FIELDS: Final = ("request_id", "caller", "remote", "kid", "hosts", "processor", "ttl",
+                        "binding", "jti")
 _ISSUER_KEY: Final = web.AppKey("issuer", Issuer)
 
 logger = logging.getLogger("sealgate.issuer")
@@ -111,11 +114,18 @@ _METRICS_KEY: Final = web.AppKey("metrics", Mints)
 
 
 async def _mint_handler(request: web.Request) -> web.Response:
+    # Every line has the same fields; those not known when a request is refused stay null. The
+    # request id is on its audit line and on every log line about it, as the proxy's are.
+    record: dict[str, object] = dict.fromkeys(_AUDIT_FIELDS)
+    record["request_id"] = str(uuid.uuid4())
+    record["remote"] = request.remote
+    with oplog.bound(request_id=record["request_id"]):
+        return await _mint(request, record)
+
+
+async def _mint(request: web.Request, record: dict[str, object]) -> web.Response:
     issuer = request.app[_ISSUER_KEY]
     mints = request.app[_METRICS_KEY]
-    # Every line has the same fields; those not known when a request is refused stay null.
-    record: dict[str, object] = dict.fromkeys(_AUDIT_FIELDS)
-    record["remote"] = request.remote
     body = b""
     try:
         caller = issuer.authenticate(
@@ -128,11 +138,13 @@ async def _mint_handler(request: web.Request) -> web.Response:
         detail = scrub(str(exc), secret_of(body))
         headers = exc.headers() if isinstance(exc, MintRefused) else None
         issuer.audit.emit("mint", **record, outcome="refused", reason=exc.reason)
+        logger.info("mint refused", extra={"caller": record["caller"], "reason": exc.reason})
         mints.count(record, exc.reason)
         return _error(exc.reason, detail, headers)
     except Exception as exc:
         # The type only: an unexpected exception's text might hold request content.
-        logger.error("issuer: mint failed with %s", type(exc).__name__)
+        logger.error("mint failed", extra={"caller": record["caller"],
+                                           "error_type": type(exc).__name__})
         issuer.audit.emit("mint", **record, outcome="error", reason=Reason.INTERNAL_ERROR)
         mints.count(record, Reason.INTERNAL_ERROR)
         return _error(Reason.INTERNAL_ERROR, "the issuer failed; see its log")
@@ -287,9 +299,10 @@ async def serve(issuer: Issuer, options: ServeOptions) -> None:
     loop.add_signal_handler(signal.SIGHUP, issuer.reload, "SIGHUP")
     scheme = "https" if options.ssl_context is not None else "http"
     for address in runner.addresses:
-        logger.info("issuer: listening on %s://%s", scheme, format_hostport(*address[:2]))
+        logger.info("listening", extra={"url": f"{scheme}://{format_hostport(*address[:2])}"})
     for address in admin.addresses if admin is not None else ():
-        logger.info("issuer: admin on http://%s", format_hostport(*address[:2]))
+        logger.info("admin listening",
+                    extra={"url": f"http://{format_hostport(*address[:2])}"})
     try:
         await stop.wait()
     finally:

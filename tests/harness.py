@@ -34,6 +34,25 @@ ROOT = Path(__file__).resolve().parent.parent
 SEALGATE = [sys.executable, "-m", "sealgate.cli"]
 
 
+# The fields every operational log line has (sealgate/oplog.py; docs/operations.md, "Log fields").
+LOG_FIELDS = ("ts", "level", "event", "logger")
+
+
+def log_lines(text: str, fields: tuple[str, ...] = LOG_FIELDS) -> list[dict[str, Any]]:
+    """Every line of a process's log, parsed: each must be one JSON object with `fields`."""
+    lines = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"log line {number} is not JSON: {line[:300]!r}") from None
+        assert isinstance(parsed, dict), line[:300]
+        missing = [name for name in fields if name not in parsed]
+        assert not missing, f"log line {number} has no {missing}: {line[:300]}"
+        lines.append(parsed)
+    return lines
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -282,6 +301,7 @@ class Proxy:
         transparent_host: str | None = None,
         listen_host: str = "127.0.0.1",
         mitmproxy_errors: bool = False,  # mitmproxy's error records on stderr (tests.mitmlog)
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.upstream_ca = upstream_ca
@@ -312,7 +332,7 @@ class Proxy:
         self._stderr = self.stderr_path.open("wb")
         self.process = subprocess.Popen(
             args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self._wait_ready()
 
@@ -380,7 +400,9 @@ class ProxyFactory:
 
     On a clean exit it checks what every module used to check in its own teardown: none of the
     `canaries` in the audit log or stderr (read after the stop, when both are complete), and with
-    `clean_stderr`, no traceback nor crashed connection handler in stderr.
+    `clean_stderr`, no traceback nor crashed connection handler in stderr. A proxy given
+    canaries logs at debug level, every library's records included, and each line of its
+    stderr must be a JSON log line (`log_lines`): no canary at any level, in any line.
     """
 
     def __init__(self, directories: pytest.TempPathFactory, resolver: tuple[str, int],
@@ -408,6 +430,8 @@ class ProxyFactory:
         if token_keys is not None:
             args += ["--token-keys", str(token_keys)]
         args += options or []
+        if canaries:
+            kwargs.setdefault("env", {"SEALGATE_LOG_LEVEL": "debug"})
         proxy = Proxy(where, rules, resolver=self.resolver, upstream_ca=self.origin_ca,
                       extra_args=args, **kwargs)
         try:
@@ -417,6 +441,8 @@ class ProxyFactory:
         everything = proxy.audit_text() + proxy.stderr()
         leaked = [canary for canary in canaries if canary in everything]
         assert not leaked, f"{leaked} in the audit log or stderr"
+        if canaries:
+            log_lines(proxy.stderr())
         if clean_stderr:
             stderr = proxy.stderr()
             assert "Traceback" not in stderr and "has crashed" not in stderr, stderr

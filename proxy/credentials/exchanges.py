@@ -152,12 +152,14 @@ class Exchanges:
             found = grants.read_answer(status, answer, self.cache.clock(), kind=processor.kind)
         except (grants.GrantError, ExchangeError) as exc:
             # Named by reference and cause only, as the sandbox's refusal is.
-            log.warning("sealgate: %s for %s: no token: %s", processor.kind, named.label, exc)
+            log.warning("token exchange failed", extra={
+                "kind": processor.kind, "credential": named.label, "error": str(exc)})
             self.outcomes[(processor.kind, "failed")] += 1
             raise ExchangeError(str(exc)) from None
         self.outcomes[(processor.kind, "obtained")] += 1
-        log.info("sealgate: %s for %s: a token for %.0f s", processor.kind, named.label,
-                 found.expires - self.cache.clock())
+        log.info("token obtained", extra={
+            "kind": processor.kind, "credential": named.label,
+            "expires_in": round(found.expires - self.cache.clock())})
         source = _digest(text)
         if found.refresh_token is not None:
             rotated = exchange.rotated(found.refresh_token)
@@ -175,14 +177,16 @@ class Exchanges:
             del self._rotated[next(iter(self._rotated))]
         self._rotated[(processor, name)] = (superseded | {_digest(text)}, new)
         if ref is None:
-            log.warning("sealgate: %s for a sealed token: the rotated refresh token is kept in "
-                        "memory only (the token still holds the old one)", processor.kind)
+            log.warning("the rotated refresh token is kept in memory only (the sealed token "
+                        "still holds the old one)",
+                        extra={"kind": processor.kind, "credential": named.label})
             return _digest(new)
         try:
             await self.secrets.write(ref, new)
         except SecretError as exc:
-            log.warning("sealgate: %s: the rotated refresh token is kept in memory only: %s",
-                        ref, exc)
+            log.warning("the rotated refresh token is kept in memory only (the store "
+                        "could not be written)",
+                        extra={"kind": processor.kind, "ref": str(ref), "error": str(exc)})
         return _digest(new)
 
     async def _post(self, endpoint: Endpoint, headers: dict[str, str], body: bytes,

@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sealgate import oplog
 from sealgate.clikit import Subcommands, env_option
 from sealgate.hostport import format_hostport, parse_hostport
 
 from . import statedir
 from .controlclient import ControlError, call
+
+_log = logging.getLogger("sealgate.proxy")
 
 if TYPE_CHECKING:
     from ..engine.limits import HttpLimits
@@ -97,6 +101,7 @@ def register(sub: Subcommands) -> None:
                         "vault:https://HOST:8200?auth=… (default file:<state>/secrets.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                    help="set a mitmproxy option (repeatable)")
+    oplog.add_flags(p)
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_run_proxy)
 
@@ -179,17 +184,36 @@ def _limits(args: argparse.Namespace) -> HttpLimits:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    # First: from here on every message of the proxy is a log line (the workers run this too).
+    oplog.configure(args.log_format, args.log_level)
+    try:
+        return _serve(args, config)
+    finally:
+        _master_gone()
+
+
+def _master_gone() -> None:
+    """The master's log handler stays on the root logger after its event loop closed, and
+    would raise for every record logged after (mitmproxy's LegacyLogEvents): taken off."""
+    from mitmproxy.log import MitmLogHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, MitmLogHandler):
+            handler.uninstall()
+
+
+def _serve(args: argparse.Namespace, config: ProxyConfig) -> int:
     from mitmproxy import exceptions
 
     from ..engine import mitm
 
-    config = config_from_args(args)
     try:
         # Before anything starts: a mitmproxy the patches were not made for is refused here,
         # not found out by each worker.
         mitm.require_tested()
     except mitm.MitmproxyMismatch as exc:
-        print(exc, file=sys.stderr)
+        _log.error("the proxy cannot start", extra={"error": str(exc)})
         return 2
     from . import supervisor
     from .master import prepare
@@ -209,7 +233,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
             if isinstance(seen, exceptions.OptionsError):
                 first = seen
             seen = seen.__context__
-        print(first, file=sys.stderr)
+        _master_gone()
+        _log.error("the proxy cannot start", extra={"error": str(first)})
         return 2
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from mitmproxy import ctx, master, options
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 
+from sealgate import oplog
 from sealgate.hostport import format_hostport
 
 from ..engine import mitm
@@ -33,6 +34,7 @@ from . import statedir
 from .ca import ensure_ca
 from .drain import Health, drain
 
+logger = logging.getLogger("sealgate.proxy")
 _SETTLE_SECONDS = 2.0
 _IDLE_LOOK, _FREEZE_LOOKS = 0.25, 2400  # for a moment with no connection open: 10 minutes
 # Addons whose work ends at start-up. mitmproxy walks every addon twice for every flow event,
@@ -84,35 +86,55 @@ class StartupReport:
         sealgate = ctx.master.addons.get("sealgate")
         state = sealgate.state if sealgate is not None else None
         rules = state.rules if state is not None else None
-        lines = ["sealgate proxy ready"]
-        for address in ps.listen_addrs():
-            lines.append(f"  listening  {format_hostport(address[0], address[1])}")
-        for mode in self.config.modes():
-            lines.append(f"  mode       {mode}")
-        if self.config.workers > 1:
-            lines.append(f"  workers    {self.config.workers} (SO_REUSEPORT)")
-        lines.append(f"  rules      {self.config.rules}")
-        if rules is not None:
-            for name, policy in sorted(rules.policies.items()):
-                lines.append(f"    policy   {name}: {policy.mode}, {len(policy.rules)} rule(s)")
-            lines.append(f"    sandboxes {len(rules.sandboxes)}, default policy: "
-                         f"{rules.default_policy or 'deny everything'}")
-            for warning in rules.warnings:
-                lines.append(f"    warning  {warning}")
         guard = state.guard if state is not None else None
+        report: dict[str, Any] = {
+            "listening": [format_hostport(a[0], a[1]) for a in ps.listen_addrs()],
+            "modes": self.config.modes(),
+            "workers": self.config.workers,
+            "rules": str(self.config.rules),
+        }
+        if rules is not None:
+            report |= {
+                "policies": {name: {"mode": policy.mode, "rules": len(policy.rules)}
+                             for name, policy in sorted(rules.policies.items())},
+                "sandboxes": len(rules.sandboxes), "default_policy": rules.default_policy,
+                "warnings": list(rules.warnings),
+            }
         if guard is not None:
-            servers = ", ".join(format_hostport(*server) for server in guard.resolver.servers)
-            lines.append(f"  resolver   {servers} (names resolved by the guard, answers checked)")
-        lines.append(f"  CA         {statedir.ca_bundle_path(self.config.state)}")
-        lines.append(f"  audit log  {self.config.state / 'audit.log'}")
-        print("\n".join(lines), file=sys.stderr, flush=True)
+            report["resolver"] = [format_hostport(*server) for server in guard.resolver.servers]
+        report |= {"ca": str(statedir.ca_bundle_path(self.config.state)),
+                   "audit_log": str(self.config.state / "audit.log")}
+        if oplog.is_console():
+            # A person at a terminal reads the report as a block (the README shows it).
+            print(_banner(report), file=sys.stderr, flush=True)
+        else:
+            logger.info("sealgate proxy ready", extra=report)
+
+
+def _banner(report: dict[str, Any]) -> str:
+    lines = ["sealgate proxy ready"]
+    lines += [f"  listening  {address}" for address in report["listening"]]
+    lines += [f"  mode       {mode}" for mode in report["modes"]]
+    if report["workers"] > 1:
+        lines.append(f"  workers    {report['workers']} (SO_REUSEPORT)")
+    lines.append(f"  rules      {report['rules']}")
+    for name, policy in report.get("policies", {}).items():
+        lines.append(f"    policy   {name}: {policy['mode']}, {policy['rules']} rule(s)")
+    if "sandboxes" in report:
+        lines.append(f"    sandboxes {report['sandboxes']}, default policy: "
+                     f"{report['default_policy'] or 'deny everything'}")
+    lines += [f"    warning  {warning}" for warning in report.get("warnings", ())]
+    if "resolver" in report:
+        lines.append(f"  resolver   {', '.join(report['resolver'])} (names resolved by the "
+                     "guard, answers checked)")
+    lines.append(f"  CA         {report['ca']}")
+    lines.append(f"  audit log  {report['audit_log']}")
+    return "\n".join(lines)
 
 
 def build_master(config: ProxyConfig, worker: int | None = None) -> master.Master:
-    # mitmdump prints log records through its termlog addon, which the lean master leaves out.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.getLogger("sealgate").addHandler(handler)
+    # mitmdump prints log records through its termlog addon, which the lean master leaves out:
+    # sealgate's go through the operational log the command configured (sealgate/oplog.py).
     opts = options.Options()
     m = master.Master(opts)
     m.addons.add(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 import time
@@ -23,11 +24,14 @@ from collections import deque
 
 from aiohttp import web
 
+from sealgate.hostport import format_hostport
+
 from ..request.registry import SourceRegistry
 from . import admin, control, statedir
 from .drain import Health
 from .master import ProxyConfig, serve
 
+_log = logging.getLogger("sealgate.proxy")
 _STOP_MARGIN = 10.0  # past the drain timeout, how long a worker may take before it is killed
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0
 _STEADY_SECONDS = 60.0  # up this long, a worker's next death starts the pauses over
@@ -51,7 +55,7 @@ class _Workers:
         self.config = config
         self.stopping = asyncio.Event()
         self.children: dict[int, asyncio.subprocess.Process] = {}
-        self.gave_up: str | None = None
+        self.gave_up: dict[str, object] | None = None  # the crash loop, said in the log
 
     async def start(self, index: int) -> asyncio.subprocess.Process:
         # The workers run this same command line (the supervisor only starts from a real one).
@@ -73,15 +77,14 @@ class _Workers:
             now = time.monotonic()
             deaths.append(now)
             if len(deaths) == _CRASH_LOOP and now - deaths[0] < _CRASH_WINDOW:
-                self.gave_up = (f"worker {index} died {_CRASH_LOOP} times in "
-                                f"{now - deaths[0]:.0f} s (last exit {code}): a crash loop, "
-                                "stopping")
+                self.gave_up = {"worker": index, "deaths": _CRASH_LOOP,
+                                "seconds": round(now - deaths[0], 1), "exit_code": code}
                 self.stopping.set()
                 return
             if now - started >= _STEADY_SECONDS:
                 pause = _FIRST_PAUSE
-            print(f"sealgate: worker {index} exited ({code}); starting it again in "
-                  f"{pause:g} s", file=sys.stderr, flush=True)
+            _log.warning("worker exited; starting it again",
+                         extra={"worker": index, "exit_code": code, "pause_seconds": pause})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), pause)
             pause = min(pause * 2, _LONGEST_PAUSE)
@@ -118,7 +121,7 @@ async def supervise(config: ProxyConfig) -> int:
     await asyncio.gather(*keepers)
     await _stop_control(runners)
     if workers.gave_up is not None:
-        print(f"sealgate: {workers.gave_up}", file=sys.stderr, flush=True)
+        _log.error("worker crash loop, stopping", extra=workers.gave_up)
         return 1
     return 0
 
@@ -135,7 +138,9 @@ async def _start_control(config: ProxyConfig, health: Health) -> list[web.AppRun
                                              config.workers, health))
         except OSError as exc:
             await runners[0].cleanup()
-            raise SystemExit(f"sealgate: --admin: {exc}") from None
+            _log.error("the admin listener cannot start",
+                       extra={"address": format_hostport(*config.admin), "error": str(exc)})
+            raise SystemExit(1) from None
     return runners
 
 

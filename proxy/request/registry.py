@@ -93,8 +93,8 @@ class SourceRegistry:
             # A registry we cannot read attributes nobody: unattributed traffic falls to the
             # default policy, which denies unless an operator chose otherwise.
             if now != self._seen.identities:
-                log.error("sealgate: source registry %s unreadable (%s); no source attributed",
-                          self.path, type(exc).__name__)
+                log.error("source registry unreadable; no source attributed",
+                          extra={"path": str(self.path), "error_type": type(exc).__name__})
             self._replace({})
             self._seen = self._seen.retake(now)
             return

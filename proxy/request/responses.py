@@ -120,7 +120,8 @@ def on_websocket_message(flow: http.HTTPFlow) -> None:
         if (clean := scrubber.data(message.content)) != message.content:
             message.content = clean
     except Exception:
-        logger.exception("sealgate: internal error scrubbing a WebSocket message; dropped")
+        logger.exception("internal error scrubbing a WebSocket message; dropped",
+                         extra={"request_id": flow.id})
         message.drop()
         flow.kill()
 

@@ -158,7 +158,8 @@ def reload(current: AddonState, opts: Any) -> tuple[AddonState, RulesError | Non
         try:
             tokenizer = Tokenizer(Keyring.load(Path(opts.sealgate_token_keys)))
         except KeyFileError as exc:
-            logger.error("sealgate: token keys reload failed, keeping the previous: %s", exc)
+            logger.error("token keys reload failed, keeping the previous",
+                         extra={"path": opts.sealgate_token_keys, "error": str(exc)})
     keyed = replace(current, tokenizer=tokenizer)
     try:
         rules, seen, identifier = load(opts, current.broker)
@@ -179,7 +180,7 @@ def load(opts: Any, broker: Broker) -> tuple[RuleSet, Snapshot, Identifier]:
         raise RulesError(path, None, "inject", f"secret reference: {exc}") from None
     registry = SourceRegistry(Path(opts.sealgate_state) / "registry.json")
     for warning in rules.warnings:
-        logger.warning("sealgate: rules warning: %s", warning)
+        logger.warning("rules warning", extra={"rules": str(path), "warning": warning})
     return rules, Snapshot.take((path, *rules.sources)), Identifier(rules, registry)
 
 

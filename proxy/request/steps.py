@@ -11,6 +11,7 @@ import logging
 from mitmproxy import connection, http
 from mitmproxy.flow import Error
 
+from sealgate import oplog
 from sealgate.hostname import Host, HostError, canonical_host
 from sealgate.reasons import Reason
 
@@ -104,7 +105,22 @@ class Steps(Lifecycle):
         *, identity: Identity, policy: Policy,
     ) -> Injected:
         """The sandbox's sealed tokens (checked against `bound`; an exchange processor's token
-        obtained), then the rule's brokered secrets, into the request."""
+        obtained), then the rule's brokered secrets, into the request. What it logs (a secret
+        store's failure, a token exchange's) carries the request's id, sandbox and policy, as
+        its audit line does; so does an internal error, logged here while they are known."""
+        with oplog.bound(request_id=flow.id, sandbox=identity.sandbox, policy=policy.name):
+            try:
+                return await self._injected(flow, facts, bound, rule, identity=identity,
+                                            policy=policy)
+            except Denial:
+                raise
+            except Exception as exc:
+                raise refusal(exc, "injecting credentials") from None
+
+    async def _injected(
+        self, flow: http.HTTPFlow, facts: RequestFacts, bound: TokenRequest, rule: Rule | None,
+        *, identity: Identity, policy: Policy,
+    ) -> Injected:
         request = flow.request
         state = self._state()
         credentials: list[Credential] = []
@@ -169,7 +185,7 @@ def refusal(exc: Exception, doing: str) -> Denial:
     logged with its traceback (on the proxy's stderr, never to the client) and refused."""
     if isinstance(exc, Denial):
         return exc
-    logger.error("sealgate: internal error %s; refused", doing, exc_info=exc)
+    logger.error("internal error; refused", extra={"doing": doing}, exc_info=exc)
     return Denial(Reason.INTERNAL_ERROR, "the proxy could not decide; refused")
 
 

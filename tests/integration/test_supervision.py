@@ -20,7 +20,7 @@ import requests
 from sealgate.proxy.process.controlclient import call
 from sealgate.proxy.process.statedir import control_socket as socket_path
 from tests.conftest import KEYS, rules_allowing
-from tests.harness import Origin, Proxy, ProxyFactory, free_port
+from tests.harness import Origin, Proxy, ProxyFactory, free_port, log_lines
 
 SLOW_SECONDS = 1.5
 
@@ -132,7 +132,8 @@ def test_a_killed_worker_is_started_again_and_the_others_keep_serving(
                          20, "worker 0 started again")
         assert after[1] == before[1]  # the survivor was left alone
         assert p.process.poll() is None
-        assert "worker 0 exited" in p.stderr()
+        assert any(line["event"] == "worker exited; starting it again" and line["worker"] == 0
+                   and line["level"] == "warning" for line in log_lines(p.stderr()))
 
 
 def test_a_crash_loop_stops_the_supervisor_and_says_so(
@@ -148,7 +149,8 @@ def test_a_crash_loop_stops_the_supervisor_and_says_so(
             killed.add(pid)
             os.kill(pid, signal.SIGKILL)
         assert p.process.wait(timeout=30) == 1
-        assert "crash loop" in p.stderr()
+        (said,) = [line for line in log_lines(p.stderr()) if "crash loop" in line["event"]]
+        assert (said["level"], said["worker"], said["deaths"]) == ("error", 1, 5), said
         assert not workers_alive(killed)
 
 

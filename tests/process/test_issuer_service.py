@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from sealgate import credentials as tk
-from tests.harness import free_port
+from tests.harness import free_port, log_lines
 from tests.unit.test_issuer_service import (  # noqa: F401 -- env: the unit tests' fixture
     API_KEYS,
     CANARY,
@@ -46,6 +46,8 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
             "0",
             "--admin",
             f"127.0.0.1:{admin}",
+            "--log-level",  # no secret in any line at any level, the libraries' included
+            "debug",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -55,14 +57,14 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
     )
     try:
         assert proc.stderr is not None
-        url = ""
+        url, read = "", []
         for _ in range(50):
-            line = proc.stderr.readline()
-            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            if found:
-                url = found.group(1)
+            read.append(proc.stderr.readline())
+            said = json.loads(read[-1])
+            if said["event"] == "listening":
+                url = said["url"]
                 break
-        assert url, "the service did not report its address"
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), read
         reply = _http(
             "POST",
             f"{url}/v1/tokens",
@@ -116,6 +118,7 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
         assert reply.json() == {"ready": True}
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=10)
+        stderr = "".join(read) + stderr
         assert proc.returncode == 0, stderr
     finally:
         if proc.poll() is None:
@@ -125,4 +128,14 @@ def test_serve_end_to_end_with_sighup(env: Env) -> None:  # noqa: F811
     assert (issued["caller"], issued["outcome"]) == ("ci", "issued")
     assert (refused["outcome"], refused["reason"]) == ("refused", "unauthenticated")
     assert CANARY not in audit.read_text() and CANARY not in stderr
-    assert API_KEYS["ci"] not in stderr
+    assert not [key for key in API_KEYS.values() if key in stderr]
+    assert "not-a-caller-key" not in stderr
+    # The log: JSON lines with the shared fields; the refusal's line has its audit line's id.
+    lines = log_lines(stderr)
+    (said,) = [line for line in lines if line.get("request_id") == refused["request_id"]]
+    assert (said["event"], said["reason"], said["level"]) == ("mint refused",
+                                                              "unauthenticated", "info")
+    assert issued["request_id"] and issued["request_id"] != refused["request_id"]
+    (failed,) = [line for line in lines if line["level"] == "error"]
+    assert (failed["event"], failed["part"], failed["why"]) == (
+        "reload failed, keeping the previous", "callers", "SIGHUP"), failed

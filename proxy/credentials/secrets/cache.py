@@ -115,7 +115,8 @@ class SecretCache:
         except SecretUnavailable as exc:
             entry = self._entries.get(ref)
             if entry is not None and self._clock() < entry.expires + self._stale_grace:
-                log.warning("secret %s: serving cached value within stale grace: %s", ref, exc)
+                log.warning("secret store unavailable; serving the cached value within its "
+                            "grace", extra={"ref": str(ref), "error": str(exc)})
                 self.lookups["stale"] += 1
                 return entry.secret
             self.unavailable = True
@@ -201,4 +202,6 @@ class SecretCache:
             del self._inflight[ref]
         # Retrieve the outcome so a background refresh nobody awaited still gets logged.
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.warning("secret %s: fetch failed (%s): %s", ref, type(exc).__name__, exc)
+            log.warning("secret fetch failed", extra={
+                "ref": str(ref), "store": ref.store, "error_type": type(exc).__name__,
+                "error": str(exc)})

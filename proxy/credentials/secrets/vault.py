@@ -312,12 +312,8 @@ class VaultStore:
         self._renewable = renewable is True
         self._generation += 1
         self._relogged.set()
-        log.info(
-            "vault: logged in with %s (lease %ss, renewable %s)",
-            cfg.auth,
-            self._lease,
-            self._renewable,
-        )
+        log.info("vault: logged in", extra={
+            "auth": cfg.auth, "lease_seconds": self._lease, "renewable": self._renewable})
 
     async def _renew_loop(self) -> None:
         """Renew at half the lease; when renewal fails, log in again; retry on failure."""
@@ -340,7 +336,8 @@ class VaultStore:
             except Exception as exc:
                 # Anything unforeseen would end renewal for good and let the token lapse. Named
                 # by type only: its text could carry what Vault answered.
-                log.error("vault: token refresh failed (%s); retrying", type(exc).__name__)
+                log.error("vault: token refresh failed; retrying",
+                          extra={"error_type": type(exc).__name__})
                 delay = RETRY_DELAY
             self._relogged.clear()
 
@@ -349,7 +346,8 @@ class VaultStore:
             try:
                 response = await self._call("token renewal", self._client.auth.token.renew_self)
             except SecretError as exc:
-                log.warning("vault: token renewal failed (%s); logging in again", exc)
+                log.warning("vault: token renewal failed; logging in again",
+                            extra={"error": str(exc)})
             else:
                 lease = _dig(response, "auth", "lease_duration")
                 self._lease = float(lease) if isinstance(lease, int | float) else 0.0
@@ -358,7 +356,7 @@ class VaultStore:
         try:
             await self._login()
         except SecretError as exc:
-            log.error("vault: login after failed renewal failed: %s", exc)
+            log.error("vault: login after a failed renewal failed", extra={"error": str(exc)})
             return min(RETRY_DELAY, max(self._lease / 2, 0.05))
         return self._lease / 2
 
