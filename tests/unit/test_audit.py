@@ -106,10 +106,12 @@ def test_a_stalled_stdout_reader_does_not_stall_the_proxy(
             log.emit("request", n=n, pad=pad)
             time.sleep(0.001)  # let the copy's thread fill the pipe
         log.emit("request", n=n + 1, pad=pad)  # over the cap: dropped from the copy
-        assert time.monotonic() - started < 5
+        # A blocked emit would never return (nobody reads the pipe yet): the bound only has to
+        # tell that from a machine loaded by other work.
+        assert time.monotonic() - started < 15
         assert [line["n"] for line in lines(path)] == list(range(1, n + 2))
         received = bytearray()
-        wait_for(lambda: received.extend(os.read(read_end, 1 << 16)) or log.healthy)
+        wait_for(lambda: received.extend(os.read(read_end, 1 << 16)) or log.healthy, timeout=15)
         log.emit("request", n=n + 2)
         log.close()
         os.set_blocking(read_end, False)
