@@ -12,7 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
+from sealgate import oplog
 from sealgate.clikit import Subcommands, env_option
+
+_LOG = logging.getLogger("sealgate.kube")
 
 
 def register(sub: Subcommands) -> None:
@@ -34,14 +37,15 @@ def register(sub: Subcommands) -> None:
     i.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
                    help="withdraw every registration once the API has not answered for this "
                         "long (default 30)")
+    oplog.add_flags(i)
     i.set_defaults(func=_identity)
 
 
 def _identity(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if not args.stale_after > 0:
         print("sealgate kube: --stale-after must be more than 0", file=sys.stderr)
         return 2
+    oplog.configure(args.log_format, args.log_level)
     try:
         return asyncio.run(_watch(args))
     except KeyboardInterrupt:
@@ -53,8 +57,7 @@ async def _watch(args: argparse.Namespace) -> int:
         from kubernetes_asyncio import client, config
         from kubernetes_asyncio.config.config_exception import ConfigException
     except ImportError:
-        print("sealgate kube: needs kubernetes-asyncio (pip install 'sealgate[kube]')",
-              file=sys.stderr)
+        _LOG.error("needs kubernetes-asyncio (pip install 'sealgate[kube]')")
         return 2
 
     from sealgate.proxy import control_socket
@@ -70,7 +73,7 @@ async def _watch(args: argparse.Namespace) -> int:
             config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=configuration)
     except (ConfigException, OSError, ValueError) as exc:
-        print(f"sealgate kube: no Kubernetes API to watch: {exc}", file=sys.stderr)
+        _LOG.error("no Kubernetes API to watch", extra={"error": str(exc)})
         return 2
     settings = Settings(control_socket(args.state), args.label, args.namespace,
                         args.stale_after)
@@ -80,8 +83,8 @@ async def _watch(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with client.ApiClient(configuration) as api:
         watcher = Watcher(client.CoreV1Api(api), settings)
-        print(f"sealgate kube: watching pods ({args.namespace or 'every namespace'}, label "
-              f"{args.label}) for the proxy at {settings.control}", file=sys.stderr, flush=True)
+        _LOG.info("watching pods", extra={"namespace": args.namespace, "label": args.label,
+                                          "control": str(settings.control)})
         task = asyncio.create_task(watcher.run(stop))
         await stop.wait()
         task.cancel()

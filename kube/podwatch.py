@@ -80,10 +80,10 @@ class Watcher:
                 while not stop.is_set():
                     version = await self._watch(version)
             except _Gone:
-                _LOG.info("kube: the watch's version expired (410): listing again")
+                _LOG.info("the watch's version expired (410): listing again")
                 continue
             except Exception as exc:  # the API down or answering nonsense: said, retried
-                _LOG.warning("kube: the pods could not be read: %s", _said(exc))
+                _LOG.warning("the pods could not be read", extra={"error": _said(exc)})
             if time.monotonic() - self.synced > self.settings.stale_after:
                 await self._withdraw()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -171,7 +171,7 @@ class Watcher:
         try:
             return Pod.of(raw, self.settings.label)
         except PodError as exc:
-            _LOG.warning("kube: a pod that cannot be read claims nothing: %s", exc)
+            _LOG.warning("a pod that cannot be read claims nothing", extra={"error": str(exc)})
             return None
 
     async def _tell(self, changes: list[Change]) -> None:
@@ -183,17 +183,18 @@ class Watcher:
         try:
             if sandbox is None:
                 await asyncio.to_thread(unregister_source, control, address)
-                _LOG.info("kube: %s is no sandbox's", address)
+                _LOG.info("an address is no sandbox's", extra={"address": address})
                 return
             try:
                 await asyncio.to_thread(register_source, control, address, sandbox)
-                _LOG.info("kube: %s is sandbox %s", address, sandbox)
+                _LOG.info("an address is a sandbox's",
+                          extra={"address": address, "sandbox": sandbox})
             except SourceRefused as exc:  # e.g. a label naming no sandbox of the rules
-                _LOG.warning("kube: the proxy refused %s as %s: %s", address, sandbox,
-                             exc.reason)
+                _LOG.warning("the proxy refused an address", extra={
+                    "address": address, "sandbox": sandbox, "reason": exc.reason})
                 await asyncio.to_thread(unregister_source, control, address)
         except ControlError as exc:
-            _LOG.warning("kube: the proxy could not be told: %s", exc)
+            _LOG.warning("the proxy could not be told", extra={"error": str(exc)})
             self._resync = True
 
     async def _reconcile(self) -> None:
@@ -203,7 +204,7 @@ class Watcher:
         try:
             held = await asyncio.to_thread(registered_sources, self.settings.control)
         except ControlError as exc:
-            _LOG.warning("kube: the proxy's registry could not be read: %s", exc)
+            _LOG.warning("the proxy's registry could not be read", extra={"error": str(exc)})
             return
         self._resync = False
         wanted = self.claims.registered()
@@ -216,9 +217,9 @@ class Watcher:
     async def _withdraw(self) -> None:
         if self.withdrawn:
             return
-        _LOG.error("kube: no answer from the API for %.0f s: every registration withdrawn "
-                   "(the sandboxes' egress is refused until the pods can be listed again)",
-                   time.monotonic() - self.synced)
+        # The sandboxes' egress is refused until the pods can be listed again.
+        _LOG.error("no answer from the API: every registration withdrawn",
+                   extra={"seconds": round(time.monotonic() - self.synced)})
         self.claims = Claims()
         self.withdrawn = True
         self._resync = True

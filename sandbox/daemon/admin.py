@@ -21,6 +21,7 @@ predecessor answering "handing over").
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import time
@@ -76,7 +77,8 @@ class Metrics:
             "Foreground commands ended, by how: exit (by itself), killed (its caller left or "
             "asked), timed_out (its own limit), lost (its supervisor in the sandbox gone)",
             ["ending"], registry=self.registry)
-        self.registry.register(_Alive(daemon))
+        self.alive = _Alive(daemon)
+        self.registry.register(self.alive)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -117,6 +119,21 @@ def _call(method: str, template: str) -> str:
 class _Alive(Collector):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        # The live sandboxes' limit hits, read off their cgroups in a thread before each
+        # scrape (`read_live`): a file read per group is too much for the event loop at 1000.
+        self.live_hits = {"memory": 0, "pids": 0}
+
+    async def read_live(self) -> None:
+        groups = [session.slot.group for session in list(self.daemon.sessions.values())]
+
+        def read() -> dict[str, int]:
+            total = {"memory": 0, "pids": 0}
+            for group in groups:
+                for limit, count in group.limit_hits().items():
+                    total[limit] += count
+            return total
+
+        self.live_hits = await asyncio.to_thread(read)
 
     def collect(self) -> Iterator[Metric]:
         daemon = self.daemon
@@ -150,6 +167,14 @@ class _Alive(Collector):
         yield _gauge("sealgate_sandboxd_selftest_passed", "1 once the last self-test passed, "
                      "0 before one ran or after one failed", 0 if daemon.unverified else 1)
         yield from _tally(daemon)
+        hits = CounterMetricFamily(
+            "sealgate_sandboxd_limit_hits",
+            "The kernel holding sandboxes to their limits, by limit: memory (processes killed "
+            "out of memory) and pids (forks refused at the process limit); bubblewrap's and "
+            "gVisor's host cgroups (a microVM's guest kernel keeps its own)", labels=["limit"])
+        for limit in ("memory", "pids"):
+            hits.add_metric([limit], daemon.tally.limit_hits[limit] + self.live_hits[limit])
+        yield hits
 
 
 def _tally(daemon: Daemon) -> Iterator[Metric]:
@@ -210,6 +235,7 @@ def make_app(daemon: Daemon, metrics: Metrics, stopping: Callable[[], bool]) -> 
                                   "pool": status["pool"]})
 
     async def serve_metrics(_: web.Request) -> web.Response:
+        await metrics.alive.read_live()
         return web.Response(body=generate_latest(metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

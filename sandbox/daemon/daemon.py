@@ -465,6 +465,8 @@ class Daemon:
         await session.processes.close()  # each one's exec ends, its status said
         self._remember(ident, why)
         self._wake.set()
+        # Read while its groups exist: they go with the slot, behind this call.
+        self.tally.limit_hits.update(session.slot.group.limit_hits())
         await self._release(session.slot, wait=False)
         self.tally.end(why)
         log("ended", id=ident, sandbox=session.options.sandbox, why=why,

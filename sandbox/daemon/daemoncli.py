@@ -12,6 +12,7 @@ import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from sealgate import oplog
 from sealgate.clikit import Subcommands, env_option
 
 from .. import tiers
@@ -71,6 +72,7 @@ def register(sub: Subcommands) -> None:
                           "so when one serves there")
     how.add_argument("--no-adopt", action="store_true",
                      help="never take over: refuse to start while a daemon serves --socket")
+    oplog.add_flags(p)
     p.set_defaults(func=_run)
 
 
@@ -86,4 +88,6 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 2
+    # Lifecycle events on stdout, the operational log on stderr (`events`).
+    oplog.configure(args.log_format, args.log_level, events=sys.stdout)
     return serve.main(settings)

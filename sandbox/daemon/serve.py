@@ -9,11 +9,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import socket
 import ssl
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,8 @@ from .api import make_app
 from .apiserver import Runner
 from .daemon import Config, Daemon
 from .events import log
+
+_LOG = logging.getLogger("sealgate.sandbox.daemon")
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def main(settings: Settings) -> int:
     try:
         return asyncio.run(_serve(settings))
     except (SandboxError, OSError) as exc:
-        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        _LOG.error("sandboxd stopped", extra={"error": str(exc)})
         return 1
 
 
@@ -129,13 +131,11 @@ async def _verify(daemon: Daemon, own_socket: Path) -> list[selftest.Check]:
     checks = await selftest.run(daemon, own_socket)
     failed = [c for c in checks if not c.ok]
     for check in failed:
-        print(f"sealgate sandboxd: self-test FAILED: {check.name}: {check.detail}",
-              file=sys.stderr, flush=True)
+        _LOG.error("self-test failed", extra={"check": check.name, "detail": check.detail})
     daemon.unverified = ("self-test failed: " + "; ".join(c.name for c in failed)) if failed \
         else None
     if not failed:
-        print(f"sealgate sandboxd: self-test passed ({len(checks)} checks)", file=sys.stderr,
-              flush=True)
+        _LOG.info("self-test passed", extra={"checks": len(checks)})
     return checks
 
 
@@ -160,7 +160,7 @@ async def _serve(settings: Settings) -> int:
         daemon.plan()  # all that could refuse the start, checked before anything is ours
         taken = await adopt.take_over(settings, daemon, settings.adopt, stop.is_set)
     except SandboxError as exc:
-        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        _LOG.error("start refused", extra={"error": str(exc)})
         return 2
     if taken is not None:  # ours from here on: a stop ends them (`close`), nothing else
         daemon.take_over(taken.items, taken.ended)
@@ -172,7 +172,7 @@ async def _serve(settings: Settings) -> int:
         await daemon.close()
         for listener in [] if taken is None else taken.listeners:
             listener.close()
-        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        _LOG.error("start failed", extra={"error": str(exc)})
         return 2
     app = make_app(daemon, settings.key)
     app.middlewares.append(handover.refuse_while_held(daemon))
@@ -196,8 +196,9 @@ async def _serve(settings: Settings) -> int:
         except OSError as exc:
             await runner.cleanup()
             await daemon.close()
-            print(f"sealgate sandboxd: --admin {settings.admin[0]}:{settings.admin[1]}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+            _LOG.error("admin listener failed", extra={
+                "admin": f"{settings.admin[0]}:{settings.admin[1]}",
+                "error": exc.strerror or str(exc)})
             return 2
     listeners = taken.listeners if taken is not None else []
     giver = handover.Giver(daemon, adopt.want(settings), listeners)
@@ -212,11 +213,10 @@ async def _serve(settings: Settings) -> int:
             host, port = settings.listen
             where.append(f"{'https' if settings.tls else 'http'}://{host}:{port}")
         await giver.start(handover.path_for(settings.config.slots.state, settings.socket))
-        print(f"sealgate sandboxd: serving on {', '.join(where)}; pool "
-              f"{settings.config.pool}, at most {settings.config.max_sandboxes} sandboxes"
-              + ("" if taken is None else f"; took over {len(taken.items)} slots from "
-                 f"daemon {taken.predecessor} in {taken.ms:g} ms"),
-              file=sys.stderr, flush=True)
+        took = {} if taken is None else {"took_over_slots": len(taken.items),
+                                         "predecessor": taken.predecessor, "ms": taken.ms}
+        _LOG.info("serving", extra={"on": where, "pool": settings.config.pool,
+                                    "max_sandboxes": settings.config.max_sandboxes, **took})
         handed = asyncio.create_task(giver.done.wait())
         handed.add_done_callback(lambda _: stop.set())
         if settings.selftest:
@@ -228,8 +228,7 @@ async def _serve(settings: Settings) -> int:
         await giver.stop()
         if giver.done.is_set():  # the successor's now: ended by nothing of ours
             daemon.relinquish()
-            print("sealgate sandboxd: handed every sandbox over to its successor",
-                  file=sys.stderr, flush=True)
+            _LOG.info("handed every sandbox over to its successor")
         await daemon.close()
         await runner.cleanup()
         if watcher is not None:

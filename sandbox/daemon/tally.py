@@ -28,6 +28,8 @@ class Tally:
         # Cumulative counts per bucket (the last is +Inf), and the sum of seconds.
         self.prepare_buckets = [0] * (len(PREPARE_BUCKETS) + 1)
         self.prepare_seconds = 0.0
+        # Limit hits of ended sandboxes (`Group.limit_hits`); live ones are read at a scrape.
+        self.limit_hits: Counter[str] = Counter()
 
     def create(self, warm: bool) -> None:
         self.created["warm" if warm else "cold"] += 1

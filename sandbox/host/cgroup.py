@@ -148,6 +148,26 @@ class Group:
                                   f"within {seconds:g} s")
             time.sleep(0.001)
 
+    def limit_hits(self) -> dict[str, int]:
+        """How often the kernel held the groups to their limits: processes it killed for
+        memory (`oom_kill` of v2's memory.events or v1's memory.oom_control) and forks it
+        refused at the process limit (`max` of pids.events). A file that is missing or gone
+        counts 0: the figures are for an operator's dashboard, not a decision."""
+        hits = {"memory": 0, "pids": 0}
+        for group in self.dirs:
+            for file, word, limit in (("memory.events", "oom_kill", "memory"),
+                                      ("memory.oom_control", "oom_kill", "memory"),
+                                      ("pids.events", "max", "pids")):
+                try:
+                    text = (group / file).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    name, _, value = line.partition(" ")
+                    if name == word and value.isdigit():
+                        hits[limit] += int(value)
+        return hits
+
     @classmethod
     def left_by(cls, name: str) -> Group:
         """The groups a run of that name created, to remove after it died without doing so."""

@@ -10,12 +10,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sealgate.sandbox.clients.client import Client, DaemonError
 from tests.dnsstub import StubDNS
-from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, key_digest, sandbox_gateway
+from tests.harness import (
+    ROOT,
+    SEALGATE,
+    Origin,
+    OriginCA,
+    Proxy,
+    key_digest,
+    log_lines,
+    sandbox_gateway,
+)
 from tests.integration import tiers
 
 RANGE, GATEWAY = "10.216.0.0/16", "10.216.255.254"
@@ -73,6 +83,14 @@ class Daemon:
     @property
     def client(self) -> Client:
         return Client(str(self.socket))
+
+    def lines(self) -> list[dict[str, Any]]:
+        """Its output parsed: the events (stdout) and the operational log (stderr), each line
+        one JSON object with the operational log's fields."""
+        return log_lines(self.log.read_text())
+
+    def said(self, event: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line["event"] == event]
 
     def wait_ready(self, seconds: float = 30) -> None:
         deadline = time.monotonic() + seconds

@@ -33,7 +33,9 @@ def test_the_daemon_is_ready_only_after_its_self_test_passes(
 ) -> None:
     daemon = start_daemon(dproxy, tmp_path, "--pool", "1")
     try:
-        assert "self-test passed (20 checks)" in daemon.log.read_text()
+        assert [line["checks"] for line in daemon.said("self-test passed")] == [20]
+        # Its whole output is JSON lines: the events on stdout, the operational log on stderr.
+        assert daemon.said("serving")[0]["pool"] == 1
         done = subprocess.run([*SEALGATE, "sandbox", "selftest", "--json", "--daemon",
                                str(daemon.socket)], cwd=ROOT, capture_output=True, text=True,
                               timeout=120, check=False)
@@ -60,9 +62,10 @@ def test_a_failed_check_is_named_and_no_sandbox_is_created(
     daemon = Daemon(process, sock, log)
     try:
         deadline = time.monotonic() + 60
-        while "self-test FAILED" not in log.read_text():
+        while '"self-test failed"' not in log.read_text():
             assert time.monotonic() < deadline and process.poll() is None, log.read_text()
             time.sleep(0.1)
+        assert "the proxy answers" in {line["check"] for line in daemon.said("self-test failed")}
         health = Client(str(sock)).health()
         assert health["ready"] is False
         assert "the proxy answers" in health["problem"]
