@@ -78,12 +78,22 @@ class AsyncSandbox:
         body = create_body(sandbox, policy=policy, limits=limits, env=env, ttl=ttl,
                            idle_timeout=idle_timeout, isolation=isolation, image=image,
                            metadata=metadata)
-        return _Creating(cls._create(body, daemon, key, call_limit(call_timeout, TIMEOUT),
-                                     idempotency_key))
+        once = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return _Creating(cls._open("POST", "/v1/sandboxes", body, daemon=daemon, key=key,
+                                   limit=call_limit(call_timeout, TIMEOUT), extra=once))
 
     @classmethod
-    async def _create(cls, body: dict[str, Any], daemon: str | None, key: str | None,
-                      limit: float | None, idempotency_key: str | None) -> AsyncSandbox:
+    async def connect(cls, ident: str, *, daemon: str | None = None, key: str | None = None,
+                      call_timeout: CallLimit = DEFAULT) -> AsyncSandbox:
+        """A live sandbox by its id (`Sandbox.connect`)."""
+        return await cls._open("GET", f"/v1/sandboxes/{quote(ident, safe='')}", None,
+                               daemon=daemon, key=key,
+                               limit=call_limit(call_timeout, TIMEOUT), extra={})
+
+    @classmethod
+    async def _open(cls, method: str, path: str, body: dict[str, Any] | None, *,
+                    daemon: str | None, key: str | None, limit: float | None,
+                    extra: Mapping[str, str]) -> AsyncSandbox:
         where = daemon or os.environ.get("SEALGATE_SANDBOXD") or DEFAULT_DAEMON
         key = key or os.environ.get("SEALGATE_SANDBOXD_KEY")
         if "://" in where:
@@ -93,9 +103,8 @@ class AsyncSandbox:
             http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
             base = "http://sandboxd"
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        once = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         try:
-            info = await _json(http, "POST", base + "/v1/sandboxes", headers=headers | once,
+            info = await _json(http, method, base + path, headers=headers | dict(extra),
                                limit=limit, where=where, body=body)
         except BaseException:
             await http.close()
@@ -119,6 +128,11 @@ class AsyncSandbox:
                 raise
         finally:
             await self._http.close()
+
+    async def close(self) -> None:
+        """Close this client's connections and leave the sandbox alive (a handle from
+        `connect`, say, whose sandbox another caller deletes)."""
+        await self._http.close()
 
     async def _call(self, tail: str, body: Mapping[str, Any] | None,
                     call_timeout: CallLimit, method: str = "POST") -> dict[str, Any]:

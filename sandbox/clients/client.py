@@ -271,6 +271,16 @@ class Sandbox:
         return cls(client, client.call("POST", "/v1/sandboxes", body, headers=headers,
                                        call_timeout=call_timeout))
 
+    @classmethod
+    def connect(cls, ident: str, *, daemon: str | None = None, key: str | None = None,
+                call_timeout: CallLimit = DEFAULT) -> Sandbox:
+        """A live sandbox by its id, made earlier by this caller or another (a harness that
+        restarted, a second worker): DaemonError `no_such_sandbox` / `sandbox_ended` when it
+        is not alive."""
+        client = Client(daemon, key)
+        return cls(client, client.call("GET", f"/v1/sandboxes/{quote(ident, safe='')}",
+                                       call_timeout=call_timeout))
+
     def __enter__(self) -> Sandbox:
         return self
 

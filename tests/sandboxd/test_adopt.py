@@ -23,7 +23,7 @@ import pytest
 
 from sealgate.sandbox.clients.client import DaemonError, Sandbox
 from sealgate.sandbox.daemon import handover
-from tests.harness import Origin, Proxy, quiet
+from tests.harness import Origin, Proxy, free_port, quiet
 from tests.integration.tiers import unavailable
 from tests.sandboxd.conftest import Daemon
 from tests.sandboxd.test_lifecycle import host, registered, until
@@ -67,6 +67,33 @@ def inheritable(pid: int) -> list[str]:
 
 def index_of(sb: Sandbox) -> int:
     return int(sb.info["uid"]) - 3_100_000
+
+
+def test_a_successor_takes_a_new_api_key(
+    daemons: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """docs/runbooks.md, "Rotate sandboxd's API key", as written: a successor started with
+    `--adopt --key-file NEW` takes the sandboxes and the TCP listener; from then on only the
+    new key opens it, and the sandbox made under the old key runs on."""
+    port = free_port()
+    old_key, new_key = tmp_path / "old.key", tmp_path / "new.key"
+    for path, key in ((old_key, "old-sandboxd-key-0123456789abcdef"),
+                      (new_key, "new-sandboxd-key-fedcba9876543210")):
+        path.write_text(key + "\n")
+        path.chmod(0o600)
+    url = f"http://127.0.0.1:{port}"
+    old = daemons(*_FLAGS, "--listen", f"127.0.0.1:{port}", "--key-file", str(old_key))
+    kept = Sandbox.create("ci-bot", daemon=url, key="old-sandboxd-key-0123456789abcdef")
+    new = daemons(*_FLAGS, "--adopt", "--listen", f"127.0.0.1:{port}", "--key-file",
+                  str(new_key), sock=old.socket)
+    assert old.process.wait(30) == 0, old.log.read_text()
+    with pytest.raises(DaemonError) as refused:
+        Sandbox.connect(kept.id, daemon=url, key="old-sandboxd-key-0123456789abcdef")
+    assert refused.value.reason == "unauthorized", refused.value
+    again = Sandbox.connect(kept.id, daemon=url, key="new-sandboxd-key-fedcba9876543210")
+    assert again.run(["echo", "still here"]).stdout == b"still here\n"
+    again.delete()
+    assert quiet(new.log.read_text())
 
 
 def test_a_successor_takes_every_sandbox_over(

@@ -11,6 +11,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from sealgate.sandbox import AsyncSandbox, Client, DaemonError, Sandbox
 from tests.harness import ROOT, SEALGATE, Proxy, free_port
 from tests.sandboxd.conftest import Daemon, start_daemon
@@ -39,6 +41,9 @@ def test_the_sync_client_drives_a_session(sandboxd: Daemon) -> None:
         raise AssertionError("a deleted sandbox ran a command")
     except DaemonError as exc:
         assert (exc.code, exc.status) == ("sandbox_ended", 410)
+    with pytest.raises(DaemonError) as gone:
+        Sandbox.connect(ident, daemon=str(sandboxd.socket))
+    assert (gone.value.code, gone.value.status) == ("sandbox_ended", 410)
 
 
 def test_the_async_client_drives_a_session(sandboxd: Daemon) -> None:
@@ -48,6 +53,12 @@ def test_the_async_client_drives_a_session(sandboxd: Daemon) -> None:
             results = await asyncio.gather(*(sb.run(["sh", "-c", f"sleep 0.2; exit {n}"])
                                              for n in range(4)))
             out = await sb.run(["cat", "a.txt"])
+            # Found again by its id, as a restarted harness would.
+            found = await AsyncSandbox.connect(sb.id, daemon=str(sandboxd.socket))
+            try:
+                assert (await found.run(["cat", "a.txt"])).stdout == b"async data"
+            finally:
+                await found.close()
             return out.stdout, await sb.read("a.txt"), [r.exit_code for r in results]
 
     out, read, codes = asyncio.run(session())

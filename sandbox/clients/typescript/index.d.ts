@@ -99,6 +99,7 @@ export declare class Client {
 export declare class Sandbox {
   constructor(client: Client, info: SandboxInfo);
   static create(sandbox: string, opts?: CreateOptions): Promise<Sandbox>;
+  static connect(id: string, opts?: { daemon?: string; key?: string; callTimeout?: number | null }): Promise<Sandbox>;
   readonly client: Client;
   readonly id: string;
   info: SandboxInfo;

@@ -33,6 +33,17 @@ export class Sandbox {
       { headers, callTimeout }));
   }
 
+  /** A live sandbox by its id, made earlier by this caller or another (a harness that
+   * restarted, a second worker); DaemonError `no_such_sandbox` / `sandbox_ended` when it is
+   * not alive.
+   * @param {string} id @param {{daemon?: string, key?: string, callTimeout?: number | null}} [opts] */
+  static async connect(id, opts = {}) {
+    const { daemon, key, callTimeout } = opts;
+    const client = new Client({ daemon, key });
+    return new Sandbox(client, await client.call('GET',
+      `/v1/sandboxes/${encodeURIComponent(id)}`, undefined, { callTimeout }));
+  }
+
   /** @param {string} [tail] */
   path(tail = '') {
     return `/v1/sandboxes/${encodeURIComponent(this.id)}${tail}`;

@@ -72,6 +72,9 @@ describe('a session through the daemon', { skip }, () => {
     try {
       const again = await Sandbox.create(policy, { daemon, idempotencyKey, ttl: 120 });
       assert.equal(again.id, first.id);
+      const found = await Sandbox.connect(first.id, { daemon });
+      assert.equal(found.id, first.id);
+      assert.equal((await found.run(['echo', 'found'])).text, 'found\n');
       await assert.rejects(Sandbox.create(policy, { daemon, idempotencyKey, ttl: 60 }),
         refused('bad_request', 400)); // the same key, another body
     } finally {
@@ -97,6 +100,7 @@ describe('a session through the daemon', { skip }, () => {
       await sb.resume();
       assert.equal((await sb.run(['echo', 'thawed'])).text, 'thawed\n');
     });
+    await assert.rejects(Sandbox.connect('sb-never-was', { daemon }), refused('no_such_sandbox', 404));
     const ghost = new Sandbox(new Client({ daemon }), { id: 'sb-never-was' });
     await assert.rejects(ghost.refresh(), refused('no_such_sandbox', 404));
     const nowhere = new Client({ daemon: '/nonexistent/sandboxd.sock' });
