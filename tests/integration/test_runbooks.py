@@ -191,19 +191,8 @@ def test_rotating_the_token_sealing_keys(
 
 def test_rotating_the_proxy_ca(tmp_path: Path, proxy_with: ProxyFactory,
                                origin_https: Origin) -> None:
-    # `tokens: true` intercepts every tunnel: what a sandbox sees is the proxy's leaf.
-    rules = f"""
-version: 1
-policies:
-  agent:
-    tokens: true
-    allow:
-      - host: api.test
-        ports: [{origin_https.port}]
-    allow_networks: [127.0.0.1/32]
-sandboxes:
-  bot-1: {{policy: agent, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
-"""
+    # `tokens: true` (in `_rules`) intercepts every tunnel: a sandbox sees the proxy's leaf.
+    rules = _rules(origin_https.port)
     where = tmp_path / "proxy"
     where.mkdir()
     url = f"https://api.test:{origin_https.port}/ca"
