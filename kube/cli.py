@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sealgate import oplog
 from sealgate.clikit import Subcommands, env_option
+from sealgate.hostport import parse_hostport
 
 _LOG = logging.getLogger("sealgate.kube")
 
@@ -37,6 +38,8 @@ def register(sub: Subcommands) -> None:
     i.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
                    help="withdraw every registration once the API has not answered for this "
                         "long (default 30)")
+    env_option(i, "--admin", env="SEALGATE_KUBE_ADMIN", metavar="HOST:PORT",
+               help="serve /healthz, /readyz and /metrics there (plain HTTP; off by default)")
     oplog.add_flags(i)
     i.set_defaults(func=_identity)
 
@@ -44,6 +47,11 @@ def register(sub: Subcommands) -> None:
 def _identity(args: argparse.Namespace) -> int:
     if not args.stale_after > 0:
         print("sealgate kube: --stale-after must be more than 0", file=sys.stderr)
+        return 2
+    try:
+        args.admin = parse_hostport(args.admin) if args.admin else None
+    except ValueError as exc:
+        print(f"sealgate kube: --admin: {exc}", file=sys.stderr)
         return 2
     oplog.configure(args.log_format, args.log_level)
     try:
@@ -62,6 +70,7 @@ async def _watch(args: argparse.Namespace) -> int:
 
     from sealgate.proxy import control_socket
 
+    from . import admin
     from .podwatch import Settings, Watcher
 
     configuration = client.Configuration()
@@ -83,6 +92,14 @@ async def _watch(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with client.ApiClient(configuration) as api:
         watcher = Watcher(client.CoreV1Api(api), settings)
+        served = None
+        if args.admin is not None:
+            try:
+                served = await admin.start(watcher, stop, args.admin)
+            except OSError as exc:
+                _LOG.error("admin listener failed", extra={
+                    "admin": f"{args.admin[0]}:{args.admin[1]}", "error": exc.strerror or str(exc)})
+                return 2
         _LOG.info("watching pods", extra={"namespace": args.namespace, "label": args.label,
                                           "control": str(settings.control)})
         task = asyncio.create_task(watcher.run(stop))
@@ -90,4 +107,6 @@ async def _watch(args: argparse.Namespace) -> int:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if served is not None:
+            await served.cleanup()
     return 0

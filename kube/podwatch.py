@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,27 @@ _LOG = logging.getLogger("sealgate.kube")
 WATCH_SECONDS = 60  # a watch request's own end (the API server closes it then)
 _PAGE = 500
 _BACKOFF_MAX = 10.0
+# A watch event's types (anything else is counted as `other`, never as a label of its own).
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
 
 class _Gone(Exception):
     """410: the version watched from is older than the API server keeps."""
+
+
+@dataclass
+class Counts:
+    """What the watcher has done, for its metrics (`kube.admin`): plain numbers."""
+
+    lists: int = 0  # lists that succeeded (at start, after a 410, after an outage)
+    gone: int = 0  # 410s: the watched version expired
+    failures: int = 0  # lists or watches that failed (the API down, refusing, malformed)
+    events: dict[str, int] = field(default_factory=dict)  # watch events by type
+    told: dict[str, int] = field(default_factory=dict)  # registry changes by outcome
+    withdrawals: int = 0  # times every registration was withdrawn (fail closed)
+
+    def tell(self, outcome: str) -> None:
+        self.told[outcome] = self.told.get(outcome, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,9 @@ class Watcher:
         self.claims = Claims()
         self.synced = time.monotonic()  # the last list or watch that succeeded
         self.withdrawn = False
+        self.listed = False  # a list has succeeded since the start
+        self.proxy_problem: str | None = None  # the last failure to tell the proxy
+        self.counts = Counts()
         self._resync = True  # compare the proxy's whole registry at the next chance
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -80,9 +100,11 @@ class Watcher:
                 while not stop.is_set():
                     version = await self._watch(version)
             except _Gone:
+                self.counts.gone += 1
                 _LOG.info("the watch's version expired (410): listing again")
                 continue
             except Exception as exc:  # the API down or answering nonsense: said, retried
+                self.counts.failures += 1
                 _LOG.warning("the pods could not be read", extra={"error": _said(exc)})
             if time.monotonic() - self.synced > self.settings.stale_after:
                 await self._withdraw()
@@ -110,6 +132,8 @@ class Watcher:
             raise ValueError("the pod list has no resourceVersion")
         self.synced = time.monotonic()
         self.withdrawn = False
+        self.listed = True
+        self.counts.lists += 1
         await self._tell(self.claims.relist(pods))
         self._resync = True
         await self._reconcile()
@@ -126,6 +150,8 @@ class Watcher:
                     timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_SECONDS + 15):
                 kind, raw = event.get("type"), event.get("raw_object")
                 self.synced = time.monotonic()
+                name = kind if kind in _EVENT_TYPES else "other"
+                self.counts.events[name] = self.counts.events.get(name, 0) + 1
                 if kind in ("ADDED", "MODIFIED") and (pod := self._pod(raw)) is not None:
                     await self._tell(self.claims.seen(pod))
                 elif kind == "DELETED" and (pod := self._pod(raw)) is not None:
@@ -183,17 +209,22 @@ class Watcher:
         try:
             if sandbox is None:
                 await asyncio.to_thread(unregister_source, control, address)
+                self.counts.tell("withdrawn")
                 _LOG.info("an address is no sandbox's", extra={"address": address})
                 return
             try:
                 await asyncio.to_thread(register_source, control, address, sandbox)
+                self.counts.tell("registered")
                 _LOG.info("an address is a sandbox's",
                           extra={"address": address, "sandbox": sandbox})
             except SourceRefused as exc:  # e.g. a label naming no sandbox of the rules
+                self.counts.tell("refused")
                 _LOG.warning("the proxy refused an address", extra={
                     "address": address, "sandbox": sandbox, "reason": exc.reason})
                 await asyncio.to_thread(unregister_source, control, address)
         except ControlError as exc:
+            self.counts.tell("unreachable")
+            self.proxy_problem = str(exc)
             _LOG.warning("the proxy could not be told", extra={"error": str(exc)})
             self._resync = True
 
@@ -204,9 +235,11 @@ class Watcher:
         try:
             held = await asyncio.to_thread(registered_sources, self.settings.control)
         except ControlError as exc:
+            self.proxy_problem = str(exc)
             _LOG.warning("the proxy's registry could not be read", extra={"error": str(exc)})
             return
         self._resync = False
+        self.proxy_problem = None
         wanted = self.claims.registered()
         for address in held.keys() - wanted.keys():
             await self._set(address, None)
@@ -222,6 +255,7 @@ class Watcher:
                    extra={"seconds": round(time.monotonic() - self.synced)})
         self.claims = Claims()
         self.withdrawn = True
+        self.counts.withdrawals += 1
         self._resync = True
         await self._reconcile()
 

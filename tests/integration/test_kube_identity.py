@@ -5,6 +5,8 @@ withdraws everything, and the service account's token is in no log."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -12,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from sealgate.proxy import register_source, registered_sources, unregister_source
-from tests.harness import ROOT, SEALGATE, Proxy, key_digest, log_lines, quiet
+from tests.harness import ROOT, SEALGATE, Proxy, free_port, key_digest, log_lines, quiet
+from tests.integration.test_metrics import total
 from tests.kubefake import TOKEN, KubeFake
 
 LABEL = "sealgate.dev/sandbox"
@@ -193,3 +197,47 @@ def test_a_wrong_token_reads_nothing_and_says_so(tmp_path: Path, kproxy: Proxy) 
             "error": "ApiException: HTTP 401 Unauthorized"}.items() <= log_lines(text)[1].items()
     assert "not-the-service-account-token" not in text and quiet(text)
     assert registered_sources(kproxy.state / "control.sock") == {}
+
+
+def test_the_admin_listener_says_what_the_watcher_knows(
+        started: Callable[..., tuple[KubeFake, Watcher]]) -> None:
+    """/readyz follows the watcher's state (an API gone past --stale-after: not ready, ready
+    again once listed) and /metrics counts what it did, checked by promtool."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    api, watcher = started("--stale-after", "1", "--admin", f"127.0.0.1:{port}")
+    a = api.add("a", "10.244.4.5", {LABEL: "sb-a"})
+    api.add("b", "10.244.4.6", {LABEL: "sb-b"})
+    watcher.until(lambda s: len(s) == 2, "both registered")
+    api.add("c", "10.244.4.7", {LABEL: "sb-c"})  # seen by the watch, not a list
+    watcher.until(lambda s: len(s) == 3, "an added pod registered")
+    assert requests.get(f"{base}/healthz", timeout=10).json() == {"ok": True}
+    assert requests.get(f"{base}/readyz", timeout=10).json() == {"ready": True}
+    api.down = True
+    api.delete(a)
+    api.compact()
+    watcher.until(lambda s: s == {}, "withdrawn, failing closed", seconds=30)
+    refused = requests.get(f"{base}/readyz", timeout=10)
+    assert refused.status_code == 503 and "every registration withdrawn" in \
+        refused.json()["unready"][0], refused.text
+    api.down = False
+    watcher.until(lambda s: s == {"10.244.4.6": "sb-b", "10.244.4.7": "sb-c"}, "listed again",
+                  seconds=30)
+    deadline = time.monotonic() + 10
+    while requests.get(f"{base}/readyz", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "never ready again"
+        time.sleep(0.05)
+    text = requests.get(f"{base}/metrics", timeout=10).text
+    assert total(text, "sealgate_kube_lists_total") >= 2
+    assert total(text, "sealgate_kube_withdrawals_total") == 1
+    assert total(text, "sealgate_kube_api_failures_total") >= 1
+    assert total(text, "sealgate_kube_watch_events_total", type="ADDED") >= 1
+    # Registered: a, b and c, then b and c again after the outage; withdrawn: all three at it.
+    assert total(text, "sealgate_kube_registry_changes_total", outcome="registered") == 5
+    assert total(text, "sealgate_kube_registry_changes_total", outcome="withdrawn") == 3
+    assert total(text, "sealgate_kube_addresses") == 2
+    promtool = shutil.which("promtool", path=f"{ROOT / 'var' / 'tools'}:{os.environ['PATH']}")
+    if promtool is not None:
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                                 capture_output=True, timeout=30, check=False)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
