@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -229,6 +232,55 @@ def publish(
     document = docs / f"{stem}.md"
     document.write_text(render(chart).rstrip("\n") + "\n" + _hand_written(document))
     return f"wrote {document} and {chart}"
+
+
+def run_meta(script: str, argv: Sequence[str], started: float, quick: bool, *,
+             locked: bool = False) -> dict[str, str]:
+    """The document's account of the run: the command (under the sandbox lock where the runs
+    on this machine take it), when, which mode, how long."""
+    command = [".venv/bin/python", f"bench/{script}", *argv]
+    return {
+        "command": " ".join(["flock /tmp/sealgate-sandbox.lock", *command] if locked
+                            else command),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "mode": "quick" if quick else "full",
+        "duration": f"{(time.monotonic() - started) / 60:.1f} min",
+    }
+
+
+def finish(docs: Path, stem: str, draw: Callable[[Path], None],
+           render: Callable[[Path], str], *, machine: Mapping[str, object] | None,
+           console: str, notes: list[str]) -> int:
+    """Publish the document and its chart (the document alone, saying why, where matplotlib
+    is missing), then print `machine` as JSON when given, else the `console` summary."""
+    try:
+        wrote = publish(docs, stem, draw, render)
+    except ImportError:
+        notes.append("no chart: matplotlib is not installed in this venv")
+        docs.mkdir(parents=True, exist_ok=True)
+        target = docs / f"{stem}.md"
+        target.write_text(render(docs / f"{stem}.png"))
+        wrote = f"wrote {target} (no chart: matplotlib is not installed in this venv)"
+    print(json.dumps(machine, indent=1) if machine is not None else console)
+    print(wrote, file=sys.stderr)
+    return 0
+
+
+def memory_tables(values: Mapping[str, float], fmt: Callable[[float], str]) -> list[str]:
+    """The tables of a many-sandboxes-alive section: per sandbox, then the daemon's and the
+    host's growth and what ran concurrently."""
+    return [
+        "| per sandbox | |",
+        "|---|---|",
+        *[f"| {k.split(': ', 1)[1]} | {fmt(v)} |" for k, v in values.items()
+          if k.startswith("memory/sandbox: ")],
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {k} | {fmt(v)} |" for k, v in values.items()
+          if k.startswith(("daemon RSS", "host used growth", "kernel unreclaimable",
+                           "concurrent: "))],
+    ]
 
 
 # The line from which a document is written by hand; publish() keeps it and what follows.

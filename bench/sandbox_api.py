@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from report import figure, ms, publish, save
+from report import figure, finish, ms, run_meta, save
 from sandbox_start import (
     HOST_PATH,
     SANDBOX,
@@ -449,23 +448,14 @@ def main(argv: list[str] | None = None) -> int:
             sealgate_cmd(paths, "sandbox", "teardown", "--range", RANGE, "--gateway", GATEWAY)
     progress.note(f"done in {(time.monotonic() - started) / 60:.1f} min")
 
-    meta = {
-        "command": " ".join(["flock /tmp/sealgate-sandbox.lock", ".venv/bin/python",
-                             "bench/sandbox_api.py",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "mode": "quick" if args.quick else "full",
-        "duration": f"{(time.monotonic() - started) / 60:.1f} min",
-    }
-    wrote = publish(args.docs, "performance-sandbox-api", lambda chart: draw(fig, chart),
-                    lambda chart: document(fig, meta, plan, chart))
-    if args.json:
-        print(json.dumps({"meta": meta, "plan": asdict(plan), **fig.summary(),
-                          "targets": [asdict(t) for t in targets(fig)]}, indent=1))
-    else:
-        print(console(fig))
-    print(wrote, file=sys.stderr)
-    return 0
+    meta = run_meta("sandbox_api.py", argv if argv is not None else sys.argv[1:], started,
+                    args.quick, locked=True)
+    machine = {"meta": meta, "plan": asdict(plan), **fig.summary(),
+               "targets": [asdict(t) for t in targets(fig)]}
+    return finish(args.docs, "performance-sandbox-api", lambda chart: draw(fig, chart),
+                  lambda chart: document(fig, meta, plan, chart),
+                  machine=machine if args.json else None, console=console(fig),
+                  notes=fig.notes)
 
 
 if __name__ == "__main__":

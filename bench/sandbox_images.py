@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from report import figure, ms, publish, save
+from report import figure, finish, memory_tables, ms, run_meta, save
 from rounds import percentile
 from sandbox_start import (
     COMMAND,
@@ -414,16 +413,7 @@ def document(fig: Figures, meta: dict[str, str], plan: Plan, chart: Path) -> str
         "",
         f"## {n} {MEMORY_IMAGE} sandboxes alive at once, idle",
         "",
-        "| per sandbox | |",
-        "|---|---|",
-        *[f"| {k.split(': ', 1)[1]} | {_v(v)} |" for k, v in fig.values.items()
-          if k.startswith("memory/sandbox: ")],
-        "",
-        "| | |",
-        "|---|---|",
-        *[f"| {k} | {_v(v)} |" for k, v in fig.values.items()
-          if k.startswith(("daemon RSS", "host used growth", "kernel unreclaimable",
-                           "concurrent: "))],
+        *memory_tables(fig.values, _v),
         "",
         "Host used growth (the target's figure): MemTotal - MemAvailable with them all alive, "
         "less before the first create, over their number: it counts what no process owns too "
@@ -565,22 +555,14 @@ def main(argv: list[str] | None = None) -> int:
                              "empty (cold), counted in its figures")
     progress.note(f"done in {(time.monotonic() - started) / 60:.1f} min")
 
-    meta = {
-        "command": " ".join([".venv/bin/python", "bench/sandbox_images.py",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "mode": "quick" if args.quick else "full",
-        "duration": f"{(time.monotonic() - started) / 60:.1f} min",
-    }
-    wrote = publish(args.docs, "performance-sandbox-images", lambda chart: draw(fig, chart),
-                    lambda chart: document(fig, meta, plan, chart))
-    if args.json:
-        print(json.dumps({"meta": meta, "plan": asdict(plan), **fig.summary(),
-                          "targets": [asdict(t) for t in targets(fig)]}, indent=1))
-    else:
-        print(console(fig))
-    print(wrote, file=sys.stderr)
-    return 0
+    meta = run_meta("sandbox_images.py", argv if argv is not None else sys.argv[1:], started,
+                    args.quick)
+    machine = {"meta": meta, "plan": asdict(plan), **fig.summary(),
+               "targets": [asdict(t) for t in targets(fig)]}
+    return finish(args.docs, "performance-sandbox-images", lambda chart: draw(fig, chart),
+                  lambda chart: document(fig, meta, plan, chart),
+                  machine=machine if args.json else None, console=console(fig),
+                  notes=fig.notes)
 
 
 if __name__ == "__main__":

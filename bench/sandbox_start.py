@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes import free_port
-from report import figure, machine_facts, publish, save
+from report import figure, finish, machine_facts, memory_tables, run_meta, save
 from rounds import percentile
 from services import ROOT, BenchError, Service, Setup, rules_yaml
 from session import bench_session
@@ -856,16 +856,7 @@ def document(fig: Figures, meta: dict[str, str], plan: Plan, chart: Path) -> str
     out += [
         f"## {n} sandboxes alive at once, idle",
         "",
-        "| per sandbox | |",
-        "|---|---|",
-        *[f"| {k.split(': ', 1)[1]} | {_f(v)} |" for k, v in fig.values.items()
-          if k.startswith("memory/sandbox: ")],
-        "",
-        "| | |",
-        "|---|---|",
-        *[f"| {k} | {_f(v)} |" for k, v in fig.values.items()
-          if k.startswith(("daemon RSS", "host used growth", "kernel unreclaimable",
-                           "concurrent: "))],
+        *memory_tables(fig.values, _f),
         "",
         "Processes: the ones in each sandbox's cgroups (bubblewrap outside, bubblewrap as the "
         "namespace's init, the agent), PSS from `/proc/<pid>/smaps_rollup` (shared pages "
@@ -1038,29 +1029,12 @@ def main(argv: list[str] | None = None) -> int:
             sealgate_cmd(paths, "sandbox", "teardown", "--range", RANGE, "--gateway", GATEWAY)
     progress.note(f"done in {_clock(time.monotonic() - started)}")
 
-    meta = {
-        "command": " ".join([".venv/bin/python", "bench/sandbox_start.py",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "mode": "quick" if args.quick else "full",
-        "duration": f"{(time.monotonic() - started) / 60:.1f} min",
-    }
-    try:
-        wrote = publish(args.docs, "performance-sandbox", lambda chart: draw(fig, chart),
-                        lambda chart: document(fig, meta, plan, chart))
-    except ImportError:
-        # No matplotlib in this venv: the document still, and say why there is no chart.
-        fig.notes.append("no chart: matplotlib is not installed in this venv")
-        args.docs.mkdir(parents=True, exist_ok=True)
-        target = args.docs / "performance-sandbox.md"
-        target.write_text(document(fig, meta, plan, args.docs / "performance-sandbox.png"))
-        wrote = f"wrote {target} (no chart: matplotlib is not installed in this venv)"
-    if args.json:
-        print(json.dumps({"meta": meta, "plan": asdict(plan), **fig.summary()}, indent=1))
-    else:
-        print(console(fig))
-    print(wrote, file=sys.stderr)
-    return 0
+    meta = run_meta("sandbox_start.py", argv if argv is not None else sys.argv[1:], started,
+                    args.quick)
+    return finish(args.docs, "performance-sandbox", lambda chart: draw(fig, chart),
+                  lambda chart: document(fig, meta, plan, chart),
+                  machine={"meta": meta, "plan": asdict(plan), **fig.summary()}
+                  if args.json else None, console=console(fig), notes=fig.notes)
 
 
 if __name__ == "__main__":
