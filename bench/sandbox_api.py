@@ -15,7 +15,6 @@ import contextlib
 import http.client
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from sandbox_start import (
     sealgate_cmd,
     start_daemon,
     start_proxy,
+    tear_down,
     timed,
 )
 from services import ROOT, BenchError
@@ -439,13 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                     sb.delete()
             daemons.pop().stop(setup)
         finally:
-            # No second Ctrl-C may cut this short: the daemon and the gateway must not be left.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)
-            for daemon in daemons:
-                daemon.stop(setup)
-            setup.services.stop_all()
-            sealgate_cmd(paths, "sandbox", "teardown", "--range", RANGE, "--gateway", GATEWAY)
+            tear_down(setup, paths, daemons, RANGE, GATEWAY)
     progress.note(f"done in {(time.monotonic() - started) / 60:.1f} min")
 
     meta = run_meta("sandbox_api.py", argv if argv is not None else sys.argv[1:], started,

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from sandbox_start import (
     Figures,
     MiB,
     Progress,
+    Target,
     concurrent,
     facts,
     run_true,
@@ -39,6 +39,7 @@ from sandbox_start import (
     spawn_wait,
     start_daemon,
     start_proxy,
+    tear_down,
     timed,
 )
 from services import ROOT, BenchError
@@ -249,15 +250,6 @@ def pauses(fig: Figures, plan: Plan, daemon: Daemon, progress: Progress) -> None
 
 
 # -- the report -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    label: str
-    needs: str
-    value: float
-    unit: str
-    met: bool
 
 
 def targets(fig: Figures) -> list[Target]:
@@ -541,13 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                        functools.partial(create, daemons[-1], MEMORY_IMAGE), UID_BASE)
             daemons.pop().stop(setup)
         finally:
-            # No second Ctrl-C may cut this short: daemons and the gateway must not be left.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)
-            for daemon in daemons:
-                daemon.stop(setup)
-            setup.services.stop_all()
-            sealgate_cmd(paths, "sandbox", "teardown", "--range", RANGE, "--gateway", GATEWAY)
+            tear_down(setup, paths, daemons, RANGE, GATEWAY)
     for kind, _ in KINDS:
         empty = fig.values.get(f"warm {kind}: creates that found the pool empty", 0)
         if empty:
