@@ -15,8 +15,9 @@ DEB_MICROVM := qemu-system-x86 erofs-utils
 # The OCI images the sandbox tests start from (scripts/test-images): debian's is debootstrapped;
 # busybox's package is unpacked by apt-get download and dpkg-deb, never installed on the host.
 # skopeo pulls images; docker-registry is a real registry on loopback for the pull's test (apt
-# never starts it as a service: scripts/debian-deps.sh).
-DEB_IMAGES := debootstrap skopeo docker-registry
+# never starts it as a service: scripts/debian-deps.sh). podman (with runc) builds and runs
+# sealgate's own container images (`make images`).
+DEB_IMAGES := debootstrap skopeo docker-registry podman runc
 
 .PHONY: run test lint unit deps bench clean
 
@@ -49,15 +50,16 @@ run: $(STAMP) deps
 
 lint: $(STAMP) $(MCP_STAMP)
 	$(VENV)/bin/ruff check proxy issuer sandbox kube mcp sealgate tests bench scripts/typecheck \
-		scripts/archmap scripts/test-images
+		scripts/archmap scripts/test-images scripts/images
 	$(PY) scripts/typecheck
+	$(VENV)/bin/hadolint docker/Dockerfile
 
 # The suite on parallel workers (pytest-xdist): a worker runs a module whole, and the modules
 # that start sandboxes all on one, one after another, first (tests/conftest.py); each worker has
 # a network namespace of its own. Most tests wait on real processes and sockets, so more
 # workers than CPUs pay.
 TEST_WORKERS ?= 3
-test: $(STAMP) deps lint microvm-image test-images ts-client promtool
+test: $(STAMP) deps lint microvm-image test-images images ts-client promtool
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Built before pytest: the test session's own network namespace cannot reach apt. A machine that
@@ -73,6 +75,14 @@ microvm-image: $(STAMP)
 test-images:
 	@bash scripts/debian-deps.sh $(DEB_IMAGES)
 	@scripts/test-images || echo "note: no test images (the tests that need them will skip)" >&2
+
+# sealgate's proxy and issuer images (docker/Dockerfile), built with podman from the debian test
+# image's debootstrap'd bookworm and the locked wheels (scripts/images); podman's layer cache
+# makes a build after a code change only reinstall sealgate's wheel. Without podman their test
+# skips, saying why.
+.PHONY: images
+images: $(STAMP) test-images
+	@$(PY) scripts/images
 
 # promtool, Prometheus' own check of the metrics' exposition (tests/integration/test_metrics.py),
 # from Debian's prometheus package unpacked into var/tools: installing the package would also

@@ -2,7 +2,7 @@
 # Seed a dev-mode Vault for sealgate: KV v2 at kv/, an example secret, a read-only
 # policy for it, and an AppRole bound to that policy. Safe to run more than once.
 # Needs VAULT_ADDR and VAULT_TOKEN (the dev root token); writes role-id and secret-id
-# to $SEED_OUT (default ./vault-out) with mode 600.
+# and a proxy token to $SEED_OUT (default ./vault-out) with mode 600.
 set -eu
 
 : "${VAULT_ADDR:?set VAULT_ADDR}"
@@ -49,6 +49,9 @@ umask 077
 mkdir -p "$out"
 vault read -field=role_id auth/approle/role/sealgate/role-id >"$out/role-id"
 vault write -f -field=secret_id auth/approle/role/sealgate/secret-id >"$out/secret-id"
+# A token of the same policy for a proxy that logs in by token (docker/compose.yaml's), renewed by
+# the proxy's use within its period.
+vault token create -policy=sealgate-reader -period=24h -field=token >"$out/proxy-token"
 
 echo "vault-seed: kv/ci/github written, policy sealgate-reader, approle sealgate"
-echo "vault-seed: role-id and secret-id are in $out"
+echo "vault-seed: role-id, secret-id and proxy-token are in $out"

@@ -45,8 +45,10 @@ def pytest_report_header() -> str:
 
 # The modules that start sandboxes or boot guests. They share what is the host's, not the
 # namespace's: /run/sealgate-slots/<link>, /run/sealgate, the cgroup tree, uids from a fixed
-# base, QEMU's CPU. Under pytest-xdist they run one after another on one worker.
-SANDBOXES = ("tests/sandboxd/", "tests/microvm/", "tests/integration/test_sandbox")
+# base, QEMU's CPU (and podman's containers, in the same cgroup tree). Under pytest-xdist they
+# run one after another on one worker.
+SANDBOXES = ("tests/sandboxd/", "tests/microvm/", "tests/integration/test_sandbox",
+             "tests/integration/test_container_images")
 # Among those names, the ones that start none: test_sandbox_table builds its own namespaces and
 # loads the table alone; test_frames and test_availability boot no guest.
 NO_SANDBOX = ("tests/integration/test_sandbox_table.py", "tests/microvm/test_frames.py",
