@@ -101,6 +101,10 @@ def test_metrics_count_what_the_api_answered(watched: tuple[Daemon, str]) -> Non
     assert total(after, "sealgate_sandboxd_pool_wanted") == 1
     assert total(after, "sealgate_sandboxd_ready") == 1
     assert CANARY not in alive + after and sb.id not in alive  # no id, no secret, as a label
+    # Nor in any line of its log (its events and its operational log): the create's env is
+    # the sandbox's, never the daemon's to repeat.
+    assert CANARY not in daemon.log.read_text()
+    daemon.lines()  # every line JSON
     promtool = shutil.which("promtool", path=f"{ROOT / 'var' / 'tools'}:{os.environ['PATH']}")
     if promtool is None:
         pytest.skip("no promtool (Debian's prometheus package) to check the exposition with")
