@@ -17,7 +17,9 @@ MAX_BODY: Final = 1 << 20
 _FLAGS: Final = {
     "listen": "--listen", "rules": "--rules", "state": "--state", "resolver": "--resolver",
     "upstream_ca": "--upstream-ca", "audit_log": "--audit-log", "max_body": "--max-body",
+    "sandbox": "--sandbox",
 }
+_SWITCHES: Final = {"stdio": "--stdio"}
 _LISTS: Final = {"secret_store": "--secret-store", "sandbox_network": "--sandbox-network"}
 
 
@@ -43,6 +45,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                     "'off' for none")
     env_option(p, "--max-body", metavar="BYTES", type=int, env="SEALGATE_MCP_MAX_BODY",
                default=str(MAX_BODY), help="the largest JSON-RPC message accepted")
+    p.add_argument("--stdio", action="store_true",
+                   help="serve over stdin and stdout instead of HTTP, for one local client "
+                        "that starts this process (its caller is --sandbox)")
+    p.add_argument("--sandbox", metavar="ID",
+                   help="with --stdio: the sandbox id of the rules whose policy's tools are "
+                        "served (default: the rules' default policy)")
 
 
 def to_argv(args: argparse.Namespace) -> list[str]:
@@ -52,6 +60,9 @@ def to_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, dest, None)
         if value is not None:
             argv += [flag, str(value)]
+    for dest, flag in _SWITCHES.items():
+        if getattr(args, dest, False):
+            argv.append(flag)
     for dest, flag in _LISTS.items():
         for value in getattr(args, dest, None) or ():
             argv += [flag, str(value)]

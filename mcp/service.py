@@ -156,6 +156,15 @@ class Service:
                 return by_source
         return identifier.default()
 
+    def named(self, sandbox: str | None) -> Identity:
+        """The caller of a stdio server: the sandbox its command line names (`--sandbox`), under
+        the rules in force now (a reload may change its policy), else the default policy.
+        Whoever starts the process chooses: stdio is for a local client the operator starts."""
+        identifier = self._state().identifier
+        if sandbox is None:
+            return identifier.default()
+        return identifier.current(Identity(sandbox, None, "stdio"))
+
     def policy(self, identity: Identity) -> Policy | Decision:
         """The policy an identity names, or the refusal (`decide`'s own first step)."""
         return policy_for(self.rules, identity)

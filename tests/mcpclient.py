@@ -5,6 +5,9 @@ mitmproxy): tests/mcpkit.py writes a plan on its stdin and reads one JSON docume
     {"url": "http://127.0.0.1:PORT/mcp", "authorization": "Basic ..." | null,
      "steps": [{"list": true}, {"call": "name", "arguments": {...}}]}
 
+or, for the stdio transport, `"command": [argv...]`, `"cwd"` and `"stderr"` (a file for the
+server's stderr) instead of `url`: the client starts the server and speaks over its pipes.
+
 prints {"discovered": {...} | {"error": ...}, "steps": [one of {"tools": [...]},
 {"result": {"text", "structured", "is_error"}}, {"error": {"code", "message"}}]}. Every step
 is bounded (20 s); run with -P, so nothing beside this file shadows the SDK.
@@ -19,6 +22,7 @@ from typing import Any
 import anyio
 import httpx2
 from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -26,24 +30,35 @@ STEP_SECONDS = 20
 
 
 async def run(plan: dict[str, Any]) -> dict[str, Any]:
+    if plan.get("command"):
+        argv = plan["command"]
+        server = StdioServerParameters(command=argv[0], args=argv[1:], cwd=plan.get("cwd"))
+        with open(plan["stderr"], "w") as errlog:
+            async with stdio_client(server, errlog=errlog) as streams, \
+                    ClientSession(streams[0], streams[1]) as session:
+                return await _session(session, plan)
     headers = {"Authorization": plan["authorization"]} if plan.get("authorization") else {}
-    out: dict[str, Any] = {"steps": []}
     async with httpx2.AsyncClient(headers=headers, timeout=STEP_SECONDS) as http, \
             streamable_http_client(plan["url"], http_client=http) as streams, \
             ClientSession(streams[0], streams[1]) as session:
+        return await _session(session, plan)
+
+
+async def _session(session: ClientSession, plan: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": []}
+    try:
+        with anyio.fail_after(STEP_SECONDS):
+            found = await session.discover()
+        out["discovered"] = {"versions": found.supported_versions}
+    except MCPError as exc:
+        out["discovered"] = {"error": {"code": exc.code, "message": exc.message}}
+        return out
+    for step in plan["steps"]:
         try:
             with anyio.fail_after(STEP_SECONDS):
-                found = await session.discover()
-            out["discovered"] = {"versions": found.supported_versions}
+                out["steps"].append(await _step(session, step))
         except MCPError as exc:
-            out["discovered"] = {"error": {"code": exc.code, "message": exc.message}}
-            return out
-        for step in plan["steps"]:
-            try:
-                with anyio.fail_after(STEP_SECONDS):
-                    out["steps"].append(await _step(session, step))
-            except MCPError as exc:
-                out["steps"].append({"error": {"code": exc.code, "message": exc.message}})
+            out["steps"].append({"error": {"code": exc.code, "message": exc.message}})
     return out
 
 

@@ -50,11 +50,12 @@ class McpServer:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.stderr_path = workdir / "mcp.stderr"
         self._stderr = self.stderr_path.open("wb")
+        # What a stdio server of the same rules, state and stores is started with (`stdio`).
+        self.options = ["--rules", str(self.rules), "--state", str(self.state),
+                        "--resolver", f"{resolver[0]}:{resolver[1]}", "--upstream-ca",
+                        str(upstream_ca), "--secret-store", f"file:{store}", *(extra or [])]
         self.process = subprocess.Popen(
-            [*SEALGATE, "mcp", "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--rules", str(self.rules), "--state", str(self.state),
-             "--resolver", f"{resolver[0]}:{resolver[1]}", "--upstream-ca", str(upstream_ca),
-             "--secret-store", f"file:{store}", *(extra or [])],
+            [*SEALGATE, "mcp", "serve", "--listen", f"127.0.0.1:{self.port}", *self.options],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 30
@@ -82,6 +83,18 @@ class McpServer:
         done = subprocess.run([str(MCP_PYTHON), "-P", str(CLIENT)], input=json.dumps(plan),
                               capture_output=True, text=True, timeout=90, check=False)
         printed = done.stdout + done.stderr
+        assert done.returncode == 0, printed
+        return json.loads(done.stdout), printed
+
+    def stdio(self, steps: list[dict[str, Any]], *flags: str) -> tuple[dict[str, Any], str]:
+        """The official client starting `sealgate mcp serve --stdio FLAGS` itself and running
+        `steps` over its pipes: its JSON answer, and all the client and the server printed."""
+        errlog = self.workdir / "stdio.stderr"
+        plan = {"command": [*SEALGATE, "mcp", "serve", "--stdio", *flags, *self.options],
+                "cwd": str(ROOT), "stderr": str(errlog), "steps": steps}
+        done = subprocess.run([str(MCP_PYTHON), "-P", str(CLIENT)], input=json.dumps(plan),
+                              capture_output=True, text=True, timeout=90, check=False)
+        printed = done.stdout + done.stderr + errlog.read_text(errors="replace")
         assert done.returncode == 0, printed
         return json.loads(done.stdout), printed
 

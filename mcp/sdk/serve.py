@@ -4,7 +4,9 @@
 
 Builds the service (rules, guard, broker, audit), serves the app (server.py) with uvicorn on
 the address given, says `sealgate mcp ready` on stderr once it listens, and stops on SIGTERM or
-SIGINT (uvicorn's own handling: in-flight calls finish first).
+SIGINT (uvicorn's own handling: in-flight calls finish first). With `--stdio`, the same server
+for one client over stdin and stdout, the caller being `--sandbox` (or the default policy),
+until stdin ends.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import sys
 from pathlib import Path
 
 import uvicorn
+from mcp.server.stdio import stdio_server
 
-from sealgate.proxy.calls import RulesError
+from sealgate.proxy.calls import Decision, RulesError
 
 from ..options import add_serve_options
 from ..service import Service, Settings, listen_address
-from .server import app
+from .server import app, mcp_server
 
 __all__ = ["main"]
 
@@ -58,6 +61,24 @@ async def serve(config: Settings) -> None:
         await service.close()
 
 
+async def serve_stdio(config: Settings, sandbox: str | None) -> None:
+    """One client over stdin and stdout (the SDK's transport: while it serves, fd 1 is stderr
+    for everything else, so nothing but JSON-RPC reaches the client)."""
+    service = Service.start(config)
+    try:
+        if sandbox is not None and sandbox not in service.rules.sandboxes:
+            raise ValueError(f"--sandbox {sandbox[:64]!r}: no such sandbox in the rules")
+        server = mcp_server(service, lambda _: service.named(sandbox))
+        policy = service.policy(service.named(sandbox))
+        tools = 0 if isinstance(policy, Decision) else len(policy.tools)
+        print(f"sealgate mcp ready (stdio)\n  caller     {sandbox or 'the default policy'}: "
+              f"{tools} tool(s)", file=sys.stderr, flush=True)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    finally:
+        await service.close()
+
+
 def args_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -67,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_options(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.sandbox is not None and not args.stdio:
+        parser.error("--sandbox goes with --stdio (over HTTP the caller proves who it is)")
     try:
-        asyncio.run(serve(settings(args)))
+        if args.stdio:
+            asyncio.run(serve_stdio(settings(args), args.sandbox))
+        else:
+            asyncio.run(serve(settings(args)))
     except (RulesError, ValueError) as exc:
         print(f"sealgate mcp: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ of them a caller sees depends on who it is, each time it asks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -25,22 +26,22 @@ from ..calls import call_tool
 from ..gate import IDENTITY, Gate
 from ..service import Service
 
-__all__ = ["app"]
+__all__ = ["app", "mcp_server"]
 
 _READ_ONLY = frozenset({"GET", "HEAD"})
 
 
-def app(service: Service) -> Gate:
-    """The ASGI app `sealgate mcp serve` serves: the gate, then the SDK's app at /mcp."""
+def mcp_server(service: Service, who: Callable[[Any], Identity]) -> Server[Any]:
+    """The server, for either transport: `who` says who asks a request (`ctx`)."""
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
-        policy = _policy(service, ctx)
+        policy = _policy(service, who(ctx))
         return types.ListToolsResult(tools=[_listed(tool) for tool in policy.tools])
 
     async def call(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        identity = _identity(ctx)
-        policy = _policy(service, ctx)
+        identity = who(ctx)
+        policy = _policy(service, identity)
         tool = next((t for t in policy.tools if t.name == params.name), None)
         if tool is None:
             # A protocol error, as the spec has it for an unknown tool: nothing was called.
@@ -50,8 +51,12 @@ def app(service: Service) -> Gate:
             content=[types.TextContent(type="text", text=result.text)],
             structured_content=result.structured, is_error=result.error)
 
-    server: Server[Any] = Server("sealgate", version=__version__, on_list_tools=list_tools,
-                                 on_call_tool=call)
+    return Server("sealgate", version=__version__, on_list_tools=list_tools, on_call_tool=call)
+
+
+def app(service: Service) -> Gate:
+    """The ASGI app `sealgate mcp serve` serves: the gate, then the SDK's app at /mcp."""
+    server = mcp_server(service, _identity)
     host, port = service.settings.listen
     shown = f"[{host}]" if ":" in host else host
     # The gate refuses any Origin (what a browser, the way in for DNS rebinding, sends); the
@@ -74,8 +79,8 @@ def _identity(ctx: Any) -> Identity:
     return identity
 
 
-def _policy(service: Service, ctx: Any) -> Policy:
-    found = service.policy(_identity(ctx))
+def _policy(service: Service, identity: Identity) -> Policy:
+    found = service.policy(identity)
     if isinstance(found, Decision):  # the rules were reloaded since the gate looked
         raise MCPError(code=types.INVALID_REQUEST,
                        message=f"{found.reason}: {found.detail}")

@@ -35,7 +35,9 @@ from .model import Policy, Rule, RuleSet, tunnels
 
 Verdict = Literal["allow", "deny", "report"]
 Scheme = Literal["http", "https"]
-Via = Literal["proxy-auth", "source", "default"]
+# How the caller was learnt; "stdio": named on the command line of a local MCP server over stdio,
+# which whoever starts it chooses (mcp/service.py, `named`).
+Via = Literal["proxy-auth", "source", "default", "stdio"]
 
 
 @dataclass(frozen=True, slots=True)

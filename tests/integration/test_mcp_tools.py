@@ -7,6 +7,7 @@ tool whose host resolves to a metadata or internal address; budgets hold; one au
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
-from tests.harness import Origin, OriginCA, key_digest
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, key_digest
 from tests.mcpkit import McpServer, basic, needs_mcp_venv
 
 pytestmark = needs_mcp_venv()
@@ -329,3 +330,37 @@ def test_secret_looking_arguments_are_masked_in_the_audit_line(
     line = server.calls()[-1]
     assert "tok-from-agent-123" not in json.dumps(line)
     assert json.loads(line["arguments"])["api_token"] == "[MASKED]"
+
+
+def test_over_stdio_the_named_sandbox_s_tools_carry_the_credential(server: McpServer,
+                                                                   api: Origin) -> None:
+    """`--stdio --sandbox bot-1`: the official client starts the server and speaks over its
+    pipes; the same tools, the same injection at the API, the same masking and audit line, and
+    nothing on the server's stdout but the protocol (the client would fail on anything else)."""
+    api.reset()
+    api.echo = True
+    answer, printed = server.stdio(
+        [{"list": True}, {"call": "get_repo", "arguments": {"owner": "octo", "number": 9}}],
+        "--sandbox", "bot-1")
+    assert answer["discovered"] == {"versions": ["2026-07-28"]}
+    assert "get_repo" in {t["name"] for t in answer["steps"][0]["tools"]}
+    result = answer["steps"][1]["result"]
+    assert result["is_error"] is False and CANARY not in json.dumps(result)
+    [seen] = api.requests
+    assert seen.path == "/repos/octo/issues/9" and seen.values("authorization") == [
+        f"Bearer {CANARY}"]
+    assert CANARY not in printed and "sealgate mcp ready (stdio)" in printed
+    line = server.calls()[-1]
+    assert (line["tool"], line["sandbox"], line["identified_by"]) == ("get_repo", "bot-1",
+                                                                      "stdio")
+    # Another sandbox named: that policy's tools only.
+    answer, _ = server.stdio([{"list": True}], "--sandbox", "rep-1")
+    assert [t["name"] for t in answer["steps"][0]["tools"]] == ["once"]
+
+
+def test_over_stdio_an_unknown_sandbox_is_refused_at_start(server: McpServer) -> None:
+    done = subprocess.run([*SEALGATE, "mcp", "serve", "--stdio", "--sandbox", "nobody",
+                           *server.options], cwd=ROOT, input="", capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "no such sandbox" in done.stderr, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
