@@ -37,6 +37,7 @@ from sealgate.proxy.calls import (
     Credential,
     Decision,
     Denial,
+    HttpRequestTool,
     Identity,
     PathError,
     Policy,
@@ -93,8 +94,8 @@ class _Call:
     needles: list[str] = field(default_factory=list)
 
 
-async def call_tool(service: Service, identity: Identity, policy: Policy, tool: Tool,
-                    arguments: dict[str, Any]) -> Result:
+async def call_tool(service: Service, identity: Identity, policy: Policy,
+                    tool: Tool | HttpRequestTool, arguments: dict[str, Any]) -> Result:
     started = time.monotonic()
     record = _Call(tool.name, identity, policy.name, arguments)
     try:
@@ -116,7 +117,7 @@ async def call_tool(service: Service, identity: Identity, policy: Policy, tool: 
     return result
 
 
-async def _run(service: Service, record: _Call, policy: Policy, tool: Tool,
+async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | HttpRequestTool,
                arguments: dict[str, Any]) -> Result:
     errors = sorted(Draft202012Validator(tool.schema).iter_errors(arguments),
                     key=lambda e: list(e.path))
@@ -153,7 +154,12 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool,
         headers=[("Accept", "application/json"), ("Accept-Encoding", "identity"),
                  ("User-Agent", "sealgate-mcp")], path=call.target, body=call.body or b"",
         method=call.method)
-    if call.body is not None:
+    # The caller's own headers (http_request's, checked there) go over ours; then the
+    # credentials over both.
+    given = {name.lower() for name, _ in call.headers}
+    request.headers[:] = [h for h in request.headers if h[0].lower() not in given]
+    request.headers.extend(call.headers)
+    if call.body is not None and "content-type" not in given:
         request.headers.append(("Content-Type", "application/json"))
     _inject(credentials, request, record)
     service.budgets.open_connection(key, policy.budgets)  # calls at once, per sandbox
@@ -195,7 +201,7 @@ def _inject(credentials: list[Credential], request: InMemoryRequest, record: _Ca
     record.fields["injected"] = [c.label for c in credentials] or None
 
 
-def _answered(tool: Tool, answer: Answer, scrubber: Scrubber) -> Result:
+def _answered(tool: Tool | HttpRequestTool, answer: Answer, scrubber: Scrubber) -> Result:
     body = scrubber.data(answer.body)
     if not 200 <= answer.status < 300:
         shown = body[:_ERROR_BODY].decode("utf-8", "replace")

@@ -19,6 +19,7 @@ from .errors import Denial, ProxyError
 from .net.guard import DEFAULT_SANDBOX_NETWORKS, Guard, Pin
 from .net.resolver import Resolver
 from .policy.decide import Decision, Identity, Question, decide, policy_for
+from .policy.httptool import HttpRequestTool
 from .policy.model import Injection, PathError, Policy, Rule, RuleSet, normalize_path
 from .policy.rulesfile import RulesError, load_rules
 from .policy.tools import Tool, ToolArgumentError, ToolRequest, select
@@ -35,6 +36,7 @@ __all__ = [
     "Decision",
     "Denial",
     "Guard",
+    "HttpRequestTool",
     "Identifier",
     "Identity",
     "Injected",

@@ -20,15 +20,13 @@ from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 
 from sealgate import __version__
-from sealgate.proxy.calls import Decision, Identity, Policy, Tool
+from sealgate.proxy.calls import Decision, HttpRequestTool, Identity, Policy, Tool
 
 from ..calls import call_tool
 from ..gate import IDENTITY, Gate
 from ..service import Service
 
 __all__ = ["app", "mcp_server"]
-
-_READ_ONLY = frozenset({"GET", "HEAD"})
 
 
 def mcp_server(service: Service, who: Callable[[Any], Identity]) -> Server[Any]:
@@ -37,12 +35,12 @@ def mcp_server(service: Service, who: Callable[[Any], Identity]) -> Server[Any]:
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
         policy = _policy(service, who(ctx))
-        return types.ListToolsResult(tools=[_listed(tool) for tool in policy.tools])
+        return types.ListToolsResult(tools=[_listed(tool) for tool in _offered(policy)])
 
     async def call(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         identity = who(ctx)
         policy = _policy(service, identity)
-        tool = next((t for t in policy.tools if t.name == params.name), None)
+        tool = next((t for t in _offered(policy) if t.name == params.name), None)
         if tool is None:
             # A protocol error, as the spec has it for an unknown tool: nothing was called.
             raise MCPError(code=types.INVALID_PARAMS, message=f"no tool named {params.name!r}")
@@ -87,8 +85,13 @@ def _policy(service: Service, identity: Identity) -> Policy:
     return found
 
 
-def _listed(tool: Tool) -> types.Tool:
+def _offered(policy: Policy) -> list[Tool | HttpRequestTool]:
+    """The policy's declared tools, and the generic one if it offers it."""
+    generic = [] if policy.http_request is None else [policy.http_request]
+    return [*policy.tools, *generic]
+
+
+def _listed(tool: Tool | HttpRequestTool) -> types.Tool:
     return types.Tool(
         name=tool.name, description=tool.description, input_schema=tool.schema,
-        annotations=types.ToolAnnotations(read_only_hint=tool.method in _READ_ONLY,
-                                          open_world_hint=True))
+        annotations=types.ToolAnnotations(read_only_hint=tool.read_only, open_world_hint=True))

@@ -54,7 +54,8 @@ _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _HEX64: Final = re.compile(r"[0-9A-Fa-f]{64}")
 
 _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
-_POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets", "tools")
+_POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets", "tools",
+                       "http_request")
 _RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http",
                      "response_timeout")
 _MAX_RESPONSE_SECONDS: Final = 24 * 3600.0
@@ -196,7 +197,15 @@ class RulesDocument(YamlFile):
         tools: tuple[Tool, ...] = ()
         if "tools" in entries:
             tools = toolgrammar.tools(self, entries["tools"][1], f"{field}.tools", named)
-        return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets, tools)
+        generic = None
+        if "http_request" in entries:
+            generic = toolgrammar.http_request(self, entries["http_request"][1],
+                                               f"{field}.http_request")
+            if generic is not None and any(t.name == generic.name for t in tools):
+                raise self.error(entries["http_request"][1], f"{field}.http_request",
+                                 f"a declared tool is already named {generic.name!r}")
+        return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets, tools,
+                      generic)
 
     def _named_credentials(self, rules: list[Rule], entries: Entries, field: str
                            ) -> dict[str, Injection]:

@@ -27,6 +27,7 @@ from sealgate.yamlfile import YamlFileError, format_location
 
 from ..errors import ProxyError
 from ..net.addresses import AddressPolicy
+from .httptool import HttpRequestTool
 from .tools import Tool
 
 __all__ = [
@@ -293,6 +294,8 @@ class Policy:
     budgets: Budgets
     # Calls an agent makes over MCP (`sealgate mcp serve`), each decided by the rules above.
     tools: tuple[Tool, ...] = ()
+    # The generic tool (`http_request:`), if the policy offers it.
+    http_request: HttpRequestTool | None = None
     _exact: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _suffix: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _any: _Indexed = field(init=False, repr=False, compare=False)

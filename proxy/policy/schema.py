@@ -113,6 +113,14 @@ def schema() -> dict[str, Any]:
         "allow_networks": _string_list({"type": "string"}),
         "budgets": budgets,
         "tools": _string_list(_tool()),
+        "http_request": {"oneOf": [{"type": "boolean"}, {
+            "type": "object", "additionalProperties": False, "properties": {
+                "methods": {"type": "array", "minItems": 1, "items": {
+                    "type": "string", "pattern": _anchored(toolgrammar._METHOD.pattern)}},
+                "max_response_bytes": {**integer, "minimum": 1,
+                                       "maximum": toolgrammar.MAX_RESPONSE_BYTES},
+                "timeout": {"type": "number", "exclusiveMinimum": 0,
+                            "maximum": toolgrammar.MAX_TIMEOUT}}}]},
     }
     sandbox = {"type": "object", "additionalProperties": False,
                "required": list(grammar._SANDBOX_KEYS),

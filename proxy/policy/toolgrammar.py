@@ -36,10 +36,13 @@ from yaml.nodes import Node, ScalarNode
 from sealgate.hostname import Host, HostError, split_authority
 from sealgate.yamlfile import FLOAT, INT, YamlFile, show
 
+from .httptool import HttpRequestTool
 from .model import Injection, PathError, normalize_path
 from .tools import PARAM, TOOL_NAME, Tool, params_in
 
-__all__ = ["TOOL_KEYS", "tools"]
+__all__ = ["HTTP_REQUEST_KEYS", "TOOL_KEYS", "http_request", "tools"]
+
+HTTP_REQUEST_KEYS: Final = ("methods", "max_response_bytes", "timeout")
 
 TOOL_KEYS: Final = ("name", "description", "method", "url", "query", "body", "arguments",
                     "credential", "max_response_bytes", "returns", "timeout")
@@ -138,22 +141,54 @@ def _tool(doc: YamlFile, node: Node, field: str, credentials: Mapping[str, Injec
         returns_node, returns_field = at("returns")
         returns = tuple(_field_path(doc, item, f"{returns_field}[{i}]")
                         for i, item in enumerate(doc.sequence(returns_node, returns_field)))
-    timeout = DEFAULT_TIMEOUT
-    if "timeout" in entries:
-        timeout_node, timeout_field = at("timeout")
-        text = doc.scalar(timeout_node, timeout_field, (INT, FLOAT), "a number of seconds")
-        try:
-            timeout = float(text)
-        except ValueError:
-            timeout = math.nan
-        if not 0 < timeout <= MAX_TIMEOUT:
-            raise doc.error(timeout_node, timeout_field,
-                            f"{show(text)} must be seconds, > 0 and at most {MAX_TIMEOUT:g}")
+    timeout = _timeout(doc, *at("timeout")) if "timeout" in entries else DEFAULT_TIMEOUT
     return Tool(
         name, description, method, scheme, host, port, path, tuple(query), body,
         json.dumps(schema, sort_keys=True, ensure_ascii=False), credential, max_bytes, returns,
         timeout, source=str(doc.where(node)),
     )
+
+
+def http_request(doc: YamlFile, node: Node, field: str) -> HttpRequestTool | None:
+    """A policy's `http_request`: `true` (GET only, the default cap and timeout), `false`, or
+    `{methods: [...], max_response_bytes: N, timeout: S}`."""
+    if isinstance(node, ScalarNode):
+        if not doc.boolean(node, field):
+            return None
+        return HttpRequestTool(("GET",), DEFAULT_RESPONSE_BYTES, DEFAULT_TIMEOUT,
+                               str(doc.where(node)))
+    entries = doc.mapping(node, field)
+    doc.expect_keys(entries, node, field, HTTP_REQUEST_KEYS, required=())
+    methods: tuple[str, ...] = ("GET",)
+    if "methods" in entries:
+        methods_node = entries["methods"][1]
+        items = doc.sequence(methods_node, f"{field}.methods")
+        methods = tuple(dict.fromkeys(doc.string(item, f"{field}.methods[{i}]")
+                                      for i, item in enumerate(items)))
+        bad = [m for m in methods if not _METHOD.fullmatch(m)]
+        if not methods or bad:
+            raise doc.error(methods_node, f"{field}.methods", "one or more uppercase HTTP "
+                                                              "method tokens")
+    max_bytes = DEFAULT_RESPONSE_BYTES
+    if "max_response_bytes" in entries:
+        max_bytes = doc.integer(entries["max_response_bytes"][1], f"{field}.max_response_bytes",
+                                1, MAX_RESPONSE_BYTES)
+    timeout = DEFAULT_TIMEOUT
+    if "timeout" in entries:
+        timeout = _timeout(doc, entries["timeout"][1], f"{field}.timeout")
+    return HttpRequestTool(methods, max_bytes, timeout, str(doc.where(node)))
+
+
+def _timeout(doc: YamlFile, node: Node, field: str) -> float:
+    text = doc.scalar(node, field, (INT, FLOAT), "a number of seconds")
+    try:
+        timeout = float(text)
+    except ValueError:
+        timeout = math.nan
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise doc.error(node, field, f"{show(text)} must be seconds, > 0 and at most "
+                                     f"{MAX_TIMEOUT:g}")
+    return timeout
 
 
 def _url(doc: YamlFile, node: Node, field: str

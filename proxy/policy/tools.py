@@ -69,6 +69,7 @@ class ToolRequest:
     port: int
     target: str
     body: bytes | None
+    headers: tuple[tuple[str, str], ...] = ()  # the caller's own (`http_request`'s), checked
 
     @property
     def path(self) -> str:
@@ -100,6 +101,10 @@ class Tool:
     def schema(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.arguments)
         return value
+
+    @property
+    def read_only(self) -> bool:
+        return self.method in ("GET", "HEAD")
 
     def request(self, arguments: Mapping[str, Any]) -> ToolRequest:
         """The call these (already schema-checked) arguments make. ToolArgumentError for a

@@ -7,6 +7,7 @@ tool whose host resolves to a metadata or internal address; budgets hold; one au
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +118,7 @@ policies:
         description: A host that resolves to a private address.
         method: GET
         url: https://evil.test:{port}/x
+    http_request: {{methods: [GET, POST], max_response_bytes: 65536}}
   tight:
     allow:
       - host: api.test
@@ -171,7 +173,10 @@ def test_the_client_lists_its_policys_tools(server: McpServer) -> None:
     assert answer["discovered"] == {"versions": ["2026-07-28"]}
     tools = {t["name"]: t for t in answer["steps"][0]["tools"]}
     assert set(tools) == {"get_repo", "picked", "create", "wrong_credential", "other_header",
-                          "in_query", "big", "metadata", "internal"}
+                          "in_query", "big", "metadata", "internal", "http_request"}
+    assert tools["http_request"]["inputSchema"]["properties"]["method"]["enum"] == ["GET",
+                                                                                    "POST"]
+    assert tools["http_request"]["annotations"]["readOnlyHint"] is False
     assert tools["get_repo"]["inputSchema"]["required"] == ["owner", "number"]
     assert tools["get_repo"]["annotations"]["readOnlyHint"] is True
     answer, _ = server.client([{"list": True}], basic("rep-1", KEYS["rep-1"]))
@@ -364,3 +369,68 @@ def test_over_stdio_an_unknown_sandbox_is_refused_at_start(server: McpServer) ->
                           text=True, timeout=60, check=False)
     assert done.returncode == 2 and "no such sandbox" in done.stderr, done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
+                                                             api: Origin) -> None:
+    """The generic tool: the URL's host, port and path decided as the proxy would, the rule's
+    credential added, the agent's own headers and body passed on, the echo masked."""
+    api.reset()
+    api.echo = True
+    step, _ = _one(server, "http_request", {
+        "method": "POST", "url": f"https://api.test:{api.port}/repos/a/b?x=1",
+        "headers": {"X-Trace": "t-1", "Content-Type": "text/plain"}, "body": "hello"})
+    [seen] = api.requests
+    assert (seen.method, seen.path, seen.body) == ("POST", "/repos/a/b?x=1", b"hello")
+    assert seen.values("authorization") == [f"Bearer {CANARY}"]
+    assert seen.values("x-trace") == ["t-1"] and seen.values("content-type") == ["text/plain"]
+    assert step["result"]["is_error"] is False and CANARY not in json.dumps(step)
+    line = server.calls()[-1]
+    assert (line["tool"], line["decision"], line["path"]) == ("http_request", "allow",
+                                                              "/repos/a/b")
+    assert line["injected"] == ["broker:file:github"]
+
+
+@pytest.mark.parametrize(("arguments", "reason"), [
+    ({"url": "https://meta.test:{port}/latest/meta-data/"}, "metadata"),
+    ({"url": "https://evil.test:{port}/x"}, "private"),
+    ({"url": "https://api.test:{port}/not-a-listed-path"}, "not_allowed"),
+    ({"url": "https://unlisted.test:{port}/x"}, "not_allowed"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"Authorization": "Bearer mine"}},
+     "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"Proxy-Tokenizer": "x"}},
+     "tool_arguments_invalid"),
+    ({"url": "https://user:pw@api.test:{port}/repos/a"}, "tool_arguments_invalid"),
+    ({"url": "file:///etc/passwd"}, "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "method": "DELETE"}, "tool_arguments_invalid"),
+], ids=["metadata", "internal", "path", "host", "authorization", "proxy-header", "userinfo",
+        "file", "method"])
+def test_http_request_refuses_what_the_rules_and_the_guard_refuse(
+        server: McpServer, api: Origin, arguments: dict[str, Any], reason: str) -> None:
+    api.reset()
+    filled = {**arguments, "url": arguments["url"].format(port=api.port)}
+    step, _ = _one(server, "http_request", filled)
+    assert step["result"]["is_error"] is True
+    assert step["result"]["structured"]["error"]["reason"] == reason, step
+    assert api.untouched()
+    assert "mine" not in json.dumps(server.calls()[-1])
+
+
+def test_http_request_never_dials_an_address_the_rules_do_not_allow(server: McpServer) -> None:
+    """A listener on loopback at a port no rule names: refused by the decision, and no
+    connection ever arrives there."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        step, _ = _one(server, "http_request", {"url": f"http://127.0.0.1:{port}/"})
+        assert step["result"]["structured"]["error"]["reason"] == "not_allowed"
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_a_policy_without_http_request_offers_none(server: McpServer) -> None:
+    answer, _ = server.client([{"call": "http_request", "arguments": {
+        "url": "https://api.test/repos/a"}}], basic("rep-1", KEYS["rep-1"]))
+    assert answer["steps"][0]["error"]["code"] == -32602  # no such tool: nothing was called
