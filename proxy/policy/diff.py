@@ -12,7 +12,7 @@ reported as a change to review, not as wider or narrower.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .explain import describe
@@ -87,7 +87,47 @@ def _policy(scope: str, before: Policy, after: Policy) -> list[Change]:
         was, now = getattr(before.budgets, budget.name), getattr(after.budgets, budget.name)
         if was != now:
             changes.append(Change(scope, "~", f"budgets.{budget.name} {was} -> {now}", now > was))
-    return changes + _rules(scope, before.rules, after.rules)
+    return changes + _tools(scope, before, after) + _rules(scope, before.rules, after.rules)
+
+
+def _tools(scope: str, before: Policy, after: Policy) -> list[Change]:
+    """Tools by name: one added lets an agent make a call it could not (with its credential),
+    one removed takes it away, one changed is for a person to judge; the generic tool by its
+    methods and its cap."""
+    changes = []
+    was = {t.name: replace(t, source="") for t in before.tools}
+    now = {t.name: replace(t, source="") for t in after.tools}
+    where = {t.name: t.source for t in (*before.tools, *after.tools)}
+    for name in sorted(now.keys() - was.keys()):
+        changes.append(Change(scope, "+", f"tool {name}: {now[name].method} "
+                              f"{now[name].host.name}{now[name].path}", True, where[name]))
+    for name in sorted(was.keys() - now.keys()):
+        changes.append(Change(scope, "-", f"tool {name}", False, where[name]))
+    for name in sorted(was.keys() & now.keys()):
+        if was[name] != now[name]:
+            fields_changed = [f.name for f in fields(was[name])
+                              if getattr(was[name], f.name) != getattr(now[name], f.name)]
+            changes.append(Change(scope, "~", f"tool {name}: {', '.join(fields_changed)}",
+                                  None, where[name]))
+    old, new = before.http_request, after.http_request
+    if old is None and new is not None:
+        changes.append(Change(scope, "+", f"tool http_request: {','.join(new.methods)} to any "
+                              "host the rules allow", True, new.source))
+    elif old is not None and new is None:
+        changes.append(Change(scope, "-", "tool http_request", False, old.source))
+    elif old is not None and new is not None:
+        added = sorted(set(new.methods) - set(old.methods))
+        if added or new.max_response_bytes > old.max_response_bytes:
+            changes.append(Change(scope, "~", f"tool http_request: methods "
+                                  f"{','.join(old.methods)} -> {','.join(new.methods)}, "
+                                  f"max_response_bytes {old.max_response_bytes} -> "
+                                  f"{new.max_response_bytes}", True, new.source))
+        elif replace(old, source="") != replace(new, source=""):
+            changes.append(Change(scope, "~", f"tool http_request: methods "
+                                  f"{','.join(new.methods)}, max_response_bytes "
+                                  f"{new.max_response_bytes}, timeout {new.timeout:g}", False,
+                                  new.source))
+    return changes
 
 
 def _rules(scope: str, before: tuple[Rule, ...], after: tuple[Rule, ...]) -> list[Change]:

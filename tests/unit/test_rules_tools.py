@@ -216,6 +216,42 @@ def test_diff_reports_meaning_and_direction(tmp_path: Path, rules: RuleSet) -> N
     assert diff(rules, rules) == []
 
 
+def test_diff_reports_tools(tmp_path: Path) -> None:
+    base = """
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.example.com
+        inject: [{secret: "file:k", as: bearer, name: gh}]
+    tools:
+      - {name: issue, description: One issue., method: GET, credential: gh,
+         url: "https://api.example.com/issues/{n}",
+         arguments: {type: object, properties: {n: {type: integer}}, required: [n]}}
+      - {name: gone, description: Goes., method: GET, url: "https://api.example.com/x"}
+    http_request: {methods: [GET]}
+"""
+    changed = base.replace("issues/{n}", "issues/{n}/comments").replace(
+        """      - {name: gone, description: Goes., method: GET, url: "https://api.example.com/x"}
+""", """      - {name: added, description: New., method: POST, url: "https://api.example.com/y"}
+""").replace("methods: [GET]}", "methods: [GET, POST]}")
+    old = load_rules(write(tmp_path, "old.yaml", base))
+    new = load_rules(write(tmp_path, "new.yaml", changed))
+    shown = {(c.scope, c.sign, c.what, c.widens) for c in diff(old, new)}
+    assert shown == {
+        ("policy ci", "+", "tool added: POST api.example.com/y", True),
+        ("policy ci", "-", "tool gone", False),
+        ("policy ci", "~", "tool issue: path", None),
+        ("policy ci", "~", "tool http_request: methods GET -> GET,POST, max_response_bytes "
+                           "1048576 -> 1048576", True),
+    }
+    off = load_rules(write(tmp_path, "off.yaml", base.replace(
+        "    http_request: {methods: [GET]}\n", "")))
+    assert {(c.sign, c.what, c.widens) for c in diff(off, old)} == {
+        ("+", "tool http_request: GET to any host the rules allow", True)}
+    assert diff(old, old) == []
+
+
 def test_diff_notices_reordering(tmp_path: Path, rules: RuleSet) -> None:
     first, second = "      - host: localhost\n        ports: [80]\n", \
         '      - host: "*"\n        ports: [8080]\n'
