@@ -24,6 +24,7 @@ from .cases import load_cases, run_case
 from .ceiling import load_ceiling
 from .diff import diff
 from .explain import ExplainError, Explanation, describe, explain, injects
+from .explaintool import explain_tool
 from .model import RuleSet, RuleWarning
 from .rulesfile import RulesError, load_rules
 
@@ -48,6 +49,18 @@ def register(sub: Subcommands) -> None:
     ex.add_argument("url", metavar="URL")
     ex.add_argument("--json", action="store_true")
     ex.set_defaults(func=_explain)
+
+    et = rs.add_parser("explain-tool", help="what the rules decide for one MCP tool call "
+                                            "(sealgate mcp serve), and why")
+    et.add_argument("rules", type=Path, metavar="RULES")
+    who = et.add_mutually_exclusive_group()
+    who.add_argument("--sandbox", help="as this sandbox (default: unidentified traffic)")
+    who.add_argument("--policy", help="under this policy")
+    et.add_argument("tool", metavar="TOOL", help="the tool's name (http_request: the generic one)")
+    et.add_argument("--arguments", metavar="JSON", default="{}",
+                    help="the call's arguments, a JSON object (default {})")
+    et.add_argument("--json", action="store_true")
+    et.set_defaults(func=_explain)
 
     test = rs.add_parser("test", help="run rules test cases (see docs/rules.md)")
     test.add_argument("rules", type=Path, metavar="RULES")
@@ -189,7 +202,12 @@ def _explain(args: argparse.Namespace) -> int:
     if rules is None:
         return 2
     try:
-        result = explain(rules, args.method, args.url, sandbox=args.sandbox, policy=args.policy)
+        if "tool" in args:
+            result = explain_tool(rules, args.tool, _arguments(args.arguments),
+                                  sandbox=args.sandbox, policy=args.policy)
+        else:
+            result = explain(rules, args.method, args.url, sandbox=args.sandbox,
+                             policy=args.policy)
     except ExplainError as exc:
         print(f"sealgate: {exc}", file=sys.stderr)
         return 2
@@ -200,9 +218,21 @@ def _explain(args: argparse.Namespace) -> int:
     return 1 if result.decision == "deny" else 0
 
 
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ExplainError(f"--arguments is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ExplainError("--arguments must be a JSON object")
+    return value
+
+
 def _explanation_lines(r: Explanation) -> list[str]:
     who = f"sandbox {r.sandbox} -> " if r.sandbox else ""
-    lines = [f"request   {r.method} {r.url}"]
+    lines = [f"tool      {r.tool}"] if r.tool is not None else []
+    if r.method:
+        lines.append(f"request   {r.method} {r.url}")
     if r.policy:
         lines.append(f"policy    {who}{r.policy} ({r.mode})")
     if r.host is not None and r.port is not None:

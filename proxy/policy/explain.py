@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from sealgate.hostname import HostError, split_authority
+from sealgate.hostname import Host, HostError, split_authority
 from sealgate.reasons import Reason
 
 from ..errors import ProxyError
@@ -48,6 +48,7 @@ class Explanation:
     decision: Verdict = "deny"  # until the request has passed every step
     reason: Reason | None = None  # the proxy's reason code when denied or reported
     detail: str = ""
+    tool: str | None = None  # a tool call's (`explain_tool`): the request is the one it makes
     rule: Rule | None = None
     misses: list[Miss] = field(default_factory=list)
     tunnel: bool | None = None  # https only: would the CONNECT pass through undecrypted?
@@ -55,7 +56,7 @@ class Explanation:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "method": self.method, "url": self.url, "sandbox": self.sandbox,
+            "tool": self.tool, "method": self.method, "url": self.url, "sandbox": self.sandbox,
             "policy": self.policy, "mode": self.mode, "host": self.host, "port": self.port,
             "path": self.path, "decision": self.decision, "reason": self.reason,
             "detail": self.detail, "rule": self.rule.source if self.rule else None,
@@ -130,6 +131,13 @@ def explain(
     result.decision, result.reason, result.detail = (
         decision.verdict, decision.reason, decision.detail
     )
+    return _described(result, decision, host, port, method)
+
+
+def _described(result: Explanation, decision: Decision, host: Host, port: int,
+               method: str) -> Explanation:
+    """What a decision leaves a reader to know: the rules for the host that did not match, and
+    what only the wire can tell (resolution, plain-HTTP credentials, tokens)."""
     chosen = decision.policy
     if chosen is None:
         return result

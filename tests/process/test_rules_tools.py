@@ -11,7 +11,7 @@ import pytest
 from sealgate.proxy.policy.diff import diff
 from sealgate.proxy.policy.rulesfile import load_rules
 from tests.harness import ROOT, SEALGATE
-from tests.unit.test_rules_tools import CASES, RULES, write
+from tests.unit.test_rules_tools import CASES, RULES, TOOL_RULES, write
 
 
 def sealgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -202,3 +202,19 @@ def test_bound_names_the_rule_and_a_request_that_crosses(tmp_path: Path) -> None
     broken = write(tmp_path, "ceiling.yaml", "version: 1\nceiling:\n  hosts: []\n")
     out = sealgate("bound", str(broken), str(wider))
     assert out.returncode == 2 and "ceiling.yaml:3" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_explain_tool_says_the_call_and_its_decision(tmp_path: Path) -> None:
+    rules = write(tmp_path, "tools.yaml", TOOL_RULES)
+    done = sealgate("explain-tool", str(rules), "--sandbox", "bot", "issue", "--arguments",
+                    '{"n": 7}', "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["tool"], answer["method"], answer["url"], answer["decision"]) == (
+        "issue", "GET", "https://api.example.com:443/issues/7", "allow")
+    denied = sealgate("explain-tool", str(rules), "--sandbox", "bot", "http_request",
+                      "--arguments", '{"url": "https://api.example.com/other"}')
+    assert denied.returncode == 1 and "DENY not_allowed" in denied.stdout, denied.stdout
+    broken = sealgate("explain-tool", str(rules), "--sandbox", "bot", "issue", "--arguments",
+                      "[1]")
+    assert broken.returncode == 2 and "must be a JSON object" in broken.stderr

@@ -10,6 +10,7 @@ import pytest
 from sealgate.proxy.policy.cases import load_cases, run_case
 from sealgate.proxy.policy.diff import diff
 from sealgate.proxy.policy.explain import ExplainError, explain
+from sealgate.proxy.policy.explaintool import explain_tool
 from sealgate.proxy.policy.model import RuleSet
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
@@ -262,3 +263,54 @@ def test_diff_notices_reordering(tmp_path: Path, rules: RuleSet) -> None:
 
 
 # -- the command -------------------------------------------------------------------------------
+
+
+TOOL_RULES = """
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.example.com
+        paths: ["/issues/**"]
+        inject: [{secret: "file:k", as: bearer, name: gh}]
+      - host: other.example.com
+        inject: [{secret: "file:o", as: bearer, name: other}]
+    tools:
+      - {name: issue, description: One issue., method: GET, credential: gh,
+         url: "https://api.example.com/issues/{n}",
+         arguments: {type: object, properties: {n: {type: integer}}, required: [n]}}
+      - {name: mismatched, description: Names gh where other is injected., method: GET,
+         credential: gh, url: "https://other.example.com/x"}
+    http_request: {methods: [GET]}
+  bare:
+    allow: [{host: api.example.com}]
+sandboxes:
+  bot: {policy: ci, key_sha256: "0000000000000000000000000000000000000000000000000000000000000001"}
+"""
+
+
+@pytest.mark.parametrize(("tool", "arguments", "verdict", "reason"), [
+    ("issue", {"n": 7}, "allow", None),
+    ("issue", {"n": "x"}, "deny", "tool_arguments_invalid"),
+    ("mismatched", {}, "deny", "tool_credential"),
+    ("http_request", {"url": "https://api.example.com/issues/1"}, "allow", None),
+    ("http_request", {"url": "https://api.example.com/other"}, "deny", "not_allowed"),
+    ("http_request", {"url": "https://api.example.com/issues/1",
+                      "headers": {"Cookie": "c"}}, "deny", "tool_arguments_invalid"),
+])
+def test_explain_tool_decides_as_the_mcp_server_does(
+        tmp_path: Path, tool: str, arguments: dict[str, object], verdict: str,
+        reason: str | None) -> None:
+    rules = load_rules(write(tmp_path, "tools.yaml", TOOL_RULES))
+    result = explain_tool(rules, tool, arguments, sandbox="bot")
+    assert (result.decision, result.reason and result.reason.value) == (verdict, reason)
+    if verdict == "allow":
+        assert result.rule is not None and result.url.startswith("https://api.example.com")
+
+
+def test_explain_tool_names_what_is_not_there(tmp_path: Path) -> None:
+    rules = load_rules(write(tmp_path, "tools.yaml", TOOL_RULES))
+    with pytest.raises(ExplainError, match=r"no tool 'nope'.*issue, mismatched, http_request"):
+        explain_tool(rules, "nope", {}, sandbox="bot")
+    with pytest.raises(ExplainError, match="its tools: none"):
+        explain_tool(rules, "issue", {}, policy="bare")
