@@ -46,6 +46,7 @@ from sealgate.proxy.calls import (
     Tool,
     ToolArgumentError,
     decide,
+    hold,
     normalize_path,
     select,
 )
@@ -113,6 +114,11 @@ async def call_tool(service: Service, identity: Identity, policy: Policy,
         record.reason = exc.reason.value
         record.detail = record.detail or exc.detail
         result = _refusal(exc.reason, exc.detail, Scrubber(record.needles))
+        service.audit.emit("tool_call", **_line(record, started))
+        # A spent budget's refusal comes late, as the proxy's does: an agent that retries at
+        # once gets one refusal a second, not a busy server.
+        await hold(exc)
+        return result
     service.audit.emit("tool_call", **_line(record, started))
     return result
 

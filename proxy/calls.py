@@ -23,7 +23,7 @@ from .policy.httptool import HttpRequestTool
 from .policy.model import Injection, PathError, Policy, Rule, RuleSet, normalize_path
 from .policy.rulesfile import RulesError, load_rules
 from .policy.tools import Tool, ToolArgumentError, ToolRequest, select
-from .request.budget import BudgetLedger
+from .request.budget import BudgetLedger, hold
 from .request.identity import Identifier
 from .request.registry import SourceRegistry
 
@@ -60,6 +60,7 @@ __all__ = [
     "ToolArgumentError",
     "ToolRequest",
     "decide",
+    "hold",
     "load_rules",
     "normalize_path",
     "open_store",

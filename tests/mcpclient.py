@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import anyio
@@ -54,11 +55,13 @@ async def _session(session: ClientSession, plan: dict[str, Any]) -> dict[str, An
         out["discovered"] = {"error": {"code": exc.code, "message": exc.message}}
         return out
     for step in plan["steps"]:
+        started = time.monotonic()
         try:
             with anyio.fail_after(STEP_SECONDS):
                 out["steps"].append(await _step(session, step))
         except MCPError as exc:
             out["steps"].append({"error": {"code": exc.code, "message": exc.message}})
+        out["steps"][-1]["seconds"] = time.monotonic() - started
     return out
 
 
