@@ -119,21 +119,17 @@ def _call(method: str, template: str) -> str:
 class _Alive(Collector):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        # The live sandboxes' limit hits, read off their cgroups in a thread before each
-        # scrape (`read_live`): a file read per group is too much for the event loop at 1000.
-        self.live_hits = {"memory": 0, "pids": 0}
 
     async def read_live(self) -> None:
-        groups = [session.slot.group for session in list(self.daemon.sessions.values())]
-
-        def read() -> dict[str, int]:
-            total = {"memory": 0, "pids": 0}
-            for group in groups:
-                for limit, count in group.limit_hits().items():
-                    total[limit] += count
-            return total
-
-        self.live_hits = await asyncio.to_thread(read)
+        """The live sandboxes' limit hits, read off their cgroups in a thread before a scrape
+        (a few file reads per group are too many for the event loop at 1000 sandboxes); a
+        sandbox that ended meanwhile keeps its final reading (`Tally.hits_final`)."""
+        daemon = self.daemon
+        groups = [(ident, s.slot.group) for ident, s in list(daemon.sessions.items())]
+        read = await asyncio.to_thread(lambda: [(i, g.limit_hits()) for i, g in groups])
+        for ident, hits in read:
+            if ident in daemon.sessions:
+                daemon.tally.hits_seen(ident, hits)
 
     def collect(self) -> Iterator[Metric]:
         daemon = self.daemon
@@ -173,7 +169,7 @@ class _Alive(Collector):
             "out of memory) and pids (forks refused at the process limit); bubblewrap's and "
             "gVisor's host cgroups (a microVM's guest kernel keeps its own)", labels=["limit"])
         for limit in ("memory", "pids"):
-            hits.add_metric([limit], daemon.tally.limit_hits[limit] + self.live_hits[limit])
+            hits.add_metric([limit], daemon.tally.limit_hits(limit))
         yield hits
 
 

@@ -460,13 +460,14 @@ class Daemon:
         if session.paused:  # its processes die thawed: a frozen one could hold its teardown
             with contextlib.suppress(SessionError):
                 await session.pause(False)
+        # Its cgroups' counts, read while they exist and in the same step as it leaves the
+        # sessions: a scrape sees it live or ended, never neither.
+        self.tally.hits_final(ident, session.slot.group.limit_hits())
         del self.sessions[ident]
         session.ended.set()
         await session.processes.close()  # each one's exec ends, its status said
         self._remember(ident, why)
         self._wake.set()
-        # Read while its groups exist: they go with the slot, behind this call.
-        self.tally.limit_hits.update(session.slot.group.limit_hits())
         await self._release(session.slot, wait=False)
         self.tally.end(why)
         log("ended", id=ident, sandbox=session.options.sandbox, why=why,

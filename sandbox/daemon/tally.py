@@ -28,8 +28,11 @@ class Tally:
         # Cumulative counts per bucket (the last is +Inf), and the sum of seconds.
         self.prepare_buckets = [0] * (len(PREPARE_BUCKETS) + 1)
         self.prepare_seconds = 0.0
-        # Limit hits of ended sandboxes (`Group.limit_hits`); live ones are read at a scrape.
-        self.limit_hits: Counter[str] = Counter()
+        # Limit hits (`Group.limit_hits`): of ended sandboxes, summed; of live ones, as last
+        # read (at a scrape), by sandbox id. A sandbox's last reading moves into the sum as it
+        # ends, in one step, so the total a scrape sees never goes down (`limit_hits`).
+        self._ended_hits: Counter[str] = Counter()
+        self._live_hits: dict[str, dict[str, int]] = {}
 
     def create(self, warm: bool) -> None:
         self.created["warm" if warm else "cold"] += 1
@@ -40,3 +43,15 @@ class Tally:
     def prepared(self, seconds: float) -> None:
         self.prepare_buckets[bisect.bisect_left(PREPARE_BUCKETS, seconds)] += 1
         self.prepare_seconds += seconds
+
+    def hits_seen(self, ident: str, hits: dict[str, int]) -> None:
+        """A live sandbox's cgroup counts as read now (they only grow)."""
+        self._live_hits[ident] = hits
+
+    def hits_final(self, ident: str, hits: dict[str, int]) -> None:
+        """A sandbox's counts as it ends: into the sum, its live reading dropped."""
+        self._live_hits.pop(ident, None)
+        self._ended_hits.update(hits)
+
+    def limit_hits(self, limit: str) -> int:
+        return self._ended_hits[limit] + sum(h.get(limit, 0) for h in self._live_hits.values())
