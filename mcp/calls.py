@@ -28,6 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 from jsonschema import Draft202012Validator
 
@@ -59,6 +60,7 @@ __all__ = ["Result", "call_tool"]
 
 log = logging.getLogger("sealgate.mcp")
 _SECRET_KEY: Final = re.compile(r"pass|secret|token|key|auth|cookie|credential|session", re.I)
+_URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _MAX_AUDIT_ARGUMENTS: Final = 2048
 _MAX_AUDIT_VALUE: Final = 256
 _ERROR_BODY: Final = 2048  # of an API's error answer, what the agent reads
@@ -114,12 +116,14 @@ async def call_tool(service: Service, identity: Identity, policy: Policy,
         record.reason = exc.reason.value
         record.detail = record.detail or exc.detail
         result = _refusal(exc.reason, exc.detail, Scrubber(record.needles))
-        service.audit.emit("tool_call", **_line(record, started))
+        refused: Denial | None = exc
+    else:
+        refused = None
+    service.audit.emit("tool_call", **_line(record, started))
+    if refused is not None:
         # A spent budget's refusal comes late, as the proxy's does: an agent that retries at
         # once gets one refusal a second, not a busy server.
-        await hold(exc)
-        return result
-    service.audit.emit("tool_call", **_line(record, started))
+        await hold(refused)
     return result
 
 
@@ -267,6 +271,15 @@ def _masked(arguments: Any, scrubber: Scrubber) -> str:
     def mask(value: Any, key: str = "") -> Any:
         if key and _SECRET_KEY.search(key):
             return "[MASKED]"
+        if isinstance(value, str) and _URL.match(value):
+            # A URL's query and user information, as the proxy's audit line never logs them
+            # (an http_request's `url`, a template's argument that is one).
+            try:
+                parts = urlsplit(value)
+            except ValueError:  # a malformed one: nothing of it is sure to be harmless
+                return "[MASKED]"
+            value = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path,
+                                "[MASKED]" if parts.query else "", ""))
         if isinstance(value, dict):
             return {str(k): mask(v, str(k)) for k, v in value.items()}
         if isinstance(value, list):

@@ -24,6 +24,7 @@ pytestmark = needs_mcp_venv()
 
 CANARY = "ghp-mcp-canary-5e4d3c2b1a"
 OTHER = "other-canary-0f9e8d7c6b"
+QUERY = "query-canary-3e7a1f"  # in a URL's query: never in an audit line
 BOT = basic("bot-1", KEYS["bot-1"])
 
 
@@ -380,10 +381,10 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     api.reset()
     api.echo = True
     step, _ = _one(server, "http_request", {
-        "method": "POST", "url": f"https://api.test:{api.port}/repos/a/b?x=1",
+        "method": "POST", "url": f"https://api.test:{api.port}/repos/a/b?x={QUERY}",
         "headers": {"X-Trace": "t-1", "Content-Type": "text/plain"}, "body": "hello"})
     [seen] = api.requests
-    assert (seen.method, seen.path, seen.body) == ("POST", "/repos/a/b?x=1", b"hello")
+    assert (seen.method, seen.path, seen.body) == ("POST", f"/repos/a/b?x={QUERY}", b"hello")
     assert seen.values("authorization") == [f"Bearer {CANARY}"]
     assert seen.values("x-trace") == ["t-1"] and seen.values("content-type") == ["text/plain"]
     assert step["result"]["is_error"] is False and CANARY not in json.dumps(step)
@@ -391,6 +392,10 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     assert (line["tool"], line["decision"], line["path"]) == ("http_request", "allow",
                                                               "/repos/a/b")
     assert line["injected"] == ["broker:file:github"]
+    # The audit line never has the query, in its fields nor in the arguments it repeats.
+    assert QUERY not in server.audit_text()
+    assert json.loads(line["arguments"])["url"] == \
+        f"https://api.test:{api.port}/repos/a/b?[MASKED]"
 
 
 @pytest.mark.parametrize(("arguments", "reason"), [
