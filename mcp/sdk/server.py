@@ -35,12 +35,12 @@ def mcp_server(service: Service, who: Callable[[Any], Identity]) -> Server[Any]:
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
         policy = _policy(service, who(ctx))
-        return types.ListToolsResult(tools=[_listed(tool) for tool in _offered(policy)])
+        return types.ListToolsResult(tools=[_listed(tool) for tool in policy.offered_tools])
 
     async def call(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         identity = who(ctx)
         policy = _policy(service, identity)
-        tool = next((t for t in _offered(policy) if t.name == params.name), None)
+        tool = next((t for t in policy.offered_tools if t.name == params.name), None)
         if tool is None:
             # A protocol error, as the spec has it for an unknown tool: nothing was called.
             raise MCPError(code=types.INVALID_PARAMS, message=f"no tool named {params.name!r}")
@@ -83,12 +83,6 @@ def _policy(service: Service, identity: Identity) -> Policy:
         raise MCPError(code=types.INVALID_REQUEST,
                        message=f"{found.reason}: {found.detail}")
     return found
-
-
-def _offered(policy: Policy) -> list[Tool | HttpRequestTool]:
-    """The policy's declared tools, and the generic one if it offers it."""
-    generic = [] if policy.http_request is None else [policy.http_request]
-    return [*policy.tools, *generic]
 
 
 def _listed(tool: Tool | HttpRequestTool) -> types.Tool:

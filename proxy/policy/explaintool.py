@@ -1,4 +1,4 @@
-"""What the rules decide for one tool call, and why: `sealgate rules explain --tool NAME`.
+"""What the rules decide for one tool call, and why: `sealgate rules explain-tool RULES TOOL`.
 
 The MCP server's own order (mcp/calls.py) up to what only a live call can tell: the tool of the
 caller's policy (a declared one, or the generic `http_request`), its arguments against its JSON
@@ -18,9 +18,8 @@ from sealgate.reasons import Reason
 
 from .decide import Question, decide
 from .explain import ExplainError, Explanation, _deny, _described, _identity
-from .httptool import HttpRequestTool
 from .model import PathError, RuleSet, normalize_path
-from .tools import Tool, ToolArgumentError
+from .tools import ToolArgumentError
 
 __all__ = ["explain_tool"]
 
@@ -32,9 +31,7 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
     chosen = rules.policies.get(identity.policy) if identity.policy else None
     if chosen is None:
         raise ExplainError("no policy applies, so no tool does: give --sandbox or --policy")
-    offered: list[Tool | HttpRequestTool] = [*chosen.tools]
-    if chosen.http_request is not None:
-        offered.append(chosen.http_request)
+    offered = chosen.offered_tools
     tool = next((t for t in offered if t.name == name), None)
     if tool is None:
         names = ", ".join(t.name for t in offered) or "none"

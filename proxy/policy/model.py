@@ -319,6 +319,12 @@ class Policy:
         object.__setattr__(self, "_any", tuple(any_host))
         object.__setattr__(self, "addresses", AddressPolicy(self.allow_networks))
 
+    @property
+    def offered_tools(self) -> tuple[Tool | HttpRequestTool, ...]:
+        """The tools an agent is offered over MCP: the declared ones, then the generic one."""
+        generic = () if self.http_request is None else (self.http_request,)
+        return (*self.tools, *generic)
+
     def host_rules(self, host: Host) -> tuple[Rule, ...]:
         """Rules whose host pattern matches, in file order, whatever their ports."""
         return tuple(rule for _, rule in self._candidates(host))
