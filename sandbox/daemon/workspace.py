@@ -21,7 +21,7 @@ from typing import Any
 
 from sealgate.reasons import Reason
 
-from ..guest.protocol import STATUS_MAX, Op
+from ..guest.protocol import FIELDS, STATUS_MAX, Op
 from .pipes import Writer, open_pipe, read_all
 from .session import Session, SessionError, _file_reason, _stalled, _status, check_path
 
@@ -73,8 +73,9 @@ async def _asked(kept: contextlib.AsyncExitStack, session: Session, op: Op, path
     try:
         status_r, status_w = os.pipe()
         try:
+            where = {"path": path} if "path" in FIELDS[op] else {}
             session._send(op, ident, [fd for fd in (data, status_w) if fd is not None],
-                          path=path, **fields)
+                          **where, **fields)
         except SessionError:
             os.close(status_r)
             raise
@@ -181,6 +182,11 @@ class _Stream:
             return False
         return _status(line).get("done") is True
 
+    def detach(self) -> int:
+        """Its data's descriptor, the caller's to read and close (a thread's, say)."""
+        fd, self._fd = self._fd, -1
+        return fd
+
     async def chunks(self, stall: bool = True) -> AsyncGenerator[bytes, None]:
         fd, self._fd = self._fd, -1
         async with open_pipe(fd) as reader:
@@ -205,11 +211,20 @@ async def tar(session: Session, path: str) -> _Stream:
     """The directory as a tar stream; its `whole()` says, after it, whether it is all there
     (a file that could not be read, a tree too deep, cut it short at a member's boundary,
     which a tar reader takes for the archive's end)."""
+    return await _streamed(session, Op.TAR, check_dir(path))
+
+
+async def layer(session: Session) -> _Stream:
+    """An image's microVM sandbox's root as a layer's tar stream, made by its guest
+    (`guest/tarout.layer`); `whole()` as a tar's. Untrusted: the guest is the sandbox's."""
+    return await _streamed(session, Op.LAYER, "")
+
+
+async def _streamed(session: Session, op: Op, path: str) -> _Stream:
     data_r, data_w = os.pipe()
     kept = contextlib.AsyncExitStack()
     try:
-        _, ident, reader = await _asked(kept, session, Op.TAR, check_dir(path), data=data_w,
-                                        fields={})
+        _, ident, reader = await _asked(kept, session, op, path, data=data_w, fields={})
     except BaseException:
         os.close(data_r)
         await kept.aclose()

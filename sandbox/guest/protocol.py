@@ -24,6 +24,9 @@ the request's descriptors passed with it (SCM_RIGHTS):
                      {"op": "untar", "id", "path", "max_bytes", "max_entries"}
                                                                   fds: data (read), status
                      {"op": "watch", "id", "path", "recursive"}  fds: events (write), status
+                     {"op": "layer", "id"}   fds: data (write), status  (the microVM's
+                         `hostserve` only: an image's root's writes and its workspace, as
+                         a layer's tar stream with OCI whiteouts, made by the guest)
                      {"op": "signal", "id", "signal"}   a running exec's process group
                      {"op": "resize", "id", "rows", "cols"}   a running exec's terminal
 
@@ -35,14 +38,15 @@ it, relayed by the command's supervisor inside (`terminal`).
 A request is answered on its status descriptor, one JSON line (`status_line`): an exec's
 `exit`, `ending` (`Ending`), `signal`, `usage`, `error`; a put's or get's `size` or `error`
 (`too_large` when a get's file is over its limit); a list's `size` (its JSON follows on its
-data), a stat's `entry`, a tar's or watch's `ok` before its stream; an error's `exists` when
+data), a stat's `entry`, a tar's, layer's or watch's `ok` before its stream (and a
+tar's or layer's `done` after it); an error's `exists` when
 the path is taken. A watch runs until it is killed.
 
 **Frames** (the microVM's console port, host and guest agent): a 4-byte big-endian length,
 then a JSON header line (an object), then the raw payload. The host asks (`ping`, `net`,
-`seal`, `put`, `get`, `exec`, `stdin`, `kill`), the guest answers with the request's `id`
-(`GUEST_ANSWERS`); `vmagent`'s docstring says what each does. The host trusts nothing the
-guest sends (`GuestFrames`).
+`seal`, `root`, `put`, `get`, `exec`, `layer`, `stdin`, `kill`), the guest answers with the
+request's `id` (`GUEST_ANSWERS`); `vmagent`'s docstring says what each does. The host trusts
+nothing the guest sends (`GuestFrames`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Op(StrEnum):
     NET = "net"
     SEAL = "seal"
     ROOT = "root"  # an image's root, made in the guest (`vmroot`)
+    LAYER = "layer"  # an image's root's writes as a layer, from the guest (`layerout`)
     STDIN = "stdin"
     # frames, guest -> host (ready as well)
     OK = "ok"
@@ -132,6 +137,7 @@ DESCRIPTORS: dict[str, tuple[tuple[str, str], ...]] = {
     Op.REMOVE: (("status", OUT),),
     Op.RENAME: (("status", OUT),),
     Op.TAR: (("data", OUT), ("status", OUT)),
+    Op.LAYER: (("data", OUT), ("status", OUT)),
     Op.UNTAR: (("data", IN), ("status", OUT)),
     Op.WATCH: (("events", OUT), ("status", OUT)),
     # One socket, sent twice: the caller's bytes in, the server's out.
@@ -151,6 +157,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     Op.REMOVE: ("path", "recursive"),
     Op.RENAME: ("path", "to"),
     Op.TAR: ("path",),
+    Op.LAYER: (),
     Op.UNTAR: ("path", "max_bytes", "max_entries"),
     Op.WATCH: ("path", "recursive"),
     Op.CONNECT: ("port",),

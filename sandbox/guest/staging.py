@@ -23,7 +23,7 @@ AGENT_MODULES = ("__init__.py", "protocol.py", "confine.py", "commands.py", "fil
                  "fsops.py", "tarball.py", "tarout.py", "watch.py", "portdial.py", "shim.py",
                  "terminal.py", "agent.py")
 VM_MODULES = ("__init__.py", "protocol.py", "vmagent.py", "vmos.py", "vmroot.py", "layover.py",
-              "terminal.py")
+              "terminal.py", "files.py", "fsops.py", "tarout.py")  # the last three: `layer`'s
 VM_INIT = HERE / "init.sh"
 PROBE = HERE / "probe.py"  # run by the self-test's canary as a script of its own
 

@@ -9,8 +9,14 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
 - `seal`: the guest's root read-only, once the host has put what it stages there (the first
   `exec` does it if the host has not), so that only the scratch mounts are writable;
-- `root` (dirs, files): a sandbox from an image: its root made of the image's disk, with the
-  staged files laid over (`vmroot`), before the seal;
+- `root` (dirs, files, owner): a sandbox from an image: its root made of the image's disk,
+  with the staged files laid over and what the image has in /workspace (a snapshot's) copied
+  into the workspace as the sandbox's uid and gid (`vmroot`), before the seal;
+- `layer`: an image's root's writes and the workspace as a layer's tar stream (`tarout.layer`,
+  its snapshot), run as the guest's root outside the image's root (where nothing the sandbox
+  can change is run) with every running command frozen meanwhile (cgroup v2's freezer), so
+  that the layer is one instant of the root; its stream and status come as an exec's output
+  (fd 1, fd 2) and exit;
 - `exec` (argv, env, cwd, uid, gid, timeout, pids, tty): starts the command in a new session and a
   cgroup of its own as that uid with no supplementary groups, only the environment given, and
   at most `pids` processes of that uid (RLIMIT_NPROC); `stdin` frames feed it (an empty
@@ -47,6 +53,7 @@ from .vmos import (
     born_in,
     configure,
     drain,
+    freeze,
     gone,
     kill_all,
     killpg,
@@ -67,6 +74,11 @@ if TYPE_CHECKING:
 _CHUNK = 65536
 _GONE_SECONDS = 5.0  # for what a command left to die of its kill before its exit is said anyway
 _GONE_POLL = 0.02  # how often the agent looks meanwhile
+# A layer's copy: the agent's own code (tarout.layer), from its own /sealgate, never the
+# image's; the commands stay frozen while it runs, so it has a time limit.
+_LAYER_ARGV = ["/usr/bin/python3", "-I", "-S", "-c", "import sys; sys.path.insert(0, '/sealgate'); "
+               "from guest.tarout import layer; layer({}, [1, 2])"]
+_LAYER_SECONDS = 600.0
 
 
 class _Command:
@@ -83,6 +95,7 @@ class _Command:
         self.outputs: set[int] = set()
         self.status: int | None = None
         self.timed_out = False
+        self.thaws: list[str] = []  # a layer's copy: the groups it froze, thawed at its end
 
 
 class Agent:
@@ -177,6 +190,8 @@ class Agent:
         elif op == Op.ROOT:
             self._make_root(header)
             self.send({"op": Op.OK, "id": ident})
+        elif op == Op.LAYER:
+            self._layer(int(header["id"]))
         elif op == Op.PUT:
             put(str(header["path"]), payload, int(header.get("mode", 0o644)),
                 int(header.get("uid", 0)), int(header.get("gid", 0)))
@@ -206,7 +221,7 @@ class Agent:
         else:
             raise ValueError(f"unknown op {op!r}")
 
-    def _exec(self, header: dict[str, Any]) -> None:
+    def _exec(self, header: dict[str, Any], *, ours: bool = False) -> None:
         ident = int(header["id"])
         argv = [str(a) for a in header["argv"]]
         env = {str(k): str(v) for k, v in header.get("env", {}).items()}
@@ -214,7 +229,7 @@ class Agent:
         in_root = header.get("root") is True
         if in_root and self.root is None:
             raise ValueError("this guest has no image root")
-        if (uid == 0 or gid == 0) and not in_root:
+        if (uid == 0 or gid == 0) and not in_root and not ours:
             raise ValueError("a command never runs as root outside an image's root")
         self._seal()  # if the host has not: no command runs with the root writable
         home = env.get("HOME")
@@ -286,6 +301,21 @@ class Agent:
         self.by_pid[child.pid] = cmd
         self.send({"op": Op.STARTED, "id": ident, "pid": child.pid})
 
+    def _layer(self, ident: int) -> None:
+        if self.root is None:
+            raise ValueError("this guest has no image root to copy")
+        frozen = [c.group for c in self.commands.values() if c.status is None and c.group]
+        freeze(frozen, True)
+        try:
+            self._exec({"id": ident, "argv": _LAYER_ARGV, "uid": 0, "gid": 0, "cwd": "/",
+                        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                        "timeout": _LAYER_SECONDS}, ours=True)
+        finally:
+            if ident in self.commands:
+                self.commands[ident].thaws = frozen
+            else:  # it could not start (its exit said already)
+                freeze(frozen, False)
+
     def _make_root(self, header: dict[str, Any]) -> None:
         if self.sealed or self.root is not None:
             raise ValueError("the root is made once, before the seal")
@@ -294,7 +324,8 @@ class Agent:
         dirs = {str(k): int(v) for k, v in header["dirs"].items()}
         with open(f"{CGROUPS}/cgroup.subtree_control", "w") as fh:
             fh.write("+pids")  # each command's process limit is its group's (see _exec)
-        self.root = vmroot.make(dirs, [str(p) for p in header["files"]])
+        uid, gid = (int(n) for n in header["owner"])
+        self.root = vmroot.make(dirs, [str(p) for p in header["files"]], (uid, gid))
 
     def _seal(self) -> None:
         if not self.sealed:
@@ -386,6 +417,7 @@ class Agent:
         else:
             ended["code"] = status
         del self.commands[cmd.id]
+        freeze(cmd.thaws, False)
         self.send(ended)
 
 

@@ -17,8 +17,8 @@ virtio-blk device: /dev/vda). Here:
   resolved again;
 - over them: a proc of the guest's, its boot line empty; a /dev of its own with only the
   harmless devices (no disk, no console port: the agent's channel is not there); a tmpfs at
-  /run; the workspace (the host's 9p share) bound at /workspace; each staged file bound
-  read-only.
+  /run; the workspace (the host's 9p share) bound at /workspace, first given what the image
+  has there (a snapshot's workspace: `_seed`); each staged file bound read-only.
 
 Commands then run chrooted into `ROOT` (`vmagent`), which shows them nothing of the guest's
 own root: not the host's /usr over 9p that the agent runs from, nor the agent's files.
@@ -35,6 +35,8 @@ from . import layover
 ROOT = "/mnt/root"
 _IMAGE, _RW = "/mnt/image", "/mnt/rw"
 _DISK = "/dev/vda"
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_DEPTH = 256  # as the workspace's own walks (`fsops`)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 # The new mount API (x86_64's and arm64's numbers), for binds that are read-only at once.
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
@@ -63,7 +65,7 @@ def present() -> bool:
     return os.path.exists("/sys/block/vda")
 
 
-def make(dirs: dict[str, int], files: list[str]) -> str:
+def make(dirs: dict[str, int], files: list[str], owner: tuple[int, int]) -> str:
     """The image's root, ready for commands (see the module); where it is. Raises OSError."""
     if not present():
         raise OSError("this VM has no image disk")
@@ -79,7 +81,7 @@ def make(dirs: dict[str, int], files: list[str]) -> str:
     try:
         made = {path: layover.walk(top, path, True, mode) for path, mode in dirs.items()}
         try:
-            _fill(top, made)
+            _fill(top, made, owner)
         finally:
             for fd in made.values():
                 os.close(fd)
@@ -125,7 +127,7 @@ def _call(result: int, what: str) -> None:
         raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def _fill(top: int, made: dict[str, int]) -> None:
+def _fill(top: int, made: dict[str, int], owner: tuple[int, int]) -> None:
     """What goes over the places made: proc, dev, run, the workspace. (A descriptor opened
     before a mount is the directory under it: what is mounted is reached again from `top`.)"""
     if "/proc" in made:
@@ -146,7 +148,50 @@ def _fill(top: int, made: dict[str, int]) -> None:
     if "/run" in made:
         _mount("run", _at(made["/run"]), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755")
     if "/workspace" in made and os.path.ismount("/workspace"):
+        # What the image has there (a snapshot's workspace) goes into the workspace itself,
+        # which is the host's share and hides the image's own directory once bound.
+        into = os.open("/workspace", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _seed(made["/workspace"], into, owner, 0)
+        finally:
+            os.close(into)
         _bind("/workspace", made["/workspace"], read_only=False)
+
+
+def _seed(source: int, target: int, owner: tuple[int, int], depth: int) -> None:
+    """Directories, regular files and symlinks of `source` copied into `target`, never
+    following a link, owned by `owner`, setuid and setgid dropped; anything else skipped."""
+    if depth > _MAX_DEPTH:
+        raise OSError(f"the image's /workspace is nested over {_MAX_DEPTH} deep")
+    for name in os.listdir(source):
+        st = os.stat(name, dir_fd=source, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode) & 0o1777
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(name, 0o700, dir_fd=target)
+            inner = os.open(name, _OPEN_DIR, dir_fd=source)
+            made = os.open(name, _OPEN_DIR, dir_fd=target)
+            try:
+                _seed(inner, made, owner, depth + 1)
+                os.fchown(made, *owner)
+                os.fchmod(made, mode)
+            finally:
+                os.close(inner)
+                os.close(made)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=source), name, dir_fd=target)
+            os.chown(name, *owner, dir_fd=target, follow_symlinks=False)
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source)
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o600, dir_fd=target)
+            try:
+                while os.sendfile(out, fd, None, 1 << 20):
+                    pass
+                os.fchown(out, *owner)
+                os.fchmod(out, mode)
+            finally:
+                os.close(fd)
+                os.close(out)
 
 
 def _dev(dev: int) -> None:

@@ -68,7 +68,7 @@ class Store:
                 return self._import(oci.Layout(path), name, progress, new)
             if not path.is_file():
                 raise ImageError(f"{path}: no such file or directory")
-            with self._temp("archive-") as temp:
+            with self.staging("archive-") as temp:
                 _say(progress, f"opening archive {path}")
                 archive.extract(path, temp, max_member=self.max_layer_bytes,
                                 max_total=16 * self.max_layer_bytes)
@@ -91,7 +91,7 @@ class Store:
                              "which skopeo's oci: destination cannot carry")
 
         def work(new: list[str]) -> Image:
-            with self._temp("pull-") as temp:
+            with self.staging("pull-") as temp:
                 _say(progress, f"pulling {name} with skopeo")
                 certs = [f"--src-cert-dir={cert_dir}"] if cert_dir is not None else []
                 argv = [skopeo, "copy", "--quiet", *certs, f"docker://{name}",
@@ -154,7 +154,7 @@ class Store:
         if _is_dir(final):
             _say(progress, f"{label} already present")
             return known.get(diff_id) or _du(final)
-        with self._temp("layer-") as temp:
+        with self.staging("layer-") as temp:
             reader = layout.open_blob(desc, "layer")
             try:
                 try:
@@ -203,7 +203,7 @@ class Store:
         """Copy an overlayfs upper directory into a new layer (normalised: snapshot.py);
         returns its id. Unreferenced until `derive` names it (gc removes it before then)."""
         with self._index.working():
-            with self._temp("snapshot-") as temp:
+            with self.staging("snapshot-") as temp:
                 layer, size = copy_upper(upper, temp)
                 try:
                     os.rename(temp, self._layer_path(layer))
@@ -319,13 +319,15 @@ class Store:
             write_atomic(path, data)
 
     @contextlib.contextmanager
-    def _temp(self, prefix: str) -> Iterator[Path]:
-        """A fresh directory in tmp/, removed afterwards (unless renamed away)."""
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
+    def staging(self, prefix: str) -> Iterator[Path]:
+        """A fresh directory in tmp/, removed afterwards (unless renamed away); gc, which
+        empties tmp/, waits while one is in use."""
+        with self._index.working():
+            path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.root / "tmp"))
+            try:
+                yield path
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _mounted(layers: Path) -> set[str]:

@@ -38,7 +38,6 @@ A tier is a module of this package defining `TIER`, a `Tier`:
   `"root"` (gVisor: its gofer, host root, writes for it), or `"guest"`: a tier with a kernel
   of its own (the microVM) takes the image as one read-only disk of root's files
   (`Launch.disk`) and makes the sandbox's root of it inside. None: not yet;
-- `no_snapshot`: why the tier cannot snapshot an image's sandbox's filesystem, or None;
 - `no_fork`: why the tier cannot take a memory snapshot of a running sandbox (what `fork`
   resumes copies from), said to a caller who asks for one.
 - `own_clock`: for `sandbox run`, the tier counts the command's time limit (`Launch.timeout`)
@@ -84,7 +83,6 @@ class Tier:
     serve: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started] | None = None
     ready_seconds: float = 10.0
     image_owner: str | None = None
-    no_snapshot: str | None = None
     no_fork: str = "it takes no memory snapshot"
     no_adopt: str | None = None
     own_clock: bool = False

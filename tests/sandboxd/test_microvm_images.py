@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sealgate.reasons import Reason
-from sealgate.sandbox.clients.client import DaemonError, Sandbox
+from sealgate.sandbox.clients.client import Sandbox
 from tests.harness import Origin, Proxy
 from tests.integration import tiers as tier_env
 
@@ -82,11 +81,20 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         refused = sb.run(["python3", "-c", _FETCH, f"https://other.test:{origin_https.port}/x"],
                          timeout=120)
         assert refused.exit_code != 0 and b"403" in refused.stderr, refused
-        with pytest.raises(DaemonError) as unsupported:
-            sb.snapshot("snap-microvm")
-        assert unsupported.value.reason is Reason.UNSUPPORTED, unsupported.value
-        assert "guest's memory" in str(unsupported.value)
+        # A snapshot: the guest copies its root's writes (a deletion too) and the workspace,
+        # its commands frozen meanwhile; a command running across it runs on after.
+        assert sb.run(["rm", "/etc/sealgate-test-image"]).ok
+        long = sb.start(["sh", "-c", "sleep 2; echo survived > /workspace/after"])
+        made = sb.snapshot("snap-microvm")
+        assert made["owner"] == "ci-bot" and made["parent"] == "debian", made
+        assert long.wait(call_timeout=120).ok
+        assert sb.read("after") == b"survived\n"
     assert [r.path for r in origin_https.requests] == ["/from-microvm-image"]
+    with _vm(microvm_imaged, "snap-microvm") as copy:
+        assert copy.run(["cat", "/usr/bin/planted"]).stdout == b"planted\n"
+        assert copy.read("out.txt") == b"hello from the workspace\n"
+        assert not copy.run(["test", "-e", "/etc/sealgate-test-image"]).ok
+        assert copy.run(["test", "-e", "/etc/passwd"]).ok
     with _vm(microvm_imaged, "debian") as again:
         assert not again.run(["test", "-e", "/usr/bin/planted"]).ok
         assert again.run(["test", "-e", "/etc/sealgate-test-image"]).ok
@@ -111,5 +119,5 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         assert many.exit_code != 0 and b"can't fork" in many.stderr, many
     after = _tree(store / "layers")
     assert {path: after.get(path) for path in layers_before} == layers_before
-    # One disk per image, built once, kept in the store.
-    assert len(list((store / "disks").glob("*.erofs"))) == 2
+    # One disk per image (debian, hostile, the snapshot), built once, kept in the store.
+    assert len(list((store / "disks").glob("*.erofs"))) == 3

@@ -135,10 +135,13 @@ class Channel:
         """The guest's root read-only from here on (puts outside /run and /tmp fail)."""
         self.request({"op": Op.SEAL})
 
-    def root(self, dirs: Mapping[str, int], files: Sequence[str]) -> None:
-        """An image's root made in the guest of its disk, `dirs` and `files` laid over
-        (`guest/vmroot.py`); before the seal. Mounts and a walk under emulation: seconds."""
-        self.request({"op": Op.ROOT, "dirs": dict(dirs), "files": list(files)}, timeout=60.0)
+    def root(self, dirs: Mapping[str, int], files: Sequence[str], owner: tuple[int, int]
+             ) -> None:
+        """An image's root made in the guest of its disk, `dirs` and `files` laid over, the
+        image's /workspace seeding the workspace as `owner`'s (`guest/vmroot.py`); before the
+        seal. Mounts and a walk under emulation: seconds."""
+        self.request({"op": Op.ROOT, "dirs": dict(dirs), "files": list(files),
+                      "owner": list(owner)}, timeout=60.0)
 
     def put(self, path: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         self.request({"op": Op.PUT, "path": path, "mode": mode, "uid": uid, "gid": gid}, data)

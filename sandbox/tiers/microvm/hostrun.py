@@ -106,7 +106,8 @@ def start(order: Order) -> Booted:
                 booted.channel.put(path, text.encode("latin-1"))
         if order.disk:
             booted.channel.root(order.root_dirs or {},
-                                [p for p in order.files if not p.startswith("/proc/")])
+                                [p for p in order.files if not p.startswith("/proc/")],
+                                (order.uid, order.gid))
         booted.channel.seal()  # here, at set-up, rather than at the first command
     except BaseException:
         booted.close()

@@ -17,6 +17,8 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
   The request's descriptors become the process's standard streams (`shim.main`); a
   `connect`'s (`guest/portdial.py`, a port on the guest's own loopback) are one socket, shut
   down here once the shim ends, so the daemon's end sees the connection's end;
+- `layer`: an image's sandbox's root as a layer, made by the guest agent itself as the guest's
+  root (`vmagent`), its stream and status lines written to the request's as they come;
 - `kill`: the guest kills the command's process group; `signal`: it sends it the signal;
   `resize`: the guest resizes an exec's terminal (an exec with `tty` runs on one there).
 
@@ -189,6 +191,8 @@ class Server:
         try:
             if op == Op.EXEC:
                 self._exec(gid, frames, req, fds)
+            elif op == Op.LAYER:
+                self._layer(gid, frames, fds)
             else:
                 self._shim(gid, frames, op, req, fds)
         except Exception as exc:  # the request's failure, never the sandbox's end
@@ -261,6 +265,16 @@ class Server:
             if error is not None:
                 answer["error"] = error
         _write_all(status, status_line(answer))
+
+    def _layer(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]],
+               fds: list[int]) -> None:
+        """The image root's layer, made by the guest agent itself (`vmagent`'s `layer`): its
+        stream to the request's data, its status lines to its status."""
+        if self.order.disk is None:
+            _write_all(fds[-1], status_line({"error": "this sandbox has no image root"}))
+            return
+        self.guest.send({"op": Op.LAYER, "id": gid})
+        _drain(frames, {1: fds[0], 2: fds[1]}, None, status_first=True)
 
     def _shim(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], op: Op,
               req: dict[str, Any], fds: list[int]) -> None:

@@ -120,8 +120,5 @@ TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve
             ready_seconds=90.0, image_owner="guest", own_clock=True,
             no_adopt="its host side (hostrun, then QEMU) runs under a parent-death signal armed "
                      "for the daemon that started it: the guest would die as that daemon exits",
-            no_snapshot="an image's sandbox writes into an overlay in its guest's memory, which "
-                        "the host cannot copy from (a copy through the guest's agent is not "
-                        "wired yet)",
             no_fork="QEMU's migration to a file is not wired yet (and a guest whose /usr is "
                     "the host's over 9p cannot be migrated: an image's disk is the way)")
