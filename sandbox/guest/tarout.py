@@ -110,7 +110,7 @@ def _pack(archive: tarfile.TarFile, parent: int, prefix: str, depth: int, *,
           layer: bool = False, skip: str = "") -> None:
     if depth > MAX_DEPTH:
         raise ValueError(f"deeper than {MAX_DEPTH} levels")
-    if layer and _overlay_mark(parent, _OPAQUE_XATTR) == b"y":
+    if layer and xattr(parent, _OPAQUE_XATTR) == b"y":
         opaque = tarfile.TarInfo(prefix + _OPAQUE)
         opaque.mode = 0o644
         archive.addfile(opaque)
@@ -155,7 +155,8 @@ def _pack(archive: tarfile.TarFile, parent: int, prefix: str, depth: int, *,
         # FIFOs, sockets and devices: never opened, not in the stream.
 
 
-def _overlay_mark(fd: int, name: str) -> bytes:
+def xattr(fd: int, name: str) -> bytes:
+    """An extended attribute's value; empty if it is not there (or not supported)."""
     try:
         return os.getxattr(fd, name)
     except OSError as exc:
@@ -165,5 +166,5 @@ def _overlay_mark(fd: int, name: str) -> bytes:
 
 
 def _refuse_marks(fd: int, path: str) -> None:
-    if any(_overlay_mark(fd, name) for name in _REFUSED_XATTRS):
+    if any(xattr(fd, name) for name in _REFUSED_XATTRS):
         raise ValueError(f"{path}: overlayfs redirected it or copied only its metadata")

@@ -16,12 +16,12 @@ gets the same id and is stored once.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
 from pathlib import Path
 
+from ..guest.tarout import xattr
 from .errors import ImageError
 from .unpack import OPAQUE_XATTR
 
@@ -100,7 +100,7 @@ class _Walk:
             xattrs = os.listxattr(inner)
             if any(x in xattrs for x in _REFUSED_XATTRS):
                 raise self._refuse("an overlayfs redirect (mount without redirect_dir)")
-            opaque = OPAQUE_XATTR in xattrs and _xattr(inner, OPAQUE_XATTR) == b"y"
+            opaque = OPAQUE_XATTR in xattrs and xattr(inner, OPAQUE_XATTR) == b"y"
             os.mkdir(name, 0o700, dir_fd=target)
             copy = os.open(name, _DIR_FLAGS, dir_fd=target)
             try:
@@ -148,11 +148,3 @@ class _Walk:
                 size += n
         return digest.digest(), size
 
-
-def _xattr(fd: int, name: str) -> bytes:
-    try:
-        return os.getxattr(fd, name)
-    except OSError as exc:
-        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
-            return b""
-        raise
