@@ -228,12 +228,14 @@ def test_renewable_token_renewed_at_half_ttl(fake: VaultFake, tmp_path: Path) ->
 
 
 def test_relogin_when_renewal_fails(fake: VaultFake, tmp_path: Path) -> None:
-    fake.add_approle("ci-role", SECRET_ID, paths=["kv/data/ci/*"], ttl=0.3, max_renewals=1)
+    # A TTL of 1.5 s, not less: the fetch after the new login must land inside the new
+    # token's life, and a loaded machine (CI's) delayed it past a 0.3 s one.
+    fake.add_approle("ci-role", SECRET_ID, paths=["kv/data/ci/*"], ttl=1.5, max_renewals=1)
 
     async def body() -> None:
         store = approle_store(fake, tmp_path)
         await store.fetch(GITHUB)
-        # Renewed once at 0.15 s, refused at 0.3 s -> login again.
+        # Renewed once at 0.75 s, refused at 1.5 s -> login again.
         await until(lambda: fake.count("auth/approle/login") >= 2)
         assert (await store.fetch(GITHUB))[0].reveal() == CANARY
         await store.close()
