@@ -36,6 +36,10 @@ def microvm_imaged(dproxy: Proxy, store: Path, tmp_path_factory: pytest.TempPath
     daemon.stop()
 
 
+_TICKING = ("i=0; while :; do i=$((i+1)); echo $i > /0tick.n; mv /0tick.n /0tick; "
+            "echo $i > /workspace/tick.n; mv /workspace/tick.n /workspace/tick; done")
+
+
 def _vm(daemon: Daemon, image: str, **limits: int) -> Sandbox:
     """A sandbox on a VM of the image's warm pool (debian: one booted ahead, one refilled
     behind each create) or booted for it (hostile), under emulation here."""
@@ -85,8 +89,16 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         # its commands frozen meanwhile; a command running across it runs on after.
         assert sb.run(["rm", "/etc/sealgate-test-image"]).ok
         long = sb.start(["sh", "-c", "sleep 2; echo survived > /workspace/after"])
+        # One instant: a counter written to the root (copied first) and then the workspace
+        # (copied last, after 24 MiB of the root) differs there by at most the one step
+        # the freeze may split; a copy of a running loop would see it far ahead.
+        assert sb.run(["sh", "-c", "head -c 25165824 /dev/urandom > /usr/big"]).ok
+        ticking = sb.start(["sh", "-c", _TICKING])
+        assert sb.run(["sh", "-c", "until test -e /workspace/tick; do sleep 0.1; done"],
+                      timeout=60).ok
         made = sb.snapshot("snap-microvm")
         assert made["owner"] == "ci-bot" and made["parent"] == "debian", made
+        ticking.kill()
         assert long.wait(call_timeout=120).ok
         assert sb.read("after") == b"survived\n"
     assert [r.path for r in origin_https.requests] == ["/from-microvm-image"]
@@ -95,6 +107,9 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         assert copy.read("out.txt") == b"hello from the workspace\n"
         assert not copy.run(["test", "-e", "/etc/sealgate-test-image"]).ok
         assert copy.run(["test", "-e", "/etc/passwd"]).ok
+        root_tick = int(copy.run(["cat", "/0tick"]).stdout)
+        workspace_tick = int(copy.read("tick"))
+        assert 0 <= root_tick - workspace_tick <= 1, (root_tick, workspace_tick)
     with _vm(microvm_imaged, "debian") as again:
         assert not again.run(["test", "-e", "/usr/bin/planted"]).ok
         assert again.run(["test", "-e", "/etc/sealgate-test-image"]).ok
