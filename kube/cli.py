@@ -20,7 +20,8 @@ _LOG = logging.getLogger("sealgate.kube")
 
 
 def register(sub: Subcommands) -> None:
-    p = sub.add_parser("kube", help="sealgate on Kubernetes: identity by pod")
+    p = sub.add_parser("kube", help="sealgate on Kubernetes: identity by pod, "
+                                              "transparent mode in a pod")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     i = actions.add_parser("identity", help="watch the pods and tell the proxy each pod "
                                             "address's sandbox (from a label)")
@@ -42,6 +43,28 @@ def register(sub: Subcommands) -> None:
                help="serve /healthz, /readyz and /metrics there (plain HTTP; off by default)")
     oplog.add_flags(i)
     i.set_defaults(func=_identity)
+
+    # Transparent mode in a pod: the init container's table and the sidecar it sends to.
+    r = actions.add_parser("redirect", help="(init container) send this network namespace's "
+                                            "TCP egress to the forwarder; drop the rest")
+    r.add_argument("--port", type=int, default=15001,
+                   help="the forwarder's port on the loopback (default 15001)")
+    r.add_argument("--exempt-uid", type=int, default=1337, metavar="UID",
+                   help="the forwarder's uid, whose connections leave as they are (default "
+                        "1337; no other container of the pod may run as it)")
+    r.add_argument("--dns", action="store_true",
+                   help="let the pod ask its resolver (port 53); off by default")
+    r.add_argument("--print", action="store_true",
+                   help="print the nftables script instead of installing it")
+    r.set_defaults(func=_redirect)
+    f = actions.add_parser("forward", help="(sidecar) send each redirected connection to the "
+                                           "proxy as a CONNECT to the name it is for")
+    env_option(f, "--proxy", env="SEALGATE_PROXY_ADDR", metavar="HOST:PORT",
+               help="the proxy's explicit listener (its Service)")
+    f.add_argument("--port", type=int, default=15001,
+                   help="listen on 127.0.0.1 and ::1 at this port (default 15001)")
+    oplog.add_flags(f)
+    f.set_defaults(func=_forward)
 
 
 def _identity(args: argparse.Namespace) -> int:
@@ -109,4 +132,56 @@ async def _watch(args: argparse.Namespace) -> int:
             await task
         if served is not None:
             await served.cleanup()
+    return 0
+
+
+def _redirect(args: argparse.Namespace) -> int:
+    from .redirect import Redirect, RedirectError
+
+    table = Redirect(args.port, args.exempt_uid, args.dns)
+    if args.print:
+        sys.stdout.write(table.ruleset())
+        return 0
+    try:
+        table.install()
+    except RedirectError as exc:
+        print(f"sealgate kube redirect: {exc}", file=sys.stderr)
+        return 1
+    print(f"sealgate kube redirect: TCP egress to 127.0.0.1:{args.port} and [::1]:{args.port}, "
+          f"uid {args.exempt_uid} exempt, everything else dropped"
+          f"{' but DNS' if args.dns else ''}", file=sys.stderr)
+    return 0
+
+
+def _forward(args: argparse.Namespace) -> int:
+    try:
+        if not args.proxy:
+            raise ValueError("required (or SEALGATE_PROXY_ADDR)")
+        proxy = parse_hostport(args.proxy)
+    except ValueError as exc:
+        print(f"sealgate kube forward: --proxy: {exc}", file=sys.stderr)
+        return 2
+    oplog.configure(args.log_format, args.log_level)
+    try:
+        return asyncio.run(_forwarding(proxy, args.port))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _forwarding(proxy: tuple[str, int], port: int) -> int:
+    from .forward import Forwarder
+
+    forwarder = Forwarder(proxy, port)
+    try:
+        server = await forwarder.serve()
+    except OSError as exc:
+        _LOG.error("cannot listen", extra={"port": port, "error": exc.strerror or str(exc)})
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    _LOG.info("forwarding", extra={"port": port, "proxy": f"{proxy[0]}:{proxy[1]}"})
+    await stop.wait()
+    await forwarder.close(server)
     return 0

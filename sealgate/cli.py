@@ -37,7 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "the image store: pull, import, list, remove and collect OCI images"),
     "template": ("sealgate.sandbox.clients.templatecli",
                  "build a template: an image plus setup commands, kept as an image (sandboxd)"),
-    "kube": ("sealgate.kube.cli", "sealgate on Kubernetes: identity by pod"),
+    "kube": ("sealgate.kube.cli",
+             "sealgate on Kubernetes: identity by pod, transparent mode in a pod"),
     "mcp": ("sealgate.mcp.cli", "serve the tools rules declare over MCP (Streamable HTTP)"),
 }
 

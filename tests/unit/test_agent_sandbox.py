@@ -81,8 +81,9 @@ def test_the_strict_check_catches_a_misspelt_field() -> None:
     assert any("Never" in p for p in check(wrong))
 
 
-def _template() -> dict[str, Any]:
-    return next(d for d in RESOURCES if d["kind"] == "SandboxTemplate")
+def _template(name: str = "sealgate-python") -> dict[str, Any]:
+    return next(d for d in RESOURCES if d["kind"] == "SandboxTemplate"
+                and d["metadata"]["name"] == name)
 
 
 def test_the_template_pod_is_a_valid_hardened_pod() -> None:
@@ -134,3 +135,39 @@ def test_the_pool_and_the_claim_point_at_each_other() -> None:
     assert "env" not in claim["spec"] and "volumeClaimTemplates" not in claim["spec"]
     kustomization = yaml.safe_load((ROOT / "agent-sandbox" / "kustomization.yaml").read_text())
     assert {d["metadata"]["namespace"] for d in RESOURCES} == {kustomization["namespace"]}
+
+
+def test_the_transparent_template_redirects_and_forwards() -> None:
+    """Transparent mode in a pod (kube/redirect.py, kube/forward.py): a valid pod whose
+    redirect runs as root with NET_ADMIN alone and before the forwarder, a native sidecar as
+    the uid the table exempts (no other container may have it), the port and the proxy the
+    same on both sides, and the sandbox given the trust variables but no proxy ones."""
+    transparent = _template("sealgate-python-transparent")
+    pod_template = transparent["spec"]["podTemplate"]
+    spec = pod_template["spec"]
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod",
+                                  "metadata": {"name": "sandbox", **pod_template["metadata"]},
+                                  "spec": spec}, KUBERNETES, strict=True)
+    assert spec["automountServiceAccountToken"] is False and spec["runtimeClassName"] == "gvisor"
+    inits = {c["name"]: c for c in spec["initContainers"]}
+    assert list(inits) == ["redirect", "trust", "forward"]
+    redirect = full_parser().parse_args(inits["redirect"]["command"][1:])
+    forward = full_parser().parse_args(inits["forward"]["command"][1:])
+    assert redirect.port == forward.port and redirect.dns
+    assert inits["redirect"]["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert inits["forward"]["restartPolicy"] == "Always"
+    for container in spec["initContainers"] + spec["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and "limits" in container["resources"]
+        uid = context["runAsUser"]
+        assert (uid == redirect.exempt_uid) == (container["name"] == "forward"), container
+        if container["name"] != "redirect":
+            assert context["capabilities"] == {"drop": ["ALL"]} and context["runAsNonRoot"]
+    proxy = {e["name"]: e["value"] for e in inits["forward"]["env"]}["SEALGATE_PROXY_ADDR"]
+    assert f"http://{proxy}" == PROXY
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    trust = {k: v for k, v in variables(PROXY, BUNDLE).items() if v.endswith(BUNDLE)}
+    assert {k: v for k, v in env.items() if k != "HOME"} == trust
+    assert transparent["spec"]["networkPolicy"] == _template()["spec"]["networkPolicy"]
