@@ -4,6 +4,7 @@ sandbox's filesystem as a new image (a snapshot)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import time
@@ -105,7 +106,7 @@ async def _from_guest(store: Store, session: Session) -> str:
         stream = await workspace.layer(session)
         try:
             with store.staging("guest-layer-") as staged:
-                await asyncio.to_thread(_unpack, store, stream.detach(), staged)
+                await _unpacked(store, stream, staged)
                 if not await stream.whole():
                     raise ImageError("the sandbox's copy of its files was cut short")
                 return await asyncio.to_thread(store.add_layer, staged)
@@ -114,6 +115,20 @@ async def _from_guest(store: Store, session: Session) -> str:
     finally:
         if was_paused and not session.ended.is_set():
             await session.pause()
+
+
+async def _unpacked(store: Store, stream: workspace.Stream, staged: Path) -> None:
+    """The stream unpacked into `staged` by a thread. Cancelled, the guest's copier is ended
+    first (its pipe's end: the thread reads to its end or fails) and the thread waited for,
+    so that it never writes into the staging directory after it is removed."""
+    thread = asyncio.ensure_future(asyncio.to_thread(_unpack, store, stream.detach(), staged))
+    try:
+        await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        await stream.aclose()
+        with contextlib.suppress(Exception):
+            await thread
+        raise
 
 
 def _unpack(store: Store, fd: int, staged: Path) -> None:

@@ -160,7 +160,7 @@ async def untar(session: Session, path: str, body: AsyncIterator[bytes]) -> dict
     return answer
 
 
-class _Stream:
+class Stream:
     """A shim's data, read as it is sent until it ends; `aclose` ends the request whether or
     not it was read, and asks the agent to kill its shim (a watch runs until then)."""
 
@@ -207,20 +207,20 @@ class _Stream:
             self._session._end()
 
 
-async def tar(session: Session, path: str) -> _Stream:
+async def tar(session: Session, path: str) -> Stream:
     """The directory as a tar stream; its `whole()` says, after it, whether it is all there
     (a file that could not be read, a tree too deep, cut it short at a member's boundary,
     which a tar reader takes for the archive's end)."""
     return await _streamed(session, Op.TAR, check_dir(path))
 
 
-async def layer(session: Session) -> _Stream:
+async def layer(session: Session) -> Stream:
     """An image's microVM sandbox's root as a layer's tar stream, made by its guest
     (`guest/tarout.layer`); `whole()` as a tar's. Untrusted: the guest is the sandbox's."""
     return await _streamed(session, Op.LAYER, "")
 
 
-async def _streamed(session: Session, op: Op, path: str) -> _Stream:
+async def _streamed(session: Session, op: Op, path: str) -> Stream:
     data_r, data_w = os.pipe()
     kept = contextlib.AsyncExitStack()
     try:
@@ -229,10 +229,10 @@ async def _streamed(session: Session, op: Op, path: str) -> _Stream:
         os.close(data_r)
         await kept.aclose()
         raise
-    return _Stream(session, ident, data_r, (kept, reader))
+    return Stream(session, ident, data_r, (kept, reader))
 
 
-async def watch(session: Session, path: str, recursive: bool) -> tuple[int, _Stream]:
+async def watch(session: Session, path: str, recursive: bool) -> tuple[int, Stream]:
     """The watch's directories in place (their count) and the stream of its events."""
     data_r, data_w = os.pipe()
     try:
@@ -241,7 +241,7 @@ async def watch(session: Session, path: str, recursive: bool) -> tuple[int, _Str
     except BaseException:
         os.close(data_r)
         raise
-    return int(answer.get("watching", 0)), _Stream(session, ident, data_r)
+    return int(answer.get("watching", 0)), Stream(session, ident, data_r)
 
 
 _EVENTS = frozenset({"create", "modify", "chmod", "delete", "rename", "overflow"})
@@ -267,7 +267,7 @@ def _event(line: bytes) -> bytes | None:
     return json.dumps(event).encode() + b"\n"
 
 
-async def events(stream: _Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[bytes, None]:
+async def events(stream: Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[bytes, None]:
     """A watch's events (NDJSON lines) for a caller, through a queue of `limit`: once it is
     full, events are dropped until the caller has taken what it holds; then it is told
     `{"event": "overflow", "dropped": N}` and the events go on from there."""
