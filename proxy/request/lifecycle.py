@@ -56,6 +56,7 @@ class Lifecycle:
             weakref.WeakKeyDictionary())
         self._watcher: asyncio.Task[None] | None = None
         self._failure: tuple[object, str] | None = None  # the rules reload failure last told
+        self._tick_failed: str | None = None  # the kind of the last tick's failure, told once
         self.in_flight: set[str] = set()  # flows between their request head and their end
         self.gate = ConnectionGate(conncap.default_total(), 512)
         self.reclaimer = Reclaimer()
@@ -116,32 +117,46 @@ class Lifecycle:
                 self._emit("rules_reloaded", policies=sorted(self.state.rules.policies))
 
     async def _every_second(self) -> None:
+        """Forever: one tick's unforeseen failure is said and the next tick runs, so that a
+        bug in a figure never stops the rules' hot reload for the process's life."""
         while True:
             await asyncio.sleep(_RELOAD_POLL_SECONDS)
-            state = self.state
-            if state is not None and state.rules_seen.changed():
-                self.reload(asked=False)
-            self.reclaimer.tick(idle=not self.in_flight)
-            for reason, count in self.gate.take_refused().items():
-                self._emit("connections_refused", reason=reason, count=count,
-                           open=self.gate.open)
-            if closed := self.handshakes.take_closed():
-                self._emit("handshake_timeout", count=closed,
-                           seconds=self.handshakes.seconds)
-            self.metrics.total("upstream_tls_offered", self.sessions.offered)
-            self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
-            if state is not None:
-                self._credential_totals(state)
-            with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
-                self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
-                                   connections_open=self.gate.open,
-                                   requests_in_flight=len(self.in_flight),
-                                   resident_bytes=memory.resident(),
-                                   response_deadlines_pending=deadline.pending(),
-                                   upstream_tls_sessions=len(self.sessions),
-                                   upstream_connections_open=self.upstream_open,
-                                   upstream_dials_pinned=len(self._pinned),
-                                   audit_backlog_bytes=state.audit.backlog if state else 0)
+            try:
+                self._tick()
+            except Exception as exc:
+                failed = type(exc).__name__
+                if failed != self._tick_failed:  # once per kind, not once a second
+                    logger.error("sealgate: the once-a-second work failed (%s); it goes on",
+                                 failed)
+                self._tick_failed = failed
+            else:
+                self._tick_failed = None
+
+    def _tick(self) -> None:
+        state = self.state
+        if state is not None and state.rules_seen.changed():
+            self.reload(asked=False)
+        self.reclaimer.tick(idle=not self.in_flight)
+        for reason, count in self.gate.take_refused().items():
+            self._emit("connections_refused", reason=reason, count=count,
+                       open=self.gate.open)
+        if closed := self.handshakes.take_closed():
+            self._emit("handshake_timeout", count=closed,
+                       seconds=self.handshakes.seconds)
+        self.metrics.total("upstream_tls_offered", self.sessions.offered)
+        self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
+        if state is not None:
+            self._credential_totals(state)
+        with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
+            self.metrics.write(Path(ctx.options.sealgate_state) / "metrics", self._unready(),
+                               connections_open=self.gate.open,
+                               requests_in_flight=len(self.in_flight),
+                               resident_bytes=memory.resident(),
+                               response_deadlines_pending=deadline.pending(),
+                               upstream_tls_sessions=len(self.sessions),
+                               upstream_connections_open=self.upstream_open,
+                               upstream_dials_pinned=len(self._pinned),
+                               audit_backlog_bytes=state.audit.backlog if state else 0)
 
     def _credential_totals(self, state: AddonState) -> None:
         """The secret stores' and token endpoints' running counts, as the broker keeps them."""
