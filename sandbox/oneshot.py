@@ -136,7 +136,8 @@ def _from_image(launch: Launch, image: ImageRoot, spec: Run, tier: tiers.Tier) -
     workdir = image.workdir
     cwd = workdir if workdir.startswith("/") and spec.workspace is None else None
     return dataclasses.replace(launch, env={**env, **spec.env}, root=root, disk=disk,
-                               root_dirs=dirs if disk is not None else {}, cwd=cwd)
+                               root_dirs=dirs if disk is not None else {}, cwd=cwd,
+                               image_user=image.user)
 
 
 def _remove_watched(group: Group, watchdog: Watchdog) -> None:

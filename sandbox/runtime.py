@@ -41,6 +41,7 @@ from .host.dns import FakeDns, LoopDns
 from .host.network import Link, Plan
 from .images import Image, Store
 from .images import disk as images_disk
+from .images import user as images_user
 
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _N = TypeVar("_N", FakeDns, LoopDns)
@@ -168,8 +169,12 @@ def image_of(store: Store, name: str) -> tuple[Image, rootfs.ImageRoot]:
     """Image `name` (or digest) of the store, and what a sandbox's root needs of it. Raises
     ImageError (no such image) or OSError (the store unreadable)."""
     image = store.get(name)
-    return image, rootfs.ImageRoot(",".join(image.layers), tuple(store.layer_dirs(image)),
-                                   image.env, image.workdir, store.root / "disks")
+    layers = tuple(store.layer_dirs(image))
+    user = images_user.resolve(image.user, layers)
+    return image, rootfs.ImageRoot(",".join(image.layers), layers, image.env, image.workdir,
+                                   store.root / "disks",
+                                   None if user is None else (user.uid, user.gid),
+                                   "" if user is None else user.home)
 
 
 def image_root(tier: tiers.Tier, image: rootfs.ImageRoot, index: int, uid: int,
@@ -190,7 +195,10 @@ def image_root(tier: tiers.Tier, image: rootfs.ImageRoot, index: int, uid: int,
         if image.disks is None:
             raise SandboxError("no place for the image's disk (the image store's)")
         return None, images_disk.build(image.disks, image.key, image.layers), dirs
-    owner = uid if tier.image_owner == "sandbox" else 0
+    if image.user is not None and image.user[0] == uid and tier.image_owner != "sandbox":
+        # The tier's agent has the sandbox's host uid there, and the workload must not.
+        raise SandboxError(f"the image's User is uid {uid}, the sandbox's own agent's here")
+    owner = (uid, uid) if tier.image_owner == "sandbox" else image.user or (0, 0)
     root = rootfs.mount(scratch.mount_point(index), owner, image.layers)
     rootfs.lay_over(root, owner, dirs, [p for p in files if not p.startswith(("/proc/", "/run/"))])
     return root, None, dirs
@@ -204,4 +212,6 @@ def image_variables(ours: Mapping[str, str], image: rootfs.ImageRoot) -> dict[st
         name, _, value = item.partition("=")
         if name and "\0" not in item and (name not in ours or name in _IMAGE_MAY_SET):
             found[name] = value
+    if image.home and "HOME" not in found:  # its User's, as Docker gives it
+        found["HOME"] = image.home
     return found

@@ -141,7 +141,8 @@ def put(root: Path, data: bytes) -> str:
 def manifest(root: Path, layers: list[Layer], *, env: list[str] | None = None,
              cmd: list[str] | None = None, diff_ids: list[str] | None = None,
              digests: dict[int, str] | None = None, sizes: dict[int, int] | None = None,
-             skip: set[int] | None = None, corrupt: dict[int, str] | None = None) -> Built:
+             skip: set[int] | None = None, corrupt: dict[int, str] | None = None,
+             user: str = "1000") -> Built:
     """Blobs, config and manifest of one image in `root`; `diff_ids` replaces the config's,
     `digests`/`sizes` (layer index -> value) falsify a layer's descriptor, `skip` (layer
     indexes, or -1 for the config) leaves blobs out, `corrupt` (layer index -> "flip" or
@@ -151,7 +152,7 @@ def manifest(root: Path, layers: list[Layer], *, env: list[str] | None = None,
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Env": env or ["PATH=/usr/bin:/bin"], "Cmd": cmd or ["/bin/sh"],
-                   "WorkingDir": "/work", "User": "1000"},
+                   "WorkingDir": "/work", "User": user},
         "rootfs": {"type": "layers", "diff_ids": ids}}).encode()
     config_digest = sha(config) if -1 in skip else put(root, config)
     descs = []

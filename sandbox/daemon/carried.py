@@ -82,7 +82,8 @@ def slot_record(made: Slot, pidfd: int, pool: str | None) -> tuple[dict[str, Any
         "environment": made.environment, "pool": pool,
         "image": None if image is None else {
             "key": image.key, "layers": [str(p) for p in image.layers], "env": list(image.env),
-            "workdir": image.workdir, "disks": None if image.disks is None else str(image.disks)},
+            "workdir": image.workdir, "disks": None if image.disks is None else str(image.disks),
+            "user": None if image.user is None else list(image.user), "home": image.home},
     }, [made.channel.fileno(), pidfd, made.guard.pipe, made.names.fileno()]
 
 
@@ -235,10 +236,13 @@ def _image_root(image: Any, index: int) -> ImageRoot | None:
     if image is None:
         return None
     try:
+        user = image.get("user")  # absent from a predecessor's older record: none
         return ImageRoot(str(image["key"]), tuple(Path(str(p)) for p in image["layers"]),
                          tuple(str(e) for e in image["env"]), str(image["workdir"]),
-                         None if image["disks"] is None else Path(str(image["disks"])))
-    except (KeyError, TypeError) as exc:
+                         None if image["disks"] is None else Path(str(image["disks"])),
+                         None if user is None else (int(user[0]), int(user[1])),
+                         str(image.get("home", "")))
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"slot {index}: a malformed image root ({exc})") from None
 
 

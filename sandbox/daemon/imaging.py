@@ -16,6 +16,7 @@ from .. import tiers
 from ..host.rootfs import ImageRoot
 from ..images import Image, ImageError, Store
 from ..images.unpack import unpack_blob
+from ..images.user import UserError
 from ..runtime import image_of
 from . import workspace
 from .events import log
@@ -37,6 +38,8 @@ def image_root(store: Store | None, isolation: str, name: str, policy: str | Non
                            reason=Reason.BAD_REQUEST)
     try:
         image, root = image_of(store, name)
+    except UserError as exc:
+        raise SessionError(f"image {name[:64]!r}: {exc}", reason=Reason.IMAGE_REFUSED) from None
     except ImageError as exc:
         raise SessionError(str(exc), reason=Reason.NO_SUCH_IMAGE) from None
     except OSError as exc:  # the store unreadable: said, never a traceback

@@ -142,7 +142,8 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
                 handed.callback(theirs.close)
                 launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
                                 {}, writable=places, agent=True, root=root, disk=disk,
-                                root_dirs=dirs if disk is not None else {})
+                                root_dirs=dirs if disk is not None else {},
+                                image_user=None if image is None else image.user)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # Whatever a tier's parent-death signal follows (the thread that forked it, for

@@ -16,9 +16,10 @@ import os
 import stat
 
 
-def walk(top: int, path: str, directory: bool, mode: int, owner: int | None = None) -> int:
+def walk(top: int, path: str, directory: bool, mode: int,
+         owner: tuple[int, int] | None = None) -> int:
     """A descriptor of `path` under the directory `top`: a directory (or, not `directory`, an
-    empty regular file), made so with `mode` (and `owner` as its uid and gid, if given) if it
+    empty regular file), made so with `mode` (and `owner`, uid and gid, if given) if it
     is missing or anything else. Parents made are 0755. Raises OSError."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
@@ -34,7 +35,8 @@ def walk(top: int, path: str, directory: bool, mode: int, owner: int | None = No
         raise
 
 
-def _step(parent: int, name: str, want_dir: bool, mode: int, owner: int | None) -> int:
+def _step(parent: int, name: str, want_dir: bool, mode: int,
+          owner: tuple[int, int] | None) -> int:
     """`name` in `parent` as a directory or an empty file; closes `parent`."""
     try:
         try:
@@ -56,7 +58,7 @@ def _step(parent: int, name: str, want_dir: bool, mode: int, owner: int | None) 
                 os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                  | os.O_CLOEXEC, 0o600, dir_fd=parent))
             if owner is not None:
-                os.chown(name, owner, owner, dir_fd=parent, follow_symlinks=False)
+                os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
             os.chmod(name, mode, dir_fd=parent)  # just made: ours, not a link
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if want_dir else 0)
         return os.open(name, flags, dir_fd=parent)

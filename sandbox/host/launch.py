@@ -65,6 +65,9 @@ class Launch:
     # The sandbox's own root from an image (`sandbox.host.rootfs`), in place of the host's
     # system directories: the sandbox is root of its user namespace there (its uid outside).
     root: Path | None = None
+    # Over an image whose `User` names one: the ids the sandbox has inside (`ImageRoot.user`),
+    # its one host uid's names there, its commands' as well as its root's owner.
+    image_user: tuple[int, int] | None = None
     # Or, for a tier with a kernel of its own (`Tier.image_owner == "guest"`), the image as one
     # read-only disk (`sandbox.images.disk`) and the directories to make in the root its guest
     # makes of it, by mode.

@@ -62,6 +62,10 @@ class ImageRoot:
     env: tuple[str, ...] = ()  # "NAME=value", the image's
     workdir: str = ""
     disks: Path | None = None  # where its disk is kept, for a tier that takes one (the store's)
+    # The ids its `User` names (`sandbox.images.user`), the sandbox's names for itself inside;
+    # None: root of its own user namespace. `home`: that user's, for HOME where Env has none.
+    user: tuple[int, int] | None = None
+    home: str = ""
 
 
 class _Attr(ctypes.Structure):
@@ -75,16 +79,17 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-_namespaces: dict[int, int] = {}
+_namespaces: dict[tuple[int, int], int] = {}
 _namespaces_lock = threading.Lock()
 
 
-def _user_namespace(uid: int) -> int:
-    """A descriptor of a user namespace mapping id 0 to `uid` (and its gid the same): what an
-    idmapped mount needs. Kept for the daemon's life, one per uid (a few hundred at most)."""
+def _user_namespace(owner: tuple[int, int]) -> int:
+    """A descriptor of a user namespace mapping uid and gid 0 to `owner`'s: what an idmapped
+    mount needs. Kept for the daemon's life, one per owner (a few hundred at most)."""
+    uid, gid = owner
     with _namespaces_lock:
-        if uid in _namespaces:
-            return _namespaces[uid]
+        if owner in _namespaces:
+            return _namespaces[owner]
         # A child that makes the namespace and waits on its stdin; root writes its maps.
         child = subprocess.Popen(["unshare", "--user", "--", "cat"], stdin=subprocess.PIPE,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -100,14 +105,14 @@ def _user_namespace(uid: int) -> int:
             proc = f"/proc/{child.pid}"
             Path(f"{proc}/uid_map").write_text(f"0 {uid} 1\n")
             Path(f"{proc}/setgroups").write_text("deny\n")
-            Path(f"{proc}/gid_map").write_text(f"0 {uid} 1\n")
+            Path(f"{proc}/gid_map").write_text(f"0 {gid} 1\n")
             fd = os.open(f"{proc}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise RootError(f"cannot map the image for uid {uid}: {exc.strerror}") from None
+            raise RootError(f"cannot map the image for {uid}:{gid}: {exc.strerror}") from None
         finally:
             child.kill()
             child.wait()
-        _namespaces[uid] = fd
+        _namespaces[owner] = fd
         return fd
 
 
@@ -126,16 +131,16 @@ def _idmapped(source: Path, target: Path, userns: int) -> None:
         os.close(tree)
 
 
-def mount(point: Path, uid: int, layers: Sequence[Path]) -> Path:
-    """The root for a sandbox whose scratch tmpfs is mounted at `point`, its files `uid`'s
-    (its layers idmapped to it; 0: the layers as they are, for a tier whose host side writes as
-    root): the merged directory to give the tier as /. Raises RootError (what was mounted goes
-    with the tmpfs)."""
+def mount(point: Path, owner: tuple[int, int], layers: Sequence[Path]) -> Path:
+    """The root for a sandbox whose scratch tmpfs is mounted at `point`, its files `owner`'s
+    (uid and gid: its layers idmapped to them; (0, 0): the layers as they are, for a tier whose
+    host side writes as root): the merged directory to give the tier as /. Raises RootError
+    (what was mounted goes with the tmpfs)."""
     if not layers:
         raise RootError("an image with no layer")
     lowers = [str(layer) for layer in layers]
-    if uid != 0:
-        userns = _user_namespace(uid)
+    if owner != (0, 0):
+        userns = _user_namespace(owner)
         lowers = []
         for depth, layer in enumerate(layers):
             target = point / "lower" / str(depth)
@@ -144,7 +149,7 @@ def mount(point: Path, uid: int, layers: Sequence[Path]) -> Path:
             lowers.append(str(target))
     for name in ("upper", "work", "root"):
         (point / name).mkdir(mode=0o755)
-        os.chown(point / name, uid, uid)
+        os.chown(point / name, *owner)
     root = point / "root"
     # A colon or comma in a path would end the option: ours are digits and fixed names, and
     # the store's (`sandbox.images`) are digests under a directory the operator chose.
@@ -157,17 +162,18 @@ def mount(point: Path, uid: int, layers: Sequence[Path]) -> Path:
     return root
 
 
-def lay_over(root: Path, uid: int, dirs: Mapping[str, int], files: Iterable[str]) -> None:
+def lay_over(root: Path, owner: tuple[int, int], dirs: Mapping[str, int], files: Iterable[str]
+             ) -> None:
     """Make each of `dirs` a directory (of that mode, if made) and each of `files` a regular
-    file in `root` (the sandbox's overlay, as host root), `uid`'s if made, replacing whatever
+    file in `root` (the sandbox's overlay, as host root), `owner`'s if made, replacing whatever
     link or other thing the image has there, never following one (`guest.layover`). Raises
     RootError."""
     top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for path, mode in dirs.items():
-            os.close(layover.walk(top, path, True, mode, uid))
+            os.close(layover.walk(top, path, True, mode, owner))
         for path in files:
-            os.close(layover.walk(top, path, False, 0o644, uid))
+            os.close(layover.walk(top, path, False, 0o644, owner))
     except OSError as exc:
         raise RootError(f"cannot prepare the image's root: {exc.strerror}") from None
     finally:

@@ -96,8 +96,11 @@ def args(launch: Launch, files: Mapping[str, int], seccomp_fd: int | None) -> li
         out.append("--die-with-parent")
     out += ["--cap-drop", "ALL"] + (
         ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if launch.agent else [])
-    if launch.root is not None:  # the image's, the sandbox's own to change (uid 0 inside)
-        out += ["--bind", str(launch.root), "/", "--uid", "0", "--gid", "0"]
+    if launch.root is not None:
+        # The image's, the sandbox's own to change: its files are the sandbox's one uid's,
+        # which is root inside, or the ids the image's User names (all of the root theirs).
+        uid, gid = launch.image_user or (0, 0)
+        out += ["--bind", str(launch.root), "/", "--uid", str(uid), "--gid", str(gid)]
     else:
         for path in SYSTEM_DIRS:
             out += ["--ro-bind", path, path]

@@ -200,9 +200,11 @@ def _config(launch: Launch, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     # sandboxd's agent and its commands have uids of their own (`_capabilities`): the agent
     # gVisor's 0 and its commands the sandbox's uid; over an image, whose files are root's,
-    # the other way round (the commands root there, with no capability, as on bubblewrap).
+    # the other way round (the commands root there, with no capability, as on bubblewrap),
+    # or the ids the image's User names, whose the root is then (`runtime.image_root`).
     ours, theirs = (0, 0), (launch.uid, launch.gid)
-    agent, command = (theirs, ours) if launch.root is not None else (ours, theirs)
+    agent, command = ((theirs, launch.image_user or ours) if launch.root is not None
+                      else (ours, theirs))
     if not launch.agent:  # a one-shot run: its process is the workload, with no capability
         agent = command
     return {

@@ -47,6 +47,22 @@ def make_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hostile = _hostile(tmp_path_factory.mktemp("hostile-image"))
     done = sealgate("image", "import", str(hostile), "--name", "hostile", "--store", str(where))
     assert done.returncode == 0, done.stderr
+    for name, user in (("tester", "tester"), ("ghost", "ghost")):
+        layout = _with_user(tmp_path_factory.mktemp(f"{name}-image"), user)
+        done = sealgate("image", "import", str(layout), "--name", name, "--store", str(where))
+        assert done.returncode == 0, done.stderr
+    return where
+
+
+def _with_user(where: Path, user: str) -> Path:
+    """busybox with a passwd naming `tester` (1234, group 1235 `testers`) and the User given."""
+    members = [ocikit.file("bin/busybox", images.busybox_program(), 0o755),
+               *(ocikit.symlink(f"bin/{name}", "busybox") for name in (*_APPLETS, "sleep")),
+               ocikit.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"
+                                         b"tester:x:1234:1235::/home/tester:/bin/sh\n"),
+               ocikit.file("etc/group", b"root:x:0:\ntesters:x:1235:\n"),
+               ocikit.directory("home"), ocikit.directory("home/tester", uid=1234, gid=1235)]
+    ocikit.write(where, [ocikit.layer(members)], env=["PATH=/bin"], user=user)
     return where
 
 
@@ -186,7 +202,8 @@ def test_a_hostile_image_gains_nothing(imaged: Daemon) -> None:
         bundle = sb.run(["cat", "/etc/ssl/certs/ca-certificates.crt"])
         assert bundle.ok and b"BEGIN CERTIFICATE" in bundle.stdout, bundle
         assert sb.run(["readlink", "/tmp"]).stdout == b""  # a directory of its own now
-        assert sb.run(["stat", "-c", "%a %u", "/bin/suid-sh"]).stdout == b"755 0\n"
+        # Its User (1000) owns its whole root, the setuid bit dropped.
+        assert sb.run(["stat", "-c", "%a %u", "/bin/suid-sh"]).stdout == b"755 1000\n"
 
 
 _FETCH = """
@@ -222,6 +239,49 @@ def test_the_network_boundary_is_the_same_under_an_image(imaged: Daemon,
         direct = sb.run(["python3", "-c", _DIRECT, "192.0.2.10", str(origin_https.port)])
         assert direct.stdout.startswith(b"HTTP/1.1 ") and b"(sealgate: " in direct.stdout, direct
     assert [r.path for r in origin_https.requests] == ["/from-image"]
+
+
+@pytest.mark.parametrize("isolation", ["bubblewrap", "gvisor"])
+def test_the_images_user_is_the_sandboxs_name_for_itself(request: pytest.FixtureRequest,
+                                                         isolation: str) -> None:
+    """The image's User (a name in its passwd) is who its commands are, with its group and
+    home, and the whole root is theirs (one unprivileged identity, whatever the image's
+    owners were); on the host the sandbox is still its slot's uid alone. A User the image
+    cannot name refuses the create, saying why."""
+    daemon = request.getfixturevalue("imaged" if isolation == "bubblewrap" else "gvisor_imaged")
+    with _create(daemon, "tester") as sb:
+        ids = sb.run(["sh", "-c", "id -u; id -g; id -un; echo $HOME"])
+        assert ids.stdout == b"1234\n1235\ntester\n/home/tester\n", ids
+        owned = sb.run(["sh", "-c", "echo mine > /bin/mine && echo ok > /home/tester/f && "
+                                    "stat -c '%u %g' /bin/busybox /bin/mine /workspace"])
+        assert owned.stdout == b"1234 1235\n" * 3, owned
+        if isolation == "bubblewrap":  # its processes are the host's: their uid there
+            sleeping = sb.start(["sleep", "4321"])
+            try:
+                uids = _host_uids(b"sleep\x004321\x00")
+                assert uids and not uids & {0, 1234}, uids
+            finally:
+                sleeping.kill()
+    with pytest.raises(DaemonError) as refused:
+        _create(daemon, "ghost")
+    assert refused.value.reason is Reason.IMAGE_REFUSED, refused.value
+    assert "'ghost': no such user in its /etc/passwd" in str(refused.value)
+
+
+def _host_uids(cmdline: bytes) -> set[int]:
+    """The real uids of the host's processes with that command line (waited for: 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = set()
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if proc.name.isdigit() and (proc / "cmdline").read_bytes() == cmdline:
+                    status = (proc / "status").read_text()
+                    found.add(int(status.split("\nUid:")[1].split()[0]))
+        if found:
+            return found
+        time.sleep(0.05)
+    return set()
 
 
 def test_an_unknown_image_is_refused(imaged: Daemon) -> None:
