@@ -56,6 +56,9 @@ def register(sub: Subcommands) -> None:
                    help="the proxy's explicit listener on the gateway (default 3128)")
     r.add_argument("--transparent-port", type=int, default=None,
                    help="the proxy's transparent listener on the gateway: other TCP goes there")
+    r.add_argument("--mcp-port", type=int, default=None,
+                   help="`sealgate mcp serve` on the gateway at this port: let through, and "
+                        "told to the command as SEALGATE_MCP_URL")
     r.add_argument("--workspace", type=Path, help="a directory mounted read-write at /workspace")
     r.add_argument("--uid", type=int, default=65534, help="user id to run as (default nobody)")
     r.add_argument("--isolation", choices=tiers.NAMES, default=tiers.DEFAULT,
@@ -188,7 +191,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     spec = Run(
         sandbox=args.sandbox, command=command, state=args.state, proxy_port=args.proxy_port,
-        transparent_port=args.transparent_port, plan=plan, workspace=args.workspace,
+        transparent_port=args.transparent_port, mcp_port=args.mcp_port, plan=plan,
+        workspace=args.workspace,
         uid=args.uid, gid=args.uid, env=env, limits=limits, timeout=args.timeout,
         isolation=args.isolation, image=image, disk=disk,
     )

@@ -64,6 +64,7 @@ class Run:
     state: Path  # the proxy's state directory: its control socket and CA
     proxy_port: int
     transparent_port: int | None = None
+    mcp_port: int | None = None  # the gateway's MCP endpoint (`--mcp-port`)
     plan: Plan = field(default_factory=Plan)
     workspace: Path | None = None
     uid: int = NOBODY
@@ -86,7 +87,8 @@ def run(spec: Run) -> int:
         try:
             with contextlib.ExitStack() as undo:
                 link, names = take_link(spec.plan, spec.state, spec.proxy_port,
-                                        spec.transparent_port, names_kind=FakeDns, undo=undo)
+                                        spec.transparent_port, names_kind=FakeDns, undo=undo,
+                                        mcp_port=spec.mcp_port)
                 stop.check()
                 register(spec.sandbox, spec.state, link, undo)
                 stop.check()
@@ -110,7 +112,8 @@ def run(spec: Run) -> int:
                     launch = Launch(link, spec.command, spec.proxy_port,
                                     staged(link, bundle, ca, spec.image is not None), program,
                                     spec.workspace, spec.uid, spec.gid, spec.env,
-                                    limits=spec.limits, timeout=spec.timeout)
+                                    limits=spec.limits, timeout=spec.timeout,
+                                    mcp_port=spec.mcp_port)
                     if spec.image is not None:
                         launch = _from_image(launch, spec.image, spec, tier)
                     started = tier.start(launch, group.dirs, undo)

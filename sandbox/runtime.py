@@ -71,11 +71,12 @@ def prerequisites(state: Path) -> tuple[bytes, Path]:
 
 def take_link(
     plan: Plan, state: Path, proxy_port: int, transparent_port: int | None, *,
-    names_kind: type[_N], undo: contextlib.ExitStack,
+    names_kind: type[_N], undo: contextlib.ExitStack, mcp_port: int | None = None,
 ) -> tuple[Link, _N]:
     """A link, its name server and its firewall table, taken under the links' lock (after
     cleaning up whatever runs that died left) and leased to this process; `undo` removes
-    them."""
+    them. `mcp_port`: the gateway's MCP endpoint (`sealgate mcp serve`), let through as the
+    proxy's ports are."""
     if not firewall.exists(firewall.shared_table(plan)):
         raise SandboxError("the sandbox gateway is not set up: run 'sealgate sandbox setup'")
     with network.lock():
@@ -94,7 +95,8 @@ def take_link(
         except OSError as exc:
             raise SandboxError(f"cannot start the sandbox's name server: {exc}") from None
         undo.callback(names.close)
-        rules = firewall.sandbox_rules(link, [proxy_port], transparent_port, names.port)
+        ports = [proxy_port] if mcp_port is None else [proxy_port, mcp_port]
+        rules = firewall.sandbox_rules(link, ports, transparent_port, names.port)
         firewall.load(rules, replace=table)
     return link, names
 

@@ -40,15 +40,20 @@ TRUST_VARIABLES = (
 )
 
 
-def variables(proxy_url: str, bundle: str) -> dict[str, str]:
-    """The environment for a client: the proxy at `proxy_url`, `bundle` trusted."""
+def variables(proxy_url: str, bundle: str, mcp_url: str | None = None) -> dict[str, str]:
+    """The environment for a client: the proxy at `proxy_url`, `bundle` trusted, and the MCP
+    endpoint of its tools (`sealgate mcp serve`) at `mcp_url`, reached directly, not through
+    the proxy (it is no origin on the internet, and it knows the caller by its address)."""
     env = dict.fromkeys(PROXY_VARIABLES, proxy_url)
     parts = urlsplit(proxy_url)
     host = parts.hostname or ""
-    env["NO_PROXY"] = env["no_proxy"] = ",".join(dict.fromkeys([*NO_PROXY.split(","), host]))
+    direct = [*NO_PROXY.split(","), host, *([urlsplit(mcp_url).hostname or ""] if mcp_url else [])]
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(dict.fromkeys(h for h in direct if h))
     env["SEALGATE_BASE_URL"] = f"http://{format_hostport(host, parts.port or 80)}/_/"
     env["NODE_USE_ENV_PROXY"] = "1"  # Node 24+: fetch and http honour the proxy variables
     env.update(dict.fromkeys(TRUST_VARIABLES, bundle))
+    if mcp_url:
+        env["SEALGATE_MCP_URL"] = mcp_url
     return env
 
 

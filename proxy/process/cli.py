@@ -126,6 +126,9 @@ def register(sub: Subcommands) -> None:
                                                  "argument); printed inside the proxy URL")
     e.add_argument("--bundle", type=Path, help="where to write the bundle of system roots plus "
                                                "the proxy's CA (default <state>/ca/bundle.pem)")
+    env_option(e, "--mcp", env="SEALGATE_MCP_LISTEN", metavar="HOST:PORT",
+               help="where clients reach `sealgate mcp serve`: printed as SEALGATE_MCP_URL "
+                    "(http://HOST:PORT/mcp), reached directly (in NO_PROXY)")
     e.add_argument("--format", choices=("sh", "dotenv", "json"), default="sh")
     e.set_defaults(func=_run_env)
 
@@ -273,6 +276,13 @@ def _run_env(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sealgate: --proxy: {exc}", file=sys.stderr)
         return 2
+    mcp = None
+    if args.mcp:
+        try:
+            mcp = f"http://{format_hostport(*parse_hostport(args.mcp))}/mcp"
+        except ValueError as exc:
+            print(f"sealgate: --mcp: {exc}", file=sys.stderr)
+            return 2
     credentials = ""
     if args.key_file is not None:
         if not args.sandbox:
@@ -299,7 +309,7 @@ def _run_env(args: argparse.Namespace) -> int:
         print(f"sealgate: note: only {closed[0]}'s owner can reach the bundle {bundle}; a "
               "client running as another user needs --bundle in a place it can read",
               file=sys.stderr)
-    sys.stdout.write(clientenv.render(clientenv.variables(url, str(bundle)), args.format))
+    sys.stdout.write(clientenv.render(clientenv.variables(url, str(bundle), mcp), args.format))
     return 0
 
 

@@ -59,6 +59,7 @@ def want(settings: Settings) -> dict[str, Any]:
     slots = settings.config.slots
     return {"socket": os.path.abspath(settings.socket), "state": str(slots.state),
             "proxy_port": slots.proxy_port, "transparent_port": slots.transparent_port,
+            "mcp_port": slots.mcp_port,
             "range": str(slots.plan.range), "gateway": str(slots.plan.gateway),
             "uid_base": slots.uid_base, "isolation": slots.isolation,
             "images": str(settings.config.images),

@@ -31,6 +31,10 @@ def register(sub: Subcommands) -> None:
                    help="the proxy's explicit listener on the gateway (default 3128)")
     p.add_argument("--transparent-port", type=int, default=None,
                    help="the proxy's transparent listener on the gateway: other TCP goes there")
+    p.add_argument("--mcp-port", type=int, default=None,
+                   help="`sealgate mcp serve` on the gateway at this port (given the proxy's "
+                        "--state, it knows a sandbox by its address): let through, and told to "
+                        "every command as SEALGATE_MCP_URL")
     p.add_argument("--range", type=IPv4Network, default=DEFAULT_RANGE,
                    help=f"addresses for sandbox links (default {DEFAULT_RANGE})")
     p.add_argument("--gateway", type=IPv4Address, default=DEFAULT_GATEWAY,

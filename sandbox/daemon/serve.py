@@ -55,7 +55,7 @@ class Settings:
             slots = slot.SlotConfig(state=args.state.resolve(), proxy_port=args.proxy_port,
                                 transparent_port=args.transparent_port, plan=plan,
                                 uid_base=args.uid_base, disk=parse_size(args.disk),
-                                isolation=args.isolation)
+                                isolation=args.isolation, mcp_port=args.mcp_port)
         except SandboxError as exc:
             raise ValueError(str(exc)) from None
         if problem := tiers.available(args.isolation):

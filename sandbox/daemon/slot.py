@@ -64,6 +64,7 @@ class SlotConfig:
     uid_base: int = 3_000_000
     disk: int = 1 << 30  # bytes of the scratch tmpfs
     isolation: str = tiers.DEFAULT  # every slot's tier (`sandbox.tiers`)
+    mcp_port: int | None = None  # the gateway's MCP endpoint, if one serves the sandboxes
 
     def __post_init__(self) -> None:
         if self.uid_base < 1000 or self.uid_base + len(self.plan.links) >= 1 << 31:
@@ -109,7 +110,8 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
     program, proxy_ca = prerequisites(config.state)
     with contextlib.ExitStack() as undo:
         link, names = take_link(config.plan, config.state, config.proxy_port,
-                                config.transparent_port, names_kind=LoopDns, undo=undo)
+                                config.transparent_port, names_kind=LoopDns, undo=undo,
+                                mcp_port=config.mcp_port)
         uid = config.uid_base + link.index
         undo.callback(tier.clean_up, link.index)  # after the cgroups' removal kills the slot
         group = Group.create(f"run-{link.index}-{os.getpid()}", tier.host_limits(Limits()))
@@ -143,7 +145,8 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
                 launch = Launch(link, command, config.proxy_port, files, program, None, uid, uid,
                                 {}, writable=places, agent=True, root=root, disk=disk,
                                 root_dirs=dirs if disk is not None else {},
-                                image_user=None if image is None else image.user)
+                                image_user=None if image is None else image.user,
+                                mcp_port=config.mcp_port)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # Whatever a tier's parent-death signal follows (the thread that forked it, for

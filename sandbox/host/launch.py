@@ -77,6 +77,8 @@ class Launch:
     # The command's time limit in seconds, for a tier that keeps it itself from the command's
     # start (`Tier.own_clock`); None: none, or the runtime's own bound alone keeps it.
     timeout: float | None = None
+    # The gateway's MCP endpoint (`sealgate mcp serve` there), told as SEALGATE_MCP_URL.
+    mcp_port: int | None = None
 
 
 def working_dir(launch: Launch) -> str:
@@ -123,7 +125,9 @@ def environment(launch: Launch) -> dict[str, str]:
         "PIP_BREAK_SYSTEM_PACKAGES": "1",
         "NPM_CONFIG_PREFIX": f"{HOME}/.local",
     }
-    env.update(clientenv.variables(proxy, BUNDLE))
+    mcp = (None if launch.mcp_port is None else
+           f"http://{format_hostport(str(launch.link.gateway), launch.mcp_port)}/mcp")
+    env.update(clientenv.variables(proxy, BUNDLE, mcp))
     env.update(launch.env)
     return env
 

@@ -226,6 +226,16 @@ def test_env_is_all_a_client_needs(
     assert set(clientenv.TRUST_VARIABLES) <= set(as_json)
     assert {as_json[v] for v in clientenv.TRUST_VARIABLES} == {str(tmp_path / "bundle.pem")}
     assert (tmp_path / "bundle.pem").read_text().endswith(proxy.ca.read_text())
+    assert "SEALGATE_MCP_URL" not in as_json
+    # The MCP endpoint, when named: its URL, and reached directly.
+    with_mcp = json.loads(subprocess.run([*base, "--format", "json", "--mcp", "10.9.8.7:9000"],
+                                         cwd=ROOT, check=True, capture_output=True, text=True,
+                                         timeout=30).stdout)
+    assert with_mcp["SEALGATE_MCP_URL"] == "http://10.9.8.7:9000/mcp"
+    assert with_mcp["NO_PROXY"].split(",") == ["localhost", "127.0.0.1", "10.9.8.7"]
+    bad = subprocess.run([*base, "--mcp", "no-port"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("sealgate: --mcp:"), bad.stderr
     script = tmp_path / "env.sh"
     script.write_text(subprocess.run(base, cwd=ROOT, check=True, capture_output=True,
                                      text=True, timeout=30).stdout)
