@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,13 +103,27 @@ policies:
           - secret: file:gh_app
             as: {{type: github-app, installation_id: "{INSTALLATION}",
                   api: "https://{GITHUB}:{port}", repositories: [widgets]}}
+            name: github
       - host: {API}
         ports: [{port}]
         paths: ["/v1/**"]
         inject:
           - secret: file:oauth
             as: {{type: oauth2, token_url: "https://{AUTH}:{port}/token"}}
+            name: api
     allow_networks: [127.0.0.1/32]
+    # The same credentials as tools (#29): the MCP server exchanges and injects them.
+    tools:
+      - name: widgets
+        description: The widgets repository.
+        method: GET
+        url: https://{GITHUB}:{port}/repos/acme/widgets
+        credential: github
+      - name: me
+        description: Who the API says we are.
+        method: GET
+        url: https://{API}:{port}/v1/me
+        credential: api
 sandboxes:
   box-1: {{policy: box, key_sha256: "{key_digest('never-used-credentials-key')}"}}
 """
@@ -227,3 +242,91 @@ print(json.dumps({{"status": r.status_code, "body": r.json(), "env": env}}))
     sent = answer["body"]["you_sent"]  # type: ignore[index]
     assert sent.startswith("Bearer ") and "at-" not in sent
     assert [g["grant_type"] for g in route.oauth.grants] == ["refresh_token"]
+
+
+@pytest.fixture(scope="module")
+def mcp_port(world: tuple[Proxy, ByHost, FakeAPI], dns: StubDNS, test_ca: OriginCA
+             ) -> Iterator[int]:
+    """`sealgate mcp serve` on the gateway with the proxy's rules, state and secret store."""
+    from tests.harness import end, free_port
+    from tests.mcpkit import MCP_PYTHON
+
+    if not MCP_PYTHON.exists():
+        pytest.skip("no var/mcp-venv: run `make deps`")
+    p, _, _ = world
+    port = free_port()
+    log = p.workdir / "mcp.stderr"
+    with log.open("wb") as err:
+        server = subprocess.Popen(
+            [*SEALGATE, "mcp", "serve", "--listen", f"{GATEWAY}:{port}", "--rules",
+             str(p.workdir / "rules.yaml"), "--state", str(p.state), "--resolver",
+             f"{dns.address[0]}:{dns.address[1]}", "--upstream-ca", str(test_ca.path),
+             "--secret-store", f"file:{p.workdir / 'secrets.yaml'}", "--audit-log",
+             str(p.workdir / "mcp-audit.log")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while "sealgate mcp ready" not in log.read_text(errors="replace"):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield port
+    finally:
+        end(server)
+        logged = log.read_text(errors="replace") + (p.workdir / "mcp-audit.log").read_text()
+        assert not [c for c in CANARIES if c in logged]
+
+
+@pytest.fixture(scope="module")
+def mcp_workspace() -> Iterator[Path]:
+    """The official MCP SDK with everything installed beside it, from the MCP virtualenv (the
+    same minor version as the host's python3, which the sandbox runs; its imports are partly
+    lazy, so the whole of it), and tests/mcpclient.py."""
+    from tests.mcpkit import CLIENT, MCP_PYTHON
+
+    site = next(MCP_PYTHON.parent.parent.glob("lib/python3*/site-packages"))
+    root = Path(tempfile.mkdtemp(prefix="sealgate-mcp-ws-"))
+    try:
+        root.chmod(0o755)
+        # Not this checkout (the editable install) and not the installer's own.
+        shutil.copytree(site, root / "lib", ignore=shutil.ignore_patterns(
+            "__pycache__", "__editable__*", "*.pth", "_distutils_hack", "pip", "setuptools"))
+        shutil.copy2(CLIENT, root / "mcpclient.py")
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_agent_with_the_mcp_sdk_calls_tools_holding_nothing(
+    world: tuple[Proxy, ByHost, FakeAPI], mcp_port: int, mcp_workspace: Path
+) -> None:
+    """The official MCP client in a sandbox, told nothing but SEALGATE_MCP_URL (by the
+    runtime), calls two tools whose credentials are exchanged by the MCP server (a GitHub
+    App's installation token; an OAuth2 access token from a refresh token): the API got them,
+    the sandbox never did, and the API's echo of one comes back masked."""
+    p, route, _ = world
+    (mcp_workspace / "main.py").write_text(
+        "import json, os, sys\nimport anyio\nimport mcpclient\n"
+        "plan = {'url': os.environ['SEALGATE_MCP_URL'], 'steps': [{'list': True}, "
+        "{'call': 'widgets'}, {'call': 'me'}]}\n"
+        "print(json.dumps({'answer': anyio.run(mcpclient.run, plan), 'env': dict(os.environ)}))\n")
+    done = subprocess.run(
+        [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
+         "--proxy-port", str(p.port), "--mcp-port", str(mcp_port), "--workspace",
+         str(mcp_workspace), "--", "env", "PYTHONPATH=/workspace/lib:/workspace", "python3",
+         "/workspace/main.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for canary in CANARIES:
+        assert canary not in done.stdout + done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    listed, widgets, me = out["answer"]["steps"]
+    assert sorted(t["name"] for t in listed["tools"]) == ["me", "widgets"], listed
+    assert widgets["result"]["is_error"] is False, widgets
+    assert '"full_name": "acme/widgets"' in widgets["result"]["text"].replace('":"', '": "')
+    assert route.github.asked[-1]["repositories"] == ["widgets"]
+    assert me["result"]["is_error"] is False, me
+    sent = json.loads(me["result"]["text"])["you_sent"]
+    assert sent.startswith("Bearer ") and "at-" not in sent, sent  # masked on its way back
+    env = out["env"]
+    assert env["SEALGATE_MCP_URL"] == f"http://{GATEWAY}:{mcp_port}/mcp"
+    assert not [v for v in env.values() if "ghs_" in v or "at-" in v]
