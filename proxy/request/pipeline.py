@@ -31,7 +31,7 @@ from ..errors import Denial
 from ..net import guard as guardmod
 from ..policy.decide import Question
 from ..policy.model import PathError, normalize_path
-from . import baseurl, budget, responses
+from . import baseurl, budget, responses, target
 from .auditlines import connection_line, request_line, target_text
 from .flowstate import (
     META,
@@ -209,7 +209,7 @@ class Sealgate(Steps):
             identity = self._identify(facts.proxy_auth, conn, flow.client_conn)
             self._admit(conn, record, identity)
             # guard: the names agree and are well-formed
-            host, port = guardmod.request_target(request, conn.target, transparent)
+            host, port = target.request_target(request, conn.target, transparent)
             record.host, record.port = host.name, port
             record.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
@@ -238,7 +238,7 @@ class Sealgate(Steps):
                 raise denial_of(secured)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
-            guardmod.strip_upstream_headers(request.headers)
+            target.strip_upstream_headers(request.headers)
             # inject
             injected = await self._inject(flow, facts, bound, decision.rule, identity=identity,
                                           policy=policy)
@@ -267,7 +267,7 @@ class Sealgate(Steps):
             if (trailers := flow.request.trailers) is not None:
                 if unsafe_fields(trailers.fields):
                     raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in a trailer")
-                guardmod.strip_upstream_headers(trailers)
+                target.strip_upstream_headers(trailers)
             for cred in signed or ():
                 # Recorded (and the scrubber armed) in requestheaders.
                 put(flow.request, cred)

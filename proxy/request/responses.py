@@ -21,8 +21,7 @@ from sealgate.reasons import Reason
 from ..credentials.decode import Undecodable, decode_whole, decoder
 from ..credentials.scrub import Scrubber
 from ..engine import mitm
-from ..net import guard
-from . import baseurl
+from . import baseurl, target
 from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
 
 logger = logging.getLogger("sealgate")
@@ -47,7 +46,7 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         # one is answered as it is, never retried (it may not be idempotent).
         for forget in flow.metadata.get(REJECTED, ()):
             forget()
-    guard.strip_downstream_headers(response.headers)
+    target.strip_downstream_headers(response.headers)
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     if not scrubber:
         _point_back(response, record.base_url)

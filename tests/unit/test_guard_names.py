@@ -1,4 +1,4 @@
-"""`guard.request_target` on HTTP/2 requests built directly: the `host` header beside
+"""`target.request_target` on HTTP/2 requests built directly: the `host` header beside
 `:authority` is a name like any other. (Through the proxy, mitmproxy's HTTP/2 library already
 ends such a connection before any hook; tests/security/test_http2.py covers that path.)"""
 
@@ -9,7 +9,7 @@ from mitmproxy import http
 
 from sealgate.hostname import canonical_host
 from sealgate.proxy.errors import Denial
-from sealgate.proxy.net.guard import request_target
+from sealgate.proxy.request.target import request_target
 
 TUNNEL = (canonical_host("limited.test"), 8443)
 
