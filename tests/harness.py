@@ -246,22 +246,35 @@ class Origin:
 
 
 class RawListener:
-    """A bare TCP listener that counts connections and bytes: the proof that nothing arrived."""
+    """A bare TCP listener that counts connections and bytes: the proof that nothing arrived.
+    With `udp`, a UDP socket on the same port counts datagrams too."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", *, udp: bool = False) -> None:
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.sock.settimeout(0.2)
         self.port = int(self.sock.getsockname()[1])
+        self.udp: socket.socket | None = None
+        if udp:
+            self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.udp.bind((host, self.port))
+            self.udp.setblocking(False)
         self.connections = 0
         self.bytes_received = 0
+        self.datagrams = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            while self.udp is not None:
+                try:
+                    self.udp.recvfrom(65536)
+                except OSError:
+                    break
+                self.datagrams += 1
             try:
                 conn, _ = self.sock.accept()
             except OSError:
@@ -276,6 +289,8 @@ class RawListener:
         self._stop.set()
         self._thread.join(timeout=2)
         self.sock.close()
+        if self.udp is not None:
+            self.udp.close()
 
 
 # -- the proxy --------------------------------------------------------------------------------

@@ -10,58 +10,20 @@ which the namespace could reach directly without the table.
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import session_rules
-from tests.harness import SEALGATE, Origin, Proxy, ProxyFactory
+from tests.harness import SEALGATE, Origin, Proxy, ProxyFactory, RawListener
 from tests.netns import Netns, netns, run
 
 pytestmark = pytest.mark.root
 
 _UID = 1337
 _ELSEWHERE = "203.0.113.7"  # any address: the table sends every TCP connection to the forwarder
-
-
-class _Listener:
-    """TCP and UDP on the host side of the link at one port, counting what arrives."""
-
-    def __init__(self, host: str) -> None:
-        self.tcp = socket.create_server((host, 0))
-        self.port = self.tcp.getsockname()[1]
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind((host, self.port))
-        self.udp.settimeout(0.2)
-        self.tcp.settimeout(0.2)
-        self.connections = self.datagrams = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.tcp.accept()
-                conn.close()
-                self.connections += 1
-            except TimeoutError:
-                pass
-            try:
-                self.udp.recvfrom(2048)
-                self.datagrams += 1
-            except TimeoutError:
-                pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.tcp.close()
-        self.udp.close()
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +106,7 @@ def test_what_the_proxy_refuses_reaches_nothing(
                    f"https://other.test:{port}/x")
     assert not denied.stdout.endswith("200"), denied
     assert origin_https.untouched()
-    listener = _Listener(pod.host_ip)
+    listener = RawListener(pod.host_ip, udp=True)
     try:
         there = f"('{pod.host_ip}', {listener.port})"
         probe = ("import socket\n"
@@ -157,10 +119,10 @@ def test_what_the_proxy_refuses_reaches_nothing(
         ran = pod.exec("python3", "-c", probe)
         assert ran.returncode == 0, ran.stderr
         assert "udp 1" in ran.stdout, ran.stdout  # EPERM: the filter chain's drop
-        time.sleep(0.5)  # the listener's thread looks every 0.2 s
+        time.sleep(0.5)  # the listener's thread looks at least every 0.2 s
         assert (listener.connections, listener.datagrams) == (0, 0)
     finally:
-        listener.close()
+        listener.stop()
     # The forwarder's own port, dialed directly: no original destination, so no CONNECT.
     direct = pod.exec("python3", "-c", "import socket\ns = socket.create_connection("
                       "('127.0.0.1', 15001), timeout=5)\ns.sendall(b'GET / HTTP/1.1\\r\\n"
