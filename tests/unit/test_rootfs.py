@@ -42,7 +42,7 @@ def test_the_layers_are_the_sandboxs_and_stay_roots_on_disk(tmp_path: Path,
                                                           point: Path) -> None:
     lower = _layer(tmp_path / "lower", {"usr/bin/tool": b"v1\n", "etc/conf": b"base\n"})
     top = _layer(tmp_path / "top", {"etc/conf": b"top\n"})
-    root = rootfs.mount(point, UID, [top, lower])
+    root = rootfs.mount(point, (UID, UID), [top, lower])
     assert (root / "etc/conf").read_bytes() == b"top\n"  # the upper layer first
     assert (root / "usr/bin/tool").stat().st_uid == UID  # idmapped: its uid's
     assert (lower / "usr/bin/tool").stat().st_uid == 0  # on disk: root's still
@@ -61,7 +61,7 @@ def test_the_layers_are_the_sandboxs_and_stay_roots_on_disk(tmp_path: Path,
 def test_root_owned_layers_for_a_tier_whose_host_side_writes(tmp_path: Path,
                                                             point: Path) -> None:
     lower = _layer(tmp_path / "lower", {"etc/conf": b"base\n"})
-    root = rootfs.mount(point, 0, [lower])
+    root = rootfs.mount(point, (0, 0), [lower])
     assert (root / "etc/conf").stat().st_uid == 0
     assert not (point / "lower").exists()  # nothing idmapped
 
@@ -69,7 +69,7 @@ def test_root_owned_layers_for_a_tier_whose_host_side_writes(tmp_path: Path,
 def test_a_store_path_overlayfs_cannot_take(tmp_path: Path, point: Path) -> None:
     odd = _layer(tmp_path / "a,b", {"x": b""})
     with pytest.raises(rootfs.RootError, match="overlayfs"):
-        rootfs.mount(point, 0, [odd])
+        rootfs.mount(point, (0, 0), [odd])
 
 
 def test_lay_over_replaces_what_an_image_put_there_without_following(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_lay_over_replaces_what_an_image_put_there_without_following(tmp_path: P
     (root / "tmp").symlink_to("/etc")  # a mount point that is a link
     (root / "etc/hosts").mkdir()  # a directory where a file is to be
     (root / "etc/hosts/kept").write_text("the image's")
-    rootfs.lay_over(root, UID, {"/tmp": 0o1777, "/workspace": 0o755},
+    rootfs.lay_over(root, (UID, UID), {"/tmp": 0o1777, "/workspace": 0o755},
                     ["/etc/resolv.conf", "/etc/ssl/certs/ca-certificates.crt", "/etc/hosts"])
     assert list(outside.iterdir()) == []  # nothing made through a link
     for path, mode in (("tmp", 0o1777), ("workspace", 0o755), ("etc/ssl", 0o755)):
@@ -97,7 +97,7 @@ def test_lay_over_replaces_what_an_image_put_there_without_following(tmp_path: P
 def test_lay_over_refuses_a_path_with_dots(tmp_path: Path) -> None:
     (tmp_path / "root").mkdir()
     with pytest.raises(rootfs.RootError, match="not a path"):
-        rootfs.lay_over(tmp_path / "root", UID, {"/app/../../x": 0o755}, [])
+        rootfs.lay_over(tmp_path / "root", (UID, UID), {"/app/../../x": 0o755}, [])
 
 
 def test_the_host_pythons_interpreter_is_under_usr() -> None:
