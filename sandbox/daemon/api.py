@@ -27,7 +27,7 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from .. import tiers
-from . import admin, bodies, fsapi, terminals
+from . import admin, bodies, fsapi, terminals, transfer
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
 from .daemon import Daemon
@@ -355,13 +355,13 @@ async def _put(request: web.Request) -> web.Response:
         async for chunk in request.content.iter_chunked(1 << 16):
             yield chunk
 
-    written = await session.put(path, size, int(mode_text, 8) & 0o777, chunks())
+    written = await transfer.put(session, path, size, int(mode_text, 8) & 0o777, chunks())
     return web.json_response({"path": path, "size": written})
 
 
 async def _get(request: web.Request) -> web.StreamResponse:
     session = request.app[_DAEMON].get(request.match_info["id"])
-    size, data = await session.get(request.match_info["path"], MAX_FILE)
+    size, data = await transfer.get(session, request.match_info["path"], MAX_FILE)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = size
     sent = 0

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 from sealgate.reasons import Reason
 
 from ..guest.protocol import Op
+from . import replies
 from .pipes import open_pipe
-from .session import Session, SessionError, _stalled, _status
+from .session import Session, SessionError, stalled
 
 
 @contextlib.asynccontextmanager
@@ -40,7 +41,7 @@ async def dial(session: Session, ident: int, port: int) -> AsyncIterator[socket.
             except OSError:
                 os.close(status_w)
                 raise
-        session._send(Op.CONNECT, ident, fds, port=port)  # closes `fds`, sent or not
+        session.send(Op.CONNECT, ident, fds, port=port)  # closes `fds`, sent or not
     except OSError as exc:  # out of descriptors
         kept.close()
         raise SessionError(f"port {port}: {exc.strerror}",
@@ -52,10 +53,10 @@ async def dial(session: Session, ident: int, port: int) -> AsyncIterator[socket.
     try:
         async with open_pipe(status_r) as reader:
             try:
-                line = await _stalled(reader.readline(), "did not answer")
+                line = await stalled(reader.readline(), "did not answer")
             except ValueError:  # over the line limit: no status of ours
                 line = b""
-        answer = _status(line)
+        answer = replies.status(line)
         if answer.get("ok") is not True:
             raise SessionError(f"port {port}: {answer.get('error', 'no answer')}",
                                reason=Reason.PORT_UNREACHABLE)

@@ -1,4 +1,5 @@
-"""A live sandbox of the daemon, as the event loop sees it: exec, put and get through its agent.
+"""A live sandbox of the daemon, as the event loop sees it: its commands through its agent, and
+what every request to it shares (`begin`, `send`, `end`; put and get are `transfer.py`'s).
 
 Every request gets descriptors of its own (pipes the daemon made), handed to the agent with the
 request; the output of a command flows from those pipes straight to whoever asked, with the
@@ -17,13 +18,11 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import socket
 import time
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Iterator,
@@ -41,8 +40,9 @@ from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
 from ..host import scratch
 from ..host.cgroup import Limits
 from ..images import Image
+from . import replies
 from .background import MAX_PROCESSES, STDIN_QUEUED, Background, Processes
-from .pipes import Writer, feed, feed_from, open_pipe, pump, read_all
+from .pipes import feed, feed_from, pump, read_all
 from .slot import Slot
 
 _CHUNK = 1 << 16
@@ -212,7 +212,7 @@ class Session:
         self.active += 1
         return next(self._ids)
 
-    def _end(self) -> None:
+    def end(self) -> None:
         self.active -= 1
         self.last_active = time.monotonic()
 
@@ -225,9 +225,9 @@ class Session:
         try:
             yield ident
         finally:
-            self._end()
+            self.end()
 
-    def _send(self, op: Op, ident: int, fds: Sequence[int], **fields: Any) -> None:
+    def send(self, op: Op, ident: int, fds: Sequence[int], **fields: Any) -> None:
         """Hand a request and its descriptors to the agent (ours are closed either way). An agent
         that does not take it (gone, or stopped from inside with its channel full) ends the
         sandbox: the daemon deletes it."""
@@ -248,7 +248,7 @@ class Session:
     def control(self, op: Op, ident: int, **fields: Any) -> None:
         """A request about a running exec (kill, signal, resize): no descriptors, no answer."""
         with contextlib.suppress(SessionError):
-            self._send(op, ident, [], **fields)
+            self.send(op, ident, [], **fields)
 
     async def run(self, command: Command,
                   begun: tuple[int, asyncio.Queue[bytes | None]] | None = None
@@ -265,7 +265,7 @@ class Session:
         tasks: list[asyncio.Task[None]] = []
         status_task: asyncio.Task[bytes] | None = None
         try:
-            self._send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
+            self.send(Op.EXEC, ident, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]],
                        argv=list(command.argv), env=env, cwd=command.cwd or self._workdir,
                        timeout=command.timeout, pids=self.options.limits.pids, tty=command.tty)
             queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=16)
@@ -313,7 +313,7 @@ class Session:
             else:  # the backstop passed with output still open
                 with contextlib.suppress(TimeoutError):
                     raw = await asyncio.wait_for(asyncio.shield(status_task), _BACKSTOP)
-            status = _status(raw or b"")
+            status = replies.status(raw or b"")
             status["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
             # Without a status the shim is gone or stuck: whatever is left of it is killed.
             finished = status.get("ending") != Ending.LOST
@@ -329,113 +329,10 @@ class Session:
                         with contextlib.suppress(OSError):
                             os.close(fd)
             finally:
-                self._end()
-
-    async def put(self, path: str, size: int, mode: int, body: AsyncIterator[bytes]) -> int:
-        """Write `size` bytes from `body` to `path` of the workspace (replacing, never through a
-        link); the size written."""
-        check_path(path)
-        ident = self.begin()
-        try:
-            data_r, data_w = os.pipe()
-            status_r, status_w = os.pipe()
-            try:
-                self._send(Op.PUT, ident, [data_r, status_w], path=path, size=size, mode=mode)
-            except SessionError:
-                os.close(data_w)
-                os.close(status_r)
-                raise
-            status_task = asyncio.create_task(read_all(status_r, STATUS_MAX))
-            writer = Writer(data_w)
-            try:
-                async for chunk in body:
-                    if not await _stalled(writer.write(chunk), "stopped reading the file"):
-                        break
-            except BaseException:
-                status_task.cancel()  # the agent sees a short file and drops it
-                raise
-            finally:
-                writer.close()
-            answer = _status(await _stalled(status_task, "did not say how the write went"))
-            if "error" in answer:
-                raise SessionError(f"{path}: {answer['error']}", reason=_file_reason(answer))
-            return int(answer.get("size", 0))
-        finally:
-            self._end()
-
-    async def get(self, path: str, limit: int) -> tuple[int, Download]:
-        """The size of `path` of the workspace and its bytes, read as they are sent."""
-        check_path(path)
-        ident = self.begin()
-        try:
-            data_r, data_w = os.pipe()
-            status_r, status_w = os.pipe()
-            try:
-                self._send(Op.GET, ident, [data_w, status_w], path=path, limit=limit)
-            except SessionError:
-                os.close(data_r)
-                os.close(status_r)
-                raise
-            async with open_pipe(status_r) as reader:
-                try:
-                    line = await asyncio.wait_for(reader.readline(), 30.0)
-                except (TimeoutError, ValueError):
-                    line = b""
-            answer = _status(line)
-            if "error" in answer or "size" not in answer:
-                os.close(data_r)
-                raise SessionError(f"{path}: {answer.get('error', 'no answer')}",
-                                   reason=_file_reason(answer))
-        except BaseException:
-            self._end()
-            raise
-        size = int(answer["size"])
-        return size, Download(data_r, size, self._end)
+                self.end()
 
 
-class Download:
-    """A file's bytes as the agent sends them, at most the size it announced. `aclose` ends
-    it whether or not it was read (an async generator never started would not run its
-    clean-up, leaving the pipe open and the sandbox counting a request forever)."""
-
-    def __init__(self, fd: int, size: int, done: Callable[[], None]) -> None:
-        self._fd = fd
-        self.size = size
-        self._done: Callable[[], None] | None = done
-        self._chunks: AsyncGenerator[bytes, None] | None = None
-
-    def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        if self._chunks is None:
-            self._chunks = self._read()
-        return self._chunks
-
-    async def _read(self) -> AsyncGenerator[bytes, None]:
-        fd, self._fd = self._fd, -1
-        try:
-            async with open_pipe(fd) as reader:
-                left = self.size
-                while left > 0 and (chunk := await _stalled(reader.read(min(_CHUNK, left)),
-                                                            "stopped sending the file")):
-                    left -= len(chunk)
-                    yield chunk
-        finally:
-            self._finish()
-
-    async def aclose(self) -> None:
-        if self._chunks is not None:
-            await self._chunks.aclose()
-        if self._fd >= 0:  # never started: its generator's clean-up would not run
-            os.close(self._fd)
-            self._fd = -1
-        self._finish()
-
-    def _finish(self) -> None:
-        done, self._done = self._done, None
-        if done is not None:
-            done()
-
-
-async def _stalled(step: Awaitable[_T], what: str) -> _T:
+async def stalled(step: Awaitable[_T], what: str) -> _T:
     """One step of a transfer, which the sandbox's side (its own uid: it may stop its shim)
     must make within `IO_STALL` seconds, or the transfer fails rather than hang."""
     try:
@@ -443,27 +340,3 @@ async def _stalled(step: Awaitable[_T], what: str) -> _T:
     except TimeoutError:
         raise SessionError(f"the sandbox {what} for {IO_STALL:g} s",
                            reason=Reason.SANDBOX_FAILED) from None
-
-
-def _file_reason(answer: dict[str, Any]) -> Reason:
-    error = str(answer.get("error", ""))
-    if answer.get("too_large") or "No space left" in error:  # over the scratch's cap
-        return Reason.TOO_LARGE
-    if "No such file" in error or "Not a directory" in error or "not a regular file" in error:
-        return Reason.NO_SUCH_FILE
-    if "symbolic link" in error or "Too many levels" in error or "inside the workspace" in error:
-        return Reason.BAD_PATH
-    return Reason.BAD_REQUEST
-
-
-def _status(raw: bytes) -> dict[str, Any]:
-    """The shim's status line, or what stands for it when there is none (it was killed by the
-    workload, or the sandbox ended): never a guess at an exit code."""
-    try:
-        answer = json.loads(raw.split(b"\n", 1)[0])
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        return {"exit": None, "ending": Ending.LOST,
-                "error": "the command's supervisor in the sandbox ended without a status"}
-    return answer

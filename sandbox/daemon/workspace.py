@@ -22,8 +22,9 @@ from typing import Any
 from sealgate.reasons import Reason
 
 from ..guest.protocol import FIELDS, STATUS_MAX, Op
+from . import replies
 from .pipes import Writer, open_pipe, read_all
-from .session import Session, SessionError, _file_reason, _stalled, _status, check_path
+from .session import Session, SessionError, check_path, stalled
 
 MAX_ENTRIES = 100_000  # a directory's, listed at once
 MAX_LISTING = 32 << 20  # its JSON
@@ -45,7 +46,7 @@ def _fail(path: str, answer: dict[str, Any]) -> SessionError:
     elif answer.get("exists"):
         reason = Reason.FILE_EXISTS
     else:
-        reason = _file_reason(answer)
+        reason = replies.file_reason(answer)
     return SessionError(f"{path or '/workspace'}: {answer.get('error', 'no answer')}",
                         reason=reason)
 
@@ -74,46 +75,46 @@ async def _asked(kept: contextlib.AsyncExitStack, session: Session, op: Op, path
         status_r, status_w = os.pipe()
         try:
             where = {"path": path} if "path" in FIELDS[op] else {}
-            session._send(op, ident, [fd for fd in (data, status_w) if fd is not None],
+            session.send(op, ident, [fd for fd in (data, status_w) if fd is not None],
                           **where, **fields)
         except SessionError:
             os.close(status_r)
             raise
         reader = await kept.enter_async_context(open_pipe(status_r))
         try:
-            line = await _stalled(reader.readline(), "did not answer")
+            line = await stalled(reader.readline(), "did not answer")
         except ValueError:
             line = b""
-        answer = _status(line)
+        answer = replies.status(line)
         if "error" in answer:
             raise _fail(path, answer)
         return answer, ident, reader
     except BaseException:
-        session._end()
+        session.end()
         raise
 
 
 async def stat(session: Session, path: str) -> dict[str, Any]:
     answer, _ = await _ask(session, Op.STAT, check_dir(path))
-    session._end()
+    session.end()
     entry: dict[str, Any] = answer.get("entry", {})
     return entry
 
 
 async def mkdir(session: Session, path: str, mode: int, parents: bool) -> bool:
     answer, _ = await _ask(session, Op.MKDIR, check_path(path), mode=mode, parents=parents)
-    session._end()
+    session.end()
     return bool(answer.get("created"))
 
 
 async def remove(session: Session, path: str, recursive: bool) -> None:
     await _ask(session, Op.REMOVE, check_path(path), recursive=recursive)
-    session._end()
+    session.end()
 
 
 async def rename(session: Session, path: str, to: str) -> None:
     await _ask(session, Op.RENAME, check_path(path), to=check_path(to))
-    session._end()
+    session.end()
 
 
 async def listing(session: Session, path: str) -> list[dict[str, Any]]:
@@ -129,14 +130,14 @@ async def listing(session: Session, path: str) -> list[dict[str, Any]]:
             os.close(data_r)
             raise SessionError(f"{path}: a listing over {MAX_LISTING} bytes",
                                reason=Reason.TOO_LARGE)
-        raw = await _stalled(read_all(data_r, size), "stopped sending the listing")
+        raw = await stalled(read_all(data_r, size), "stopped sending the listing")
         entries = json.loads(raw or b"null")
         if not isinstance(entries, list) or len(raw) != size:
             raise SessionError(f"{path}: the sandbox's listing was cut short",
                                reason=Reason.SANDBOX_FAILED)
         return entries
     finally:
-        session._end()
+        session.end()
 
 
 async def untar(session: Session, path: str, body: AsyncIterator[bytes]) -> dict[str, Any]:
@@ -148,15 +149,15 @@ async def untar(session: Session, path: str, body: AsyncIterator[bytes]) -> dict
                                      max_entries=MAX_MEMBERS))
     try:
         async for chunk in body:
-            if asked.done() or not await _stalled(writer.write(chunk), "stopped reading"):
+            if asked.done() or not await stalled(writer.write(chunk), "stopped reading"):
                 break  # refused already: the rest of the body is not wanted
     except BaseException:
         asked.cancel()  # the agent sees a cut stream and refuses it
         raise
     finally:
         writer.close()
-    answer, _ = await _stalled(asked, "did not say how the unpacking went")
-    session._end()
+    answer, _ = await stalled(asked, "did not say how the unpacking went")
+    session.end()
     return answer
 
 
@@ -180,7 +181,7 @@ class Stream:
             line = await asyncio.wait_for(self._status[1].readline(), _LAST_WORD_SECONDS)
         except (TimeoutError, ValueError, OSError):
             return False
-        return _status(line).get("done") is True
+        return replies.status(line).get("done") is True
 
     def detach(self) -> int:
         """Its data's descriptor, the caller's to read and close (a thread's, say)."""
@@ -190,7 +191,7 @@ class Stream:
     async def chunks(self, stall: bool = True) -> AsyncGenerator[bytes, None]:
         fd, self._fd = self._fd, -1
         async with open_pipe(fd) as reader:
-            while chunk := await (_stalled(reader.read(_CHUNK), "stopped sending")
+            while chunk := await (stalled(reader.read(_CHUNK), "stopped sending")
                                   if stall else reader.read(_CHUNK)):
                 yield chunk
 
@@ -204,7 +205,7 @@ class Stream:
         if self._open:
             self._open = False
             self._session.control(Op.KILL, self._ident)
-            self._session._end()
+            self._session.end()
 
 
 async def tar(session: Session, path: str) -> Stream:
