@@ -184,4 +184,5 @@ async def _forwarding(proxy: tuple[str, int], port: int) -> int:
     _LOG.info("forwarding", extra={"port": port, "proxy": f"{proxy[0]}:{proxy[1]}"})
     await stop.wait()
     await forwarder.close(server)
+    _LOG.info("stopped", extra={"served": forwarder.served, "refused": forwarder.refused})
     return 0

@@ -128,7 +128,7 @@ class Forwarder:
         self._open.add(task)
         try:
             await self._forward(reader, writer)
-        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
+        except (OSError, EOFError, asyncio.LimitOverrunError, TimeoutError, ValueError) as exc:
             self.refused += 1
             _LOG.info("connection not forwarded", extra={"error": str(exc)[:200]})
         finally:
