@@ -51,9 +51,12 @@ def resolve(user: str, layers: Sequence[Path]) -> ImageUser | None:
     name, _, group = user.partition(":")
     if not name or (group == "" and user.endswith(":")):
         raise UserError(f"the image's User {user[:64]!r} is not user[:group]")
-    entries = _table(layers, "etc/passwd") if not (name.isdigit() and group.isdigit()) else []
-    by_name = {row[0]: row for row in entries if len(row) >= 7}
-    if name.isdigit():
+    entries = _table(layers, "etc/passwd") if not (_number(name) and _number(group)) else []
+    by_name: dict[str, list[str]] = {}
+    for row in entries:  # the first entry of a name, as libc's lookup finds it
+        if len(row) >= 7:
+            by_name.setdefault(row[0], row)
+    if _number(name):
         uid = _id(name, user)
         row = next((r for r in by_name.values() if r[2] == name), None)
     elif (row := by_name.get(name)) is not None:
@@ -61,10 +64,13 @@ def resolve(user: str, layers: Sequence[Path]) -> ImageUser | None:
     else:
         raise UserError(f"the image's User {name[:64]!r}: no such user in its /etc/passwd")
     if group:
-        if group.isdigit():
+        if _number(group):
             gid = _id(group, user)
         else:
-            groups = {r[0]: r for r in _table(layers, "etc/group") if len(r) >= 3}
+            groups: dict[str, list[str]] = {}
+            for r in _table(layers, "etc/group"):
+                if len(r) >= 3:
+                    groups.setdefault(r[0], r)
             if group not in groups:
                 raise UserError(f"the image's User group {group[:64]!r}: no such group in its "
                                  "/etc/group")
@@ -75,8 +81,12 @@ def resolve(user: str, layers: Sequence[Path]) -> ImageUser | None:
     return ImageUser(uid, gid, home)
 
 
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # not fullwidth digits, which int() reads too
+
+
 def _id(text: str, user: str) -> int:
-    if not text.isdigit() or len(text) > 10 or int(text) > _MAX_ID:
+    if not _number(text) or len(text) > 10 or int(text) > _MAX_ID:
         raise UserError(f"the image's User {user[:64]!r}: {text[:16]!r} is no id")
     return int(text)
 

@@ -18,7 +18,8 @@ from tests.ocikit import Member, directory, file, symlink
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (whiteouts, xattrs)")
 
 _PASSWD = (b"root:x:0:0:root:/root:/bin/sh\n# a comment\n"
-           b"tester:x:1234:1235:Test:/home/tester:/bin/sh\nnohome:x:77:78::relative:/bin/sh\n")
+           b"tester:x:1234:1235:Test:/home/tester:/bin/sh\nnohome:x:77:78::relative:/bin/sh\n"
+           b"tester:x:0:0:a later entry of the same name:/root:/bin/sh\n")
 _GROUP = b"root:x:0:\nstaff:x:50:\ntesters:x:1235:\n"
 
 
@@ -50,6 +51,7 @@ def test_each_form_of_user(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("user", "said"), [
     ("ghost", "no such user"), ("tester:ghosts", "no such group"), ("tester:", "is not user"),
     (":1", "is not user"), ("99999999999", "is no id"), ("1:4294967295", "is no id"),
+    ("\uff11\uff12", "no such user"),  # fullwidth digits are a name, and none is in passwd
 ])
 def test_what_names_no_ids(tmp_path: Path, user: str, said: str) -> None:
     layers = _layers(tmp_path, [directory("etc"), file("etc/passwd", _PASSWD),
