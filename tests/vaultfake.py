@@ -128,6 +128,9 @@ class VaultFake:
         self.sealed = False
         self.delay = 0.0
         self.drop = False
+        # Every token refused as expired, the ones logins hand out included (a Vault whose
+        # clock or token store has gone wrong): a client must give up, not log in forever.
+        self.refuse_tokens = False
         self._ssl = ssl_context
         self._lock = threading.RLock()  # _route holds it while issuing tokens
         self._log: list[LoggedRequest] = []
@@ -250,6 +253,11 @@ class VaultFake:
         with self._lock:
             self._tokens.pop(token, None)
 
+    def expire(self, token: str) -> None:
+        """End a token's life now, as its TTL would (the client was told a longer one)."""
+        with self._lock:
+            self._tokens[token].expires_at = time.monotonic()
+
     def add_kv_mount(self, mount: str, *, version: int = 2, namespace: str = "") -> None:
         with self._lock:
             self._mounts[(namespace, mount.strip("/"))] = version
@@ -354,7 +362,7 @@ class VaultFake:
             if parts[2] == "login" and parts[1] in self._k8s:
                 return self._k8s_login(parts[1], body)
         record = self._tokens.get(token or "")
-        if record is None or record.expired() or record.namespace != ns:
+        if record is None or record.expired() or record.namespace != ns or self.refuse_tokens:
             return _errors(403, "permission denied")
         if path == "auth/token/lookup-self" and method == "GET":
             return self._lookup_self(record)

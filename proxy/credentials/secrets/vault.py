@@ -176,7 +176,13 @@ class VaultStore:
             async with self._auth_lock:
                 if generation == self._generation:
                     await self._login()
-            data, lease = await self._read(ref.path)
+            try:
+                data, lease = await self._read(ref.path)
+            except SecretDenied:
+                # Once only: a token refused straight after its login will be refused again.
+                raise SecretDenied(
+                    f"vault denied the read of {ref.path} again after logging in again"
+                ) from None
         if ref.field not in data:
             raise SecretNotFound(f"vault secret {ref.path} has no field {ref.field!r}")
         value = data[ref.field]
