@@ -53,9 +53,10 @@ def resolve(user: str, layers: Sequence[Path]) -> ImageUser | None:
         raise UserError(f"the image's User {user[:64]!r} is not user[:group]")
     entries = _table(layers, "etc/passwd") if not (_number(name) and _number(group)) else []
     by_name: dict[str, list[str]] = {}
-    for row in entries:  # the first entry of a name, as libc's lookup finds it
-        if len(row) >= 7:
-            by_name.setdefault(row[0], row)
+    for entry in entries:  # the first entry of a name, as libc's lookup finds it
+        if len(entry) >= 7:
+            by_name.setdefault(entry[0], entry)
+    row: list[str] | None
     if _number(name):
         uid = _id(name, user)
         row = next((r for r in by_name.values() if r[2] == name), None)
