@@ -266,11 +266,15 @@ def _line(record: _Call, started: float) -> dict[str, Any]:
 
 def _masked(arguments: Any, scrubber: Scrubber) -> str:
     """The arguments as the audit line shows them: fields whose names look secret masked,
-    long values cut, every form of the call's credentials scrubbed, at most 2 KiB."""
+    headers' values masked whatever their names (an http_request's: a token fits in any
+    header), URLs without query or user information, long values cut, every form of the
+    call's credentials scrubbed, at most 2 KiB."""
 
     def mask(value: Any, key: str = "") -> Any:
         if key and _SECRET_KEY.search(key):
             return "[MASKED]"
+        if key.lower() == "headers" and isinstance(value, dict):
+            return {str(name): "[MASKED]" for name in value}
         if isinstance(value, str) and _URL.match(value):
             # A URL's query and user information, as the proxy's audit line never logs them
             # (an http_request's `url`, a template's argument that is one).

@@ -25,6 +25,7 @@ pytestmark = needs_mcp_venv()
 CANARY = "ghp-mcp-canary-5e4d3c2b1a"
 OTHER = "other-canary-0f9e8d7c6b"
 QUERY = "query-canary-3e7a1f"  # in a URL's query: never in an audit line
+NOTE = "note-canary-7d2c9b"  # an http_request header's value: never in an audit line
 BOT = basic("bot-1", KEYS["bot-1"])
 
 
@@ -382,11 +383,11 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     api.echo = True
     step, _ = _one(server, "http_request", {
         "method": "POST", "url": f"https://api.test:{api.port}/repos/a/b?x={QUERY}",
-        "headers": {"X-Trace": "t-1", "Content-Type": "text/plain"}, "body": "hello"})
+        "headers": {"X-Trace": NOTE, "Content-Type": "text/plain"}, "body": "hello"})
     [seen] = api.requests
     assert (seen.method, seen.path, seen.body) == ("POST", f"/repos/a/b?x={QUERY}", b"hello")
     assert seen.values("authorization") == [f"Bearer {CANARY}"]
-    assert seen.values("x-trace") == ["t-1"] and seen.values("content-type") == ["text/plain"]
+    assert seen.values("x-trace") == [NOTE] and seen.values("content-type") == ["text/plain"]
     assert step["result"]["is_error"] is False and CANARY not in json.dumps(step)
     line = server.calls()[-1]
     assert (line["tool"], line["decision"], line["path"]) == ("http_request", "allow",
@@ -396,6 +397,10 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     assert QUERY not in server.audit_text()
     assert json.loads(line["arguments"])["url"] == \
         f"https://api.test:{api.port}/repos/a/b?[MASKED]"
+    # Nor the agent's header values, whatever their names (a token in an innocent one).
+    assert NOTE not in server.audit_text()
+    assert json.loads(line["arguments"])["headers"] == {"X-Trace": "[MASKED]",
+                                                        "Content-Type": "[MASKED]"}
 
 
 @pytest.mark.parametrize(("arguments", "reason"), [
