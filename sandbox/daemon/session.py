@@ -45,7 +45,6 @@ from .background import MAX_PROCESSES, STDIN_QUEUED, Background, Processes
 from .pipes import feed, feed_from, pump, read_all
 from .slot import Slot
 
-_CHUNK = 1 << 16
 _BACKSTOP = 5.0  # seconds past a command's limit before the daemon asks, then gives up
 MAX_REQUESTS = 64  # at once per sandbox
 MAX_KEYS = 256  # Idempotency-Keys of background starts remembered per sandbox
