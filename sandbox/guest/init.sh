@@ -1,7 +1,7 @@
 #!/sealgate/busybox sh
 # The guest's PID 1 until the agent replaces it: the kernel's filesystems, the modules (the
-# kernel has virtio, 9p and its network as modules), the host's /usr read-only over 9p, then
-# the agent. A failure reboots the guest, which ends the VM (-no-reboot): the host sees the VM end before it is ready.
+# kernel has virtio, 9p and its network as modules), the host's /usr read-only over 9p where
+# shared, then the agent. A failure reboots the guest, which ends the VM (-no-reboot): the host sees the VM end before it is ready.
 # Nothing is mounted with setuid or file capabilities honoured (nosuid: the shared /usr has
 # setuid-root programs), nor device nodes but devtmpfs's; the root itself (the initramfs) is
 # made read-only by the agent once the host has staged its files, before any command runs, so
@@ -21,8 +21,12 @@ $B mount -t sysfs -o nosuid,nodev,noexec sys /sys || fail "sysfs"
 # killed. favordynmods: a move between groups (the agent's, twice per command) is cheap.
 $B mount -t cgroup2 -o nosuid,nodev,noexec,favordynmods cgroup2 /sys/fs/cgroup || fail "cgroup2"
 while read -r m; do $B insmod "/sealgate/modules/$m" || fail "insmod $m"; done < /sealgate/modules/order
-# Read-only and never changed underneath: the guest may cache what it read.
-$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,nosuid,nodev,cache=loose,msize=512000 usr /usr || fail "9p /usr"
+# The host's /usr where the host shares it (a host-root sandbox's); a VM from an image has no
+# share: its initramfs holds the agent's own Python there, and nothing of the host's is mounted
+# (QEMU can then save the VM). Read-only and never changed underneath: the guest may cache.
+if $B grep -qsx usr /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag; then
+    $B mount -t 9p -o trans=virtio,version=9p2000.L,ro,nosuid,nodev,cache=loose,msize=512000 usr /usr || fail "9p /usr"
+fi
 $B mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp || fail "tmpfs /tmp"
 $B mount -t tmpfs -o mode=1777,nosuid,nodev var-tmp /var/tmp || fail "tmpfs /var/tmp"
 # The agent makes each command's home here, and stages files in /run (root's).

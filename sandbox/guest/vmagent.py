@@ -1,5 +1,6 @@
 """The agent inside the microVM: PID 1 of the guest, run by the host's python3 (`-I -S`, the
-standard library only) through the /usr the host shares read-only, driven by the host over a
+standard library only) through the /usr the host shares read-only, or, in a VM from an image,
+from the initramfs's copy of it (`tiers/microvm/runtime`), driven by the host over a
 virtio console port (`tiers/microvm/channel.py`). In the guest it is `guest.vmagent`, beside
 `protocol` and `vmos` in /sealgate (the image's), so its imports of this package's are relative.
 
@@ -64,9 +65,10 @@ from .vmos import (
     warm_up,
 )
 
-# Neither dataclasses nor typing at run time: every module the agent imports is read over 9p
-# and run under emulation where there is no KVM, and those two (with inspect, which dataclasses
-# pulls in) cost ~150 ms of its start there. Type checkers take any TYPE_CHECKING as true.
+# Neither dataclasses nor typing at run time: every module the agent imports is read (over 9p
+# in a host-root VM) and run under emulation where there is no KVM, and those two (with
+# inspect, which dataclasses pulls in) cost ~150 ms of its start there. Type checkers take
+# any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO

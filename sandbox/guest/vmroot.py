@@ -21,7 +21,7 @@ virtio-blk device: /dev/vda). Here:
   has there (a snapshot's workspace: `_seed`); each staged file bound read-only.
 
 Commands then run chrooted into `ROOT` (`vmagent`), which shows them nothing of the guest's
-own root: not the host's /usr over 9p that the agent runs from, nor the agent's files.
+own root: not the Python the agent runs on, nor the agent's files.
 """
 
 from __future__ import annotations

@@ -69,6 +69,11 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
         for host_only in ("/usr/bin/qemu-system-x86_64", "/usr/bin/bwrap", "/sealgate",
                           "/run/sealgate/host", "/dev/vda"):
             assert not sb.run(["test", "-e", host_only]).ok, host_only
+        # Nor is the host's /usr shared into an image's guest at all: its agent runs on the
+        # standalone initramfs's Python, and the workspace is the only 9p share.
+        imaged = [argv for argv in _qemus() if "virtio-blk-device,drive=image" in argv]
+        assert imaged and all("mount_tag=usr" not in " ".join(argv) for argv in imaged)
+        assert sum(" ".join(argv).count("virtio-9p-device") for argv in imaged) == len(imaged)
         # The root is its own to change; the workspace is the slot's, through put and get.
         assert sb.run(["sh", "-c", "echo planted > /usr/bin/planted"]).ok
         sb.write("hello.py", b"print('hello from the workspace')\n")
@@ -136,3 +141,16 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
     assert {path: after.get(path) for path in layers_before} == layers_before
     # One disk per image (debian, hostile, the snapshot), built once, kept in the store.
     assert len(list((store / "disks").glob("*.erofs"))) == 3
+
+
+def _qemus() -> list[list[str]]:
+    """The command lines of the host's QEMU processes."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile, or not a process
+            continue
+        if any(arg.endswith("qemu-system-x86_64") for arg in argv[:12]):
+            found.append(argv)
+    return found

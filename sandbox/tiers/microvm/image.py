@@ -1,15 +1,18 @@
 """The guest's kernel and initramfs, built from Debian packages and cached by their inputs.
 
 The kernel is Debian's generic one (`linux-image-amd64`): the cloud flavour lacks 9p, which
-shares the host's /usr into the guest read-only, so the guest needs no disk image of its own
-(an image's sandbox gets the image as a disk). The package is fetched with `apt-get download`
+shares the host's /usr into a host-root sandbox's guest read-only, so the guest needs no disk
+image of its own (an image's sandbox gets the image as a disk, and its agent runs from the
+initramfs: `runtime`). The package is fetched with `apt-get download`
 and unpacked with `dpkg-deb` into the build directory, never installed on the host (that
 would touch the host's boot). The initramfs is written here, as a newc cpio: a static busybox
 (Debian's `busybox-static`, unpacked the same way), the handful of modules the guest needs
 (virtio over MMIO, its network, console port, 9p, and a block device, erofs and overlayfs for
-an image's disk), an `/init` that mounts /usr and starts the guest agent, and the agent
-itself (`sandbox/guest/`'s `staging.VM_MODULES`, run by the host's python3 through the
-shared /usr).
+an image's disk), an `/init` that mounts the host's /usr where it is shared and starts the
+guest agent, and the agent itself (`sandbox/guest/`'s `staging.VM_MODULES`). It comes in two:
+`initrd.cpio` for a host-root sandbox, whose /usr and so the agent's Python are the host's over
+9p, and `standalone.cpio` for a sandbox from an image, which holds the agent's Python itself
+(`runtime`, ~13 MB that a host-root guest would unpack for nothing).
 
 An image lives in `<dir>/<key>/`, the key a hash of the two packages' versions and of every
 file of sealgate's that ends up in the guest, so a change to any of them builds a new one;
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from ...errors import SandboxError
 from ...guest import staging
+from . import runtime
 
 KERNEL_PACKAGE = "linux-image-amd64"  # the metapackage: it names the current ABI's package
 BUSYBOX_PACKAGE = "busybox-static"
@@ -53,8 +57,19 @@ _APT_TIMEOUT = 300
 @dataclass(frozen=True)
 class Image:
     kernel: Path
-    initrd: Path
+    initrd: Path  # a host-root sandbox's: its /usr is the host's, shared
+    standalone: Path  # an image's sandbox's: the agent's own Python besides (`runtime`)
     key: str
+
+    def initramfs(self, shares_usr: bool) -> Path:
+        return self.initrd if shares_usr else self.standalone
+
+
+_INITRD, _STANDALONE = "initrd.cpio", "standalone.cpio"
+
+
+def _at(place: Path) -> Image:
+    return Image(place / "vmlinux", place / _INITRD, place / _STANDALONE, place.name)
 
 
 def image_dir() -> Path:
@@ -71,7 +86,7 @@ def find() -> Image | None:
     if not built:
         return None
     newest = max(built, key=lambda d: (d / "ready").stat().st_mtime)
-    return Image(newest / "vmlinux", newest / "initrd.cpio", newest.name)
+    return _at(newest)
 
 
 def build(base: Path | None = None) -> Image:
@@ -90,7 +105,7 @@ def build(base: Path | None = None) -> Image:
     target = base / key
     if (target / "ready").is_file():
         os.utime(target / "ready")
-        return Image(target / "vmlinux", target / "initrd.cpio", key)
+        return _at(target)
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base, prefix=".build-") as tmp:
         work = Path(tmp)
@@ -103,7 +118,9 @@ def build(base: Path | None = None) -> Image:
         bb = work / "busybox"
         _unpack(debs[BUSYBOX_PACKAGE], bb)
         modules = _modules(_one(tree.glob("lib/modules/*")))
-        (out / "initrd.cpio").write_bytes(initramfs(bb / "bin" / "busybox", modules))
+        (out / _INITRD).write_bytes(initramfs(bb / "bin" / "busybox", modules, []))
+        (out / _STANDALONE).write_bytes(initramfs(bb / "bin" / "busybox", modules,
+                                                  runtime.files()))
         (out / "ready").write_text(f"{versions}\n")
         for path in (out, *out.iterdir()):
             path.chmod(0o755 if path.is_dir() else 0o644)
@@ -112,7 +129,7 @@ def build(base: Path | None = None) -> Image:
     for old in base.iterdir():  # images of earlier inputs: nothing uses them any more
         if old.name != key and not old.name.startswith(".build-"):
             shutil.rmtree(old, ignore_errors=True)
-    return Image(target / "vmlinux", target / "initrd.cpio", key)
+    return _at(target)
 
 
 def vmlinux(bzimage: bytes) -> bytes:
@@ -135,6 +152,7 @@ def _key(versions: dict[str, str]) -> str:
     digest = hashlib.sha256(repr(sorted(versions.items())).encode())
     for path in (*GUEST_FILES, Path(__file__)):
         digest.update(path.read_bytes())
+    digest.update(runtime.key())
     return digest.hexdigest()[:16]
 
 
@@ -195,9 +213,11 @@ def _modules(root: Path) -> list[tuple[str, bytes]]:
     return [(f"{m}.ko", by_name[m].read_bytes()) for m in MODULES]
 
 
-def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
-    """The guest's whole root: busybox, modules, /init, the agent, a minimal /etc. The
-    system tree (/usr) comes from the host over 9p; merged-/usr links make /bin, /lib... of it."""
+def initramfs(busybox: Path, modules: list[tuple[str, bytes]],
+              python: list[tuple[str, int, bytes]]) -> bytes:
+    """The guest's whole root: busybox, modules, /init, the agent, a minimal /etc, and under
+    /usr either nothing (a host-root VM's: the host's /usr comes over 9p) or `python`, the
+    agent's own (`runtime`); merged-/usr links make /bin, /lib... of either."""
     cpio = _Cpio()
     cpio.add(".", 0o040755)  # the root, else the kernel's own: 1777, anyone's to write in
     for name in ("dev", "proc", "sys", "usr", "tmp", "run", "etc", "etc/ssl", "etc/ssl/certs",
@@ -207,6 +227,8 @@ def initramfs(busybox: Path, modules: list[tuple[str, bytes]]) -> bytes:
         cpio.add(name, 0o040755)  # /tmp and /var/tmp are tmpfs mounts of their own
     for name in ("bin", "sbin", "lib", "lib64"):
         cpio.add(name, 0o120777, f"usr/{name}".encode())
+    for name, mode, data in python:
+        cpio.add(name, mode, data)
     cpio.add("sealgate/busybox", 0o100755, busybox.read_bytes())
     cpio.add("init", 0o100755, staging.VM_INIT.read_bytes())
     for name in staging.VM_MODULES:

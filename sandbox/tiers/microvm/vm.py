@@ -1,13 +1,15 @@
 """One microVM: QEMU's `microvm` machine, its command line, its start and its end.
 
 - The machine has no firmware, no PCI, no legacy devices but what the kernel's clock needs, and
-  only virtio over MMIO: a console port for the agent (`channel`), the host's /usr shared
-  read-only over 9p (`-fsdev ... readonly=on`), a random source, and, when it has a network,
-  one virtio-net device on a tap. The kernel boots through its PVH entry from the uncompressed
-  image (`image`): no decompression inside the guest, the largest cost of a boot here.
+  only virtio over MMIO: a console port for the agent (`channel`), for a host-root sandbox the
+  host's /usr shared read-only over 9p (`-fsdev ... readonly=on`), a random source, and, when
+  it has a network, one virtio-net device on a tap. The kernel boots through its PVH entry
+  from the uncompressed image (`image`): no decompression inside the guest, the largest cost
+  of a boot here.
 - A sandbox from an image (`Spec.disk`) also gets the image as a read-only virtio-blk disk
   (erofs, `sandbox.images.disk`), QEMU's side read-only too (`readonly=on`): the guest makes
-  its root of it (`guest/vmroot.py`).
+  its root of it (`guest/vmroot.py`), and its agent runs on the initramfs's own Python
+  (`image`'s standalone initramfs, `runtime`): such a guest sees nothing of the host's /usr.
 - The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
   the host's is involved and nothing else can connect to it.
 - QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group
@@ -166,11 +168,12 @@ def command(spec: Spec, fds: Handed) -> list[str]:
         "-device", "virtserialport,chardev=agent,name=sealgate.agent",
         "-chardev", (f"file,id=con,path={spec.console}" if spec.console else "null,id=con"),
         "-device", "virtconsole,chardev=con",
-        "-fsdev", "local,id=usr,path=/usr,readonly=on,security_model=none",
-        "-device", "virtio-9p-device,fsdev=usr,mount_tag=usr",
         "-object", "rng-random,id=rng,filename=/dev/urandom",
         "-device", "virtio-rng-device,rng=rng",
     ]
+    if spec.disk is None:  # a host-root sandbox's commands run on the host's /usr
+        argv += ["-fsdev", "local,id=usr,path=/usr,readonly=on,security_model=none",
+                 "-device", "virtio-9p-device,fsdev=usr,mount_tag=usr"]
     if spec.workspace is not None:
         argv += ["-fsdev", f"local,id=ws,path={spec.workspace},security_model=none",
                  "-device", "virtio-9p-device,fsdev=ws,mount_tag=workspace"]
@@ -213,7 +216,7 @@ class Machine:
         host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         opened: list[int] = []
         try:
-            for path in (spec.image.kernel, spec.image.initrd):
+            for path in (spec.image.kernel, spec.image.initramfs(spec.disk is None)):
                 opened.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
             tap = disk = None
             if spec.tap is not None:
