@@ -10,9 +10,10 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
 - `seal`: the guest's root read-only, once the host has put what it stages there (the first
   `exec` does it if the host has not), so that only the scratch mounts are writable;
-- `root` (dirs, files, owner): a sandbox from an image: its root made of the image's disk,
-  with the staged files laid over and what the image has in /workspace (a snapshot's) copied
-  into the workspace as the sandbox's uid and gid (`vmroot`), before the seal;
+- `root` (dirs, files, owner, workspace): a sandbox from an image: its root made of the
+  image's disk, with the staged files laid over and what the image has in /workspace (a
+  snapshot's) copied into the workspace as `owner` (`vmroot`), before the seal; the workspace
+  is the host's 9p share, or, with `workspace` (bytes), a tmpfs of the guest's own;
 - `layer`: an image's root's writes and the workspace as a layer's tar stream (`tarout.layer`,
   its snapshot), run as the guest's root outside the image's root (where nothing the sandbox
   can change is run) with every running command frozen meanwhile (cgroup v2's freezer), so
@@ -29,9 +30,10 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   leaves its cgroup without root), and its exit is said once they are gone. With `root` (once
   the image's root is made) it runs chrooted there as the guest's root (uid 0, the only uid
   an image's files are writable by): there the VM is the boundary, not a uid, and the process
-  limit is its cgroup's `pids.max` (root is not held to RLIMIT_NPROC). Without it, never as
-  root. With `tty` ([rows, cols]) its streams are a terminal of the guest's devpts, its
-  controlling terminal, whose output comes as fd 1 and which `resize` (rows, cols) resizes.
+  limit is its cgroup's `pids.max` (root is not held to RLIMIT_NPROC). Without it, as root
+  only in an image's guest (its shims, on its own workspace), never in a host-root one. With
+  `tty` ([rows, cols]) its streams are a terminal of the guest's devpts, its controlling
+  terminal, whose output comes as fd 1 and which `resize` (rows, cols) resizes.
 
 The agent holds nothing the host has not handed it: no credential, no key.
 """
@@ -231,8 +233,10 @@ class Agent:
         in_root = header.get("root") is True
         if in_root and self.root is None:
             raise ValueError("this guest has no image root")
-        if (uid == 0 or gid == 0) and not in_root and not ours:
-            raise ValueError("a command never runs as root outside an image's root")
+        # An image's guest is its commands' as its root (they could reach its own root through
+        # /proc/1/root): its shims may be root there too, on a workspace that is root's.
+        if (uid == 0 or gid == 0) and self.root is None and not ours:
+            raise ValueError("a command never runs as root in a guest with no image's root")
         self._seal()  # if the host has not: no command runs with the root writable
         home = env.get("HOME")
         cwd = header.get("cwd") or home or "/"
@@ -327,7 +331,9 @@ class Agent:
         with open(f"{CGROUPS}/cgroup.subtree_control", "w") as fh:
             fh.write("+pids")  # each command's process limit is its group's (see _exec)
         uid, gid = (int(n) for n in header["owner"])
-        self.root = vmroot.make(dirs, [str(p) for p in header["files"]], (uid, gid))
+        size = header.get("workspace")
+        self.root = vmroot.make(dirs, [str(p) for p in header["files"]], (uid, gid),
+                                None if size is None else int(size))
 
     def _seal(self) -> None:
         if not self.sealed:

@@ -17,8 +17,10 @@ virtio-blk device: /dev/vda). Here:
   resolved again;
 - over them: a proc of the guest's, its boot line empty; a /dev of its own with only the
   harmless devices (no disk, no console port: the agent's channel is not there); a tmpfs at
-  /run; the workspace (the host's 9p share) bound at /workspace, first given what the image
-  has there (a snapshot's workspace: `_seed`); each staged file bound read-only.
+  /run; the workspace bound at /workspace, first given what the image has there (a
+  snapshot's workspace: `_seed`); each staged file bound read-only. The workspace is the
+  host's 9p share (a one-shot run's), or a sandboxd slot's, a tmpfs of the guest's own of
+  the slot's `--disk` size: no 9p mount is left in such a guest, so QEMU can save it.
 
 Commands then run chrooted into `ROOT` (`vmagent`), which shows them nothing of the guest's
 own root: not the Python the agent runs on, nor the agent's files.
@@ -65,10 +67,18 @@ def present() -> bool:
     return os.path.exists("/sys/block/vda")
 
 
-def make(dirs: dict[str, int], files: list[str], owner: tuple[int, int]) -> str:
-    """The image's root, ready for commands (see the module); where it is. Raises OSError."""
+def make(dirs: dict[str, int], files: list[str], owner: tuple[int, int],
+         workspace: int | None = None) -> str:
+    """The image's root, ready for commands (see the module); where it is. `workspace`: the
+    size of a tmpfs of the guest's own for /workspace, where the host shares none. Raises
+    OSError."""
     if not present():
         raise OSError("this VM has no image disk")
+    if workspace is not None:
+        if os.path.ismount("/workspace"):
+            raise OSError("this VM has the host's workspace already")
+        _mount("workspace", "/workspace", "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={workspace},nr_inodes=1m,mode=0755")
     for path in (_IMAGE, _RW, ROOT):
         os.makedirs(path, mode=0o755, exist_ok=True)
     _mount(_DISK, _IMAGE, "erofs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
@@ -149,7 +159,7 @@ def _fill(top: int, made: dict[str, int], owner: tuple[int, int]) -> None:
         _mount("run", _at(made["/run"]), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755")
     if "/workspace" in made and os.path.ismount("/workspace"):
         # What the image has there (a snapshot's workspace) goes into the workspace itself,
-        # which is the host's share and hides the image's own directory once bound.
+        # which is mounted apart and hides the image's own directory once bound.
         into = os.open("/workspace", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             _seed(made["/workspace"], into, owner, 0)

@@ -135,13 +135,14 @@ class Channel:
         """The guest's root read-only from here on (puts outside /run and /tmp fail)."""
         self.request({"op": Op.SEAL})
 
-    def root(self, dirs: Mapping[str, int], files: Sequence[str], owner: tuple[int, int]
-             ) -> None:
+    def root(self, dirs: Mapping[str, int], files: Sequence[str], owner: tuple[int, int],
+             workspace: int | None = None) -> None:
         """An image's root made in the guest of its disk, `dirs` and `files` laid over, the
-        image's /workspace seeding the workspace as `owner`'s (`guest/vmroot.py`); before the
+        image's /workspace seeding the workspace as `owner`'s (`guest/vmroot.py`), which is
+        the guest's own tmpfs of `workspace` bytes when the host shares none; before the
         seal. Mounts and a walk under emulation: seconds."""
         self.request({"op": Op.ROOT, "dirs": dict(dirs), "files": list(files),
-                      "owner": list(owner)}, timeout=60.0)
+                      "owner": list(owner), "workspace": workspace}, timeout=60.0)
 
     def put(self, path: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         self.request({"op": Op.PUT, "path": path, "mode": mode, "uid": uid, "gid": gid}, data)

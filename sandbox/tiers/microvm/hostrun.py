@@ -53,7 +53,9 @@ class Order:
     cwd: str
     pids: int
     memory_mib: int
-    workspace: str | None = None
+    workspace: str | None = None  # the host's directory shared as /workspace
+    # Without one, with `disk` (a served image's): the guest's own tmpfs of this many bytes.
+    workspace_bytes: int | None = None
     disk: str | None = None  # an image's erofs disk (`sandbox.images.disk`), read-only
     root_dirs: dict[str, int] | None = None  # with `disk`: what to make in its root, by mode
     timeout: float | None = None  # the command's, kept by the guest from its start
@@ -105,9 +107,12 @@ def start(order: Order) -> Booted:
             if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
                 booted.channel.put(path, text.encode("latin-1"))
         if order.disk:
+            # A workspace of the guest's own is written by its root, as the image's root is.
+            owned = order.workspace_bytes is not None
             booted.channel.root(order.root_dirs or {},
                                 [p for p in order.files if not p.startswith("/proc/")],
-                                (order.uid, order.gid))
+                                (0, 0) if owned else (order.uid, order.gid),
+                                order.workspace_bytes)
         booted.channel.seal()  # here, at set-up, rather than at the first command
     except BaseException:
         booted.close()

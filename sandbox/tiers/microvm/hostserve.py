@@ -24,8 +24,10 @@ request turned into the guest agent's frames (`guest/vmagent.py`):
 
 A slot from an image (`Order.disk`) has its root made in the guest at set-up (`hostrun`); its
 execs run there as the guest's root (`root`: the image's files are root's, and the VM is the
-boundary), while put and get still run as the slot's uid in the guest's own root, on the same
-9p /workspace the image's root has bound.
+boundary), and its workspace is a tmpfs of the guest's own (`Order.workspace_bytes`: no 9p
+share, so QEMU can save the VM), root's too: put and get run as the guest's root in the
+guest's own root, on the same /workspace the image's root has bound, with the same walk that
+never follows a link (nothing there is the host's, and the image's commands are that root).
 
 The VM is this slot's alone and lives as long as this process: when the daemon's end of the
 channel closes, or the daemon kills QEMU (this process's child), or the guest ends, this
@@ -221,8 +223,12 @@ class Server:
         frame = {"op": Op.EXEC, "id": gid, "argv": argv, "env": env, "cwd": cwd or WORKSPACE,
                  "uid": order.uid, "gid": order.gid, "timeout": timeout,
                  "pids": pids or order.pids, "tty": tty}
-        if in_root:  # the image's files are root's: its commands are the guest's root there
-            frame.update(uid=0, gid=0, root=True)
+        if order.disk is not None:
+            # The image's files and the workspace (the guest's own tmpfs) are root's: its
+            # commands are the guest's root in its root, and so are the shims in the guest's.
+            frame.update(uid=0, gid=0)
+        if in_root:
+            frame.update(root=True)
         self.guest.send(frame)
         # The feeder owns the request's stdin from here: it closes it at its end.
         threading.Thread(target=self._feed, args=(gid, stdin), daemon=True).start()

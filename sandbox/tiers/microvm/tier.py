@@ -91,12 +91,21 @@ def start(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
 
 def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -> Started:
     """A sandboxd slot (`sandbox.tiers.microvm.hostserve`): its VM booted and serving the
-    daemon's agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so the
-    daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
+    daemon's agent protocol. The guest's /workspace is the slot's scratch directory over 9p (so
+    the daemon's `--disk` caps it, its pages count against the slot's memory, and it goes with
     the slot); the guest's RAM is fixed at its boot, before any create names its limits.
-    From an image (`launch.disk`), the guest makes the sandbox's root of its disk."""
-    return _host_command(launch, cgroups, undo, "hostserve",
-                         _image(launch, _order(launch, [], launch.writable.get(WORKSPACE))))
+    From an image (`launch.disk`), the guest makes the sandbox's root of its disk, and its
+    workspace is a tmpfs of the guest's own as large as the slot's scratch (its pages in the
+    guest's memory, which the slot's cgroup caps as it does QEMU's)."""
+    workspace = launch.writable.get(WORKSPACE)
+    order = _image(launch, _order(launch, [], workspace))
+    if launch.disk is not None and workspace is not None:
+        # Its own tmpfs, of the slot's: no 9p share is then mounted in the guest, which QEMU
+        # could not save.
+        fs = os.statvfs(workspace)
+        order = dataclasses.replace(order, workspace=None,
+                                    workspace_bytes=fs.f_blocks * fs.f_frsize)
+    return _host_command(launch, cgroups, undo, "hostserve", order)
 
 
 def _image(launch: Launch, order: Order) -> Order:
