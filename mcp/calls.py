@@ -9,7 +9,8 @@
    the sandbox networks refused whatever the rules say), the address pinned, and a credential
    over plain HTTP only to an allow_networks address (`Decision.secure_for`);
 5. the credentials the allowing rule injects, from the broker, written by their processors;
-6. the call, to the pinned address (upstream.py), its answer capped;
+6. the call, to the pinned address (upstream.py), on a connection kept for that address, host,
+   port, scheme, TLS settings and sandbox alone (pool.py), or a new one; its answer capped;
 7. the answer scrubbed of every form of those credentials, its `returns` fields picked, and
    scrubbed again as the text the agent reads (a JSON escape decoded could spell a secret);
 8. one audit line: the tool, its arguments (secret-looking fields masked, credentials
@@ -176,7 +177,9 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
     try:
         answer = await send(call, request.path, request.headers,
                             request.body if call.body is not None else None, pin=pin,
-                            tls=service.tls, limit=tool.max_response_bytes, timeout=tool.timeout)
+                            tls=service.tls, pool=service.pool,
+                            owner=(record.identity.sandbox, policy.name),
+                            limit=tool.max_response_bytes, timeout=tool.timeout)
     finally:
         service.budgets.close_connection(key)
     scrubber = Scrubber(record.needles)

@@ -45,6 +45,8 @@ from sealgate.proxy.calls import (
 from sealgate.reasons import Reason
 from sealgate.watch import Snapshot
 
+from .pool import Pool
+
 __all__ = ["Service", "Settings"]
 
 log = logging.getLogger("sealgate.mcp")
@@ -81,6 +83,7 @@ class Service:
     audit: AuditLog
     tls: ssl.SSLContext
     budgets: BudgetLedger = field(default_factory=BudgetLedger)
+    pool: Pool = field(default_factory=Pool)
     _current: _Rules | None = None
     _looked: float = 0.0
 
@@ -170,6 +173,7 @@ class Service:
         return policy_for(self.rules, identity)
 
     async def close(self) -> None:
+        await self.pool.close()
         await self.broker.close()
         self.audit.close()
 

@@ -1,5 +1,7 @@
 """One tool call sent to its API: to the address the guard pinned and nothing else, TLS
-verified for the tool's host, no redirect followed, the answer read up to the tool's cap.
+verified for the tool's host, no redirect followed, the answer read up to the tool's cap; on a
+connection kept for the same pinned address, host, port, scheme, TLS settings and sandbox, or
+a new one (pool.py).
 
 The request target goes out exactly as the template made it (`encoded=True`: no client
 re-encoding, which could undo the percent-encoding of an argument). The answer must come
@@ -19,8 +21,10 @@ import aiohttp
 from yarl import URL
 
 from sealgate.hostport import format_hostport
-from sealgate.proxy.calls import Denial, Pin, Pinned, ToolRequest
+from sealgate.proxy.calls import Denial, Pin, ToolRequest
 from sealgate.reasons import Reason
+
+from .pool import Pool, PoolKey
 
 __all__ = ["Answer", "send"]
 
@@ -36,23 +40,21 @@ class Answer:
 
 
 async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
-               body: bytes | None, *, pin: Pin, tls: ssl.SSLContext, limit: int,
-               timeout: float) -> Answer:
+               body: bytes | None, *, pin: Pin, tls: ssl.SSLContext, pool: Pool,
+               owner: tuple[str | None, str], limit: int, timeout: float) -> Answer:
     """`call` to `pin.address` with the request target, headers and body its credentials were
-    written into (a query processor adds to the target); Denial for a call that fails, or an
-    answer over `limit` bytes or compressed."""
+    written into (a query processor adds to the target), on a connection of `owner`'s (the
+    sandbox, the policy) to that address; Denial for a call that fails, or an answer over
+    `limit` bytes or compressed. An answer not read to its end closes its connection."""
     default = 443 if call.scheme == "https" else 80
     authority = call.host.name if call.port == default else format_hostport(call.host.name,
                                                                             call.port)
     url = URL(f"{call.scheme}://{format_hostport(call.host.name, call.port)}{target}",
               encoded=True)
-    connector = aiohttp.TCPConnector(ssl=tls if call.scheme == "https" else False,
-                                     resolver=Pinned(str(pin.address)), force_close=True,
-                                     use_dns_cache=False)
+    key = PoolKey(owner[0], owner[1], call.scheme, call.host.name, call.port, str(pin.address),
+                  tls if call.scheme == "https" else None)
     try:
-        async with asyncio.timeout(timeout), aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
-        ) as session, session.request(
+        async with asyncio.timeout(timeout), pool.session(key) as session, session.request(
             call.method, url, headers=[("Host", authority), *headers], data=body,
             allow_redirects=False,
         ) as answer:

@@ -3,7 +3,7 @@ script by the MCP virtualenv's python (the tests' own virtualenv cannot hold the
 mitmproxy): tests/mcpkit.py writes a plan on its stdin and reads one JSON document back.
 
     {"url": "http://127.0.0.1:PORT/mcp", "authorization": "Basic ..." | null,
-     "steps": [{"list": true}, {"call": "name", "arguments": {...}}]}
+     "steps": [{"list": true}, {"call": "name", "arguments": {...}}, {"sleep": seconds}]}
 
 or, for the stdio transport, `"command": [argv...]`, `"cwd"` and `"stderr"` (a file for the
 server's stderr) instead of `url`: the client starts the server and speaks over its pipes.
@@ -66,6 +66,9 @@ async def _session(session: ClientSession, plan: dict[str, Any]) -> dict[str, An
 
 
 async def _step(session: ClientSession, step: dict[str, Any]) -> dict[str, Any]:
+    if "sleep" in step:  # a pause between calls (a DNS answer's TTL running out)
+        await anyio.sleep(min(float(step["sleep"]), STEP_SECONDS / 2))
+        return {"slept": step["sleep"]}
     if step.get("list"):
         listed = await session.list_tools()
         return {"tools": [tool.model_dump(mode="json", by_alias=True, exclude_none=True)
