@@ -318,8 +318,9 @@ class Sandbox:
                                 body, call_timeout=call_timeout)
 
     def fork(self, n: int, *, call_timeout: CallLimit = DEFAULT) -> list[Sandbox]:
-        """`n` sandboxes resumed from one memory snapshot of this one, where the daemon's tier
-        can take one (none here yet: DaemonError `unsupported`)."""
+        """`n` sandboxes resumed from one memory snapshot of this one, each its own (id,
+        address, randomness): the microVM tier's, of a sandbox from an image; elsewhere a
+        DaemonError `unsupported` saying why. The caller deletes them."""
         made = self.client.call("POST", f"/v1/sandboxes/{quote(self.id, safe='')}/fork",
                                 {"n": n}, call_timeout=call_timeout)
         return [Sandbox(self.client, info) for info in made.get("sandboxes", [])]

@@ -26,7 +26,6 @@ from aiohttp import web
 
 from sealgate.reasons import Reason, SealgateError
 
-from .. import tiers
 from . import admin, bodies, fsapi, terminals, transfer
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
@@ -205,12 +204,12 @@ async def _snapshot(request: web.Request) -> web.Response:
 
 
 async def _fork(request: web.Request) -> web.Response:
-    daemon = request.app[_DAEMON]
-    daemon.get(request.match_info["id"])  # an unknown or ended id says so first
-    tier = tiers.get(daemon.config.slots.isolation)
-    raise SessionError(f"fork needs a memory snapshot, which the {tier.name} tier cannot take: "
-                       f"{tier.no_fork}; snapshot the filesystem and create from it instead",
-                       reason=Reason.UNSUPPORTED)
+    body = await bodies.body(request, {"n"}) if request.can_read_body else {}
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise BadRequest("'n' must be a whole number")
+    copies = await request.app[_DAEMON].fork(request.match_info["id"], n)
+    return web.json_response({"sandboxes": [c.info() for c in copies]}, status=201)
 
 
 async def _exec(request: web.Request) -> web.StreamResponse:

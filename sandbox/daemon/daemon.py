@@ -43,7 +43,7 @@ from ..guest.protocol import read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image, Store
 from ..runtime import clean_up_stale
-from . import carried, imaging, orphans, slot
+from . import carried, forking, imaging, orphans, slot
 from .events import log
 from .idempotency import Keys
 from .session import Options, Session, SessionError
@@ -208,13 +208,14 @@ class Daemon:
     async def discard(self, canary: slot.Slot) -> None:
         await self._release(canary)
 
-    async def _prepare(self, image: ImageRoot | None = None) -> slot.Slot:
+    async def _prepare(self, image: ImageRoot | None = None,
+                       resume: Path | None = None) -> slot.Slot:
         # Counted as under way (`busy`) to its agent's hello: until it is watched, a slot is in
         # no pool and no session, where a hand-over would not see it.
         self._preparing += 1
         started = time.monotonic()
         try:
-            made = await asyncio.to_thread(slot.prepare, self.config.slots, image)
+            made = await asyncio.to_thread(slot.prepare, self.config.slots, image, resume)
             await self._hello(made)
         except BaseException:
             self.tally.prepare_failures += 1
@@ -381,9 +382,7 @@ class Daemon:
             raise SessionError(str(exc), reason=Reason.SANDBOX_FAILED) from None
         self._wake.set()
         try:
-            await asyncio.to_thread(self._register, taken, options.sandbox)
-            taken.group.apply(tiers.get(self.config.slots.isolation).host_limits(
-                options.limits))
+            await self._admit(taken, options)
         except SessionError as exc:
             # An untouched slot goes back, unless the pool was refilled meanwhile (the refill
             # starts as soon as a slot is taken): never over its size.
@@ -394,10 +393,6 @@ class Daemon:
             else:
                 await self._release(taken)
             raise
-        except OSError as exc:
-            await self._release(taken)
-            raise SessionError(f"cannot set the sandbox's limits: {exc}",
-                               reason=Reason.SANDBOX_FAILED) from None
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
@@ -405,6 +400,79 @@ class Daemon:
         log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
              uid=taken.uid, warm=not cold, image=options.image)
         return session
+
+    async def _admit(self, taken: slot.Slot, options: Options) -> None:
+        """A slot made the sandbox `options` say: known to the proxy as its policy's, held
+        to its limits. Raises SessionError (the caller releases the slot)."""
+        await asyncio.to_thread(self._register, taken, options.sandbox)
+        try:
+            taken.group.apply(tiers.get(self.config.slots.isolation).host_limits(
+                options.limits))
+        except OSError as exc:
+            raise SessionError(f"cannot set the sandbox's limits: {exc}",
+                               reason=Reason.SANDBOX_FAILED) from None
+
+    async def fork(self, ident: str, n: int) -> list[Session]:
+        """`n` copies of sandbox `ident`, each resumed from one memory snapshot of it on a slot
+        of its own: its own id, address and proxy registration, the source's options, a
+        lifetime from now (`forking`). All of them or none. Raises SessionError."""
+        source = self.get(ident)
+        tier = tiers.get(self.config.slots.isolation)
+        if tier.no_fork is not None or source.slot.image is None:
+            why = (tier.no_fork or "a sandbox on the host's system has the host's /usr in its "
+                   "guest over 9p, which QEMU cannot save: create it from an image")
+            raise SessionError(f"fork needs a memory snapshot, which the {tier.name} tier "
+                               f"cannot take here: {why}; snapshot the filesystem and create "
+                               "from it instead", reason=Reason.UNSUPPORTED)
+        if not 1 <= n <= forking.MOST:
+            raise SessionError(f"'n' must be 1 to {forking.MOST}", reason=Reason.BAD_REQUEST)
+        if len(self.sessions) + self._creating + n > self.config.max_sandboxes:
+            raise SessionError(f"the daemon holds at most {self.config.max_sandboxes} "
+                               "sandboxes", reason=Reason.AT_CAPACITY)
+        # Run to its end even if its caller leaves, as a create does: what it made is deleted.
+        self._creating += n
+        work = asyncio.create_task(self._fork(source, n))
+        work.add_done_callback(lambda _: self._forked(n))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(self._forks_abandoned)
+            raise
+
+    def _forked(self, n: int) -> None:
+        self._creating -= n
+
+    def _forks_abandoned(self, work: asyncio.Task[list[Session]]) -> None:
+        if not work.cancelled() and work.exception() is None:
+            for copy in work.result():
+                self._background(self.delete(copy.id, "its creator left"))
+
+    async def _fork(self, source: Session, n: int) -> list[Session]:
+        async with forking.saved(source) as memory:
+            made = await asyncio.gather(*(self._prepare(source.slot.image, memory)
+                                          for _ in range(n)), return_exceptions=True)
+        slots = [m for m in made if isinstance(m, slot.Slot)]
+        try:
+            failed = [m for m in made if not isinstance(m, slot.Slot)]
+            if failed:
+                raise SessionError(f"a copy did not resume: {failed[0]}",
+                                   reason=Reason.SANDBOX_FAILED)
+            for taken in slots:
+                await self._admit(taken, source.options)
+        except BaseException:
+            for taken in slots:
+                await self._release(taken)
+            raise
+        copies = []
+        for taken in slots:
+            copy = Session(self._new_id(), taken, source.options)
+            copy.base = source.base
+            self.sessions[copy.id] = copy
+            self.tally.create(warm=False)
+            log("forked", id=copy.id, source=source.id, sandbox=source.options.sandbox,
+                address=str(taken.link.sandbox_ip), uid=taken.uid)
+            copies.append(copy)
+        return copies
 
     def _register(self, taken: slot.Slot, sandbox: str) -> None:
         try:

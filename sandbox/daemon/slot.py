@@ -101,9 +101,11 @@ class Slot:
         return self.link.index
 
 
-def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
+def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None,
+            resume: Path | None = None) -> Slot:
     """A new slot with its agent started (not yet known to be serving: the daemon waits for
-    its hello), its root `image`'s if given. Raises SandboxError with nothing left behind."""
+    its hello), its root `image`'s if given, a copy of the saved VM `resume` if given (`fork`).
+    Raises SandboxError with nothing left behind."""
     if not os.access(PYTHON, os.X_OK):
         raise SandboxError(f"the agent needs {PYTHON}, the host system's Python")
     tier = tiers.get(config.isolation)
@@ -146,7 +148,7 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None) -> Slot:
                                 {}, writable=places, agent=True, root=root, disk=disk,
                                 root_dirs=dirs if disk is not None else {},
                                 image_user=None if image is None else image.user,
-                                mcp_port=config.mcp_port)
+                                mcp_port=config.mcp_port, resume=resume)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)
                 # Whatever a tier's parent-death signal follows (the thread that forked it, for

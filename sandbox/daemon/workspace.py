@@ -221,6 +221,14 @@ async def layer(session: Session) -> Stream:
     return await _streamed(session, Op.LAYER, "")
 
 
+async def save(session: Session, fd: int) -> int:
+    """A microVM's memory written into `fd` (a file's, kept open by the caller: `forking`),
+    the VM continued after; the bytes written."""
+    answer, _ = await _ask(session, Op.SAVE, "its memory snapshot", os.dup(fd))
+    session.end()
+    return int(answer.get("size", 0))
+
+
 async def _streamed(session: Session, op: Op, path: str) -> Stream:
     data_r, data_w = os.pipe()
     kept = contextlib.AsyncExitStack()

@@ -24,6 +24,8 @@ the request's descriptors passed with it (SCM_RIGHTS):
                      {"op": "untar", "id", "path", "max_bytes", "max_entries"}
                                                                   fds: data (read), status
                      {"op": "watch", "id", "path", "recursive"}  fds: events (write), status
+                     {"op": "save", "id"}    fds: data (write), status  (the microVM's
+                         `hostserve` only: the VM's memory snapshot, into a file's fd)
                      {"op": "layer", "id"}   fds: data (write), status  (the microVM's
                          `hostserve` only: an image's root's writes and its workspace, as
                          a layer's tar stream with OCI whiteouts, made by the guest)
@@ -44,9 +46,9 @@ the path is taken. A watch runs until it is killed.
 
 **Frames** (the microVM's console port, host and guest agent): a 4-byte big-endian length,
 then a JSON header line (an object), then the raw payload. The host asks (`ping`, `net`,
-`seal`, `root`, `put`, `get`, `exec`, `layer`, `stdin`, `kill`), the guest answers with the
-request's `id` (`GUEST_ANSWERS`); `vmagent`'s docstring says what each does. The host trusts
-nothing the guest sends (`GuestFrames`).
+`seal`, `root`, `put`, `get`, `exec`, `layer`, `stdin`, `kill`, `hold`, `release`, `renew`),
+the guest answers with the request's `id` (`GUEST_ANSWERS`); `vmagent`'s docstring says what
+each does. The host trusts nothing the guest sends (`GuestFrames`).
 """
 
 from __future__ import annotations
@@ -87,12 +89,16 @@ class Op(StrEnum):
     CONNECT = "connect"  # a port on the sandbox's own loopback, where the daemon cannot reach
     SIGNAL = "signal"
     RESIZE = "resize"
+    SAVE = "save"  # a microVM's memory snapshot, written to `data` (`hostserve` only)
     # frames, host -> guest (exec, put, get, kill, resize as well, with the guest's own fields)
     PING = "ping"
     NET = "net"
     SEAL = "seal"
     ROOT = "root"  # an image's root, made in the guest (`vmroot`)
     LAYER = "layer"  # an image's root's writes as a layer, from the guest (`layerout`)
+    HOLD = "hold"  # the agent sends nothing until released or renewed (a save under way)
+    RELEASE = "release"  # the save is over: on as before
+    RENEW = "renew"  # a copy resumed from a save: its own address, files, randomness, clock
     STDIN = "stdin"
     # frames, guest -> host (ready as well)
     OK = "ok"
@@ -138,6 +144,7 @@ DESCRIPTORS: dict[str, tuple[tuple[str, str], ...]] = {
     Op.RENAME: (("status", OUT),),
     Op.TAR: (("data", OUT), ("status", OUT)),
     Op.LAYER: (("data", OUT), ("status", OUT)),
+    Op.SAVE: (("data", OUT), ("status", OUT)),
     Op.UNTAR: (("data", IN), ("status", OUT)),
     Op.WATCH: (("events", OUT), ("status", OUT)),
     # One socket, sent twice: the caller's bytes in, the server's out.
@@ -158,6 +165,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     Op.RENAME: ("path", "to"),
     Op.TAR: ("path",),
     Op.LAYER: (),
+    Op.SAVE: (),
     Op.UNTAR: ("path", "max_bytes", "max_entries"),
     Op.WATCH: ("path", "recursive"),
     Op.CONNECT: ("port",),

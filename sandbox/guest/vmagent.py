@@ -14,6 +14,9 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   image's disk, with the staged files laid over and what the image has in /workspace (a
   snapshot's) copied into the workspace as `owner` (`vmroot`), before the seal; the workspace
   is the host's 9p share, or, with `workspace` (bytes), a tmpfs of the guest's own;
+- `hold`: nothing more sent or served until `release` (the host saved the VM's memory,
+  the channel between two frames) or `renew` (address, gateway, files, seed, time: this is a
+  copy resumed from that save, made its own: `vmos.renew`);
 - `layer`: an image's root's writes and the workspace as a layer's tar stream (`tarout.layer`,
   its snapshot), run as the guest's root outside the image's root (where nothing the sandbox
   can change is run) with every running command frozen meanwhile (cgroup v2's freezer), so
@@ -43,6 +46,7 @@ from __future__ import annotations
 import itertools
 import os
 import resource
+import select
 import selectors
 import signal
 import subprocess
@@ -62,6 +66,7 @@ from .vmos import (
     killpg,
     port_path,
     put,
+    renew,
     seal,
     wait_writable,
     warm_up,
@@ -176,15 +181,47 @@ class Agent:
             time.sleep(0.01)
             return
         for header, payload in self.frames.feed(data):
+            self._answer(header, payload)
+
+    def _answer(self, header: dict[str, Any], payload: bytes) -> None:
+        try:
+            self._handle(header, payload)
+        except Exception as exc:  # any failure is the request's answer, not the agent's end
+            self.send({"op": Op.ERROR, "id": header.get("id"), "message": str(exc)[:500]})
+
+    def _hold(self) -> None:
+        """Nothing sent, no command served, until the host releases the guest (its memory
+        saved, with the channel between two frames) or renews it (this is a copy resumed
+        from that save). What else comes meanwhile is served after."""
+        later: list[tuple[dict[str, Any], bytes]] = []
+        fd = self.port.fileno()
+        while True:
+            select.select([fd], [], [])
             try:
-                self._handle(header, payload)
-            except Exception as exc:  # any failure is the request's answer, not the agent's end
-                self.send({"op": Op.ERROR, "id": header.get("id"), "message": str(exc)[:500]})
+                data = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                continue
+            if not data:  # the host's end not connected yet (a copy's QEMU starting)
+                time.sleep(0.01)
+                continue
+            frames = self.frames.feed(data)
+            for at, (header, payload) in enumerate(frames):
+                if header.get("op") in (Op.RELEASE, Op.RENEW):
+                    if header.get("op") == Op.RENEW:
+                        renew(header)
+                    self.send({"op": Op.OK, "id": header.get("id")})
+                    for frame in [*later, *frames[at + 1:]]:
+                        self._answer(*frame)
+                    return
+                later.append((header, payload))
 
     def _handle(self, header: dict[str, Any], payload: bytes) -> None:
         op, ident = header.get("op"), header.get("id")
         if op == Op.PING:
             self.send({"op": Op.OK, "id": ident})
+        elif op == Op.HOLD:
+            self.send({"op": Op.OK, "id": ident})
+            self._hold()
         elif op == Op.NET:
             configure(str(header["address"]), str(header["gateway"]))
             self.send({"op": Op.OK, "id": ident})

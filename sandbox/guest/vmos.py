@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import selectors
 import signal
+import struct
 import subprocess
 import time
 
@@ -160,3 +162,43 @@ def gone(cmd: Any) -> bool:
             return False
     cmd.group = None
     return True
+
+
+# Linux's <linux/random.h>: RNDADDENTROPY, _IOW('R', 3, int[2]); RNDRESEEDCRNG, _IO('R', 7).
+_RNDADDENTROPY, _RNDRESEEDCRNG = 0x40085203, 0x5207
+
+
+def renew(request: dict[str, Any]) -> None:
+    """A copy resumed from another VM's memory made its own (`vmagent`'s renew): what it
+    shares with its siblings and its original is replaced before any command of it runs on.
+
+    - its randomness: the kernel's pool given `seed` (the host's, credited) and its generator
+      rekeyed at once, so /dev/urandom and getrandom part from the original's from here;
+    - its clock (`time`), stopped while the VM was saved and copied;
+    - its `address` and route (`gateway`): its own slot's link;
+    - the staged `files` that name the sandbox (resolv.conf, its own new machine-id...):
+      rewritten in place, which the binds over the image's root show (a new file would not
+      be theirs)."""
+    seed = bytes.fromhex(str(request["seed"]))
+    address, gateway = str(request["address"]), str(request["gateway"])
+    files = {str(k): str(v).encode("latin-1") for k, v in request["files"].items()}
+    fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, _RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+        fcntl.ioctl(fd, _RNDRESEEDCRNG)
+    finally:
+        os.close(fd)
+    time.clock_settime(time.CLOCK_REALTIME, float(request["time"]))
+    _busybox(["ip", "addr", "flush", "dev", "eth0"])
+    _busybox(["ip", "addr", "add", address, "dev", "eth0"])
+    _busybox(["ip", "route", "replace", "default", "via", gateway])
+    _busybox(["mount", "-o", "remount,rw", "/"])
+    try:
+        for path, data in files.items():
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    finally:
+        seal()

@@ -79,6 +79,8 @@ class Launch:
     timeout: float | None = None
     # The gateway's MCP endpoint (`sealgate mcp serve` there), told as SEALGATE_MCP_URL.
     mcp_port: int | None = None
+    # A saved VM's memory to resume as a copy of it instead of booting (`Tier.no_fork` None).
+    resume: Path | None = None
 
 
 def working_dir(launch: Launch) -> str:

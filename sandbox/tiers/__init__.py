@@ -39,7 +39,8 @@ A tier is a module of this package defining `TIER`, a `Tier`:
   of its own (the microVM) takes the image as one read-only disk of root's files
   (`Launch.disk`) and makes the sandbox's root of it inside. None: not yet;
 - `no_fork`: why the tier cannot take a memory snapshot of a running sandbox (what `fork`
-  resumes copies from), said to a caller who asks for one.
+  resumes copies from), said to a caller who asks for one; None: it can, of a sandbox from an
+  image (the microVM: `Launch.resume`).
 - `own_clock`: for `sandbox run`, the tier counts the command's time limit (`Launch.timeout`)
   from the command's own start, so that a set-up of seconds (a guest's boot under emulation)
   does not eat it; the runtime's bound then waits `ready_seconds` longer before it kills the
@@ -83,7 +84,7 @@ class Tier:
     serve: Callable[[Launch, Sequence[Path], contextlib.ExitStack], Started] | None = None
     ready_seconds: float = 10.0
     image_owner: str | None = None
-    no_fork: str = "it takes no memory snapshot"
+    no_fork: str | None = "it takes no memory snapshot"
     no_adopt: str | None = None
     own_clock: bool = False
 

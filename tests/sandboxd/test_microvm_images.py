@@ -144,6 +144,49 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
     assert len(list((store / "disks").glob("*.erofs"))) == 3
 
 
+def test_a_microvm_forks(microvm_imaged: Daemon, origin_https: Origin) -> None:
+    """fork(n): copies resumed from one memory snapshot of a running sandbox from an image.
+    Each has what the source had in memory (its root's and workspace's writes, a process it
+    left running) and is its own: its own id and address, which the proxy knows as its
+    policy's (its request reaches the origin), its own randomness (the guest's generator
+    reseeded: what it reads from /dev/urandom at once differs), machine-id and name server.
+    The source runs on; a copy's writes are its own."""
+    url = f"https://api.test:{origin_https.port}"
+    origin_https.reset()
+    with _vm(microvm_imaged, "debian") as sb:
+        assert sb.run(["sh", "-c", "echo kept > /etc/forked && echo ws > /workspace/w"]).ok
+        sleeper = sb.start(["sh", "-c", "echo $$ > /tmp/sleeper; exec sleep 1000"])
+        assert sb.run(["sh", "-c", "until test -s /tmp/sleeper; do sleep 0.1; done"],
+                      timeout=60).ok
+        copies = sb.fork(2, call_timeout=240)
+        try:
+            assert len(copies) == 2 and len({sb.id, *(c.id for c in copies)}) == 3
+            # At once, before anything else reads it: a copy not reseeded reads the
+            # source's generator's next bytes, the same in both.
+            drawn = [c.run(["head", "-c", "16", "/dev/urandom"]).stdout for c in copies]
+            assert drawn[0] != drawn[1] and all(len(d) == 16 for d in drawn), drawn
+            ids = [c.run(["cat", "/etc/machine-id"]).stdout for c in (sb, *copies)]
+            names = [c.run(["cat", "/etc/resolv.conf"]).stdout for c in (sb, *copies)]
+            assert len(set(ids)) == 3 and len(set(names)) == 3, (ids, names)
+            for n, copy in enumerate(copies):
+                assert copy.run(["cat", "/etc/forked"]).stdout == b"kept\n"
+                assert copy.read("w") == b"ws\n"
+                alive = copy.run(["sh", "-c", "kill -0 $(cat /tmp/sleeper)"])
+                assert alive.ok, alive  # the source's process, running on in the copy
+                got = copy.run(["python3", "-c", _FETCH, f"{url}/from-copy-{n}"], timeout=120)
+                assert (got.exit_code, got.stdout) == (0, b"hello from origin\n"), got.stderr
+            assert copies[0].run(["sh", "-c", "echo mine > /workspace/w"]).ok
+            assert copies[1].read("w") == b"ws\n" and sb.read("w") == b"ws\n"
+        finally:
+            for copy in copies:
+                copy.delete()
+        got = sb.run(["python3", "-c", _FETCH, f"{url}/from-source"], timeout=120)
+        assert got.exit_code == 0, got.stderr
+        sleeper.kill()
+    assert sorted(r.path for r in origin_https.requests) == [
+        "/from-copy-0", "/from-copy-1", "/from-source"]
+
+
 def _qemus() -> list[list[str]]:
     """The command lines of the host's QEMU processes."""
     found = []

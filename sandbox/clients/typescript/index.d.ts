@@ -131,7 +131,8 @@ export declare class Sandbox {
   update(changes: CallOptions & { ttl?: number; idleTimeout?: number;
     metadata?: Record<string, string>; sandbox?: string }): Promise<SandboxInfo>;
   snapshot(name?: string, opts?: CallOptions): Promise<Record<string, any>>;
-  /** No tier takes a memory snapshot yet: a DaemonError `unsupported`. */
+  /** n copies resumed from one memory snapshot of it (the microVM tier, a sandbox from an
+   * image); elsewhere a DaemonError `unsupported` saying why. */
   fork(n: number, opts?: CallOptions): Promise<Sandbox[]>;
   pause(opts?: CallOptions): Promise<void>;
   resume(opts?: CallOptions): Promise<void>;

@@ -144,6 +144,13 @@ class Channel:
         self.request({"op": Op.ROOT, "dirs": dict(dirs), "files": list(files),
                       "owner": list(owner), "workspace": workspace}, timeout=60.0)
 
+    def renew(self, address: str, gateway: str, files: Mapping[str, bytes]) -> None:
+        """A copy resumed from a saved VM made its own (`guest/vmos.renew`): this slot's
+        address and files, fresh randomness from the host's, the host's clock."""
+        self.request({"op": Op.RENEW, "address": address, "gateway": gateway,
+                      "files": {path: data.decode("latin-1") for path, data in files.items()},
+                      "seed": os.urandom(64).hex(), "time": time.time()}, timeout=60.0)
+
     def put(self, path: str, data: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         self.request({"op": Op.PUT, "path": path, "mode": mode, "uid": uid, "gid": gid}, data)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from ...errors import SandboxError
 from ...guest.protocol import over_time
 from . import image, pool, vm
+from .channel import Channel
 from .pool import Booted
 
 SETUP_FAILED = 125
@@ -58,6 +59,8 @@ class Order:
     workspace_bytes: int | None = None
     disk: str | None = None  # an image's erofs disk (`sandbox.images.disk`), read-only
     root_dirs: dict[str, int] | None = None  # with `disk`: what to make in its root, by mode
+    # A saved VM's memory (`qmp`): resumed here as a copy of it (`resume`) instead of a boot.
+    restore: str | None = None
     timeout: float | None = None  # the command's, kept by the guest from its start
 
     def to_json(self) -> bytes:
@@ -83,9 +86,8 @@ def wire(sandbox_if: str) -> None:
                            f"{done.stderr.strip()}")
 
 
-def start(order: Order) -> Booted:
-    """Steps 1 to 3: the namespace wired, the VM booted on it and given its address and the
-    staged files; the caller kills it (`Booted.close`). Raises SandboxError."""
+def _spec(order: Order) -> vm.Spec:
+    """The VM's, with the namespace wired (step 1). Raises SandboxError."""
     found = image.find()
     if found is None:
         raise SandboxError("no microVM image: run scripts/microvm-image")
@@ -93,10 +95,37 @@ def start(order: Order) -> Booted:
     if accel is None:
         raise SandboxError(why)
     wire(order.sandbox_if)
-    spec = vm.Spec(found, accel, order.uid, order.gid, tap=TAP,
+    return vm.Spec(found, accel, order.uid, order.gid, tap=TAP,
                    workspace=Path(order.workspace) if order.workspace else None,
                    memory_mib=order.memory_mib,
-                   disk=Path(order.disk) if order.disk else None)
+                   disk=Path(order.disk) if order.disk else None,
+                   incoming=Path(order.restore) if order.restore else None)
+
+
+def resume(order: Order) -> Booted:
+    """A copy of the saved VM `order.restore` on this slot's link: resumed, then made its own
+    (`Channel.renew`: this slot's address and staged files, fresh randomness, the clock) before
+    anything else reaches it. The staged files renewed are those the image's root shows (not
+    the agent's own, the same for every slot). Raises SandboxError."""
+    machine = vm.Machine(_spec(order))
+    try:
+        machine.monitor.resumed(_BOOT_SECONDS)
+        channel = Channel(machine.sock)
+        channel.renew(order.address, order.gateway,
+                      {path: text.encode("latin-1") for path, text in order.files.items()
+                       if not path.startswith(("/proc/", "/run/"))})
+    except SandboxError as exc:
+        raise SandboxError(f"the microVM did not resume: {exc}: {machine.failure()}") from None
+    except BaseException:
+        machine.kill()
+        raise
+    return Booted(machine, channel)
+
+
+def start(order: Order) -> Booted:
+    """Steps 1 to 3: the namespace wired, the VM booted on it and given its address and the
+    staged files; the caller kills it (`Booted.close`). Raises SandboxError."""
+    spec = _spec(order)
     try:
         booted = pool.boot(spec, _BOOT_SECONDS)
     except SandboxError as exc:

@@ -81,6 +81,18 @@ _EXIT_GRACE = 10.0  # past a command's own timeout, for the guest to report it
 _NO_LIMIT = 7 * 86400.0
 _HELD_MAX = 8 << 20  # a get's bytes that may arrive before its status line
 _PYTHON = "/usr/bin/python3"
+_SAVE_SECONDS = 120.0  # a guest's memory written under emulation: ~0.5 s for 512 MiB here
+_ANSWER_SECONDS = 30.0  # for the guest agent to answer a hold or a release
+
+
+def _answered(frames: queue.Queue[tuple[dict[str, Any], bytes]], op: Op) -> None:
+    """The guest's ok to the request whose frames these are. Raises SandboxError."""
+    try:
+        header, _ = frames.get(timeout=_ANSWER_SECONDS)
+    except queue.Empty:
+        raise SandboxError(f"the guest did not answer the {op}") from None
+    if header.get("op") != Op.OK:
+        raise SandboxError(f"the guest refused the {op}: {str(header.get('message'))[:200]}")
 
 
 class _Guest:
@@ -109,6 +121,30 @@ class _Guest:
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         with self._lock:
             self.sock.sendall(encode(header, payload))
+
+    def save(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], fd: int
+             ) -> int:
+        """The VM's memory written to `fd` (a file's): the bytes written. The guest agent is
+        held first (it sends nothing more), and nothing is sent to it until it is released
+        (other requests' frames wait): the channel is between two frames both ways in what
+        is saved, so a copy resumed from it reads only its own frames. QEMU is stopped for
+        the copy and continued after."""
+        monitor = self.booted.machine.monitor
+        with self._lock:
+            self.sock.sendall(encode({"op": Op.HOLD, "id": gid}))
+            try:
+                _answered(frames, Op.HOLD)
+                monitor.execute("stop")
+                try:
+                    return monitor.save(fd, _SAVE_SECONDS)
+                finally:
+                    monitor.execute("cont")
+            finally:
+                # Always: a guest held would serve nothing more (one that was not answers
+                # with an error, which is all the same here).
+                self.sock.sendall(encode({"op": Op.RELEASE, "id": gid}))
+                with contextlib.suppress(SandboxError):
+                    _answered(frames, Op.RELEASE)
 
     def _deliver(self, frame: tuple[dict[str, Any], bytes]) -> None:
         ident = frame[0].get("id")
@@ -195,6 +231,8 @@ class Server:
                 self._exec(gid, frames, req, fds)
             elif op == Op.LAYER:
                 self._layer(gid, frames, fds)
+            elif op == Op.SAVE:
+                self._save(gid, frames, fds)
             else:
                 self._shim(gid, frames, op, req, fds)
         except Exception as exc:  # the request's failure, never the sandbox's end
@@ -281,6 +319,19 @@ class Server:
             return
         self.guest.send({"op": Op.LAYER, "id": gid})
         _drain(frames, {1: fds[0], 2: fds[1]}, None, status_first=True)
+
+    def _save(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]],
+              fds: list[int]) -> None:
+        if self.order.disk is None:
+            _write_all(fds[-1], status_line({"error": "a VM with the host's /usr over 9p "
+                                                      "cannot be saved (only one from an image)"}))
+            return
+        try:
+            size = self.guest.save(gid, frames, fds[0])
+        except SandboxError as exc:
+            _write_all(fds[-1], status_line({"error": str(exc)}))
+            return
+        _write_all(fds[-1], status_line({"ok": True, "size": size}))
 
     def _shim(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], op: Op,
               req: dict[str, Any], fds: list[int]) -> None:
@@ -370,7 +421,7 @@ def main() -> int:
         fd = int(sys.argv[1])
         with os.fdopen(fd, "rb") as fh:
             order = hostrun.Order.from_json(fh.read())
-        booted = hostrun.start(order)
+        booted = hostrun.resume(order) if order.restore else hostrun.start(order)
     except (SandboxError, OSError, ValueError, IndexError, TypeError) as exc:
         # What the daemon reads in place of its hello, so a failed slot says why.
         with contextlib.suppress(OSError):

@@ -99,6 +99,8 @@ def serve(launch: Launch, cgroups: Sequence[Path], undo: contextlib.ExitStack) -
     guest's memory, which the slot's cgroup caps as it does QEMU's)."""
     workspace = launch.writable.get(WORKSPACE)
     order = _image(launch, _order(launch, [], workspace))
+    if launch.resume is not None:  # a copy of a saved VM (`fork`), not a boot
+        order = dataclasses.replace(order, restore=str(launch.resume))
     if launch.disk is not None and workspace is not None:
         # Its own tmpfs, of the slot's: no 9p share is then mounted in the guest, which QEMU
         # could not save.
@@ -129,5 +131,4 @@ TIER = Tier("microvm", _unavailable, start, _clean_up, _host_limits, serve=serve
             ready_seconds=90.0, image_owner="guest", own_clock=True,
             no_adopt="its host side (hostrun, then QEMU) runs under a parent-death signal armed "
                      "for the daemon that started it: the guest would die as that daemon exits",
-            no_fork="QEMU's migration to a file is not wired yet (and a guest whose /usr is "
-                    "the host's over 9p cannot be migrated: an image's disk is the way)")
+            no_fork=None)

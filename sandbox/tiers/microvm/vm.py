@@ -11,7 +11,8 @@
   its root of it (`guest/vmroot.py`), and its agent runs on the initramfs's own Python
   (`image`'s standalone initramfs, `runtime`): such a guest sees nothing of the host's /usr.
 - The agent's port is one end of a socket pair handed to QEMU as a descriptor, so no path of
-  the host's is involved and nothing else can connect to it.
+  the host's is involved and nothing else can connect to it; so is QEMU's monitor (`qmp`),
+  through which a VM from an image is saved and a copy of it resumed (`Spec.incoming`).
 - QEMU never runs as root: `setpriv` starts it as the run's uid and gid with no other group
   (but /dev/kvm's, under KVM: `kvm_group`), no capability in any set and no_new_privs, and it
   dies with its starter (a parent-death signal that holds, being set after the uid changes,
@@ -48,6 +49,7 @@ from pathlib import Path
 from ...errors import SandboxError
 from ...host import parentdeath
 from .image import Image
+from .qmp import Monitor
 
 QEMU = "qemu-system-x86_64"
 ACCEL_ENV = "SEALGATE_MICROVM_ACCEL"
@@ -70,6 +72,9 @@ class Spec:
     memory_mib: int = MEMORY_MIB
     console: Path | None = None  # where the guest's console goes (debugging); else nowhere
     disk: Path | None = None  # an image's erofs disk, read-only (`sandbox.images.disk`)
+    # A saved VM's state to resume (`qmp`) instead of a boot: the same machine, devices and
+    # memory as the saved one's, an image's (no 9p share), on its own tap.
+    incoming: Path | None = None
 
 
 def accelerator() -> tuple[str | None, str]:
@@ -122,14 +127,16 @@ class Handed:
     """The descriptors QEMU is started with, by what they are."""
 
     agent: int
+    monitor: int
     kernel: int
     initrd: int
     tap: int | None
     disk: int | None = None
+    incoming: int | None = None
 
     def all(self) -> tuple[int, ...]:
-        return (self.agent, self.kernel, self.initrd,
-                *(fd for fd in (self.tap, self.disk) if fd is not None))
+        return (self.agent, self.monitor, self.kernel, self.initrd,
+                *(fd for fd in (self.tap, self.disk, self.incoming) if fd is not None))
 
 
 def command(spec: Spec, fds: Handed) -> list[str]:
@@ -166,6 +173,7 @@ def command(spec: Spec, fds: Handed) -> list[str]:
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=agent,fd={fds.agent}",
         "-device", "virtserialport,chardev=agent,name=sealgate.agent",
+        "-chardev", f"socket,id=qmp,fd={fds.monitor}", "-mon", "chardev=qmp,mode=control",
         "-chardev", (f"file,id=con,path={spec.console}" if spec.console else "null,id=con"),
         "-device", "virtconsole,chardev=con",
         "-object", "rng-random,id=rng,filename=/dev/urandom",
@@ -185,6 +193,8 @@ def command(spec: Spec, fds: Handed) -> list[str]:
     if fds.tap is not None:
         argv += ["-netdev", f"tap,id=net,fd={fds.tap}",
                  "-device", f"virtio-net-device,netdev=net,mac={spec.mac}"]
+    if fds.incoming is not None:
+        argv += ["-incoming", f"fd:{fds.incoming}"]
     return argv
 
 
@@ -214,6 +224,7 @@ class Machine:
 
     def __init__(self, spec: Spec) -> None:
         host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        monitor, qemu_monitor = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         opened: list[int] = []
         try:
             for path in (spec.image.kernel, spec.image.initramfs(spec.disk is None)):
@@ -225,18 +236,26 @@ class Machine:
             if spec.disk is not None:
                 disk = os.open(spec.disk, os.O_RDONLY | os.O_CLOEXEC)
                 opened.append(disk)
-            fds = Handed(guest_end.fileno(), opened[0], opened[1], tap, disk)
+            incoming = None
+            if spec.incoming is not None:
+                incoming = os.open(spec.incoming, os.O_RDONLY | os.O_CLOEXEC)
+                opened.append(incoming)
+            fds = Handed(guest_end.fileno(), qemu_monitor.fileno(), opened[0], opened[1], tap,
+                         disk, incoming)
             self.proc = subprocess.Popen(command(spec, fds), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                          pass_fds=fds.all())
         except OSError as exc:
             host_end.close()
+            monitor.close()
             raise SandboxError(f"cannot start {QEMU}: {exc}") from None
         finally:
             guest_end.close()
+            qemu_monitor.close()
             for fd in opened:
                 os.close(fd)
         self.sock = host_end
+        self.monitor = Monitor(monitor)
 
     def failure(self) -> str:
         """What QEMU said, ending it first if it still runs."""
@@ -249,6 +268,7 @@ class Machine:
             self.proc.kill()
         self.proc.wait()
         self.sock.close()
+        self.monitor.sock.close()
         said = ""
         if self.proc.stderr is not None and not self.proc.stderr.closed:
             said = self.proc.stderr.read().decode(errors="replace").strip()
