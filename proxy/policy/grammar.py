@@ -17,7 +17,7 @@ from yaml.nodes import Node, ScalarNode
 
 from sealgate.yamlfile import FLOAT, INT, Entries, Where, YamlFile, describe, join, show
 
-from . import toolgrammar
+from . import gatewaygrammar, toolgrammar
 from .injections import injections
 from .model import (
     ANY_HOST,
@@ -55,7 +55,7 @@ _HEX64: Final = re.compile(r"[0-9A-Fa-f]{64}")
 
 _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
 _POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets", "tools",
-                       "http_request")
+                       "http_request", "mcp_servers")
 _RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http",
                      "response_timeout")
 _MAX_RESPONSE_SECONDS: Final = 24 * 3600.0
@@ -204,8 +204,11 @@ class RulesDocument(YamlFile):
             if generic is not None and any(t.name == generic.name for t in tools):
                 raise self.error(entries["http_request"][1], f"{field}.http_request",
                                  f"a declared tool is already named {generic.name!r}")
+        servers = (gatewaygrammar.mcp_servers(self, entries["mcp_servers"][1],
+                                              f"{field}.mcp_servers", named)
+                   if "mcp_servers" in entries else ())
         return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets, tools,
-                      generic)
+                      generic, servers)
 
     def _named_credentials(self, rules: list[Rule], entries: Entries, field: str
                            ) -> dict[str, Injection]:

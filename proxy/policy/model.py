@@ -27,6 +27,7 @@ from sealgate.yamlfile import YamlFileError, format_location
 
 from ..errors import ProxyError
 from ..net.addresses import AddressPolicy
+from .gateways import McpServer
 from .httptool import HttpRequestTool
 from .tools import Tool
 
@@ -296,6 +297,8 @@ class Policy:
     tools: tuple[Tool, ...] = ()
     # The generic tool (`http_request:`), if the policy offers it.
     http_request: HttpRequestTool | None = None
+    # The upstream MCP servers `sealgate mcp gateway` fronts for this policy (`mcp_servers:`).
+    mcp_servers: tuple[McpServer, ...] = ()
     _exact: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _suffix: Mapping[str, _Indexed] = field(init=False, repr=False, compare=False)
     _any: _Indexed = field(init=False, repr=False, compare=False)

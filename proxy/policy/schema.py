@@ -17,7 +17,7 @@ from typing import Any
 
 from sealgate.credentials.processors import PROCESSOR_TYPES
 
-from . import grammar, injections, toolgrammar, tools
+from . import gatewaygrammar, grammar, injections, toolgrammar, tools
 
 ID = "https://sealgate.dev/schemas/rules-v1.json"
 
@@ -75,6 +75,35 @@ def _tool() -> dict[str, Any]:
             "required": list(toolgrammar._REQUIRED), "properties": properties}
 
 
+def _mcp_server() -> dict[str, Any]:
+    """An `mcp_servers:` entry (gatewaygrammar.py): its shape; the credential's name and the
+    patterns are checked by the loader."""
+    kinds: dict[str, Any] = {"equals": {}, "one_of": {"type": "array", "minItems": 1},
+                             "pattern": {"type": "string"}}
+    constraint = {"type": "object", "minProperties": 1, "maxProperties": 1,
+                  "additionalProperties": False, "properties": kinds}
+    tool = {"type": "object", "additionalProperties": False, "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": _anchored(tools.TOOL_NAME.pattern)},
+                "arguments": {"type": "object", "additionalProperties": constraint}}}
+    properties: dict[str, Any] = {
+        "name": {"type": "string", "pattern": _anchored(gatewaygrammar.SERVER_NAME.pattern)},
+        "url": {"type": "string", "pattern": "^https?://"},
+        "credential": {"type": "string", "pattern": _anchored(injections._NAME.pattern)},
+        "tools": {"type": "array", "items": tool},
+        "max_response_bytes": {"type": "integer", "minimum": 1,
+                               "maximum": toolgrammar.MAX_RESPONSE_BYTES},
+        "timeout": {"type": "number", "exclusiveMinimum": 0,
+                    "maximum": toolgrammar.MAX_TIMEOUT},
+    }
+    if (set(properties) != set(gatewaygrammar.SERVER_KEYS)
+            or set(kinds) != set(gatewaygrammar.CONSTRAINTS)):
+        raise RuntimeError("the schema and the loader name different mcp_servers fields: "
+                           "update schema.py")
+    return {"type": "object", "additionalProperties": False,
+            "required": ["name", "url", "tools"], "properties": properties}
+
+
 def schema() -> dict[str, Any]:
     name = {"type": "string", "pattern": _anchored(grammar._NAME.pattern)}
     integer = {"type": "integer", "maximum": grammar._MAX_INT}
@@ -121,6 +150,7 @@ def schema() -> dict[str, Any]:
                                        "maximum": toolgrammar.MAX_RESPONSE_BYTES},
                 "timeout": {"type": "number", "exclusiveMinimum": 0,
                             "maximum": toolgrammar.MAX_TIMEOUT}}}]},
+        "mcp_servers": _string_list(_mcp_server()),
     }
     sandbox = {"type": "object", "additionalProperties": False,
                "required": list(grammar._SANDBOX_KEYS),
