@@ -5,13 +5,17 @@ emulation where KVM cannot run the guest. Guests boot in seconds there: one test
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sealgate.reasons import Reason
 from sealgate.sandbox.clients.client import Sandbox
+from sealgate.sandbox.clients.clientshared import DaemonError
 from tests.harness import Origin, Proxy
 from tests.integration import tiers as tier_env
 
@@ -185,6 +189,84 @@ def test_a_microvm_forks(microvm_imaged: Daemon, origin_https: Origin) -> None:
         sleeper.kill()
     assert sorted(r.path for r in origin_https.requests) == [
         "/from-copy-0", "/from-copy-1", "/from-source"]
+
+
+# What a compromised guest runs as its copier: a layer stream of the members given (JSON),
+# said to be whole ("done"), with its end-of-archive or without.
+_HOSTILE_COPIER = """
+import io, json, os, tarfile
+def layer(_, fds):
+    data, status = fds
+    os.write(status, json.dumps({"ok": True}).encode() + b"\\n")
+    members, whole = json.loads(%r)
+    out = os.fdopen(data, "wb", closefd=False)
+    tar = tarfile.open(fileobj=out, mode="w|")
+    for fields in members:
+        info = tarfile.TarInfo(fields.pop("name"))
+        for key, value in fields.items():
+            setattr(info, key, value.encode() if key == "type" else value)
+        body = b"pwned" if info.isreg() else b""
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body) if body else None)
+    if whole:
+        tar.close()
+    else:
+        tar.fileobj.flush()
+    out.flush()
+    os.write(status, json.dumps({"done": True}).encode() + b"\\n")
+"""
+# Each as a stream of its own, and what the host says refusing it.
+_HOSTILE_STREAMS = {
+    "a '..' component": [{"name": "../../../../../../../../tmp/escape-{t}"}],
+    "absolute": [{"name": "/tmp/absolute-{t}"}],
+    "symlink": [{"name": "link", "type": "2", "linkname": "/tmp"},
+                {"name": "link/through-{t}"}],
+    "hard link": [{"name": "hard-{t}", "type": "1", "linkname": "/etc/passwd"}],
+    "device": [{"name": "dev-{t}", "type": "3", "devmajor": 1, "devminor": 1}],
+    "cut": [{"name": "cut-{t}"}],
+}
+
+
+def test_a_compromised_guests_snapshot_stream_is_refused(microvm_imaged: Daemon, store: Path,
+                                                         tmp_path: Path) -> None:
+    """The guest is the sandbox's: its commands are its root and can reach the agent's own
+    root (/proc/1/root), so a compromised one can replace the copier the agent runs for a
+    snapshot. Its stream is then an attacker's tar, and the host unpacks it as any untrusted
+    layer: each hostile kind refused, nothing written outside the store's staging, no layer
+    added, the sandbox running on."""
+    token = secrets.token_hex(6)
+    layers_before = _tree(store / "layers")
+    said = {}
+    with _vm(microvm_imaged, "debian") as sb:
+        for kind, members in _HOSTILE_STREAMS.items():
+            stream = json.dumps([[{k: v.replace("{t}", token) if isinstance(v, str) else v
+                                   for k, v in m.items()} for m in members], kind != "cut"])
+            swap = sb.run(["python3", "-c", _SWAP, _HOSTILE_COPIER % stream])
+            assert swap.ok, swap.stderr.decode()  # the guest's own root is the sandbox's
+            with pytest.raises(DaemonError) as refused:
+                sb.snapshot(f"hostile-{token}")
+            said[kind] = str(refused.value)
+            assert refused.value.reason is Reason.SANDBOX_FAILED, said
+        assert sb.run(["true"]).ok  # the sandbox (and the daemon) run on
+    for kind, words in said.items():
+        expected = {"absolute": "an absolute name", "hard link": "hard link: member",
+                    "device": "a device node", "cut": "cut short",
+                    "symlink": "through the symlink"}.get(kind, kind)
+        assert expected in words.lower(), (kind, words)
+    for where in (Path("/tmp"), Path("/"), Path("/etc"), store, tmp_path):
+        assert not list(where.glob(f"*{token}*")), where
+    assert _tree(store / "layers") == layers_before
+
+
+# Run in the sandbox as the guest's root: the agent's root made writable again (it seals it
+# read-only) and its copier replaced.
+_SWAP = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for flags in (32, 32 | 1 << 12):  # MS_REMOUNT: its filesystem, then its mount, writable
+    libc.mount(b"none", b"/proc/1/root", None, flags, None)
+open("/proc/1/root/sealgate/guest/tarout.py", "w").write(sys.argv[1])
+"""
 
 
 def _qemus() -> list[list[str]]:
