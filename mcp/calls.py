@@ -57,7 +57,7 @@ from sealgate.reasons import Reason
 from .service import Service
 from .upstream import Answer, send
 
-__all__ = ["Result", "call_tool"]
+__all__ = ["Result", "call_tool", "masked", "write_credentials"]
 
 log = logging.getLogger("sealgate.mcp")
 _SECRET_KEY: Final = re.compile(r"pass|secret|token|key|auth|cookie|credential|session", re.I)
@@ -200,18 +200,23 @@ def _allowed(decision: Decision, record: _Call) -> None:
 
 
 def _inject(credentials: list[Credential], request: InMemoryRequest, record: _Call) -> None:
-    """Each credential written by its processor; what it wrote besides the secret (a signature
-    that is a capability) is scrubbed like the secret's own forms."""
+    write_credentials(credentials, request, record.needles)
+    record.fields["injected"] = [c.label for c in credentials] or None
+
+
+def write_credentials(credentials: list[Credential], request: InMemoryRequest,
+                      needles: list[str]) -> None:
+    """Each credential written by its processor; every form of it, and what it wrote besides
+    the secret (a signature that is a capability), added to `needles`, to be scrubbed."""
     for cred in credentials:
-        record.needles.extend(cred.needles)
+        needles.extend(cred.needles)
         try:
             written = cred.processor.inject(cred.secret, request, now=time.time())
         except InjectionError as exc:
             raise Denial(cred.inapplicable if isinstance(exc, RequestInapplicable)
                          else exc.reason, str(exc)) from None
         if written is not None:
-            record.needles.append(written)
-    record.fields["injected"] = [c.label for c in credentials] or None
+            needles.append(written)
 
 
 def _answered(tool: Tool | HttpRequestTool, answer: Answer, scrubber: Scrubber) -> Result:
@@ -258,7 +263,7 @@ def _line(record: _Call, started: float) -> dict[str, Any]:
         "identified_by": record.identity.via,
         "policy": record.policy,
         "tool": record.tool,
-        "arguments": _masked(record.arguments, Scrubber(record.needles)),
+        "arguments": masked(record.arguments, Scrubber(record.needles)),
         **record.fields,
         "decision": record.decision,
         "reason": record.reason,
@@ -267,7 +272,7 @@ def _line(record: _Call, started: float) -> dict[str, Any]:
     }
 
 
-def _masked(arguments: Any, scrubber: Scrubber) -> str:
+def masked(arguments: Any, scrubber: Scrubber) -> str:
     """The arguments as the audit line shows them: fields whose names look secret masked,
     headers' values masked whatever their names (an http_request's: a token fits in any
     header), URLs without query or user information, long values cut, every form of the

@@ -25,12 +25,13 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-from sealgate.proxy.calls import Decision, Denial
+from sealgate.proxy.calls import Decision, Denial, Identity, Policy
 from sealgate.reasons import Reason
 
 from .service import Service
 
-__all__ = ["IDENTITY", "METHODS", "PROTOCOL_VERSION", "Gate"]
+__all__ = ["IDENTITY", "METHODS", "PROTOCOL_VERSION", "Gate", "Refused", "answer_refused",
+           "check_headers", "identify", "parse_message", "read_body", "request_headers"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -48,7 +49,9 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600,
 HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
 
 
-class _Refused(Exception):
+class Refused(Exception):
+    """A message refused before anything is called: its HTTP status and JSON-RPC error."""
+
     def __init__(self, status: int, code: int, message: str, *, data: Any = None,
                  headers: tuple[tuple[bytes, bytes], ...] = (), id: Any = None) -> None:
         super().__init__(message)
@@ -66,8 +69,8 @@ class Gate:
             return
         try:
             body = await self._admit(scope, receive)
-        except _Refused as refused:
-            await _answer(send, refused)
+        except Refused as refused:
+            await answer_refused(send, refused)
             return
         sent = False
 
@@ -82,43 +85,44 @@ class Gate:
 
     async def _admit(self, scope: Scope, receive: Receive) -> bytes:
         if scope["path"] != self.path:
-            raise _Refused(404, INVALID_REQUEST, f"the MCP endpoint is POST {self.path}")
+            raise Refused(404, INVALID_REQUEST, f"the MCP endpoint is POST {self.path}")
         if scope["method"] != "POST":
-            raise _Refused(405, INVALID_REQUEST, f"only POST {self.path}",
+            raise Refused(405, INVALID_REQUEST, f"only POST {self.path}",
                           headers=((b"allow", b"POST"),))
-        headers = _headers(scope)
+        headers = request_headers(scope)
         if "origin" in headers:
-            raise _Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
+            raise Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
                                                 "endpoint is not for web pages")
-        scope.setdefault("state", {})[IDENTITY] = self._identify(scope, headers)
-        body = await _body(scope, receive, headers, self.service.settings.max_body)
-        message = _message(body)
-        _check_headers(message, headers)
+        scope.setdefault("state", {})[IDENTITY] = identify(self.service, scope, headers)[0]
+        body = await read_body(scope, receive, headers, self.service.settings.max_body)
+        message = parse_message(body)
+        check_headers(message, headers)
         return body
 
-    def _identify(self, scope: Scope, headers: dict[str, str]) -> Any:
-        client = scope.get("client")
-        try:
-            identity = self.service.identify(headers.get("authorization"),
-                                             client[0] if client else None)
-        except Denial as exc:
-            raise _unauthorized(f"{exc.reason.value}: {exc.detail}") from None
-        found = self.service.policy(identity)
-        if isinstance(found, Decision):
-            reason = found.reason or Reason.NOT_ALLOWED
-            if reason is Reason.IDENTITY_REQUIRED:
-                raise _unauthorized("identify with Authorization: Basic <sandbox id:key>, or "
-                                    "call from a registered sandbox address")
-            raise _Refused(403, INVALID_REQUEST, f"{reason.value}: {found.detail}")
-        return identity
+
+def identify(service: Service, scope: Scope, headers: dict[str, str]) -> tuple[Identity, Policy]:
+    """Who asks and their policy; Refused (401, 403) when nobody is proven or no policy."""
+    client = scope.get("client")
+    try:
+        identity = service.identify(headers.get("authorization"), client[0] if client else None)
+    except Denial as exc:
+        raise _unauthorized(f"{exc.reason.value}: {exc.detail}") from None
+    found = service.policy(identity)
+    if isinstance(found, Decision):
+        reason = found.reason or Reason.NOT_ALLOWED
+        if reason is Reason.IDENTITY_REQUIRED:
+            raise _unauthorized("identify with Authorization: Basic <sandbox id:key>, or "
+                                "call from a registered sandbox address")
+        raise Refused(403, INVALID_REQUEST, f"{reason.value}: {found.detail}")
+    return identity, found
 
 
-def _unauthorized(message: str) -> _Refused:
-    return _Refused(401, INVALID_REQUEST, message,
+def _unauthorized(message: str) -> Refused:
+    return Refused(401, INVALID_REQUEST, message,
                    headers=((b"www-authenticate", b'Basic realm="sealgate-mcp"'),))
 
 
-def _headers(scope: Scope) -> dict[str, str]:
+def request_headers(scope: Scope) -> dict[str, str]:
     """Lower-case name -> value; a routing header sent twice is refused (two readers could
     take different copies)."""
     found: dict[str, str] = {}
@@ -126,60 +130,60 @@ def _headers(scope: Scope) -> dict[str, str]:
         name = raw_name.decode("latin-1").lower()
         if name in found and name in ("mcp-protocol-version", "mcp-method", "mcp-name",
                                       "authorization", "content-length"):
-            raise _Refused(400, HEADER_MISMATCH, f"the {name} header appears more than once")
+            raise Refused(400, HEADER_MISMATCH, f"the {name} header appears more than once")
         found[name] = raw_value.decode("latin-1")
     return found
 
 
-async def _body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise _Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
+        raise Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
     body = bytearray()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _Refused(400, INVALID_REQUEST, "the client went away")
+            raise Refused(400, INVALID_REQUEST, "the client went away")
         body += message.get("body", b"")
         if len(body) > limit:
-            raise _Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
+            raise Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")
         if not message.get("more_body", False):
             return bytes(body)
 
 
-def _message(body: bytes) -> dict[str, Any]:
+def parse_message(body: bytes) -> dict[str, Any]:
     try:
         message = json.loads(body)
     except (ValueError, RecursionError):
-        raise _Refused(400, PARSE_ERROR, "Parse error: the body is not JSON") from None
+        raise Refused(400, PARSE_ERROR, "Parse error: the body is not JSON") from None
     if isinstance(message, list):
-        raise _Refused(400, INVALID_REQUEST, "batch requests are not accepted: send one "
+        raise Refused(400, INVALID_REQUEST, "batch requests are not accepted: send one "
                                             "JSON-RPC request per POST")
     if (not isinstance(message, dict) or message.get("jsonrpc") != "2.0"
             or not isinstance(message.get("method"), str)):
-        raise _Refused(400, INVALID_REQUEST, "the body must be one JSON-RPC 2.0 request")
+        raise Refused(400, INVALID_REQUEST, "the body must be one JSON-RPC 2.0 request")
     request_id = message.get("id")
     if "id" in message and (isinstance(request_id, bool)
                             or not isinstance(request_id, str | int)):
-        raise _Refused(400, INVALID_REQUEST, "a request id is a string or an integer")
+        raise Refused(400, INVALID_REQUEST, "a request id is a string or an integer")
     return message
 
 
-def _check_headers(message: dict[str, Any], headers: dict[str, str]) -> None:
+def check_headers(message: dict[str, Any], headers: dict[str, str]) -> None:
     request_id = message.get("id")
     method: str = message["method"]
     version = headers.get("mcp-protocol-version")
     if version != PROTOCOL_VERSION:
-        raise _Refused(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
+        raise Refused(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
                       data={"supported": [PROTOCOL_VERSION], "requested": version},
                       id=request_id)
     if headers.get("mcp-method") != method:
-        raise _Refused(400, HEADER_MISMATCH, "the Mcp-Method header does not match the body's "
+        raise Refused(400, HEADER_MISMATCH, "the Mcp-Method header does not match the body's "
                                             "method", id=request_id)
     if "id" not in message:
         return  # a notification: acknowledged and dropped by the SDK, nothing is called
     if method not in METHODS:
-        raise _Refused(404, METHOD_NOT_FOUND, f"Method not found: {method[:64]!r}",
+        raise Refused(404, METHOD_NOT_FOUND, f"Method not found: {method[:64]!r}",
                       id=request_id)
     if method != "tools/call":
         return
@@ -187,10 +191,10 @@ def _check_headers(message: dict[str, Any], headers: dict[str, str]) -> None:
     name = params.get("name") if isinstance(params, dict) else None
     if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
         shown = repr(name)[:80] if isinstance(name, str) else "none"
-        raise _Refused(400, INVALID_PARAMS, f"tools/call needs the name of a tool (A-Z a-z 0-9 "
+        raise Refused(400, INVALID_PARAMS, f"tools/call needs the name of a tool (A-Z a-z 0-9 "
                                            f"_ . -), got {shown}", id=request_id)
     if _decoded(headers.get("mcp-name")) != name:
-        raise _Refused(400, HEADER_MISMATCH, "the Mcp-Name header does not match the body's "
+        raise Refused(400, HEADER_MISMATCH, "the Mcp-Name header does not match the body's "
                                             "tool name", id=request_id)
 
 
@@ -204,7 +208,7 @@ def _decoded(value: str | None) -> str | None:
         return None
 
 
-async def _answer(send: Send, refused: _Refused) -> None:
+async def answer_refused(send: Send, refused: Refused) -> None:
     error: dict[str, Any] = {"code": refused.code, "message": refused.message}
     if refused.data is not None:
         error["data"] = refused.data

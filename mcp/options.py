@@ -9,9 +9,11 @@ from typing import Final
 
 from sealgate.clikit import env_option
 
-__all__ = ["DEFAULT_LISTEN", "MAX_BODY", "add_serve_options", "to_argv"]
+__all__ = ["DEFAULT_GATEWAY_LISTEN", "DEFAULT_LISTEN", "MAX_BODY", "add_gateway_options",
+           "add_serve_options", "to_argv"]
 
 DEFAULT_LISTEN: Final = "127.0.0.1:8765"
+DEFAULT_GATEWAY_LISTEN: Final = "127.0.0.1:8766"
 MAX_BODY: Final = 1 << 20
 # dest -> flag, for the options handed on; `python` stays with the CLI.
 _FLAGS: Final = {
@@ -26,6 +28,23 @@ _LISTS: Final = {"secret_store": "--secret-store", "sandbox_network": "--sandbox
 def add_serve_options(p: argparse.ArgumentParser) -> None:
     env_option(p, "--listen", metavar="HOST:PORT", env="SEALGATE_MCP_LISTEN",
                default=DEFAULT_LISTEN, help="where the MCP endpoint (POST /mcp) listens")
+    _shared(p)
+    p.add_argument("--stdio", action="store_true",
+                   help="serve over stdin and stdout instead of HTTP, for one local client "
+                        "that starts this process (its caller is --sandbox)")
+    p.add_argument("--sandbox", metavar="ID",
+                   help="with --stdio: the sandbox id of the rules whose policy's tools are "
+                        "served (default: the rules' default policy)")
+
+
+def add_gateway_options(p: argparse.ArgumentParser) -> None:
+    env_option(p, "--listen", metavar="HOST:PORT", env="SEALGATE_MCP_GATEWAY_LISTEN",
+               default=DEFAULT_GATEWAY_LISTEN,
+               help="where the gateway's endpoints (POST /mcp/<server>) listen")
+    _shared(p)
+
+
+def _shared(p: argparse.ArgumentParser) -> None:
     env_option(p, "--rules", metavar="PATH", env="SEALGATE_RULES", default="rules",
                help="rules file or directory (the same as the proxy's)")
     env_option(p, "--state", metavar="DIR", env="SEALGATE_STATE", default="var",
@@ -45,12 +64,6 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                     "'off' for none")
     env_option(p, "--max-body", metavar="BYTES", type=int, env="SEALGATE_MCP_MAX_BODY",
                default=str(MAX_BODY), help="the largest JSON-RPC message accepted")
-    p.add_argument("--stdio", action="store_true",
-                   help="serve over stdin and stdout instead of HTTP, for one local client "
-                        "that starts this process (its caller is --sandbox)")
-    p.add_argument("--sandbox", metavar="ID",
-                   help="with --stdio: the sandbox id of the rules whose policy's tools are "
-                        "served (default: the rules' default policy)")
 
 
 def to_argv(args: argparse.Namespace) -> list[str]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -26,7 +28,7 @@ from sealgate.reasons import Reason
 
 from .pool import Pool, PoolKey
 
-__all__ = ["Answer", "send"]
+__all__ = ["Answer", "failures", "read_capped", "send"]
 
 _CHUNK: Final = 64 << 10
 _IDENTITY: Final = frozenset({"", "identity"})
@@ -53,7 +55,7 @@ async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
               encoded=True)
     key = PoolKey(owner[0], owner[1], call.scheme, call.host.name, call.port, str(pin.address),
                   tls if call.scheme == "https" else None)
-    try:
+    with failures(call.host.name, timeout):
         async with asyncio.timeout(timeout), pool.session(key) as session, session.request(
             call.method, url, headers=[("Host", authority), *headers], data=body,
             allow_redirects=False,
@@ -62,24 +64,36 @@ async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
             if coding not in _IDENTITY:
                 raise Denial(Reason.ENCODING_UNSCRUBBABLE,
                              "the API answered compressed although asked not to")
-            data = bytearray()
-            async for chunk in answer.content.iter_chunked(_CHUNK):
-                data += chunk
-                if len(data) > limit:
-                    raise Denial(Reason.RESPONSE_TOO_LARGE,
-                                 f"the API's answer is over the tool's {limit} bytes")
-            return Answer(answer.status, bytes(data), answer.headers.get("Content-Type", ""))
+            data = await read_capped(answer, limit)
+            return Answer(answer.status, data, answer.headers.get("Content-Type", ""))
+
+
+async def read_capped(answer: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole answer, or Denial past `limit` bytes (its connection then closed)."""
+    data = bytearray()
+    async for chunk in answer.content.iter_chunked(_CHUNK):
+        data += chunk
+        if len(data) > limit:
+            raise Denial(Reason.RESPONSE_TOO_LARGE, f"the answer is over its {limit} bytes")
+    return bytes(data)
+
+
+@contextmanager
+def failures(host: str, timeout: float) -> Iterator[None]:
+    """What went wrong on the way to `host`, as the Denial the agent reads (never an address
+    or a certificate's details)."""
+    try:
+        yield
     except TimeoutError:
-        raise Denial(Reason.UPSTREAM_TIMEOUT,
-                     f"the API did not answer within the tool's {timeout:g} s") from None
-    except aiohttp.ClientConnectorCertificateError:
-        raise Denial(Reason.UPSTREAM_TLS_FAILED,
-                     f"{call.host.name}'s certificate did not verify") from None
-    except (aiohttp.ClientConnectorSSLError, ssl.SSLError):
-        raise Denial(Reason.UPSTREAM_TLS_FAILED, f"TLS with {call.host.name} failed") from None
-    except aiohttp.ClientConnectorError:
-        raise Denial(Reason.CONNECT_FAILED, f"{call.host.name} could not be connected to"
+        raise Denial(Reason.UPSTREAM_TIMEOUT, f"{host} did not answer within {timeout:g} s"
                      ) from None
-    except (aiohttp.ClientError, OSError) as exc:
+    except aiohttp.ClientConnectorCertificateError:
+        raise Denial(Reason.UPSTREAM_TLS_FAILED, f"{host}'s certificate did not verify") from None
+    except (aiohttp.ClientConnectorSSLError, ssl.SSLError):
+        raise Denial(Reason.UPSTREAM_TLS_FAILED, f"TLS with {host} failed") from None
+    except aiohttp.ClientConnectorError:
+        raise Denial(Reason.CONNECT_FAILED, f"{host} could not be connected to") from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        # ValueError: aiohttp's "Line is too long" of a stream read by lines.
         raise Denial(Reason.UPSTREAM_RESET,
-                     f"the call to {call.host.name} failed ({type(exc).__name__})") from None
+                     f"the call to {host} failed ({type(exc).__name__})") from None

@@ -9,7 +9,8 @@ or, for the stdio transport, `"command": [argv...]`, `"cwd"` and `"stderr"` (a f
 server's stderr) instead of `url`: the client starts the server and speaks over its pipes.
 
 prints {"discovered": {...} | {"error": ...}, "steps": [one of {"tools": [...]},
-{"result": {"text", "structured", "is_error"}}, {"error": {"code", "message"}}]}. Every step
+{"result": {"text", "structured", "is_error"}}, {"error": {"code", "message"}}],
+"logged": [the data of each log notification the server sent, over HTTP]}. Every step
 is bounded (20 s); run with -P, so nothing beside this file shadows the SDK.
 """
 
@@ -39,10 +40,17 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
                     ClientSession(streams[0], streams[1]) as session:
                 return await _session(session, plan)
     headers = {"Authorization": plan["authorization"]} if plan.get("authorization") else {}
+    logged: list[Any] = []
+
+    async def log(params: Any) -> None:  # a server's log notifications, as the agent got them
+        logged.append(params.data)
+
     async with httpx2.AsyncClient(headers=headers, timeout=STEP_SECONDS) as http, \
             streamable_http_client(plan["url"], http_client=http) as streams, \
-            ClientSession(streams[0], streams[1]) as session:
-        return await _session(session, plan)
+            ClientSession(streams[0], streams[1], logging_callback=log) as session:
+        out = await _session(session, plan)
+    out["logged"] = logged
+    return out
 
 
 async def _session(session: ClientSession, plan: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def basic(sandbox: str, key: str) -> str:
 class McpServer:
     def __init__(self, workdir: Path, rules: str, *, resolver: tuple[str, int],
                  upstream_ca: Path, secrets: dict[str, str] | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, command: str = "serve") -> None:
         self.workdir = workdir
         self.state = workdir / "state"
         self.state.mkdir(parents=True, exist_ok=True)
@@ -55,14 +55,15 @@ class McpServer:
                         "--resolver", f"{resolver[0]}:{resolver[1]}", "--upstream-ca",
                         str(upstream_ca), "--secret-store", f"file:{store}", *(extra or [])]
         self.process = subprocess.Popen(
-            [*SEALGATE, "mcp", "serve", "--listen", f"127.0.0.1:{self.port}", *self.options],
+            [*SEALGATE, "mcp", command, "--listen", f"127.0.0.1:{self.port}", *self.options],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 30
-        while "sealgate mcp ready" not in self.stderr():
+        ready = "sealgate mcp gateway ready" if command == "gateway" else "sealgate mcp ready"
+        while ready not in self.stderr():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"sealgate mcp serve did not start: {self.stderr()}")
+                raise RuntimeError(f"sealgate mcp {command} did not start: {self.stderr()}")
             time.sleep(0.05)
 
     def stderr(self) -> str:
@@ -76,10 +77,11 @@ class McpServer:
         return [line for line in map(json.loads, self.audit_text().splitlines())
                 if line.get("event") == "tool_call"]
 
-    def client(self, steps: list[dict[str, Any]], authorization: str | None = None
-               ) -> tuple[dict[str, Any], str]:
-        """The official client's run of `steps`: its JSON answer, and all it printed."""
-        plan = {"url": self.url, "authorization": authorization, "steps": steps}
+    def client(self, steps: list[dict[str, Any]], authorization: str | None = None,
+               url: str | None = None) -> tuple[dict[str, Any], str]:
+        """The official client's run of `steps` (against `url`, by default the server's
+        endpoint): its JSON answer, and all it printed."""
+        plan = {"url": url or self.url, "authorization": authorization, "steps": steps}
         done = subprocess.run([str(MCP_PYTHON), "-P", str(CLIENT)], input=json.dumps(plan),
                               capture_output=True, text=True, timeout=90, check=False)
         printed = done.stdout + done.stderr
@@ -99,11 +101,12 @@ class McpServer:
         return json.loads(done.stdout), printed
 
     def post(self, body: bytes, headers: dict[str, str] | None = None,
-             timeout: float = 10) -> tuple[int, dict[str, Any] | None, dict[str, str]]:
+             timeout: float = 10, url: str | None = None
+             ) -> tuple[int, dict[str, Any] | None, dict[str, str]]:
         """One raw POST: the status, the JSON body (None if not JSON) and the headers."""
         import requests
 
-        answer = requests.post(self.url, data=body, headers={
+        answer = requests.post(url or self.url, data=body, headers={
             "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
             **(headers or {})}, timeout=timeout)
         try:

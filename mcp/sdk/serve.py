@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import uvicorn
 from mcp.server.stdio import stdio_server
@@ -26,7 +28,7 @@ from ..options import add_serve_options
 from ..service import Service, Settings, listen_address
 from .server import app, mcp_server
 
-__all__ = ["main"]
+__all__ = ["main", "run_http", "settings"]
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -39,26 +41,42 @@ def settings(args: argparse.Namespace) -> Settings:
 
 async def serve(config: Settings) -> None:
     service = Service.start(config)
-    host, port = config.listen
+
+    def ready() -> str:
+        rules = service.rules
+        tools = sum(len(p.tools) for p in rules.policies.values())
+        return (f"sealgate mcp ready\n  listening  {url(config)}/mcp\n"
+                f"  rules      {config.rules}: {len(rules.policies)} policies, {tools} tool(s)\n"
+                f"  audit log  {config.audit_log or config.state / 'audit.log'}")
+
+    await run_http(service, app(service), ready, lifespan="on")
+
+
+async def run_http(service: Service, served: Any, ready: Callable[[], str], *,
+                   lifespan: Literal["on", "off"]) -> None:
+    """`served` on the settings' address with uvicorn, `ready()` said on stderr once it
+    listens, until SIGTERM or SIGINT (in-flight requests finish first); then the service
+    closed."""
+    host, port = service.settings.listen
     server = uvicorn.Server(uvicorn.Config(
-        app(service), host=host, port=port, log_level="warning", access_log=False,
-        lifespan="on", timeout_keep_alive=5, timeout_graceful_shutdown=10,
+        served, host=host, port=port, log_level="warning", access_log=False,
+        lifespan=lifespan, timeout_keep_alive=5, timeout_graceful_shutdown=10,
         limit_concurrency=512,  # connections; past it 503 at once
         h11_max_incomplete_event_size=64 * 1024, server_header=False))
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if server.started:
-        rules = service.rules
-        tools = sum(len(p.tools) for p in rules.policies.values())
-        print(f"sealgate mcp ready\n  listening  http://{args_host(host)}:{port}/mcp\n"
-              f"  rules      {config.rules}: {len(rules.policies)} policies, {tools} tool(s)\n"
-              f"  audit log  {config.audit_log or config.state / 'audit.log'}",
-              file=sys.stderr, flush=True)
+        print(ready(), file=sys.stderr, flush=True)
     try:
         await task
     finally:
         await service.close()
+
+
+def url(config: Settings) -> str:
+    host, port = config.listen
+    return f"http://{args_host(host)}:{port}"
 
 
 async def serve_stdio(config: Settings, sandbox: str | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from sealgate.mcp import cli
-from sealgate.mcp.options import add_serve_options, to_argv
+from sealgate.mcp.options import add_gateway_options, add_serve_options, to_argv
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,3 +33,17 @@ def test_the_server_runs_with_minus_p_in_the_mcp_virtualenv() -> None:
     assert cli.command(args)[:4] == ["/venv/bin/python", "-P", "-m", "sealgate.mcp.sdk.serve"]
     args = sub.choices["mcp"].parse_args(["serve"])
     assert cli.command(args)[0].endswith("var/mcp-venv/bin/python") or args.python
+
+
+def test_the_gateway_runs_its_own_module_with_the_same_options() -> None:
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli.register(sub)
+    args = sub.choices["mcp"].parse_args(["gateway", "--python", "/venv/bin/python",
+                                          "--rules", "r.yaml", "--max-body", "9"])
+    argv = cli.command(args)
+    assert argv[:4] == ["/venv/bin/python", "-P", "-m", "sealgate.mcp.sdk.gateway"]
+    assert argv[argv.index("--listen") + 1] == "127.0.0.1:8766"
+    assert "--stdio" not in argv and argv[argv.index("--max-body") + 1] == "9"
+    parser = argparse.ArgumentParser()
+    add_gateway_options(parser)
+    assert parser.parse_args(argv[4:]).rules == "r.yaml"

@@ -1,0 +1,390 @@
+"""`sealgate mcp gateway` (issue 29) in front of real upstream MCP servers built with the official
+SDK's server side (MCPServer, Streamable HTTP, stateless; one answering JSON, one answering SSE
+streams), over HTTPS on loopback, and the official client in front of it: only the listed
+tools are seen and called, arguments are constrained, the upstream's credential is injected
+and never reaches the agent (nor its echo: scrubbed in JSON and in streams), the agent's own
+credentials never reach the upstream, a header that disagrees with the body is refused, and
+an answer over its cap is a refusal. What the upstream received is read from its own log.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KEYS
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA, free_port, key_digest
+from tests.mcpkit import MCP_PYTHON, McpServer, basic, needs_mcp_venv, rpc, rpc_headers
+
+pytestmark = needs_mcp_venv()
+
+CANARY = "upstream-canary-8b3f2e1d"
+BOT = basic("bot-1", KEYS["bot-1"])
+REP = basic("rep-1", KEYS["rep-1"])
+LISTED = {"echo", "whoami", "search", "big"}
+KINDS = {"docs": "application/json", "stream": "text/event-stream"}
+
+# The upstream: an MCP server made with the SDK, logging every request it gets (headers, body).
+UPSTREAM = r'''
+import json, sys
+import uvicorn
+from mcp.server import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+port, cert, key, mode, log_path = sys.argv[1:6]
+seen = {"authorization": None}
+server = MCPServer("upstream")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Says the text back."""
+    return text
+
+
+@server.tool()
+def whoami() -> str:
+    """The Authorization this server was called with (a debug tool that leaks it)."""
+    return f"you called with {seen['authorization']}"
+
+
+@server.tool()
+def search(repo: str, query: str) -> str:
+    """Searches a repository."""
+    return f"searched {repo} for {query}"
+
+
+@server.tool()
+def delete_repo(repo: str) -> str:
+    """Not listed by the rules: never seen, never called."""
+    return f"deleted {repo}"
+
+
+@server.tool()
+async def slow() -> str:
+    """Answers after 5 s."""
+    import anyio
+    await anyio.sleep(5)
+    return "late"
+
+
+@server.tool()
+def big() -> str:
+    """An answer over the gateway's cap."""
+    return "x" * 200000
+
+
+app = server.streamable_http_app(
+    json_response=(mode == "json"), stateless_http=True,
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+
+
+async def recorded(scope, receive, send):
+    if scope["type"] != "http":
+        await app(scope, receive, send)
+        return
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    seen["authorization"] = headers.get("authorization")
+    chunks = []
+
+    async def kept():
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+        return message
+
+    try:
+        await app(scope, kept, send if mode == "json" else streamed(send))
+    finally:
+        with open(log_path, "a") as log:
+            log.write(json.dumps({"headers": headers,
+                                  "body": b"".join(chunks).decode("utf-8", "replace")}) + "\n")
+
+
+def streamed(send):
+    """The SDK's JSON answer sent as the SSE stream a server whose handler logs would send (the
+    SDK streams only once a handler emits, or after 15 s): a ping, a log notification that
+    leaks the Authorization this server got, then the answer."""
+    answer = {"json": False, "body": b""}
+
+    async def framed(message):
+        if message["type"] == "http.response.start":
+            kind = dict(message.get("headers", [])).get(b"content-type", b"")
+            if message["status"] == 200 and kind.startswith(b"application/json"):
+                answer["json"] = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream")]})
+                return
+        elif message["type"] == "http.response.body" and answer["json"]:
+            answer["body"] += message.get("body", b"")
+            if not message.get("more_body"):
+                note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {
+                    "level": "info", "data": f"called with {seen['authorization']}"}}
+                await send({"type": "http.response.body", "more_body": False, "body": (
+                    b": ping\r\n\r\nevent: message\r\ndata: " + json.dumps(note).encode()
+                    + b"\r\n\r\nevent: message\r\ndata: " + answer["body"] + b"\r\n\r\n")})
+            return
+        await send(message)
+
+    return framed
+
+
+uvicorn.run(recorded, host="127.0.0.1", port=int(port), ssl_certfile=cert, ssl_keyfile=key,
+            log_level="warning", lifespan="on")
+'''
+
+
+class Upstream:
+    def __init__(self, workdir: Path, cert: tuple[Path, Path], mode: str) -> None:
+        self.port = free_port()
+        self.log = workdir / f"upstream-{mode}.jsonl"
+        script = workdir / "upstream.py"
+        script.write_text(UPSTREAM)
+        self.stderr = (workdir / f"upstream-{mode}.stderr").open("wb")
+        self.process = subprocess.Popen(
+            [str(MCP_PYTHON), "-P", str(script), str(self.port), str(cert[0]), str(cert[1]),
+             mode, str(self.log)], cwd=workdir, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        deadline = time.monotonic() + 30
+        while not self._listening():
+            assert self.process.poll() is None and time.monotonic() < deadline, \
+                "the upstream MCP server did not start"
+            time.sleep(0.1)
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def requests(self) -> list[dict[str, Any]]:
+        text = self.log.read_text() if self.log.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
+    def called(self) -> list[str]:
+        """The tools the upstream was asked to call, in order."""
+        names = []
+        for seen in self.requests():
+            body = json.loads(seen["body"] or "null")
+            if isinstance(body, dict) and body.get("method") == "tools/call":
+                names.append(body["params"]["name"])
+        return names
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.stderr.close()
+
+
+def rules(json_port: int, sse_port: int) -> str:
+    def server(name: str, port: int) -> str:
+        return f"""
+      - name: {name}
+        url: https://mcp.test:{port}/mcp
+        credential: upstream
+        tools:
+          - name: echo
+          - name: whoami
+          - name: search
+            arguments:
+              repo: {{equals: octo/docs}}
+              query: {{pattern: "[a-z ]{{1,20}}"}}
+          - name: big
+        max_response_bytes: 65536
+        timeout: 20"""
+    hasty = f"""
+      - name: hasty
+        url: https://mcp.test:{json_port}/mcp
+        credential: upstream
+        tools: [{{name: slow}}, {{name: echo}}]
+        timeout: 1"""
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: mcp.test
+        ports: [{json_port}, {sse_port}]
+        methods: [POST]
+        paths: ["/mcp"]
+        inject:
+          - {{secret: "file:upstream", as: bearer, name: upstream}}
+    allow_networks: [127.0.0.1/32]
+    mcp_servers:{server("docs", json_port)}{server("stream", sse_port)}{hasty}
+  other:
+    allow:
+      - host: mcp.test
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  rep-1: {{policy: other, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+default_policy: null
+"""
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA
+              ) -> Iterator[dict[str, Upstream]]:
+    workdir = tmp_path_factory.mktemp("mcp-upstream")
+    cert = test_ca.issue("mcp.test")
+    started: dict[str, Upstream] = {}
+    try:
+        started["docs"] = Upstream(workdir, cert, "json")
+        started["stream"] = Upstream(workdir, cert, "sse")
+        yield started
+    finally:
+        for upstream in started.values():
+            upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
+            dns: StubDNS, test_ca: OriginCA) -> Iterator[McpServer]:
+    dns.set("mcp.test", "A 127.0.0.1")
+    started = McpServer(tmp_path_factory.mktemp("mcp-gateway"),
+                        rules(upstreams["docs"].port, upstreams["stream"].port),
+                        resolver=dns.address, upstream_ca=test_ca.path,
+                        secrets={"upstream": CANARY}, command="gateway")
+    yield started
+    started.stop()
+    assert CANARY not in started.audit_text() + started.stderr()
+    assert "Traceback" not in started.stderr(), started.stderr()
+
+
+def _run(gateway: McpServer, server: str, steps: list[dict[str, Any]],
+         authorization: str = BOT, logged: list[Any] | None = None) -> list[dict[str, Any]]:
+    answer, printed = gateway.client(steps, authorization, url=f"{gateway.url}/{server}")
+    assert CANARY not in printed and KEYS["bot-1"] not in printed
+    assert answer["discovered"].get("versions"), answer
+    if logged is not None:
+        logged.extend(answer["logged"])
+    return list(answer["steps"])
+
+
+def _lines(gateway: McpServer) -> list[dict[str, Any]]:
+    return [line for line in map(json.loads, gateway.audit_text().splitlines())
+            if line.get("event") == "mcp_gateway"]
+
+
+@pytest.mark.parametrize("server", ["docs", "stream"])
+def test_only_the_listed_tools_are_listed(gateway: McpServer, server: str) -> None:
+    [step] = _run(gateway, server, [{"list": True}])
+    assert {tool["name"] for tool in step["tools"]} == LISTED  # delete_repo, slow filtered out
+    listed = [line for line in _lines(gateway) if line["method"] == "tools/list"][-1]
+    assert (listed["server"], listed["filtered"], listed["decision"]) == (server, 2, "allow")
+    assert listed["content_type"] == KINDS[server]  # each server answered as it was made to
+
+
+@pytest.mark.parametrize("server", ["docs", "stream"])
+def test_the_upstream_gets_its_credential_and_the_agent_never_sees_it(
+        gateway: McpServer, upstreams: dict[str, Upstream], server: str) -> None:
+    logged: list[Any] = []
+    steps = _run(gateway, server, [{"call": "whoami"}, {"call": "echo",
+                                                        "arguments": {"text": "hello"}}],
+                 logged=logged)
+    whoami, echo = steps[0]["result"], steps[1]["result"]
+    assert echo == {"text": "hello", "structured": {"result": "hello"}, "is_error": False}
+    # The upstream echoed the bearer it got; the agent reads it masked.
+    assert whoami["text"].startswith("you called with Bearer [REDACTED]"), whoami
+    assert CANARY not in json.dumps(whoami)
+    seen = upstreams[server].requests()
+    assert seen and all(r["headers"].get("authorization") == f"Bearer {CANARY}" for r in seen)
+    # Nothing of the agent's own request but the body and routing headers went upstream.
+    assert all(KEYS["bot-1"] not in json.dumps(r) and "Basic" not in json.dumps(r)
+               for r in seen)
+    line = [line for line in _lines(gateway) if line["tool"] == "whoami"][-1]
+    assert line["injected"] == ["broker:file:upstream"] and line["scrubbed"] >= 1
+    assert line["content_type"] == KINDS[server]
+    if server == "stream":  # each stream's log notification leaked it: the agent got it masked
+        assert len(logged) >= 3 and all(str(data).startswith("called with Bearer [REDACTED]")
+                                        for data in logged), logged
+        line = [line for line in _lines(gateway) if line["tool"] == "echo"][-1]
+        assert line["scrubbed"] >= 1
+    assert (line["sandbox"], line["host"], line["path"]) == ("bot-1", "mcp.test", "/mcp")
+
+
+@pytest.mark.parametrize("server", ["docs", "stream"])
+def test_an_unlisted_tool_is_refused_and_never_sent(gateway: McpServer,
+                                                    upstreams: dict[str, Upstream],
+                                                    server: str) -> None:
+    [step] = _run(gateway, server, [{"call": "delete_repo", "arguments": {"repo": "x"}}])
+    assert step["error"]["code"] == -32602 and "delete_repo" in step["error"]["message"]
+    assert "delete_repo" not in upstreams[server].called()
+    line = _lines(gateway)[-1]
+    assert (line["tool"], line["decision"], line["reason"]) == ("delete_repo", "deny",
+                                                                "not_allowed")
+
+
+@pytest.mark.parametrize("server", ["docs", "stream"])
+def test_arguments_are_constrained(gateway: McpServer, upstreams: dict[str, Upstream],
+                                   server: str) -> None:
+    steps = _run(gateway, server, [
+        {"call": "search", "arguments": {"repo": "octo/secret", "query": "how"}},
+        {"call": "search", "arguments": {"repo": "octo/docs", "query": "HOW; drop"}},
+        {"call": "search", "arguments": {"query": "how"}},
+        {"call": "search", "arguments": {"repo": "octo/docs", "query": "how to"}}])
+    refused = [step["result"] for step in steps[:3]]
+    assert all(r["is_error"] and "tool_arguments_invalid" in r["text"] for r in refused)
+    assert "'repo'" in refused[0]["text"] and "octo/secret" not in refused[0]["text"]
+    assert "'query'" in refused[1]["text"] and "must be given" in refused[2]["text"]
+    assert steps[3]["result"]["text"] == "searched octo/docs for how to"
+    searched = [name for name in upstreams[server].called() if name == "search"]
+    assert len(searched) == 1  # only the allowed one went upstream
+    denied = [line for line in _lines(gateway) if line["tool"] == "search"][-4:-1]
+    assert all(line["reason"] == "tool_arguments_invalid" for line in denied)
+    assert "octo/secret" in denied[0]["arguments"]  # the audit keeps what was asked
+
+
+@pytest.mark.parametrize("server", ["docs", "stream"])
+def test_an_answer_over_its_cap_is_a_refusal(gateway: McpServer, server: str) -> None:
+    [step] = _run(gateway, server, [{"call": "big"}])
+    assert step["result"]["is_error"] and "response_too_large" in step["result"]["text"]
+    line = [line for line in _lines(gateway) if line["tool"] == "big"][-1]
+    assert (line["content_type"], line["reason"]) == (KINDS[server], "response_too_large")
+
+
+def test_a_slow_upstream_is_a_timeout_and_the_next_call_goes_through(gateway: McpServer
+                                                                     ) -> None:
+    slow, echo = _run(gateway, "hasty", [{"call": "slow"},
+                                         {"call": "echo", "arguments": {"text": "next"}}])
+    assert slow["result"]["is_error"] and "upstream_timeout" in slow["result"]["text"]
+    assert slow["seconds"] < 4
+    assert echo["result"]["text"] == "next"  # not on the abandoned connection
+    line = [line for line in _lines(gateway) if line["tool"] == "slow"][-1]
+    assert (line["decision"], line["reason"]) == ("error", "upstream_timeout")
+
+
+def test_a_routing_header_that_disagrees_with_the_body_is_refused(
+        gateway: McpServer, upstreams: dict[str, Upstream]) -> None:
+    before = len(upstreams["docs"].requests())
+    body = json.dumps(rpc("tools/call", {"name": "delete_repo", "arguments": {}})).encode()
+    status, answer, _ = gateway.post(body, {"Authorization": BOT, **rpc_headers(
+        "tools/call", "echo")}, url=f"{gateway.url}/docs")
+    assert status == 400 and answer is not None and answer["error"]["code"] == -32020
+    assert len(upstreams["docs"].requests()) == before  # nothing went upstream
+
+
+def test_another_policys_sandbox_has_no_such_server(gateway: McpServer,
+                                                   upstreams: dict[str, Upstream]) -> None:
+    before = len(upstreams["docs"].requests())
+    body = json.dumps(rpc("tools/list")).encode()
+    status, answer, _ = gateway.post(body, {"Authorization": REP, **rpc_headers("tools/list")},
+                                     url=f"{gateway.url}/docs")
+    assert status == 404 and answer is not None and "no MCP server named" in answer["error"][
+        "message"]
+    status, _, headers = gateway.post(body, rpc_headers("tools/list"), url=f"{gateway.url}/docs")
+    assert status == 401 and headers["www-authenticate"].startswith("Basic")
+    assert len(upstreams["docs"].requests()) == before
+
