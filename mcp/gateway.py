@@ -24,6 +24,7 @@ from typing import Final
 
 from .gate import (
     INVALID_REQUEST,
+    App,
     Receive,
     Refused,
     Scope,
@@ -38,7 +39,7 @@ from .gate import (
 from .gatewayflow import Exchange, relay
 from .service import Service
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "Routes"]
 
 PREFIX: Final = "/mcp/"
 
@@ -113,3 +114,17 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         if kind == "shutdown":
             return
 
+
+class Routes:
+    """`sealgate mcp serve`'s app: `/mcp/<server>` to the gateway, everything else (`/mcp`,
+    the lifespan) to the declared tools' gate; so a sandbox reaches its policy's upstream MCP
+    servers on the one port its firewall lets through (`--mcp-port`)."""
+
+    def __init__(self, tools: App, gateway: Gateway) -> None:
+        self.tools, self.gateway = tools, gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith(PREFIX):
+            await self.gateway(scope, receive, send)
+        else:
+            await self.tools(scope, receive, send)

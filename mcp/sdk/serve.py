@@ -45,9 +45,12 @@ async def serve(config: Settings) -> None:
     def ready() -> str:
         rules = service.rules
         tools = sum(len(p.tools) for p in rules.policies.values())
+        servers = sum(len(p.mcp_servers) for p in rules.policies.values())
         return (f"sealgate mcp ready\n  listening  {url(config)}/mcp\n"
                 f"  rules      {config.rules}: {len(rules.policies)} policies, {tools} tool(s)\n"
-                f"  audit log  {config.audit_log or config.state / 'audit.log'}")
+                + (f"  gateway    {url(config)}/mcp/<server>: {servers} upstream server(s)\n"
+                   if servers else "")
+                + f"  audit log  {config.audit_log or config.state / 'audit.log'}")
 
     await run_http(service, app(service), ready, lifespan="on")
 

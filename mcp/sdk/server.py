@@ -24,6 +24,7 @@ from sealgate.proxy.calls import Decision, HttpRequestTool, Identity, Policy, To
 
 from ..calls import call_tool
 from ..gate import IDENTITY, Gate
+from ..gateway import Gateway, Routes
 from ..service import Service
 
 __all__ = ["app", "mcp_server"]
@@ -52,8 +53,9 @@ def mcp_server(service: Service, who: Callable[[Any], Identity]) -> Server[Any]:
     return Server("sealgate", version=__version__, on_list_tools=list_tools, on_call_tool=call)
 
 
-def app(service: Service) -> Gate:
-    """The ASGI app `sealgate mcp serve` serves: the gate, then the SDK's app at /mcp."""
+def app(service: Service) -> Routes:
+    """The ASGI app `sealgate mcp serve` serves: the gate, then the SDK's app at /mcp; the
+    gateway (gateway.py) at /mcp/<server>."""
     server = mcp_server(service, _identity)
     host, port = service.settings.listen
     shown = f"[{host}]" if ":" in host else host
@@ -66,7 +68,7 @@ def app(service: Service) -> Gate:
         streamable_http_path="/mcp", json_response=True, stateless_http=True,
         transport_security=security, max_request_body_size=service.settings.max_body,
         host=host)
-    return Gate(sdk, service)
+    return Routes(Gate(sdk, service), Gateway(service))
 
 
 def _identity(ctx: Any) -> Identity:

@@ -388,3 +388,30 @@ def test_another_policys_sandbox_has_no_such_server(gateway: McpServer,
     assert status == 401 and headers["www-authenticate"].startswith("Basic")
     assert len(upstreams["docs"].requests()) == before
 
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
+           dns: StubDNS, test_ca: OriginCA) -> Iterator[McpServer]:
+    dns.set("mcp.test", "A 127.0.0.1")
+    started = McpServer(tmp_path_factory.mktemp("mcp-serve-gateway"),
+                        rules(upstreams["docs"].port, upstreams["stream"].port),
+                        resolver=dns.address, upstream_ca=test_ca.path,
+                        secrets={"upstream": CANARY})
+    yield started
+    started.stop()
+    assert CANARY not in started.audit_text() + started.stderr()
+    assert "Traceback" not in started.stderr(), started.stderr()
+
+
+def test_serve_holds_the_gateway_on_its_own_port(served: McpServer,
+                                                 upstreams: dict[str, Upstream]) -> None:
+    # `sealgate mcp serve` (the port a sandbox's firewall lets through, --mcp-port) answers
+    # /mcp/<server> as the gateway does, and /mcp as before.
+    assert "/mcp/<server>: 3 upstream server(s)" in served.stderr()
+    listed, whoami = _run(served, "stream", [{"list": True}, {"call": "whoami"}])
+    assert {tool["name"] for tool in listed["tools"]} == LISTED
+    assert whoami["result"]["text"].startswith("you called with Bearer [REDACTED]")
+    assert upstreams["stream"].requests()[-1]["headers"]["authorization"] == f"Bearer {CANARY}"
+    answer, _ = served.client([{"list": True}], BOT)
+    assert answer["steps"] == [{"tools": [], "seconds": answer["steps"][0]["seconds"]}]
+
