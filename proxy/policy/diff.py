@@ -87,7 +87,8 @@ def _policy(scope: str, before: Policy, after: Policy) -> list[Change]:
         was, now = getattr(before.budgets, budget.name), getattr(after.budgets, budget.name)
         if was != now:
             changes.append(Change(scope, "~", f"budgets.{budget.name} {was} -> {now}", now > was))
-    return changes + _tools(scope, before, after) + _rules(scope, before.rules, after.rules)
+    return (changes + _tools(scope, before, after) + _servers(scope, before, after)
+            + _rules(scope, before.rules, after.rules))
 
 
 def _tools(scope: str, before: Policy, after: Policy) -> list[Change]:
@@ -127,6 +128,36 @@ def _tools(scope: str, before: Policy, after: Policy) -> list[Change]:
                                   f"{','.join(new.methods)}, max_response_bytes "
                                   f"{new.max_response_bytes}, timeout {new.timeout:g}", False,
                                   new.source))
+    return changes
+
+
+def _servers(scope: str, before: Policy, after: Policy) -> list[Change]:
+    """Upstream MCP servers by name (the gateway's): one added, or one listing a tool it did
+    not, lets an agent call what it could not; one removed takes it away; any other change
+    (its url, credential, constraints, caps) is for a person to judge."""
+    changes = []
+    was = {s.name: replace(s, source="") for s in before.mcp_servers}
+    now = {s.name: replace(s, source="") for s in after.mcp_servers}
+    where = {s.name: s.source for s in (*before.mcp_servers, *after.mcp_servers)}
+    for name in sorted(now.keys() - was.keys()):
+        tools = ",".join(t.name for t in now[name].tools) or "no tools"
+        changes.append(Change(scope, "+", f"mcp server {name}: {now[name].host.name}"
+                              f"{now[name].path} ({tools})", True, where[name]))
+    for name in sorted(was.keys() - now.keys()):
+        changes.append(Change(scope, "-", f"mcp server {name}", False, where[name]))
+    for name in sorted(was.keys() & now.keys()):
+        old, new = was[name], now[name]
+        if old == new:
+            continue
+        added = sorted({t.name for t in new.tools} - {t.name for t in old.tools})
+        if added:
+            changes.append(Change(scope, "~", f"mcp server {name}: tools +{','.join(added)}",
+                                  True, where[name]))
+            continue
+        fields_changed = [f.name for f in fields(old)
+                          if getattr(old, f.name) != getattr(new, f.name)]
+        changes.append(Change(scope, "~", f"mcp server {name}: {', '.join(fields_changed)}",
+                              None, where[name]))
     return changes
 
 

@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from yaml.nodes import Node
 
 from sealgate.yamlfile import YamlFile, show
@@ -27,7 +29,7 @@ __all__ = ["CONSTRAINTS", "SERVER_KEYS", "SERVER_NAME", "TOOL_KEYS", "mcp_server
 
 SERVER_KEYS: Final = ("name", "url", "credential", "tools", "max_response_bytes", "timeout")
 TOOL_KEYS: Final = ("name", "arguments")
-CONSTRAINTS: Final = ("equals", "one_of", "pattern")
+CONSTRAINTS: Final = ("equals", "one_of", "pattern", "schema")
 SERVER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _ARGUMENT: Final = re.compile(r"[^\x00-\x20\x7f]{1,128}")
 
@@ -109,7 +111,7 @@ def _constraint(doc: YamlFile, node: Node, field: str) -> Constraint:
     entries = doc.mapping(node, field)
     doc.expect_keys(entries, node, field, CONSTRAINTS, required=())
     if len(entries) != 1:
-        raise doc.error(node, field, "one of equals, one_of or pattern")
+        raise doc.error(node, field, "one of equals, one_of, pattern or schema")
     [(kind, (_, value_node))] = entries.items()
     where = f"{field}.{kind}"
     if kind == "pattern":
@@ -121,6 +123,17 @@ def _constraint(doc: YamlFile, node: Node, field: str) -> Constraint:
     value = doc.value(value_node, where)
     if problem := _not_json(value):
         raise doc.error(value_node, where, problem)
+    if kind == "schema":
+        if not isinstance(value, dict):
+            raise doc.error(value_node, where, "a JSON Schema (draft 2020-12) object")
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            at = "/".join(map(str, exc.path)) or "its root"
+            raise doc.error(value_node, where, f"not a JSON Schema (draft 2020-12) at {at}: "
+                                               f"{exc.message[:200]}") from None
+        return Constraint("schema", frozenset({canonical(value)}),
+                          validator=Draft202012Validator(value))
     if kind == "one_of":
         if not isinstance(value, list) or not value:
             raise doc.error(value_node, where, "a list of one or more JSON values")

@@ -11,13 +11,15 @@ it, as the loader makes them (gatewaygrammar.py reads them node by node):
               repo: {equals: octo/docs}
               kind: {one_of: [guide, api]}
               query: {pattern: "^[A-Za-z0-9 ]{1,80}$"}
+              limit: {schema: {type: integer, minimum: 1, maximum: 50}}
         max_response_bytes: 1048576       # of one answer, JSON or a whole SSE stream
         timeout: 30
 
 A constrained argument must be given: absent, the call is refused (the upstream's default could
 be anything). `equals` and `one_of` compare JSON values exactly (1 is not true, nor "1");
 `pattern` is a Python regular expression the whole string must match (a value that is not a
-string does not). The format is documented in docs/mcp.md.
+string does not); `schema` is a JSON Schema (draft 2020-12) the value must meet. The format
+is documented in docs/mcp.md.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
 
 from sealgate.hostname import Host
 
@@ -39,13 +43,16 @@ def canonical(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    kind: Literal["equals", "one_of", "pattern"]
-    values: frozenset[str] = frozenset()  # canonical JSON texts, for equals and one_of
+    kind: Literal["equals", "one_of", "pattern", "schema"]
+    values: frozenset[str] = frozenset()  # canonical JSON texts: equals, one_of, the schema
     pattern: re.Pattern[str] | None = None
+    validator: Draft202012Validator | None = field(default=None, compare=False)
 
     def admits(self, value: Any) -> bool:
         if self.pattern is not None:
             return isinstance(value, str) and self.pattern.fullmatch(value) is not None
+        if self.validator is not None:
+            return bool(self.validator.is_valid(value))
         try:
             return canonical(value) in self.values
         except (TypeError, ValueError):

@@ -79,7 +79,7 @@ def _mcp_server() -> dict[str, Any]:
     """An `mcp_servers:` entry (gatewaygrammar.py): its shape; the credential's name and the
     patterns are checked by the loader."""
     kinds: dict[str, Any] = {"equals": {}, "one_of": {"type": "array", "minItems": 1},
-                             "pattern": {"type": "string"}}
+                             "pattern": {"type": "string"}, "schema": {"type": "object"}}
     constraint = {"type": "object", "minProperties": 1, "maxProperties": 1,
                   "additionalProperties": False, "properties": kinds}
     tool = {"type": "object", "additionalProperties": False, "required": ["name"],

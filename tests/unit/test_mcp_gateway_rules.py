@@ -1,5 +1,6 @@
 """A policy's `mcp_servers:` (proxy/policy/gatewaygrammar.py, gateways.py): what loads, what is
-refused with its field, and what the argument constraints admit."""
+refused with its field, what the argument constraints admit, and what `rules diff` (diff.py)
+says of a change."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sealgate.proxy.policy.diff import diff
 from sealgate.proxy.policy.gateways import McpServer
 from sealgate.proxy.policy.rulesfile import RulesError, load_rules
 
@@ -31,6 +33,7 @@ GOOD = HEAD + """
               repo: {equals: octo/docs}
               kind: {one_of: [guide, 1]}
               query: {pattern: "[a-z ]{1,10}"}
+              limit: {schema: {type: integer, minimum: 1, maximum: 50}}
           - name: plain
         max_response_bytes: 4096
         timeout: 5
@@ -54,16 +57,18 @@ def test_a_server_loads_with_its_tools_and_constraints(tmp_path: Path) -> None:
     assert server.tool("delete") is None
     search = server.tool("search")
     assert search is not None
-    ok = {"repo": "octo/docs", "kind": "guide", "query": "how to", "other": [1]}
+    ok = {"repo": "octo/docs", "kind": "guide", "query": "how to", "limit": 5, "other": [1]}
     assert search.refusal(ok) is None
     assert search.refusal({**ok, "kind": 1}) is None
     for wrong, said in [({"repo": "octo/other"}, "'repo'"), ({"kind": "1"}, "'kind'"),
                         ({"kind": True}, "'kind'"), ({"query": "HOW"}, "'query'"),
-                        ({"query": "a" * 11}, "'query'"), ({"query": 7}, "'query'")]:
+                        ({"query": "a" * 11}, "'query'"), ({"query": 7}, "'query'"),
+                        ({"limit": 51}, "'limit'"), ({"limit": "5"}, "'limit'")]:
         refusal = search.refusal({**ok, **wrong})
         assert refusal is not None and said in refusal, wrong
         assert "octo/other" not in refusal  # the value is never quoted back
-    assert "must be given" in (search.refusal({"kind": "guide", "query": "a"}) or "")
+    assert "must be given" in (search.refusal({"kind": "guide", "query": "a", "limit": 1})
+                               or "")
     assert search.refusal([1]) == "the arguments are not an object"
     plain = server.tool("plain")
     assert plain is not None and plain.refusal({"anything": 1}) is None
@@ -81,6 +86,9 @@ def test_a_server_loads_with_its_tools_and_constraints(tmp_path: Path) -> None:
      "not a regular expression"),
     (("- name: plain", "- name: search"), "listed twice"),
     (("timeout: 5", "timeout: 0"), "timeout"),
+    (("{schema: {type: integer, minimum: 1, maximum: 50}}", "{schema: {type: 7}}"),
+     "not a JSON Schema"),
+    (("{schema: {type: integer, minimum: 1, maximum: 50}}", "{schema: [1]}"), "JSON Schema"),
 ])
 def test_a_wrong_server_is_refused_naming_its_field(tmp_path: Path, change: tuple[str, str],
                                                     said: str) -> None:
@@ -89,3 +97,25 @@ def test_a_wrong_server_is_refused_naming_its_field(tmp_path: Path, change: tupl
     with pytest.raises(RulesError, match="mcp_servers") as caught:
         load_rules(path)
     assert said in str(caught.value)
+
+
+def test_rules_diff_says_what_a_server_change_widens(tmp_path: Path) -> None:
+    before = tmp_path / "before.yaml"
+    before.write_text(GOOD)
+    after = tmp_path / "after.yaml"
+
+    def changes(text: str) -> list[tuple[str, str, bool | None]]:
+        after.write_text(text)
+        return [(c.sign, c.what, c.widens) for c in diff(load_rules(before), load_rules(after))
+                if "mcp server" in c.what]
+
+    assert changes(GOOD) == []
+    assert changes(GOOD.replace("- name: plain", "- name: plain\n          - name: drop")) == [
+        ("~", "mcp server docs: tools +drop", True)]
+    assert changes(GOOD.replace("{pattern: \"[a-z ]{1,10}\"}", "{pattern: \".*\"}")) == [
+        ("~", "mcp server docs: tools", None)]
+    assert changes(GOOD.replace("timeout: 5", "timeout: 9")) == [
+        ("~", "mcp server docs: timeout", None)]
+    assert changes(HEAD) == [("-", "mcp server docs", False)]
+    before.write_text(HEAD)
+    assert changes(GOOD) == [("+", "mcp server docs: mcp.test/mcp (search,plain)", True)]
