@@ -23,10 +23,14 @@ from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, free_port, key_digest
 from tests.mcpkit import MCP_PYTHON, McpServer, basic, needs_mcp_venv, rpc, rpc_headers
+from tests.oauthfake import OAuthFake
+from tests.sdk.kit import FakeAPI
 
 pytestmark = needs_mcp_venv()
 
 CANARY = "upstream-canary-8b3f2e1d"
+CLIENT_ID, CLIENT_SECRET = "sealgate-gateway", "CANARY-gateway-client-secret-3c2b1a"
+REFRESH = "CANARY-gateway-refresh-token-9e8d7c"
 BOT = basic("bot-1", KEYS["bot-1"])
 REP = basic("rep-1", KEYS["rep-1"])
 LISTED = {"echo", "whoami", "search", "big"}
@@ -188,7 +192,7 @@ class Upstream:
         self.stderr.close()
 
 
-def rules(json_port: int, sse_port: int) -> str:
+def rules(json_port: int, sse_port: int, auth_port: int) -> str:
     def server(name: str, port: int) -> str:
         return f"""
       - name: {name}
@@ -204,6 +208,11 @@ def rules(json_port: int, sse_port: int) -> str:
           - name: big
         max_response_bytes: 65536
         timeout: 20"""
+    account = f"""
+      - name: account
+        url: https://mcp2.test:{json_port}/mcp
+        credential: account
+        tools: [{{name: whoami}}]"""
     hasty = f"""
       - name: hasty
         url: https://mcp.test:{json_port}/mcp
@@ -221,8 +230,16 @@ policies:
         paths: ["/mcp"]
         inject:
           - {{secret: "file:upstream", as: bearer, name: upstream}}
+      - host: mcp2.test
+        ports: [{json_port}]
+        methods: [POST]
+        paths: ["/mcp"]
+        inject:
+          - secret: file:oauth
+            as: {{type: oauth2, token_url: "https://auth.test:{auth_port}/token"}}
+            name: account
     allow_networks: [127.0.0.1/32]
-    mcp_servers:{server("docs", json_port)}{server("stream", sse_port)}{hasty}
+    mcp_servers:{server("docs", json_port)}{server("stream", sse_port)}{hasty}{account}
   other:
     allow:
       - host: mcp.test
@@ -238,7 +255,7 @@ default_policy: null
 def upstreams(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA
               ) -> Iterator[dict[str, Upstream]]:
     workdir = tmp_path_factory.mktemp("mcp-upstream")
-    cert = test_ca.issue("mcp.test")
+    cert = test_ca.issue("mcp.test", "mcp2.test")
     started: dict[str, Upstream] = {}
     try:
         started["docs"] = Upstream(workdir, cert, "json")
@@ -250,17 +267,50 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory, test_ca: OriginCA
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
-            dns: StubDNS, test_ca: OriginCA) -> Iterator[McpServer]:
-    dns.set("mcp.test", "A 127.0.0.1")
-    started = McpServer(tmp_path_factory.mktemp("mcp-gateway"),
-                        rules(upstreams["docs"].port, upstreams["stream"].port),
-                        resolver=dns.address, upstream_ca=test_ca.path,
-                        secrets={"upstream": CANARY}, command="gateway")
-    yield started
+def oauth() -> OAuthFake:
+    return OAuthFake(client_id=CLIENT_ID, client_secret=CLIENT_SECRET, refresh_token=REFRESH)
+
+
+@pytest.fixture(scope="module")
+def auth(test_ca: OriginCA, dns: StubDNS, oauth: OAuthFake) -> Iterator[FakeAPI]:
+    """The oauth2 token endpoint of the `account` server's credential."""
+    dns.set("auth.test", "A 127.0.0.1")
+    fake = FakeAPI(test_ca, ["auth.test"], oauth)
+    yield fake
+    fake.stop()
+
+
+def _secrets() -> dict[str, str]:
+    grant = {"refresh_token": REFRESH, "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET}
+    # The store's value is the grant as JSON, written as a YAML double-quoted string.
+    return {"upstream": CANARY, "oauth": json.dumps(json.dumps(grant))}
+
+
+def _start(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
+           auth: FakeAPI, dns: StubDNS, test_ca: OriginCA, command: str) -> McpServer:
+    for name in ("mcp.test", "mcp2.test"):
+        dns.set(name, "A 127.0.0.1")
+    return McpServer(tmp_path_factory.mktemp(f"mcp-{command}"),
+                     rules(upstreams["docs"].port, upstreams["stream"].port, auth.port),
+                     resolver=dns.address, upstream_ca=test_ca.path, secrets=_secrets(),
+                     command=command)
+
+
+def _stop(started: McpServer, oauth: OAuthFake) -> None:
     started.stop()
-    assert CANARY not in started.audit_text() + started.stderr()
+    logged = started.audit_text() + started.stderr()
+    for canary in (CANARY, REFRESH, CLIENT_SECRET, *oauth.issued):
+        assert canary not in logged
     assert "Traceback" not in started.stderr(), started.stderr()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
+            auth: FakeAPI, oauth: OAuthFake, dns: StubDNS, test_ca: OriginCA
+            ) -> Iterator[McpServer]:
+    started = _start(tmp_path_factory, upstreams, auth, dns, test_ca, "gateway")
+    yield started
+    _stop(started, oauth)
 
 
 def _run(gateway: McpServer, server: str, steps: list[dict[str, Any]],
@@ -355,6 +405,23 @@ def test_an_answer_over_its_cap_is_a_refusal(gateway: McpServer, server: str) ->
     assert (line["content_type"], line["reason"]) == (KINDS[server], "response_too_large")
 
 
+def test_an_oauth2_credential_is_exchanged_for_the_upstream_and_never_seen(
+        gateway: McpServer, upstreams: dict[str, Upstream], auth: FakeAPI,
+        oauth: OAuthFake) -> None:
+    whoami, again = _run(gateway, "account", [{"call": "whoami"}, {"call": "whoami"}])
+    for step in (whoami, again):
+        assert step["result"]["text"].startswith("you called with Bearer [REDACTED]"), step
+    # The access token the endpoint issued is what the upstream got; the agent read it masked.
+    got = [r["headers"]["authorization"] for r in upstreams["docs"].requests()
+           if r["headers"].get("host", "").startswith("mcp2.test")]
+    assert got and all(a.removeprefix("Bearer ") in oauth.issued for a in got)
+    assert len([r for r in auth.requests if r.path == "/token"]) == 1  # held, not re-fetched
+    for canary in (REFRESH, CLIENT_SECRET, *oauth.issued):
+        assert canary not in json.dumps([whoami, again])
+    line = [line for line in _lines(gateway) if line["server"] == "account"][-1]
+    assert line["decision"] == "allow" and line["scrubbed"] >= 1
+
+
 def test_a_slow_upstream_is_a_timeout_and_the_next_call_goes_through(gateway: McpServer
                                                                      ) -> None:
     slow, echo = _run(gateway, "hasty", [{"call": "slow"},
@@ -391,23 +458,18 @@ def test_another_policys_sandbox_has_no_such_server(gateway: McpServer,
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, Upstream],
-           dns: StubDNS, test_ca: OriginCA) -> Iterator[McpServer]:
-    dns.set("mcp.test", "A 127.0.0.1")
-    started = McpServer(tmp_path_factory.mktemp("mcp-serve-gateway"),
-                        rules(upstreams["docs"].port, upstreams["stream"].port),
-                        resolver=dns.address, upstream_ca=test_ca.path,
-                        secrets={"upstream": CANARY})
+           auth: FakeAPI, oauth: OAuthFake, dns: StubDNS, test_ca: OriginCA
+           ) -> Iterator[McpServer]:
+    started = _start(tmp_path_factory, upstreams, auth, dns, test_ca, "serve")
     yield started
-    started.stop()
-    assert CANARY not in started.audit_text() + started.stderr()
-    assert "Traceback" not in started.stderr(), started.stderr()
+    _stop(started, oauth)
 
 
 def test_serve_holds_the_gateway_on_its_own_port(served: McpServer,
                                                  upstreams: dict[str, Upstream]) -> None:
     # `sealgate mcp serve` (the port a sandbox's firewall lets through, --mcp-port) answers
     # /mcp/<server> as the gateway does, and /mcp as before.
-    assert "/mcp/<server>: 3 upstream server(s)" in served.stderr()
+    assert "/mcp/<server>: 4 upstream server(s)" in served.stderr()
     listed, whoami = _run(served, "stream", [{"list": True}, {"call": "whoami"}])
     assert {tool["name"] for tool in listed["tools"]} == LISTED
     assert whoami["result"]["text"].startswith("you called with Bearer [REDACTED]")
