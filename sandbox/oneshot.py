@@ -140,7 +140,7 @@ def _from_image(launch: Launch, image: ImageRoot, spec: Run, tier: tiers.Tier) -
     cwd = workdir if workdir.startswith("/") and spec.workspace is None else None
     return dataclasses.replace(launch, env={**env, **spec.env}, root=root, disk=disk,
                                root_dirs=dirs if disk is not None else {}, cwd=cwd,
-                               image_user=image.user)
+                               image_user=image.user, image_home=image.home)
 
 
 def _remove_watched(group: Group, watchdog: Watchdog) -> None:

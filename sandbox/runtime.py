@@ -193,7 +193,9 @@ def image_root(tier: tiers.Tier, image: rootfs.ImageRoot, index: int, uid: int,
         dirs.setdefault(image.workdir, 0o755)  # made if missing, as Docker does
     if tier.image_owner == "guest":
         # A kernel of its own makes the root inside, of the image as one read-only disk:
-        # nothing is mounted here.
+        # nothing is mounted here. Its User's home is made there, the User's.
+        if image.user is not None and image.home.startswith("/") and image.home != "/":
+            dirs.setdefault(image.home, 0o755)
         if image.disks is None:
             raise SandboxError("no place for the image's disk (the image store's)")
         return None, images_disk.build(image.disks, image.key, image.layers), dirs

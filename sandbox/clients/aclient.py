@@ -96,12 +96,7 @@ class AsyncSandbox:
                     extra: Mapping[str, str]) -> AsyncSandbox:
         where = daemon or os.environ.get("SEALGATE_SANDBOXD") or DEFAULT_DAEMON
         key = key or os.environ.get("SEALGATE_SANDBOXD_KEY")
-        if "://" in where:
-            http = aiohttp.ClientSession()
-            base = where.rstrip("/")
-        else:
-            http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where))
-            base = "http://sandboxd"
+        http, base = _session(where)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             info = await _json(http, method, base + path, headers=headers | dict(extra),
@@ -154,6 +149,13 @@ class AsyncSandbox:
         """As `Sandbox.snapshot`: the new image's record."""
         return await self._call("/snapshot", {} if name is None else {"name": name},
                                 call_timeout)
+
+    async def fork(self, n: int, *, call_timeout: CallLimit = DEFAULT) -> list[AsyncSandbox]:
+        """As `Sandbox.fork`: the copies, each with a client of its own (the caller deletes
+        each, which closes it)."""
+        made = await self._call("/fork", {"n": n}, call_timeout)
+        return [AsyncSandbox(_session(self._where)[0], self._base, self._headers, info,
+                             self._where) for info in made.get("sandboxes", [])]
 
     async def pause(self, *, call_timeout: CallLimit = DEFAULT) -> None:
         self.info = await self._call("/pause", None, call_timeout)
@@ -363,6 +365,14 @@ class AsyncTerminal:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def _session(where: str) -> tuple[aiohttp.ClientSession, str]:
+    """A client session to the daemon at `where` (a URL or a unix socket's path) and the base
+    URL its calls take."""
+    if "://" in where:
+        return aiohttp.ClientSession(), where.rstrip("/")
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=where)), "http://sandboxd"
 
 
 class _Creating:

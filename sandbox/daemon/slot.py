@@ -148,6 +148,7 @@ def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None,
                                 {}, writable=places, agent=True, root=root, disk=disk,
                                 root_dirs=dirs if disk is not None else {},
                                 image_user=None if image is None else image.user,
+                                image_home="" if image is None else image.home,
                                 mcp_port=config.mcp_port, resume=resume)
                 # A tier whose workload cannot run the agent serves its protocol itself.
                 started = (tier.serve or tier.start)(launch, group.dirs, handed)

@@ -10,10 +10,11 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
 - `put` (path, mode, uid, gid, payload) and `get` (path): files, whole;
 - `seal`: the guest's root read-only, once the host has put what it stages there (the first
   `exec` does it if the host has not), so that only the scratch mounts are writable;
-- `root` (dirs, files, owner, workspace): a sandbox from an image: its root made of the
+- `root` (dirs, files, owner, workspace, home): a sandbox from an image: its root made of the
   image's disk, with the staged files laid over and what the image has in /workspace (a
   snapshot's) copied into the workspace as `owner` (`vmroot`), before the seal; the workspace
-  is the host's 9p share, or, with `workspace` (bytes), a tmpfs of the guest's own;
+  is the host's 9p share, or, with `workspace` (bytes), a tmpfs of the guest's own, `owner`'s,
+  as is `home` (its User's home, one of `dirs`);
 - `hold`: nothing more sent or served until `release` (the host saved the VM's memory,
   the channel between two frames) or `renew` (address, gateway, files, seed, time: this is a
   copy resumed from that save, made its own: `vmos.renew`);
@@ -298,9 +299,13 @@ class Agent:
                 with open(f"{group}/pids.max", "w") as fh:
                     fh.write(str(pids + 1))
 
-            def enter() -> None:  # in the child, after its uid is set, before its exec
+            def enter() -> None:  # in the child, before its exec
+                # Its ids are taken here, after the chroot (which needs root): Popen sets a
+                # `user` before it calls this. The supplementary groups are cleared already.
                 os.chroot(root)
                 os.chdir(cwd)
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
         streams = subprocess.PIPE if slave < 0 else slave
 
         def started() -> None:  # in the child: its terminal, then the image's root if any
@@ -309,7 +314,8 @@ class Agent:
                 enter()
         try:
             child = born_in(group, argv, env=env, cwd=None if in_root else cwd,
-                            user=uid, group=gid, extra_groups=[], start_new_session=True,
+                            user=None if in_root else uid, group=None if in_root else gid,
+                            extra_groups=[], start_new_session=True,
                             stdin=streams, stdout=streams, stderr=streams, close_fds=True,
                             preexec_fn=enter if slave < 0 else started)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -368,9 +374,10 @@ class Agent:
         with open(f"{CGROUPS}/cgroup.subtree_control", "w") as fh:
             fh.write("+pids")  # each command's process limit is its group's (see _exec)
         uid, gid = (int(n) for n in header["owner"])
-        size = header.get("workspace")
+        size, home = header.get("workspace"), header.get("home")
         self.root = vmroot.make(dirs, [str(p) for p in header["files"]], (uid, gid),
-                                None if size is None else int(size))
+                                None if size is None else int(size),
+                                None if home is None else str(home))
 
     def _seal(self) -> None:
         if not self.sealed:

@@ -68,17 +68,17 @@ def present() -> bool:
 
 
 def make(dirs: dict[str, int], files: list[str], owner: tuple[int, int],
-         workspace: int | None = None) -> str:
+         workspace: int | None = None, home: str | None = None) -> str:
     """The image's root, ready for commands (see the module); where it is. `workspace`: the
-    size of a tmpfs of the guest's own for /workspace, where the host shares none. Raises
-    OSError."""
+    size of a tmpfs of the guest's own for /workspace, `owner`'s, where the host shares none;
+    `home` (one of `dirs`): made `owner`'s, the image's User's. Raises OSError."""
     if not present():
         raise OSError("this VM has no image disk")
     if workspace is not None:
         if os.path.ismount("/workspace"):
             raise OSError("this VM has the host's workspace already")
         _mount("workspace", "/workspace", "tmpfs", _MS_NOSUID | _MS_NODEV,
-               f"size={workspace},nr_inodes=1m,mode=0755")
+               f"size={workspace},nr_inodes=1m,mode=0755,uid={owner[0]},gid={owner[1]}")
     for path in (_IMAGE, _RW, ROOT):
         os.makedirs(path, mode=0o755, exist_ok=True)
     _mount(_DISK, _IMAGE, "erofs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
@@ -91,6 +91,8 @@ def make(dirs: dict[str, int], files: list[str], owner: tuple[int, int],
     try:
         made = {path: layover.walk(top, path, True, mode) for path, mode in dirs.items()}
         try:
+            if home in made:
+                os.fchown(made[home], *owner)
             _fill(top, made, owner)
         finally:
             for fd in made.values():

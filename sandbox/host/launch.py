@@ -68,6 +68,8 @@ class Launch:
     # Over an image whose `User` names one: the ids the sandbox has inside (`ImageRoot.user`),
     # its one host uid's names there, its commands' as well as its root's owner.
     image_user: tuple[int, int] | None = None
+    # And its home (`ImageRoot.home`), made the User's by a tier that makes the root inside.
+    image_home: str = ""
     # Or, for a tier with a kernel of its own (`Tier.image_owner == "guest"`), the image as one
     # read-only disk (`sandbox.images.disk`) and the directories to make in the root its guest
     # makes of it, by mode.

@@ -5,6 +5,7 @@ emulation where KVM cannot run the guest. Guests boot in seconds there: one test
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sealgate.reasons import Reason
+from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import Sandbox
 from sealgate.sandbox.clients.clientshared import DaemonError
 from tests.harness import Origin, Proxy
@@ -148,6 +150,28 @@ def test_an_image_on_the_microvm(microvm_imaged: Daemon, store: Path,
     assert len(list((store / "disks").glob("*.erofs"))) == 3
 
 
+def test_the_images_user_on_the_microvm(microvm_imaged: Daemon) -> None:
+    """On the microVM the image's User (a name in its passwd) is who its commands and its
+    file operations are, with its group and home, as `docker run` has it: the image's files
+    stay root's (its disk keeps no owner of the image's), its home and the workspace are the
+    User's. (On the other tiers the whole root is the User's: test_images.) A User the image
+    cannot name refuses the create, saying why."""
+    with _vm(microvm_imaged, "tester") as sb:
+        ids = sb.run(["sh", "-c", "id -u; id -g; id -un; echo $HOME"])
+        assert ids.stdout == b"1234\n1235\ntester\n/home/tester\n", ids
+        sb.write("put.txt", b"from the caller\n")
+        owned = sb.run(["sh", "-c", "echo ok > /home/tester/f && echo ws > /workspace/w && "
+                                    "stat -c '%u %g' /home/tester /home/tester/f /workspace "
+                                    "/workspace/w /workspace/put.txt /bin/busybox"])
+        assert owned.stdout == b"1234 1235\n" * 5 + b"0 0\n", owned
+        assert not sb.run(["sh", "-c", "echo no > /bin/mine"]).ok  # the image's are root's
+        assert sb.read("w") == b"ws\n"
+    with pytest.raises(DaemonError) as refused:
+        _vm(microvm_imaged, "ghost")
+    assert refused.value.reason is Reason.IMAGE_REFUSED, refused.value
+    assert "'ghost': no such user in its /etc/passwd" in str(refused.value)
+
+
 def test_a_microvm_forks(microvm_imaged: Daemon, origin_https: Origin) -> None:
     """fork(n): copies resumed from one memory snapshot of a running sandbox from an image.
     Each has what the source had in memory (its root's and workspace's writes, a process it
@@ -186,6 +210,7 @@ def test_a_microvm_forks(microvm_imaged: Daemon, origin_https: Origin) -> None:
                 copy.delete()
         got = sb.run(["python3", "-c", _FETCH, f"{url}/from-source"], timeout=120)
         assert got.exit_code == 0, got.stderr
+        assert asyncio.run(_fork_async(microvm_imaged, sb.id)) == b"kept\n"
         sleeper.kill()
     assert sorted(r.path for r in origin_https.requests) == [
         "/from-copy-0", "/from-copy-1", "/from-source"]
@@ -267,6 +292,17 @@ for flags in (32, 32 | 1 << 12):  # MS_REMOUNT: its filesystem, then its mount, 
     libc.mount(b"none", b"/proc/1/root", None, flags, None)
 open("/proc/1/root/sealgate/guest/tarout.py", "w").write(sys.argv[1])
 """
+
+
+async def _fork_async(daemon: Daemon, ident: str) -> bytes:
+    """The async client's fork: one copy, with a client of its own, deleted after."""
+    source = await AsyncSandbox.connect(ident, daemon=str(daemon.socket))
+    try:
+        (copy,) = await source.fork(1, call_timeout=240)
+    finally:
+        await source.close()
+    async with copy:
+        return (await copy.run(["cat", "/etc/forked"])).stdout
 
 
 def _qemus() -> list[list[str]]:

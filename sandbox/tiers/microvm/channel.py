@@ -48,7 +48,7 @@ class _Limits:
     cwd: str | None
     timeout: float | None
     pids: int | None
-    in_root: bool = False  # in the image's root (`root`), as the guest's root there
+    in_root: bool = False  # in the image's root (`root`), as uid and gid there
 
 
 class Channel:
@@ -136,13 +136,15 @@ class Channel:
         self.request({"op": Op.SEAL})
 
     def root(self, dirs: Mapping[str, int], files: Sequence[str], owner: tuple[int, int],
-             workspace: int | None = None) -> None:
+             workspace: int | None = None, home: str | None = None) -> None:
         """An image's root made in the guest of its disk, `dirs` and `files` laid over, the
         image's /workspace seeding the workspace as `owner`'s (`guest/vmroot.py`), which is
-        the guest's own tmpfs of `workspace` bytes when the host shares none; before the
-        seal. Mounts and a walk under emulation: seconds."""
+        the guest's own tmpfs of `workspace` bytes, `owner`'s, when the host shares none, and
+        `home` (one of `dirs`) `owner`'s; before the seal. Mounts and a walk under emulation:
+        seconds."""
         self.request({"op": Op.ROOT, "dirs": dict(dirs), "files": list(files),
-                      "owner": list(owner), "workspace": workspace}, timeout=60.0)
+                      "owner": list(owner), "workspace": workspace, "home": home},
+                     timeout=60.0)
 
     def renew(self, address: str, gateway: str, files: Mapping[str, bytes]) -> None:
         """A copy resumed from a saved VM made its own (`guest/vmos.renew`): this slot's
@@ -182,8 +184,8 @@ class Channel:
         order: dict[str, Any] = {"op": Op.EXEC, "id": ident, "argv": list(argv), "env": dict(env),
                                  "cwd": how.cwd, "uid": how.uid, "gid": how.gid,
                                  "timeout": timeout, "pids": how.pids}
-        if how.in_root:  # the image's files are root's: its commands are the guest's root there
-            order.update(uid=0, gid=0, root=True)
+        if how.in_root:
+            order.update(root=True)
         self.sock.sendall(encode(order))
         if stdin_fd is None:
             if stdin:

@@ -61,6 +61,14 @@ class Order:
     root_dirs: dict[str, int] | None = None  # with `disk`: what to make in its root, by mode
     # A saved VM's memory (`qmp`): resumed here as a copy of it (`resume`) instead of a boot.
     restore: str | None = None
+    # With `disk`: the image's User (uid, gid) its commands and file ops run as, and its home
+    # (`ImageRoot.user`, `home`); without one, the guest's root.
+    user: list[int] | None = None
+    home: str | None = None
+
+    def image_ids(self) -> tuple[int, int]:
+        """Who a command of an image's guest is: its User, else the guest's root."""
+        return (self.user[0], self.user[1]) if self.user else (0, 0)
     timeout: float | None = None  # the command's, kept by the guest from its start
 
     def to_json(self) -> bytes:
@@ -136,12 +144,13 @@ def start(order: Order) -> Booted:
             if not path.startswith("/proc/"):  # the guest's /proc is its own kernel's
                 booted.channel.put(path, text.encode("latin-1"))
         if order.disk:
-            # A workspace of the guest's own is written by its root, as the image's root is.
-            owned = order.workspace_bytes is not None
+            # A workspace of the guest's own is its commands' (the User's, else the guest's
+            # root, as the image's root is); the host's share is the slot's uid's.
+            owned = order.workspace_bytes is not None or order.user is not None
             booted.channel.root(order.root_dirs or {},
                                 [p for p in order.files if not p.startswith("/proc/")],
-                                (0, 0) if owned else (order.uid, order.gid),
-                                order.workspace_bytes)
+                                order.image_ids() if owned else (order.uid, order.gid),
+                                order.workspace_bytes, order.home if order.user else None)
         booted.channel.seal()  # here, at set-up, rather than at the first command
     except BaseException:
         booted.close()
@@ -151,8 +160,9 @@ def start(order: Order) -> Booted:
 
 def run(order: Order) -> int:
     booted = start(order)
+    uid, gid = order.image_ids() if order.disk else (order.uid, order.gid)
     try:
-        ended = booted.channel.stream(order.command, order.env, uid=order.uid, gid=order.gid,
+        ended = booted.channel.stream(order.command, order.env, uid=uid, gid=gid,
                                       cwd=order.cwd, timeout=order.timeout, pids=order.pids,
                                       stdin_fd=0, in_root=order.disk is not None)
     finally:

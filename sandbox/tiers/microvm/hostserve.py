@@ -262,9 +262,9 @@ class Server:
                  "uid": order.uid, "gid": order.gid, "timeout": timeout,
                  "pids": pids or order.pids, "tty": tty}
         if order.disk is not None:
-            # The image's files and the workspace (the guest's own tmpfs) are root's: its
-            # commands are the guest's root in its root, and so are the shims in the guest's.
-            frame.update(uid=0, gid=0)
+            # An image's commands are its User, else the guest's root, in its root, and so are
+            # the shims in the guest's, on a workspace (the guest's own tmpfs) that is theirs.
+            frame["uid"], frame["gid"] = order.image_ids()
         if in_root:
             frame.update(root=True)
         self.guest.send(frame)

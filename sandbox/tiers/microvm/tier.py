@@ -114,7 +114,9 @@ def _image(launch: Launch, order: Order) -> Order:
     """From an image (`launch.disk`), the guest makes the sandbox's root of its disk."""
     if launch.disk is None:
         return order
-    return dataclasses.replace(order, disk=str(launch.disk), root_dirs=dict(launch.root_dirs))
+    user = list(launch.image_user) if launch.image_user else None
+    return dataclasses.replace(order, disk=str(launch.disk), root_dirs=dict(launch.root_dirs),
+                               user=user, home=launch.image_home or None)
 
 
 def _clean_up(_: int) -> None:
