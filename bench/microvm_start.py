@@ -307,7 +307,7 @@ def main() -> int:
         print(json.dumps({**figures, **summary(figures)}))
         return 0
     # Emulated guests take whole cores: what else ran on the machine shows in every figure.
-    meta = {**machine_facts(), "QEMU": _qemu_version(),
+    meta = {**machine_facts(), "QEMU": qemu_version(),
             "load average (1 min), start / end": f"{load:.2f} / {os.getloadavg()[0]:.2f}",
             "guest kernel": f"{figures['memory']['kernel']} (image {found.key})",
             "command": " ".join(["python", f"bench/{SCRIPT}.py", *sys.argv[1:]])}
@@ -316,7 +316,7 @@ def main() -> int:
     return 0
 
 
-def _qemu_version() -> str:
+def qemu_version() -> str:
     done = subprocess.run([vm.QEMU, "--version"], capture_output=True, text=True, check=False)
     return done.stdout.splitlines()[0] if done.stdout else "?"
 
