@@ -47,6 +47,7 @@ from sealgate.proxy.calls import (
     Question,
     Scrubber,
     decide,
+    hold,
     normalize_path,
 )
 from sealgate.reasons import Reason
@@ -139,6 +140,9 @@ async def relay(service: Service, x: Exchange, send: Send) -> None:
             exc = Denial(Reason.INTERNAL_ERROR, "the request could not be made")
         decision = "error" if exc.reason in _FAILURES else "deny"
         reason, detail = exc.reason.value, exc.detail
+        # A spent budget's refusal comes late, as the proxy's and the tools' do: an agent that
+        # retries at once gets one refusal a second.
+        await hold(exc)
         with contextlib.suppress(OSError):  # the agent went away: nobody left to tell
             await _refuse(x, send, exc.reason.value, exc.detail)
     service.audit.emit("mcp_gateway", **_line(x, decision, reason, detail))
@@ -273,7 +277,8 @@ def _message(x: Exchange, data: bytes, *, stream: bool = False) -> dict[str, Any
         return None
     if "method" in message:  # from the server: a notification goes on, a request cannot
         return message if stream and "id" not in message else None
-    if message.get("id") != x.message["id"] or ("result" in message) == ("error" in message):
+    if (message.get("id") != x.message["id"] or ("result" in message) == ("error" in message)
+            or x.answered):  # not this request's answer, or a second one
         return None
     result = message.get("result")
     if x.message["method"] == "tools/list" and isinstance(result, dict):

@@ -244,9 +244,21 @@ policies:
     allow:
       - host: mcp.test
     allow_networks: [127.0.0.1/32]
+  tight:
+    allow:
+      - host: mcp.test
+        ports: [{json_port}]
+        inject:
+          - {{secret: "file:upstream", as: bearer, name: upstream}}
+    allow_networks: [127.0.0.1/32]
+    budgets: {{requests_per_second: 0.01, burst: 1}}
+    mcp_servers:
+      - {{name: docs, url: "https://mcp.test:{json_port}/mcp", credential: upstream,
+         tools: [{{name: echo}}]}}
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
   rep-1: {{policy: other, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+  closed-1: {{policy: tight, key_sha256: "{key_digest(KEYS['closed-1'])}"}}
 default_policy: null
 """
 
@@ -422,6 +434,20 @@ def test_an_oauth2_credential_is_exchanged_for_the_upstream_and_never_seen(
     assert line["decision"] == "allow" and line["scrubbed"] >= 1
 
 
+def test_a_spent_budget_is_refused_late_and_nothing_sent(gateway: McpServer,
+                                                          upstreams: dict[str, Upstream]
+                                                          ) -> None:
+    # The budget counts every message sent upstream: discover spends the one token.
+    steps = _run(gateway, "docs", [{"call": "echo", "arguments": {"text": "spent"}}],
+                 authorization=basic("closed-1", KEYS["closed-1"]))
+    result = steps[0]["result"]
+    assert result["is_error"] and "budget_exceeded" in result["text"]
+    assert steps[0]["seconds"] >= 0.9  # held a second, as the proxy holds it
+    assert not any("spent" in r["body"] for r in upstreams["docs"].requests())
+    line = _lines(gateway)[-1]
+    assert (line["sandbox"], line["reason"]) == ("closed-1", "budget_exceeded")
+
+
 def test_a_slow_upstream_is_a_timeout_and_the_next_call_goes_through(gateway: McpServer
                                                                      ) -> None:
     slow, echo = _run(gateway, "hasty", [{"call": "slow"},
@@ -469,7 +495,7 @@ def test_serve_holds_the_gateway_on_its_own_port(served: McpServer,
                                                  upstreams: dict[str, Upstream]) -> None:
     # `sealgate mcp serve` (the port a sandbox's firewall lets through, --mcp-port) answers
     # /mcp/<server> as the gateway does, and /mcp as before.
-    assert "/mcp/<server>: 4 upstream server(s)" in served.stderr()
+    assert "/mcp/<server>: 5 upstream server(s)" in served.stderr()
     listed, whoami = _run(served, "stream", [{"list": True}, {"call": "whoami"}])
     assert {tool["name"] for tool in listed["tools"]} == LISTED
     assert whoami["result"]["text"].startswith("you called with Bearer [REDACTED]")
