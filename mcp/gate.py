@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from sealgate.proxy.calls import Decision, Denial, Identity, Policy
-from sealgate.reasons import Reason
+from sealgate.reasons import Reason, SealgateError
 
 from .service import Service
 
@@ -49,8 +49,10 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600,
 HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
 
 
-class Refused(Exception):
+class Refused(SealgateError):
     """A message refused before anything is called: its HTTP status and JSON-RPC error."""
+
+    reason = Reason.BAD_REQUEST
 
     def __init__(self, status: int, code: int, message: str, *, data: Any = None,
                  headers: tuple[tuple[bytes, bytes], ...] = (), id: Any = None) -> None:
