@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra=["--images", str(store), "--no-selftest"]))
             found = measure(daemons[-1], args.rounds)
         finally:
-            tear_down(setup, paths, daemons, RANGE, GATEWAY)
+            tear_down(setup, paths, daemons, (RANGE, GATEWAY))
     meta = {**run_meta(f"{SCRIPT}.py", sys.argv[1:] if argv is None else argv, started, False,
                        locked=True), **machine_facts(), "QEMU": qemu_version()}
     summary = {key: {"p50": percentile(v, 50), "p95": percentile(v, 95), "n": len(v)}

@@ -140,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 side.daemon.pool = POOL
             figures = measure(sides, args)
         finally:
-            for side in sides:
-                net = NETS[side.name]
-                tear_down(setup, paths, [side.daemon] if side.daemon else [], net[0], net[1])
+            tear_down(setup, paths, [side.daemon for side in sides if side.daemon],
+                      *((net[0], net[1]) for net in (NETS[side.name] for side in sides)))
     report(figures, sides, args)
     return 0
 

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                     sb.delete()
             daemons.pop().stop(setup)
         finally:
-            tear_down(setup, paths, daemons, RANGE, GATEWAY)
+            tear_down(setup, paths, daemons, (RANGE, GATEWAY))
     progress.note(f"done in {(time.monotonic() - started) / 60:.1f} min")
 
     meta = run_meta("sandbox_api.py", argv if argv is not None else sys.argv[1:], started,

@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                        functools.partial(create, daemons[-1], MEMORY_IMAGE), UID_BASE)
             daemons.pop().stop(setup)
         finally:
-            tear_down(setup, paths, daemons, RANGE, GATEWAY)
+            tear_down(setup, paths, daemons, (RANGE, GATEWAY))
     for kind, _ in KINDS:
         empty = fig.values.get(f"warm {kind}: creates that found the pool empty", 0)
         if empty:

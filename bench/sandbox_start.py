@@ -407,16 +407,18 @@ sys.exit(main())
 '''
 
 
-def tear_down(setup: Setup, paths: dict[str, str], daemons: Sequence[Daemon], network: str,
-              gateway: str) -> None:
-    """A run's end, whatever ended it: its daemons, its services and the gateway of its range,
-    with no second Ctrl-C able to cut it short (none may be left behind)."""
+def tear_down(setup: Setup, paths: dict[str, str], daemons: Sequence[Daemon],
+              *nets: tuple[str, str]) -> None:
+    """A run's end, whatever ended it: its daemons, its services and the gateway of each of
+    its ranges (range, gateway), with no second Ctrl-C able to cut it short (none may be left
+    behind)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     for daemon in daemons:
         daemon.stop(setup)
     setup.services.stop_all()
-    sealgate_cmd(paths, "sandbox", "teardown", "--range", network, "--gateway", gateway)
+    for network, gateway in nets:
+        sealgate_cmd(paths, "sandbox", "teardown", "--range", network, "--gateway", gateway)
 
 
 def start_daemon(setup: Setup, paths: dict[str, str], proxy: Proxy, name: str, pool: int,
@@ -1032,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
             if daemons:
                 daemons.pop().stop(setup)
         finally:
-            tear_down(setup, paths, daemons, RANGE, GATEWAY)
+            tear_down(setup, paths, daemons, (RANGE, GATEWAY))
     progress.note(f"done in {_clock(time.monotonic() - started)}")
 
     meta = run_meta("sandbox_start.py", argv if argv is not None else sys.argv[1:], started,

@@ -269,25 +269,39 @@ class RawListener:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            while self.udp is not None:
-                try:
-                    self.udp.recvfrom(65536)
-                except OSError:
-                    break
-                self.datagrams += 1
+            self._datagrams()
+            self._accept()
+
+    def _datagrams(self) -> None:
+        while self.udp is not None:
             try:
-                conn, _ = self.sock.accept()
+                self.udp.recvfrom(65536)
             except OSError:
-                continue
-            self.connections += 1
-            conn.settimeout(0.5)
-            with conn, contextlib.suppress(OSError):
-                while data := conn.recv(65536):
-                    self.bytes_received += len(data)
+                return
+            self.datagrams += 1
+
+    def _accept(self) -> bool:
+        """One connection taken and read to its end (or for 0.5 s); False if none came."""
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return False
+        self.connections += 1
+        conn.settimeout(0.5)
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                self.bytes_received += len(data)
+        return True
 
     def stop(self) -> None:
+        """Stop listening. What arrived and was not looked at yet (a connection in the
+        backlog, a datagram queued) is counted first: the counts read after are exact."""
         self._stop.set()
         self._thread.join(timeout=2)
+        self.sock.setblocking(False)
+        while self._accept():
+            pass
+        self._datagrams()
         self.sock.close()
         if self.udp is not None:
             self.udp.close()
