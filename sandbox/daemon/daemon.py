@@ -14,9 +14,13 @@ while so a caller learns why (`sandbox_ended`) rather than that it never was.
 Everything the daemon holds is leased in its name (`sandbox.host.lease`); a daemon that was killed
 outright leaves leases the next start cleans up before it prepares anything.
 
-Why one module of ~500 lines: the pools, the sessions and the hand-over's hold are one state
-whose invariants span these methods (a slot is in exactly one pool, session or teardown, and
-`busy` counts every one in between); what stands apart has left (`slot`, `imaging`,
+A fork makes copies of a live sandbox the same way, each on a slot prepared there and then as
+a copy of its memory (`forking` saves it), all of them or none.
+
+Why one module of ~580 lines: the pools, the sessions, the creates and forks under way and the
+hand-over's hold are one state whose invariants span these methods (a slot is in exactly one
+pool, session or teardown, `busy` counts every one in between, and a create or fork under way
+counts against the capacity); what stands apart has left (`slot`, `imaging`, `forking`,
 `idempotency`, `tally`, `carried`).
 """
 
