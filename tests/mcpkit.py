@@ -1,4 +1,5 @@
-"""`sealgate mcp serve` as a real process, and the official MCP client against it.
+"""`sealgate mcp serve` (or `gateway`) as a real process, the official MCP client against it,
+and an upstream MCP server made with the SDK for the gateway to front (`Upstream`).
 
 The server is started through the tests' own `sealgate` command, which execs the MCP
 virtualenv's python (var/mcp-venv, `make deps`), as a user starts it. The client is
@@ -11,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -135,3 +137,158 @@ def rpc_headers(method: str, name: str | None = None, **more: str) -> dict[str, 
     return headers
 
 
+# An upstream MCP server made with the SDK (for the gateway's tests), logging every request it
+# gets (headers, body); mode `json` answers JSON, `sse` every answer as an SSE stream.
+UPSTREAM = r'''
+import json, sys
+import uvicorn
+from mcp.server import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+port, cert, key, mode, log_path = sys.argv[1:6]
+seen = {"authorization": None}
+server = MCPServer("upstream")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Says the text back."""
+    return text
+
+
+@server.tool()
+def whoami() -> str:
+    """The Authorization this server was called with (a debug tool that leaks it)."""
+    return f"you called with {seen['authorization']}"
+
+
+@server.tool()
+def search(repo: str, query: str) -> str:
+    """Searches a repository."""
+    return f"searched {repo} for {query}"
+
+
+@server.tool()
+def delete_repo(repo: str) -> str:
+    """Not listed by the rules: never seen, never called."""
+    return f"deleted {repo}"
+
+
+@server.tool()
+async def slow() -> str:
+    """Answers after 5 s."""
+    import anyio
+    await anyio.sleep(5)
+    return "late"
+
+
+@server.tool()
+def big() -> str:
+    """An answer over the gateway's cap."""
+    return "x" * 200000
+
+
+app = server.streamable_http_app(
+    json_response=(mode == "json"), stateless_http=True,
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+
+
+async def recorded(scope, receive, send):
+    if scope["type"] != "http":
+        await app(scope, receive, send)
+        return
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    seen["authorization"] = headers.get("authorization")
+    chunks = []
+
+    async def kept():
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+        return message
+
+    try:
+        await app(scope, kept, send if mode == "json" else streamed(send))
+    finally:
+        with open(log_path, "a") as log:
+            log.write(json.dumps({"headers": headers,
+                                  "body": b"".join(chunks).decode("utf-8", "replace")}) + "\n")
+
+
+def streamed(send):
+    """The SDK's JSON answer sent as the SSE stream a server whose handler logs would send (the
+    SDK streams only once a handler emits, or after 15 s): a ping, a log notification that
+    leaks the Authorization this server got, then the answer."""
+    answer = {"json": False, "body": b""}
+
+    async def framed(message):
+        if message["type"] == "http.response.start":
+            kind = dict(message.get("headers", [])).get(b"content-type", b"")
+            if message["status"] == 200 and kind.startswith(b"application/json"):
+                answer["json"] = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream")]})
+                return
+        elif message["type"] == "http.response.body" and answer["json"]:
+            answer["body"] += message.get("body", b"")
+            if not message.get("more_body"):
+                note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {
+                    "level": "info", "data": f"called with {seen['authorization']}"}}
+                await send({"type": "http.response.body", "more_body": False, "body": (
+                    b": ping\r\n\r\nevent: message\r\ndata: " + json.dumps(note).encode()
+                    + b"\r\n\r\nevent: message\r\ndata: " + answer["body"] + b"\r\n\r\n")})
+            return
+        await send(message)
+
+    return framed
+
+
+uvicorn.run(recorded, host="127.0.0.1", port=int(port), ssl_certfile=cert, ssl_keyfile=key,
+            log_level="warning", lifespan="on")
+'''
+
+
+class Upstream:
+    def __init__(self, workdir: Path, cert: tuple[Path, Path], mode: str) -> None:
+        self.port = free_port()
+        self.log = workdir / f"upstream-{mode}.jsonl"
+        script = workdir / "upstream.py"
+        script.write_text(UPSTREAM)
+        self.stderr = (workdir / f"upstream-{mode}.stderr").open("wb")
+        self.process = subprocess.Popen(
+            [str(MCP_PYTHON), "-P", str(script), str(self.port), str(cert[0]), str(cert[1]),
+             mode, str(self.log)], cwd=workdir, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        deadline = time.monotonic() + 30
+        while not self._listening():
+            assert self.process.poll() is None and time.monotonic() < deadline, \
+                "the upstream MCP server did not start"
+            time.sleep(0.1)
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def requests(self) -> list[dict[str, Any]]:
+        text = self.log.read_text() if self.log.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
+    def called(self) -> list[str]:
+        """The tools the upstream was asked to call, in order."""
+        names = []
+        for seen in self.requests():
+            body = json.loads(seen["body"] or "null")
+            if isinstance(body, dict) and body.get("method") == "tools/call":
+                names.append(body["params"]["name"])
+        return names
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.stderr.close()
