@@ -23,6 +23,7 @@ class Counter:
         self.open = 0
         self.delay = 0.0
         self.port = 0
+        self.heads: list[bytes] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -32,8 +33,10 @@ class Counter:
                 head = await reader.readuntil(b"\r\n\r\n")
                 if not head:
                     break
+                self.heads.append(head)
                 await asyncio.sleep(self.delay)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                writer.write(b"HTTP/1.1 200 OK\r\nSet-Cookie: session=from-the-api; Path=/\r\n"
+                             b"Content-Length: 2\r\n\r\nok")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -129,3 +132,16 @@ def test_an_https_key_without_tls_settings_is_refused() -> None:
                 pass
 
     run(body, Pool())
+
+
+def test_nothing_of_one_answer_rides_into_the_next_request() -> None:
+    # A kept session has no cookie jar: an API's Set-Cookie to one call is not sent with the
+    # next call on the same connection (the calls a tool makes carry what the rules put in).
+    async def body(counter: Counter, pool: Pool) -> None:
+        await get(pool, "bot-1", counter.port)
+        await get(pool, "bot-1", counter.port)
+        assert counter.accepted == 1 and len(counter.heads) == 2
+        assert b"cookie" not in counter.heads[1].lower()
+
+    run(body, Pool())
+
