@@ -88,6 +88,14 @@ def register(ps: Any) -> None:
     snap.add_argument("--json", action="store_true", help="print the image's record as JSON")
     snap.set_defaults(func=refusing(_snapshot))
 
+    fork = ps.add_parser("fork", help="copies of a live sandbox resumed from one memory "
+                                      "snapshot of it (the microVM tier, from an image)")
+    client_args(fork)
+    fork.add_argument("id")
+    fork.add_argument("-n", type=int, default=1, help="how many copies (1 to 16; default 1)")
+    fork.add_argument("--json", action="store_true", help="print the copies as JSON")
+    fork.set_defaults(func=refusing(_fork))
+
     url = ps.add_parser("url", help="a signed URL of a sandbox's port, for a browser (no key)")
     client_args(url)
     url.add_argument("id")
@@ -233,6 +241,14 @@ def _snapshot(args: argparse.Namespace) -> int:
     made = Sandbox(client_of(args), {"id": args.id}).snapshot(args.name,
                                                               call_timeout=args.call_timeout)
     print(json.dumps(made, indent=2) if args.json else made["name"])
+    return 0
+
+
+def _fork(args: argparse.Namespace) -> int:
+    copies = Sandbox(client_of(args), {"id": args.id}).fork(args.n,
+                                                            call_timeout=args.call_timeout)
+    print(json.dumps([c.info for c in copies], indent=2) if args.json
+          else "\n".join(c.id for c in copies))
     return 0
 
 

@@ -40,6 +40,10 @@ The frames are `protocol`'s. The host asks; the agent answers with the request's
   terminal, whose output comes as fd 1 and which `resize` (rows, cols) resizes.
 
 The agent holds nothing the host has not handed it: no credential, no key.
+
+Why one module of ~480 lines: it is PID 1's one loop, and every op's handler shares its
+selector, its commands, its channel and its hold; what stands apart has left (`vmos`: the
+guest's system; `vmroot`: an image's root; `terminal`; `tarout`, run as a program of its own).
 """
 
 from __future__ import annotations

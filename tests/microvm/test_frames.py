@@ -15,7 +15,7 @@ import pytest
 from sealgate.sandbox.errors import SandboxError
 from sealgate.sandbox.guest.protocol import VERSION, GuestFrames, encode
 from sealgate.sandbox.tiers.microvm.channel import Channel
-from sealgate.sandbox.tiers.microvm.hostserve import relay
+from sealgate.sandbox.tiers.microvm.guestlink import relay
 
 
 def frame(head: bytes, payload: bytes = b"") -> bytes:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sealgate.reasons import Reason
 from sealgate.sandbox.clients.aclient import AsyncSandbox
 from sealgate.sandbox.clients.client import Sandbox
 from sealgate.sandbox.clients.clientshared import DaemonError
-from tests.harness import Origin, Proxy
+from tests.harness import SEALGATE, Origin, Proxy
 from tests.integration import tiers as tier_env
 
 from .conftest import Daemon, start_daemon
@@ -211,6 +212,13 @@ def test_a_microvm_forks(microvm_imaged: Daemon, origin_https: Origin) -> None:
         got = sb.run(["python3", "-c", _FETCH, f"{url}/from-source"], timeout=120)
         assert got.exit_code == 0, got.stderr
         assert asyncio.run(_fork_async(microvm_imaged, sb.id)) == b"kept\n"
+        # And the CLI's: the copy's id on a line of its own.
+        done = subprocess.run([*SEALGATE, "sandbox", "fork", sb.id, "-n", "1", "--daemon",
+                               str(microvm_imaged.socket), "--call-timeout", "240"],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        with Sandbox.connect(done.stdout.strip(), daemon=str(microvm_imaged.socket)) as copy:
+            assert copy.run(["cat", "/etc/forked"]).stdout == b"kept\n"
         sleeper.kill()
     assert sorted(r.path for r in origin_https.requests) == [
         "/from-copy-0", "/from-copy-1", "/from-source"]

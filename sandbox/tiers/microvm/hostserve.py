@@ -34,15 +34,13 @@ channel closes, or the daemon kills QEMU (this process's child), or the guest en
 process ends, which the daemon watches. The daemon's warm pool of slots is the pool of booted
 VMs: each is booted for one slot, handed to one sandbox, and killed with it.
 
-Requests run at once, each in a thread: one thread reads the guest's frames and hands each to
-its request's queue; a full queue holds that read back, so a caller reading slowly slows its
-sandbox's channel and never fills this process's memory.
+Requests run at once, each in a thread, over the guest's one channel (`guestlink`: one thread
+reads the guest's frames and hands each to its request's queue).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import queue
@@ -50,7 +48,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import SandboxError
@@ -62,9 +59,7 @@ from ...guest.protocol import (
     SIGNALS,
     WORKSPACE,
     Ending,
-    GuestFrames,
     Op,
-    encode,
     failed,
     hello,
     parse,
@@ -72,117 +67,18 @@ from ...guest.protocol import (
     status_line,
 )
 from . import hostrun
-from .pool import Booted
+from .guestlink import Guest, end
 
 _MAX_RUNNING = 128  # requests at once (the daemon sends at most 64 per sandbox)
-_QUEUED = 64  # frames held per request before the guest's channel is held back
 _CHUNK = 1 << 16
 _EXIT_GRACE = 10.0  # past a command's own timeout, for the guest to report it
 _NO_LIMIT = 7 * 86400.0
 _HELD_MAX = 8 << 20  # a get's bytes that may arrive before its status line
 _PYTHON = "/usr/bin/python3"
-_SAVE_SECONDS = 120.0  # a guest's memory written under emulation: ~0.5 s for 512 MiB here
-_ANSWER_SECONDS = 30.0  # for the guest agent to answer a hold or a release
-
-
-def _answered(frames: queue.Queue[tuple[dict[str, Any], bytes]], op: Op) -> None:
-    """The guest's ok to the request whose frames these are. Raises SandboxError."""
-    try:
-        header, _ = frames.get(timeout=_ANSWER_SECONDS)
-    except queue.Empty:
-        raise SandboxError(f"the guest did not answer the {op}") from None
-    if header.get("op") != Op.OK:
-        raise SandboxError(f"the guest refused the {op}: {str(header.get('message'))[:200]}")
-
-
-class _Guest:
-    """The guest agent's channel, shared by every request: frames sent under a lock, and
-    one reader thread that hands each frame to its request's queue."""
-
-    def __init__(self, booted: Booted) -> None:
-        self.booted = booted
-        self.sock = booted.channel.sock
-        self._frames, queued = booted.channel.take_over()
-        self._lock = threading.Lock()
-        self._queues: dict[int, queue.Queue[tuple[dict[str, Any], bytes]]] = {}
-        self._ids = itertools.count(1 << 20)  # apart from the ids the set-up's channel used
-        for frame in queued:
-            self._deliver(frame)
-
-    def open(self) -> tuple[int, queue.Queue[tuple[dict[str, Any], bytes]]]:
-        ident = next(self._ids)
-        frames: queue.Queue[tuple[dict[str, Any], bytes]] = queue.Queue(_QUEUED)
-        self._queues[ident] = frames
-        return ident, frames
-
-    def close(self, ident: int) -> None:
-        self._queues.pop(ident, None)
-
-    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        with self._lock:
-            self.sock.sendall(encode(header, payload))
-
-    def save(self, gid: int, frames: queue.Queue[tuple[dict[str, Any], bytes]], fd: int
-             ) -> int:
-        """The VM's memory written to `fd` (a file's): the bytes written. The guest agent is
-        held first (it sends nothing more), and nothing is sent to it until it is released
-        (other requests' frames wait): the channel is between two frames both ways in what
-        is saved, so a copy resumed from it reads only its own frames. QEMU is stopped for
-        the copy and continued after."""
-        monitor = self.booted.machine.monitor
-        with self._lock:
-            self.sock.sendall(encode({"op": Op.HOLD, "id": gid}))
-            try:
-                _answered(frames, Op.HOLD)
-                monitor.execute("stop")
-                try:
-                    return monitor.save(fd, _SAVE_SECONDS)
-                finally:
-                    monitor.execute("cont")
-            finally:
-                # Always: a guest held would serve nothing more (one that was not answers
-                # with an error, which is all the same here).
-                self.sock.sendall(encode({"op": Op.RELEASE, "id": gid}))
-                with contextlib.suppress(SandboxError):
-                    _answered(frames, Op.RELEASE)
-
-    def _deliver(self, frame: tuple[dict[str, Any], bytes]) -> None:
-        ident = frame[0].get("id")
-        while isinstance(ident, int) and (frames := self._queues.get(ident)) is not None:
-            try:
-                frames.put(frame, timeout=1.0)
-                return
-            except queue.Full:
-                continue  # held back while its request lives and has not read it
-
-    def read(self) -> None:
-        """Until the guest ends or sends what is not a frame; then this process ends (the
-        daemon sees the sandbox end), saying why."""
-        why = relay(self.sock, self._frames, self._deliver)
-        print(f"sealgate microVM launcher: {why}; the sandbox ends", file=sys.stderr, flush=True)
-        _end(self.booted, 0)
-
-
-def relay(sock: socket.socket, frames: GuestFrames,
-          deliver: Callable[[tuple[dict[str, Any], bytes]], None]) -> str:
-    """Hand each of the guest's frames to `deliver` until its channel ends; why it ended. A bad
-    frame ends it too (`GuestFrames`: the guest is not trusted), and so does any failure here:
-    a reader that died and left the VM running would lose every later request."""
-    try:
-        while data := sock.recv(_CHUNK):
-            for frame in frames.feed(data):
-                deliver(frame)
-    except OSError as exc:
-        return f"the guest's channel failed: {exc}"
-    except ValueError as exc:
-        return f"the guest sent a bad frame: {exc}"
-    except Exception as exc:  # whatever it is, it ends this VM only
-        return f"reading the guest failed: {type(exc).__name__}"
-    return "the guest ended"
 
 
 class Server:
-    def __init__(self, guest: _Guest, order: hostrun.Order) -> None:
+    def __init__(self, guest: Guest, order: hostrun.Order) -> None:
         self.guest = guest
         self.order = order
         self._running: dict[int, int] = {}  # the daemon's request id -> the guest's
@@ -410,11 +306,6 @@ def _write_all(fd: int, data: bytes) -> bool:
     return True
 
 
-def _end(booted: Booted, code: int) -> None:
-    booted.close()
-    os._exit(code)  # other threads may be blocked on the VM's or the daemon's channel
-
-
 def main() -> int:
     chan = socket.socket(fileno=0)
     try:
@@ -427,12 +318,12 @@ def main() -> int:
         with contextlib.suppress(OSError):
             chan.send(failed(str(exc)))
         return hostrun.SETUP_FAILED
-    guest = _Guest(booted)
+    guest = Guest(booted)
     threading.Thread(target=guest.read, daemon=True).start()
     try:
         Server(guest, order).serve(chan)
     finally:
-        _end(booted, 0)
+        end(booted, 0)
     return 0
 
 
