@@ -11,16 +11,13 @@ uvicorn, `POST /mcp/<server>` for each server of the caller's policy's `mcp_serv
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
-
-from sealgate.proxy.calls import RulesError
 
 from ..gateway import Gateway
 from ..options import add_gateway_options
 from ..service import Service, Settings
-from .serve import run_http, settings, url
+from .serve import run, run_http, settings, url
 
 __all__ = ["main"]
 
@@ -44,14 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     add_gateway_options(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        asyncio.run(serve(settings(args)))
-    except (RulesError, ValueError) as exc:
-        print(f"sealgate mcp gateway: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    return run("sealgate mcp gateway", lambda: serve(settings(args)))
 
 
 if __name__ == "__main__":

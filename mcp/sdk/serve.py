@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -111,13 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.sandbox is not None and not args.stdio:
         parser.error("--sandbox goes with --stdio (over HTTP the caller proves who it is)")
+    if args.stdio:
+        return run("sealgate mcp", lambda: serve_stdio(settings(args), args.sandbox))
+    return run("sealgate mcp", lambda: serve(settings(args)))
+
+
+def run(prog: str, work: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    """A process's service run to its end: 2 with one line for bad rules or settings (no
+    traceback), 0 on an interrupt or when it stops."""
     try:
-        if args.stdio:
-            asyncio.run(serve_stdio(settings(args), args.sandbox))
-        else:
-            asyncio.run(serve(settings(args)))
+        asyncio.run(work())
     except (RulesError, ValueError) as exc:
-        print(f"sealgate mcp: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
