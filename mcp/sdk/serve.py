@@ -65,7 +65,11 @@ async def run_http(service: Service, served: Any, ready: Callable[[], str], *,
         served, host=host, port=port, log_level="warning", access_log=False,
         lifespan=lifespan, timeout_keep_alive=5, timeout_graceful_shutdown=10,
         limit_concurrency=512,  # connections; past it 503 at once
-        h11_max_incomplete_event_size=64 * 1024, server_header=False))
+        h11_max_incomplete_event_size=64 * 1024, server_header=False,
+        # The peer's address is who calls (a sandbox's, by the source registry): never what
+        # a header says it is. uvicorn trusts X-Forwarded-For from loopback by default, which
+        # let any local process name a registered sandbox's address (found by review).
+        proxy_headers=False, forwarded_allow_ips=""))
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.02)

@@ -6,6 +6,7 @@ tool whose host resolves to a metadata or internal address; budgets hold; one au
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import subprocess
@@ -313,12 +314,35 @@ def test_who_calls_is_the_sandbox_proven_or_registered(server: McpServer) -> Non
     assert "Authorization: Basic" in answer["discovered"]["error"]["message"]
     # The source registry the sandbox runtime fills (`sealgate sources add`): by address.
     registry = server.state / "registry.json"
+    # A header naming a registered address is no address: the peer's is who calls (uvicorn
+    # trusted X-Forwarded-For from loopback by default).
+    registry.write_text(json.dumps({"sources": {"10.200.0.9": "rep-1"}}))
+    try:
+        status, said = _raw_list(server, {"X-Forwarded-For": "10.200.0.9",
+                                          "Forwarded": "for=10.200.0.9"})
+        assert status == 401 and "Authorization: Basic" in said, (status, said)
+    finally:
+        registry.unlink()
     registry.write_text(json.dumps({"sources": {"127.0.0.1": "rep-1"}}))
     try:
         answer, _ = server.client([{"list": True}], None)
         assert [t["name"] for t in answer["steps"][0]["tools"]] == ["once"]
     finally:
         registry.unlink()
+
+
+def _raw_list(server: McpServer, headers: dict[str, str]) -> tuple[int, str]:
+    """A tools/list posted by hand with `headers`: its status and body."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("POST", "/mcp", body, headers={
+            "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/list", **headers})
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode(errors="replace")
+    finally:
+        conn.close()
 
 
 def test_one_audit_line_per_call_and_no_secret_in_any(server: McpServer) -> None:
