@@ -18,6 +18,7 @@ says why (never a bare 413 or an HTML page), and nothing of a refused message go
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -47,6 +48,7 @@ _TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _B64: Final = re.compile(r"=\?base64\?(.*)\?=")
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 MAX_DEPTH: Final = 64  # arrays and objects in a message, nested
+BODY_SECONDS: Final = 10.0  # for a request's whole body, from its headers
 HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
 
 
@@ -139,6 +141,17 @@ def request_headers(scope: Scope) -> dict[str, str]:
 
 
 async def read_body(scope: Scope, receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    """The request's body, whole, within `limit` bytes and `BODY_SECONDS`: found by review, a
+    sandbox could hold every one of the server's connections with bodies that never came."""
+    try:
+        async with asyncio.timeout(BODY_SECONDS):
+            return await _read_body(receive, headers, limit)
+    except TimeoutError:
+        raise Refused(408, INVALID_REQUEST, f"the body did not come within {BODY_SECONDS:g} s"
+                      ) from None
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise Refused(413, INVALID_REQUEST, f"a message is at most {limit} bytes")

@@ -242,12 +242,14 @@ async def _stream(x: Exchange, answer: aiohttp.ClientResponse, send: Send) -> No
         if not line:
             break
         text = line.rstrip(b"\r\n")
-        if text.startswith(b":") or not (text or data):
-            continue  # a comment (a keep-alive ping) or an empty event: dropped as read
+        # Every line counts, a dropped one too: found by review, comment lines were free, so
+        # an upstream could stream them without end until its timeout.
         seen += len(line)
         x.fields["bytes_in"] = seen
         if seen > limit:
             raise too_large
+        if text.startswith(b":") or not (text or data):
+            continue  # a comment (a keep-alive ping) or an empty event: dropped as read
         if text.startswith(b"data:"):
             value = text[5:]
             data += (value[1:] if value.startswith(b" ") else value) + b"\n"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,6 +149,23 @@ def test_a_streamed_body_past_the_cap_is_refused(server: McpServer, api: Origin)
         **AUTH, **rpc_headers("tools/call", "echo"), "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream"})
     assert answer.status_code == 413 and answer.json()["error"]["code"] == -32600
+    assert api.untouched()
+
+
+def test_a_body_that_never_comes_is_answered_408(server: McpServer, api: Origin) -> None:
+    """Found by review: with no deadline on the body, a sandbox holding open requests whose
+    bodies never come could take every one of the server's connections."""
+    api.reset()
+    head = "".join(f"{k}: {v}\r\n" for k, v in {
+        **AUTH, **rpc_headers("tools/call", "echo"), "Content-Type": "application/json",
+        "Content-Length": "100", "Host": "127.0.0.1"}.items())
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(f"POST /mcp HTTP/1.1\r\n{head}\r\n".encode() + b'{"jsonrpc"')
+        answer = conn.recv(65536)
+    waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert 9 <= waited < 25, waited
     assert api.untouched()
 
 
