@@ -421,6 +421,8 @@ class Daemon:
         of its own: its own id, address and proxy registration, the source's options, a
         lifetime from now (`forking`). All of them or none. Raises SessionError."""
         source = self.get(ident)
+        if self._closing or self.held:  # as a create: nothing is made while stopping or held
+            raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
         tier = tiers.get(self.config.slots.isolation)
         if tier.no_fork is not None or source.slot.image is None:
             why = (tier.no_fork or "a sandbox on the host's system has the host's /usr in its "
