@@ -32,7 +32,8 @@ from sealgate.reasons import Reason, SealgateError
 from .service import Service
 
 __all__ = ["IDENTITY", "METHODS", "PROTOCOL_VERSION", "Gate", "Refused", "answer_refused",
-           "check_headers", "identify", "parse_message", "read_body", "request_headers"]
+           "check_headers", "identify", "parse_message", "posted", "read_body",
+           "request_headers"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -91,13 +92,7 @@ class Gate:
     async def _admit(self, scope: Scope, receive: Receive) -> bytes:
         if scope["path"] != self.path:
             raise Refused(404, INVALID_REQUEST, f"the MCP endpoint is POST {self.path}")
-        if scope["method"] != "POST":
-            raise Refused(405, INVALID_REQUEST, f"only POST {self.path}",
-                          headers=((b"allow", b"POST"),))
-        headers = request_headers(scope)
-        if "origin" in headers:
-            raise Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
-                                                "endpoint is not for web pages")
+        headers = posted(scope, self.path)
         scope.setdefault("state", {})[IDENTITY] = identify(self.service, scope, headers)[0]
         body = await read_body(scope, receive, headers, self.service.settings.max_body)
         message = parse_message(body)
@@ -125,6 +120,20 @@ def identify(service: Service, scope: Scope, headers: dict[str, str]) -> tuple[I
 def _unauthorized(message: str) -> Refused:
     return Refused(401, INVALID_REQUEST, message,
                    headers=((b"www-authenticate", b'Basic realm="sealgate-mcp"'),))
+
+
+def posted(scope: Scope, endpoint: str) -> dict[str, str]:
+    """The headers of a POST to `endpoint` (named in a refusal) that no web page sent;
+    Refused (405, 403) for anything else. Both endpoints' first checks (serve's, the
+    gateway's)."""
+    if scope["method"] != "POST":
+        raise Refused(405, INVALID_REQUEST, f"only POST {endpoint[:80]}",
+                      headers=((b"allow", b"POST"),))
+    headers = request_headers(scope)
+    if "origin" in headers:
+        raise Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
+                                            "endpoint is not for web pages")
+    return headers
 
 
 def request_headers(scope: Scope) -> dict[str, str]:

@@ -33,8 +33,8 @@ from .gate import (
     check_headers,
     identify,
     parse_message,
+    posted,
     read_body,
-    request_headers,
 )
 from .gatewayflow import Exchange, relay
 from .service import Service
@@ -74,13 +74,7 @@ class Gateway:
         if not name or "/" in name:
             raise Refused(404, INVALID_REQUEST,
                           f"the gateway's endpoints are POST {PREFIX}<server>")
-        if scope["method"] != "POST":
-            raise Refused(405, INVALID_REQUEST, f"only POST {path[:80]}",
-                          headers=((b"allow", b"POST"),))
-        headers = request_headers(scope)
-        if "origin" in headers:
-            raise Refused(403, INVALID_REQUEST, "requests with an Origin are refused: this "
-                                               "endpoint is not for web pages")
+        headers = posted(scope, path)
         identity, policy = identify(self.service, scope, headers)
         server = next((s for s in policy.mcp_servers if s.name == name), None)
         if server is None:

@@ -19,9 +19,10 @@ from .toolgrammar import (
     DEFAULT_RESPONSE_BYTES,
     DEFAULT_TIMEOUT,
     MAX_RESPONSE_BYTES,
-    _not_json,
-    _timeout,
-    _url,
+    named_list,
+    not_json,
+    timeout_of,
+    url_of,
 )
 from .tools import TOOL_NAME
 
@@ -37,16 +38,8 @@ _ARGUMENT: Final = re.compile(r"[^\x00-\x20\x7f]{1,128}")
 def mcp_servers(doc: YamlFile, node: Node, field: str,
                 credentials: Mapping[str, Injection]) -> tuple[McpServer, ...]:
     """The `mcp_servers` list at `node`; `credentials` are the policy's named injections."""
-    found: list[McpServer] = []
-    seen: dict[str, int] = {}
-    for i, item in enumerate(doc.sequence(node, field)):
-        server = _server(doc, item, f"{field}[{i}]", credentials)
-        if server.name in seen:
-            raise doc.error(item, f"{field}[{i}].name",
-                            f"server {server.name!r} is also declared at [{seen[server.name]}]")
-        seen[server.name] = i
-        found.append(server)
-    return tuple(found)
+    return named_list(doc, node, field, "server",
+                      lambda item, at: _server(doc, item, at, credentials))
 
 
 def _server(doc: YamlFile, node: Node, field: str,
@@ -61,7 +54,7 @@ def _server(doc: YamlFile, node: Node, field: str,
     if not SERVER_NAME.fullmatch(name):
         raise doc.error(*at("name"), f"server name {show(name)} must be 1-64 of A-Z a-z 0-9 _ - "
                                      "(not starting with _ -)")
-    scheme, host, port, path = _url(doc, *at("url"))
+    scheme, host, port, path = url_of(doc, *at("url"))
     if "{" in path:
         raise doc.error(*at("url"), "an MCP server's url has no {param}")
     credential = None
@@ -82,7 +75,7 @@ def _server(doc: YamlFile, node: Node, field: str,
     max_bytes = DEFAULT_RESPONSE_BYTES
     if "max_response_bytes" in entries:
         max_bytes = doc.integer(*at("max_response_bytes"), 1, MAX_RESPONSE_BYTES)
-    timeout = _timeout(doc, *at("timeout")) if "timeout" in entries else DEFAULT_TIMEOUT
+    timeout = timeout_of(doc, *at("timeout")) if "timeout" in entries else DEFAULT_TIMEOUT
     return McpServer(name, scheme, host, port, path, credential, tuple(tools), max_bytes,
                      timeout, str(doc.where(node)))
 
@@ -121,7 +114,7 @@ def _constraint(doc: YamlFile, node: Node, field: str) -> Constraint:
         except re.error as exc:
             raise doc.error(value_node, where, f"not a regular expression: {exc}") from None
     value = doc.value(value_node, where)
-    if problem := _not_json(value):
+    if problem := not_json(value):
         raise doc.error(value_node, where, problem)
     if kind == "schema":
         if not isinstance(value, dict):

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
-from typing import Any, Final, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from yaml.nodes import Node, ScalarNode
@@ -40,7 +40,8 @@ from .httptool import HttpRequestTool
 from .model import Injection, PathError, normalize_path
 from .tools import PARAM, TOOL_NAME, Tool, params_in
 
-__all__ = ["HTTP_REQUEST_KEYS", "TOOL_KEYS", "http_request", "tools"]
+__all__ = ["HTTP_REQUEST_KEYS", "TOOL_KEYS", "http_request", "named_list", "not_json", "timeout_of",
+           "tools", "url_of"]
 
 HTTP_REQUEST_KEYS: Final = ("methods", "max_response_bytes", "timeout")
 
@@ -62,15 +63,31 @@ _EMPTY_ARGUMENTS: Final = {"type": "object", "properties": {}, "additionalProper
 def tools(doc: YamlFile, node: Node, field: str,
           credentials: Mapping[str, Injection]) -> tuple[Tool, ...]:
     """The `tools` list at `node`; `credentials` are the policy's named injections."""
-    found: list[Tool] = []
+    return named_list(doc, node, field, "tool",
+                      lambda item, at: _tool(doc, item, at, credentials))
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_N = TypeVar("_N", bound=_Named)
+
+
+def named_list(doc: YamlFile, node: Node, field: str, kind: str,
+               make: Callable[[Node, str], _N]) -> tuple[_N, ...]:
+    """The list at `node`, each item made by `make(item, its field path)`; a name declared
+    twice is an error at the second (the tools' and the gateway servers' lists)."""
+    found: list[_N] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(doc.sequence(node, field)):
-        tool = _tool(doc, item, f"{field}[{i}]", credentials)
-        if tool.name in seen:
+        made = make(item, f"{field}[{i}]")
+        if made.name in seen:
             raise doc.error(item, f"{field}[{i}].name",
-                            f"tool {tool.name!r} is also declared at [{seen[tool.name]}]")
-        seen[tool.name] = i
-        found.append(tool)
+                            f"{kind} {made.name!r} is also declared at [{seen[made.name]}]")
+        seen[made.name] = i
+        found.append(made)
     return tuple(found)
 
 
@@ -98,7 +115,7 @@ def _tool(doc: YamlFile, node: Node, field: str, credentials: Mapping[str, Injec
         raise doc.error(method_node, method_field, f"{show(method)} is not an HTTP method token "
                                                    "(methods are case-sensitive: uppercase)")
     url_node, url_field = at("url")
-    scheme, host, port, path = _url(doc, url_node, url_field)
+    scheme, host, port, path = url_of(doc, url_node, url_field)
     query: list[tuple[str, str]] = []
     if "query" in entries:
         query_node, query_field = at("query")
@@ -141,7 +158,7 @@ def _tool(doc: YamlFile, node: Node, field: str, credentials: Mapping[str, Injec
         returns_node, returns_field = at("returns")
         returns = tuple(_field_path(doc, item, f"{returns_field}[{i}]")
                         for i, item in enumerate(doc.sequence(returns_node, returns_field)))
-    timeout = _timeout(doc, *at("timeout")) if "timeout" in entries else DEFAULT_TIMEOUT
+    timeout = timeout_of(doc, *at("timeout")) if "timeout" in entries else DEFAULT_TIMEOUT
     return Tool(
         name, description, method, scheme, host, port, path, tuple(query), body,
         json.dumps(schema, sort_keys=True, ensure_ascii=False), credential, max_bytes, returns,
@@ -175,11 +192,11 @@ def http_request(doc: YamlFile, node: Node, field: str) -> HttpRequestTool | Non
                                 1, MAX_RESPONSE_BYTES)
     timeout = DEFAULT_TIMEOUT
     if "timeout" in entries:
-        timeout = _timeout(doc, entries["timeout"][1], f"{field}.timeout")
+        timeout = timeout_of(doc, entries["timeout"][1], f"{field}.timeout")
     return HttpRequestTool(methods, max_bytes, timeout, str(doc.where(node)))
 
 
-def _timeout(doc: YamlFile, node: Node, field: str) -> float:
+def timeout_of(doc: YamlFile, node: Node, field: str) -> float:
     text = doc.scalar(node, field, (INT, FLOAT), "a number of seconds")
     try:
         timeout = float(text)
@@ -191,7 +208,7 @@ def _timeout(doc: YamlFile, node: Node, field: str) -> float:
     return timeout
 
 
-def _url(doc: YamlFile, node: Node, field: str
+def url_of(doc: YamlFile, node: Node, field: str
          ) -> tuple[Literal["http", "https"], Host, int, str]:
     """Scheme, canonical host, port and path template of a tool's `url`."""
     url = doc.string(node, field)
@@ -228,21 +245,21 @@ def _template(doc: YamlFile, node: Node, field: str) -> str:
 
 def _json(doc: YamlFile, node: Node, field: str) -> Any:
     value = doc.value(node, field)
-    problem = _not_json(value)
+    problem = not_json(value)
     if problem:
         raise doc.error(node, field, problem)
     return value
 
 
-def _not_json(value: Any) -> str | None:
+def not_json(value: Any) -> str | None:
     if value is None or isinstance(value, bool | int | str):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else "numbers must be finite"
     if isinstance(value, list):
-        return next((p for p in map(_not_json, value) if p), None)
+        return next((p for p in map(not_json, value) if p), None)
     if isinstance(value, dict):
-        return next((p for p in map(_not_json, value.values()) if p), None)
+        return next((p for p in map(not_json, value.values()) if p), None)
     return f"{type(value).__name__} is not a JSON value (quote it)"
 
 

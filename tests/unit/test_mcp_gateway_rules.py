@@ -119,3 +119,24 @@ def test_rules_diff_says_what_a_server_change_widens(tmp_path: Path) -> None:
     assert changes(HEAD) == [("-", "mcp server docs", False)]
     before.write_text(HEAD)
     assert changes(GOOD) == [("+", "mcp server docs: mcp.test/mcp (search,plain)", True)]
+
+
+def test_a_name_declared_twice_is_refused_at_the_second(tmp_path: Path) -> None:
+    """One loader (toolgrammar.named_list) for the servers' and the tools' lists."""
+    twice = GOOD + """      - name: docs
+        url: https://mcp.test:8443/other
+        credential: upstream
+        tools: [{name: x}]
+"""
+    path = tmp_path / "rules.yaml"
+    path.write_text(twice)
+    with pytest.raises(RulesError, match=r"server 'docs' is also declared at \[0\]"):
+        load_rules(path)
+    tools = HEAD + """
+    tools:
+      - {name: ping, description: Ping., method: GET, url: "https://mcp.test/ping"}
+      - {name: ping, description: Again., method: GET, url: "https://mcp.test/pong"}
+"""
+    path.write_text(tools)
+    with pytest.raises(RulesError, match=r"tool 'ping' is also declared at \[0\]"):
+        load_rules(path)
