@@ -12,6 +12,8 @@ The patches, and why:
 
 - upstream dials and the proxy's TLS handshakes with upstreams bounded, upstream failures
   answered as JSON (upstream.py);
+- upstream HTTP/1 connections kept across client connections: every dial through the pool,
+  which learns each connection's HTTP/1 client layer when mitmproxy makes it (pool.py);
 - request heads bounded in size and time while they are read, idle connections closed
   (limits.py), an upstream's wait for its response head bounded (deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
@@ -59,7 +61,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.utils import asyncio_utils
 
 from ..errors import ProxyError
-from . import bodycap, deadline, limits, linger, speedups, upstream
+from . import bodycap, deadline, limits, linger, pool, speedups, upstream
 from .handlers import handler_of
 from .mitmcheck import mismatches
 
@@ -81,15 +83,19 @@ def require_tested() -> None:
 
 
 def install(
-    connect_timeout: float, *, reuse_port: bool, bounds: limits.HttpLimits | None = None
+    connect_timeout: float, *, reuse_port: bool, bounds: limits.HttpLimits | None = None,
+    kept: pool.Pool | None = None,
 ) -> None:
     """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
     would wrap the HTTP/2 handler twice)."""
     if _http1.make_error_response is upstream.error_response:
         raise RuntimeError("sealgate.proxy.mitm.install: already installed in this process")
     require_tested()
-    _scoped_asyncio(server, open_connection=upstream.bounded(asyncio.open_connection,
-                                                             connect_timeout))
+    kept = pool.install(kept or pool.Pool())
+    _scoped_asyncio(server, open_connection=upstream.bounded(kept.dial, connect_timeout))
+    _http1.Http1Client.__init__ = _told_to(kept, _http1.Http1Client.__init__)  # type: ignore[method-assign]
+    tls_layers.ServerTLSLayer.start_handshake = pool.finished_at_once(  # type: ignore[method-assign, assignment]
+        tls_layers.ServerTLSLayer.start_handshake)
     if reuse_port:
         _scoped_asyncio(
             mode_servers, start_server=functools.partial(asyncio.start_server, reuse_port=True)
@@ -144,6 +150,17 @@ def install(
     ids = types.SimpleNamespace(uuid4=speedups.RandomIds().uuid4)
     for module in (flow, connection):
         vars(module)["uuid"] = ids
+
+
+def _told_to(kept: pool.Pool, init: Callable[..., None]) -> Callable[..., None]:
+    """Http1Client.__init__, which also tells the pool the layer of its connection."""
+
+    @functools.wraps(init)
+    def made(self: _http1.Http1Client, context: Any) -> None:
+        init(self, context)
+        kept.http_client(self)
+
+    return made
 
 
 def _scoped_asyncio(module: types.ModuleType, **replaced: Callable[..., Any]) -> None:

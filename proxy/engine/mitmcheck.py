@@ -98,6 +98,7 @@ def _coroutine(fn: Callable[..., Any]) -> None:
 def _server_dials() -> None:
     _expect(isinstance(vars(server).get("asyncio"), type(asyncio)), "module has no `asyncio`")
     _names(server.ConnectionHandler.open_connection, "asyncio", "open_connection")
+    _names(server.ConnectionHandler.open_connection, "get_extra_info")  # all pool.py's writer has
 
 
 @_checks("mitmproxy.proxy.layers.tls.ServerTLSLayer.start_tls")
@@ -111,6 +112,25 @@ def _server_handshakes() -> None:
     _names(tunnel.TunnelLayer._handle_event, "_handshake_finished", "ConnectionClosed")
     _names(server.ConnectionHandler.close_connection, "transports", "cancel")
     _names(server.ConnectionHandler.handle_connection, "ConnectionClosed")
+
+
+@_checks("mitmproxy.proxy.layers.http._http1.Http1Client")
+def _kept_upstreams() -> None:
+    # pool.py: every upstream HTTP/1 client layer is made with its context, and says by its
+    # state, stream and buffer whether its connection sits between two messages; a TLS
+    # connection already given to TlsConfig is left alone; handle_connection reads with
+    # read() and closes its writer only after its reading ended.
+    _params(_http1.Http1Client.__init__, "(self, context)")
+    _names(_http1.Http1Client.mark_done, "read_headers", "stream_id", "state")
+    _names(_http1.Http1Connection.__init__, "buf")
+    _names(tlsconfig.TlsConfig.tls_start_server, "ssl_conn")
+    _names(server.ConnectionHandler.handle_connection, "read", "close")
+    # A handshake found done at its first step is finished by the wrapper of start_handshake.
+    _params(tls_layers.ServerTLSLayer.start_handshake, "(self)")
+    _names(tls_layers.ServerTLSLayer.start_handshake, "start_tls", "receive_handshake_data")
+    _names(tunnel.TunnelLayer._handshake_finished, "tunnel_state", "OPEN")
+    _expect(isinstance(connection.Server.tls_established, property),
+            "Server.tls_established is no longer a property")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")

@@ -43,6 +43,9 @@ COUNTERS: Final = {
     "events": ("Other audit events (reloads, drains, ...), by event.", ("event",)),
     "upstream_tls_offered": ("Upstream TLS handshakes that offered a cached session.", ()),
     "upstream_tls_resumed": ("Upstream TLS handshakes that resumed a session.", ()),
+    "upstream_connections": ("Upstream connections a request rode, by how it was had (dialed: "
+                             "new; reused: kept from an earlier client connection).",
+                             ("how",)),
     "secret_lookups": ("Secrets looked up for injection, by store and how each was served "
                        "(hit: cached; miss: fetched; stale: cached past its time while the "
                        "store is down; refused; unavailable).", ("store", "result")),
@@ -66,6 +69,8 @@ GAUGES: Final = {
     "resident_bytes": "The workers' resident memory.",
     "response_deadlines_pending": "Requests sent upstream in full, waiting for a response head.",
     "upstream_tls_sessions": "Upstream TLS sessions cached for resumption.",
+    "upstream_connections_idle": "Upstream connections kept idle for a later client "
+                                 "connection of the same sandbox.",
     "audit_backlog_bytes": "Audit lines waiting to be written.",
 }
 HISTOGRAM_HELP: Final = {

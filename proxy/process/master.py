@@ -27,7 +27,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from sealgate import oplog
 from sealgate.hostport import format_hostport
 
-from ..engine import mitm
+from ..engine import mitm, pool
 from ..engine.limits import HttpLimits
 from ..request.pipeline import Sealgate
 from . import statedir
@@ -141,6 +141,7 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
         core.Core(),
         proxyserver.Proxyserver(),
         next_layer.NextLayer(),
+        pool.Handoff(),  # before TlsConfig: a kept connection's TLS is given, not made
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(repeat_errors_on_stderr=True),
         Sealgate(),

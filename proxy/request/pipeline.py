@@ -26,7 +26,7 @@ from ..credentials import presented
 from ..credentials.inject import Credential, put, refused_body
 from ..credentials.tokenizer import HEADER as TOKEN_HEADER
 from ..credentials.tokenizer import TokenRequest
-from ..engine import layers, limits, mitm
+from ..engine import layers, limits, mitm, pool
 from ..errors import Denial
 from ..net import guard as guardmod
 from ..policy.decide import Question
@@ -325,6 +325,9 @@ class Sealgate(Steps):
         server.sni = pin.host.name
         server.address = (str(pin.address), port)
         self._pinned[server] = (name, port)
+        # A kept connection to exactly this, for exactly this tenant, may be taken instead.
+        pool.claim(server, pool.Key(server.address, server.sni, server.tls,
+                                    tuple(data.client.alpn_offers), _tenant(data.client, conn)))
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.upstream_open += 1
@@ -339,15 +342,14 @@ class Sealgate(Steps):
 
     def tls_start_server(self, data: tls.TlsData) -> None:
         """After TlsConfig made the upstream handshake's connection: a session to resume."""
+        if (kept := pool.installed()) is not None and kept.reusing(data.conn):
+            return  # a kept connection: its handshake is long done
         client = data.context.client
-        conn = self.conns.get(client.id)
-        sandbox = conn.identity.sandbox if conn is not None and conn.identity else None
-        # No sandbox proven (a default policy's client): its address stands for it, so two
-        # such clients' connections are not made linkable through one ticket either.
-        self.sessions.start(data, sandbox or f"@{client.peername[0] if client.peername else ''}")
+        self.sessions.start(data, _tenant(client, self.conns.get(client.id)))
 
     def tls_established_server(self, data: tls.TlsData) -> None:
-        self.sessions.established(data)
+        if (kept := pool.installed()) is None or not kept.reusing(data.conn):
+            self.sessions.established(data)
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.upstream_open = max(0, self.upstream_open - 1)
@@ -382,3 +384,11 @@ class Sealgate(Steps):
             # Allowed, then failed upstream: the line says how, as the client's answer does.
             record.reason = upstream_failure(flow)
         self._log_flow(flow)
+
+
+def _tenant(client: connection.Client, conn: Conn | None) -> str:
+    """Whose upstream connections and TLS sessions these are: the sandbox, or for a client no
+    sandbox is proven for (a default policy's), its address, so that two such clients'
+    connections are neither shared nor made linkable through one ticket."""
+    sandbox = conn.identity.sandbox if conn is not None and conn.identity else None
+    return sandbox or f"@{client.peername[0] if client.peername else ''}"

@@ -283,7 +283,9 @@ def test_keep_alive_serves_several_upstreams_on_one_connection(
             ))
             assert read_response(sock).status == 200
     assert [s.path for s in origin_https.requests] == ["/a", "/b"]
-    assert origin_https.connections == 1  # the upstream TLS connection was kept for the second
+    # The upstream TLS connection was kept for the second (and may be one an earlier test's
+    # client connection left in the pool: then no new one at all).
+    assert origin_https.connections <= 1
 
 
 # -- connection-scoped tokens -------------------------------------------------------------------

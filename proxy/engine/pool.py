@@ -1,0 +1,333 @@
+"""Upstream connections kept across client connections, per worker.
+
+A sandbox's clients are mostly short-lived processes (a CLI call, a `pip install`), each with
+connections of its own; mitmproxy's upstream connections belong to one client connection and end
+with it, so every new client connection paid a TCP and a TLS handshake upstream. Here an
+upstream HTTP/1 connection left idle when its client connection ends is kept, and the next
+dial with the same `Key` takes it instead of dialing.
+
+How it fits mitmproxy (mitm.py installs it): every upstream dial of mitmproxy's goes through
+`Pool.dial`, which the pipeline's `server_connect` hook tells, by `claim`, which connection and
+key the dial is for (after the guard pinned the address). A connection taken from the pool
+comes with its established TLS connection: the `Handoff` addon gives it to mitmproxy's TLS
+layer in place of a new one, whose handshake is then already done. mitmproxy closing the
+connection (its client left) offers it back (`_Writer.close`); it is kept only when it sits at
+a message boundary with nothing unread: its HTTP/1 client layer waits for a request with no
+byte buffered, the TLS connection holds no plaintext and saw no close, and the socket no end,
+error or byte. A kept connection that receives anything (an end, a byte: a second response to
+a request, say) is closed at once.
+
+The key (docs/architecture.md says why each part):
+
+- the address the guard checked and pinned: a name that re-resolves elsewhere takes nothing of
+  the old address;
+- the SNI: the name the certificate was verified for;
+- TLS or not, and the ALPN protocols the client offered (which decide what is offered
+  upstream);
+- the tenant: the sandbox (for a client no sandbox is proven for, its source address). One
+  sandbox's requests never ride a connection another's used: a desynchronised connection (an
+  origin's extra response, a request smuggled in a body) reaches no one else.
+
+TLS options are the process's: any reconfiguration empties the pool, so a kept connection was
+always made under the options in force. HTTP/2 upstream connections are not kept (their layer
+is not at a boundary one can check from outside); they end with their client as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, SupportsIndex
+
+from mitmproxy import connection, tls
+from mitmproxy.proxy import tunnel
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers import tls as tls_layers
+from mitmproxy.proxy.layers.http import _http1
+from OpenSSL import SSL
+
+PER_KEY = 16  # idle connections kept per key
+TOTAL = 512  # idle connections kept per worker
+IDLE_SECONDS = 15.0
+
+
+class Key(NamedTuple):
+    address: tuple[str, int]
+    sni: str | None
+    tls: bool
+    alpn: tuple[bytes, ...]
+    tenant: str
+
+
+# The connection and key of the dial mitmproxy is about to make. Set by the pipeline's
+# server_connect hook, which mitmproxy awaits in the very task that then dials.
+_CLAIM: contextvars.ContextVar[tuple[connection.Server, Key] | None] = contextvars.ContextVar(
+    "sealgate_upstream_claim", default=None)
+
+
+def claim(server: connection.Server, key: Key) -> None:
+    _CLAIM.set((server, key))
+
+
+class _Reader(asyncio.StreamReader):
+    """The socket's reader, which says whether it holds anything unread and calls `stirred`
+    when something arrives (a byte, an end, an error) while its connection waits in the pool."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.unread = 0
+        self.ended = False
+        self.reading = False
+        self.stirred: Callable[[], None] | None = None
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        super().feed_data(data)
+        self.unread += len(data)  # type: ignore[arg-type]  # bytes, from the protocol
+        self._stir()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self.ended = True
+        self._stir()
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self.ended = True
+        self._stir()
+
+    async def read(self, n: int = -1) -> bytes:
+        self.reading = True
+        try:
+            data = await super().read(n)
+        finally:
+            self.reading = False
+        self.unread -= len(data)
+        return data
+
+    def _stir(self) -> None:
+        if self.stirred is not None:
+            self.stirred()
+
+
+class _Upstream:
+    """One upstream connection: its socket, and once its handshake is done, its TLS."""
+
+    def __init__(self, key: Key, reader: _Reader, writer: asyncio.StreamWriter) -> None:
+        self.key = key
+        self.reader = reader
+        self.writer = writer
+        self.ssl_conn: SSL.Connection | None = None
+        self.http: _http1.Http1Client | None = None  # this lease's HTTP/1 client layer
+        self.server: connection.Server | None = None
+        self.half_closed = False
+        self.keep = True
+        self.reused = False  # this lease's connection was taken from the pool
+        self.timer: asyncio.TimerHandle | None = None
+
+    def at_boundary(self) -> bool:
+        """Nothing in flight and nothing unread, at any level: safe to carry another request."""
+        http, reader = self.http, self.reader
+        if (http is None or http.state != http.read_headers or http.stream_id is not None
+                or http.buf or self.half_closed or reader.reading or reader.unread
+                or reader.ended or self.writer.is_closing()):
+            return False
+        if self.key.tls:
+            ssl_conn = self.ssl_conn
+            return ssl_conn is not None and not ssl_conn.get_shutdown() and not ssl_conn.pending()
+        return True
+
+    def close(self) -> None:
+        self.reader.stirred = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.writer.close()
+
+
+class _Writer:
+    """What mitmproxy writes to: the connection's writer, except that closing it offers the
+    connection back to the pool."""
+
+    def __init__(self, pool: Pool, upstream: _Upstream) -> None:
+        self._pool = pool
+        self._upstream = upstream
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        self._upstream.writer.write(data)
+
+    def write_eof(self) -> None:
+        self._upstream.half_closed = True
+        self._upstream.writer.write_eof()
+
+    def is_closing(self) -> bool:
+        return self._closed or self._upstream.writer.is_closing()
+
+    async def drain(self) -> None:
+        await self._upstream.writer.drain()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._upstream.writer.get_extra_info(name, default)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.release(self._upstream)
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+class Pool:
+    def __init__(self, per_key: int = PER_KEY, total: int = TOTAL,
+                 idle_seconds: float = IDLE_SECONDS) -> None:
+        self.per_key, self.total, self.idle_seconds = per_key, total, idle_seconds
+        self._idle: dict[Key, list[_Upstream]] = {}
+        self._order: OrderedDict[_Upstream, None] = OrderedDict()  # idle, oldest first
+        self._live: dict[str, _Upstream] = {}  # server connection id -> its connection
+        self.dialed = self.reused = 0  # this worker's counts, for the metrics
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    async def dial(self, host: str, port: int, *, local_addr: Any = None) -> tuple[
+            _Reader, _Writer]:
+        """mitmproxy's `asyncio.open_connection` for upstream dials."""
+        server, key = _CLAIM.get() or (None, None)
+        _CLAIM.set(None)
+        upstream = self._take(key) if key is not None and self.per_key else None
+        if upstream is None:
+            loop = asyncio.get_running_loop()
+            reader = _Reader(loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            transport, _ = await loop.create_connection(lambda: protocol, host, port,
+                                                        local_addr=local_addr)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            # An unclaimed dial (none is, past the pipeline) is never kept: no key to keep by.
+            upstream = _Upstream(key or Key(("", 0), None, True, (), ""), reader, writer)
+            upstream.keep = key is not None
+            self.dialed += 1
+        else:
+            upstream.reused = True
+            self.reused += 1
+        if server is not None:
+            upstream.server = server
+            self._live[server.id] = upstream
+        return upstream.reader, _Writer(self, upstream)
+
+    def reusing(self, server: connection.Connection) -> SSL.Connection | None:
+        """The established TLS connection of a kept connection `server` was given, if any."""
+        upstream = self._live.get(server.id)
+        return upstream.ssl_conn if upstream is not None and upstream.reused else None
+
+    def established(self, data: tls.TlsData) -> None:
+        upstream = self._live.get(data.conn.id)
+        if upstream is not None and upstream.ssl_conn is None:
+            upstream.ssl_conn = data.ssl_conn
+
+    def http_client(self, layer: _http1.Http1Client) -> None:
+        """mitmproxy made the HTTP/1 client layer of an upstream connection (the layer whose
+        state says whether the connection is between two messages)."""
+        upstream = self._live.get(layer.conn.id)
+        if upstream is not None:
+            upstream.http = layer
+
+    def release(self, upstream: _Upstream) -> None:
+        if upstream.server is not None:
+            self._live.pop(upstream.server.id, None)
+            upstream.server = None
+        reusable = upstream.keep and upstream.at_boundary()
+        upstream.http = None  # the next lease's layer is its own
+        idle = self._idle.get(upstream.key, [])
+        if not reusable or len(idle) >= self.per_key:
+            upstream.close()
+            return
+        self._idle[upstream.key] = idle
+        idle.append(upstream)
+        self._order[upstream] = None
+        upstream.reader.stirred = lambda: self._drop(upstream)
+        upstream.timer = asyncio.get_running_loop().call_later(self.idle_seconds, self._drop,
+                                                               upstream)
+        while len(self._order) > self.total:
+            self._drop(next(iter(self._order)))
+
+    def flush(self) -> None:
+        for upstream in list(self._order):
+            self._drop(upstream)
+
+    def _take(self, key: Key) -> _Upstream | None:
+        idle = self._idle.get(key)
+        while idle:
+            upstream = idle.pop()  # the most recently used: the least likely closed by now
+            del self._order[upstream]
+            if upstream.timer is not None:
+                upstream.timer.cancel()
+                upstream.timer = None
+            upstream.reader.stirred = None
+            if not (upstream.reader.ended or upstream.reader.unread
+                    or upstream.writer.is_closing()):
+                return upstream
+            upstream.close()
+        return None
+
+    def _drop(self, upstream: _Upstream) -> None:
+        if upstream in self._order:
+            del self._order[upstream]
+            idle = self._idle[upstream.key]
+            idle.remove(upstream)
+            if not idle:
+                del self._idle[upstream.key]
+        upstream.close()
+
+
+def finished_at_once(start: Callable[[tls_layers.ServerTLSLayer], CommandGenerator[None]]
+                     ) -> Callable[[tls_layers.ServerTLSLayer], CommandGenerator[None]]:
+    """ServerTLSLayer.start_handshake, for a handshake that was done before it started.
+
+    mitmproxy's layer drives its first handshake step and waits for the server's answer to
+    finish; given a kept connection's TLS, that first step already finds the handshake done,
+    and no answer will come. So the layer is told here that it is finished."""
+
+    @functools.wraps(start)
+    def start_handshake(self: tls_layers.ServerTLSLayer) -> CommandGenerator[None]:
+        yield from start(self)
+        if self.tunnel_state is tunnel.TunnelState.ESTABLISHING and self.conn.tls_established:
+            yield from self._handshake_finished(None)
+
+    return start_handshake
+
+
+_INSTALLED: list[Pool] = []  # the process's pool, once mitm.install made it
+
+
+def install(pool: Pool) -> Pool:
+    _INSTALLED[:] = [pool]
+    return pool
+
+
+def installed() -> Pool | None:
+    return _INSTALLED[0] if _INSTALLED else None
+
+
+class Handoff:
+    """The addon (before mitmproxy's TlsConfig) that gives a kept connection's TLS to the
+    layer that would otherwise start a handshake, and empties the pool on reconfiguration."""
+
+    def configure(self, updated: set[str]) -> None:
+        if (kept := installed()) is not None and updated:
+            kept.flush()
+
+    def tls_start_server(self, data: tls.TlsData) -> None:
+        if (kept := installed()) is not None and (ssl_conn := kept.reusing(data.conn)):
+            data.ssl_conn = ssl_conn  # TlsConfig leaves a connection already given alone
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        if (kept := installed()) is not None:
+            kept.established(data)
+
+    def done(self) -> None:
+        if (kept := installed()) is not None:
+            kept.flush()

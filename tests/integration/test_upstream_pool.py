@@ -1,0 +1,264 @@
+"""Upstream connections kept across client connections (proxy/engine/pool.py), seen at the
+origin: which connection each request arrived on. A sandbox's new client connections ride its
+kept connection; another sandbox's never do, nor a name that re-resolves elsewhere; a
+connection is kept only at a message boundary with nothing unread, so an origin's extra
+response, a `Connection: close`, HTTP/1.0 or a close while idle cost the next request nothing
+but a new dial."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
+from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
+
+
+@dataclass
+class Seen:
+    local: str  # the origin's address the connection came in on
+    peer: int  # the proxy's port: one per upstream connection
+    paths: list[str] = field(default_factory=list)
+
+
+class Keeping:
+    """An HTTPS origin on 127.0.0.1 and 127.0.0.2 that keeps connections alive and records,
+    per connection, each request's path. Paths ask for trouble: /close answers with
+    `Connection: close`, /http10 as HTTP/1.0 without keep-alive, /twice with two responses
+    at once, /late with a second response 0.3 s after the first, /slow answers after 0.5 s,
+    /bye closes 0.2 s after its answer."""
+
+    def __init__(self, ca: OriginCA) -> None:
+        cert, key = ca.issue("keep.test", "other.test")
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(str(cert), str(key))
+        self.seen: list[Seen] = []
+        first = socket.create_server(("127.0.0.1", 0))
+        self.port = int(first.getsockname()[1])
+        self.socks = [first, socket.create_server(("127.0.0.2", self.port))]
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, args=(s,), daemon=True)
+                         for s in self.socks]
+        for t in self._threads:
+            t.start()
+
+    def _accept(self, sock: socket.socket) -> None:
+        sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                raw, peer = sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(raw, peer), daemon=True).start()
+
+    def _serve(self, raw: socket.socket, peer: tuple[str, int]) -> None:
+        raw.settimeout(10)
+        with contextlib.suppress(OSError), self.context.wrap_socket(raw, server_side=True) as c:
+            seen = Seen(c.getsockname()[0], peer[1])
+            self.seen.append(seen)
+            buf = b""
+            for _ in range(1000):  # requests on one connection
+                while b"\r\n\r\n" not in buf:
+                    if not (data := c.recv(65536)):
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                path = head.split(b" ")[1].decode()
+                seen.paths.append(path)
+                ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                if path == "/close":
+                    c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
+                              b"\r\nok")
+                    return
+                if path == "/http10":
+                    c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    time.sleep(0.5)  # an HTTP/1.0 server may close late: no matter
+                    return
+                if path == "/twice":
+                    c.sendall(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+                elif path == "/late":
+                    c.sendall(ok)
+                    time.sleep(0.3)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+                elif path == "/slow":
+                    time.sleep(0.5)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+                elif path == "/bye":
+                    c.sendall(ok)
+                    time.sleep(0.2)
+                    return
+                else:
+                    c.sendall(ok)
+
+    def connections(self) -> int:
+        return len(self.seen)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2)
+        for s in self.socks:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[Keeping]:
+    dns.set("keep.test", "A 127.0.0.1", ttl=0)  # re-resolved by every dial
+    dns.set("other.test", "A 127.0.0.1")
+    server = Keeping(test_ca)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(proxy_with: ProxyFactory, origin: Keeping) -> Iterator[Proxy]:
+    rules = f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: keep.test
+        ports: [{origin.port}]
+        methods: [GET, POST]
+      - host: other.test
+        ports: [{origin.port}]
+        methods: [GET]
+    allow_networks: [127.0.0.0/8]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  rep-1: {{policy: ci, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+"""
+    with proxy_with(rules, name="pool") as p:
+        yield p
+
+
+def get(proxy: Proxy, path: str, sandbox: str = "bot-1", host: str = "keep.test",
+        port: int = 0) -> str:
+    """One request on a client connection of its own; the body it got."""
+    with client(proxy, sandbox) as c:
+        r = c.get(f"https://{host}:{port}{path}", timeout=20)
+        assert r.status_code == 200, r.text
+        return r.text
+
+
+def settle(origin: Keeping, count: int) -> None:
+    """Wait (bounded) for the origin to have seen `count` connections in all."""
+    for _ in range(100):
+        if origin.connections() >= count:
+            return
+        time.sleep(0.02)
+
+
+def test_a_sandboxs_new_connections_ride_its_kept_upstream_connection(
+    proxy: Proxy, origin: Keeping
+) -> None:
+    before = origin.connections()
+    for n in range(8):
+        assert get(proxy, f"/seq{n}", port=origin.port) == "ok"
+    assert origin.connections() == before + 1  # eight client connections, one upstream
+    assert origin.seen[-1].paths == [f"/seq{n}" for n in range(8)]
+
+
+def test_never_across_sandboxes(proxy: Proxy, origin: Keeping) -> None:
+    for n in range(3):
+        get(proxy, f"/bot{n}", "bot-1", port=origin.port)
+        get(proxy, f"/rep{n}", "rep-1", port=origin.port)
+    bots = {s.peer for s in origin.seen for p in s.paths if p.startswith("/bot")}
+    reps = {s.peer for s in origin.seen for p in s.paths if p.startswith("/rep")}
+    assert len(bots) == len(reps) == 1  # each kept its own
+    assert not bots & reps
+    for s in origin.seen:  # no connection carried both
+        assert not ({"/bot", "/rep"} <= {p[:4] for p in s.paths}), s.paths
+
+
+def test_another_name_or_address_never_rides_the_connection(
+    proxy: Proxy, origin: Keeping, dns: StubDNS
+) -> None:
+    get(proxy, "/name", port=origin.port)
+    peer = origin.seen[-1].peer
+    get(proxy, "/other", host="other.test", port=origin.port)  # same address, another SNI
+    assert origin.seen[-1].peer != peer and origin.seen[-1].paths == ["/other"]
+    dns.set("keep.test", "A 127.0.0.2", ttl=0)
+    time.sleep(1.2)  # the proxy's resolver keeps any answer for at least a second
+    try:
+        get(proxy, "/moved", port=origin.port)
+        assert (origin.seen[-1].local, origin.seen[-1].paths) == ("127.0.0.2", ["/moved"])
+    finally:
+        dns.set("keep.test", "A 127.0.0.1", ttl=0)
+        time.sleep(1.2)
+
+
+@pytest.mark.parametrize("path", ["/close", "/http10"])
+def test_a_connection_said_closing_is_not_kept(
+    proxy: Proxy, origin: Keeping, path: str
+) -> None:
+    get(proxy, "/warm", port=origin.port)
+    before = origin.connections()
+    assert get(proxy, path, port=origin.port) == "ok"
+    assert get(proxy, "/after", port=origin.port) == "ok"
+    settle(origin, before + 1)
+    assert origin.connections() == before + 1
+    assert origin.seen[-1].paths == ["/after"]
+
+
+@pytest.mark.parametrize("path", ["/twice", "/late"])
+def test_an_extra_response_poisons_no_later_request(
+    proxy: Proxy, origin: Keeping, path: str
+) -> None:
+    """An origin that answers one request twice (at once, or while the connection waits
+    idle): the next request of another client connection gets its own answer, on a new
+    connection."""
+    assert get(proxy, path, port=origin.port) == "ok"
+    if path == "/late":
+        time.sleep(0.6)  # the second answer arrives while the connection waits in the pool
+    before = origin.connections()
+    for n in range(3):
+        assert get(proxy, f"/next{n}", port=origin.port) == "ok"
+    assert origin.connections() == before + 1
+    assert origin.seen[-1].paths == ["/next0", "/next1", "/next2"]
+
+
+def test_a_kept_connection_the_origin_closes_is_dropped(proxy: Proxy, origin: Keeping) -> None:
+    assert get(proxy, "/bye", port=origin.port) == "ok"
+    time.sleep(0.5)  # closed by the origin while it waits in the pool
+    before = origin.connections()
+    assert get(proxy, "/again", port=origin.port) == "ok"
+    assert origin.connections() == before + 1
+    assert origin.seen[-1].paths == ["/again"]
+
+
+def test_a_client_that_leaves_mid_request_leaves_nothing_kept(
+    proxy: Proxy, origin: Keeping
+) -> None:
+    """A client that leaves before its answer: the connection is not at a boundary (the
+    answer still to come) and is closed, not kept; the late answer reaches no one."""
+    import base64
+
+    auth = base64.b64encode(f"bot-1:{KEYS['bot-1']}".encode()).decode()
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    target = f"keep.test:{origin.port}"
+    before = origin.connections()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
+        raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+                    f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        with context.wrap_socket(raw, server_hostname="keep.test") as tls:
+            tls.sendall(b"GET /slow HTTP/1.1\r\nHost: keep.test\r\n\r\n")
+            for _ in range(100):  # until the origin has the request
+                if origin.connections() > before and origin.seen[-1].paths == ["/slow"]:
+                    break
+                time.sleep(0.02)
+    slow = origin.seen[-1]
+    assert slow.paths == ["/slow"]
+    for n in range(3):
+        assert get(proxy, f"/after-slow{n}", port=origin.port) == "ok"
+        time.sleep(0.3)  # the slow answer comes meanwhile
+    assert slow.paths == ["/slow"]
