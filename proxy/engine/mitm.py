@@ -13,7 +13,10 @@ The patches, and why:
 - upstream dials and the proxy's TLS handshakes with upstreams bounded, upstream failures
   answered as JSON (upstream.py);
 - upstream HTTP/1 connections kept across client connections: every dial through the pool,
-  which learns each connection's HTTP/1 client layer when mitmproxy makes it (pool.py);
+  which learns each connection's HTTP/1 client layer when mitmproxy makes it, a handshake
+  already done finished at once, a client's `Connection: close` kept off the upstream leg
+  (hop-by-hop), and a safe request whose kept connection the origin closed sent once more
+  (pool.py);
 - request heads bounded in size and time while they are read, idle connections closed
   (limits.py), an upstream's wait for its response head bounded (deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
@@ -121,14 +124,14 @@ def install(
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
     )
-    _http1.Http1Client.send = _framed_for_http1(  # type: ignore[method-assign, assignment]
+    _http1.Http1Client.send = pool.kept_open(_framed_for_http1(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
-    )
+    ))
     HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]
         bodycap.counted(HttpStream.state_stream_request_body, bounds)
     )
-    HttpStream.handle_protocol_error = bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
-        HttpStream.handle_protocol_error)
+    HttpStream.handle_protocol_error = pool.retried_once(bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
+        HttpStream.handle_protocol_error))
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )

@@ -131,6 +131,15 @@ def _kept_upstreams() -> None:
     _names(tunnel.TunnelLayer._handshake_finished, "tunnel_state", "OPEN")
     _expect(isinstance(connection.Server.tls_established, property),
             "Server.tls_established is no longer a property")
+    # A request sent again the way state_consume_request_body sends one without a body.
+    _params(HttpStream.make_server_connection, "(self)")
+    _names(inspect.unwrap(HttpStream.state_consume_request_body), "make_server_connection",
+           "SendHttp",
+           "RequestHeaders", "RequestEndOfMessage", "raw_content", "trailers")
+    _names(_http1.Http1Client.read_headers, "response", "ResponseProtocolError")
+    # The upstream copy of a request saying `close`: what send keeps and writes is the event's.
+    _names(_http1.Http1Client.send, "request", "assemble_request_head")
+    _expect(dataclasses.is_dataclass(http.RequestData), "RequestData is no dataclass")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")

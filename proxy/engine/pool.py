@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
+import dataclasses
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -46,7 +48,14 @@ from mitmproxy import connection, tls
 from mitmproxy.proxy import tunnel
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers import tls as tls_layers
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http import HttpStream, SendHttp, _http1
+from mitmproxy.proxy.layers.http._events import (
+    HttpEvent,
+    RequestEndOfMessage,
+    RequestHeaders,
+    RequestProtocolError,
+    ResponseProtocolError,
+)
 from OpenSSL import SSL
 
 PER_KEY = 16  # idle connections kept per key
@@ -123,7 +132,6 @@ class _Upstream:
         self.http: _http1.Http1Client | None = None  # this lease's HTTP/1 client layer
         self.server: connection.Server | None = None
         self.half_closed = False
-        self.keep = True
         self.reused = False  # this lease's connection was taken from the pool
         self.timer: asyncio.TimerHandle | None = None
 
@@ -194,28 +202,29 @@ class Pool:
         return len(self._order)
 
     async def dial(self, host: str, port: int, *, local_addr: Any = None) -> tuple[
-            _Reader, _Writer]:
-        """mitmproxy's `asyncio.open_connection` for upstream dials."""
-        server, key = _CLAIM.get() or (None, None)
+            asyncio.StreamReader, asyncio.StreamWriter | _Writer]:
+        """mitmproxy's `asyncio.open_connection` for upstream dials: a kept connection for
+        the key claimed, or a new one that may be kept."""
+        claimed = _CLAIM.get()
+        if claimed is None:  # a blind tunnel's (its bytes are not HTTP the pool could check)
+            return await asyncio.open_connection(host, port, local_addr=local_addr)
         _CLAIM.set(None)
-        upstream = self._take(key) if key is not None and self.per_key else None
+        server, key = claimed
+        upstream = self._take(key) if self.per_key else None
         if upstream is None:
             loop = asyncio.get_running_loop()
             reader = _Reader(loop)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await loop.create_connection(lambda: protocol, host, port,
                                                         local_addr=local_addr)
-            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-            # An unclaimed dial (none is, past the pipeline) is never kept: no key to keep by.
-            upstream = _Upstream(key or Key(("", 0), None, True, (), ""), reader, writer)
-            upstream.keep = key is not None
+            upstream = _Upstream(key, reader, asyncio.StreamWriter(transport, protocol, reader,
+                                                                   loop))
             self.dialed += 1
         else:
             upstream.reused = True
             self.reused += 1
-        if server is not None:
-            upstream.server = server
-            self._live[server.id] = upstream
+        upstream.server = server
+        self._live[server.id] = upstream
         return upstream.reader, _Writer(self, upstream)
 
     def reusing(self, server: connection.Connection) -> SSL.Connection | None:
@@ -228,6 +237,18 @@ class Pool:
         if upstream is not None and upstream.ssl_conn is None:
             upstream.ssl_conn = data.ssl_conn
 
+    def went_stale(self, server: connection.Connection) -> bool:
+        """Whether `server` is a kept connection that ended before any answer to the request
+        it was taken for: the origin closed it while it waited, and the close crossed the
+        request. The key's other kept connections, as old, are closed too."""
+        upstream = self._live.get(server.id)
+        if (upstream is None or not upstream.reused or not upstream.reader.ended
+                or (upstream.http is not None and upstream.http.response is not None)):
+            return False
+        for other in list(self._idle.get(upstream.key, ())):
+            self._drop(other)
+        return True
+
     def http_client(self, layer: _http1.Http1Client) -> None:
         """mitmproxy made the HTTP/1 client layer of an upstream connection (the layer whose
         state says whether the connection is between two messages)."""
@@ -239,7 +260,7 @@ class Pool:
         if upstream.server is not None:
             self._live.pop(upstream.server.id, None)
             upstream.server = None
-        reusable = upstream.keep and upstream.at_boundary()
+        reusable = upstream.at_boundary()
         upstream.http = None  # the next lease's layer is its own
         idle = self._idle.get(upstream.key, [])
         if not reusable or len(idle) >= self.per_key:
@@ -298,6 +319,76 @@ def finished_at_once(start: Callable[[tls_layers.ServerTLSLayer], CommandGenerat
             yield from self._handshake_finished(None)
 
     return start_handshake
+
+
+_Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
+
+
+def kept_open(send: _Send) -> _Send:
+    """Http1Client.send, without the client's `Connection: close` upstream.
+
+    `Connection` is hop-by-hop (RFC 9110, 7.6.1): a client's `close` is about its own
+    connection with the proxy, which still closes it after the answer (its HTTP/1 server
+    layer reads the client's request, unchanged). mitmproxy forwarded it, so the upstream
+    connection of a client that says `close` -- every request of a client that does not keep
+    connections, Go's with keep-alive off, say -- ended with the answer and could not be kept.
+    The upstream request is a copy without it."""
+
+    @functools.wraps(send)
+    def sent(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
+        if isinstance(event, RequestHeaders) and "connection" in event.request.headers:
+            tokens = [token.strip() for value in event.request.headers.get_all("connection")
+                      for token in value.split(",")]
+            if any(token.lower() == "close" for token in tokens):
+                upstream = copy.copy(event.request)
+                upstream.data = dataclasses.replace(event.request.data,
+                                                    headers=event.request.headers.copy())
+                if kept := [t for t in tokens if t and t.lower() != "close"]:
+                    upstream.headers["connection"] = ", ".join(kept)
+                else:
+                    del upstream.headers["connection"]
+                event = RequestHeaders(event.stream_id, upstream, event.end_stream)
+        yield from send(self, event)
+
+    return sent
+
+
+# In an HttpStream's instance dict: its request was sent again once already.
+_RETRIED = "_sealgate_retried"
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+
+_HandleError = Callable[[HttpStream, ResponseProtocolError | RequestProtocolError],
+                        CommandGenerator[None]]
+
+
+def retried_once(handle: _HandleError) -> _HandleError:
+    """HttpStream.handle_protocol_error, which sends a request once more, on a new
+    connection, when the kept connection it rode was closed by the origin before any answer
+    (a close that crossed the request: it waited idle up to the origin's own timeout).
+
+    Only a request safe to send twice is: GET, HEAD or OPTIONS with no body. Any other
+    fails as a connection the upstream closed always did (502 upstream_reset), since the
+    origin may have acted on it."""
+
+    @functools.wraps(handle)
+    def handle_protocol_error(self: HttpStream,
+                              event: ResponseProtocolError | RequestProtocolError
+                              ) -> CommandGenerator[None]:
+        request, kept = self.flow.request, installed()
+        if (isinstance(event, ResponseProtocolError) and kept is not None
+                and not vars(self).get(_RETRIED) and self.flow.response is None
+                and self.server_state == self.state_wait_for_response_headers
+                and request.method in _SAFE and not request.raw_content
+                and not request.trailers and kept.went_stale(self.context.server)):
+            vars(self)[_RETRIED] = True
+            if (yield from self.make_server_connection()):
+                server = self.context.server
+                yield SendHttp(RequestHeaders(self.stream_id, request, True), server)
+                yield SendHttp(RequestEndOfMessage(self.stream_id), server)
+            return
+        yield from handle(self, event)
+
+    return handle_protocol_error
 
 
 _INSTALLED: list[Pool] = []  # the process's pool, once mitm.install made it

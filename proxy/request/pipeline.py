@@ -325,9 +325,11 @@ class Sealgate(Steps):
         server.sni = pin.host.name
         server.address = (str(pin.address), port)
         self._pinned[server] = (name, port)
-        # A kept connection to exactly this, for exactly this tenant, may be taken instead.
-        pool.claim(server, pool.Key(server.address, server.sni, server.tls,
-                                    tuple(data.client.alpn_offers), _tenant(data.client, conn)))
+        if not conn.tunnel:
+            # A kept connection to exactly this, for exactly this tenant, may be taken instead.
+            pool.claim(server, pool.Key(server.address, server.sni, server.tls,
+                                        tuple(data.client.alpn_offers),
+                                        _tenant(data.client, conn)))
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self.upstream_open += 1

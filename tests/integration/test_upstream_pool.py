@@ -27,6 +27,7 @@ class Seen:
     local: str  # the origin's address the connection came in on
     peer: int  # the proxy's port: one per upstream connection
     paths: list[str] = field(default_factory=list)
+    closing: list[str] = field(default_factory=list)  # paths whose request said close
 
 
 class Keeping:
@@ -34,7 +35,8 @@ class Keeping:
     per connection, each request's path. Paths ask for trouble: /close answers with
     `Connection: close`, /http10 as HTTP/1.0 without keep-alive, /twice with two responses
     at once, /late with a second response 0.3 s after the first, /slow answers after 0.5 s,
-    /bye closes 0.2 s after its answer."""
+    /bye closes 0.2 s after its answer, /armed closes at the next request without answering
+    it."""
 
     def __init__(self, ca: OriginCA) -> None:
         cert, key = ca.issue("keep.test", "other.test")
@@ -64,7 +66,7 @@ class Keeping:
         with contextlib.suppress(OSError), self.context.wrap_socket(raw, server_side=True) as c:
             seen = Seen(c.getsockname()[0], peer[1])
             self.seen.append(seen)
-            buf = b""
+            buf, armed = b"", False
             for _ in range(1000):  # requests on one connection
                 while b"\r\n\r\n" not in buf:
                     if not (data := c.recv(65536)):
@@ -73,6 +75,10 @@ class Keeping:
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 path = head.split(b" ")[1].decode()
                 seen.paths.append(path)
+                if b"\r\nconnection: close" in head.lower():
+                    seen.closing.append(path)
+                if armed:  # as if its idle timeout struck as the request came
+                    return
                 ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
                 if path == "/close":
                     c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
@@ -88,6 +94,9 @@ class Keeping:
                     c.sendall(ok)
                     time.sleep(0.3)
                     c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+                elif path.startswith("/armed"):
+                    c.sendall(ok)
+                    armed = True
                 elif path == "/slow":
                     time.sleep(0.5)
                     c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
@@ -147,6 +156,11 @@ def get(proxy: Proxy, path: str, sandbox: str = "bot-1", host: str = "keep.test"
         r = c.get(f"https://{host}:{port}{path}", timeout=20)
         assert r.status_code == 200, r.text
         return r.text
+
+
+def carrying(origin: Keeping, path: str) -> Seen:
+    """The connection that carried `path` last (a kept one is not always the newest)."""
+    return next(s for s in reversed(origin.seen) if path in s.paths)
 
 
 def settle(origin: Keeping, count: int) -> None:
@@ -262,3 +276,61 @@ def test_a_client_that_leaves_mid_request_leaves_nothing_kept(
         assert get(proxy, f"/after-slow{n}", port=origin.port) == "ok"
         time.sleep(0.3)  # the slow answer comes meanwhile
     assert slow.paths == ["/slow"]
+
+
+def test_a_safe_request_that_meets_a_closing_kept_connection_is_sent_again(
+    proxy: Proxy, origin: Keeping
+) -> None:
+    """The origin closes a kept connection just as a request comes (its idle timeout and the
+    request crossing): a GET is sent once more on a new connection and answered; a POST,
+    which the origin may have acted on, fails as an upstream reset, sent once."""
+    assert get(proxy, "/armed", port=origin.port) == "ok"
+    stale = carrying(origin, "/armed")
+    before = origin.connections()
+    assert get(proxy, "/retry", port=origin.port) == "ok"
+    assert stale.paths[-2:] == ["/armed", "/retry"]  # met the closing connection first
+    assert origin.connections() == before + 1
+    assert origin.seen[-1].paths == ["/retry"]
+
+    assert get(proxy, "/armed2", port=origin.port) == "ok"
+    stale = carrying(origin, "/armed2")
+    before = origin.connections()
+    with client(proxy) as c:
+        r = c.post(f"https://keep.test:{origin.port}/once", data=b"x", timeout=20)
+    assert r.status_code == 502 and r.json()["reason"] == "upstream_reset", r.text
+    assert stale.paths[-1] == "/once"
+    assert origin.connections() == before
+    assert sum(p == "/once" for s in origin.seen for p in s.paths) == 1
+
+
+def test_a_client_that_says_close_is_closed_and_its_upstream_kept(
+    proxy: Proxy, origin: Keeping
+) -> None:
+    """`Connection: close` is hop-by-hop: the proxy closes the client's connection after the
+    answer, and the upstream connection neither hears it nor ends (Go's clients with
+    keep-alive off say it on every request)."""
+    import base64
+
+    get(proxy, "/warm3", port=origin.port)
+    kept = carrying(origin, "/warm3")
+    auth = base64.b64encode(f"bot-1:{KEYS['bot-1']}".encode()).decode()
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    context.set_alpn_protocols(["http/1.1"])  # as requests offers: the same key
+    target = f"keep.test:{origin.port}"
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
+        raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+                    f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        with context.wrap_socket(raw, server_hostname="keep.test") as tls:
+            tls.sendall(b"GET /saying-close HTTP/1.1\r\nHost: keep.test\r\n"
+                        b"Connection: close\r\n\r\n")
+            answer = b""
+            for _ in range(100):  # to the end: the proxy closes the client's connection
+                if not (data := tls.recv(4096)):
+                    break
+                answer += data
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok"), answer
+    assert kept.paths[-1] == "/saying-close" and kept.closing == []
+    before = origin.connections()
+    get(proxy, "/after-close", port=origin.port)
+    assert origin.connections() == before and kept.paths[-1] == "/after-close"
