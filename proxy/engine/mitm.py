@@ -16,7 +16,7 @@ The patches, and why:
   which learns each connection's HTTP/1 client layer when mitmproxy makes it, a handshake
   already done finished at once, a client's `Connection: close` kept off the upstream leg
   (hop-by-hop), and a safe request whose kept connection the origin closed sent once more
-  (pool.py);
+  (pool.py, keeping.py);
 - request heads bounded in size and time while they are read, idle connections closed
   (limits.py), an upstream's wait for its response head bounded (deadline.py);
 - a request refused at its head answered before its body, which is read and dropped within
@@ -64,7 +64,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.utils import asyncio_utils
 
 from ..errors import ProxyError
-from . import bodycap, deadline, limits, linger, pool, speedups, upstream
+from . import bodycap, deadline, keeping, limits, linger, pool, speedups, upstream
 from .handlers import handler_of
 from .mitmcheck import mismatches
 
@@ -97,7 +97,7 @@ def install(
     kept = pool.install(kept or pool.Pool())
     _scoped_asyncio(server, open_connection=upstream.bounded(kept.dial, connect_timeout))
     _http1.Http1Client.__init__ = _told_to(kept, _http1.Http1Client.__init__)  # type: ignore[method-assign]
-    tls_layers.ServerTLSLayer.start_handshake = pool.finished_at_once(  # type: ignore[method-assign, assignment]
+    tls_layers.ServerTLSLayer.start_handshake = keeping.finished_at_once(  # type: ignore[method-assign, assignment]
         tls_layers.ServerTLSLayer.start_handshake)
     if reuse_port:
         _scoped_asyncio(
@@ -124,13 +124,13 @@ def install(
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
     )
-    _http1.Http1Client.send = pool.kept_open(_framed_for_http1(  # type: ignore[method-assign, assignment]
+    _http1.Http1Client.send = keeping.kept_open(_framed_for_http1(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
     ))
     HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]
         bodycap.counted(HttpStream.state_stream_request_body, bounds)
     )
-    HttpStream.handle_protocol_error = pool.retried_once(bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
+    HttpStream.handle_protocol_error = keeping.retried_once(bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
         HttpStream.handle_protocol_error))
     HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body

@@ -116,8 +116,9 @@ def _server_handshakes() -> None:
 
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Client")
 def _kept_upstreams() -> None:
-    # pool.py: every upstream HTTP/1 client layer is made with its context, and says by its
-    # state, stream and buffer whether its connection sits between two messages; a TLS
+    # pool.py and keeping.py: every upstream HTTP/1 client layer is made with its context,
+    # and says by its state, stream and buffer whether its connection sits between two
+    # messages; a TLS
     # connection already given to TlsConfig is left alone; handle_connection reads with
     # read() and closes its writer only after its reading ended.
     _params(_http1.Http1Client.__init__, "(self, context)")
