@@ -285,12 +285,13 @@ def _base_url_section(results: list[Result]) -> list[str]:
     lines += ["", "Why less than the targets: on a kept-alive connection the client leg's TLS "
               "records are a small share of what sealgate spends per request (HTTP parsing, the "
               "decision, the upstream leg's TLS, mitmproxy's event machinery), so leaving them "
-              "out gains little. A new connection in base-URL mode still costs mitmproxy's "
-              "per-connection set-up and a full upstream TLS handshake, because mitmproxy's "
-              "upstream connections belong to one client connection and are never shared: the "
-              "client-side handshake it saves is about half the work. A 3x gain needs upstream "
-              "connections pooled across client connections (per worker, keyed by the pinned "
-              "address, SNI and policy) or upstream TLS session resumption."]
+              "out gains little. A new connection, in base-URL mode or intercepted, now rides an "
+              "upstream connection kept from an earlier client connection of the same sandbox "
+              "(proxy/engine/pool.py), so it no longer pays an upstream TCP and TLS handshake; "
+              "what is left is mitmproxy's per-connection set-up (its layers, tasks and "
+              "hooks: the connection, the flow) and, intercepted, the client-side handshake. "
+              "That set-up, not cryptography, is the bulk of what is left; it has not been "
+              "profiled and cut yet."]
     return lines
 
 
