@@ -82,3 +82,35 @@ def test_cycles_of_a_closed_connection_are_freed() -> None:
         r.closed()
     r.tick(idle=True)
     assert alive() is None
+
+
+def test_collections_are_spaced_by_their_own_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full collection's cost is the live heap's: at a flood of new connections, one per 500
+    closed took a tenth of the worker. The next waits _SPACING times the last one's time, and
+    never more than _MOST_SECONDS."""
+    clock = Clock()
+    collected: list[float] = []
+
+    def collecting(took: float) -> None:
+        def collect(*_: object) -> int:
+            collected.append(clock.now)
+            clock.now += took
+            return 0
+
+        monkeypatch.setattr(gc, "collect", collect)
+
+    def flood(r: memory.Reclaimer, seconds: int) -> None:
+        start = clock.now
+        for k in range(seconds):  # a tick a second, 500 connections closed before each
+            clock.now = start + k
+            for _ in range(memory._EVERY_CLOSED):
+                r.closed()
+            r.tick(idle=False)
+
+    collecting(0.0625)  # about as long as a worker's heap took here: 3.1 s to the next
+    flood(memory.Reclaimer(clock, trim=lambda: None), 20)
+    assert collected == [0, 4, 8, 12, 16]
+    collected.clear()
+    collecting(1.0)  # 50 s by its cost: 10 s at most
+    flood(memory.Reclaimer(clock, trim=lambda: None), 25)
+    assert [t - collected[0] for t in collected] == [0, 10, 20]
