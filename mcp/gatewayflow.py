@@ -62,6 +62,13 @@ __all__ = ["Exchange", "relay", "reply", "tool_error"]
 
 log = logging.getLogger("sealgate.mcp")
 INTERNAL, INVALID_PARAMS = -32603, -32602
+# 2026-07-28's multi-round-trip requests are not relayed either way: an upstream's
+# InputRequiredResult (its elicitation or sampling: questions for a user the rules never
+# named) and an agent's retry carrying the answers and the upstream's opaque state, which the
+# upstream ties to its caller -- here the gateway's credential, shared by every sandbox.
+_RELAYED_INPUT = frozenset({"inputResponses", "requestState"})
+_NO_INPUT = ("the gateway relays no input requests (elicitation, sampling): not an upstream's, "
+             "nor answers to one")
 _FAILURES: Final = frozenset({
     Reason.CONNECT_FAILED, Reason.UPSTREAM_TLS_FAILED, Reason.UPSTREAM_RESET,
     Reason.UPSTREAM_TIMEOUT, Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_NOT_JSON,
@@ -150,6 +157,9 @@ async def relay(service: Service, x: Exchange, send: Send) -> None:
 
 async def _forward(service: Service, x: Exchange, send: Send) -> str:
     server, policy = x.server, x.policy
+    params = x.message.get("params")
+    if isinstance(params, dict) and not _RELAYED_INPUT.isdisjoint(params):
+        raise Denial(Reason.PROTOCOL_NOT_ALLOWED, _NO_INPUT)
     path = normalize_path(server.path)
     x.fields.update(scheme=server.scheme, host=server.host.name, port=server.port, path=path)
     decision = decide(service.rules, Question(x.identity, server.host, server.port,
@@ -283,6 +293,8 @@ def _message(x: Exchange, data: bytes, *, stream: bool = False) -> dict[str, Any
             or x.answered):  # not this request's answer, or a second one
         return None
     result = message.get("result")
+    if isinstance(result, dict) and result.get("resultType") == "input_required":
+        raise Denial(Reason.PROTOCOL_NOT_ALLOWED, _NO_INPUT)
     if x.message["method"] == "tools/list" and isinstance(result, dict):
         tools = result.get("tools")
         if isinstance(tools, list):

@@ -46,7 +46,8 @@ class Reason(StrEnum):
         "a credential would travel without verified TLS (and no plain_http rule allows it)",
     )
     PROTOCOL_NOT_ALLOWED = (
-        "protocol_not_allowed", 403, "a protocol switch to anything but WebSocket",
+        "protocol_not_allowed", 403, "a protocol switch to anything but WebSocket, or an MCP "
+        "input request (elicitation, sampling) through the gateway",
     )
     # -- identity --------------------------------------------------------------------------
     IDENTITY_REQUIRED = (

@@ -183,6 +183,12 @@ async def slow() -> str:
 
 
 @server.tool()
+def ask() -> str:
+    """Needs the user's answer first (answered by `recorded`, below)."""
+    return "never"
+
+
+@server.tool()
 def big() -> str:
     """An answer over the gateway's cap."""
     return "x" * 200000
@@ -193,26 +199,48 @@ app = server.streamable_http_app(
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
 
 
+ASKING = {"resultType": "input_required", "requestState": "upstream-state-5d1c",
+          "inputRequests": {"q": {"method": "elicitation/create", "params": {
+              "message": "Which repository?", "requestedSchema": {
+                  "type": "object", "properties": {"repo": {"type": "string"}}}}}}}
+
+
 async def recorded(scope, receive, send):
     if scope["type"] != "http":
         await app(scope, receive, send)
         return
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     seen["authorization"] = headers.get("authorization")
-    chunks = []
-
-    async def kept():
+    chunks, more = [], True
+    while more:  # the whole body first: a call of `ask` is answered here
         message = await receive()
-        if message["type"] == "http.request":
-            chunks.append(message.get("body", b""))
-        return message
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    replayed = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def again():
+        return replayed.pop() if replayed else await receive()
 
     try:
-        await app(scope, kept, send if mode == "json" else streamed(send))
+        call = json.loads(body or b"null")
+        params = call.get("params") if isinstance(call, dict) else None
+        if isinstance(params, dict) and params.get("name") == "ask":
+            # What a 2026-07-28 server answers when its tool needs the user (elicitation):
+            # an InputRequiredResult, the wire shape of mcp_types.InputRequiredResult.
+            answer = json.dumps({"jsonrpc": "2.0", "id": call.get("id"),
+                                 "result": ASKING}).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": answer})
+            return
+        await app(scope, again, send if mode == "json" else streamed(send))
     finally:
         with open(log_path, "a") as log:
             log.write(json.dumps({"headers": headers,
-                                  "body": b"".join(chunks).decode("utf-8", "replace")}) + "\n")
+                                  "body": body.decode("utf-8", "replace")}) + "\n")
 
 
 def streamed(send):

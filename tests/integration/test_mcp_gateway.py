@@ -29,7 +29,7 @@ CLIENT_ID, CLIENT_SECRET = "sealgate-gateway", "CANARY-gateway-client-secret-3c2
 REFRESH = "CANARY-gateway-refresh-token-9e8d7c"
 BOT = basic("bot-1", KEYS["bot-1"])
 REP = basic("rep-1", KEYS["rep-1"])
-LISTED = {"echo", "whoami", "search", "big"}
+LISTED = {"echo", "whoami", "search", "big", "ask"}
 KINDS = {"docs": "application/json", "stream": "text/event-stream"}
 
 def rules(json_port: int, sse_port: int, auth_port: int) -> str:
@@ -46,6 +46,7 @@ def rules(json_port: int, sse_port: int, auth_port: int) -> str:
               repo: {{equals: octo/docs}}
               query: {{pattern: "[a-z ]{{1,20}}"}}
           - name: big
+          - name: ask
         max_response_bytes: 65536
         timeout: 20"""
     account = f"""
@@ -307,6 +308,33 @@ def test_a_routing_header_that_disagrees_with_the_body_is_refused(
         "tools/call", "echo")}, url=f"{gateway.url}/docs")
     assert status == 400 and answer is not None and answer["error"]["code"] == -32020
     assert len(upstreams["docs"].requests()) == before  # nothing went upstream
+
+
+def test_input_requests_are_relayed_neither_way(gateway: McpServer,
+                                                upstreams: dict[str, Upstream]) -> None:
+    """2026-07-28's multi-round-trip requests (an upstream's InputRequiredResult, the agent's
+    retry with inputResponses and requestState) are not relayed: an upstream ties the state
+    to its caller, here the gateway's shared credential, and what it asks goes to a user the
+    rules never named. Found by review (helper-48): both passed through."""
+    headers = {"Authorization": BOT, **rpc_headers("tools/call", "echo")}
+    before = len(upstreams["docs"].requests())
+    for extra in ({"requestState": "upstream-state-5d1c"},
+                  {"inputResponses": {"q": {"action": "accept", "content": {"repo": "x"}}}}):
+        body = json.dumps(rpc("tools/call", {"name": "echo", "arguments": {"text": "hi"},
+                                             **extra})).encode()
+        status, answer, _ = gateway.post(body, headers, url=f"{gateway.url}/docs")
+        assert status == 200 and answer is not None and answer["result"]["isError"], answer
+        assert "protocol_not_allowed" in answer["result"]["content"][0]["text"]
+    assert len(upstreams["docs"].requests()) == before  # nothing went upstream
+    body = json.dumps(rpc("tools/call", {"name": "ask", "arguments": {}})).encode()
+    status, answer, _ = gateway.post(body, {"Authorization": BOT, **rpc_headers(
+        "tools/call", "ask")}, url=f"{gateway.url}/docs")
+    assert len(upstreams["docs"].requests()) == before + 1  # asked, and it asked back
+    assert status == 200 and answer is not None and answer["result"]["isError"], answer
+    assert "protocol_not_allowed" in answer["result"]["content"][0]["text"]
+    assert "upstream-state-5d1c" not in json.dumps(answer)
+    assert "Which repository" not in json.dumps(answer)
+    assert [line["reason"] for line in _lines(gateway)[-3:]] == ["protocol_not_allowed"] * 3
 
 
 def test_another_policys_sandbox_has_no_such_server(gateway: McpServer,
