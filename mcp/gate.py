@@ -186,6 +186,9 @@ def parse_message(body: bytes) -> dict[str, Any]:
         # What reads a message on (the audit's masking, an upstream's parser) recurses:
         # found by review, a call nested 600 deep went upstream and its audit line failed.
         raise Refused(400, PARSE_ERROR, f"Parse error: nested deeper than {MAX_DEPTH}")
+    if not_text(message):
+        raise Refused(400, PARSE_ERROR, "Parse error: a string holds a lone surrogate (a "
+                                        "\\ud800-\\udfff escape alone), which is no Unicode text")
     if isinstance(message, list):
         raise Refused(400, INVALID_REQUEST, "batch requests are not accepted: send one "
                                             "JSON-RPC request per POST")
@@ -197,6 +200,17 @@ def parse_message(body: bytes) -> dict[str, Any]:
                             or not isinstance(request_id, str | int)):
         raise Refused(400, INVALID_REQUEST, "a request id is a string or an integer")
     return message
+
+
+def not_text(value: Any) -> bool:
+    """Whether a parsed JSON value holds a lone surrogate: JSON's escapes can spell one, no
+    UTF-8 can carry it, and what writes the value on (upstream, the audit line, the answer)
+    would fail on it mid-way (found by review: internal_error)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _no_constant(name: str) -> Any:

@@ -53,7 +53,7 @@ from sealgate.proxy.calls import (
 from sealgate.reasons import Reason
 
 from .calls import masked, write_credentials
-from .gate import PROTOCOL_VERSION, Send
+from .gate import PROTOCOL_VERSION, Send, not_text
 from .pool import PoolKey
 from .service import Service
 from .upstream import failures, read_capped
@@ -285,7 +285,7 @@ def _message(x: Exchange, data: bytes, *, stream: bool = False) -> dict[str, Any
         return None
     finally:
         _count(x, scrubber)
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not_text(message):
         return None
     if "method" in message:  # from the server: a notification goes on, a request cannot
         return message if stream and "id" not in message else None
@@ -299,7 +299,9 @@ def _message(x: Exchange, data: bytes, *, stream: bool = False) -> dict[str, Any
         tools = result.get("tools")
         if isinstance(tools, list):
             listed = {tool.name for tool in x.server.tools}
-            kept = [t for t in tools if isinstance(t, dict) and t.get("name") in listed]
+            kept = [t for t in tools
+                    if isinstance(t, dict) and isinstance(t.get("name"), str)
+                    and t["name"] in listed]
             x.fields["filtered"] = len(tools) - len(kept)
             result["tools"] = kept
     if stream:

@@ -227,6 +227,17 @@ async def recorded(scope, receive, send):
     try:
         call = json.loads(body or b"null")
         params = call.get("params") if isinstance(call, dict) else None
+        if isinstance(call, dict) and call.get("id") == 77:
+            # Hostile answers for the id 77: a tool named by an object in a list, a lone
+            # surrogate (JSON's escape can spell one; no UTF-8 can carry it) in a result.
+            result = ('{"tools": [{"name": {"not": "a string"}}, {"name": "echo", '
+                      '"inputSchema": {"type": "object"}}]}' if call.get("method") == "tools/list"
+                      else '{"content": [{"type": "text", "text": "odd \\ud800"}]}')
+            answer = f'{{"jsonrpc": "2.0", "id": 77, "result": {result}}}'.encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": answer})
+            return
         if isinstance(params, dict) and params.get("name") == "ask":
             # What a 2026-07-28 server answers when its tool needs the user (elicitation):
             # an InputRequiredResult, the wire shape of mcp_types.InputRequiredResult.

@@ -10,6 +10,7 @@ an answer over its cap is a refusal. What the upstream received is read from its
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,6 +177,17 @@ def _run(gateway: McpServer, server: str, steps: list[dict[str, Any]],
     return list(answer["steps"])
 
 
+def _last_reasons(gateway: McpServer, expected: list[str | None]) -> list[str | None]:
+    """The reasons of the last audit lines, waited for (bounded): a line is written in the
+    event loop turn after its answer went out."""
+    for _ in range(100):
+        found = [line["reason"] for line in _lines(gateway)[-len(expected):]]
+        if found == expected:
+            break
+        time.sleep(0.02)
+    return found
+
+
 def _lines(gateway: McpServer) -> list[dict[str, Any]]:
     return [line for line in map(json.loads, gateway.audit_text().splitlines())
             if line.get("event") == "mcp_gateway"]
@@ -334,7 +346,23 @@ def test_input_requests_are_relayed_neither_way(gateway: McpServer,
     assert "protocol_not_allowed" in answer["result"]["content"][0]["text"]
     assert "upstream-state-5d1c" not in json.dumps(answer)
     assert "Which repository" not in json.dumps(answer)
-    assert [line["reason"] for line in _lines(gateway)[-3:]] == ["protocol_not_allowed"] * 3
+    assert _last_reasons(gateway, ["protocol_not_allowed"] * 3) == ["protocol_not_allowed"] * 3
+
+
+def test_an_upstreams_malformed_answers_are_clear_refusals(gateway: McpServer) -> None:
+    """Found by review: a tool named by an object in tools/list, and a lone surrogate in a
+    result, each came back as internal_error. The one is filtered out as unlisted, the other
+    is an answer that is not JSON text."""
+    status, answer, _ = gateway.post(json.dumps(rpc("tools/list", {}, id=77)).encode(), {
+        "Authorization": BOT, **rpc_headers("tools/list")}, url=f"{gateway.url}/docs")
+    assert status == 200 and answer is not None, answer
+    assert [t["name"] for t in answer["result"]["tools"]] == ["echo"]
+    status, answer, _ = gateway.post(json.dumps(rpc("tools/call", {
+        "name": "echo", "arguments": {"text": "x"}}, id=77)).encode(), {
+        "Authorization": BOT, **rpc_headers("tools/call", "echo")}, url=f"{gateway.url}/docs")
+    assert status == 200 and answer is not None and answer["result"]["isError"], answer
+    assert "response_not_json" in answer["result"]["content"][0]["text"]
+    assert _last_reasons(gateway, [None, "response_not_json"]) == [None, "response_not_json"]
 
 
 def test_another_policys_sandbox_has_no_such_server(gateway: McpServer,

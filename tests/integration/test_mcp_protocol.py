@@ -91,6 +91,11 @@ def test_a_well_formed_call_goes_through(server: McpServer, api: Origin) -> None
     ({**_call(), "params": {"name": "echo", "arguments": {"deep": json.loads("[" * 70 + "]" * 70)
                                                           }}},
      rpc_headers("tools/call", "echo"), 400, -32700, "nested deeper than 64"),
+    # Found by review: a lone surrogate (a \\ud800 escape alone) is no Unicode text; it went
+    # as far as the answer's encoding and came back as internal_error.
+    (json.dumps(rpc("tools/call", {"name": "echo", "arguments": {"t": "SURROGATE"}})).replace(
+        '"SURROGATE"', '"\\ud800"').encode(), rpc_headers("tools/call", "echo"), 400, -32700,
+     "lone surrogate"),
     ([_call(), _call()], rpc_headers("tools/call", "echo"), 400, -32600, "batch"),
     ({"jsonrpc": "1.0", "id": 1, "method": "tools/call"}, rpc_headers("tools/call", "echo"), 400,
      -32600, "JSON-RPC 2.0"),
