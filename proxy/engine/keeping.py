@@ -4,7 +4,8 @@ connection (pool.py keeps them; mitm.py installs these).
 - A kept connection's TLS is handed to a new ServerTLSLayer with its handshake long done; the
   layer would wait for the server's answer to its first handshake step, which never comes.
 - A client's `Connection: close` is about its own connection: forwarded upstream, it ended
-  every upstream connection of a client that never keeps its own.
+  every upstream connection of a client that never keeps its own; and an HTTP/2 client's
+  requests each had an HTTP/1 upstream connection of their own, closed after the answer.
 - A kept connection may be closed by its origin just as a request is sent on it; a request
   safe to send twice is sent once more, on a new connection.
 """
@@ -16,10 +17,18 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from mitmproxy import http
 from mitmproxy.proxy import tunnel
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers import tls as tls_layers
-from mitmproxy.proxy.layers.http import HttpStream, SendHttp, _http1
+from mitmproxy.proxy.layers.http import (
+    GetHttpConnection,
+    GetHttpConnectionCompleted,
+    HttpLayer,
+    HttpStream,
+    SendHttp,
+    _http1,
+)
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
     RequestEndOfMessage,
@@ -52,32 +61,82 @@ _Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
 
 
 def kept_open(send: _Send) -> _Send:
-    """Http1Client.send, without the client's `Connection: close` upstream.
+    """Http1Client.send, without what would end the upstream connection with its answer.
 
-    `Connection` is hop-by-hop (RFC 9110, 7.6.1): a client's `close` is about its own
-    connection with the proxy, which still closes it after the answer (its HTTP/1 server
-    layer reads the client's request, unchanged). mitmproxy forwarded it, so the upstream
-    connection of a client that says `close` -- every request of a client that does not keep
-    connections, Go's with keep-alive off, say -- ended with the answer and could not be kept.
-    The upstream request is a copy without it."""
+    - The client's `Connection: close`. `Connection` is hop-by-hop (RFC 9110, 7.6.1): a
+      client's `close` is about its own connection with the proxy, which still closes it after
+      the answer (its HTTP/1 server layer reads the client's request, unchanged). mitmproxy
+      forwarded it, so the upstream connection of a client that says `close` -- every request
+      of a client that does not keep connections, Go's with keep-alive off, say -- ended with
+      the answer and could not be kept.
+    - An HTTP/2 (or 3) client's request, which mitmproxy sends on an HTTP/1 connection of its
+      own and closes after the answer: curl's and Go's requests, which speak HTTP/2 to the
+      proxy, never left a connection to keep. The request goes as HTTP/1.1 made here, the way
+      mitmproxy makes it, and the connection is left open; the layer's other streams take it
+      when it is idle (`reused_by_streams`).
+
+    Either way the upstream request is a copy: the client's request is the flow's and its
+    server layer's."""
 
     @functools.wraps(send)
     def sent(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
-        if isinstance(event, RequestHeaders) and "connection" in event.request.headers:
-            tokens = [token.strip() for value in event.request.headers.get_all("connection")
-                      for token in value.split(",")]
-            if any(token.lower() == "close" for token in tokens):
-                upstream = copy.copy(event.request)
-                upstream.data = dataclasses.replace(event.request.data,
-                                                    headers=event.request.headers.copy())
-                if kept := [t for t in tokens if t and t.lower() != "close"]:
-                    upstream.headers["connection"] = ", ".join(kept)
-                else:
-                    del upstream.headers["connection"]
-                event = RequestHeaders(event.stream_id, upstream, event.end_stream)
+        if isinstance(event, RequestHeaders):
+            request = event.request
+            closing = "connection" in request.headers and any(
+                token.strip().lower() == "close"
+                for value in request.headers.get_all("connection") for token in value.split(","))
+            if closing or request.is_http2 or request.is_http3:
+                event = RequestHeaders(event.stream_id, _upstream(request, closing),
+                                       event.end_stream)
         yield from send(self, event)
 
     return sent
+
+
+def _upstream(request: http.Request, closing: bool) -> http.Request:
+    copied = copy.copy(request)
+    copied.data = dataclasses.replace(request.data, headers=request.headers.copy())
+    if closing:
+        tokens = [token.strip() for value in copied.headers.get_all("connection")
+                  for token in value.split(",")]
+        if kept := [t for t in tokens if t and t.lower() != "close"]:
+            copied.headers["connection"] = ", ".join(kept)
+        else:
+            del copied.headers["connection"]
+    if request.is_http2 or request.is_http3:
+        # What Http1Client.send makes of such a request, so that it sees one of HTTP/1.1.
+        copied.http_version = "HTTP/1.1"
+        if "Host" not in copied.headers and request.authority:
+            copied.headers.insert(0, "Host", request.authority)
+        copied.authority = ""
+        if len(cookies := copied.headers.get_all("Cookie")) > 1:
+            copied.headers["Cookie"] = "; ".join(cookies)  # one header in HTTP/1 (RFC 6265)
+    return copied
+
+
+_Get = Callable[..., CommandGenerator[None]]
+
+
+def reused_by_streams(get_connection: _Get) -> _Get:
+    """HttpLayer.get_connection, which gives an HTTP/2 client's stream an idle HTTP/1
+    connection of its layer's (mitmproxy gave each such stream one of its own)."""
+
+    @functools.wraps(get_connection)
+    def get(self: HttpLayer, event: GetHttpConnection, *, reuse: bool = True
+            ) -> CommandGenerator[None]:
+        kept = installed()
+        if reuse and kept is not None and self.context.client.alpn == b"h2":
+            for server in self.connections:
+                if (server.alpn != b"h2" and server.connected and not server.error
+                        and server not in self.waiting_for_establishment
+                        and event.connection_spec_matches(server) and kept.idle(server)):
+                    stream = self.command_sources.pop(event)
+                    yield from self.event_to_child(
+                        stream, GetHttpConnectionCompleted(event, (server, None)))
+                    return
+        yield from get_connection(self, event, reuse=reuse)
+
+    return get
 
 
 # In an HttpStream's instance dict: its request was sent again once already.

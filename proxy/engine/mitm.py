@@ -51,7 +51,7 @@ from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers import websocket
-from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     HttpEvent,
     RequestData,
@@ -97,6 +97,7 @@ def install(
     kept = pool.install(kept or pool.Pool())
     _scoped_asyncio(server, open_connection=upstream.bounded(kept.dial, connect_timeout))
     _http1.Http1Client.__init__ = _told_to(kept, _http1.Http1Client.__init__)  # type: ignore[method-assign]
+    HttpLayer.get_connection = keeping.reused_by_streams(HttpLayer.get_connection)  # type: ignore[method-assign]
     tls_layers.ServerTLSLayer.start_handshake = keeping.finished_at_once(  # type: ignore[method-assign, assignment]
         tls_layers.ServerTLSLayer.start_handshake)
     if reuse_port:
@@ -124,7 +125,9 @@ def install(
     _http2.Http2Server._handle_event = _json_errors(  # type: ignore[method-assign, assignment]
         _http2.Http2Server._handle_event
     )
-    _http1.Http1Client.send = keeping.kept_open(_framed_for_http1(  # type: ignore[method-assign, assignment]
+    # Framed first: it marks an HTTP/2 request's unframed body chunked on the request itself,
+    # which the HTTP/1.1 copy kept_open sends then carries.
+    _http1.Http1Client.send = _framed_for_http1(keeping.kept_open(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
     ))
     HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]

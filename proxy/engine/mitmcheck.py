@@ -138,8 +138,15 @@ def _kept_upstreams() -> None:
            "SendHttp",
            "RequestHeaders", "RequestEndOfMessage", "raw_content", "trailers")
     _names(_http1.Http1Client.read_headers, "response", "ResponseProtocolError")
-    # The upstream copy of a request saying `close`: what send keeps and writes is the event's.
-    _names(_http1.Http1Client.send, "request", "assemble_request_head")
+    # The upstream copy of a request saying `close`, or of an HTTP/2 one made HTTP/1.1 as send
+    # would: what send keeps and writes is the event's.
+    _names(_http1.Http1Client.send, "request", "assemble_request_head", "is_http2",
+           "authority", "http_version", "get_all")
+    # An HTTP/2 client's stream given an idle HTTP/1 connection, as get_connection gives one.
+    _params(HttpLayer.get_connection, "(self, event, *, reuse=)")
+    _names(HttpLayer.get_connection, "connections", "waiting_for_establishment",
+           "connection_spec_matches", "command_sources", "event_to_child",
+           "GetHttpConnectionCompleted", "alpn", "connected")
     _expect(dataclasses.is_dataclass(http.RequestData), "RequestData is no dataclass")
 
 

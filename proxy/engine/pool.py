@@ -122,12 +122,14 @@ class _Upstream:
         self.reused = False  # this lease's connection was taken from the pool
         self.timer: asyncio.TimerHandle | None = None
 
-    def at_boundary(self) -> bool:
-        """Nothing in flight and nothing unread, at any level: safe to carry another request."""
+    def at_boundary(self, *, released: bool = True) -> bool:
+        """Nothing in flight and nothing unread, at any level: safe to carry another request.
+        Once `released` by mitmproxy, no one may be reading it either (while in use, its
+        connection handler always is, between two reads)."""
         http, reader = self.http, self.reader
         if (http is None or http.state != http.read_headers or http.stream_id is not None
-                or http.buf or self.half_closed or reader.reading or reader.unread
-                or reader.ended or self.writer.is_closing()):
+                or http.buf or self.half_closed or (released and reader.reading)
+                or reader.unread or reader.ended or self.writer.is_closing()):
             return False
         if self.key.tls:
             ssl_conn = self.ssl_conn
@@ -235,6 +237,12 @@ class Pool:
         for other in list(self._idle.get(upstream.key, ())):
             self._drop(other)
         return True
+
+    def idle(self, server: connection.Connection) -> bool:
+        """Whether `server` is an HTTP/1 connection of the pool's between two messages, so
+        another stream of its client may send on it."""
+        upstream = self._live.get(server.id)
+        return upstream is not None and upstream.at_boundary(released=False)
 
     def http_client(self, layer: _http1.Http1Client) -> None:
         """mitmproxy made the HTTP/1 client layer of an upstream connection (the layer whose

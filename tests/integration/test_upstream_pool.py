@@ -334,3 +334,31 @@ def test_a_client_that_says_close_is_closed_and_its_upstream_kept(
     before = origin.connections()
     get(proxy, "/after-close", port=origin.port)
     assert origin.connections() == before and kept.paths[-1] == "/after-close"
+
+
+def curl(proxy: Proxy, origin: Keeping, *paths: str) -> list[str]:
+    """One curl, one client connection speaking HTTP/2 to the proxy (curl's choice when the
+    proxy offers it), a request per path in turn; each answer's HTTP version and body."""
+    import subprocess
+
+    urls = [f"https://keep.test:{origin.port}{path}" for path in paths]
+    done = subprocess.run(
+        ["curl", "-sS", "--http2", "--proxy", proxy.url("bot-1", KEYS["bot-1"]),
+         "--cacert", str(proxy.ca), "--max-time", "20", "-w", " %{http_version}\n", *urls],
+        capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.splitlines()
+
+
+def test_an_http2_clients_requests_ride_kept_http1_connections(
+    proxy: Proxy, origin: Keeping
+) -> None:
+    """curl and Go speak HTTP/2 to the proxy: mitmproxy gave each of their requests an HTTP/1
+    upstream connection of its own, closed after the answer, so none was ever kept. Now a
+    stream takes an idle one of its connection's, and they are kept when the client leaves."""
+    before = origin.connections()
+    assert curl(proxy, origin, "/h2a", "/h2b", "/h2c") == ["ok 2"] * 3
+    assert origin.connections() == before + 1  # one upstream for the three streams
+    first = carrying(origin, "/h2a")
+    assert first.paths[-3:] == ["/h2a", "/h2b", "/h2c"]
+    assert curl(proxy, origin, "/h2d") == ["ok 2"]  # the next curl: the kept connection
+    assert origin.connections() == before + 1 and first.paths[-1] == "/h2d"
