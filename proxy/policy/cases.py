@@ -13,14 +13,21 @@ A case names a request, who sends it, and the decision the rules must come to:
         request: GET http://169.254.169.254/latest/meta-data/
         expect: deny
         reason: metadata              # optional: the proxy's reason code
+      - name: the docs server's search, for octo/docs only
+        sandbox: ci-bot
+        tool: docs/search             # instead of `request`: an MCP tool call (explain-tool)
+        arguments: {repo: octo/other} # optional, default {}
+        expect: deny
+        reason: tool_arguments_invalid
 
-Cases are decided by `policy.explain`, so what they cannot see (a name's DNS answers, budgets,
-sealed tokens) they cannot test.
+Cases are decided by `policy.explain` (a tool call's by `explaintool.explain_tool`: a declared
+tool, `http_request`, or SERVER/TOOL of the gateway), so what they cannot see (a name's DNS
+answers, budgets, sealed tokens) they cannot test.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +36,23 @@ from yaml.nodes import Node
 from sealgate.yamlfile import YamlFile
 
 from .explain import ExplainError, Explanation, explain
+from .explaintool import explain_tool
 from .model import RulesError, RuleSet
 
 _DECISIONS = ("allow", "deny", "report")
-_KEYS = ("name", "sandbox", "policy", "request", "expect", "reason", "rule")
+_KEYS = ("name", "sandbox", "policy", "request", "tool", "arguments", "expect", "reason",
+         "rule")
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     where: str  # file:line
-    method: str
+    method: str  # a request's; "" for a tool call
     url: str
     expect: str
+    tool: str | None = None  # a tool call's tool, instead of a request
+    arguments: dict[str, Any] = field(default_factory=dict)
     sandbox: str | None = None
     policy: str | None = None
     reason: str | None = None
@@ -81,22 +92,39 @@ class _CaseFile(YamlFile):
             raise self.error(top["cases"][1], "cases", "no cases")
         return [self._case(node, f"cases[{i}]") for i, node in enumerate(items)]
 
-    def _case(self, node: Node, field: str) -> Case:
-        entries = self.mapping(node, field)
-        self.expect_keys(entries, node, field, _KEYS, ("name", "request", "expect"))
-        text = {key: self.string(value, f"{field}.{key}") for key, (_, value) in entries.items()}
-        method, _, url = text["request"].strip().partition(" ")
-        if not method or not url.strip():
-            raise self.error(entries["request"][1], f"{field}.request",
-                             "write the method, a space and the URL: GET https://host/path")
+    def _case(self, node: Node, where: str) -> Case:
+        entries = self.mapping(node, where)
+        self.expect_keys(entries, node, where, _KEYS, ("name", "expect"))
+        if "request" not in entries and "tool" not in entries:
+            raise self.error(node, f"{where}.request",
+                             "required key is missing (or `tool`, for an MCP tool call)")
+        if "request" in entries and "tool" in entries:
+            raise self.error(node, where, "give a request or a tool, not both")
+        arguments: dict[str, Any] = {}
+        if "arguments" in entries:
+            if "tool" not in entries:
+                raise self.error(entries["arguments"][1], f"{where}.arguments",
+                                 "arguments are a tool call's")
+            value = self.value(entries.pop("arguments")[1], f"{where}.arguments")
+            if not isinstance(value, dict):
+                raise self.error(node, f"{where}.arguments", "expected a mapping")
+            arguments = value
+        text = {key: self.string(value, f"{where}.{key}") for key, (_, value) in entries.items()}
+        method, url = "", ""
+        if "request" in text:
+            method, _, url = text["request"].strip().partition(" ")
+            if not method or not url.strip():
+                raise self.error(entries["request"][1], f"{where}.request",
+                                 "write the method, a space and the URL: GET https://host/path")
         if text["expect"] not in _DECISIONS:
-            raise self.error(entries["expect"][1], f"{field}.expect",
+            raise self.error(entries["expect"][1], f"{where}.expect",
                              f"expected one of: {', '.join(_DECISIONS)}")
         if "sandbox" in text and "policy" in text:
-            raise self.error(node, field, "give a sandbox or a policy, not both")
+            raise self.error(node, where, "give a sandbox or a policy, not both")
         return Case(
             name=text["name"], where=str(self.where(node)), method=method, url=url.strip(),
-            expect=text["expect"], sandbox=text.get("sandbox"), policy=text.get("policy"),
+            expect=text["expect"], tool=text.get("tool"), arguments=arguments,
+            sandbox=text.get("sandbox"), policy=text.get("policy"),
             reason=text.get("reason"), rule=text.get("rule"),
         )
 
@@ -108,7 +136,12 @@ def load_cases(path: Path) -> list[Case]:
 
 def run_case(rules: RuleSet, case: Case) -> Outcome:
     try:
-        got = explain(rules, case.method, case.url, sandbox=case.sandbox, policy=case.policy)
+        if case.tool is not None:
+            got = explain_tool(rules, case.tool, case.arguments, sandbox=case.sandbox,
+                               policy=case.policy)
+        else:
+            got = explain(rules, case.method, case.url, sandbox=case.sandbox,
+                          policy=case.policy)
     except ExplainError as exc:
         return Outcome(case, None, (str(exc),))
     failures = []

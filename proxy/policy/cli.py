@@ -56,7 +56,8 @@ def register(sub: Subcommands) -> None:
     who = et.add_mutually_exclusive_group()
     who.add_argument("--sandbox", help="as this sandbox (default: unidentified traffic)")
     who.add_argument("--policy", help="under this policy")
-    et.add_argument("tool", metavar="TOOL", help="the tool's name (http_request: the generic one)")
+    et.add_argument("tool", metavar="TOOL", help="the tool's name (http_request: the generic "
+                                                "one; SERVER/TOOL: a gateway server's tool)")
     et.add_argument("--arguments", metavar="JSON", default="{}",
                     help="the call's arguments, a JSON object (default {})")
     et.add_argument("--json", action="store_true")

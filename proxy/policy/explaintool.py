@@ -5,6 +5,11 @@ caller's policy (a declared one, or the generic `http_request`), its arguments a
 Schema, its template filled, then the one `decide` for the request that makes, and the
 credential the tool names checked against what the allowing rule injects. Budgets, the secret
 store and the guard's resolution are not modelled (said as notes, as `explain` says them).
+
+A TOOL written SERVER/TOOL is a tool of an upstream MCP server the gateway fronts (`mcp_servers:`,
+served at /mcp/SERVER), in the gateway's order (mcp/gatewayflow.py): the server of the
+caller's policy, the tool listed for it, the arguments against its constraints, then `decide`
+for the POST to the server's URL and the server's credential against the allowing rule.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from jsonschema import Draft202012Validator
 from sealgate.hostport import format_hostport
 from sealgate.reasons import Reason
 
-from .decide import Question, decide
+from .decide import Identity, Question, decide
 from .explain import ExplainError, Explanation, _deny, _described, _identity
-from .model import PathError, RuleSet, normalize_path
+from .model import PathError, Policy, RuleSet, normalize_path
 from .tools import ToolArgumentError
 
 __all__ = ["explain_tool"]
@@ -31,6 +36,8 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
     chosen = rules.policies.get(identity.policy) if identity.policy else None
     if chosen is None:
         raise ExplainError("no policy applies, so no tool does: give --sandbox or --policy")
+    if "/" in name:
+        return _gateway(rules, result, identity, chosen, name=name, arguments=arguments)
     offered = chosen.offered_tools
     tool = next((t for t in offered if t.name == name), None)
     if tool is None:
@@ -60,3 +67,35 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
         _deny(result, Reason.TOOL_CREDENTIAL,
               f"the rule that allows this call does not inject {tool.credential!r}")
     return _described(result, decision, call.host, call.port, call.method)
+
+
+def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Policy, *,
+             name: str, arguments: dict[str, Any]) -> Explanation:
+    server_name, _, tool_name = name.partition("/")
+    server = next((s for s in chosen.mcp_servers if s.name == server_name), None)
+    if server is None:
+        names = ", ".join(s.name for s in chosen.mcp_servers) or "none"
+        raise ExplainError(f"policy {chosen.name} has no MCP server {server_name!r} (its "
+                           f"servers: {names})")
+    path = normalize_path(server.path)
+    result.method = "POST"
+    result.url = f"{server.scheme}://{format_hostport(server.host.name, server.port)}{server.path}"
+    result.host, result.port, result.path = server.host.name, server.port, path
+    tool = server.tool(tool_name)
+    if tool is None:  # the gateway's -32602: not called, not listed
+        listed = ", ".join(t.name for t in server.tools) or "none"
+        return _deny(result, Reason.NOT_ALLOWED, f"{server.name} lists no tool {tool_name!r} "
+                                                 f"(listed: {listed})")
+    if (refused := tool.refusal(arguments)) is not None:
+        return _deny(result, Reason.TOOL_ARGUMENTS_INVALID, f"arguments: {refused}")
+    decision = decide(rules, Question(identity, server.host, server.port, server.scheme, "POST",
+                                      path))
+    result.rule = decision.rule
+    result.decision, result.reason, result.detail = (
+        decision.verdict, decision.reason, decision.detail)
+    rule = decision.rule
+    if decision.allowed and server.credential is not None and not (
+            rule is not None and any(i.name == server.credential for i in rule.inject)):
+        _deny(result, Reason.TOOL_CREDENTIAL,
+              f"the rule that allows this server does not inject {server.credential!r}")
+    return _described(result, decision, server.host, server.port, "POST")

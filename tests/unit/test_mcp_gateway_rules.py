@@ -140,3 +140,83 @@ def test_a_name_declared_twice_is_refused_at_the_second(tmp_path: Path) -> None:
     path.write_text(tools)
     with pytest.raises(RulesError, match=r"tool 'ping' is also declared at \[0\]"):
         load_rules(path)
+
+
+def test_explain_tool_decides_a_gateway_call_as_the_gateway_does(tmp_path: Path) -> None:
+    """`rules explain-tool RULES SERVER/TOOL`: the gateway's order (mcp/gatewayflow.py): the
+    server of the policy, the listed tool, the constraints, then decide for the POST to the
+    server's URL and the server's credential against the allowing rule."""
+    from sealgate.proxy.policy.explain import ExplainError
+    from sealgate.proxy.policy.explaintool import explain_tool
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(GOOD.replace("      - host: mcp.test\n", "      - host: mcp.test\n"
+                                 "        ports: [8443]\n        methods: [POST]\n"))
+    rules = load_rules(path)
+    ok = {"repo": "octo/docs", "kind": "guide", "query": "how to", "limit": 5}
+    allowed = explain_tool(rules, "docs/search", ok, policy="ci")
+    assert (allowed.decision, allowed.method, allowed.url) == (
+        "allow", "POST", "https://mcp.test:8443/mcp")
+    assert allowed.rule is not None and allowed.rule.source.endswith("rules.yaml:6")
+    for name, arguments, reason, said in [
+            ("docs/delete", {}, "not_allowed", "lists no tool 'delete' (listed: search, plain)"),
+            ("docs/search", {**ok, "repo": "octo/x"}, "tool_arguments_invalid", "'repo'"),
+            ("docs/search", {"kind": "guide"}, "tool_arguments_invalid", "must be given")]:
+        denied = explain_tool(rules, name, arguments, policy="ci")
+        assert (denied.decision, denied.reason) == ("deny", reason), name
+        assert denied.detail is not None and said in denied.detail
+        assert "octo/x" not in denied.detail
+    # The allowing rule must inject the server's credential.
+    path.write_text(path.read_text().replace("        inject:\n          - {secret: \"file:up\", "
+                                             "as: bearer, name: upstream}\n", ""))
+    with pytest.raises(RulesError):  # the loader refuses a credential no entry provides
+        load_rules(path)
+    with pytest.raises(ExplainError, match=r"no MCP server 'wiki' \(its servers: docs\)"):
+        explain_tool(rules, "wiki/search", ok, policy="ci")
+    # POST only is allowed; a rule allowing GET alone does not allow the gateway's call.
+    path.write_text(GOOD.replace("      - host: mcp.test\n", "      - host: mcp.test\n"
+                                 "        methods: [GET]\n"))
+    denied = explain_tool(load_rules(path), "docs/search", ok, policy="ci")
+    assert (denied.decision, denied.reason) == ("deny", "not_allowed")
+
+
+def test_rules_test_cases_may_be_tool_calls(tmp_path: Path) -> None:
+    """`rules test`: a case's `tool:` (and `arguments:`) instead of its `request:`, decided by
+    explain-tool; a case that gives both, or arguments to a request, says where."""
+    from sealgate.proxy.policy.cases import load_cases, run_case
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(GOOD.replace("      - host: mcp.test\n", "      - host: mcp.test\n"
+                                 "        ports: [8443]\n        methods: [POST]\n"))
+    rules = load_rules(path)
+    cases = tmp_path / "cases.yaml"
+    cases.write_text("""cases:
+  - name: search the docs
+    policy: ci
+    tool: docs/search
+    arguments: {repo: octo/docs, kind: guide, query: how to, limit: 5}
+    expect: allow
+  - name: another repository
+    policy: ci
+    tool: docs/search
+    arguments: {repo: octo/other, kind: guide, query: how to, limit: 5}
+    expect: deny
+    reason: tool_arguments_invalid
+  - name: wrongly expected
+    policy: ci
+    tool: docs/delete
+    expect: allow
+""")
+    outcomes = [run_case(rules, case) for case in load_cases(cases)]
+    assert [o.passed for o in outcomes] == [True, True, False], [o.failures for o in outcomes]
+    assert "expected allow, got deny (not_allowed: docs lists no tool 'delete'" in (
+        outcomes[2].failures[0])
+    for text, said in [
+            ("    request: POST https://mcp.test/mcp\n    tool: docs/search\n",
+             "give a request or a tool, not both"),
+            ("    request: POST https://mcp.test/mcp\n    arguments: {a: 1}\n",
+             "arguments are a tool call's"),
+            ("    tool: docs/search\n    arguments: [1]\n", "expected a mapping")]:
+        cases.write_text(f"cases:\n  - name: bad\n{text}    expect: allow\n")
+        with pytest.raises(RulesError, match=said):
+            load_cases(cases)
