@@ -114,6 +114,7 @@ class Daemon:
         SandboxError for a pool of an image the store does not have."""
         self.plan()
         self.tally.cleaned += len(await asyncio.to_thread(clean_up_stale))
+        await asyncio.to_thread(forking.sweep)  # memory a daemon killed mid-fork left
         orphans.become_subreaper()
         self._tasks = [asyncio.create_task(self._fill()), asyncio.create_task(self._reap())]
 
