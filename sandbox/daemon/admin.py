@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from ..guest.protocol import Ending
 from .daemon import Daemon
-from .tally import PREPARE_BUCKETS
+from .tally import HOWS, PREPARE_BUCKETS
 
 Handler = Callable[[web.Request], Any]
 # A call, from milliseconds (an exec of `true`, a warm create) to a cold image create or a
@@ -176,9 +176,10 @@ class _Alive(Collector):
 def _tally(daemon: Daemon) -> Iterator[Metric]:
     tally = daemon.tally
     created = CounterMetricFamily("sealgate_sandboxd_sandboxes_created",
-                                  "Sandboxes created, by how: warm (a pool's slot) or cold "
-                                  "(one prepared for the create)", labels=["how"])
-    for how in ("warm", "cold"):
+                                  "Sandboxes created, by how: warm (a pool's slot), cold "
+                                  "(one prepared for the create) or fork (a copy resumed from "
+                                  "another's memory)", labels=["how"])
+    for how in HOWS:
         created.add_metric([how], tally.created[how])
     yield created
     ended = CounterMetricFamily("sealgate_sandboxd_sandboxes_ended",

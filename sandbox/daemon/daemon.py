@@ -401,7 +401,7 @@ class Daemon:
         session = Session(ident, taken, options)
         session.base = base
         self.sessions[ident] = session
-        self.tally.create(warm=not cold)
+        self.tally.create("cold" if cold else "warm")
         log("created", id=ident, sandbox=options.sandbox, address=str(taken.link.sandbox_ip),
              uid=taken.uid, warm=not cold, image=options.image)
         return session
@@ -475,7 +475,7 @@ class Daemon:
             copy = Session(self._new_id(), taken, source.options)
             copy.base = source.base
             self.sessions[copy.id] = copy
-            self.tally.create(warm=False)
+            self.tally.create("fork")
             log("forked", id=copy.id, source=source.id, sandbox=source.options.sandbox,
                 address=str(taken.link.sandbox_ip), uid=taken.uid)
             copies.append(copy)

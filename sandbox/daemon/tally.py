@@ -1,5 +1,5 @@
 """What the daemon has done, counted where it happens and read at each scrape (`admin`):
-sandboxes created (from a warm slot or cold) and ended (by why), slots prepared for the pools
+sandboxes created (from a warm slot, cold, or as a fork's copy) and ended (by why), slots prepared for the pools
 and how long each took, and the leftovers of a dead run or daemon cleaned up at start. Plain
 numbers on the daemon: nothing of prometheus-client on the daemon's paths, which run whether
 or not an admin listener is served.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from typing import Literal
 
 # A slot's preparation: a namespace, a link and its table, cgroups, the agent's start; tens of
 # milliseconds for bubblewrap, seconds for an emulated microVM's boot.
@@ -19,9 +20,14 @@ ENDINGS = ("deleted", "ttl", "idle", "agent ended", "agent not answering", "its 
            "daemon stopped")
 
 
+# How a sandbox was made: a pool's slot, one prepared for its create, a copy resumed from
+# another's memory (`fork`).
+HOWS = ("warm", "cold", "fork")
+
+
 class Tally:
     def __init__(self) -> None:
-        self.created: Counter[str] = Counter()  # "warm" | "cold"
+        self.created: Counter[str] = Counter()  # HOWS
         self.ended: Counter[str] = Counter()
         self.cleaned = 0  # leases of dead runs or daemons cleaned up at start
         self.prepare_failures = 0
@@ -34,8 +40,8 @@ class Tally:
         self._ended_hits: Counter[str] = Counter()
         self._live_hits: dict[str, dict[str, int]] = {}
 
-    def create(self, warm: bool) -> None:
-        self.created["warm" if warm else "cold"] += 1
+    def create(self, how: Literal["warm", "cold", "fork"]) -> None:
+        self.created[how] += 1
 
     def end(self, why: str) -> None:
         self.ended[why if why in ENDINGS else "other"] += 1

@@ -87,6 +87,9 @@ def test_metrics_count_what_the_api_answered(watched: tuple[Daemon, str]) -> Non
     # (a slot prepared: the histogram's count grows, within its buckets).
     assert grew("sealgate_sandboxd_sandboxes_created_total", how="warm") == 1
     assert grew("sealgate_sandboxd_sandboxes_created_total", how="cold") == 0
+    # A fork's copies have a label of their own, never counted as cold creates (this tier
+    # cannot fork: the series is there, at 0).
+    assert grew("sealgate_sandboxd_sandboxes_created_total", how="fork") == 0
     assert grew("sealgate_sandboxd_sandboxes_ended_total", why="deleted") == 1
     prepared = "sealgate_sandboxd_slot_prepare_duration_seconds"
     deadline = time.monotonic() + 30  # the refill runs beside the calls: on a loaded host, later
