@@ -1,8 +1,8 @@
 """What the daemon has done, counted where it happens and read at each scrape (`admin`):
-sandboxes created (from a warm slot, cold, or as a fork's copy) and ended (by why), slots prepared for the pools
-and how long each took, and the leftovers of a dead run or daemon cleaned up at start. Plain
-numbers on the daemon: nothing of prometheus-client on the daemon's paths, which run whether
-or not an admin listener is served.
+sandboxes created (from a warm slot, cold, or as a fork's copy) and ended (by why), slots
+prepared for the pools and how long each took, and the leftovers of a dead run or daemon
+cleaned up at start. Plain numbers on the daemon: nothing of prometheus-client on the
+daemon's paths, which run whether or not an admin listener is served.
 """
 
 from __future__ import annotations
