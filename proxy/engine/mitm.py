@@ -22,6 +22,8 @@ The patches, and why:
 - a request refused at its head answered before its body, which is read and dropped within
   bounds so that a client still sending it reads the refusal (linger.py), and a
   streamed body cut off past its request's cap, upstream and downstream (bodycap.py);
+- a body's framing across HTTP versions: an HTTP/2 body of no declared length chunked into
+  HTTP/1, an empty DATA frame never taken for the end (framing.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/process/master.py);
 - per-request conveniences for mitmproxy's developers left out (speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -53,9 +55,6 @@ from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers import websocket
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
-    HttpEvent,
-    RequestData,
-    RequestHeaders,
     ResponseData,
     ResponseEndOfMessage,
     ResponseHeaders,
@@ -64,7 +63,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.utils import asyncio_utils
 
 from ..errors import ProxyError
-from . import bodycap, deadline, keeping, limits, linger, pool, speedups, upstream
+from . import bodycap, deadline, framing, keeping, limits, linger, pool, speedups, upstream
 from .handlers import handler_of
 from .mitmcheck import mismatches
 
@@ -127,15 +126,15 @@ def install(
     )
     # Framed first: it marks an HTTP/2 request's unframed body chunked on the request itself,
     # which the HTTP/1.1 copy kept_open sends then carries.
-    _http1.Http1Client.send = _framed_for_http1(keeping.kept_open(  # type: ignore[method-assign, assignment]
+    _http1.Http1Client.send = framing.framed_for_http1(keeping.kept_open(  # type: ignore[method-assign, assignment]
         _http1.Http1Client.send
     ))
-    HttpStream.state_stream_request_body = _no_empty_chunks(  # type: ignore[method-assign]
+    HttpStream.state_stream_request_body = framing.no_empty_chunks(  # type: ignore[method-assign]
         bodycap.counted(HttpStream.state_stream_request_body, bounds)
     )
     HttpStream.handle_protocol_error = keeping.retried_once(bodycap.quiet_upstream(  # type: ignore[method-assign, assignment]
         HttpStream.handle_protocol_error))
-    HttpStream.state_stream_response_body = _no_empty_chunks(  # type: ignore[method-assign]
+    HttpStream.state_stream_response_body = framing.no_empty_chunks(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )
     HttpStream.state_wait_for_request_headers = linger.answered_before_body(  # type: ignore[method-assign]
@@ -275,56 +274,6 @@ def _bounded_heads(read: _Read, bounds: limits.HttpLimits) -> _Read:
         self.state = self.done
 
     return read_headers
-
-
-_Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
-
-
-def _framed_for_http1(send: _Send) -> _Send:
-    """mitmproxy writes an HTTP/2 or 3 request into HTTP/1 with the body that follows unframed
-    when the client declared no Content-Length, so the origin reads the body's bytes as the
-    next request (carrying, from sealgate, the credential of the one that was allowed). A body
-    of unknown length goes chunked, as RFC 9112 has an intermediary frame it. And an empty
-    piece of a body is not written: chunked, it would be the last chunk, the body's end (a
-    stream function passes on nothing while it holds what came, aws-chunked's re-signer a
-    chunk still coming; or once it refused the body, whose end must never go)."""
-
-    @functools.wraps(send)
-    def framed(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
-        if isinstance(event, RequestData) and not event.data:
-            return
-        if isinstance(event, RequestHeaders) and not event.end_stream:
-            request = event.request
-            if (request.is_http2 or request.is_http3) and not (
-                "content-length" in request.headers or "transfer-encoding" in request.headers
-            ):
-                # Set on the request itself: mitmproxy decides each chunk's framing from it.
-                request.headers["transfer-encoding"] = "chunked"
-        yield from send(self, event)
-
-    return framed
-
-
-_State = Callable[[HttpStream, Event], CommandGenerator[None]]
-
-
-def _no_empty_chunks(state: _State) -> _State:
-    """An empty HTTP/2 DATA frame in the middle of a body reaches a stream function as b"",
-    which is also how mitmproxy says the body ended. In a response the scrubber would let out
-    the tail it held back, and a secret split around the empty frame would pass unmasked; in a
-    request aws-sigv4's re-signer (`awschunked.Resigner`) would find the body cut short before
-    its final chunk and refuse a client that did nothing wrong. Such an event carries nothing,
-    so it is dropped here, before any stream function sees it: b"" keeps the one meaning every
-    stream function relies on, which lets the re-signer check that the body really ended with
-    its final chunk."""
-
-    @functools.wraps(state)
-    def stream_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
-        if isinstance(event, RequestData | ResponseData) and not event.data:
-            return
-        yield from state(self, event)
-
-    return stream_body
 
 
 # A WebSocket flow's metadata key for the function that masks a credential in bytes: set by

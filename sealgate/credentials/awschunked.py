@@ -43,7 +43,7 @@ class Resigner:
     returns the re-signed chunks complete so far (b"" at the end, for a check that the body
     ended with its final chunk). b"" is only ever the end, as in mitmproxy's stream functions:
     the proxy drops the empty pieces an HTTP/2 client may send mid-body before they get here
-    (`proxy.mitm._no_empty_chunks`). At most one chunk is held, bounded by `max_chunk`."""
+    (`proxy.engine.framing.no_empty_chunks`). At most one chunk is held, bounded by `max_chunk`."""
 
     def __init__(self, seed: str, key: bytes, amz_date: str, scope: Scope, *,
                  max_chunk: int = 16 << 20) -> None:

@@ -1,0 +1,68 @@
+"""A body's framing across HTTP versions, where mitmproxy left it to chance (mitm.py installs
+these): an HTTP/2 request's body of no declared length written into HTTP/1 unframed, and an
+empty HTTP/2 DATA frame taken for a body's end.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from mitmproxy.proxy.events import Event
+from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers.http import HttpStream, _http1
+from mitmproxy.proxy.layers.http._events import (
+    HttpEvent,
+    RequestData,
+    RequestHeaders,
+    ResponseData,
+)
+
+_Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
+
+
+def framed_for_http1(send: _Send) -> _Send:
+    """mitmproxy writes an HTTP/2 or 3 request into HTTP/1 with the body that follows unframed
+    when the client declared no Content-Length, so the origin reads the body's bytes as the
+    next request (carrying, from sealgate, the credential of the one that was allowed). A body
+    of unknown length goes chunked, as RFC 9112 has an intermediary frame it. And an empty
+    piece of a body is not written: chunked, it would be the last chunk, the body's end (a
+    stream function passes on nothing while it holds what came, aws-chunked's re-signer a
+    chunk still coming; or once it refused the body, whose end must never go)."""
+
+    @functools.wraps(send)
+    def framed(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
+        if isinstance(event, RequestData) and not event.data:
+            return
+        if isinstance(event, RequestHeaders) and not event.end_stream:
+            request = event.request
+            if (request.is_http2 or request.is_http3) and not (
+                "content-length" in request.headers or "transfer-encoding" in request.headers
+            ):
+                # Set on the request itself: mitmproxy decides each chunk's framing from it.
+                request.headers["transfer-encoding"] = "chunked"
+        yield from send(self, event)
+
+    return framed
+
+
+_State = Callable[[HttpStream, Event], CommandGenerator[None]]
+
+
+def no_empty_chunks(state: _State) -> _State:
+    """An empty HTTP/2 DATA frame in the middle of a body reaches a stream function as b"",
+    which is also how mitmproxy says the body ended. In a response the scrubber would let out
+    the tail it held back, and a secret split around the empty frame would pass unmasked; in a
+    request aws-sigv4's re-signer (`awschunked.Resigner`) would find the body cut short before
+    its final chunk and refuse a client that did nothing wrong. Such an event carries nothing,
+    so it is dropped here, before any stream function sees it: b"" keeps the one meaning every
+    stream function relies on, which lets the re-signer check that the body really ended with
+    its final chunk."""
+
+    @functools.wraps(state)
+    def stream_body(self: HttpStream, event: Event) -> CommandGenerator[None]:
+        if isinstance(event, RequestData | ResponseData) and not event.data:
+            return
+        yield from state(self, event)
+
+    return stream_body
