@@ -80,6 +80,11 @@ class _Counted:
         with self._lock:
             self._at_once -= 1
 
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._at_once
+
     def reset_counts(self) -> None:
         with self._lock:
             self.calls = self.most_at_once = 0

@@ -164,8 +164,8 @@ def retried_once(handle: _HandleError) -> _HandleError:
         if (isinstance(event, ResponseProtocolError) and kept is not None
                 and not vars(self).get(_RETRIED) and self.flow.response is None
                 and self.server_state == self.state_wait_for_response_headers
-                and request.method in _SAFE and not request.raw_content
-                and not request.trailers and kept.went_stale(self.context.server)):
+                and self.client_state == self.state_done and _bodiless(request)
+                and kept.went_stale(self.context.server)):
             vars(self)[_RETRIED] = True
             if (yield from self.make_server_connection()):
                 server = self.context.server
@@ -175,3 +175,13 @@ def retried_once(handle: _HandleError) -> _HandleError:
         yield from handle(self, event)
 
     return handle_protocol_error
+
+
+def _bodiless(request: http.Request) -> bool:
+    """A safe request whose whole message was its head: no body read, none streamed (found
+    by review: a chunked GET's head went again with its end at once, and the client's body
+    after it), none declared."""
+    headers = request.headers
+    return (request.method in _SAFE and not request.stream and not request.raw_content
+            and not request.trailers and "transfer-encoding" not in headers
+            and headers.get("content-length", "0").strip() == "0")

@@ -93,8 +93,8 @@ def install(
     if _http1.make_error_response is upstream.error_response:
         raise RuntimeError("sealgate.proxy.mitm.install: already installed in this process")
     require_tested()
-    kept = pool.install(kept or pool.Pool())
-    _scoped_asyncio(server, open_connection=upstream.bounded(kept.dial, connect_timeout))
+    kept = pool.install(kept or pool.Pool(connect_timeout))
+    _scoped_asyncio(server, open_connection=kept.dial)  # bounded by connect_timeout
     _http1.Http1Client.__init__ = _told_to(kept, _http1.Http1Client.__init__)  # type: ignore[method-assign]
     HttpLayer.get_connection = keeping.reused_by_streams(HttpLayer.get_connection)  # type: ignore[method-assign]
     tls_layers.ServerTLSLayer.start_handshake = keeping.finished_at_once(  # type: ignore[method-assign, assignment]

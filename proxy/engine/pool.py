@@ -37,16 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, SupportsIndex
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NamedTuple, SupportsIndex, TypeVar
 
-from mitmproxy import connection, tls
+from mitmproxy import connection, http, tls
 from mitmproxy.proxy.layers.http import _http1
 from OpenSSL import SSL
 
+_T = TypeVar("_T")
+
 PER_KEY = 16  # idle connections kept per key
+PER_TENANT = 64  # per sandbox (so one cannot push every other's out)
 TOTAL = 512  # idle connections kept per worker
+# The ALPN protocols a key tells apart: what a client offers is passed upstream as it is, but
+# only these decide the layer a connection gets (anything else is spoken as HTTP/1); a key of
+# every list a client could make up would grow without bound (found by review).
+ALPN = (b"h2", b"http/1.1", b"http/1.0")
 IDLE_SECONDS = 15.0
 
 
@@ -111,8 +118,11 @@ class _Reader(asyncio.StreamReader):
 class _Upstream:
     """One upstream connection: its socket, and once its handshake is done, its TLS."""
 
-    def __init__(self, key: Key, reader: _Reader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, key: Key, reader: _Reader, writer: asyncio.StreamWriter,
+                 generation: int) -> None:
         self.key = key
+        self.generation = generation
+        self.spoiled = False  # answered in a way that leaves its framing in doubt (a 1xx)
         self.reader = reader
         self.writer = writer
         self.ssl_conn: SSL.Connection | None = None
@@ -128,8 +138,9 @@ class _Upstream:
         connection handler always is, between two reads)."""
         http, reader = self.http, self.reader
         if (http is None or http.state != http.read_headers or http.stream_id is not None
-                or http.buf or self.half_closed or (released and reader.reading)
-                or reader.unread or reader.ended or self.writer.is_closing()):
+                or http.buf or self.half_closed or self.spoiled
+                or (released and reader.reading) or reader.unread or reader.ended
+                or self.writer.is_closing() or self.writer.transport.get_write_buffer_size()):
             return False
         if self.key.tls:
             ssl_conn = self.ssl_conn
@@ -179,10 +190,15 @@ class _Writer:
 
 
 class Pool:
-    def __init__(self, per_key: int = PER_KEY, total: int = TOTAL,
+    def __init__(self, connect_timeout: float = 10.0, *, per_key: int = PER_KEY,
+                 per_tenant: int = PER_TENANT, total: int = TOTAL,
                  idle_seconds: float = IDLE_SECONDS) -> None:
-        self.per_key, self.total, self.idle_seconds = per_key, total, idle_seconds
+        self.connect_timeout = connect_timeout
+        self.per_key, self.per_tenant, self.total = per_key, per_tenant, total
+        self.idle_seconds = idle_seconds
+        self.generation = 0  # one more at each flush: a connection of an older one is not kept
         self._idle: dict[Key, list[_Upstream]] = {}
+        self._tenants: Counter[str] = Counter()  # idle connections per tenant
         self._order: OrderedDict[_Upstream, None] = OrderedDict()  # idle, oldest first
         self._live: dict[str, _Upstream] = {}  # server connection id -> its connection
         self.dialed = self.reused = 0  # this worker's counts, for the metrics
@@ -193,21 +209,31 @@ class Pool:
     async def dial(self, host: str, port: int, *, local_addr: Any = None) -> tuple[
             asyncio.StreamReader, asyncio.StreamWriter | _Writer]:
         """mitmproxy's `asyncio.open_connection` for upstream dials: a kept connection for
-        the key claimed, or a new one that may be kept."""
+        the key claimed, or a new one that may be kept.
+
+        The claim is read and cleared here, in mitmproxy's own task for the dial (the one its
+        server_connect hook set it in), before anything can start a task that would inherit
+        it: found by review, clearing it inside the bounded connect's own task (wait_for runs
+        one) left it set, and a tunnel's later dial on the connection took a kept connection
+        by it. And a claim is only good for the address it was made for."""
         claimed = _CLAIM.get()
-        if claimed is None:  # a blind tunnel's (its bytes are not HTTP the pool could check)
-            return await asyncio.open_connection(host, port, local_addr=local_addr)
         _CLAIM.set(None)
+        if claimed is not None and not (claimed[1].address == (host, port)
+                                        == tuple(claimed[0].address or ())):
+            claimed = None
+        if claimed is None:  # a blind tunnel's (its bytes are not HTTP the pool could check)
+            return await self.bounded(asyncio.open_connection(host, port,
+                                                               local_addr=local_addr))
         server, key = claimed
         upstream = self._take(key) if self.per_key else None
         if upstream is None:
             loop = asyncio.get_running_loop()
             reader = _Reader(loop)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-            transport, _ = await loop.create_connection(lambda: protocol, host, port,
-                                                        local_addr=local_addr)
+            transport, _ = await self.bounded(loop.create_connection(
+                lambda: protocol, host, port, local_addr=local_addr))
             upstream = _Upstream(key, reader, asyncio.StreamWriter(transport, protocol, reader,
-                                                                   loop))
+                                                                   loop), self.generation)
             self.dialed += 1
         else:
             upstream.reused = True
@@ -215,6 +241,15 @@ class Pool:
         upstream.server = server
         self._live[server.id] = upstream
         return upstream.reader, _Writer(self, upstream)
+
+    async def bounded(self, dialing: Awaitable[_T]) -> _T:
+        """`dialing`, given connect_timeout seconds: mitmproxy dials with no bound of its own
+        (a black-holed address held a request for the kernel's SYN retries)."""
+        try:
+            return await asyncio.wait_for(dialing, self.connect_timeout)
+        except TimeoutError:
+            # mitmproxy reports str(error): make it say what happened.
+            raise TimeoutError(f"connect timed out after {self.connect_timeout:g} s") from None
 
     def reusing(self, server: connection.Connection) -> SSL.Connection | None:
         """The established TLS connection of a kept connection `server` was given, if any."""
@@ -232,7 +267,8 @@ class Pool:
         request. The key's other kept connections, as old, are closed too."""
         upstream = self._live.get(server.id)
         if (upstream is None or not upstream.reused or not upstream.reader.ended
-                or (upstream.http is not None and upstream.http.response is not None)):
+                or (upstream.http is not None and (upstream.http.response is not None
+                                                   or upstream.http.buf))):
             return False
         for other in list(self._idle.get(upstream.key, ())):
             self._drop(other)
@@ -255,14 +291,17 @@ class Pool:
         if upstream.server is not None:
             self._live.pop(upstream.server.id, None)
             upstream.server = None
-        reusable = upstream.at_boundary()
+        reusable = upstream.generation == self.generation and upstream.at_boundary()
         upstream.http = None  # the next lease's layer is its own
         idle = self._idle.get(upstream.key, [])
-        if not reusable or len(idle) >= self.per_key:
+        tenant = upstream.key.tenant
+        if (not reusable or len(idle) >= self.per_key
+                or self._tenants[tenant] >= self.per_tenant):
             upstream.close()
             return
         self._idle[upstream.key] = idle
         idle.append(upstream)
+        self._tenants[tenant] += 1
         self._order[upstream] = None
         upstream.reader.stirred = lambda: self._drop(upstream)
         upstream.timer = asyncio.get_running_loop().call_later(self.idle_seconds, self._drop,
@@ -271,27 +310,44 @@ class Pool:
             self._drop(next(iter(self._order)))
 
     def flush(self) -> None:
+        """Every kept connection closed, and none in use now kept later."""
+        self.generation += 1
         for upstream in list(self._order):
             self._drop(upstream)
+
+    def spoil(self, server: connection.Connection) -> None:
+        """`server`'s connection will not be kept: an informational (1xx) answer, which
+        mitmproxy takes for the final one, leaves the real one to come."""
+        if (upstream := self._live.get(server.id)) is not None:
+            upstream.spoiled = True
 
     def _take(self, key: Key) -> _Upstream | None:
         idle = self._idle.get(key)
         while idle:
             upstream = idle.pop()  # the most recently used: the least likely closed by now
             del self._order[upstream]
+            self._untenant(key.tenant)
             if upstream.timer is not None:
                 upstream.timer.cancel()
                 upstream.timer = None
             upstream.reader.stirred = None
+            if not idle:  # found by review: emptied lists stayed, one per key ever seen
+                del self._idle[key]
             if not (upstream.reader.ended or upstream.reader.unread
                     or upstream.writer.is_closing()):
                 return upstream
             upstream.close()
         return None
 
+    def _untenant(self, tenant: str) -> None:
+        self._tenants[tenant] -= 1
+        if self._tenants[tenant] <= 0:
+            del self._tenants[tenant]
+
     def _drop(self, upstream: _Upstream) -> None:
         if upstream in self._order:
             del self._order[upstream]
+            self._untenant(upstream.key.tenant)
             idle = self._idle[upstream.key]
             idle.remove(upstream)
             if not idle:
@@ -326,6 +382,12 @@ class Handoff:
     def tls_established_server(self, data: tls.TlsData) -> None:
         if (kept := installed()) is not None:
             kept.established(data)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if (kept := installed()) is not None and response is not None and (
+                100 <= response.status_code < 200 and response.status_code != 101):
+            kept.spoil(flow.server_conn)
 
     def done(self) -> None:
         if (kept := installed()) is not None:

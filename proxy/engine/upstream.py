@@ -3,8 +3,9 @@
 mitmproxy dials with no timeout of its own, so a black-holed destination holds a request for the
 kernel's SYN retries (about two minutes); and it answers a failed dial, or a request it cannot
 parse, with an HTML page that names the address it tried, over HTTP/1 and HTTP/2 alike. Here are
-the two fixes the lean master puts in (mitm.py wires them into mitmproxy): a bounded dial,
-and the proxy's own JSON refusal (`connect_timeout` 504, `connect_failed` 502, `bad_request`
+the two fixes the lean master puts in (mitm.py wires them into mitmproxy): a bounded dial
+(its bound is the pool's, pool.py, through which every dial goes), and the proxy's own JSON
+refusal (`connect_timeout` 504, `connect_failed` 502, `bad_request`
 400) without the address, so every answer a client gets has one shape.
 
 The dial's bound ends when TCP is up, and mitmproxy's TLS handshake with the upstream has none
@@ -20,8 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 from mitmproxy import connection, http
 from mitmproxy.net.http import http1
@@ -40,21 +40,6 @@ _TLS_FAILED = re.compile(r"certificate|\btls\b|\bssl\b|handshake|openssl", re.IG
 _RESET = re.compile(r"reset|closed connection|disconnected|\beof\b|broken pipe",
                     re.IGNORECASE)
 
-Dial = Callable[..., Awaitable[Any]]
-
-
-def bounded(dial: Dial, connect_timeout: float) -> Dial:
-    """`dial` (asyncio.open_connection) limited to `connect_timeout` seconds."""
-
-    @functools.wraps(dial)
-    async def bounded_dial(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await asyncio.wait_for(dial(*args, **kwargs), connect_timeout)
-        except TimeoutError:
-            # mitmproxy reports str(error): make it say what happened.
-            raise TimeoutError(f"connect timed out after {connect_timeout:g} s") from None
-
-    return bounded_dial
 
 
 # In a ServerTLSLayer's instance dict: its handshake's deadline, and what a handshake closed at

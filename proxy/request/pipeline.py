@@ -327,8 +327,8 @@ class Sealgate(Steps):
         self._pinned[server] = (name, port)
         if not conn.tunnel:
             # A kept connection to exactly this, for exactly this tenant, may be taken instead.
-            pool.claim(server, pool.Key(server.address, server.sni, server.tls,
-                                        tuple(data.client.alpn_offers),
+            alpn = tuple(p for p in data.client.alpn_offers if p in pool.ALPN)
+            pool.claim(server, pool.Key(server.address, server.sni, server.tls, alpn,
                                         _tenant(data.client, conn)))
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:

@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
+from tests.rawserver import RawServer
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Keeping:
     `Connection: close`, /http10 as HTTP/1.0 without keep-alive, /twice with two responses
     at once, /late with a second response 0.3 s after the first, /slow answers after 0.5 s,
     /bye closes 0.2 s after its answer, /armed closes at the next request without answering
-    it."""
+    it, /hint answers 103 first and its 200 0.5 s later."""
 
     def __init__(self, ca: OriginCA) -> None:
         cert, key = ca.issue("keep.test", "other.test")
@@ -94,6 +95,11 @@ class Keeping:
                     c.sendall(ok)
                     time.sleep(0.3)
                     c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+                elif path == "/hint":  # an informational answer, the real one 0.1 s later
+                    c.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n"
+                              b"\r\n")
+                    time.sleep(0.5)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nFIRST-ANSWER")
                 elif path.startswith("/armed"):
                     c.sendall(ok)
                     armed = True
@@ -127,8 +133,48 @@ def origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[Keeping]:
     server.stop()
 
 
+class Plain(RawServer):
+    """A plain-HTTP origin that answers every request `ok` (/slow after 0.3 s) and keeps the
+    first bytes of everything it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: list[bytes] = []
+
+    def handle(self, conn: socket.socket) -> None:
+        buf = b""
+        for _ in range(1000):
+            if not (data := conn.recv(65536)):
+                return
+            self.got.append(data[:64])
+            buf += data
+            while b"\r\n\r\n" in buf:
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                if b" /slow " in head.split(b"\r\n")[0]:
+                    time.sleep(0.3)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
 @pytest.fixture(scope="module")
-def proxy(proxy_with: ProxyFactory, origin: Keeping) -> Iterator[Proxy]:
+def plain(dns: StubDNS) -> Iterator[Plain]:
+    dns.set("plain.test", "A 127.0.0.1")
+    server = Plain()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tunnelled(dns: StubDNS) -> Iterator[Plain]:
+    """Where a blind tunnel goes (its rule needs no request-level decision)."""
+    dns.set("tun.test", "A 127.0.0.1")
+    server = Plain()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(proxy_with: ProxyFactory, origin: Keeping, plain: Plain, tunnelled: Plain
+          ) -> Iterator[Proxy]:
     rules = f"""
 version: 1
 policies:
@@ -140,6 +186,12 @@ policies:
       - host: other.test
         ports: [{origin.port}]
         methods: [GET]
+      - host: plain.test
+        ports: [{plain.port}]
+        methods: [GET]
+        plain_http: true
+      - host: tun.test
+        ports: [{tunnelled.port}]
     allow_networks: [127.0.0.0/8]
 sandboxes:
   bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
@@ -362,3 +414,106 @@ def test_an_http2_clients_requests_ride_kept_http1_connections(
     assert first.paths[-3:] == ["/h2a", "/h2b", "/h2c"]
     assert curl(proxy, origin, "/h2d") == ["ok 2"]  # the next curl: the kept connection
     assert origin.connections() == before + 1 and first.paths[-1] == "/h2d"
+
+
+def test_a_tunnel_after_a_request_goes_where_its_guard_pinned(
+    proxy: Proxy, plain: Plain, tunnelled: Plain
+) -> None:
+    """Found by review: the pool's claim for a request's dial outlived it in mitmproxy's task,
+    and a blind tunnel opened later on the same client connection (its dial in a task of that
+    task's) took a kept connection by it: the tunnel's ClientHello went to the request's
+    origin, an address the guard never checked for the tunnel."""
+    import base64
+    import threading
+
+    auth = "Proxy-Authorization: Basic " + base64.b64encode(
+        f"bot-1:{KEYS['bot-1']}".encode()).decode()
+
+    def request(path: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as c:
+            c.sendall(f"GET http://plain.test:{plain.port}{path} HTTP/1.1\r\n"
+                      f"Host: plain.test:{plain.port}\r\n{auth}\r\n\r\n".encode())
+            return c.recv(4096)
+
+    # Two kept connections to the plain origin: one for the next request, one to take.
+    both = [threading.Thread(target=request, args=("/slow",)) for _ in range(2)]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join(timeout=20)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    hello = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="tun.test")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        hello.do_handshake()
+    client_hello = outgoing.read()
+    plain.got.clear()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as c:
+        c.sendall(f"GET http://plain.test:{plain.port}/first HTTP/1.1\r\n"
+                  f"Host: plain.test:{plain.port}\r\n{auth}\r\n\r\n".encode()
+                  + f"CONNECT tun.test:{tunnelled.port} HTTP/1.1\r\n"
+                    f"Host: tun.test:{tunnelled.port}\r\n{auth}\r\n\r\n".encode()
+                  + client_hello)
+        for _ in range(100):  # until the tunnel's bytes arrived somewhere
+            if any(g.startswith(b"\x16") for g in plain.got + tunnelled.got):
+                break
+            time.sleep(0.05)
+    assert any(g.startswith(b"\x16") for g in tunnelled.got)
+    assert not any(g.startswith(b"\x16") for g in plain.got)
+
+
+def _raw_request(proxy: Proxy, origin: Keeping, head: bytes, body: bytes = b"",
+                 wait: float = 0.0, *, first_head: bool = False) -> bytes:
+    """One request on a client connection of its own, written by hand (its body `wait`
+    seconds after its head); what came back within a second of the last byte (with
+    `first_head`, only until the first response head, and the client leaves at once)."""
+    import base64
+
+    auth = base64.b64encode(f"bot-1:{KEYS['bot-1']}".encode()).decode()
+    context = ssl.create_default_context(cafile=str(proxy.ca))
+    context.set_alpn_protocols(["http/1.1"])  # as requests offers: the same key
+    target = f"keep.test:{origin.port}"
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
+        raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+                    f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        with context.wrap_socket(raw, server_hostname="keep.test") as tls:
+            tls.sendall(head)
+            if body:
+                time.sleep(wait)
+                tls.sendall(body)
+            tls.settimeout(1)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while data := tls.recv(4096):
+                    answer += data
+                    if first_head and b"\r\n\r\n" in answer:
+                        break
+    return answer
+
+
+def test_an_informational_answer_leaves_nothing_kept(proxy: Proxy, origin: Keeping) -> None:
+    """Found by review: mitmproxy takes a 103 for the final answer, so the connection looked
+    done; kept, the real 200 that followed became the next client connection's answer."""
+    answer = _raw_request(proxy, origin, b"GET /hint HTTP/1.1\r\nHost: keep.test\r\n\r\n",
+                          first_head=True)
+    assert answer.startswith(b"HTTP/1.1 103"), answer
+    # At once, before the real answer comes (0.5 s after the 103): a kept connection would
+    # be taken, and the late 200 read as this request's answer.
+    for n in range(3):
+        assert get(proxy, f"/after-hint{n}", port=origin.port) == "ok"
+        time.sleep(0.2)
+
+
+def test_a_get_with_a_streamed_body_is_not_sent_again(proxy: Proxy, origin: Keeping) -> None:
+    """Found by review: a GET whose body was still coming met a closing kept connection and
+    was sent again as its head alone, ended at once, and the client's body went after that
+    end. A request with a body, any, fails as a reset does and goes once."""
+    assert get(proxy, "/armed-streamed", port=origin.port) == "ok"
+    before = origin.connections()
+    answer = _raw_request(proxy, origin, b"GET /streamed HTTP/1.1\r\nHost: keep.test\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n",
+                          b"5\r\nhello\r\n0\r\n\r\n", wait=0.3)
+    assert answer.startswith(b"HTTP/1.1 502"), answer
+    assert b"upstream_reset" in answer
+    assert origin.connections() == before
+    assert sum(p == "/streamed" for s in origin.seen for p in s.paths) == 1

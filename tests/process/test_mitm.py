@@ -37,7 +37,7 @@ def test_install_patches_only_mitmproxys_own_modules() -> None:
         mitm.install(3.0, reuse_port=True)
         assert asyncio.open_connection is real_dial and asyncio.start_server is real_bind
         assert server.asyncio is not asyncio and server.asyncio.sleep is asyncio.sleep
-        assert server.asyncio.open_connection.__wrapped__ == pool.installed().dial
+        assert server.asyncio.open_connection == pool.installed().dial
         bind = mode_servers.asyncio.start_server
         assert isinstance(bind, functools.partial) and bind.keywords == {"reuse_port": True}
         assert _http1.make_error_response is upstream.error_response

@@ -10,7 +10,7 @@ import pytest
 from mitmproxy.proxy import server
 from mitmproxy.proxy.layers.http import _http1, _http2
 
-from sealgate.proxy.engine import mitm, mitmcheck, upstream
+from sealgate.proxy.engine import mitm, mitmcheck, pool
 
 
 def test_every_patched_symbol_is_as_tested() -> None:
@@ -63,10 +63,9 @@ def test_bounded_dial_says_it_timed_out() -> None:
     async def black_hole(*args: Any, **kwargs: Any) -> None:
         await asyncio.sleep(10)
 
-    dial = upstream.bounded(black_hole, 0.05)
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"^connect timed out after 0.05 s$"):
-        asyncio.run(dial("192.0.2.1", 443))
+        asyncio.run(pool.Pool(0.05).bounded(black_hole("192.0.2.1", 443)))
     assert time.monotonic() - started < 2
 
 
