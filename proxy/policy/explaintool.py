@@ -56,17 +56,8 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
     result.method = call.method
     result.url = f"{call.scheme}://{format_hostport(call.host.name, call.port)}{call.target}"
     result.host, result.port, result.path = call.host.name, call.port, path
-    decision = decide(rules, Question(identity, call.host, call.port, call.scheme, call.method,
-                                      path))
-    result.rule = decision.rule
-    result.decision, result.reason, result.detail = (
-        decision.verdict, decision.reason, decision.detail)
-    rule = decision.rule
-    if decision.allowed and tool.credential is not None and not (
-            rule is not None and any(i.name == tool.credential for i in rule.inject)):
-        _deny(result, Reason.TOOL_CREDENTIAL,
-              f"the rule that allows this call does not inject {tool.credential!r}")
-    return _described(result, decision, call.host, call.port, call.method)
+    return _decided(rules, result, Question(identity, call.host, call.port, call.scheme,
+                                            call.method, path), tool.credential, "call")
 
 
 def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Policy, *,
@@ -88,14 +79,20 @@ def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Po
                                                  f"(listed: {listed})")
     if (refused := tool.refusal(arguments)) is not None:
         return _deny(result, Reason.TOOL_ARGUMENTS_INVALID, f"arguments: {refused}")
-    decision = decide(rules, Question(identity, server.host, server.port, server.scheme, "POST",
-                                      path))
-    result.rule = decision.rule
+    return _decided(rules, result, Question(identity, server.host, server.port, server.scheme,
+                                            "POST", path), server.credential, "server")
+
+
+def _decided(rules: RuleSet, result: Explanation, question: Question, credential: str | None,
+             what: str) -> Explanation:
+    """The one `decide` for the request a call makes, and the credential the call names
+    against what the allowing rule injects."""
+    decision = decide(rules, question)
+    result.rule = rule = decision.rule
     result.decision, result.reason, result.detail = (
         decision.verdict, decision.reason, decision.detail)
-    rule = decision.rule
-    if decision.allowed and server.credential is not None and not (
-            rule is not None and any(i.name == server.credential for i in rule.inject)):
+    if decision.allowed and credential is not None and not (
+            rule is not None and any(i.name == credential for i in rule.inject)):
         _deny(result, Reason.TOOL_CREDENTIAL,
-              f"the rule that allows this server does not inject {server.credential!r}")
-    return _described(result, decision, server.host, server.port, "POST")
+              f"the rule that allows this {what} does not inject {credential!r}")
+    return _described(result, decision, question.host, question.port, result.method)

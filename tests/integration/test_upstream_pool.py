@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
-from tests.rawserver import RawServer
+from tests.rawserver import RawServer, TwoAddressTLS
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Seen:
     closing: list[str] = field(default_factory=list)  # paths whose request said close
 
 
-class Keeping:
+class Keeping(TwoAddressTLS):
     """An HTTPS origin on 127.0.0.1 and 127.0.0.2 that keeps connections alive and records,
     per connection, each request's path. Paths ask for trouble: /close answers with
     `Connection: close`, /http10 as HTTP/1.0 without keep-alive, /twice with two responses
@@ -40,88 +40,61 @@ class Keeping:
     it, /hint answers 103 first and its 200 0.5 s later."""
 
     def __init__(self, ca: OriginCA) -> None:
-        cert, key = ca.issue("keep.test", "other.test")
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(str(cert), str(key))
+        super().__init__(ca.issue("keep.test", "other.test"))
         self.seen: list[Seen] = []
-        first = socket.create_server(("127.0.0.1", 0))
-        self.port = int(first.getsockname()[1])
-        self.socks = [first, socket.create_server(("127.0.0.2", self.port))]
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, args=(s,), daemon=True)
-                         for s in self.socks]
-        for t in self._threads:
-            t.start()
 
-    def _accept(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                raw, peer = sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(raw, peer), daemon=True).start()
-
-    def _serve(self, raw: socket.socket, peer: tuple[str, int]) -> None:
-        raw.settimeout(10)
-        with contextlib.suppress(OSError), self.context.wrap_socket(raw, server_side=True) as c:
-            seen = Seen(c.getsockname()[0], peer[1])
-            self.seen.append(seen)
-            buf, armed = b"", False
-            for _ in range(1000):  # requests on one connection
-                while b"\r\n\r\n" not in buf:
-                    if not (data := c.recv(65536)):
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                path = head.split(b" ")[1].decode()
-                seen.paths.append(path)
-                if b"\r\nconnection: close" in head.lower():
-                    seen.closing.append(path)
-                if armed:  # as if its idle timeout struck as the request came
+    def serve(self, c: ssl.SSLSocket, peer: tuple[str, int]) -> None:
+        seen = Seen(c.getsockname()[0], peer[1])
+        self.seen.append(seen)
+        buf, armed = b"", False
+        for _ in range(1000):  # requests on one connection
+            while b"\r\n\r\n" not in buf:
+                if not (data := c.recv(65536)):
                     return
-                ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                if path == "/close":
-                    c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
-                              b"\r\nok")
-                    return
-                if path == "/http10":
-                    c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    time.sleep(0.5)  # an HTTP/1.0 server may close late: no matter
-                    return
-                if path == "/twice":
-                    c.sendall(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
-                elif path == "/late":
-                    c.sendall(ok)
-                    time.sleep(0.3)
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
-                elif path == "/hint":  # an informational answer, the real one 0.1 s later
-                    c.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n"
-                              b"\r\n")
-                    time.sleep(0.5)
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nFIRST-ANSWER")
-                elif path.startswith("/armed"):
-                    c.sendall(ok)
-                    armed = True
-                elif path == "/slow":
-                    time.sleep(0.5)
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
-                elif path == "/bye":
-                    c.sendall(ok)
-                    time.sleep(0.2)
-                    return
-                else:
-                    c.sendall(ok)
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            path = head.split(b" ")[1].decode()
+            seen.paths.append(path)
+            if b"\r\nconnection: close" in head.lower():
+                seen.closing.append(path)
+            if armed:  # as if its idle timeout struck as the request came
+                return
+            ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            if path == "/close":
+                c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
+                          b"\r\nok")
+                return
+            if path == "/http10":
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                time.sleep(0.5)  # an HTTP/1.0 server may close late: no matter
+                return
+            if path == "/twice":
+                c.sendall(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+            elif path == "/late":
+                c.sendall(ok)
+                time.sleep(0.3)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+            elif path == "/hint":  # an informational answer, the real one 0.1 s later
+                c.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n"
+                          b"\r\n")
+                time.sleep(0.5)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nFIRST-ANSWER")
+            elif path.startswith("/armed"):
+                c.sendall(ok)
+                armed = True
+            elif path == "/slow":
+                time.sleep(0.5)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+            elif path == "/bye":
+                c.sendall(ok)
+                time.sleep(0.2)
+                return
+            else:
+                c.sendall(ok)
 
     def connections(self) -> int:
         return len(self.seen)
 
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=2)
-        for s in self.socks:
-            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -155,21 +128,22 @@ class Plain(RawServer):
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
 
-@pytest.fixture(scope="module")
-def plain(dns: StubDNS) -> Iterator[Plain]:
-    dns.set("plain.test", "A 127.0.0.1")
+def _plain_named(dns: StubDNS, name: str) -> Iterator[Plain]:
+    dns.set(name, "A 127.0.0.1")
     server = Plain()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(dns: StubDNS) -> Iterator[Plain]:
+    yield from _plain_named(dns, "plain.test")
 
 
 @pytest.fixture(scope="module")
 def tunnelled(dns: StubDNS) -> Iterator[Plain]:
     """Where a blind tunnel goes (its rule needs no request-level decision)."""
-    dns.set("tun.test", "A 127.0.0.1")
-    server = Plain()
-    yield server
-    server.stop()
+    yield from _plain_named(dns, "tun.test")
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +398,6 @@ def test_a_tunnel_after_a_request_goes_where_its_guard_pinned(
     task's) took a kept connection by it: the tunnel's ClientHello went to the request's
     origin, an address the guard never checked for the tunnel."""
     import base64
-    import threading
 
     auth = "Proxy-Authorization: Basic " + base64.b64encode(
         f"bot-1:{KEYS['bot-1']}".encode()).decode()

@@ -4,10 +4,8 @@ made the first one trustworthy: another sandbox, another name, another address."
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 
@@ -16,64 +14,37 @@ import pytest
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
+from tests.rawserver import TwoAddressTLS
 
 
-class Resuming:
+class Resuming(TwoAddressTLS):
     """An HTTPS origin on 127.0.0.1 and 127.0.0.2 (one port, one TLS context: a ticket issued
     on one address is good on the other) that answers every request `ok`, and records for each
     connection the address it came in on, the SNI and whether its session was resumed."""
 
     def __init__(self, ca: OriginCA) -> None:
-        cert, key = ca.issue("resume.test", "other.test")
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(str(cert), str(key))
+        super().__init__(ca.issue("resume.test", "other.test"))
         self.seen: list[tuple[str, str | None, bool]] = []
         self._sni: dict[int, str | None] = {}
         self.context.sni_callback = self._note_sni
-        first = socket.create_server(("127.0.0.1", 0))
-        self.port = int(first.getsockname()[1])
-        self.socks = [first, socket.create_server(("127.0.0.2", self.port))]
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, args=(s,), daemon=True)
-                         for s in self.socks]
-        for t in self._threads:
-            t.start()
 
     def _note_sni(self, conn: ssl.SSLObject | ssl.SSLSocket, name: str | None,
                   _: ssl.SSLContext) -> None:
         self._sni[id(conn)] = name
 
-    def _accept(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                raw, _ = sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(10)
-        with contextlib.suppress(OSError), self.context.wrap_socket(raw, server_side=True) as c:
-            self.seen.append((c.getsockname()[0], self._sni.pop(id(c), None), c.session_reused))
-            buf = b""
-            for _ in range(100):  # requests on one connection
-                while b"\r\n\r\n" not in buf:
-                    if not (data := c.recv(65536)):
-                        return
-                    buf += data
-                _, _, buf = buf.partition(b"\r\n\r\n")
-                # Closing: a connection kept for the next client connection would spare the
-                # handshake this module is about (test_upstream_pool.py has the keeping).
-                c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
-                          b"\r\nok")
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=2)
-        for s in self.socks:
-            s.close()
+    def serve(self, c: ssl.SSLSocket, peer: tuple[str, int]) -> None:
+        self.seen.append((c.getsockname()[0], self._sni.pop(id(c), None), c.session_reused))
+        buf = b""
+        for _ in range(100):  # requests on one connection
+            while b"\r\n\r\n" not in buf:
+                if not (data := c.recv(65536)):
+                    return
+                buf += data
+            _, _, buf = buf.partition(b"\r\n\r\n")
+            # Closing: a connection kept for the next client connection would spare the
+            # handshake this module is about (test_upstream_pool.py has the keeping).
+            c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
+                      b"\r\nok")
 
 
 @pytest.fixture(scope="module")
