@@ -335,26 +335,10 @@ def test_a_client_that_says_close_is_closed_and_its_upstream_kept(
     """`Connection: close` is hop-by-hop: the proxy closes the client's connection after the
     answer, and the upstream connection neither hears it nor ends (Go's clients with
     keep-alive off say it on every request)."""
-    import base64
-
     get(proxy, "/warm3", port=origin.port)
     kept = carrying(origin, "/warm3")
-    auth = base64.b64encode(f"bot-1:{KEYS['bot-1']}".encode()).decode()
-    context = ssl.create_default_context(cafile=str(proxy.ca))
-    context.set_alpn_protocols(["http/1.1"])  # as requests offers: the same key
-    target = f"keep.test:{origin.port}"
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
-        raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
-                    f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
-        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
-        with context.wrap_socket(raw, server_hostname="keep.test") as tls:
-            tls.sendall(b"GET /saying-close HTTP/1.1\r\nHost: keep.test\r\n"
-                        b"Connection: close\r\n\r\n")
-            answer = b""
-            for _ in range(100):  # to the end: the proxy closes the client's connection
-                if not (data := tls.recv(4096)):
-                    break
-                answer += data
+    answer = _raw_request(proxy, origin, b"GET /saying-close HTTP/1.1\r\nHost: keep.test\r\n"
+                          b"Connection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok"), answer
     assert kept.paths[-1] == "/saying-close" and kept.closing == []
     before = origin.connections()
