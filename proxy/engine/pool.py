@@ -12,24 +12,25 @@ key the dial is for (after the guard pinned the address). A connection taken fro
 comes with its established TLS connection: the `Handoff` addon gives it to mitmproxy's TLS
 layer in place of a new one, whose handshake is then already done. mitmproxy closing the
 connection (its client left) offers it back (`_Writer.close`); it is kept only when it sits at
-a message boundary with nothing unread: its HTTP/1 client layer waits for a request with no
-byte buffered, the TLS connection holds no plaintext and saw no close, and the socket no end,
-error or byte. A kept connection that receives anything (an end, a byte: a second response to
-a request, say) is closed at once.
+a message boundary with nothing unread or unsent: its HTTP/1 client layer waits for a request
+with no byte buffered, no 1xx answer left the real one to come, the TLS connection holds no
+plaintext and saw no close, and the socket no end, error or byte, with nothing waiting to be
+written. A kept connection that receives anything (an end, a byte: a second response to a
+request, say) is closed at once.
 
 The key (docs/architecture.md says why each part):
 
 - the address the guard checked and pinned: a name that re-resolves elsewhere takes nothing of
   the old address;
 - the SNI: the name the certificate was verified for;
-- TLS or not, and the ALPN protocols the client offered (which decide what is offered
-  upstream);
+- TLS or not, and which of h2, http/1.1 and http/1.0 the client offered (they decide what is
+  offered upstream; the rest of its list decides nothing, and would make keys without end);
 - the tenant: the sandbox (for a client no sandbox is proven for, its source address). One
   sandbox's requests never ride a connection another's used: a desynchronised connection (an
   origin's extra response, a request smuggled in a body) reaches no one else.
 
-TLS options are the process's: any reconfiguration empties the pool, so a kept connection was
-always made under the options in force. HTTP/2 upstream connections are not kept (their layer
+TLS options are the process's: any reconfiguration empties the pool and keeps no connection in
+use across it (a generation), so a kept connection was always made under the options in force. HTTP/2 upstream connections are not kept (their layer
 is not at a boundary one can check from outside); they end with their client as before.
 """
 
