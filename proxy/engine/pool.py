@@ -30,8 +30,9 @@ The key (docs/architecture.md says why each part):
   origin's extra response, a request smuggled in a body) reaches no one else.
 
 TLS options are the process's: any reconfiguration empties the pool and keeps no connection in
-use across it (a generation), so a kept connection was always made under the options in force. HTTP/2 upstream connections are not kept (their layer
-is not at a boundary one can check from outside); they end with their client as before.
+use across it (a generation), so a kept connection was always made under the options in force.
+HTTP/2 upstream connections are not kept (their layer is not at a boundary one can check from
+outside); they end with their client as before.
 """
 
 from __future__ import annotations
