@@ -165,3 +165,21 @@ class _UnixHTTP(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(5)
         self.sock.connect(self._path)
+
+
+def test_kept_upstream_connections_are_counted(
+    mproxy: tuple[Proxy, int], origin_http: Origin
+) -> None:
+    """upstream_connections_total{how}: six client connections to one origin over two
+    workers: one worker had three at least, and all but its first rode a kept connection."""
+    p, port = mproxy
+    before = scrape_until(port, lambda t: workers(t) == 2)
+    for _ in range(6):
+        with client(p) as c:  # a client connection of its own each
+            assert c.get(f"http://api.test:{origin_http.port}/k", timeout=5).status_code == 200
+    reused = total(before, "sealgate_upstream_connections_total", how="reused") + 2
+    text = scrape_until(port, lambda t: total(
+        t, "sealgate_upstream_connections_total", how="reused") >= reused)
+    assert total(text, "sealgate_upstream_connections_total", how="reused") >= reused
+    assert total(text, "sealgate_upstream_connections_total", how="dialed") >= 1
+    assert "# TYPE sealgate_upstream_connections_idle gauge" in text
