@@ -73,6 +73,10 @@ class Outcome:
         got = self.explanation
         return {
             "name": self.case.name, "where": self.case.where, "passed": self.passed,
+            # What was asked: the request, or the tool call (its arguments left out: a case
+            # file may carry values a report need not repeat).
+            "request": f"{self.case.method} {self.case.url}" if self.case.tool is None else None,
+            "tool": self.case.tool,
             "failures": list(self.failures),
             "decision": got.decision if got else None, "reason": got.reason if got else None,
             "rule": got.rule.source if got and got.rule else None,

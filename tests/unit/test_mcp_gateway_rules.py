@@ -4,6 +4,7 @@ says of a change."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,10 @@ def test_rules_test_cases_may_be_tool_calls(tmp_path: Path) -> None:
     assert [o.passed for o in outcomes] == [True, True, False], [o.failures for o in outcomes]
     assert "expected allow, got deny (not_allowed: docs lists no tool 'delete'" in (
         outcomes[2].failures[0])
+    report = outcomes[1].to_json()
+    assert (report["tool"], report["request"], report["reason"]) == (
+        "docs/search", None, "tool_arguments_invalid")
+    assert "octo/other" not in json.dumps(report)
     for text, said in [
             ("    request: POST https://mcp.test/mcp\n    tool: docs/search\n",
              "give a request or a tool, not both"),
