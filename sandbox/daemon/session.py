@@ -31,14 +31,17 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol
+from typing import TypeVar as _PlainTypeVar
+
+from typing_extensions import TypeVar
 
 from sealgate.reasons import Reason
 
 from ..errors import SandboxError
 from ..guest.protocol import MAX_REQUEST, STATUS_MAX, Ending, Op, packet
-from ..host import scratch
 from ..host.cgroup import Limits
+from ..host.rootfs import ImageRoot
 from ..images import Image
 from . import replies
 from .background import MAX_PROCESSES, STDIN_QUEUED, Background, Processes
@@ -50,7 +53,7 @@ MAX_REQUESTS = 64  # at once per sandbox
 MAX_KEYS = 256  # Idempotency-Keys of background starts remembered per sandbox
 MAX_PATH = 4096
 IO_STALL = 60.0  # seconds a file transfer may go without progress
-_T = TypeVar("_T")
+_T = _PlainTypeVar("_T")
 
 
 class SessionError(SandboxError):
@@ -97,8 +100,30 @@ def check_path(path: str) -> str:
     return path
 
 
-class Session:
-    def __init__(self, ident: str, slot: Slot, options: Options) -> None:
+class Holder(Protocol):
+    """Where a session's sandbox runs, as the session needs it: a slot on this host (`slot`),
+    or a pod (`sealgate.kube.backend`). The agent's channel is the same packets either way."""
+
+    channel: socket.socket  # the daemon's end of the agent's
+    environment: dict[str, str]  # what every command starts from
+    uid: int
+
+    @property
+    def image(self) -> ImageRoot | None: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def upper(self) -> Path | None:
+        """Where what it wrote over its image's layers is (its overlay's upper directory)."""
+    def freeze(self, frozen: bool) -> None:
+        """Every process of it frozen or thawed. Raises OSError or SandboxError."""
+
+
+H = TypeVar("H", bound=Holder, default=Slot)
+
+
+class Session(Generic[H]):
+    def __init__(self, ident: str, slot: H, options: Options) -> None:
         self.id, self.slot, self.options = ident, slot, options
         self.created, self._started = time.time(), time.monotonic()
         self.last_active = self._started
@@ -125,7 +150,7 @@ class Session:
     @property
     def upper(self) -> Path | None:
         """Where what it wrote over its image's layers is (its overlay's upper directory)."""
-        return None if self.slot.image is None else scratch.mount_point(self.slot.index) / "upper"
+        return self.slot.upper
 
     @property
     def _workdir(self) -> str | None:
@@ -140,7 +165,7 @@ class Session:
         return {
             "id": self.id, "sandbox": self.options.sandbox, "isolation": self.options.isolation,
             "image": self.options.image,
-            "address": str(self.slot.link.sandbox_ip), "uid": self.slot.uid,
+            "address": self.slot.address, "uid": self.slot.uid,
             "created": round(self.created, 3), "commands": self.commands,
             "running": self.active,
             "expires_in": round(max(0.0, self.options.ttl - (now - self._started)), 1),
@@ -165,7 +190,7 @@ class Session:
         takes no request (`sandbox_paused`), and its time to live runs on."""
         if paused != self.paused:
             try:
-                await asyncio.to_thread(self.slot.group.freeze, paused)
+                await asyncio.to_thread(self.slot.freeze, paused)
             except (OSError, SandboxError) as exc:
                 raise SessionError(f"cannot {'pause' if paused else 'resume'} sandbox "
                                    f"{self.id}: {exc}", reason=Reason.SANDBOX_FAILED) from None

@@ -100,6 +100,17 @@ class Slot:
     def index(self) -> int:
         return self.link.index
 
+    @property
+    def address(self) -> str:
+        return str(self.link.sandbox_ip)
+
+    @property
+    def upper(self) -> Path | None:
+        return None if self.image is None else scratch.mount_point(self.index) / "upper"
+
+    def freeze(self, frozen: bool) -> None:
+        self.group.freeze(frozen)
+
 
 def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None,
             resume: Path | None = None) -> Slot:

@@ -1,0 +1,177 @@
+"""The agent's packets carried over one byte stream (`sandbox/guest/carry.py`): the daemon's
+side (`Sender`) in this process, the pod's (`Receiver`, with the real agent) in a process of its
+own under bubblewrap (its own /workspace), joined only by that process's standard input and
+output, as the Kubernetes exec stream joins them. What the daemon gets is checked byte for
+byte; a pod that speaks out of turn ends the link."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sealgate.sandbox.guest.carry import Link, Sender
+from sealgate.sandbox.guest.protocol import GUEST_HEADER_MAX, Op, packet
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+_POD = [sys.executable, "-I", "-c", "from sealgate.sandbox.guest.carry import main; main([])"]
+
+
+def _read(fd: int) -> bytes:
+    out = b""
+    while data := os.read(fd, 65536):
+        out += data
+    os.close(fd)
+    return out
+
+
+class Daemon:
+    """The daemon's end of the packet pair, and the pod behind the link."""
+
+    def __init__(self, pod: subprocess.Popen[bytes]) -> None:
+        assert pod.stdout is not None and pod.stdin is not None
+        self.pod = pod
+        self.chan, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sender = Sender(theirs, Link(pod.stdout.fileno(), pod.stdin.fileno(),
+                                          GUEST_HEADER_MAX))
+        self.thread = threading.Thread(target=self.sender.run, daemon=True)
+        self.thread.start()
+        self.chan.settimeout(20)
+
+    def request(self, op: Op, ident: int, ends: int, **fields: object) -> list[int]:
+        """Send a request with `ends` pipes' agent ends (IN first for exec/put, as
+        DESCRIPTORS says); our ends back, in the same order."""
+        pipes = [os.pipe() for _ in range(ends)]
+        ins = {Op.EXEC: 1, Op.PUT: 1}.get(op, 0)
+        theirs = [r if i < ins else w for i, (r, w) in enumerate(pipes)]
+        ours = [w if i < ins else r for i, (r, w) in enumerate(pipes)]
+        socket.send_fds(self.chan, [packet(op, ident, **fields)], theirs)
+        for fd in theirs:
+            os.close(fd)
+        return ours
+
+
+@pytest.fixture
+def daemon(tmp_path: object) -> Iterator[Daemon]:
+    pod = subprocess.Popen(["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                            "--tmpfs", "/workspace", "--die-with-parent", *_POD],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           env={**os.environ, "POD_SAYS": "from-the-pod"})
+    d = Daemon(pod)
+    try:
+        assert json.loads(d.chan.recv(4096)) == {"op": "ready", "version": 1}
+        yield d
+    finally:
+        d.chan.close()
+        pod.wait(20)
+        d.thread.join(20)
+
+
+def test_exec_streams_both_ways(daemon: Daemon) -> None:
+    stdin, stdout, stderr, status = daemon.request(
+        Op.EXEC, 1, 4, argv=["sh", "-c", "tr a-z A-Z; echo $POD_SAYS $ASKED >&2; exit 3"],
+        env={"PATH": "/usr/bin:/bin", "ASKED": "asked"}, cwd=None, timeout=20, pids=64,
+        tty=None)
+    os.write(stdin, b"hello through the stream\n" * 5000)  # more than a frame's chunk
+    os.close(stdin)
+    assert _read(stdout) == b"HELLO THROUGH THE STREAM\n" * 5000
+    # The pod's own environment under the request's.
+    assert _read(stderr) == b"from-the-pod asked\n"
+    said = json.loads(_read(status))
+    assert said["exit"] == 3 and said["ending"] == "exit"
+
+
+def test_files_put_then_get(daemon: Daemon) -> None:
+    data, status = daemon.request(Op.PUT, 1, 2, path="notes/a.txt", size=11, mode=0o644)
+    os.write(data, b"hello, pod\n")
+    os.close(data)
+    assert json.loads(_read(status))["size"] == 11
+    data, status = daemon.request(Op.GET, 2, 2, path="notes/a.txt", limit=1 << 20)
+    line = json.loads(_read(status))
+    assert line["size"] == 11 and _read(data) == b"hello, pod\n"
+    # The file is in the pod's own /workspace, not this machine's.
+    assert not os.path.exists("/workspace/notes/a.txt")
+
+
+def test_kill_reaches_a_command_whose_input_is_never_read(daemon: Daemon) -> None:
+    """A command that reads nothing holds its input back; the kill behind it still arrives."""
+    stdin, stdout, stderr, status = daemon.request(
+        Op.EXEC, 7, 4, argv=["sleep", "60"], env={"PATH": "/usr/bin:/bin"}, cwd=None,
+        timeout=60, pids=64, tty=None)
+    writer = threading.Thread(target=lambda: _fill(stdin), daemon=True)
+    writer.start()
+    socket.send_fds(daemon.chan, [packet(Op.KILL, 7)], [])
+    said = json.loads(_read(status))
+    assert said["ending"] == "killed"
+    _read(stdout), _read(stderr)
+
+
+def _fill(fd: int) -> None:
+    try:
+        while True:
+            os.write(fd, b"x" * 65536)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_a_pod_that_speaks_out_of_turn_ends_the_link() -> None:
+    """What the pod sends is untrusted: an answer the daemon never asked for ends the link, and
+    every descriptor held closes (the request is lost, never left hanging)."""
+    hostile = ("import os, sys\n"
+               "from sealgate.sandbox.guest.protocol import encode\n"
+               "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
+               "sys.stdin.buffer.read(1)\n"
+               "os.write(1, encode({'op': 'exit', 'id': 1, 'code': 0}))\n"
+               "sys.stdin.buffer.read()\n")
+    pod = subprocess.Popen([sys.executable, "-c", hostile], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    d = Daemon(pod)
+    try:
+        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+        data, status = d.request(Op.GET, 1, 2, path="a", limit=10)
+        assert _read(status) == b"" and _read(data) == b""
+        d.thread.join(10)
+        assert not d.thread.is_alive()
+        assert d.chan.recv(4096) == b""  # the daemon's end sees the sandbox gone
+    finally:
+        d.chan.close()
+        pod.kill()
+        pod.wait(10)
+
+
+def test_data_for_a_descriptor_the_pod_does_not_write_is_dropped() -> None:
+    """A pod writing into a request's input, or into a request never made, reaches nothing."""
+    hostile = ("import os, sys\n"
+               "from sealgate.sandbox.guest.protocol import encode\n"
+               "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
+               "sys.stdin.buffer.read(1)\n"
+               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'into-stdin'))\n"
+               "os.write(1, encode({'op': 'data', 'id': 99, 'fd': 1}, b'nobody'))\n"
+               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}, b'{\"exit\": 0}\\n'))\n"
+               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}))\n"
+               "sys.stdin.buffer.read()\n")
+    pod = subprocess.Popen([sys.executable, "-c", hostile], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    d = Daemon(pod)
+    try:
+        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+        stdin, stdout, stderr, status = d.request(
+            Op.EXEC, 1, 4, argv=["true"], env={}, cwd=None, timeout=5, pids=1, tty=None)
+        assert _read(status) == b'{"exit": 0}\n'
+        os.close(stdin)
+    finally:
+        d.chan.close()
+        pod.kill()
+        pod.wait(10)
+        d.thread.join(10)
+    assert _read(stdout) == b"" and _read(stderr) == b""
+
