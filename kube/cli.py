@@ -84,36 +84,27 @@ def _identity(args: argparse.Namespace) -> int:
 
 
 async def _watch(args: argparse.Namespace) -> int:
+    from sealgate.clusterapi import KubeApiError, configuration
+
     try:
-        from kubernetes_asyncio import client, config
-        from kubernetes_asyncio.config.config_exception import ConfigException
-    except ImportError:
-        _LOG.error("needs kubernetes-asyncio (pip install 'sealgate[kube]')")
+        made = await configuration(args.kubeconfig)
+    except KubeApiError as exc:
+        _LOG.error("no Kubernetes API to watch", extra={"error": str(exc)})
         return 2
+    from kubernetes_asyncio import client
 
     from sealgate.proxy import control_socket
 
     from . import admin
     from .podwatch import Settings, Watcher
 
-    configuration = client.Configuration()
-    try:
-        if args.kubeconfig:
-            await config.load_kube_config(config_file=args.kubeconfig,
-                                          client_configuration=configuration)
-        else:
-            config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration)
-    except (ConfigException, OSError, ValueError) as exc:
-        _LOG.error("no Kubernetes API to watch", extra={"error": str(exc)})
-        return 2
     settings = Settings(control_socket(args.state), args.label, args.namespace,
                         args.stale_after)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with client.ApiClient(configuration) as api:
+    async with client.ApiClient(made) as api:
         watcher = Watcher(client.CoreV1Api(api), settings)
         served = None
         if args.admin is not None:

@@ -19,7 +19,7 @@ class Subcommands(Protocol):
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
-def env_option(parser: argparse.ArgumentParser, *flags: str, env: str,
+def env_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *flags: str, env: str,
                default: str | None = None, **kwargs: Any) -> argparse.Action:
     """An option whose default the environment variable `env` sets (the flag still wins).
     The action keeps `env` and the code's own default for the reference in docs/operations.md

@@ -78,16 +78,9 @@ class KubeFake:
 
     def add(self, name: str, ip: str | None, labels: dict[str, str] | None = None, *,
             namespace: str = "sandboxes", host_network: bool = False) -> str:
-        uid = str(uuid.uuid4())
-        pod = {"metadata": {"name": name, "namespace": namespace, "uid": uid,
-                            "creationTimestamp": "2026-12-02T12:00:00Z",
-                            "labels": dict(labels or {})},
-               "spec": {"containers": [{"name": "main", "image": "busybox"}],
-                        "nodeName": "node-1", **({"hostNetwork": True} if host_network else {})},
-               "status": {"phase": "Running", "hostIP": "192.0.2.10",
-                          **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {})}}
-        self._run(self._change("ADDED", uid, pod))
-        return uid
+        pod = pod_object(name, ip, labels, namespace=namespace, host_network=host_network)
+        self._run(self._change("ADDED", pod["metadata"]["uid"], pod))
+        return str(pod["metadata"]["uid"])
 
     def update(self, uid: str, *, phase: str | None = None, terminating: bool = False,
                labels: dict[str, str] | None = None) -> None:
@@ -137,9 +130,13 @@ class KubeFake:
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._pods_handler)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._pods_handler)
+        self._routes(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await self._listen()
+
+    def _routes(self, app: web.Application) -> None:
+        """More of the API, for a double that serves it (`tests/claimfake.py`)."""
 
     async def _listen(self) -> None:
         assert self._runner is not None
@@ -202,8 +199,10 @@ class KubeFake:
             if at < self._compacted:
                 return _status(410, "Expired", "The provided continue parameter is too old "
                                "to display a consistent list result.")
+        wanted = _selector(query.get("labelSelector", ""))
         pods = sorted((p for p in self._pods.values()
-                       if namespace is None or p["metadata"]["namespace"] == namespace),
+                       if (namespace is None or p["metadata"]["namespace"] == namespace)
+                       and wanted.items() <= p["metadata"].get("labels", {}).items()),
                       key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
         limit = int(query.get("limit", "0")) or len(pods) or 1
         page = pods[offset:offset + limit]
@@ -247,6 +246,23 @@ class KubeFake:
         finally:
             self._watches.remove(watch)
         return response
+
+
+def pod_object(name: str, ip: str | None, labels: dict[str, str] | None = None, *,
+               namespace: str = "sandboxes", host_network: bool = False) -> dict[str, Any]:
+    """A running pod as the API stores it (a new uid each)."""
+    return {"metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                         "creationTimestamp": "2026-12-02T12:00:00Z",
+                         "labels": dict(labels or {})},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}],
+                     "nodeName": "node-1", **({"hostNetwork": True} if host_network else {})},
+            "status": {"phase": "Running", "hostIP": "192.0.2.10",
+                       **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {})}}
+
+
+def _selector(text: str) -> dict[str, str]:
+    """A label selector of equalities (`a=b,c=d`, what this API's callers send)."""
+    return dict(part.split("=", 1) for part in text.split(",") if "=" in part)
 
 
 def _true(value: str | None) -> bool:

@@ -27,13 +27,13 @@ from aiohttp import web
 from sealgate.reasons import Reason, SealgateError
 
 from . import admin, bodies, fsapi, terminals, transfer
+from .backend import Backend
 from .background import STDIN_WRITE, Background
 from .bodies import MAX_CAPTURE, MAX_FILE, MAX_JSON, BadRequest
-from .daemon import Daemon
 from .portroutes import PortRoutes, loggable
 from .session import Options, SessionError, check_path
 
-_DAEMON = web.AppKey("daemon", Daemon)
+_DAEMON = web.AppKey("daemon", Backend)
 _KEY = web.AppKey("key", bytes)
 # The routes served without the daemon's key, as registered (never told by a name or a path):
 # each checks a credential of its own.
@@ -42,7 +42,7 @@ _STREAMING = "sealgate.streaming"  # set on a request once its answer has begun
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(daemon: Daemon, key: bytes | None) -> web.Application:
+def make_app(daemon: Backend, key: bytes | None) -> web.Application:
     app = web.Application(client_max_size=MAX_JSON, middlewares=[_guard])
     app[_DAEMON] = daemon
     app[_KEY] = key or b""
@@ -127,7 +127,7 @@ async def _create(request: web.Request) -> web.Response:
     sandbox = _sandbox_id(body.get("sandbox"))
     if sandbox is None:
         raise BadRequest("'sandbox' (the id the rules name) is required")
-    offered = request.app[_DAEMON].config.slots.isolation
+    offered = request.app[_DAEMON].isolation
     isolation = body.get("isolation", offered)
     if isolation != offered:
         raise BadRequest(f"isolation {str(isolation)[:32]!r}: this daemon's sandboxes are "
@@ -162,7 +162,7 @@ async def _list(request: web.Request) -> web.Response:
 async def _update(request: web.Request) -> web.Response:
     daemon = request.app[_DAEMON]
     body = await bodies.body(request, {"ttl", "idle_timeout", "metadata", "sandbox"})
-    high = daemon.config.max_ttl
+    high = daemon.max_ttl
     session = await daemon.update(
         request.match_info["id"], ttl=bodies.number(body, "ttl", None, low=1, high=high),
         idle_timeout=bodies.number(body, "idle_timeout", None, low=1, high=high),

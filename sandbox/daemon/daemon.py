@@ -197,6 +197,14 @@ class Daemon:
         self.sessions.clear()
         self._pools.clear()
 
+    @property
+    def isolation(self) -> str:
+        return self.config.slots.isolation
+
+    @property
+    def max_ttl(self) -> float:
+        return self.config.max_ttl
+
     def status(self) -> dict[str, Any]:
         return {"ready": self.ready and self.unverified is None,
                 "problem": self.unverified or self.problem,

@@ -76,11 +76,30 @@ def register(sub: Subcommands) -> None:
                           "so when one serves there")
     how.add_argument("--no-adopt", action="store_true",
                      help="never take over: refuse to start while a daemon serves --socket")
+    kube = p.add_argument_group("the Kubernetes backend (--backend kubernetes)")
+    kube.add_argument("--backend", choices=("host", "kubernetes"), default="host",
+                      help="where sandboxes run: on this host (namespaces, a tier; root), or "
+                           "as Agent Sandbox claims on a cluster's warm pools (default host)")
+    env_option(kube, "--kubeconfig", env="KUBECONFIG", metavar="FILE",
+               help="the cluster's kubeconfig (default: the pod's service account)")
+    kube.add_argument("--namespace", help="the claims' and pods' namespace (default sandboxes)")
+    kube.add_argument("--warm-pool", action="append", metavar="SANDBOX=POOL",
+                      help="the SandboxWarmPool whose pods are sandbox id SANDBOX's (its "
+                           "template labels them so); repeatable")
+    kube.add_argument("--container", help="the pod's container the agent runs in (default: "
+                                          "its only one)")
+    kube.add_argument("--ready-seconds", type=float, default=180.0,
+                      help="how long a claim may take to be ready (default 180)")
+    kube.add_argument("--agent", metavar="COMMAND",
+                      help="the agent's command in the pod, split on spaces (default: "
+                           "python3 -I -m sealgate.sandbox.guest.carry)")
     oplog.add_flags(p)
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.backend == "kubernetes":
+        return _run_kubernetes(args)
     if os.geteuid() != 0:
         print("sealgate sandboxd needs root (network namespaces, nftables, cgroups)",
               file=sys.stderr)
@@ -93,5 +112,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"sealgate sandboxd: {exc}", file=sys.stderr)
         return 2
     # Lifecycle events on stdout, the operational log on stderr (`events`).
+    oplog.configure(args.log_format, args.log_level, events=sys.stdout)
+    return serve.main(settings)
+
+
+def _run_kubernetes(args: argparse.Namespace) -> int:
+    from ..kubernetes import serve  # aiohttp and kubernetes-asyncio only when it runs
+
+    try:
+        settings = serve.Settings.of(args)
+    except ValueError as exc:
+        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
+        return 2
     oplog.configure(args.log_format, args.log_level, events=sys.stdout)
     return serve.main(settings)

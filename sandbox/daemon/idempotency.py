@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from typing import Any
 
 from sealgate.reasons import Reason
 
@@ -20,10 +21,10 @@ _KEYS_KEPT = 4096
 
 class Keys:
     def __init__(self) -> None:
-        self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session]]] = \
+        self._keys: OrderedDict[str, tuple[float, Options, asyncio.Task[Session[Any]]]] = \
             OrderedDict()
 
-    def known(self, key: str, options: Options) -> asyncio.Task[Session] | None:
+    def known(self, key: str, options: Options) -> asyncio.Task[Session[Any]] | None:
         """The create remembered for `key`, if any. Raises SessionError (bad_request) for a key
         a create of other options used."""
         now = time.monotonic()
@@ -37,11 +38,11 @@ class Keys:
                                reason=Reason.BAD_REQUEST)
         return known[2]
 
-    def remember(self, key: str, options: Options, work: asyncio.Task[Session]) -> None:
+    def remember(self, key: str, options: Options, work: asyncio.Task[Session[Any]]) -> None:
         self._keys[key] = (time.monotonic(), options, work)
         work.add_done_callback(lambda done: self._forget(key, done))
 
-    def _forget(self, key: str, work: asyncio.Task[Session]) -> None:
+    def _forget(self, key: str, work: asyncio.Task[Session[Any]]) -> None:
         if (work.cancelled() or work.exception() is not None) and key in self._keys \
                 and self._keys[key][2] is work:
             del self._keys[key]

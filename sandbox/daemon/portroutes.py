@@ -16,7 +16,6 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -112,7 +111,7 @@ class PortRoutes:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             raise BadRequest("'port': a port from 1 to 65535")
         # No URL outlives the longest a sandbox may live; by default an hour, or that.
-        most = daemon.config.max_ttl
+        most = daemon.max_ttl
         expires_in = bodies.number(body, "expires_in", min(3600.0, most), low=1,
                                    high=most) or min(3600.0, most)
         expires = int(time.time() + expires_in)
@@ -126,17 +125,17 @@ class PortRoutes:
 
 
 @contextlib.asynccontextmanager
-async def _connected(session: Session, port: int) -> AsyncIterator[socket.socket]:
+async def _connected(session: Session[Any], port: int) -> AsyncIterator[socket.socket]:
     """A connection to `port` on the sandbox's loopback, counted as one of its requests while it
-    lasts (`Session.serving`), closed at the end. A microVM's guest has a loopback of its own,
-    which the daemon's socket in the sandbox's namespace does not reach: its agent connects
-    there (`guestdial`)."""
+    lasts (`Session.serving`), closed at the end. A microVM's guest and a pod have a loopback of
+    their own, which no socket of the daemon's reaches (`Holder.netns` is None): the agent
+    connects there (`guestdial`)."""
     with session.serving() as ident:
-        if session.options.isolation == "microvm":
+        if (netns := session.slot.netns) is None:
             async with guestdial.dial(session, ident, port) as dialed:
                 yield dialed
         else:
-            sock = await ports.connect(_netns(session), port)
+            sock = await ports.connect(netns, port)
             try:
                 yield sock
             finally:
@@ -161,6 +160,3 @@ def _port_number(text: str) -> int:
         raise BadRequest("a port from 1 to 65535")
     return int(text)
 
-
-def _netns(session: Session) -> Path:
-    return Path("/run/netns") / session.slot.link.netns

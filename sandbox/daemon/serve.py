@@ -63,38 +63,7 @@ class Settings:
         pool, image_pools = _pools(args.pool or ["4"])
         if not 1 <= args.max_sandboxes <= len(plan.links):
             raise ValueError(f"--max-sandboxes 1..{len(plan.links)}")
-        listen = key = tls = admin_at = None
-        if args.admin:
-            try:
-                admin_at = parse_hostport(args.admin)
-            except ValueError as exc:
-                raise ValueError(f"--admin: {exc}") from None
-        if args.listen:
-            try:
-                listen = parse_hostport(args.listen)
-            except ValueError as exc:
-                raise ValueError(f"--listen: {exc}") from None
-            if args.key_file is None:
-                raise ValueError("--listen needs --key-file: the TCP listener takes only "
-                                 "requests with the bearer key")
-            try:
-                key = args.key_file.read_bytes().strip()
-                mode = args.key_file.stat().st_mode
-            except OSError as exc:
-                raise ValueError(f"--key-file: {exc.strerror}") from None
-            # Sandboxes see the host's /etc read-only: a key others may read could be theirs.
-            if mode & 0o077:
-                raise ValueError(f"--key-file {args.key_file}: readable by others (mode "
-                                 f"{mode & 0o777:o}); make it 0600, outside /etc")
-            if len(key) < 16 or not key.isascii() or b" " in key:
-                raise ValueError("--key-file: the key must be at least 16 printable ASCII "
-                                 "characters without spaces")
-            if args.tls_cert or args.tls_key:
-                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                try:
-                    tls.load_cert_chain(args.tls_cert, args.tls_key)
-                except (OSError, ssl.SSLError, TypeError) as exc:
-                    raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
+        listen, key, tls, admin_at = api_access(args)
         if not 1 <= args.max_ttl <= 366 * 86400:
             raise ValueError("--max-ttl: 1 s to a year")
         images = (args.images or args.state / "images").resolve()
@@ -102,6 +71,45 @@ class Settings:
                         max_ttl=args.max_ttl, images=images, image_pools=image_pools)
         return cls(config, args.socket, listen, key, tls, not args.no_selftest,
                    "must" if args.adopt else "never" if args.no_adopt else "may", admin_at)
+
+
+def api_access(args: argparse.Namespace) -> tuple[tuple[str, int] | None, bytes | None,
+                                                  ssl.SSLContext | None, tuple[str, int] | None]:
+    """The API's TCP listener, its bearer key and TLS, and the admin listener, from the
+    command line (both backends'). ValueError saying what is wrong."""
+    listen = key = tls = admin_at = None
+    if args.admin:
+        try:
+            admin_at = parse_hostport(args.admin)
+        except ValueError as exc:
+            raise ValueError(f"--admin: {exc}") from None
+    if args.listen:
+        try:
+            listen = parse_hostport(args.listen)
+        except ValueError as exc:
+            raise ValueError(f"--listen: {exc}") from None
+        if args.key_file is None:
+            raise ValueError("--listen needs --key-file: the TCP listener takes only "
+                             "requests with the bearer key")
+        try:
+            key = args.key_file.read_bytes().strip()
+            mode = args.key_file.stat().st_mode
+        except OSError as exc:
+            raise ValueError(f"--key-file: {exc.strerror}") from None
+        # Sandboxes see the host's /etc read-only: a key others may read could be theirs.
+        if mode & 0o077:
+            raise ValueError(f"--key-file {args.key_file}: readable by others (mode "
+                             f"{mode & 0o777:o}); make it 0600, outside /etc")
+        if len(key) < 16 or not key.isascii() or b" " in key:
+            raise ValueError("--key-file: the key must be at least 16 printable ASCII "
+                             "characters without spaces")
+        if args.tls_cert or args.tls_key:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                tls.load_cert_chain(args.tls_cert, args.tls_key)
+            except (OSError, ssl.SSLError, TypeError) as exc:
+                raise ValueError(f"--tls-cert/--tls-key: {exc}") from None
+    return listen, key, tls, admin_at
 
 
 def _pools(items: list[str]) -> tuple[int, dict[str, int]]:
@@ -242,20 +250,25 @@ async def _serve(settings: Settings) -> int:
 
 
 def _listen(settings: Settings) -> list[socket.socket]:
+    return listen_on(settings.socket, settings.listen)
+
+
+def listen_on(path: Path, listen: tuple[str, int] | None) -> list[socket.socket]:
     """The API's listening sockets, made here rather than by aiohttp so that they can be
-    handed to a successor: the unix socket (owner-only), and the TCP one if asked for."""
-    settings.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handed to a successor: the unix socket at `path` (owner-only), and a TCP one at `listen`
+    if asked for."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
-        settings.socket.unlink()
+        path.unlink()
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # no moment when others could connect
     try:
-        unix.bind(str(settings.socket))
+        unix.bind(str(path))
     finally:
         os.umask(old)
     made = [unix]
-    if settings.listen is not None:
-        host, port = settings.listen
+    if listen is not None:
+        host, port = listen
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         made.append(socket.create_server((host, port), family=family))
     for sock in made:

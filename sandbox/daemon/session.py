@@ -106,7 +106,10 @@ class Holder(Protocol):
 
     channel: socket.socket  # the daemon's end of the agent's
     environment: dict[str, str]  # what every command starts from
-    uid: int
+
+    @property
+    def uid(self) -> int | None:
+        """Who its commands run as, where the daemon knows."""
 
     @property
     def image(self) -> ImageRoot | None: ...
@@ -117,6 +120,10 @@ class Holder(Protocol):
         """Where what it wrote over its image's layers is (its overlay's upper directory)."""
     def freeze(self, frozen: bool) -> None:
         """Every process of it frozen or thawed. Raises OSError or SandboxError."""
+    @property
+    def netns(self) -> Path | None:
+        """The network namespace whose loopback is the sandbox's, which the daemon can reach;
+        None: its ports are reached through the agent (`guestdial`)."""
 
 
 H = TypeVar("H", bound=Holder, default=Slot)
@@ -191,6 +198,8 @@ class Session(Generic[H]):
         if paused != self.paused:
             try:
                 await asyncio.to_thread(self.slot.freeze, paused)
+            except SessionError:  # a holder that cannot (`unsupported`) says so itself
+                raise
             except (OSError, SandboxError) as exc:
                 raise SessionError(f"cannot {'pause' if paused else 'resume'} sandbox "
                                    f"{self.id}: {exc}", reason=Reason.SANDBOX_FAILED) from None

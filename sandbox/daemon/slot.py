@@ -111,6 +111,12 @@ class Slot:
     def freeze(self, frozen: bool) -> None:
         self.group.freeze(frozen)
 
+    @property
+    def netns(self) -> Path | None:
+        # A tier that serves the agent's protocol itself (the microVM) runs the workload on a
+        # kernel of its own: the namespace's loopback is not the sandbox's.
+        return None if self.tier.serve is not None else Path("/run/netns") / self.link.netns
+
 
 def prepare(config: SlotConfig, image: rootfs.ImageRoot | None = None,
             resume: Path | None = None) -> Slot:

@@ -296,3 +296,7 @@ def main(args: list[str]) -> None:
                     "from guest.agent import main; main([])",
                     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     Receiver(Link(0, 1, GUEST_HEADER_MAX), argv).run()
+
+
+if __name__ == "__main__":  # the pod's end: `python3 -I -m sealgate.sandbox.guest.carry`
+    main(sys.argv[1:])

@@ -1,0 +1,156 @@
+"""Sandboxes as Agent Sandbox claims: a `SandboxClaim` on a warm pool made, waited for until
+the controller says it is ready, its pod found; and deleted. The sandbox backend's only use of
+the Agent Sandbox API (`backend`).
+
+A claim names a warm pool (`warmPoolRef`, v1beta1), never a template, and carries no env and
+no volumes: either would make the controller start a new pod instead of handing over a warm
+one. So the policy a sandbox gets is its warm pool's: the pool's template labels its pods with
+the sandbox id the rules name (`sealgate.dev/sandbox`, which the proxy's pod watcher reads), and
+the backend picks the pool by the sandbox id asked for (`--warm-pool ID=POOL`).
+
+The pod is found from the claim's status (`sandbox.name`, `sandbox.podIPs`), the `Sandbox`'s
+status (`selector`, a label selector of its pods) and the pods that selector names: exactly one
+running, with the address the claim reports, or the claim fails (closed: a pod the backend
+cannot tell apart is never driven).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SandboxError
+
+EXTENSIONS = ("extensions.agents.x-k8s.io", "v1beta1")
+AGENTS = ("agents.x-k8s.io", "v1beta1")
+_POLL = 0.1  # seconds between looks at a claim not yet ready
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class ClaimError(SandboxError):
+    """A claim that could not be made, did not become ready, or whose pod is not one."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A ready claim and the pod it was given."""
+
+    namespace: str
+    claim: str
+    sandbox: str  # the Sandbox object's name
+    pod: str
+    address: str
+
+
+class Claims:
+    def __init__(self, api: Any, namespace: str, ready_seconds: float = 180.0) -> None:
+        from kubernetes_asyncio import client
+
+        # Any: the generated methods' signatures leave out the keywords they take (`_content_type`).
+        self._objects: Any = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.ready_seconds = ready_seconds
+
+    async def claim(self, name: str, pool: str, labels: dict[str, str],
+                    shutdown: datetime.datetime) -> Bound:
+        """Claim a sandbox of warm pool `pool` as `name`, ended by the controller at `shutdown`
+        whatever becomes of us, and wait for it (bounded). Raises ClaimError; a claim made and
+        then failed is deleted."""
+        if not _NAME.fullmatch(name):
+            raise ClaimError(f"{name[:64]!r} is not a Kubernetes object name")
+        body = {"apiVersion": "/".join(EXTENSIONS), "kind": "SandboxClaim",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+                "spec": {"warmPoolRef": {"name": pool},
+                         "lifecycle": {"shutdownPolicy": "Delete",
+                                       "shutdownTime": _rfc3339(shutdown)}}}
+        try:
+            await self._objects.create_namespaced_custom_object(
+                *EXTENSIONS, self.namespace, "sandboxclaims", body, _request_timeout=30)
+        except Exception as exc:  # the generated client's ApiException, or no API at all
+            raise ClaimError(f"cannot claim from warm pool {pool!r}: {_said(exc)}") from None
+        try:
+            return await asyncio.wait_for(self._ready(name), self.ready_seconds)
+        except TimeoutError:
+            await self.release(name)
+            raise ClaimError(f"claim {name} on warm pool {pool!r} was not ready within "
+                             f"{self.ready_seconds:g} s") from None
+        except BaseException:
+            await self.release(name)
+            raise
+
+    async def shutdown_at(self, name: str, when: datetime.datetime) -> None:
+        """Move the claim's own end (a ttl changed). Raises ClaimError."""
+        patch = {"spec": {"lifecycle": {"shutdownTime": _rfc3339(when)}}}
+        try:
+            await self._objects.patch_namespaced_custom_object(
+                *EXTENSIONS, self.namespace, "sandboxclaims", name, patch,
+                _content_type="application/merge-patch+json", _request_timeout=30)
+        except Exception as exc:
+            raise ClaimError(f"claim {name}: {_said(exc)}") from None
+
+    async def release(self, name: str) -> None:
+        """Delete the claim (its shutdown policy deletes its sandbox and pod). Never raises:
+        a claim left behind ends by its own lifecycle, and the backend says so in its log."""
+        try:
+            await self._objects.delete_namespaced_custom_object(
+                *EXTENSIONS, self.namespace, "sandboxclaims", name, _request_timeout=30)
+        except Exception:
+            return
+
+    async def _ready(self, name: str) -> Bound:
+        while True:
+            try:
+                claim = await self._objects.get_namespaced_custom_object(
+                    *EXTENSIONS, self.namespace, "sandboxclaims", name, _request_timeout=30)
+            except Exception as exc:
+                raise ClaimError(f"claim {name}: {_said(exc)}") from None
+            status = claim.get("status") or {}
+            if _condition(status, "Ready"):
+                given = status.get("sandbox") or {}
+                if isinstance(given.get("name"), str) and given.get("podIPs"):
+                    return await self._pod(name, given["name"], list(given["podIPs"]))
+            await asyncio.sleep(_POLL)
+
+    async def _pod(self, claim: str, sandbox: str, addresses: list[Any]) -> Bound:
+        try:
+            found = await self._objects.get_namespaced_custom_object(
+                *AGENTS, self.namespace, "sandboxes", sandbox, _request_timeout=30)
+            selector = (found.get("status") or {}).get("selector")
+            if not isinstance(selector, str) or not selector:
+                raise ClaimError(f"sandbox {sandbox} has no pod selector in its status")
+            pods = await self._core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                                        _request_timeout=30)
+        except ClaimError:
+            raise
+        except Exception as exc:
+            raise ClaimError(f"sandbox {sandbox}: {_said(exc)}") from None
+        running = [p for p in pods.items if p.status is not None and p.status.phase == "Running"
+                   and p.metadata.deletion_timestamp is None and p.status.pod_ip in addresses]
+        if len(running) != 1:
+            raise ClaimError(f"sandbox {sandbox}: {len(running)} running pods with its address")
+        pod = running[0]
+        return Bound(self.namespace, claim, sandbox, pod.metadata.name, pod.status.pod_ip)
+
+
+def _rfc3339(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(status: dict[str, Any], kind: str) -> bool:
+    conditions = status.get("conditions")
+    return isinstance(conditions, list) and any(
+        isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"
+        for c in conditions)
+
+
+def _said(exc: BaseException) -> str:
+    """An API error as one short line: its status and reason, never a body (which can echo
+    what was sent)."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"{status} {str(reason)[:100]}"
+    return type(exc).__name__

@@ -1,0 +1,155 @@
+"""sandboxd with the Kubernetes backend (`sealgate sandboxd --backend kubernetes`), a real
+process against the API double (`tests/claimfake.py`: Agent Sandbox claims, their controller,
+`pods/exec` into pods that are process trees of their own under bubblewrap). The harness of
+tests/sandboxharness.py runs unchanged against it, as against a daemon on this host
+(tests/sandboxd/test_harness_unchanged.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sealgate.reasons import Reason
+from sealgate.sandbox import Client, DaemonError, Sandbox
+from tests.claimfake import ClaimFake
+from tests.harness import ROOT, SEALGATE
+from tests.kubefake import TOKEN
+from tests.sandboxharness import EXPECTED, review
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the pods need bwrap")
+POOL_LABELS = {"sealgate.dev/sandbox": "agent-python"}
+POD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace",
+           "HTTPS_PROXY": "http://sealgate-proxy.sealgate.svc:3128"}
+
+
+@dataclass
+class Backend:
+    fake: ClaimFake
+    socket: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    where = tmp_path_factory.mktemp("kubesandboxd")
+    with ClaimFake() as fake:
+        fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
+        kubeconfig = where / "kubeconfig"
+        kubeconfig.write_text(fake.kubeconfig())
+        sock, log = where / "sandboxd.sock", where / "sandboxd.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [*SEALGATE, "sandboxd", "--backend", "kubernetes", "--kubeconfig",
+                 str(kubeconfig), "--socket", str(sock), "--namespace", "sandboxes",
+                 "--warm-pool", "agent-python=sealgate-python",
+                 "--warm-pool", "ghost=no-such-pool", "--ready-seconds", "2",
+                 "--agent", f"{sys.executable} -I -m sealgate.sandbox.guest.carry"],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        made = Backend(fake, sock, process, log)
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                assert process.poll() is None, made.output()
+                assert time.monotonic() < deadline, made.output()
+                time.sleep(0.05)
+            yield made
+        finally:
+            process.terminate()
+            process.wait(30)
+    assert TOKEN not in made.output()  # the cluster's credential, never in the daemon's log
+
+
+def test_the_harness_runs_unchanged(backend: Backend) -> None:
+    assert review(str(backend.socket), "agent-python") == EXPECTED
+    # One claim on the warm pool, as the backend must make it: no env, no volumes (either
+    # would force a cold start), deleted with the sandbox, and a shutdownTime of its own.
+    body = backend.fake.asked[-1]
+    assert body["spec"]["warmPoolRef"] == {"name": "sealgate-python"}
+    assert body["spec"]["lifecycle"]["shutdownPolicy"] == "Delete"
+    assert body["spec"]["lifecycle"]["shutdownTime"].endswith("Z")
+    assert set(body["spec"]) == {"warmPoolRef", "lifecycle"}
+    # The agent ran in the pod through the exec API, and went with the sandbox.
+    assert backend.fake.execs[-1][-1] == "sealgate.sandbox.guest.carry"
+    assert body["metadata"]["name"] not in backend.fake.claims
+    assert not backend.fake.pods_named()
+
+
+def test_commands_start_from_the_pods_environment(backend: Backend) -> None:
+    with Sandbox.create("agent-python", daemon=str(backend.socket), env={"MINE": "1"}) as sb:
+        seen = sb.run(["sh", "-c", "echo $HTTPS_PROXY $MINE $PWD"]).stdout
+        assert sb.info["address"].startswith("10.244.0.")
+    assert seen == b"http://sealgate-proxy.sealgate.svc:3128 1 /workspace\n"
+
+
+def test_a_sandbox_no_warm_pool_serves_is_refused_and_nothing_claimed(backend: Backend) -> None:
+    before = len(backend.fake.asked)
+    with pytest.raises(DaemonError) as refused:
+        Sandbox.create("nobody", daemon=str(backend.socket))
+    assert refused.value.reason is Reason.UNKNOWN_SANDBOX
+    assert len(backend.fake.asked) == before
+
+
+def test_a_claim_never_ready_fails_clean(backend: Backend) -> None:
+    """A claim on a pool the cluster lacks never becomes ready: the create fails after
+    --ready-seconds and its claim is deleted, not left holding anything."""
+    started = time.monotonic()
+    with pytest.raises(DaemonError) as failed:
+        Sandbox.create("ghost", daemon=str(backend.socket))
+    assert failed.value.reason is Reason.SANDBOX_FAILED
+    assert "not ready within 2 s" in str(failed.value)
+    assert time.monotonic() - started < 15
+    asked = backend.fake.asked[-1]
+    assert asked["spec"]["warmPoolRef"] == {"name": "no-such-pool"}
+    assert asked["metadata"]["name"] not in backend.fake.claims
+
+
+def test_a_pod_whose_agent_dies_ends_its_sandbox(backend: Backend) -> None:
+    client = Client(str(backend.socket))
+    sb = Sandbox.create("agent-python", daemon=str(backend.socket))
+    pod = backend.fake.pods_named()[-1]
+    claim = backend.fake.asked[-1]["metadata"]["name"]
+    backend.fake.kill_execs(pod)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.call("GET", f"/v1/sandboxes/{sb.id}")
+        except DaemonError as exc:
+            assert exc.reason is Reason.SANDBOX_ENDED
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert claim not in backend.fake.claims
+
+
+def test_what_a_pod_cannot_do_is_unsupported(backend: Backend) -> None:
+    with Sandbox.create("agent-python", daemon=str(backend.socket)) as sb:
+        for path, body in ((f"/v1/sandboxes/{sb.id}/fork", {"n": 1}),
+                           (f"/v1/sandboxes/{sb.id}/snapshot", {}),
+                           (f"/v1/sandboxes/{sb.id}/pause", None)):
+            with pytest.raises(DaemonError) as refused:
+                sb.client.call("POST", path, body)
+            assert refused.value.reason is Reason.UNSUPPORTED, path
+        with pytest.raises(DaemonError) as refused:
+            Sandbox.create("agent-python", daemon=str(backend.socket), image="alpine:3.20")
+        assert refused.value.reason is Reason.UNSUPPORTED
+        assert sb.run(["true"]).ok  # and the sandbox goes on
+
+
+def test_the_backend_needs_no_root_and_says_what_is_missing() -> None:
+    run = subprocess.run([*SEALGATE, "sandboxd", "--backend", "kubernetes"], cwd=ROOT,
+                         capture_output=True, timeout=60, check=False,
+                         env={**os.environ, "KUBECONFIG": ""})
+    assert run.returncode == 2
+    assert b"--warm-pool SANDBOX=POOL" in run.stderr and b"Traceback" not in run.stderr
