@@ -91,6 +91,10 @@ def register(sub: Subcommands) -> None:
     g = ps.add_parser("gc", help="clean up what runs and daemons that died left (their leases: "
                                  "processes, registrations, links, tables, cgroups, tmpfs)")
     g.set_defaults(func=_gc)
+    a = ps.add_parser("pod-agent", help="write the agent a Kubernetes sandbox runs (one file for "
+                                        "python3, for sandboxd --backend kubernetes)")
+    a.add_argument("path", type=Path, help="where to write it (e.g. /opt/sealgate/agent.pyz)")
+    a.set_defaults(func=_pod_agent)
     sessioncli.register(ps)
     filescli.register(ps)
     shellcli.register(ps)
@@ -125,6 +129,19 @@ def _teardown(args: argparse.Namespace) -> int:
     from .runtime import teardown
 
     return _guarded(lambda: teardown(_plan(args)))
+
+
+def _pod_agent(args: argparse.Namespace) -> int:
+    from .guest.staging import pod_agent
+
+    try:
+        args.path.parent.mkdir(parents=True, exist_ok=True)
+        args.path.write_bytes(pod_agent())
+        args.path.chmod(0o644)
+    except OSError as exc:
+        print(f"sealgate sandbox pod-agent: {args.path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _gc(_: argparse.Namespace) -> int:

@@ -92,7 +92,7 @@ def register(sub: Subcommands) -> None:
                       help="how long a claim may take to be ready (default 180)")
     kube.add_argument("--agent", metavar="COMMAND",
                       help="the agent's command in the pod, split on spaces (default: "
-                           "python3 -I -m sealgate.sandbox.guest.carry)")
+                           "python3 -I /opt/sealgate/agent.pyz)")
     oplog.add_flags(p)
     p.set_defaults(func=_run)
 

@@ -40,6 +40,7 @@ from .protocol import (
     DESCRIPTORS,
     GUEST_HEADER_MAX,
     IN,
+    MAX_FRAME,
     VERSION,
     Frames,
     Op,
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 _CHUNK = 1 << 16
+# What the pod's end ever sends: a chunk and a small header. The daemon's side refuses more, so
+# a pod cannot make it hold a frame of protocol's 64 MiB for each sandbox.
+POD_FRAME_MAX = _CHUNK + 512
 _QUEUED = 64  # chunks held for one IN stream in the pod before the link is held back
 _END = b""
 
@@ -63,10 +67,11 @@ _END = b""
 class Link:
     """One end of the stream: frames written whole under a lock, read by one thread."""
 
-    def __init__(self, read: int, write: int, max_header: int) -> None:
+    def __init__(self, read: int, write: int, max_header: int,
+                 max_frame: int = MAX_FRAME) -> None:
         self._read, self._write = read, write
         self._lock = threading.Lock()
-        self._frames = Frames(max_header)
+        self._frames = Frames(max_header, max_frame)
 
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         with self._lock:
@@ -123,6 +128,7 @@ class Sender:
         self.chan, self.link = chan, link
         self._out: dict[tuple[int, int], int] = {}  # (request, descriptor) -> the daemon's fd
         self._lock = threading.Lock()
+        self._ready = False
 
     def run(self) -> None:
         """Serve until either end goes; then every descriptor held is closed (the daemon sees
@@ -174,8 +180,9 @@ class Sender:
     def _answer(self, header: dict[str, Any], payload: bytes) -> None:
         op = header.get("op")
         if op == Op.READY:
-            if read_hello(encode(header)[4:].rstrip(b"\n")) is not None:
-                raise ValueError("the pod's agent is not this version")
+            if self._ready or read_hello(encode(header)[4:].rstrip(b"\n")) is not None:
+                raise ValueError("the pod's agent said ready twice, or is not this version")
+            self._ready = True
             self.chan.send(hello())
             return
         ident, index = header.get("id"), header.get("fd")

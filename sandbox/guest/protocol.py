@@ -327,16 +327,17 @@ class Frames:
     """Frames out of a byte stream fed in pieces; a header over `max_header` bytes is refused
     without being parsed."""
 
-    def __init__(self, max_header: int = MAX_FRAME) -> None:
+    def __init__(self, max_header: int = MAX_FRAME, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
         self._max_header = max_header
+        self._max_frame = max_frame
 
     def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
         self._buf += data
         out = []
         while len(self._buf) >= 4:
             (size,) = struct.unpack(">I", self._buf[:4])
-            if size > MAX_FRAME:
+            if size > self._max_frame:
                 raise ValueError(f"a frame of {size} bytes")
             if len(self._buf) < 4 + size:
                 break

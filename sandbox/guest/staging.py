@@ -3,6 +3,8 @@
 - bubblewrap and gVisor: the agent's modules as one zip (`ZIP`) and a script that runs them
   (`AGENT`, what python3 is given: a zip run directly would cost the agent's start runpy's
   imports, ~7 ms; from `sys.path` it is zipimport's, frozen); both handed over in memory;
+- a Kubernetes pod: the agent's modules and `carry` as one zip Python runs (`pod_agent`,
+  written by `sealgate sandbox pod-agent` into the pod, from an init container);
 - the microVM: its guest agent's modules in the initramfs (`VM_MODULES`, under
   `/sealgate/guest`, `tiers/microvm/image.py`), and, for put and get as the sandbox's uid, the
   same zip, staged in the guest by its launcher (`hostserve` runs `entry("shim")`).
@@ -36,14 +38,28 @@ def entry(module: str) -> str:
 
 @functools.cache
 def _zip() -> bytes:
+    return _bundle(AGENT_MODULES, {})
+
+
+def pod_agent() -> bytes:
+    """The agent for a pod (`sandbox.kubernetes`), as one file Python runs (`python3 -I
+    agent.pyz`): the agent's modules and `carry`, whose pod end serves the process's standard
+    input and output and starts the agent from the same file. The pod needs a python3 (3.11 or
+    later) and nothing of sealgate's installed."""
+    main = "import sys\nfrom guest.carry import main\nmain(sys.argv[1:])\n"
+    return _bundle((*AGENT_MODULES, "carry.py"), {"__main__.py": main.encode()})
+
+
+def _bundle(names: tuple[str, ...], extra: dict[str, bytes]) -> bytes:
     out = io.BytesIO()
     # Stored, not deflated (no zlib to load), with a fixed date: the same modules make the
     # same bytes.
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as bundle:
-        for name in AGENT_MODULES:
-            info = zipfile.ZipInfo(f"{PACKAGE}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
+        files = {**{f"{PACKAGE}/{name}": (HERE / name).read_bytes() for name in names}, **extra}
+        for path, data in files.items():
+            info = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
-            bundle.writestr(info, (HERE / name).read_bytes())
+            bundle.writestr(info, data)
     return out.getvalue()
 
 

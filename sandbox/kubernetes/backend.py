@@ -50,14 +50,15 @@ from sealgate.reasons import Reason
 from ..daemon.events import log
 from ..daemon.idempotency import Keys
 from ..daemon.session import Options, Session, SessionError
-from ..guest.carry import Link, Sender
+from ..guest.carry import POD_FRAME_MAX, Link, Sender
 from ..guest.protocol import GUEST_HEADER_MAX, read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image
 from .claims import Bound, ClaimError, Claims
 from .execstream import ExecError, join, open_exec
 
-AGENT = ("python3", "-I", "-m", "sealgate.sandbox.guest.carry")  # in the pod, on PATH
+# In the pod: its python3, and the agent an init container wrote (`sealgate sandbox pod-agent`).
+AGENT = ("python3", "-I", "/opt/sealgate/agent.pyz")
 _HELLO_SECONDS = 30.0
 _REAP_SECONDS = 1.0
 _SHUTDOWN_GRACE = 300  # seconds past its ttl that a claim's own shutdownTime comes
@@ -223,7 +224,8 @@ class KubeBackend:
         daemon_end, sender_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
         daemon_end.setblocking(False)
-        sender = Sender(sender_end, Link(link.fileno(), link.fileno(), GUEST_HEADER_MAX))
+        sender = Sender(sender_end, Link(link.fileno(), link.fileno(), GUEST_HEADER_MAX,
+                                         POD_FRAME_MAX))
 
         def serve() -> None:
             try:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sealgate.sandbox.guest.carry import Link, Sender
+from sealgate.sandbox.guest.carry import POD_FRAME_MAX, Link, Sender
 from sealgate.sandbox.guest.protocol import GUEST_HEADER_MAX, Op, packet
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -40,7 +40,7 @@ class Daemon:
         self.pod = pod
         self.chan, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sender = Sender(theirs, Link(pod.stdout.fileno(), pod.stdin.fileno(),
-                                          GUEST_HEADER_MAX))
+                                          GUEST_HEADER_MAX, POD_FRAME_MAX))
         self.thread = threading.Thread(target=self.sender.run, daemon=True)
         self.thread.start()
         self.chan.settimeout(20)
@@ -123,14 +123,26 @@ def _fill(fd: int) -> None:
         os.close(fd)
 
 
-def test_a_pod_that_speaks_out_of_turn_ends_the_link() -> None:
-    """What the pod sends is untrusted: an answer the daemon never asked for ends the link, and
-    every descriptor held closes (the request is lost, never left hanging)."""
+_OUT_OF_TURN = {
+    "an answer never asked for": "os.write(1, encode({'op': 'exit', 'id': 1, 'code': 0}))",
+    "ready twice": "os.write(1, encode({'op': 'ready', 'version': 1}))",
+    "a frame over the pod's bound": "os.write(1, (1 << 20).to_bytes(4, 'big') + b'{}\\n')",
+    "a header nested too deep": "os.write(1, encode({'op': 'data', 'fd': 1, 'id': "
+                                "__import__('json').loads('[' * 40 + '1' + ']' * 40)}))",
+    "a field of the wrong type": "os.write(1, encode({'op': 'data', 'id': '1', 'fd': 3}))",
+}
+
+
+@pytest.mark.parametrize("said", _OUT_OF_TURN.values(), ids=list(_OUT_OF_TURN))
+def test_a_pod_that_speaks_out_of_turn_ends_the_link(said: str) -> None:
+    """What the pod sends is untrusted: anything but its one ready and data for what it may
+    write ends the link, and every descriptor held closes (the request is lost, never left
+    hanging)."""
     hostile = ("import os, sys\n"
                "from sealgate.sandbox.guest.protocol import encode\n"
                "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
                "sys.stdin.buffer.read(1)\n"
-               "os.write(1, encode({'op': 'exit', 'id': 1, 'code': 0}))\n"
+               f"{said}\n"
                "sys.stdin.buffer.read()\n")
     pod = subprocess.Popen([sys.executable, "-c", hostile], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE)

@@ -104,9 +104,28 @@ def test_the_rules_load(tmp_path: Path) -> None:
 
 
 def test_the_pod_watcher_may_only_read_pods() -> None:
-    roles = [d for _, d in every() if d["kind"] in ("ClusterRole", "Role")]
-    assert roles and all(r["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                                         "verbs": ["get", "list", "watch"]}] for r in roles)
+    roles = {d["metadata"]["name"]: d for _, d in every() if d["kind"] in ("ClusterRole", "Role")}
+    assert set(roles) == {"sealgate-pod-watcher", "sealgate-sandboxd"}
+    assert roles["sealgate-pod-watcher"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_sandboxd_may_only_claim_and_exec_in_the_sandboxes_namespace() -> None:
+    """The Kubernetes backend's Role: its claims, the Sandbox a claim names, the pods' list and
+    exec, in one namespace; nothing cluster-wide, no Secrets, no pods made or deleted."""
+    docs = [d for _, d in every() if d["metadata"]["name"] == "sealgate-sandboxd"]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "sandboxes"
+    assert {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in role["rules"]} == {
+        ("extensions.agents.x-k8s.io", "sandboxclaims"): ["create", "get", "patch", "delete"],
+        ("agents.x-k8s.io", "sandboxes"): ["get"], ("", "pods"): ["list"],
+        ("", "pods/exec"): ["create"]}
+    assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in role["rules"])
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sealgate-sandboxd",
+                                    "namespace": "sealgate"}]
+    assert not [d for _, d in every() if d["kind"] == "ClusterRoleBinding"
+                and d["roleRef"]["name"] == "sealgate-sandboxd"]
 
 
 def _allowed(policy: dict[str, Any], address: str, port: int) -> bool:
