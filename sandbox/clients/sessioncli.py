@@ -328,7 +328,8 @@ def _ls(args: argparse.Namespace) -> int:
         return 0
     rows = [("ID", "SANDBOX", "IMAGE", "ADDRESS", "UID", "CMDS", "RUNNING", "EXPIRES", "IDLE",
              "METADATA")]
-    rows += [(s["id"], s["sandbox"], s.get("image") or "-", s["address"], str(s["uid"]),
+    rows += [(s["id"], s["sandbox"], s.get("image") or "-", s["address"],
+              "-" if s.get("uid") is None else str(s["uid"]),
               str(s["commands"]), str(s["running"]) + (" paused" if s.get("paused") else ""),
               f"{s['expires_in']:.0f}s", f"{s['idle_for']:.0f}s",
               ",".join(f"{k}={v}" for k, v in sorted(s.get("metadata", {}).items())) or "-")

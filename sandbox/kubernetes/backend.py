@@ -27,6 +27,12 @@ for the proxy's pod watcher. A claim carries a `shutdownTime` past its ttl, so a
 dies leaves nothing running past it. What a pod cannot do is refused with `unsupported`:
 pause (no freezer reachable), snapshot and fork (no memory or filesystem snapshot), images (the
 pool's template names its image).
+
+A create's limits: its memory and CPU are the pod's (its template's resources), not the
+create's, which the backend cannot change on a warm pod; its process limit is each command's
+RLIMIT_NPROC, as on every tier, which counts the pod's uid across its kernel: under gVisor (the
+template's RuntimeClass) that kernel is the pod's own, under runc it is the node's, where other
+pods of the same uid count too (give such a pool a uid of its own).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,13 +48,18 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         kubeconfig = where / "kubeconfig"
         kubeconfig.write_text(fake.kubeconfig())
         sock, log = where / "sandboxd.sock", where / "sandboxd.log"
+        # The agent as a pod gets it (`sealgate sandbox pod-agent`, from an init container),
+        # run by the system's python3, which has nothing of sealgate installed.
+        agent = where / "opt" / "agent.pyz"
+        subprocess.run([*SEALGATE, "sandbox", "pod-agent", str(agent)], cwd=ROOT, check=True,
+                       timeout=60)
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [*SEALGATE, "sandboxd", "--backend", "kubernetes", "--kubeconfig",
                  str(kubeconfig), "--socket", str(sock), "--namespace", "sandboxes",
                  "--warm-pool", "agent-python=sealgate-python",
                  "--warm-pool", "ghost=no-such-pool", "--ready-seconds", "2",
-                 "--agent", f"{sys.executable} -I -m sealgate.sandbox.guest.carry"],
+                 "--agent", f"/usr/bin/python3 -I {agent}"],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         made = Backend(fake, sock, process, log)
         try:
@@ -81,7 +85,7 @@ def test_the_harness_runs_unchanged(backend: Backend) -> None:
     assert body["spec"]["lifecycle"]["shutdownTime"].endswith("Z")
     assert set(body["spec"]) == {"warmPoolRef", "lifecycle"}
     # The agent ran in the pod through the exec API, and went with the sandbox.
-    assert backend.fake.execs[-1][-1] == "sealgate.sandbox.guest.carry"
+    assert backend.fake.execs[-1][-1].endswith("/opt/agent.pyz")
     assert body["metadata"]["name"] not in backend.fake.claims
     assert not backend.fake.pods_named()
 
@@ -153,3 +157,25 @@ def test_the_backend_needs_no_root_and_says_what_is_missing() -> None:
                          env={**os.environ, "KUBECONFIG": ""})
     assert run.returncode == 2
     assert b"--warm-pool SANDBOX=POOL" in run.stderr and b"Traceback" not in run.stderr
+
+
+def test_terminals_tar_and_watch_reach_the_pod(backend: Backend) -> None:
+    """The rest of what goes through the agent: a terminal (typed into, resized, its exit), a
+    directory out and in as tar, and a watch of the workspace, all over the one exec stream."""
+    with Sandbox.create("agent-python", daemon=str(backend.socket)) as sb:
+        with sb.pty(30, 100, ["sh", "-i"]) as terminal:
+            terminal.write(b"echo typed-$((6*7)); stty size; exit 3\n")
+            shown, deadline = b"", time.monotonic() + 20
+            while b"30 100" not in shown:
+                assert time.monotonic() < deadline, shown
+                shown += terminal.read(timeout=5)
+            assert b"typed-42\r\n" in shown
+            assert terminal.wait(timeout=20).exit_code == 3
+        sb.run(["sh", "-c", "mkdir -p d/e && echo one > d/a && echo two > d/e/b"])
+        tar = sb.files.download_tar("d")
+        sb.files.upload_tar(tar, "copy")
+        assert sb.run(["cat", "copy/a", "copy/e/b"]).stdout == b"one\ntwo\n"
+        with sb.files.watch("d") as watch:
+            sb.write("d/new.txt", b"x")
+            seen = next(e for e in watch if e.path == "d/new.txt")
+        assert seen.event in ("create", "modify", "rename")  # a put lands by a rename
