@@ -21,9 +21,12 @@ nested deeper than the decoder allows, an op other than `ready` and `data`, a fi
 wrong type, ends the link (and so the sandbox); bytes for a descriptor that is not open and
 not the pod's to write are dropped. The pod trusts the daemon.
 
-Every stream has a thread of its own, so that one command's stalled input never holds back
-another's (nor a kill): a slow reader of a command's output slows that sandbox's link, which
-the stream's own back-pressure carries to the pod, never anyone's memory.
+Every descriptor written has a thread of its own (`_Writer`), so that one whose reader is not
+reading yet (a get's data, read after its status line; a command's input it never reads)
+holds back no other, nor a kill: each end holds at most `_HELD_MAX` bytes for its writers,
+after which it stops reading the link, and the stream's own back-pressure carries that to the
+other end. So a reader slower than its stream for long slows its sandbox's link, and is never
+anyone's memory; a frame is at most `POD_FRAME_MAX` from the pod.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ _CHUNK = 1 << 16
 # What the pod's end ever sends: a chunk and a small header. The daemon's side refuses more, so
 # a pod cannot make it hold a frame of protocol's 64 MiB for each sandbox.
 POD_FRAME_MAX = _CHUNK + 512
-_QUEUED = 64  # chunks held for one IN stream in the pod before the link is held back
+# Bytes held for the descriptors of one end's requests (written by their own threads) before
+# that end stops reading the link: what a pod can make the daemon hold, per sandbox.
+_HELD_MAX = 8 << 20
 _END = b""
 
 
@@ -120,14 +125,63 @@ def _end(fd: int) -> None:
         os.close(fd)
 
 
+class _Budget:
+    """The bytes one end's writers may hold between them."""
+
+    def __init__(self, most: int) -> None:
+        self._left = most
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> None:
+        with self._cond:
+            while n > self._left:  # n is at most a frame's payload, well under the whole
+                self._cond.wait()
+            self._left -= n
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self._left += n
+            self._cond.notify_all()
+
+
+class _Writer:
+    """Bytes for one descriptor, written as they come by a thread of its own, so that a
+    descriptor whose reader is not reading yet (a get's data, read after its status line)
+    holds back no other of the link's: the link's reader waits only once the end's budget is
+    spent. A reader gone drops the rest; the end (`put(b"")`) never waits."""
+
+    def __init__(self, fd: int, budget: _Budget) -> None:
+        self._fd, self._budget = fd, budget
+        self._queue: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        _start(self._run)
+
+    def put(self, data: bytes) -> None:
+        self._budget.take(len(data))
+        self._queue.put(data)
+
+    def _run(self) -> None:
+        broken = False
+        try:
+            while data := self._queue.get():
+                if not broken:
+                    try:
+                        _write_all(self._fd, data)
+                    except OSError:  # its reader went: what else comes for it is dropped
+                        broken = True
+                self._budget.give(len(data))
+        finally:
+            _end(self._fd)
+
+
 class Sender:
     """The daemon's side: `chan` is the other end of the daemon's packet pair (as the agent's
     standard input is), `link` the stream to the pod."""
 
     def __init__(self, chan: socket.socket, link: Link) -> None:
         self.chan, self.link = chan, link
-        self._out: dict[tuple[int, int], int] = {}  # (request, descriptor) -> the daemon's fd
+        self._out: dict[tuple[int, int], _Writer] = {}  # (request, descriptor) -> its writer
         self._lock = threading.Lock()
+        self._budget = _Budget(_HELD_MAX)
         self._ready = False
 
     def run(self) -> None:
@@ -142,8 +196,8 @@ class Sender:
         finally:
             with self._lock:
                 held, self._out = list(self._out.values()), {}
-            for fd in held:
-                _end(fd)
+            for writer in held:
+                writer.put(_END)
             # Shut, not only closed: the thread reading requests holds the socket in its
             # recvmsg, and the daemon would see no end until that returned.
             with contextlib.suppress(OSError):
@@ -168,7 +222,7 @@ class Sender:
         with self._lock:  # before the request leaves: its first answer may come at once
             for index, (_, way) in enumerate(DESCRIPTORS[op]):
                 if way != IN:
-                    self._out[ident, index] = fds[index]
+                    self._out[ident, index] = _Writer(fds[index], self._budget)
         try:
             self.link.send(req)
         except (OSError, ValueError):
@@ -189,20 +243,11 @@ class Sender:
         if op != Op.DATA or type(ident) is not int or type(index) is not int:
             raise ValueError(f"a frame the daemon never asked for: {str(op)[:40]!r}")
         with self._lock:
-            fd = self._out.get((ident, index))
-            if fd is not None and not payload:
+            writer = self._out.get((ident, index))
+            if writer is not None and not payload:
                 del self._out[ident, index]
-        if fd is None:
-            return  # its reader is gone, or it was never the pod's to write
-        if not payload:
-            _end(fd)
-            return
-        try:
-            _write_all(fd, payload)
-        except OSError:  # its reader went: what else comes for it is dropped
-            with self._lock:
-                if self._out.pop((ident, index), None) is not None:
-                    _end(fd)
+        if writer is not None:  # else its reader is gone, or it was never the pod's to write
+            writer.put(payload)
 
 
 class Receiver:
@@ -216,7 +261,8 @@ class Receiver:
             self.agent = subprocess.Popen(agent_argv, stdin=theirs.fileno(),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.chan = ours
-        self._in: dict[tuple[int, int], queue.Queue[bytes]] = {}
+        self._in: dict[tuple[int, int], _Writer] = {}
+        self._budget = _Budget(_HELD_MAX)
 
     def run(self) -> None:
         try:
@@ -235,11 +281,11 @@ class Receiver:
     def _handle(self, header: dict[str, Any], payload: bytes) -> bool:
         op = header.get("op")
         if op == Op.DATA:
-            fed = self._in.get((header["id"], header["fd"]))
-            if fed is not None:
-                fed.put(payload)
+            writer = self._in.get((header["id"], header["fd"]))
+            if writer is not None:
                 if not payload:
                     del self._in[header["id"], header["fd"]]
+                writer.put(payload)
             return True
         if op == Op.KILL and header.get("all") is True:  # the daemon let the sandbox go
             return False
@@ -260,8 +306,7 @@ class Receiver:
                 os.close(fd)
         for index, (_, way) in enumerate(descriptors):
             if way == IN:
-                fed = self._in[ident, index] = queue.Queue(_QUEUED)
-                _start(_feed, fed, ours[index])
+                self._in[ident, index] = _Writer(ours[index], self._budget)
             else:
                 _start(_pump_out, self.link, ident, index, ours[index])
         return True
@@ -281,18 +326,6 @@ class Receiver:
             theirs.append(r if way == IN else w)
             ours.append(w if way == IN else r)
         return theirs, ours
-
-
-def _feed(fed: queue.Queue[bytes], fd: int) -> None:
-    """An IN stream's bytes written as they come, then its end."""
-    try:
-        while data := fed.get():
-            _write_all(fd, data)
-    except OSError:  # the agent's side closed it: the rest is dropped
-        while fed.get():
-            pass
-    finally:
-        _end(fd)
 
 
 def main(args: list[str]) -> None:

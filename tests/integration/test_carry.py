@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -98,6 +99,50 @@ def test_files_put_then_get(daemon: Daemon) -> None:
     assert line["size"] == 11 and _read(data) == b"hello, pod\n"
     # The file is in the pod's own /workspace, not this machine's.
     assert not os.path.exists("/workspace/notes/a.txt")
+
+
+def test_a_large_get_whose_data_waits_for_its_status(daemon: Daemon) -> None:
+    """A get through the real agent: its status line read before a byte of its data."""
+    body = os.urandom(3 << 20)
+    data, status = daemon.request(Op.PUT, 1, 2, path="big.bin", size=len(body), mode=0o644)
+    threading.Thread(target=lambda: (os.write(data, body), os.close(data)), daemon=True).start()
+    assert json.loads(_read(status))["size"] == len(body)
+    data, status = daemon.request(Op.GET, 2, 2, path="big.bin", limit=16 << 20)
+    line = os.read(status, 4096)
+    assert json.loads(line)["size"] == len(body)
+    assert _read(data) == body
+    os.close(status)
+
+
+def test_data_ahead_of_a_status_holds_nothing_back() -> None:
+    """The pod's end sends each descriptor's bytes as they come, in any order: two megabytes
+    of a get's data ahead of its status line must not hold the status back while the daemon
+    reads the status first (they did, when one thread wrote every descriptor in turn)."""
+    pod_says = ("import os, sys\n"
+                "from sealgate.sandbox.guest.protocol import encode\n"
+                "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
+                "sys.stdin.buffer.read(1)\n"
+                "for _ in range(32):\n"
+                "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'd' * 65536))\n"
+                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}))\n"
+                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}, b'{\"size\": 2097152}\\n'))\n"
+                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}))\n"
+                "sys.stdin.buffer.read()\n")
+    pod = subprocess.Popen([sys.executable, "-c", pod_says], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    d = Daemon(pod)
+    try:
+        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+        data, status = d.request(Op.GET, 1, 2, path="big.bin", limit=16 << 20)
+        ready = select.select([status], [], [], 20)[0]
+        assert ready, "the status line was held behind the data"
+        assert json.loads(_read(status)) == {"size": 2 << 20}
+        assert _read(data) == b"d" * (2 << 20)
+    finally:
+        d.chan.close()
+        pod.kill()
+        pod.wait(10)
+        d.thread.join(10)
 
 
 def test_kill_reaches_a_command_whose_input_is_never_read(daemon: Daemon) -> None:
