@@ -29,6 +29,10 @@ class Seen:
     peer: int  # the proxy's port: one per upstream connection
     paths: list[str] = field(default_factory=list)
     closing: list[str] = field(default_factory=list)  # paths whose request said close
+    # The origin has sent all it will (/late's second answer; /bye's end of its side).
+    sent: threading.Event = field(default_factory=threading.Event)
+    # The proxy closed the connection (its end read by the origin): the pool dropped it.
+    dropped: threading.Event = field(default_factory=threading.Event)
 
 
 class Keeping(TwoAddressTLS):
@@ -36,8 +40,10 @@ class Keeping(TwoAddressTLS):
     per connection, each request's path. Paths ask for trouble: /close answers with
     `Connection: close`, /http10 as HTTP/1.0 without keep-alive, /twice with two responses
     at once, /late with a second response 0.3 s after the first, /slow answers after 0.5 s,
-    /bye closes 0.2 s after its answer, /armed closes at the next request without answering
-    it, /hint answers 103 first and its 200 0.5 s later."""
+    /bye ends its side 0.2 s after its answer, /armed closes at the next request without
+    answering it, /hint answers 103 first and its 200 0.5 s later. A connection's `sent` is
+    set once /late's second answer or /bye's end is out, its `dropped` once the proxy closed
+    it: what the tests wait for, not a guess of how long the proxy takes under load."""
 
     def __init__(self, ca: OriginCA) -> None:
         super().__init__(ca.issue("keep.test", "other.test"))
@@ -50,6 +56,7 @@ class Keeping(TwoAddressTLS):
         for _ in range(1000):  # requests on one connection
             while b"\r\n\r\n" not in buf:
                 if not (data := c.recv(65536)):
+                    seen.dropped.set()
                     return
                 buf += data
             head, _, buf = buf.partition(b"\r\n\r\n")
@@ -74,6 +81,7 @@ class Keeping(TwoAddressTLS):
                 c.sendall(ok)
                 time.sleep(0.3)
                 c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison")
+                seen.sent.set()
             elif path == "/hint":  # an informational answer, the real one 0.1 s later
                 c.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n"
                           b"\r\n")
@@ -88,6 +96,13 @@ class Keeping(TwoAddressTLS):
             elif path == "/bye":
                 c.sendall(ok)
                 time.sleep(0.2)
+                # The origin's end (a FIN, no close_notify, as a server timing out sends) with
+                # its socket left open: the proxy's close that follows is read below.
+                c.shutdown(socket.SHUT_WR)
+                seen.sent.set()
+                with contextlib.suppress(OSError):
+                    if not socket.socket.recv(c, 1):
+                        seen.dropped.set()
                 return
             else:
                 c.sendall(ok)
@@ -189,6 +204,11 @@ def carrying(origin: Keeping, path: str) -> Seen:
     return next(s for s in reversed(origin.seen) if path in s.paths)
 
 
+def wait(event: threading.Event, what: str, seconds: float = 5.0) -> None:
+    """Wait (bounded) for `event`; fail saying `what` did not happen."""
+    assert event.wait(seconds), f"{what}: not within {seconds:g} s"
+
+
 def settle(origin: Keeping, count: int) -> None:
     """Wait (bounded) for the origin to have seen `count` connections in all."""
     for _ in range(100):
@@ -257,8 +277,11 @@ def test_an_extra_response_poisons_no_later_request(
     idle): the next request of another client connection gets its own answer, on a new
     connection."""
     assert get(proxy, path, port=origin.port) == "ok"
-    if path == "/late":
-        time.sleep(0.6)  # the second answer arrives while the connection waits in the pool
+    if path == "/late":  # the second answer arrives while the connection waits in the pool
+        late = carrying(origin, path)
+        wait(late.sent, "the origin's second answer sent")
+        # Well within the pool's idle timeout (15 s): the bytes, not the timer, dropped it.
+        wait(late.dropped, "the kept connection that received bytes closed by the proxy")
     before = origin.connections()
     for n in range(3):
         assert get(proxy, f"/next{n}", port=origin.port) == "ok"
@@ -268,7 +291,9 @@ def test_an_extra_response_poisons_no_later_request(
 
 def test_a_kept_connection_the_origin_closes_is_dropped(proxy: Proxy, origin: Keeping) -> None:
     assert get(proxy, "/bye", port=origin.port) == "ok"
-    time.sleep(0.5)  # closed by the origin while it waits in the pool
+    bye = carrying(origin, "/bye")  # closed by the origin while it waits in the pool
+    wait(bye.sent, "the origin's end sent")
+    wait(bye.dropped, "the kept connection the origin ended closed by the proxy")
     before = origin.connections()
     assert get(proxy, "/again", port=origin.port) == "ok"
     assert origin.connections() == before + 1
