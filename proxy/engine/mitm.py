@@ -86,14 +86,13 @@ def require_tested() -> None:
 
 def install(
     connect_timeout: float, *, reuse_port: bool, bounds: limits.HttpLimits | None = None,
-    kept: pool.Pool | None = None,
 ) -> None:
     """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
     would wrap the HTTP/2 handler twice)."""
     if _http1.make_error_response is upstream.error_response:
         raise RuntimeError("sealgate.proxy.mitm.install: already installed in this process")
     require_tested()
-    kept = pool.install(kept or pool.Pool(connect_timeout))
+    kept = pool.install(pool.Pool(connect_timeout))
     _scoped_asyncio(server, open_connection=kept.dial)  # bounded by connect_timeout
     _http1.Http1Client.__init__ = _told_to(kept, _http1.Http1Client.__init__)  # type: ignore[method-assign]
     HttpLayer.get_connection = keeping.reused_by_streams(HttpLayer.get_connection)  # type: ignore[method-assign]
