@@ -49,7 +49,7 @@ from ..images import Image, Store
 from ..runtime import clean_up_stale
 from . import carried, forking, imaging, orphans, slot
 from .events import log
-from .idempotency import Keys
+from .idempotency import Creates
 from .session import Options, Session, SessionError
 from .tally import Tally
 
@@ -88,14 +88,13 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
         self._dismantling: set[asyncio.Task[None]] = set()
-        self._creating = 0
         self._inits: dict[int, int] = {}  # inits of ended sandboxes -> rounds left to reap
         self._watched: dict[int, tuple[int, slot.Slot]] = {}  # slot index -> pidfd, slot
         self._failures = 0
         self._closing = False
         self.held = False  # while a successor takes over (`hold`): nothing made, ended, taken
         # Idempotency-Key -> when, what was asked, the create (`create`)
-        self._keys = Keys()  # creates by their Idempotency-Key
+        self._creates = Creates()  # under way, and remembered by their Idempotency-Key
         self.tally = Tally()  # what it has done, for its metrics (`admin`)
 
     # -- start and stop -------------------------------------------------------------------
@@ -145,7 +144,7 @@ class Daemon:
 
     def busy(self) -> int:
         """Creates and prepares under way, and slots still being taken down."""
-        return self._creating + self._preparing
+        return self._creates.under_way + self._preparing
 
     def hold(self, held: bool = True) -> None:
         """Act on nothing (no refill, no expiry, no agent's death) while a successor takes the
@@ -345,34 +344,15 @@ class Daemon:
 
     async def create(self, options: Options, key: str | None = None) -> Session:
         """A new sandbox; with `key` (an Idempotency-Key), the one an earlier create with the
-        same key made, if it is remembered and succeeded (a retry after a lost answer)."""
-        if key is not None and (known := self._keys.known(key, options)) is not None:
-            return await asyncio.shield(known)
-        # Creates under way count: concurrent cold ones all wait on a prepare.
-        if len(self.sessions) + self._creating >= self.config.max_sandboxes:
+        same key made (`Creates.once`)."""
+        return await self._creates.once(
+            options, key, self._room, lambda: self._create(options),
+            lambda made: self._background(self.delete(made.id, "its creator left")))
+
+    def _room(self, under_way: int) -> None:
+        if len(self.sessions) + under_way >= self.config.max_sandboxes:
             raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
                                "sandboxes", reason=Reason.AT_CAPACITY)
-        self._creating += 1
-        # A create runs to its end even when its caller leaves (aiohttp then cancels the
-        # handler, a client past its call_timeout among others): a slot being made in a thread
-        # cannot be stopped halfway, and one cancelled there was never released (its link,
-        # namespace, table and agent held until the daemon stopped). What it made is deleted.
-        work = asyncio.create_task(self._create(options))
-        work.add_done_callback(self._created)
-        if key is not None:
-            self._keys.remember(key, options, work)
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            work.add_done_callback(self._abandoned)
-            raise
-
-    def _created(self, _: asyncio.Task[Session]) -> None:
-        self._creating -= 1
-
-    def _abandoned(self, work: asyncio.Task[Session]) -> None:
-        if not work.cancelled() and work.exception() is None:
-            self._background(self.delete(work.result().id, "its creator left"))
 
     async def _create(self, options: Options) -> Session:
         if self._closing or self.held:
@@ -441,11 +421,11 @@ class Daemon:
                                "from it instead", reason=Reason.UNSUPPORTED)
         if not 1 <= n <= forking.MOST:
             raise SessionError(f"'n' must be 1 to {forking.MOST}", reason=Reason.BAD_REQUEST)
-        if len(self.sessions) + self._creating + n > self.config.max_sandboxes:
+        if len(self.sessions) + self._creates.under_way + n > self.config.max_sandboxes:
             raise SessionError(f"the daemon holds at most {self.config.max_sandboxes} "
                                "sandboxes", reason=Reason.AT_CAPACITY)
         # Run to its end even if its caller leaves, as a create does: what it made is deleted.
-        self._creating += n
+        self._creates.under_way += n
         work = asyncio.create_task(self._fork(source, n))
         work.add_done_callback(lambda _: self._forked(n))
         try:
@@ -455,7 +435,7 @@ class Daemon:
             raise
 
     def _forked(self, n: int) -> None:
-        self._creating -= n
+        self._creates.under_way -= n
 
     def _forks_abandoned(self, work: asyncio.Task[list[Session]]) -> None:
         if not work.cancelled() and work.exception() is None:

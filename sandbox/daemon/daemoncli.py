@@ -11,6 +11,7 @@ import os
 import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import Any
 
 from sealgate import oplog
 from sealgate.clikit import Subcommands, env_option
@@ -99,13 +100,20 @@ def register(sub: Subcommands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.backend == "kubernetes":
-        return _run_kubernetes(args)
+        from ..kubernetes import serve as kubernetes  # kubernetes-asyncio only when it runs
+
+        return _started(kubernetes, args)
     if os.geteuid() != 0:
         print("sealgate sandboxd needs root (network namespaces, nftables, cgroups)",
               file=sys.stderr)
         return 2
     from . import serve  # aiohttp only when the daemon runs
 
+    return _started(serve, args)
+
+
+def _started(serve: Any, args: argparse.Namespace) -> int:
+    """`serve`'s Settings from the command line, then its main (either backend's)."""
     try:
         settings = serve.Settings.of(args)
     except ValueError as exc:
@@ -113,16 +121,4 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     # Lifecycle events on stdout, the operational log on stderr (`events`).
     oplog.configure(args.log_format, args.log_level, events=sys.stdout)
-    return serve.main(settings)
-
-
-def _run_kubernetes(args: argparse.Namespace) -> int:
-    from ..kubernetes import serve  # aiohttp and kubernetes-asyncio only when it runs
-
-    try:
-        settings = serve.Settings.of(args)
-    except ValueError as exc:
-        print(f"sealgate sandboxd: {exc}", file=sys.stderr)
-        return 2
-    oplog.configure(args.log_format, args.log_level, events=sys.stdout)
-    return serve.main(settings)
+    return int(serve.main(settings))

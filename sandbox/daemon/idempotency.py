@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sealgate.reasons import Reason
@@ -46,3 +47,46 @@ class Keys:
         if (work.cancelled() or work.exception() is not None) and key in self._keys \
                 and self._keys[key][2] is work:
             del self._keys[key]
+
+
+class Creates:
+    """The creates of a backend: those under way (`under_way`, which count against its
+    capacity: concurrent ones all wait on a slow start) and those remembered by their key.
+
+    A create runs to its end even when its caller leaves (aiohttp then cancels the handler, a
+    client past its call_timeout among others): what is being made (a slot in a thread, a
+    claim in a cluster) cannot be stopped halfway, and one cancelled there would never be
+    released. What it made is handed to `abandoned` (which deletes it)."""
+
+    def __init__(self) -> None:
+        self.keys = Keys()
+        self.under_way = 0
+
+    async def once(self, options: Options, key: str | None, room: Callable[[int], None],
+                   make: Callable[[], Coroutine[Any, Any, Session[Any]]],
+                   abandoned: Callable[[Session[Any]], None]) -> Session[Any]:
+        """The session `make` makes; with `key`, the one an earlier create with the same key
+        made, if it is remembered and succeeded (a retry after a lost answer). `room(n)` raises
+        SessionError when there is none beside `n` creates under way."""
+        if key is not None and (known := self.keys.known(key, options)) is not None:
+            return await asyncio.shield(known)
+        room(self.under_way)
+        self.under_way += 1
+        work = asyncio.create_task(make())
+        work.add_done_callback(self._done)
+        if key is not None:
+            self.keys.remember(key, options, work)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda done: _hand_over(done, abandoned))
+            raise
+
+    def _done(self, _: asyncio.Task[Session[Any]]) -> None:
+        self.under_way -= 1
+
+
+def _hand_over(work: asyncio.Task[Session[Any]], abandoned: Callable[[Session[Any]], None]
+               ) -> None:
+    if not work.cancelled() and work.exception() is None:
+        abandoned(work.result())

@@ -54,7 +54,7 @@ from typing import Any
 from sealgate.reasons import Reason
 
 from ..daemon.events import log
-from ..daemon.idempotency import Keys
+from ..daemon.idempotency import Creates
 from ..daemon.session import Options, Session, SessionError
 from ..guest.carry import POD_FRAME_MAX, Link, Sender
 from ..guest.protocol import GUEST_HEADER_MAX, read_hello
@@ -120,8 +120,7 @@ class KubeBackend:
         self._claims = Claims(api, config.namespace, config.ready_seconds)
         self._sessions: dict[str, Session[Pod]] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
-        self._keys = Keys()
-        self._creating = 0
+        self._creates = Creates()
         self._closing = False
         self._reaper: asyncio.Task[None] | None = None
         self._spawned: set[asyncio.Task[None]] = set()
@@ -140,7 +139,7 @@ class KubeBackend:
 
     def status(self) -> dict[str, Any]:
         return {"ready": not self._closing, "problem": "stopping" if self._closing else None,
-                "sandboxes": len(self._sessions), "creating": self._creating,
+                "sandboxes": len(self._sessions), "creating": self._creates.under_way,
                 "namespace": self.config.namespace}
 
     def start(self) -> None:
@@ -158,13 +157,8 @@ class KubeBackend:
     # -- sandboxes ------------------------------------------------------------------------
 
     async def create(self, options: Options, key: str | None = None) -> Session[Pod]:
-        if key is not None and (known := self._keys.known(key, options)) is not None:
-            return await asyncio.shield(known)
         if self._closing:
             raise SessionError("the daemon is stopping", reason=Reason.AT_CAPACITY)
-        if len(self._sessions) + self._creating >= self.config.max_sandboxes:
-            raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
-                               "sandboxes", reason=Reason.AT_CAPACITY)
         if options.ttl > self.config.max_ttl:
             raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
                                reason=Reason.BAD_REQUEST)
@@ -175,25 +169,15 @@ class KubeBackend:
         if pool is None:
             raise SessionError(f"no warm pool serves sandbox {options.sandbox!r} (sandboxd "
                                "--warm-pool ID=POOL)", reason=Reason.UNKNOWN_SANDBOX)
-        self._creating += 1
-        # As on one host: a create runs to its end even if its caller leaves, and what it
-        # made is then deleted (a claim half made is a pod held for nothing).
-        work: asyncio.Task[Session[Any]] = asyncio.create_task(self._create(options, pool))
-        work.add_done_callback(self._created)
-        if key is not None:
-            self._keys.remember(key, options, work)
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            work.add_done_callback(self._abandoned)
-            raise
+        # As on one host: a claim half made is a pod held for nothing (`Creates.once`).
+        return await self._creates.once(
+            options, key, self._room, lambda: self._create(options, pool),
+            lambda made: self._background(made.id, "its creator left"))
 
-    def _created(self, _: asyncio.Task[Session[Any]]) -> None:
-        self._creating -= 1
-
-    def _abandoned(self, work: asyncio.Task[Session[Any]]) -> None:
-        if not work.cancelled() and work.exception() is None:
-            self._background(work.result().id, "its creator left")
+    def _room(self, under_way: int) -> None:
+        if len(self._sessions) + under_way >= self.config.max_sandboxes:
+            raise SessionError(f"the daemon already holds {self.config.max_sandboxes} "
+                               "sandboxes", reason=Reason.AT_CAPACITY)
 
     async def _create(self, options: Options, pool: str) -> Session[Pod]:
         ident = self._new_id()

@@ -6,6 +6,7 @@ byte; a pod that speaks out of turn ends the link."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -57,6 +58,29 @@ class Daemon:
         for fd in theirs:
             os.close(fd)
         return ours
+
+
+@contextlib.contextmanager
+def _scripted(says: str) -> Iterator[Daemon]:
+    """A pod whose end is a script: it says ready, waits for the first request's first byte,
+    then does `says` (Python, `encode` at hand) and waits for the link's end."""
+    script = ("import os, sys\n"
+              "from sealgate.sandbox.guest.protocol import encode\n"
+              "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
+              "sys.stdin.buffer.read(1)\n"
+              f"{says}\n"
+              "sys.stdin.buffer.read()\n")
+    pod = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+    d = Daemon(pod)
+    try:
+        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+        yield d
+    finally:
+        d.chan.close()
+        pod.kill()
+        pod.wait(10)
+        d.thread.join(10)
 
 
 @pytest.fixture
@@ -118,31 +142,17 @@ def test_data_ahead_of_a_status_holds_nothing_back() -> None:
     """The pod's end sends each descriptor's bytes as they come, in any order: two megabytes
     of a get's data ahead of its status line must not hold the status back while the daemon
     reads the status first (they did, when one thread wrote every descriptor in turn)."""
-    pod_says = ("import os, sys\n"
-                "from sealgate.sandbox.guest.protocol import encode\n"
-                "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
-                "sys.stdin.buffer.read(1)\n"
-                "for _ in range(32):\n"
-                "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'd' * 65536))\n"
-                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}))\n"
-                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}, b'{\"size\": 2097152}\\n'))\n"
-                "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}))\n"
-                "sys.stdin.buffer.read()\n")
-    pod = subprocess.Popen([sys.executable, "-c", pod_says], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE)
-    d = Daemon(pod)
-    try:
-        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+    says = ("for _ in range(32):\n"
+            "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'd' * 65536))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}, b'{\"size\": 2097152}\\n'))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}))")
+    with _scripted(says) as d:
         data, status = d.request(Op.GET, 1, 2, path="big.bin", limit=16 << 20)
         ready = select.select([status], [], [], 20)[0]
         assert ready, "the status line was held behind the data"
         assert json.loads(_read(status)) == {"size": 2 << 20}
         assert _read(data) == b"d" * (2 << 20)
-    finally:
-        d.chan.close()
-        pod.kill()
-        pod.wait(10)
-        d.thread.join(10)
 
 
 def test_kill_reaches_a_command_whose_input_is_never_read(daemon: Daemon) -> None:
@@ -183,52 +193,23 @@ def test_a_pod_that_speaks_out_of_turn_ends_the_link(said: str) -> None:
     """What the pod sends is untrusted: anything but its one ready and data for what it may
     write ends the link, and every descriptor held closes (the request is lost, never left
     hanging)."""
-    hostile = ("import os, sys\n"
-               "from sealgate.sandbox.guest.protocol import encode\n"
-               "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
-               "sys.stdin.buffer.read(1)\n"
-               f"{said}\n"
-               "sys.stdin.buffer.read()\n")
-    pod = subprocess.Popen([sys.executable, "-c", hostile], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE)
-    d = Daemon(pod)
-    try:
-        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+    with _scripted(said) as d:
         data, status = d.request(Op.GET, 1, 2, path="a", limit=10)
         assert _read(status) == b"" and _read(data) == b""
         d.thread.join(10)
         assert not d.thread.is_alive()
         assert d.chan.recv(4096) == b""  # the daemon's end sees the sandbox gone
-    finally:
-        d.chan.close()
-        pod.kill()
-        pod.wait(10)
 
 
 def test_data_for_a_descriptor_the_pod_does_not_write_is_dropped() -> None:
     """A pod writing into a request's input, or into a request never made, reaches nothing."""
-    hostile = ("import os, sys\n"
-               "from sealgate.sandbox.guest.protocol import encode\n"
-               "os.write(1, encode({'op': 'ready', 'version': 1}))\n"
-               "sys.stdin.buffer.read(1)\n"
-               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'into-stdin'))\n"
-               "os.write(1, encode({'op': 'data', 'id': 99, 'fd': 1}, b'nobody'))\n"
-               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}, b'{\"exit\": 0}\\n'))\n"
-               "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}))\n"
-               "sys.stdin.buffer.read()\n")
-    pod = subprocess.Popen([sys.executable, "-c", hostile], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE)
-    d = Daemon(pod)
-    try:
-        assert json.loads(d.chan.recv(4096))["op"] == "ready"
+    says = ("os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'into-stdin'))\n"
+            "os.write(1, encode({'op': 'data', 'id': 99, 'fd': 1}, b'nobody'))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}, b'{\"exit\": 0}\\n'))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 3}))")
+    with _scripted(says) as d:
         stdin, stdout, stderr, status = d.request(
             Op.EXEC, 1, 4, argv=["true"], env={}, cwd=None, timeout=5, pids=1, tty=None)
         assert _read(status) == b'{"exit": 0}\n'
         os.close(stdin)
-    finally:
-        d.chan.close()
-        pod.kill()
-        pod.wait(10)
-        d.thread.join(10)
     assert _read(stdout) == b"" and _read(stderr) == b""
-
