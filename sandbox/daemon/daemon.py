@@ -30,9 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +45,8 @@ from ..guest.protocol import read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image, Store
 from ..runtime import clean_up_stale
-from . import carried, forking, imaging, orphans, slot
+from . import forking, imaging, orphans, slot
+from .ended import Ended
 from .events import log
 from .idempotency import Creates
 from .session import Options, Session, SessionError
@@ -83,7 +82,7 @@ class Daemon:
         self._wanted: dict[str | None, tuple[int, ImageRoot | None]] = {None: (config.pool, None)}
         self.store = None if config.images is None else Store(config.images)
         self._preparing = 0
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended = Ended()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
@@ -160,14 +159,14 @@ class Daemon:
 
     def ended(self) -> dict[str, str]:
         """Ids of sandboxes that ended, and why, oldest first: handed to a successor."""
-        return dict(self._ended)
+        return self._ended.items()
 
     def take_over(self, adopted: list[tuple[slot.Slot, int, str | None, Session | None]],
                   ended: Mapping[str, str] | None = None) -> None:
         """Serve slots a predecessor handed over: sessions as they were, pool slots in the pool
         of their key if it wants them, else taken down; and remember what ended on it."""
         for ident, why in (ended or {}).items():
-            self._remember(ident, why)
+            self._ended.remember(ident, why)
         for made, pidfd, key, session in adopted:
             self._watch(made, pidfd)
             pool = self._pools.get(key)
@@ -362,7 +361,8 @@ class Daemon:
         if options.ttl > self.config.max_ttl:
             raise SessionError(f"ttl over the daemon's maximum of {self.config.max_ttl:g} s",
                                reason=Reason.BAD_REQUEST)
-        ident = self._new_id()  # before a slot is taken: nothing to give back if it fails
+        # Before a slot is taken: nothing to give back if it fails.
+        ident = self._ended.new_id(self.sessions)
         base = root = None
         if options.image is not None:
             base, root = imaging.image_root(self.store, self.config.slots.isolation,
@@ -460,7 +460,7 @@ class Daemon:
             raise
         copies = []
         for taken in slots:
-            copy = Session(self._new_id(), taken, source.options)
+            copy = Session(self._ended.new_id(self.sessions), taken, source.options)
             copy.base = source.base
             self.sessions[copy.id] = copy
             self.tally.create("fork")
@@ -482,14 +482,7 @@ class Daemon:
                                reason=Reason.REGISTRY_UNAVAILABLE) from None
 
     def get(self, ident: str) -> Session:
-        session = self.sessions.get(ident)
-        if session is not None:
-            return session
-        why = self._ended.get(ident)
-        if why is not None:
-            raise SessionError(f"sandbox {ident[:64]} has ended ({why})",
-                               reason=Reason.SANDBOX_ENDED)
-        raise SessionError(f"no sandbox {ident[:64]!r}", reason=Reason.NO_SUCH_SANDBOX)
+        return self._ended.find(self.sessions, ident)
 
     async def update(self, ident: str, *, ttl: float | None = None,
                      idle_timeout: float | None = None,
@@ -529,25 +522,12 @@ class Daemon:
         del self.sessions[ident]
         session.ended.set()
         await session.processes.close()  # each one's exec ends, its status said
-        self._remember(ident, why)
+        self._ended.remember(ident, why)
         self._wake.set()
         await self._release(session.slot, wait=False)
         self.tally.end(why)
         log("ended", id=ident, sandbox=session.options.sandbox, why=why,
              commands=session.commands)
-
-    def _remember(self, ident: str, why: str) -> None:
-        self._ended[ident] = why
-        while len(self._ended) > carried.ENDED_KEPT:
-            self._ended.popitem(last=False)
-
-    def _new_id(self) -> str:
-        """An id no sandbox of ours has had that we remember, adopted ones' included."""
-        for _ in range(8):  # 64 random bits: a second try is already next to impossible
-            ident = "sb-" + secrets.token_hex(8)
-            if ident not in self.sessions and ident not in self._ended:
-                return ident
-        raise SessionError("no unused sandbox id", reason=Reason.SANDBOX_FAILED)
 
     async def _reap(self) -> None:
         while True:

@@ -41,11 +41,9 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import secrets
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +51,7 @@ from typing import Any
 
 from sealgate.reasons import Reason
 
+from ..daemon.ended import Ended
 from ..daemon.events import log
 from ..daemon.idempotency import Creates
 from ..daemon.session import Options, Session, SessionError
@@ -68,7 +67,6 @@ AGENT = ("python3", "-I", "/opt/sealgate/agent.pyz")
 _HELLO_SECONDS = 30.0
 _REAP_SECONDS = 1.0
 _SHUTDOWN_GRACE = 300  # seconds past its ttl that a claim's own shutdownTime comes
-_ENDED_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ class KubeBackend:
         self._ws_api = ws_api
         self._claims = Claims(api, config.namespace, config.ready_seconds)
         self._sessions: dict[str, Session[Pod]] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended = Ended()
         self._creates = Creates()
         self._closing = False
         self._reaper: asyncio.Task[None] | None = None
@@ -180,7 +178,7 @@ class KubeBackend:
                                "sandboxes", reason=Reason.AT_CAPACITY)
 
     async def _create(self, options: Options, pool: str) -> Session[Pod]:
-        ident = self._new_id()
+        ident = self._ended.new_id(self._sessions)
         shutdown = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
             seconds=options.ttl + _SHUTDOWN_GRACE)
         started = time.monotonic()
@@ -245,13 +243,7 @@ class KubeBackend:
             self._background(ident, "agent ended")
 
     def get(self, ident: str) -> Session[Pod]:
-        session = self._sessions.get(ident)
-        if session is not None:
-            return session
-        if (why := self._ended.get(ident)) is not None:
-            raise SessionError(f"sandbox {ident[:64]} has ended ({why})",
-                               reason=Reason.SANDBOX_ENDED)
-        raise SessionError(f"no sandbox {ident[:64]!r}", reason=Reason.NO_SUCH_SANDBOX)
+        return self._ended.find(self._sessions, ident)
 
     async def update(self, ident: str, *, ttl: float | None = None,
                      idle_timeout: float | None = None,
@@ -289,9 +281,7 @@ class KubeBackend:
         del self._sessions[ident]
         session.ended.set()
         await session.processes.close()
-        self._ended[ident] = why
-        while len(self._ended) > _ENDED_KEPT:
-            self._ended.popitem(last=False)
+        self._ended.remember(ident, why)
         pod = session.slot
         pod.channel.close()  # the link's end: the agent in the pod ends, and its commands
         if pod.joined is not None:
@@ -310,14 +300,6 @@ class KubeBackend:
     async def _quietly(self, ident: str, why: str) -> None:
         with contextlib.suppress(SessionError):
             await self.delete(ident, why)
-
-    def _new_id(self) -> str:
-        # A claim's name too: lower-case hex keeps it a valid Kubernetes object name.
-        for _ in range(8):
-            ident = "sb-" + secrets.token_hex(8)
-            if ident not in self._sessions and ident not in self._ended:
-                return ident
-        raise SessionError("no unused sandbox id", reason=Reason.SANDBOX_FAILED)
 
     async def _reap(self) -> None:
         while True:
