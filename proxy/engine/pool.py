@@ -38,6 +38,7 @@ outside); they end with their client as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -189,6 +190,17 @@ class _Writer:
 
     async def wait_closed(self) -> None:
         return None
+
+    def __del__(self) -> None:
+        # mitmproxy closes a writer once it is done reading; a handler task cancelled or failed
+        # before that (in its server_connected hook) drops it unclosed, which kept the socket
+        # open and its `_live` entry for good (tests/unit/test_engine_pool_leak.py).
+        upstream, live = self._upstream, self._pool._live
+        if not self._closed and upstream.server is not None:
+            if live.get(upstream.server.id) is upstream:
+                del live[upstream.server.id]
+            with contextlib.suppress(RuntimeError):  # collected after its loop closed
+                upstream.close()
 
 
 class Pool:
