@@ -163,7 +163,7 @@ async def _forward(service: Service, x: Exchange, send: Send) -> str:
     path = normalize_path(server.path)
     x.fields.update(scheme=server.scheme, host=server.host.name, port=server.port, path=path)
     decision = decide(service.rules, Question(x.identity, server.host, server.port,
-                                              server.scheme, "POST", path))
+                                              server.scheme, "POST", path, tool=True))
     _allowed(decision, x)
     rule = decision.rule
     if server.credential is not None and not (

@@ -61,6 +61,7 @@ class Question:
     path: str | None = None  # normalised (policy.model.normalize_path)
     tokens: bool = False  # sealed tokens go with the request (or with the CONNECT's tunnel)
     ssl_insecure: bool = False  # upstream certificates are not verified (mitmproxy option)
+    tool: bool = False  # one of sealgate's own calls (MCP), which `tools_only` rules serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +112,11 @@ def decide(rules: RuleSet, question: Question) -> Decision:
     # allows it, so the per-request path matches once.
     rule = None
     if q.method is None:
-        host_rules = policy.match_host(q.host, q.port)
+        host_rules = policy.match_host(q.host, q.port, tool=q.tool)
         matched = bool(host_rules)
     else:
         host_rules = ()
-        rule = policy.match(q.host, q.port, q.method, q.path or "/")
+        rule = policy.match(q.host, q.port, q.method, q.path or "/", tool=q.tool)
         matched = rule is not None
     verdict: Verdict = "allow"
     reason: Reason | None = None

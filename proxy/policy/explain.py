@@ -185,7 +185,10 @@ def _identity(
 def _misses(host_rules: tuple[Rule, ...], port: int, method: str, path: str) -> list[Miss]:
     misses = []
     for rule in host_rules:
-        if port not in rule.ports:
+        if rule.tools_only:
+            why = "tools_only: it serves sealgate's own calls (MCP tools, the gateway), never " \
+                  "a request through the proxy"
+        elif port not in rule.ports:
             why = f"port {port} is not in {sorted(rule.ports)}"
         elif rule.methods is not None and method not in rule.methods:
             why = f"method {method} is not in {sorted(rule.methods)}"

@@ -57,7 +57,8 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
     result.url = f"{call.scheme}://{format_hostport(call.host.name, call.port)}{call.target}"
     result.host, result.port, result.path = call.host.name, call.port, path
     return _decided(rules, result, Question(identity, call.host, call.port, call.scheme,
-                                            call.method, path), tool.credential, "call")
+                                            call.method, path, tool=True), tool.credential,
+                            "call")
 
 
 def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Policy, *,
@@ -80,7 +81,8 @@ def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Po
     if (refused := tool.refusal(arguments)) is not None:
         return _deny(result, Reason.TOOL_ARGUMENTS_INVALID, f"arguments: {refused}")
     return _decided(rules, result, Question(identity, server.host, server.port, server.scheme,
-                                            "POST", path), server.credential, "server")
+                                            "POST", path, tool=True), server.credential,
+                            "server")
 
 
 def _decided(rules: RuleSet, result: Explanation, question: Question, credential: str | None,

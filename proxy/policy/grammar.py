@@ -57,7 +57,7 @@ _TOP_KEYS: Final = ("version", "policies", "sandboxes", "default_policy")
 _POLICY_KEYS: Final = ("mode", "tokens", "allow", "allow_networks", "budgets", "tools",
                        "http_request", "mcp_servers")
 _RULE_KEYS: Final = ("host", "ports", "methods", "paths", "inject", "strip", "plain_http",
-                     "response_timeout")
+                     "response_timeout", "tools_only")
 _MAX_RESPONSE_SECONDS: Final = 24 * 3600.0
 _SANDBOX_KEYS: Final = ("policy", "key_sha256")
 _BUDGET_INTS: Final = {  # field -> minimum
@@ -298,9 +298,15 @@ class RulesDocument(YamlFile):
             if "response_timeout" in entries
             else None
         )
+        tools_only = (
+            self.boolean(entries["tools_only"][1], f"{field}.tools_only")
+            if "tools_only" in entries
+            else False
+        )
         return Rule(
             host, ports, methods, paths, source=str(self.where(node)),
             inject=inject, strip=strip, plain_http=plain_http, response_timeout=response_timeout,
+            tools_only=tools_only,
         )
 
     def _seconds(self, node: Node, field: str) -> float:

@@ -245,6 +245,8 @@ class Rule:
     `inject` lists brokered credentials, `strip` more request headers to remove,
     `plain_http` lets credentials go over plain HTTP to an `allow_networks` address, and
     `response_timeout` (seconds) replaces the proxy's for an API that holds requests open.
+    `tools_only` keeps the rule for sealgate's own calls (declared tools, `http_request`, the
+    MCP gateway's upstreams): a request the proxy is asked for never matches it.
     """
 
     host: str
@@ -256,6 +258,7 @@ class Rule:
     strip: tuple[str, ...] = ()
     plain_http: bool = False
     response_timeout: float | None = None
+    tools_only: bool = False
     _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     # `strip` as `inject.write` compares header names: lower case, encoded.
     strip_keys: frozenset[bytes] = field(init=False, repr=False, compare=False)
@@ -353,17 +356,21 @@ class Policy:
             return found[0] if found else ()
         return tuple(sorted(chain.from_iterable(found), key=_index))
 
-    def match_host(self, host: Host, port: int) -> tuple[Rule, ...]:
-        """Rules whose host and port match, in file order: could anything here be allowed?"""
-        return tuple(rule for rule in self.host_rules(host) if port in rule.ports)
+    def match_host(self, host: Host, port: int, *, tool: bool = False) -> tuple[Rule, ...]:
+        """Rules whose host and port match, in file order: could anything here be allowed?
+        `tool`: asked for one of sealgate's own calls, which `tools_only` rules serve too."""
+        return tuple(rule for rule in self.host_rules(host)
+                     if port in rule.ports and (tool or not rule.tools_only))
 
-    def match(self, host: Host, port: int, method: str, path: str) -> Rule | None:
+    def match(self, host: Host, port: int, method: str, path: str, *,
+              tool: bool = False) -> Rule | None:
         """The first rule (file order) matching host, port, method and path, else None.
 
-        `path` must be the output of `normalize_path`.
+        `path` must be the output of `normalize_path`; `tool` as in `match_host`.
         """
         for _, rule in self._candidates(host):
-            if port in rule.ports and rule.allows_request(method, path):
+            if (port in rule.ports and (tool or not rule.tools_only)
+                    and rule.allows_request(method, path)):
                 return rule
         return None
 

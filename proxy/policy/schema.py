@@ -129,6 +129,7 @@ def schema() -> dict[str, Any]:
         "plain_http": {"type": "boolean"},
         "response_timeout": {"type": "number", "exclusiveMinimum": 0,
                              "maximum": grammar._MAX_RESPONSE_SECONDS},
+        "tools_only": {"type": "boolean"},
     }
     budgets = {"type": "object", "additionalProperties": False, "properties": {
         "requests_per_second": {"type": "number", "exclusiveMinimum": 0,

@@ -1,0 +1,117 @@
+"""`tools_only` rules (docs/rules.md): a rule kept for sealgate's own calls (declared MCP tools,
+`http_request`, the MCP gateway's upstreams) is never a proxied request's. Without it, the rule
+that lets the gateway inject an upstream MCP server's credential also let a sandbox POST to that
+server straight through the proxy, with the credential injected: any tool, no argument
+constraint (found by a test of the gateway from inside a sandbox). Checked at the origin, through
+the real proxy, and with `rules explain` / `rules explain-tool`, which decide as both paths do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KEYS, client
+from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, ProxyFactory, key_digest
+
+CANARY = "tools-only-canary-9f3e1c"
+
+
+@pytest.fixture(scope="module")
+def origin(test_ca: OriginCA) -> Iterator[Origin]:
+    made = Origin(tls=test_ca.issue("api.test", "limited.test"))
+    yield made
+    made.stop()
+
+
+def _rules(port: int) -> str:
+    return f"""
+version: 1
+policies:
+  ci:
+    allow:
+      - host: api.test
+        ports: [{port}]
+        methods: [POST]
+        paths: ["/mcp"]
+        tools_only: true
+        inject:
+          - {{secret: "file:mcp_token", as: bearer, name: docs_mcp}}
+      - host: limited.test
+        ports: [{port}]
+        methods: [GET]
+    allow_networks: [127.0.0.1/32]
+    mcp_servers:
+      - name: docs
+        url: https://api.test:{port}/mcp
+        credential: docs_mcp
+        tools:
+          - name: search
+  open:
+    allow:
+      - host: api.test
+        ports: [{port}]
+        methods: [POST]
+        paths: ["/mcp"]
+        inject:
+          - {{secret: "file:mcp_token", as: bearer}}
+    allow_networks: [127.0.0.1/32]
+sandboxes:
+  bot-1: {{policy: ci, key_sha256: "{key_digest(KEYS['bot-1'])}"}}
+  rep-1: {{policy: open, key_sha256: "{key_digest(KEYS['rep-1'])}"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def rules_file(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tools-only") / "rules.yaml"
+    path.write_text(_rules(origin.port))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tproxy(proxy_with: ProxyFactory, rules_file: Path) -> Iterator[Proxy]:
+    with proxy_with(rules_file.read_text(), name="tools-only", secrets={"mcp_token": CANARY},
+                    canaries=(CANARY,)) as p:
+        yield p
+
+
+def test_a_tools_only_rule_is_no_proxied_requests(tproxy: Proxy, origin: Origin) -> None:
+    origin.reset()
+    r = client(tproxy, "bot-1").post(f"https://api.test:{origin.port}/mcp", json={}, timeout=20)
+    assert r.status_code == 403 and r.json()["reason"] == "not_allowed"
+    assert CANARY not in r.text
+    assert origin.untouched()  # not a connection, not a byte
+    # The policy's other rule still serves it: the refusal is the rule's, not the policy's.
+    assert client(tproxy, "bot-1").get(f"https://limited.test:{origin.port}/x",
+                                       timeout=20).status_code == 200
+
+
+def test_the_same_rule_without_it_injects_for_a_proxied_request(
+        tproxy: Proxy, origin: Origin) -> None:
+    """The hole the flag closes, open: the test above would fail on a rule without it."""
+    origin.reset()
+    r = client(tproxy, "rep-1").post(f"https://api.test:{origin.port}/mcp", json={}, timeout=20)
+    assert r.status_code == 200
+    (seen,) = [s for s in origin.requests if s.path == "/mcp"]
+    assert seen.headers["authorization"] == f"Bearer {CANARY}"
+
+
+def _explain(*args: str) -> dict[str, object]:
+    done = subprocess.run([*SEALGATE, "rules", *args, "--json"], cwd=ROOT, capture_output=True,
+                          timeout=60, check=False)
+    said: dict[str, object] = json.loads(done.stdout)
+    return said
+
+
+def test_explain_says_which_path_the_rule_serves(rules_file: Path, origin: Origin) -> None:
+    proxied = _explain("explain", str(rules_file), "POST", f"https://api.test:{origin.port}/mcp",
+                       "--sandbox", "bot-1")
+    assert proxied["decision"] == "deny"
+    assert "tools_only" in json.dumps(proxied)
+    called = _explain("explain-tool", str(rules_file), "docs/search", "--sandbox", "bot-1")
+    assert called["decision"] == "allow"
