@@ -9,9 +9,10 @@ list is refused with nothing sent; and the canary is nowhere in the sandbox's en
 what its commands printed, or in the gateway's, the proxy's or the daemon's logs. The sandbox
 cannot reach the upstream itself: the proxy's policy does not allow it and a direct connection
 gets nowhere, while the same probes reach what is allowed (the control that they can succeed).
-The proxy's rules (the package's) are not the gateway's here: a policy whose proxy rules held
-the gateway's allowing rule (it must inject the credential) would let its sandbox POST to the
-upstream through the proxy, the credential injected, any tool of the upstream's.
+The gateway's allowing rule is `tools_only` (docs/rules.md), as every rule injecting an MCP
+server's credential should be: without it, a proxy given the same rules would let the sandbox
+POST to the upstream itself, the credential injected, any tool of the upstream's
+(tests/integration/test_tools_only.py checks that at the origin).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ policies:
         ports: [{port}]
         methods: [POST]
         paths: ["/mcp"]
+        tools_only: true
         inject:
           - {{secret: "file:upstream", as: bearer, name: upstream}}
     allow_networks: [127.0.0.1/32]
