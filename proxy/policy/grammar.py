@@ -207,6 +207,15 @@ class RulesDocument(YamlFile):
         servers = (gatewaygrammar.mcp_servers(self, entries["mcp_servers"][1],
                                               f"{field}.mcp_servers", named)
                    if "mcp_servers" in entries else ())
+        for server in servers:
+            for rule in rules:
+                if not rule.tools_only and any(i.name == server.credential and i.name
+                                               for i in rule.inject):
+                    self._warn("proxied_credential", entries["mcp_servers"][1],
+                               f"{field}.mcp_servers",
+                               f"the rule at {rule.source} injects {server.name!r}'s credential "
+                               "and is not tools_only: the sandbox's own requests through the "
+                               "proxy get it too, past the server's tool list")
         return Policy(name, mode, tokens, tuple(rules), tuple(networks), budgets, tools,
                       generic, servers)
 

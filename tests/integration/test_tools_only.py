@@ -115,3 +115,16 @@ def test_explain_says_which_path_the_rule_serves(rules_file: Path, origin: Origi
     assert "tools_only" in json.dumps(proxied)
     called = _explain("explain-tool", str(rules_file), "docs/search", "--sandbox", "bot-1")
     assert called["decision"] == "allow"
+
+
+def test_a_gateway_credential_on_a_proxied_rule_is_warned_of(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(_rules(443).replace("        tools_only: true\n", ""))
+    done = subprocess.run([*SEALGATE, "rules", "check", str(rules)], cwd=ROOT,
+                          capture_output=True, timeout=60, check=False)
+    said = done.stdout.decode() + done.stderr.decode()
+    assert "proxied_credential" in said and "'docs'" in said
+    rules.write_text(_rules(443))
+    done = subprocess.run([*SEALGATE, "rules", "check", str(rules)], cwd=ROOT,
+                          capture_output=True, timeout=60, check=False)
+    assert "proxied_credential" not in done.stdout.decode() + done.stderr.decode()
