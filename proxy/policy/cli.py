@@ -3,6 +3,10 @@ them.
 
 Exit codes: 0 fine; 1 the answer is no (rules invalid, a case failed, a request denied, a change
 widens access under --fail-on-widen); 2 the question was wrong (usage, an unknown sandbox).
+
+Why one module of ~420 lines: it is the argparse face of eight subcommands and the printing of
+their answers; the work of each is its own module's (`explain`, `cases`, `diff`, `bound`,
+`suggest`, `schema`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ work that can be done ahead of time is: exact hosts sit in one dict, `*.suffix` 
 dict keyed by suffix (a lookup per parent suffix of the requested name), `*` apart, and each
 rule's path globs in one compiled regex. Hosts come in as `Host` values from `hostname.py`, so
 matching is plain string equality on canonical names.
+
+Why one module of ~400 lines: `Rule`, `Policy` and `RuleSet` are one compiled structure that
+every request reads, and their matching is its indexes'.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ limits), on aiohttp.
 
 or `sb = await AsyncSandbox.create(...)` and `await sb.delete()` yourself. Every call takes
 `call_timeout` as the sync client's do (the whole call; CallTimeout past it).
+
+Why one module of ~430 lines: it is `client`'s twin call for call (each method a few lines over
+`clientshared`), kept in one place so that the two are read side by side.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ included (None: no limit). By default 60 s, and for a command its own `timeout` 
 daemon reports a command's time-out as its answer). Past it the call raises `CallTimeout`
 (reason `client_timeout`), never the "cannot be reached" of a daemon that refused or was not
 there; the connection is closed, and a command whose caller left is killed.
+
+Why one module of ~450 lines: the connection, its deadline, the answer being read, `Client` and
+`Sandbox` are one object graph that every call walks; what the two clients share is apart
+(`clientshared`, `files`, `process`, `terminal`), and the asyncio one is `aclient`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ A layer is unpacked into `tmp/` and renamed into place only once it passed every
 blob's size and sha256, its diff_id, the unpacker's rules); an import that fails removes the
 layers it added that no image references, and whatever else it left in `tmp/`. gc removes
 layers and blobs no image references, and anything left in `tmp/` by a process that died.
+
+Why one module of ~430 lines: every operation of the store takes the same lock, the same `tmp/`
+discipline and the same index transaction; split, the rule that keeps a crash from leaving a
+half layer in place would be in two places.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 hvac is synchronous, so every call runs in a small bounded thread pool with hvac's own
 per-request timeout: a slow Vault can occupy at most `workers` threads, each for at most
 `timeout` seconds, and the cache in front makes one call per secret at a time.
+
+Why one module of ~420 lines: the auth methods (token, token file, AppRole, Kubernetes), the
+re-login on expiry and KV v1/v2 share one client's state and its lock.
 """
 
 from __future__ import annotations
