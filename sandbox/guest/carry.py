@@ -1,51 +1,50 @@
 """The agent's packets carried over one byte stream, where no descriptor can cross: a sandbox
-in a Kubernetes pod, reached through the API server's exec stream (`sealgate.kube.podserve`).
+in a Kubernetes pod, reached through the API server's exec stream (`sandbox.kubernetes`).
 Standard library only: the pod's end runs in the pod.
 
 The daemon speaks to a sandbox as to every other (`protocol`'s packets: a request and its
-descriptors); two ends stand in between, speaking `protocol`'s frames to each other:
+descriptors); two ends stand in between, speaking `protocol`'s frames to each other over one
+`carrylink.Link`:
 
 - `Sender`, on the daemon's side: reads the daemon's packets as an agent would, sends each
-  request as a frame whose header is the packet itself, then the bytes its IN descriptors give
-  as `data` frames (`id`, `fd`: the descriptor's place in `DESCRIPTORS`), an empty payload for
-  their end; and writes the `data` frames that come back to its OUT descriptors, closing each
-  at its end. A kill, signal or resize (no descriptors) is its header alone.
+  request as a frame whose header is the packet itself; each of its descriptors is then a
+  stream of its own (`carrylink`): the bytes of those the agent reads go as `data` frames
+  (`id`, `fd`: the descriptor's place in `DESCRIPTORS`, an empty payload for the end), those
+  that come back are written to the descriptors the agent writes. A kill, signal or resize
+  (no descriptors) is its header alone.
 - `Receiver`, in the pod: the other way round. It starts the agent (`agent`, the same program
   every tier runs, its channel a packet pair), makes a pipe for each descriptor of a request
-  (a socket pair for a `connect`'s one socket), hands the agent the request with its ends,
-  writes what comes for IN, and sends what the agent writes to OUT. It says `ready` once the
-  agent has.
+  (a socket pair for a `connect`'s one socket), and hands the agent the request with its ends.
+  It says `ready` once the agent has.
 
-The daemon's side trusts nothing from the pod: a header over `GUEST_HEADER_MAX` bytes or
-nested deeper than the decoder allows, an op other than `ready` and `data`, a field of the
-wrong type, ends the link (and so the sandbox); bytes for a descriptor that is not open and
-not the pod's to write are dropped. The pod trusts the daemon.
+Each stream has a window (`carrylink.WINDOW`, granted back by `credit` frames as its bytes are
+written), so neither end ever stops reading the link: a get's data ahead of its status line, a
+command's input it never reads, a slow reader of a port, hold back only their own stream; a
+kill always arrives.
 
-Every descriptor written has a thread of its own (`_Writer`), so that one whose reader is not
-reading yet (a get's data, read after its status line; a command's input it never reads)
-holds back no other, nor a kill: each end holds at most `_HELD_MAX` bytes for its writers,
-after which it stops reading the link, and the stream's own back-pressure carries that to the
-other end. So a reader slower than its stream for long slows its sandbox's link, and is never
-anyone's memory; a frame is at most `POD_FRAME_MAX` from the pod.
+The daemon's side trusts nothing from the pod: a frame over `POD_FRAME_MAX`, a header over
+`GUEST_HEADER_MAX` bytes or nested deeper than the decoder allows, an op other than `ready`
+(once), `data` and `credit`, a field of the wrong type, a stream sent past its window, ends the
+link (and so the sandbox); bytes for a descriptor that is not open and not the pod's to write
+are dropped. A sandbox holds at most `_MOST_STREAMS` streams open: a request past it is lost.
+The pod trusts the daemon.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import socket
 import subprocess
 import sys
 import threading
 
+from .carrylink import CHUNK, END, WINDOW, Incoming, Link, Outgoing
 from .protocol import (
     DESCRIPTORS,
     GUEST_HEADER_MAX,
     IN,
-    MAX_FRAME,
     VERSION,
-    Frames,
     Op,
     encode,
     hello,
@@ -56,121 +55,74 @@ from .protocol import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
-_CHUNK = 1 << 16
 # What the pod's end ever sends: a chunk and a small header. The daemon's side refuses more, so
 # a pod cannot make it hold a frame of protocol's 64 MiB for each sandbox.
-POD_FRAME_MAX = _CHUNK + 512
-# Bytes held for the descriptors of one end's requests (written by their own threads) before
-# that end stops reading the link: what a pod can make the daemon hold, per sandbox.
-_HELD_MAX = 8 << 20
-_END = b""
+POD_FRAME_MAX = CHUNK + 512
+_MOST_STREAMS = 256  # at once per sandbox: the daemon's 64 requests, of up to 4 descriptors
+Key = tuple[int, int]  # (request, descriptor)
 
 
-class Link:
-    """One end of the stream: frames written whole under a lock, read by one thread."""
+class _Streams:
+    """One end's open streams, each gone from here when its thread ends."""
 
-    def __init__(self, read: int, write: int, max_header: int,
-                 max_frame: int = MAX_FRAME) -> None:
-        self._read, self._write = read, write
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self._in: dict[Key, Incoming] = {}
+        self._out: dict[Key, Outgoing] = {}
         self._lock = threading.Lock()
-        self._frames = Frames(max_header, max_frame)
+        self._closed = False
 
-    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+    def open(self, ident: int, written: dict[int, int], read: dict[int, int]
+             ) -> list[Outgoing] | None:
+        """Streams for request `ident`: the descriptors this end writes (`written`, started at
+        once: answers may come before the request is out) and reads (`read`, returned for the
+        caller to start once the request is sent). None, and the descriptors closed, once the
+        link has ended or the sandbox holds its most."""
         with self._lock:
-            _write_all(self._write, encode(header, payload))
+            if self._closed or len(self._in) + len(self._out) + len(written) + len(read) \
+                    > _MOST_STREAMS:
+                for fd in {*written.values(), *read.values()}:
+                    os.close(fd)
+                return None
+            incoming = {(ident, i): Incoming(self.link, ident, i, fd, self._forgetter(
+                self._in, (ident, i))) for i, fd in written.items()}
+            outgoing = {(ident, i): Outgoing(self.link, ident, i, fd, self._forgetter(
+                self._out, (ident, i))) for i, fd in read.items()}
+            self._in.update(incoming)
+            self._out.update(outgoing)
+        for stream in incoming.values():
+            stream.start()
+        return list(outgoing.values())
 
-    def frames(self) -> Any:
-        """Each frame as it comes, until the stream ends. ValueError for a bad frame."""
-        while chunk := os.read(self._read, _CHUNK):
-            yield from self._frames.feed(chunk)
+    def data(self, key: Key, payload: bytes) -> None:
+        """ValueError past the stream's window."""
+        with self._lock:
+            stream = self._in.get(key)
+        if stream is not None:  # else its reader is gone, or it is not this end's to write
+            stream.put(payload)
 
+    def credit(self, key: Key, n: int, closed: bool) -> None:
+        with self._lock:
+            stream = self._out.get(key)
+        if stream is not None:
+            stream.grant(n, closed)
 
-def _pump_out(link: Link, ident: int, index: int, fd: int) -> None:
-    """What descriptor `fd` gives, as `data` frames, then its end."""
-    try:
-        while data := os.read(fd, _CHUNK):
-            link.send({"op": Op.DATA, "id": ident, "fd": index}, data)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError, ValueError):
-            link.send({"op": Op.DATA, "id": ident, "fd": index}, _END)
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            incoming, outgoing = list(self._in.values()), list(self._out.values())
+        for stream in incoming:
+            stream.put(END)
+        for out in outgoing:
+            out.stop()
 
-
-def _start(target: Callable[..., None], *args: Any) -> None:
-    threading.Thread(target=target, args=args, daemon=True).start()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _end(fd: int) -> None:
-    """The end of a stream written to `fd`: a socket's writing half shut (its reader sees the
-    end while its other direction goes on), anything else closed."""
-    with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=fd)
-        try:
-            sock.shutdown(socket.SHUT_WR)
-        finally:
-            sock.close()
-        return
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-class _Budget:
-    """The bytes one end's writers may hold between them."""
-
-    def __init__(self, most: int) -> None:
-        self._left = most
-        self._cond = threading.Condition()
-
-    def take(self, n: int) -> None:
-        with self._cond:
-            while n > self._left:  # n is at most a frame's payload, well under the whole
-                self._cond.wait()
-            self._left -= n
-
-    def give(self, n: int) -> None:
-        with self._cond:
-            self._left += n
-            self._cond.notify_all()
-
-
-class _Writer:
-    """Bytes for one descriptor, written as they come by a thread of its own, so that a
-    descriptor whose reader is not reading yet (a get's data, read after its status line)
-    holds back no other of the link's: the link's reader waits only once the end's budget is
-    spent. A reader gone drops the rest; the end (`put(b"")`) never waits."""
-
-    def __init__(self, fd: int, budget: _Budget) -> None:
-        self._fd, self._budget = fd, budget
-        self._queue: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        _start(self._run)
-
-    def put(self, data: bytes) -> None:
-        self._budget.take(len(data))
-        self._queue.put(data)
-
-    def _run(self) -> None:
-        broken = False
-        try:
-            while data := self._queue.get():
-                if not broken:
-                    try:
-                        _write_all(self._fd, data)
-                    except OSError:  # its reader went: what else comes for it is dropped
-                        broken = True
-                self._budget.give(len(data))
-        finally:
-            _end(self._fd)
+    def _forgetter(self, table: dict[Key, Any], key: Key) -> Any:
+        def forget() -> None:
+            with self._lock:
+                table.pop(key, None)
+        return forget
 
 
 class Sender:
@@ -179,25 +131,20 @@ class Sender:
 
     def __init__(self, chan: socket.socket, link: Link) -> None:
         self.chan, self.link = chan, link
-        self._out: dict[tuple[int, int], _Writer] = {}  # (request, descriptor) -> its writer
-        self._lock = threading.Lock()
-        self._budget = _Budget(_HELD_MAX)
+        self.streams = _Streams(link)
         self._ready = False
 
     def run(self) -> None:
-        """Serve until either end goes; then every descriptor held is closed (the daemon sees
-        each request's status end without a line: lost)."""
-        _start(self._requests)
+        """Serve until either end goes; then every stream ends (the daemon sees each request's
+        status end without a line: lost)."""
+        threading.Thread(target=self._requests, daemon=True).start()
         try:
             for header, payload in self.link.frames():
                 self._answer(header, payload)
         except (OSError, ValueError):
             pass
         finally:
-            with self._lock:
-                held, self._out = list(self._out.values()), {}
-            for writer in held:
-                writer.put(_END)
+            self.streams.close()
             # Shut, not only closed: the thread reading requests holds the socket in its
             # recvmsg, and the daemon would see no end until that returned.
             with contextlib.suppress(OSError):
@@ -219,17 +166,15 @@ class Sender:
                 os.close(fd)
             return
         op, ident, req = parsed
-        with self._lock:  # before the request leaves: its first answer may come at once
-            for index, (_, way) in enumerate(DESCRIPTORS[op]):
-                if way != IN:
-                    self._out[ident, index] = _Writer(fds[index], self._budget)
-        try:
+        ways = [way for _, way in DESCRIPTORS[op]]
+        read = self.streams.open(ident, {i: fd for i, fd in enumerate(fds) if ways[i] != IN},
+                                 {i: fd for i, fd in enumerate(fds) if ways[i] == IN})
+        if read is None:
+            return  # the daemon sees its status end without a line: lost
+        with contextlib.suppress(OSError):  # a link gone: each stream ends as it finds it so
             self.link.send(req)
-        except (OSError, ValueError):
-            return
-        for index, (_, way) in enumerate(DESCRIPTORS[op]):
-            if way == IN:
-                _start(_pump_out, self.link, ident, index, fds[index])
+        for stream in read:
+            stream.start()
 
     def _answer(self, header: dict[str, Any], payload: bytes) -> None:
         op = header.get("op")
@@ -240,14 +185,15 @@ class Sender:
             self.chan.send(hello())
             return
         ident, index = header.get("id"), header.get("fd")
-        if op != Op.DATA or type(ident) is not int or type(index) is not int:
+        if type(ident) is not int or type(index) is not int:
+            raise ValueError(f"a {str(op)[:40]!r} frame without a request and descriptor")
+        if op == Op.DATA:
+            self.streams.data((ident, index), payload)
+        elif (op == Op.CREDIT and type(n := header.get("n")) is int and 0 <= n <= WINDOW
+              and type(closed := header.get("closed", False)) is bool):
+            self.streams.credit((ident, index), n, closed)
+        else:
             raise ValueError(f"a frame the daemon never asked for: {str(op)[:40]!r}")
-        with self._lock:
-            writer = self._out.get((ident, index))
-            if writer is not None and not payload:
-                del self._out[ident, index]
-        if writer is not None:  # else its reader is gone, or it was never the pod's to write
-            writer.put(payload)
 
 
 class Receiver:
@@ -261,8 +207,7 @@ class Receiver:
             self.agent = subprocess.Popen(agent_argv, stdin=theirs.fileno(),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.chan = ours
-        self._in: dict[tuple[int, int], _Writer] = {}
-        self._budget = _Budget(_HELD_MAX)
+        self.streams = _Streams(link)
 
     def run(self) -> None:
         try:
@@ -274,6 +219,7 @@ class Receiver:
                 if not self._handle(header, payload):
                     return
         finally:
+            self.streams.close()
             self.chan.close()  # the agent ends at its channel's end, and its commands with it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.agent.wait(10)
@@ -281,11 +227,11 @@ class Receiver:
     def _handle(self, header: dict[str, Any], payload: bytes) -> bool:
         op = header.get("op")
         if op == Op.DATA:
-            writer = self._in.get((header["id"], header["fd"]))
-            if writer is not None:
-                if not payload:
-                    del self._in[header["id"], header["fd"]]
-                writer.put(payload)
+            self.streams.data((header["id"], header["fd"]), payload)
+            return True
+        if op == Op.CREDIT:
+            self.streams.credit((header["id"], header["fd"]), header["n"],
+                                header.get("closed", False))
             return True
         if op == Op.KILL and header.get("all") is True:  # the daemon let the sandbox go
             return False
@@ -297,6 +243,9 @@ class Receiver:
         descriptors = DESCRIPTORS.get(str(op), ())
         theirs, ours = self._ends(op, len(descriptors))
         ident = int(header["id"])
+        ways = [way for _, way in descriptors]
+        read = self.streams.open(ident, {i: fd for i, fd in enumerate(ours) if ways[i] == IN},
+                                 {i: fd for i, fd in enumerate(ours) if ways[i] != IN})
         try:
             socket.send_fds(self.chan, [encode(header)[4:].rstrip(b"\n")], theirs)
         except OSError:
@@ -304,11 +253,8 @@ class Receiver:
         finally:
             for fd in set(theirs):
                 os.close(fd)
-        for index, (_, way) in enumerate(descriptors):
-            if way == IN:
-                self._in[ident, index] = _Writer(ours[index], self._budget)
-            else:
-                _start(_pump_out, self.link, ident, index, ours[index])
+        for stream in read or ():
+            stream.start()
         return True
 
     @staticmethod

@@ -100,6 +100,8 @@ class Op(StrEnum):
     RELEASE = "release"  # the save is over: on as before
     RENEW = "renew"  # a copy resumed from a save: its own address, files, randomness, clock
     STDIN = "stdin"
+    # carry's, both ways: a stream's bytes written, so more may come (`carrylink`)
+    CREDIT = "credit"
     # frames, guest -> host (ready as well)
     OK = "ok"
     DATA = "data"

@@ -47,7 +47,8 @@ def pod_agent() -> bytes:
     input and output and starts the agent from the same file. The pod needs a python3 (3.11 or
     later) and nothing of sealgate's installed."""
     main = "import sys\nfrom guest.carry import main\nmain(sys.argv[1:])\n"
-    return _bundle((*AGENT_MODULES, "carry.py"), {"__main__.py": main.encode()})
+    return _bundle((*AGENT_MODULES, "carry.py", "carrylink.py"),
+                   {"__main__.py": main.encode()})
 
 
 def _bundle(names: tuple[str, ...], extra: dict[str, bytes]) -> bytes:

@@ -55,7 +55,8 @@ from ..daemon.ended import Ended
 from ..daemon.events import log
 from ..daemon.idempotency import Creates
 from ..daemon.session import Options, Session, SessionError
-from ..guest.carry import POD_FRAME_MAX, Link, Sender
+from ..guest.carry import POD_FRAME_MAX, Sender
+from ..guest.carrylink import Link
 from ..guest.protocol import GUEST_HEADER_MAX, read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image
@@ -184,7 +185,7 @@ class KubeBackend:
         started = time.monotonic()
         try:
             bound = await self._claims.claim(ident, pool, {"sealgate.dev/sandboxd-id": ident},
-                                             shutdown)
+                                             shutdown, options.sandbox)
         except ClaimError as exc:
             raise SessionError(str(exc), reason=Reason.SANDBOX_FAILED) from None
         try:
@@ -213,13 +214,15 @@ class KubeBackend:
         ours.setblocking(False)
         daemon_end.setblocking(False)
         sender = Sender(sender_end, Link(link.fileno(), link.fileno(), GUEST_HEADER_MAX,
-                                         POD_FRAME_MAX))
+                                         POD_FRAME_MAX, sock=link))
 
         def serve() -> None:
             try:
                 sender.run()
             finally:
-                link.close()
+                # Never a bare close: another thread may still be sending, and the number
+                # would then be written into whatever reuses it (another sandbox's link).
+                sender.link.close()
 
         threading.Thread(target=serve, name=f"carry-{bound.pod}", daemon=True).start()
         pod = Pod(bound, daemon_end)
@@ -307,6 +310,6 @@ class KubeBackend:
             now = time.monotonic()
             for ident, session in list(self._sessions.items()):
                 why = "agent ended" if session.ended.is_set() else session.expired(now)
-                if why is not None:
-                    await self._quietly(ident, why)
+                if why is not None:  # each apart: a pod slow to let go holds up no other
+                    self._background(ident, why)
 

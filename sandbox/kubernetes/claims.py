@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from ..errors import SandboxError
 EXTENSIONS = ("extensions.agents.x-k8s.io", "v1beta1")
 AGENTS = ("agents.x-k8s.io", "v1beta1")
 _POLL = 0.1  # seconds between looks at a claim not yet ready
+LABEL = "sealgate.dev/sandbox"  # a pod's sandbox id, as the proxy's pod watcher reads it
+_LOG = logging.getLogger("sealgate.sandbox.daemon")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -56,10 +59,11 @@ class Claims:
         self.ready_seconds = ready_seconds
 
     async def claim(self, name: str, pool: str, labels: dict[str, str],
-                    shutdown: datetime.datetime) -> Bound:
+                    shutdown: datetime.datetime, sandbox: str) -> Bound:
         """Claim a sandbox of warm pool `pool` as `name`, ended by the controller at `shutdown`
-        whatever becomes of us, and wait for it (bounded). Raises ClaimError; a claim made and
-        then failed is deleted."""
+        whatever becomes of us, and wait for it (bounded): its pod must be labelled `sandbox`
+        (`LABEL`: who it is to the proxy), or the pool is not that sandbox's. Raises ClaimError;
+        a claim made (or perhaps made: an answer lost) and then failed is deleted."""
         if not _NAME.fullmatch(name):
             raise ClaimError(f"{name[:64]!r} is not a Kubernetes object name")
         body = {"apiVersion": "/".join(EXTENSIONS), "kind": "SandboxClaim",
@@ -71,9 +75,10 @@ class Claims:
             await self._objects.create_namespaced_custom_object(
                 *EXTENSIONS, self.namespace, "sandboxclaims", body, _request_timeout=30)
         except Exception as exc:  # the generated client's ApiException, or no API at all
+            await self.release(name)  # the name is ours alone, and the answer may be all lost
             raise ClaimError(f"cannot claim from warm pool {pool!r}: {_said(exc)}") from None
         try:
-            return await asyncio.wait_for(self._ready(name), self.ready_seconds)
+            return await asyncio.wait_for(self._ready(name, sandbox), self.ready_seconds)
         except TimeoutError:
             await self.release(name)
             raise ClaimError(f"claim {name} on warm pool {pool!r} was not ready within "
@@ -94,14 +99,15 @@ class Claims:
 
     async def release(self, name: str) -> None:
         """Delete the claim (its shutdown policy deletes its sandbox and pod). Never raises:
-        a claim left behind ends by its own lifecycle, and the backend says so in its log."""
+        a claim left behind ends by its own lifecycle (its shutdownTime), said in the log."""
         try:
             await self._objects.delete_namespaced_custom_object(
                 *EXTENSIONS, self.namespace, "sandboxclaims", name, _request_timeout=30)
-        except Exception:
-            return
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                _LOG.warning("claim not deleted", extra={"claim": name, "error": _said(exc)})
 
-    async def _ready(self, name: str) -> Bound:
+    async def _ready(self, name: str, sandbox: str) -> Bound:
         while True:
             try:
                 claim = await self._objects.get_namespaced_custom_object(
@@ -112,10 +118,11 @@ class Claims:
             if _condition(status, "Ready"):
                 given = status.get("sandbox") or {}
                 if isinstance(given.get("name"), str) and given.get("podIPs"):
-                    return await self._pod(name, given["name"], list(given["podIPs"]))
+                    return await self._pod(name, given["name"], list(given["podIPs"]),
+                                           sandbox)
             await asyncio.sleep(_POLL)
 
-    async def _pod(self, claim: str, sandbox: str, addresses: list[Any]) -> Bound:
+    async def _pod(self, claim: str, sandbox: str, addresses: list[Any], who: str) -> Bound:
         try:
             found = await self._objects.get_namespaced_custom_object(
                 *AGENTS, self.namespace, "sandboxes", sandbox, _request_timeout=30)
@@ -133,6 +140,9 @@ class Claims:
         if len(running) != 1:
             raise ClaimError(f"sandbox {sandbox}: {len(running)} running pods with its address")
         pod = running[0]
+        if (pod.metadata.labels or {}).get(LABEL) != who:
+            raise ClaimError(f"sandbox {sandbox}'s pod is not labelled {LABEL}={who}: its warm "
+                             "pool is another sandbox's (sandboxd --warm-pool)")
         return Bound(self.namespace, claim, sandbox, pod.metadata.name, pod.status.pod_ip)
 
 

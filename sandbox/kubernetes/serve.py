@@ -86,7 +86,9 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with client.ApiClient(made) as api, WsApiClient(made) as ws_api:
+    # A heartbeat on each exec's WebSocket: a link whose API server went away is seen in a
+    # minute, not at the sandbox's ttl.
+    async with client.ApiClient(made) as api, WsApiClient(made, heartbeat=30) as ws_api:
         backend = KubeBackend(settings.config, api, ws_api)
         backend.start()
         runner = Runner(make_app(backend, settings.key), access_log=None,

@@ -15,11 +15,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from sealgate.sandbox.guest.carry import POD_FRAME_MAX, Link, Sender
+from sealgate.sandbox.guest.carry import POD_FRAME_MAX, Sender
+from sealgate.sandbox.guest.carrylink import WINDOW, Link
 from sealgate.sandbox.guest.protocol import GUEST_HEADER_MAX, Op, packet
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -139,20 +141,20 @@ def test_a_large_get_whose_data_waits_for_its_status(daemon: Daemon) -> None:
 
 
 def test_data_ahead_of_a_status_holds_nothing_back() -> None:
-    """The pod's end sends each descriptor's bytes as they come, in any order: two megabytes
-    of a get's data ahead of its status line must not hold the status back while the daemon
-    reads the status first (they did, when one thread wrote every descriptor in turn)."""
-    says = ("for _ in range(32):\n"
+    """The pod's end sends each descriptor's bytes as they come, in any order: a get's data,
+    a window's worth, ahead of its status line must not hold the status back while the daemon
+    reads the status first (it did, when one thread wrote every descriptor in turn)."""
+    says = ("for _ in range(3):\n"
             "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, b'd' * 65536))\n"
             "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}))\n"
-            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}, b'{\"size\": 2097152}\\n'))\n"
+            "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}, b'{\"size\": 196608}\\n'))\n"
             "os.write(1, encode({'op': 'data', 'id': 1, 'fd': 1}))")
     with _scripted(says) as d:
         data, status = d.request(Op.GET, 1, 2, path="big.bin", limit=16 << 20)
         ready = select.select([status], [], [], 20)[0]
         assert ready, "the status line was held behind the data"
-        assert json.loads(_read(status)) == {"size": 2 << 20}
-        assert _read(data) == b"d" * (2 << 20)
+        assert json.loads(_read(status)) == {"size": 3 << 16}
+        assert _read(data) == b"d" * (3 << 16)
 
 
 def test_kill_reaches_a_command_whose_input_is_never_read(daemon: Daemon) -> None:
@@ -185,6 +187,11 @@ _OUT_OF_TURN = {
     "a header nested too deep": "os.write(1, encode({'op': 'data', 'fd': 1, 'id': "
                                 "__import__('json').loads('[' * 40 + '1' + ']' * 40)}))",
     "a field of the wrong type": "os.write(1, encode({'op': 'data', 'id': '1', 'fd': 3}))",
+    "a stream past its window": "for _ in range(5):\n"
+                                "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, "
+                                "b'x' * 65536))",
+    "a credit out of range": "os.write(1, encode({'op': 'credit', 'id': 1, 'fd': 0, "
+                             "'n': 1 << 40}))",
 }
 
 
@@ -195,7 +202,8 @@ def test_a_pod_that_speaks_out_of_turn_ends_the_link(said: str) -> None:
     hanging)."""
     with _scripted(said) as d:
         data, status = d.request(Op.GET, 1, 2, path="a", limit=10)
-        assert _read(status) == b"" and _read(data) == b""
+        # No status line; of the data, at most what was within the stream's window.
+        assert _read(status) == b"" and len(_read(data)) <= WINDOW
         d.thread.join(10)
         assert not d.thread.is_alive()
         assert d.chan.recv(4096) == b""  # the daemon's end sees the sandbox gone
@@ -213,3 +221,67 @@ def test_data_for_a_descriptor_the_pod_does_not_write_is_dropped() -> None:
         assert _read(status) == b'{"exit": 0}\n'
         os.close(stdin)
     assert _read(stdout) == b"" and _read(stderr) == b""
+
+
+def test_a_closed_link_never_writes_to_its_number_again() -> None:
+    """Once a link is closed, a thread still sending (a stream's end, the last kill) must not
+    write into whatever now holds its descriptor number: another sandbox's link, say."""
+    ours, theirs = socket.socketpair()
+    link = Link(ours.fileno(), ours.fileno(), GUEST_HEADER_MAX, POD_FRAME_MAX, sock=ours)
+    number = ours.fileno()
+    link.close()
+    other, peer = socket.socketpair()  # the lowest free numbers: the link's among them
+    try:
+        assert number in (other.fileno(), peer.fileno())
+        with pytest.raises(OSError):
+            link.send({"op": "kill", "id": 0, "all": True})
+        other.setblocking(False), peer.setblocking(False)
+        for sock in (other, peer):
+            with pytest.raises(BlockingIOError):
+                sock.recv(100)
+    finally:
+        other.close(), peer.close(), theirs.close()
+
+
+def test_requests_a_pod_ignores_leave_nothing_once_the_daemon_gives_up() -> None:
+    """A pod that never answers: each abandoned request's streams end once the daemon has
+    closed its ends (within the carry's look, bounded here), not when the sandbox ends."""
+    with _scripted("pass") as d:
+        before = threading.active_count()
+        for ident in range(1, 51):
+            for fd in d.request(Op.EXEC, ident, 4, argv=["true"], env={}, cwd=None, timeout=5,
+                                pids=8, tty=None):
+                os.close(fd)
+        deadline = time.monotonic() + 20
+        while threading.active_count() > before + 2:
+            assert time.monotonic() < deadline, threading.active_count() - before
+            time.sleep(0.1)
+
+
+def test_a_kill_arrives_behind_input_a_command_never_reads(daemon: Daemon) -> None:
+    """Megabytes of input a command never reads fill only its own stream's window: the kill
+    behind them still arrives, and the sandbox's other requests are answered (the pod's end
+    once stopped reading the link when a shared budget was spent)."""
+    stdin, stdout, stderr, status = daemon.request(
+        Op.EXEC, 1, 4, argv=["sleep", "60"], env={"PATH": "/usr/bin:/bin"}, cwd=None,
+        timeout=60, pids=64, tty=None)
+    written = [0]
+
+    def fill() -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(192):  # 12 MiB
+                written[0] += os.write(stdin, b"x" * 65536)
+        os.close(stdin)
+
+    threading.Thread(target=fill, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while written[0] < 1 << 18 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the window and the pipes absorb this much before the writer stops
+    data, got = daemon.request(Op.GET, 2, 2, path="nothing-here", limit=10)
+    assert select.select([got], [], [], 10)[0], "another request went unanswered"
+    assert b"error" in _read(got)
+    os.close(data)
+    socket.send_fds(daemon.chan, [packet(Op.KILL, 1)], [])
+    assert select.select([status], [], [], 10)[0], "the kill never arrived"
+    assert json.loads(_read(status))["ending"] == "killed"
+    _read(stdout), _read(stderr)

@@ -45,6 +45,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     where = tmp_path_factory.mktemp("kubesandboxd")
     with ClaimFake() as fake:
         fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
+        fake.pool("mislabelled", {"sealgate.dev/sandbox": "someone-else"}, POD_ENV)
         kubeconfig = where / "kubeconfig"
         kubeconfig.write_text(fake.kubeconfig())
         sock, log = where / "sandboxd.sock", where / "sandboxd.log"
@@ -58,7 +59,8 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
                 [*SEALGATE, "sandboxd", "--backend", "kubernetes", "--kubeconfig",
                  str(kubeconfig), "--socket", str(sock), "--namespace", "sandboxes",
                  "--warm-pool", "agent-python=sealgate-python",
-                 "--warm-pool", "ghost=no-such-pool", "--ready-seconds", "2",
+                 "--warm-pool", "ghost=no-such-pool", "--warm-pool", "wrong=mislabelled",
+                 "--ready-seconds", "2",
                  "--agent", f"/usr/bin/python3 -I {agent}"],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         made = Backend(fake, sock, process, log)
@@ -117,6 +119,19 @@ def test_a_claim_never_ready_fails_clean(backend: Backend) -> None:
     asked = backend.fake.asked[-1]
     assert asked["spec"]["warmPoolRef"] == {"name": "no-such-pool"}
     assert asked["metadata"]["name"] not in backend.fake.claims
+
+
+def test_a_pool_whose_pods_are_another_sandboxs_is_refused(backend: Backend) -> None:
+    """The proxy knows a pod by its label: a pool mapped to the wrong sandbox id (a mistaken
+    --warm-pool) would give the harness another policy than it asked for. Refused, the claim
+    deleted, no exec into the pod."""
+    execs = len(backend.fake.execs)
+    with pytest.raises(DaemonError) as refused:
+        Sandbox.create("wrong", daemon=str(backend.socket))
+    assert refused.value.reason is Reason.SANDBOX_FAILED
+    assert "someone" not in str(refused.value) or "labelled" in str(refused.value)
+    assert backend.fake.asked[-1]["metadata"]["name"] not in backend.fake.claims
+    assert len(backend.fake.execs) == execs
 
 
 def test_a_pod_whose_agent_dies_ends_its_sandbox(backend: Backend) -> None:
