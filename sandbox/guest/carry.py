@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from .carrylink import CHUNK, END, WINDOW, Incoming, Link, Outgoing
 from .protocol import (
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 # a pod cannot make it hold a frame of protocol's 64 MiB for each sandbox.
 POD_FRAME_MAX = CHUNK + 512
 _MOST_STREAMS = 256  # at once per sandbox: the daemon's 64 requests, of up to 4 descriptors
+_STRAYS = 16384  # frames for no open stream, a burst; a quarter of it a second after
 Key = tuple[int, int]  # (request, descriptor)
 
 
@@ -96,12 +98,15 @@ class _Streams:
             stream.start()
         return list(outgoing.values())
 
-    def data(self, key: Key, payload: bytes) -> None:
-        """ValueError past the stream's window."""
+    def data(self, key: Key, payload: bytes) -> bool:
+        """Whether the stream is open here (else its reader is gone, or it is not this end's
+        to write: dropped). ValueError past the stream's window."""
         with self._lock:
             stream = self._in.get(key)
-        if stream is not None:  # else its reader is gone, or it is not this end's to write
-            stream.put(payload)
+        if stream is None:
+            return False
+        stream.put(payload)
+        return True
 
     def credit(self, key: Key, n: int, closed: bool) -> None:
         with self._lock:
@@ -133,6 +138,9 @@ class Sender:
         self.chan, self.link = chan, link
         self.streams = _Streams(link)
         self._ready = False
+        # Frames for no open stream: a few follow a stream that ended early; a flood of them
+        # is a pod spending the daemon's time (its parsing holds the interpreter's lock).
+        self._strays, self._stray_at = float(_STRAYS), time.monotonic()
 
     def run(self) -> None:
         """Serve until either end goes; then every stream ends (the daemon sees each request's
@@ -188,12 +196,22 @@ class Sender:
         if type(ident) is not int or type(index) is not int:
             raise ValueError(f"a {str(op)[:40]!r} frame without a request and descriptor")
         if op == Op.DATA:
-            self.streams.data((ident, index), payload)
+            if not self.streams.data((ident, index), payload):
+                self._stray()
         elif (op == Op.CREDIT and type(n := header.get("n")) is int and 0 <= n <= WINDOW
               and type(closed := header.get("closed", False)) is bool):
             self.streams.credit((ident, index), n, closed)
         else:
             raise ValueError(f"a frame the daemon never asked for: {str(op)[:40]!r}")
+
+
+    def _stray(self) -> None:
+        now = time.monotonic()
+        self._strays = min(_STRAYS, self._strays + (now - self._stray_at) * _STRAYS / 4)
+        self._stray_at = now
+        self._strays -= 1
+        if self._strays < 0:
+            raise ValueError("a flood of frames for no open stream")
 
 
 class Receiver:

@@ -190,6 +190,8 @@ _OUT_OF_TURN = {
     "a stream past its window": "for _ in range(5):\n"
                                 "    os.write(1, encode({'op': 'data', 'id': 1, 'fd': 0}, "
                                 "b'x' * 65536))",
+    "a flood for no stream": "for _ in range(20000):\n"
+                             "    os.write(1, encode({'op': 'data', 'id': 99, 'fd': 1}, b'x'))",
     "a credit out of range": "os.write(1, encode({'op': 'credit', 'id': 1, 'fd': 0, "
                              "'n': 1 << 40}))",
 }
