@@ -27,6 +27,8 @@ The patches, and why:
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/process/master.py);
 - per-request conveniences for mitmproxy's developers left out (speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
+- hooks dispatched from handlers looked up once per hook name, and a hook whose handlers are
+  all plain functions run without a task of its own (hooks.py);
 - what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
   streamed response, the listen endpoints, a pinned connection's name given back, whether
   an HTTP/1 request came in origin form (base-URL mode, proxy/request/baseurl.py), and HTTP/2 chosen
@@ -63,7 +65,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.utils import asyncio_utils
 
 from ..errors import ProxyError
-from . import bodycap, deadline, framing, keeping, limits, linger, pool, speedups, upstream
+from . import bodycap, deadline, framing, hooks, keeping, limits, linger, pool, speedups, upstream
 from .handlers import handler_of
 from .mitmcheck import mismatches
 
@@ -150,6 +152,7 @@ def install(
     # would drop the asserts mitmproxy and sealgate rely on too, so only this check goes.
     http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
     asyncio_utils.set_task_debug_info = speedups.name_task
+    hooks.install()
     # What flow.py and connection.py call `uuid`; uuid4() is all they use of it (checked).
     ids = types.SimpleNamespace(uuid4=speedups.RandomIds().uuid4)
     for module in (flow, connection):

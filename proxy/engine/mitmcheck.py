@@ -29,6 +29,8 @@ from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
 
+from . import hooks
+
 
 class _Changed(Exception):
     pass
@@ -346,6 +348,15 @@ def _ids() -> None:
             raise _Changed(f"{module.__name__}: no source to check what it uses of uuid") from None
         used = set(re.findall(r"\buuid\.(\w+)", source)) - {"uuid4"}
         _expect(not used, f"{module.__name__} also uses uuid.{', uuid.'.join(sorted(used))}")
+
+
+@_checks("mitmproxy's hook dispatch (hooks.py carries it out itself)")
+def _hook_dispatch() -> None:
+    try:
+        changed = hooks.changed()
+    except OSError as exc:
+        raise _Changed(f"no source to compare ({exc})") from None
+    _expect(not changed, f"changed since tested: {', '.join(changed)}")
 
 
 @_checks("mitmproxy.addonmanager.AddonManager.handle_lifecycle")
