@@ -1,5 +1,6 @@
 """`sealgate mcp serve` and `sealgate mcp gateway`: the MCP server and the gateway to upstream MCP
-servers, started from the main virtualenv's `sealgate` command.
+servers, started from the main virtualenv's `sealgate` command; and `sealgate mcp token`, which
+mints a bearer token bound to one sandbox for them (bearer.py).
 
 The server needs the `mcp` SDK, which lives in a virtualenv of its own (`var/mcp-venv`, made
 by `make deps`: the SDK's h11 and mitmproxy's cannot share one). This command parses the
@@ -12,10 +13,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from sealgate.clikit import Subcommands, env_option
 
+from .bearer import (
+    DEFAULT_TTL,
+    KEY_FILE,
+    MAX_TTL,
+    canonical_resource,
+    check,
+    create_key,
+    mint,
+)
 from .options import add_gateway_options, add_serve_options, to_argv
 
 # The checkout's own MCP virtualenv (`make deps`): mcp/ sits at the checkout's top.
@@ -41,6 +52,21 @@ def register(sub: Subcommands) -> None:
                    help="the MCP virtualenv's python (default: the checkout's var/mcp-venv, "
                         "made by `make deps`)")
         parser.set_defaults(func=_serve, mcp_module=module)
+    token = commands.add_parser(
+        "token", help="mint a bearer token bound to one sandbox for the MCP endpoint, printed "
+                      "on stdout (it is a credential: handle it as the sandbox's key)")
+    token.add_argument("--sandbox", required=True, metavar="ID",
+                       help="the sandbox of the rules the token identifies")
+    token.add_argument("--audience", required=True, metavar="URL",
+                       help="the endpoint's resource URI, as `sealgate mcp serve` prints it "
+                            "(its --resource, else http://LISTEN/mcp)")
+    token.add_argument("--ttl", type=int, default=DEFAULT_TTL, metavar="SECONDS",
+                       help=f"how long the token lives (default {DEFAULT_TTL}, at most "
+                            f"{MAX_TTL})")
+    env_option(token, "--state", metavar="DIR", env="SEALGATE_STATE", default="var",
+               help=f"the state directory the server reads: its {KEY_FILE} signs (made, "
+                    "mode 0600, if absent)")
+    token.set_defaults(func=_token)
 
 
 def command(args: argparse.Namespace) -> list[str]:
@@ -61,3 +87,22 @@ def _serve(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     # The server's process from here on: the same pid, the MCP virtualenv's python.
     os.execv(argv[0], argv)  # noqa: S606 - our own command line, no shell
+
+
+def _token(args: argparse.Namespace) -> int:
+    """The token on stdout, and what it is for on stderr; never the key. Nothing secret comes
+    from the command line: the key is read from (or made in) the state directory."""
+    try:
+        audience = canonical_resource(args.audience)
+        check(args.sandbox, audience, args.ttl)
+        key = create_key(Path(args.state) / KEY_FILE)
+        now = int(time.time())
+        token = mint(key, args.sandbox, audience, args.ttl, now)
+    except (OSError, ValueError) as exc:
+        print(f"sealgate mcp token: {exc}", file=sys.stderr)
+        return 2
+    print(token, flush=True)
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + args.ttl))
+    print(f"sealgate mcp token: {args.sandbox} at {audience} until {until} (key {key.kid})",
+          file=sys.stderr)
+    return 0
