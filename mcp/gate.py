@@ -7,7 +7,9 @@ says why (never a bare 413 or an HTML page), and nothing of a refused message go
 - `POST /mcp` only (405), no `Origin` (403: the endpoint is an agent's, never a web page's,
   whose Origin the spec says must be checked);
 - who asks, before the body is read (service.py): credentials that prove nothing, or no policy,
-  are 401 with `WWW-Authenticate: Basic`;
+  are 401 offering both schemes, `WWW-Authenticate: Bearer resource_metadata=...` (with
+  `error="invalid_token"` when a bearer failed) and `Basic`; a bearer beside another
+  credential is 400 (`invalid_request`: which one would it be?);
 - a body of at most `max_body` bytes, declared or counted as it comes (413);
 - one JSON-RPC 2.0 object: not JSON is -32700, a batch or anything else -32600;
 - the 2026-07-28 revision only (`MCP-Protocol-Version`, -32022 naming it): stateless, each
@@ -29,6 +31,7 @@ from typing import Any, Final
 from sealgate.proxy.calls import Decision, Denial, Identity, Policy
 from sealgate.reasons import Reason, SealgateError
 
+from .bearer import InvalidToken, challenges
 from .service import Service
 
 __all__ = ["IDENTITY", "METHODS", "PROTOCOL_VERSION", "Gate", "Refused", "answer_refused",
@@ -101,25 +104,50 @@ class Gate:
 
 
 def identify(service: Service, scope: Scope, headers: dict[str, str]) -> tuple[Identity, Policy]:
-    """Who asks and their policy; Refused (401, 403) when nobody is proven or no policy."""
+    """Who asks and their policy; Refused (400, 401, 403) when nobody is proven, a bearer comes
+    with another credential, or there is no policy."""
     client = scope.get("client")
+    authorization = headers.get("authorization")
+    resource = service.settings.resource
     try:
-        identity = service.identify(headers.get("authorization"), client[0] if client else None)
+        token = _bearer(authorization, resource)
+        identity = (service.bearer(token) if token is not None
+                    else service.identify(authorization, client[0] if client else None))
+    except InvalidToken as exc:
+        raise Refused(401, INVALID_REQUEST, f"invalid_token: {exc}",
+                      headers=challenges(resource, "invalid_token", str(exc))) from None
     except Denial as exc:
-        raise _unauthorized(f"{exc.reason.value}: {exc.detail}") from None
+        raise _unauthorized(resource, f"{exc.reason.value}: {exc.detail}") from None
     found = service.policy(identity)
     if isinstance(found, Decision):
         reason = found.reason or Reason.NOT_ALLOWED
         if reason is Reason.IDENTITY_REQUIRED:
-            raise _unauthorized("identify with Authorization: Basic <sandbox id:key>, or "
-                                "call from a registered sandbox address")
+            raise _unauthorized(resource, "identify with Authorization: Basic <sandbox id:key> "
+                                "or Bearer <token>, or call from a registered sandbox address")
+        # Not the spec's 403 insufficient_scope: no token scope could widen a sandbox's policy,
+        # so a client's step-up authorization would have nothing to ask for (docs/mcp.md).
         raise Refused(403, INVALID_REQUEST, f"{reason.value}: {found.detail}")
     return identity, found
 
 
-def _unauthorized(message: str) -> Refused:
-    return Refused(401, INVALID_REQUEST, message,
-                   headers=((b"www-authenticate", b'Basic realm="sealgate-mcp"'),))
+def _bearer(authorization: str | None, resource: str) -> str | None:
+    """The token of `Authorization: Bearer <token>`; None for another scheme or none. A value
+    holding a bearer and anything else (`Bearer x, Basic y`, as two credentials joined into
+    one header read) is refused: taking either would be a guess (RFC 6750's invalid_request)."""
+    if authorization is None:
+        return None
+    credentials = [one.strip() for one in authorization.split(",")]
+    if "bearer" not in (one.partition(" ")[0].lower() for one in credentials):
+        return None
+    if len(credentials) > 1:
+        raise Refused(400, INVALID_REQUEST, "invalid_request: one credential only, a bearer "
+                      "or the sandbox's Basic", headers=challenges(
+                          resource, "invalid_request", "one credential only"))
+    return credentials[0].partition(" ")[2].strip()
+
+
+def _unauthorized(resource: str, message: str) -> Refused:
+    return Refused(401, INVALID_REQUEST, message, headers=challenges(resource))
 
 
 def posted(scope: Scope, endpoint: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ from typing import Final
 
 from sealgate.clikit import env_option
 
+from .bearer import canonical_resource
+
 __all__ = ["DEFAULT_GATEWAY_LISTEN", "DEFAULT_LISTEN", "MAX_BODY", "add_gateway_options",
            "add_serve_options", "to_argv"]
 
@@ -19,10 +21,11 @@ MAX_BODY: Final = 1 << 20
 _FLAGS: Final = {
     "listen": "--listen", "rules": "--rules", "state": "--state", "resolver": "--resolver",
     "upstream_ca": "--upstream-ca", "audit_log": "--audit-log", "max_body": "--max-body",
-    "sandbox": "--sandbox",
+    "sandbox": "--sandbox", "resource": "--resource",
 }
 _SWITCHES: Final = {"stdio": "--stdio"}
-_LISTS: Final = {"secret_store": "--secret-store", "sandbox_network": "--sandbox-network"}
+_LISTS: Final = {"secret_store": "--secret-store", "sandbox_network": "--sandbox-network",
+                  "authorization_server": "--authorization-server"}
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -64,6 +67,30 @@ def _shared(p: argparse.ArgumentParser) -> None:
                     "'off' for none")
     env_option(p, "--max-body", metavar="BYTES", type=int, env="SEALGATE_MCP_MAX_BODY",
                default=str(MAX_BODY), help="the largest JSON-RPC message accepted")
+    env_option(p, "--resource", metavar="URL", type=_resource, env="SEALGATE_MCP_RESOURCE",
+               help="the endpoint's resource URI as its clients reach it: the audience bearer "
+                    "tokens must name (default http://LISTEN/mcp; give it behind a wildcard "
+                    "--listen, a port forward or a TLS front)")
+    p.add_argument("--authorization-server", action="append", default=[], metavar="URL",
+                   type=_authorization_server,
+                   help="an OAuth authorization server that issues this endpoint's tokens, "
+                        "named in its resource metadata; repeatable (default: none, sealgate "
+                        "mints them: sealgate mcp token)")
+
+
+def _resource(text: str) -> str:
+    try:
+        return canonical_resource(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _authorization_server(text: str) -> str:
+    """An issuer identifier as RFC 8414 has it: https, no query or fragment."""
+    found = _resource(text)
+    if not found.startswith("https://"):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: an authorization server is https")
+    return found
 
 
 def to_argv(args: argparse.Namespace) -> list[str]:

@@ -9,6 +9,11 @@ Who a caller is, in this order, as the proxy finds it:
 2. else the source address, through the source registry the sandbox runtime fills
    (`<state>/registry.json`, `sealgate sources add`), as for the proxy's transparent mode;
 3. else the rules' default policy, if they name one.
+
+Or `Authorization: Bearer <token>`, a token `sealgate mcp token` minted for one sandbox and this
+endpoint (bearer.py): its signature, its lifetime, its audience (the endpoint's resource URI,
+`--resource`) and its sandbox (still in the rules) checked; a bearer that fails is refused,
+never taken for anyone else, and never passed on.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from sealgate.proxy.calls import (
 from sealgate.reasons import Reason
 from sealgate.watch import Snapshot
 
+from .bearer import KEY_FILE, InvalidToken, KeyFile, canonical_resource, verify
 from .pool import Pool
 
 __all__ = ["Service", "Settings"]
@@ -58,12 +64,14 @@ class Settings:
     listen: tuple[str, int]
     rules: Path
     state: Path
+    resource: str  # the endpoint's canonical resource URI: its tokens' audience
     resolver: str | None = None
     upstream_ca: Path | None = None
     secret_stores: tuple[str, ...] = ()
     sandbox_networks: tuple[str, ...] = ()
     audit_log: str | None = None
     max_body: int = 1 << 20
+    authorization_servers: tuple[str, ...] = ()  # named in the resource metadata, if any
 
 
 @dataclass
@@ -82,6 +90,7 @@ class Service:
     guard: Guard
     audit: AuditLog
     tls: ssl.SSLContext
+    keys: KeyFile
     budgets: BudgetLedger = field(default_factory=BudgetLedger)
     pool: Pool = field(default_factory=Pool)
     _current: _Rules | None = None
@@ -104,7 +113,8 @@ class Service:
         audit_path = (None if settings.audit_log == "off"
                       else Path(settings.audit_log or settings.state / "audit.log"))
         service = cls(settings, broker, guard, AuditLog(audit_path),
-                      ssl.create_default_context(cafile=cafile))
+                      ssl.create_default_context(cafile=cafile),
+                      KeyFile(settings.state / KEY_FILE))
         service._current = service._load()  # RulesError: the server does not start
         return service
 
@@ -147,9 +157,8 @@ class Service:
         identifier = self._state().identifier
         if authorization is not None:
             if authorization.strip().partition(" ")[0].lower() != "basic":
-                # A bearer is for the spec's OAuth, which this server does not take (docs/mcp.md):
-                # never passed on, never taken for someone.
-                raise Denial(Reason.IDENTITY_INVALID, "use Authorization: Basic <sandbox id:key>")
+                raise Denial(Reason.IDENTITY_INVALID, "use Authorization: Basic <sandbox id:key> "
+                                                      "or Bearer <token>")
             proven = identifier.from_proxy_authorization(authorization)
             if proven.identity is not None:
                 return proven.identity
@@ -158,6 +167,18 @@ class Service:
             if by_source is not None:
                 return by_source
         return identifier.default()
+
+    def bearer(self, token: str) -> Identity:
+        """The sandbox a bearer token was minted for (bearer.py); InvalidToken when it proves
+        nothing: a bad signature, expired, another endpoint's, or its sandbox gone from the
+        rules."""
+        claims = verify(self.keys.current(), token, self.settings.resource, time.time())
+        entry = self.rules.sandboxes.get(claims.sandbox)
+        if entry is None:
+            raise InvalidToken("the token's sandbox is not in the rules")
+        # Identity's `via` names no "bearer" yet (proxy/policy/decide.py, not this module's):
+        # the audit line's identified_by says "bearer" all the same.
+        return Identity(claims.sandbox, entry.policy, "bearer")  # type: ignore[arg-type]
 
     def named(self, sandbox: str | None) -> Identity:
         """The caller of a stdio server: the sandbox its command line names (`--sandbox`), under
@@ -176,6 +197,13 @@ class Service:
         await self.pool.close()
         await self.broker.close()
         self.audit.close()
+
+
+def listen_resource(listen: tuple[str, int]) -> str:
+    """The resource URI when no --resource is given: the endpoint's URL as --listen makes it
+    (the one the ready banner prints), canonical."""
+    host, port = listen
+    return canonical_resource(f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp")
 
 
 def listen_address(text: str) -> tuple[str, int]:

@@ -17,7 +17,7 @@ import sys
 from ..gateway import Gateway
 from ..options import add_gateway_options
 from ..service import Service, Settings
-from .serve import run, run_http, settings, url
+from .serve import resource_line, run, run_http, settings, url
 
 __all__ = ["main"]
 
@@ -31,6 +31,7 @@ async def serve(config: Settings) -> None:
         return (f"sealgate mcp gateway ready\n  listening  {url(config)}/mcp/<server>\n"
                 f"  rules      {config.rules}: {len(servers)} server(s)"
                 f"{': ' + ', '.join(servers[:10]) if servers else ''}\n"
+                f"{resource_line(config)}\n"
                 f"  audit log  {config.audit_log or config.state / 'audit.log'}")
 
     await run_http(service, Gateway(service), ready, lifespan="off")

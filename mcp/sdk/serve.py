@@ -24,19 +24,24 @@ from mcp.server.stdio import stdio_server
 
 from sealgate.proxy.calls import Decision, RulesError
 
+from ..bearer import metadata_url
 from ..options import add_serve_options
-from ..service import Service, Settings, listen_address
+from ..protected import Protected
+from ..service import Service, Settings, listen_address, listen_resource
 from .server import app, mcp_server
 
-__all__ = ["main", "run_http", "settings"]
+__all__ = ["main", "resource_line", "run_http", "settings"]
 
 
 def settings(args: argparse.Namespace) -> Settings:
+    listen = listen_address(args.listen)
     return Settings(
-        listen=listen_address(args.listen), rules=Path(args.rules), state=Path(args.state),
+        listen=listen, rules=Path(args.rules), state=Path(args.state),
+        resource=args.resource or listen_resource(listen),
         resolver=args.resolver, upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         secret_stores=tuple(args.secret_store), sandbox_networks=tuple(args.sandbox_network),
-        audit_log=args.audit_log, max_body=args.max_body)
+        audit_log=args.audit_log, max_body=args.max_body,
+        authorization_servers=tuple(args.authorization_server))
 
 
 async def serve(config: Settings) -> None:
@@ -50,6 +55,7 @@ async def serve(config: Settings) -> None:
                 f"  rules      {config.rules}: {len(rules.policies)} policies, {tools} tool(s)\n"
                 + (f"  gateway    {url(config)}/mcp/<server>: {servers} upstream server(s)\n"
                    if servers else "")
+                + f"{resource_line(config)}\n"
                 + f"  audit log  {config.audit_log or config.state / 'audit.log'}")
 
     await run_http(service, app(service), ready, lifespan="on")
@@ -59,11 +65,11 @@ async def run_http(service: Service, served: Any, ready: Callable[[], str], *,
                    lifespan: Literal["on", "off"]) -> None:
     """`served` on the settings' address with uvicorn, `ready()` said on stderr once it
     listens, until SIGTERM or SIGINT (in-flight requests finish first); then the service
-    closed."""
+    closed. The resource metadata (protected.py) is served in front of it."""
     host, port = service.settings.listen
     server = uvicorn.Server(uvicorn.Config(
-        served, host=host, port=port, log_level="warning", access_log=False,
-        lifespan=lifespan, timeout_keep_alive=5, timeout_graceful_shutdown=10,
+        Protected(served, service.settings), host=host, port=port, log_level="warning",
+        access_log=False, lifespan=lifespan, timeout_keep_alive=5, timeout_graceful_shutdown=10,
         limit_concurrency=512,  # connections; past it 503 at once
         h11_max_incomplete_event_size=64 * 1024, server_header=False,
         # The peer's address is who calls (a sandbox's, by the source registry): never what
@@ -79,6 +85,13 @@ async def run_http(service: Service, served: Any, ready: Callable[[], str], *,
         await task
     finally:
         await service.close()
+
+
+def resource_line(config: Settings) -> str:
+    """The ready banner's line for bearer tokens: the audience they must name, where the
+    metadata is."""
+    return (f"  resource   {config.resource} (bearer tokens' audience; metadata "
+            f"{metadata_url(config.resource)})")
 
 
 def url(config: Settings) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
@@ -60,10 +61,12 @@ def app(service: Service) -> Routes:
     host, port = service.settings.listen
     shown = f"[{host}]" if ":" in host else host
     # The gate refuses any Origin (what a browser, the way in for DNS rebinding, sends); the
-    # SDK's own Host check besides, for the address served, unless that is every address.
+    # SDK's own Host check besides, for the address served and the resource URI's host (the
+    # name clients use behind a front, --resource), unless the address is every address.
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=host not in ("", "0.0.0.0", "::"),  # noqa: S104
-        allowed_hosts=[f"{shown}:{port}", f"localhost:{port}"], allowed_origins=[])
+        allowed_hosts=[f"{shown}:{port}", f"localhost:{port}",
+                       urlsplit(service.settings.resource).netloc], allowed_origins=[])
     sdk: Starlette = server.streamable_http_app(
         streamable_http_path="/mcp", json_response=True, stateless_http=True,
         transport_security=security, max_request_body_size=service.settings.max_body,

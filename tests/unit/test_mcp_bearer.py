@@ -231,3 +231,25 @@ def test_the_cli_refuses_a_key_others_can_read(tmp_path: Path) -> None:
     done = _cli("--sandbox", "bot-1", "--audience", AUD, "--state", str(tmp_path))
     assert done.returncode == 2 and "chmod 600" in done.stderr and done.stdout == ""
 
+
+def test_the_resource_options_are_handed_on_canonical() -> None:
+    """`--resource` and `--authorization-server` survive the exec into the MCP virtualenv
+    (options.to_argv), in canonical form; an authorization server is https."""
+    import argparse
+
+    from sealgate.mcp.options import add_gateway_options, add_serve_options, to_argv
+
+    for add in (add_serve_options, add_gateway_options):
+        parser = argparse.ArgumentParser()
+        add(parser)
+        first = parser.parse_args(["--resource", "HTTPS://MCP.example.com:443/x/mcp",
+                                   "--authorization-server", "https://Auth.example.com/",
+                                   "--authorization-server", "https://b.example.com/t"])
+        assert first.resource == "https://mcp.example.com/x/mcp"
+        assert first.authorization_server == ["https://auth.example.com",
+                                              "https://b.example.com/t"]
+        assert vars(parser.parse_args(to_argv(first))) == vars(first)
+        for wrong in (["--resource", "mcp.example.com"],
+                      ["--authorization-server", "http://auth.example.com"]):
+            with pytest.raises(SystemExit):
+                parser.parse_args(wrong)
