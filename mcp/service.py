@@ -176,9 +176,7 @@ class Service:
         entry = self.rules.sandboxes.get(claims.sandbox)
         if entry is None:
             raise InvalidToken("the token's sandbox is not in the rules")
-        # Identity's `via` names no "bearer" yet (proxy/policy/decide.py, not this module's):
-        # the audit line's identified_by says "bearer" all the same.
-        return Identity(claims.sandbox, entry.policy, "bearer")  # type: ignore[arg-type]
+        return Identity(claims.sandbox, entry.policy, "bearer")
 
     def named(self, sandbox: str | None) -> Identity:
         """The caller of a stdio server: the sandbox its command line names (`--sandbox`), under

@@ -36,8 +36,9 @@ from .model import Policy, Rule, RuleSet, tunnels
 Verdict = Literal["allow", "deny", "report"]
 Scheme = Literal["http", "https"]
 # How the caller was learnt; "stdio": named on the command line of a local MCP server over stdio,
-# which whoever starts it chooses (mcp/service.py, `named`).
-Via = Literal["proxy-auth", "source", "default", "stdio"]
+# which whoever starts it chooses (mcp/service.py, `named`); "bearer": a token sealgate minted
+# for the sandbox (mcp/bearer.py).
+Via = Literal["proxy-auth", "source", "default", "stdio", "bearer"]
 
 
 @dataclass(frozen=True, slots=True)
