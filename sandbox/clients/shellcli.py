@@ -53,13 +53,16 @@ def _shell(args: argparse.Namespace) -> int:
     terminal = Sandbox(client_of(args), {"id": args.id}).pty(
         *_size(), command or None, env=env, cwd=args.cwd, call_timeout=args.call_timeout)
     saved = termios.tcgetattr(keys) if os.isatty(keys) else None
-    previous = signal.signal(signal.SIGWINCH, lambda *_: terminal.resize(*_size()))
+    # The handler only says so: it runs in the main thread, which may be inside the terminal's
+    # send (its lock held) when the signal comes, and a send from there would wait forever.
+    resized = threading.Event()
+    previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
     try:
         if saved is not None:
             tty.setraw(keys)
         shown = threading.Thread(target=_show, args=(terminal,), daemon=True)
         shown.start()
-        _type(keys, terminal, shown)
+        _type(keys, terminal, shown, resized)
         shown.join()
     finally:
         if saved is not None:
@@ -81,9 +84,15 @@ def _show(terminal: Terminal) -> None:
             out.flush()
 
 
-def _type(keys: int, terminal: Terminal, shown: threading.Thread) -> None:
-    """What is typed, until the command has ended (or our input has)."""
+def _type(keys: int, terminal: Terminal, shown: threading.Thread,
+          resized: threading.Event) -> None:
+    """What is typed, and the window's new sizes, until the command has ended (or our input
+    has)."""
     while shown.is_alive():
+        if resized.is_set():
+            resized.clear()
+            with contextlib.suppress(OSError):
+                terminal.resize(*_size())
         ready, _, _ = select.select([keys], [], [], 0.1)
         if ready:
             data = os.read(keys, 4096)
