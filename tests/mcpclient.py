@@ -5,18 +5,21 @@ mitmproxy): tests/mcpkit.py writes a plan on its stdin and reads one JSON docume
     {"url": "http://127.0.0.1:PORT/mcp", "authorization": "Basic ..." | null,
      "steps": [{"list": true}, {"call": "name", "arguments": {...}}, {"sleep": seconds}]}
 
-or, for the stdio transport, `"command": [argv...]`, `"cwd"` and `"stderr"` (a file for the
-server's stderr) instead of `url`: the client starts the server and speaks over its pipes.
+or, in a sandbox (tests/mcpsandbox.py), `"route": "/docs"` instead of `url`: the URL is
+$SEALGATE_MCP_URL (what the sandbox was told) with the route after it; or, for the stdio
+transport, `"command": [argv...]`, `"cwd"` and `"stderr"` (a file for the server's stderr)
+instead of `url`: the client starts the server and speaks over its pipes.
 
-prints {"discovered": {...} | {"error": ...}, "steps": [one of {"tools": [...]},
-{"result": {"text", "structured", "is_error"}}, {"error": {"code", "message"}}],
-"logged": [the data of each log notification the server sent, over HTTP]}. Every step
+prints {"url": the URL used, "discovered": {...} | {"error": ...}, "steps": [one of
+{"tools": [...]}, {"result": {"text", "structured", "is_error"}}, {"error": {"code",
+"message"}}], "logged": [the data of each log notification the server sent, over HTTP]}. Every step
 is bounded (20 s); run with -P, so nothing beside this file shadows the SDK.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -45,11 +48,12 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
     async def log(params: Any) -> None:  # a server's log notifications, as the agent got them
         logged.append(params.data)
 
+    url = plan.get("url") or os.environ["SEALGATE_MCP_URL"] + plan.get("route", "")
     async with httpx2.AsyncClient(headers=headers, timeout=STEP_SECONDS) as http, \
-            streamable_http_client(plan["url"], http_client=http) as streams, \
+            streamable_http_client(url, http_client=http) as streams, \
             ClientSession(streams[0], streams[1], logging_callback=log) as session:
         out = await _session(session, plan)
-    out["logged"] = logged
+    out["logged"], out["url"] = logged, url
     return out
 
 

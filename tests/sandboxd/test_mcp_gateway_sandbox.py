@@ -34,7 +34,8 @@ import pytest
 from sealgate.sandbox.clients.client import Sandbox
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, end, free_port, key_digest
-from tests.mcpkit import PROTOCOL, Upstream, needs_mcp_venv
+from tests.mcpkit import Upstream, needs_mcp_venv
+from tests.mcpsandbox import Step, raw_calls, sdk_client
 
 from .conftest import GATEWAY, Daemon, start_daemon
 
@@ -74,36 +75,6 @@ policies:
 sandboxes:
   ci-bot: {{policy: ci, key_sha256: "{key_digest('never-used-ci-key')}"}}
   other-bot: {{policy: other, key_sha256: "{key_digest('never-used-other-key')}"}}
-"""
-
-
-# A stdlib client (the sandbox's Python is the host's, without the SDK): the 2026-07-28
-# revision's stateless requests to $SEALGATE_MCP_URL/<server>, each answer or refusal kept.
-_CALL = """
-import json, os, sys, urllib.error, urllib.request
-url = os.environ["SEALGATE_MCP_URL"] + "/" + sys.argv[1]
-PROTOCOL = sys.argv[3]
-out = []
-for number, (method, name, params) in enumerate(json.loads(sys.argv[2]), 1):
-    meta = {"io.modelcontextprotocol/protocolVersion": PROTOCOL,
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    body = {"jsonrpc": "2.0", "id": number, "method": method,
-            "params": {**params, "_meta": meta}}
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-               "MCP-Protocol-Version": PROTOCOL, "Mcp-Method": method}
-    if name:
-        headers["Mcp-Name"] = name
-    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            out.append({"status": answer.status, "body": json.loads(answer.read())})
-    except urllib.error.HTTPError as refused:
-        text = refused.read().decode(errors="replace")
-        try:
-            out.append({"status": refused.code, "body": json.loads(text)})
-        except ValueError:
-            out.append({"status": refused.code, "body": text})
-print(json.dumps({"url": url, "answers": out}))
 """
 
 
@@ -235,14 +206,11 @@ def daemon(dproxy: Proxy, mcp_gateway: Gateway, tmp_path_factory: pytest.TempPat
     assert CANARY not in started.log.read_text(errors="replace")
 
 
-def _calls(sb: Sandbox, server: str, steps: list[tuple[str, str | None, dict[str, Any]]]
-           ) -> tuple[str, list[dict[str, Any]]]:
-    ran = sb.run(["python3", "-c", _CALL, server, json.dumps(steps), PROTOCOL], timeout=90)
+def _calls(sb: Sandbox, server: str, steps: list[Step]) -> tuple[str, list[dict[str, Any]]]:
+    url, answers, ran = raw_calls(sb, steps, f"/{server}")
     printed = ran.stdout + ran.stderr
     assert CANARY.encode() not in printed, printed  # nothing the sandbox's command printed
-    assert ran.ok, ran.stderr.decode(errors="replace")[-600:]
-    got = json.loads(ran.stdout)
-    return str(got["url"]), list(got["answers"])
+    return url, answers
 
 
 def _text(answer: dict[str, Any]) -> str:
@@ -314,6 +282,33 @@ def test_a_sandbox_calls_an_upstream_through_the_gateway_without_its_credential(
     logged = [mcp_gateway.audit.read_text(), mcp_gateway.stderr.read_text(errors="replace"),
               daemon.log.read_text(errors="replace"), dproxy.audit_text()]
     assert all(logged) and not any(CANARY in text for text in logged)
+
+
+def test_an_agent_with_the_official_sdk_calls_through_the_gateway(
+        daemon: Daemon, mcp_gateway: Gateway) -> None:
+    """#29's end to end through the gateway: the `mcp` SDK's own client in a sandbox, told
+    only $SEALGATE_MCP_URL, lists and calls the upstream's tools; the upstream gets its bearer,
+    the agent never does."""
+    upstream = mcp_gateway.upstream
+    before = len(upstream.requests())
+    with Sandbox.create("ci-bot", daemon=str(daemon.socket)) as sb:
+        got = sdk_client(sb, [
+            {"list": True},
+            {"call": "whoami", "arguments": {}},
+            {"call": "echo", "arguments": {"text": "from-the-sdk-93c1"}},
+            {"call": "delete_repo", "arguments": {"repo": "octo/docs"}}], route="/docs")
+    assert got["url"] == f"http://{GATEWAY}:{mcp_gateway.port}/mcp/docs", got
+    listed, whoami, echo, unlisted = got["steps"]
+    assert {tool["name"] for tool in listed["tools"]} == LISTED, listed
+    assert whoami["result"]["text"].startswith("you called with Bearer [REDACTED]"), whoami
+    assert (echo["result"]["text"], echo["result"]["is_error"]) == ("from-the-sdk-93c1", False)
+    assert "delete_repo" in unlisted["error"]["message"], unlisted
+    assert CANARY not in json.dumps(got)
+    seen = upstream.requests()[before:]
+    assert seen and all(r["headers"].get("authorization") == f"Bearer {CANARY}"
+                        for r in seen), seen
+    assert upstream.called()[-2:] == ["whoami", "echo"]
+    assert "delete_repo" not in json.dumps(seen)
 
 
 def test_another_policys_sandbox_has_no_such_server(daemon: Daemon, mcp_gateway: Gateway) -> None:
