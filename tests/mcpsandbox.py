@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -55,18 +56,32 @@ print(json.dumps({"site": site, "entries": sorted(tops)}))
 
 
 @functools.cache
-def sdk_archive() -> bytes:
-    """A tar of the client script and the SDK files it loads, under SDK_DIR/."""
+def sdk_files() -> tuple[tuple[Path, str], ...]:
+    """The client script and the SDK files it loads: (where, its name under SDK_DIR)."""
     done = subprocess.run([str(MCP_PYTHON), "-P", "-c", _CLOSURE], capture_output=True,
                           text=True, timeout=60, check=True)
     found = json.loads(done.stdout)
     site = Path(found["site"])
+    return (*((site / entry, entry) for entry in found["entries"]), (CLIENT, "mcpclient.py"))
+
+
+def sdk_tree(root: Path) -> None:
+    """The files of `sdk_files` copied into the directory `root` (a workspace's SDK_DIR)."""
+    for source, name in sdk_files():
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+
+
+@functools.cache
+def sdk_archive() -> bytes:
+    """A tar of `sdk_files` under SDK_DIR/."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for entry in found["entries"]:
-            tar.add(site / entry, f"{SDK_DIR}/{entry}",
+        for source, name in sdk_files():
+            tar.add(source, f"{SDK_DIR}/{name}",
                     filter=lambda info: None if "__pycache__" in info.name else info)
-        tar.add(CLIENT, f"{SDK_DIR}/mcpclient.py")
     return buffer.getvalue()
 
 

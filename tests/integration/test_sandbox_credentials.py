@@ -277,19 +277,14 @@ def mcp_port(world: tuple[Proxy, ByHost, FakeAPI], dns: StubDNS, test_ca: Origin
 
 @pytest.fixture(scope="module")
 def mcp_workspace() -> Iterator[Path]:
-    """The official MCP SDK with everything installed beside it, from the MCP virtualenv (the
-    same minor version as the host's python3, which the sandbox runs; its imports are partly
-    lazy, so the whole of it), and tests/mcpclient.py."""
-    from tests.mcpkit import CLIENT, MCP_PYTHON
+    """The official MCP client and the SDK files it loads, from the MCP virtualenv (the same
+    minor version as the host's python3, which the sandbox runs): tests/mcpsandbox.py."""
+    from tests.mcpsandbox import sdk_tree
 
-    site = next(MCP_PYTHON.parent.parent.glob("lib/python3*/site-packages"))
     root = Path(tempfile.mkdtemp(prefix="sealgate-mcp-ws-"))
     try:
         root.chmod(0o755)
-        # Not this checkout (the editable install) and not the installer's own.
-        shutil.copytree(site, root / "lib", ignore=shutil.ignore_patterns(
-            "__pycache__", "__editable__*", "*.pth", "_distutils_hack", "pip", "setuptools"))
-        shutil.copy2(CLIENT, root / "mcpclient.py")
+        sdk_tree(root)
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -311,7 +306,7 @@ def test_an_agent_with_the_mcp_sdk_calls_tools_holding_nothing(
     done = subprocess.run(
         [*SEALGATE, "sandbox", "run", *PLAN, "--sandbox", "box-1", "--state", str(p.state),
          "--proxy-port", str(p.port), "--mcp-port", str(mcp_port), "--workspace",
-         str(mcp_workspace), "--", "env", "PYTHONPATH=/workspace/lib:/workspace", "python3",
+         str(mcp_workspace), "--", "env", "PYTHONPATH=/workspace", "python3",
          "/workspace/main.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=180,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
