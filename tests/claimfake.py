@@ -1,7 +1,8 @@
 """The Kubernetes API double (`tests/kubefake.py`) with what sandboxd's Kubernetes backend asks
 of it: Agent Sandbox claims, their controller, and `pods/exec` (no cluster can run here).
 
-- `SandboxClaim`s (extensions.agents.x-k8s.io/v1beta1): create, get, merge-patch, delete.
+- `SandboxClaim`s (extensions.agents.x-k8s.io/v1beta1): create, get, list (by labels),
+  merge-patch, delete.
   The controller double binds a claim on a known warm pool (`pool`) after `ready_after`
   seconds: a pod (labelled as the pool's template says, plus the sandbox's selector label),
   a `Sandbox` (agents.x-k8s.io/v1beta1) whose status names that selector, and the claim's
@@ -72,6 +73,7 @@ class ClaimFake(KubeFake):
 
     def _routes(self, app: web.Application) -> None:
         app.router.add_post(_CLAIMS, self._create_claim)
+        app.router.add_get(_CLAIMS, self._list_claims)
         app.router.add_get(_CLAIMS + "/{name}", self._get_claim)
         app.router.add_patch(_CLAIMS + "/{name}", self._patch_claim)
         app.router.add_delete(_CLAIMS + "/{name}", self._delete_claim)
@@ -127,6 +129,24 @@ class ClaimFake(KubeFake):
                        "conditions": [_condition(True, "DependenciesReady")]}}
         claim["status"] = {"conditions": [_condition(True, "SandboxReady")],
                            "sandbox": {"name": sandbox, "podIPs": [ip]}}
+
+    async def _list_claims(self, request: web.Request) -> web.Response:
+        """A list, with `labelSelector` of `key=value` terms (all must hold) and `limit`."""
+        if not self._authorized(request):
+            return _status(401, "Unauthorized", "Unauthorized")
+        terms = [term.partition("=") for term in
+                 request.query.get("labelSelector", "").split(",") if term]
+        if any(not key or not sep or value.startswith("=") for key, sep, value in terms):
+            return _status(400, "BadRequest", "unable to parse requirement")
+        found = [claim for claim in self.claims.values()
+                 if all((claim["metadata"].get("labels") or {}).get(key) == value
+                        for key, _, value in terms)]
+        limit = int(request.query.get("limit", "0")) or len(found)
+        return web.json_response({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaimList",
+            "metadata": {"resourceVersion": str(self._version),
+                         **({"continue": "more"} if len(found) > limit else {})},
+            "items": found[:limit]})
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         if not self._authorized(request):

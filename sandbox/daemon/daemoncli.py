@@ -89,6 +89,11 @@ def register(sub: Subcommands) -> None:
                            "template labels them so); repeatable")
     kube.add_argument("--container", help="the pod's container the agent runs in (default: "
                                           "its only one)")
+    kube.add_argument("--instance", default="sandboxd", metavar="NAME",
+                      help="this daemon's name on its claims (label sealgate.dev/sandboxd): "
+                           "the claims with it that an earlier run left (killed, its node "
+                           "lost) are deleted at start, so one daemon per name and namespace "
+                           "(default sandboxd)")
     kube.add_argument("--ready-seconds", type=float, default=180.0,
                       help="how long a claim may take to be ready (default 180)")
     kube.add_argument("--agent", metavar="COMMAND",

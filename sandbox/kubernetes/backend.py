@@ -60,7 +60,7 @@ from ..guest.carrylink import Link
 from ..guest.protocol import GUEST_HEADER_MAX, read_hello
 from ..host.rootfs import ImageRoot
 from ..images import Image
-from .claims import Bound, ClaimError, Claims
+from .claims import OWNER, Bound, ClaimError, Claims
 from .execstream import ExecError, join, open_exec
 
 # In the pod: its python3, and the agent an init container wrote (`sealgate sandbox pod-agent`).
@@ -76,6 +76,7 @@ class Config:
     pools: Mapping[str, str]  # sandbox id -> the warm pool whose pods are that sandbox's
     container: str | None = None  # the pod's container the agent runs in; None: its only one
     agent: tuple[str, ...] = AGENT
+    instance: str = "sandboxd"  # its claims' OWNER label: one daemon per name and namespace
     max_sandboxes: int = 256
     max_ttl: float = 24 * 3600.0
     ready_seconds: float = 180.0
@@ -141,7 +142,12 @@ class KubeBackend:
                 "sandboxes": len(self._sessions), "creating": self._creates.under_way,
                 "namespace": self.config.namespace}
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Before the first create: delete the claims an earlier run of this daemon left (it
+        was killed, or its node lost; a daemon that stops deletes its own), whose pods would
+        otherwise hold their warm pool's capacity until their shutdownTime, up to a ttl and
+        five minutes, with no one able to reach them (the sessions were in that run's memory)."""
+        await self._claims.sweep({OWNER: self.config.instance})
         self._reaper = asyncio.create_task(self._reap())
 
     async def close(self) -> None:
@@ -184,8 +190,9 @@ class KubeBackend:
             seconds=options.ttl + _SHUTDOWN_GRACE)
         started = time.monotonic()
         try:
-            bound = await self._claims.claim(ident, pool, {"sealgate.dev/sandboxd-id": ident},
-                                             shutdown, options.sandbox)
+            bound = await self._claims.claim(
+                ident, pool, {OWNER: self.config.instance, "sealgate.dev/sandboxd-id": ident},
+                shutdown, options.sandbox)
         except ClaimError as exc:
             raise SessionError(str(exc), reason=Reason.SANDBOX_FAILED) from None
         try:

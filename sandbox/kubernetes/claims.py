@@ -29,6 +29,8 @@ EXTENSIONS = ("extensions.agents.x-k8s.io", "v1beta1")
 AGENTS = ("agents.x-k8s.io", "v1beta1")
 _POLL = 0.1  # seconds between looks at a claim not yet ready
 LABEL = "sealgate.dev/sandbox"  # a pod's sandbox id, as the proxy's pod watcher reads it
+OWNER = "sealgate.dev/sandboxd"  # a claim's daemon (its --instance)
+_SWEEP_MAX = 10_000  # claims deleted at one start, at most (a list is one page of this many)
 _LOG = logging.getLogger("sealgate.sandbox.daemon")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -106,6 +108,33 @@ class Claims:
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 _LOG.warning("claim not deleted", extra={"claim": name, "error": _said(exc)})
+
+    async def sweep(self, labels: dict[str, str]) -> int:
+        """Delete every claim labelled with all of `labels`: how many. Never raises: a claim
+        left behind still ends at its own shutdownTime, and the failure is said in the log."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        try:
+            found = await self._objects.list_namespaced_custom_object(
+                *EXTENSIONS, self.namespace, "sandboxclaims", label_selector=selector,
+                limit=_SWEEP_MAX, _request_timeout=30)
+        except Exception as exc:
+            _LOG.warning("claims of an earlier run not looked for: they end at their "
+                         "shutdownTime", extra={"selector": selector, "error": _said(exc)})
+            return 0
+        names = [item["metadata"]["name"] for item in found.get("items") or []
+                 if isinstance(item.get("metadata", {}).get("name"), str)]
+        gate = asyncio.Semaphore(16)  # the API server's load, not a burst of 10,000
+
+        async def release(name: str) -> None:
+            async with gate:
+                await self.release(name)
+
+        await asyncio.gather(*(release(name) for name in names))
+        if names:
+            _LOG.info("claims of an earlier run deleted", extra={
+                "selector": selector, "claims": len(names),
+                "more": bool((found.get("metadata") or {}).get("continue"))})
+        return len(names)
 
     async def _ready(self, name: str, sandbox: str) -> Bound:
         while True:

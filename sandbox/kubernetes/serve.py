@@ -3,7 +3,8 @@ API (`sandbox.daemon.api`) on its unix socket and, with a key, on TCP, over a `K
 until SIGTERM or SIGINT, when every sandbox it holds is deleted (its claim with it).
 
 Nothing of the host is needed (no root, namespaces or cgroups: the pods are the cluster's);
-what it needs of the API is RBAC in its namespace: `sandboxclaims` create, get, patch, delete;
+what it needs of the API is RBAC in its namespace: `sandboxclaims` create, get, list, patch,
+delete;
 `sandboxes` get; `pods` list; `pods/exec` create (deploy/k8s/sandboxd/rbac.yaml).
 """
 
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import ssl
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from .backend import Config, KubeBackend
 
 _LOG = logging.getLogger("sealgate.sandbox.daemon")
 _NAMESPACE = "sandboxes"
+_INSTANCE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,12 @@ class Settings:
         if admin is not None:
             raise ValueError("--admin is the host backend's alone, for now")
         agent = tuple(args.agent.split()) if args.agent else None
+        if not _INSTANCE.fullmatch(args.instance):
+            raise ValueError(f"--instance {args.instance[:64]!r}: a label value (letters, "
+                             "digits, '-', '_', '.', at most 63, starting and ending with a "
+                             "letter or digit)")
         config = Config(namespace=args.namespace or _NAMESPACE, pools=pools,
+                        instance=args.instance,
                         container=args.container, max_sandboxes=args.max_sandboxes,
                         max_ttl=args.max_ttl, ready_seconds=args.ready_seconds,
                         **({"agent": agent} if agent else {}))
@@ -90,7 +98,7 @@ async def _serve(settings: Settings) -> int:
     # minute, not at the sandbox's ttl.
     async with client.ApiClient(made) as api, WsApiClient(made, heartbeat=30) as ws_api:
         backend = KubeBackend(settings.config, api, ws_api)
-        backend.start()
+        await backend.start()
         runner = Runner(make_app(backend, settings.key), access_log=None,
                         handler_cancellation=True)
         await runner.setup()

@@ -40,40 +40,46 @@ class Backend:
         return self.log.read_text(errors="replace")
 
 
+def _start(fake: ClaimFake, where: Path, *flags: str, name: str = "sandboxd") -> Backend:
+    """The daemon as a process, once its socket is there."""
+    kubeconfig = where / "kubeconfig"
+    kubeconfig.write_text(fake.kubeconfig())
+    # The agent as a pod gets it (`sealgate sandbox pod-agent`, from an init container), run by
+    # the system's python3, which has nothing of sealgate installed.
+    agent = where / "opt" / "agent.pyz"
+    if not agent.exists():
+        subprocess.run([*SEALGATE, "sandbox", "pod-agent", str(agent)], cwd=ROOT, check=True,
+                       timeout=60)
+    sock, log = where / f"{name}.sock", where / f"{name}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [*SEALGATE, "sandboxd", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
+             "--socket", str(sock), "--namespace", "sandboxes",
+             "--warm-pool", "agent-python=sealgate-python", "--agent",
+             f"/usr/bin/python3 -I {agent}", *flags],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    made = Backend(fake, sock, process, log)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert process.poll() is None, made.output()
+        assert time.monotonic() < deadline, made.output()
+        time.sleep(0.05)
+    return made
+
+
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     where = tmp_path_factory.mktemp("kubesandboxd")
     with ClaimFake() as fake:
         fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
         fake.pool("mislabelled", {"sealgate.dev/sandbox": "someone-else"}, POD_ENV)
-        kubeconfig = where / "kubeconfig"
-        kubeconfig.write_text(fake.kubeconfig())
-        sock, log = where / "sandboxd.sock", where / "sandboxd.log"
-        # The agent as a pod gets it (`sealgate sandbox pod-agent`, from an init container),
-        # run by the system's python3, which has nothing of sealgate installed.
-        agent = where / "opt" / "agent.pyz"
-        subprocess.run([*SEALGATE, "sandbox", "pod-agent", str(agent)], cwd=ROOT, check=True,
-                       timeout=60)
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [*SEALGATE, "sandboxd", "--backend", "kubernetes", "--kubeconfig",
-                 str(kubeconfig), "--socket", str(sock), "--namespace", "sandboxes",
-                 "--warm-pool", "agent-python=sealgate-python",
-                 "--warm-pool", "ghost=no-such-pool", "--warm-pool", "wrong=mislabelled",
-                 "--ready-seconds", "2",
-                 "--agent", f"/usr/bin/python3 -I {agent}"],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        made = Backend(fake, sock, process, log)
+        made = _start(fake, where, "--warm-pool", "ghost=no-such-pool",
+                      "--warm-pool", "wrong=mislabelled", "--ready-seconds", "2")
         try:
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                assert process.poll() is None, made.output()
-                assert time.monotonic() < deadline, made.output()
-                time.sleep(0.05)
             yield made
         finally:
-            process.terminate()
-            process.wait(30)
+            made.process.terminate()
+            made.process.wait(30)
     assert TOKEN not in made.output()  # the cluster's credential, never in the daemon's log
 
 
@@ -196,3 +202,40 @@ def test_terminals_tar_and_watch_reach_the_pod(backend: Backend) -> None:
             sb.write("d/new.txt", b"x")
             seen = next(e for e in watch if e.path == "d/new.txt")
         assert seen.event in ("create", "modify", "rename")  # a put lands by a rename
+
+
+def test_a_restarted_daemon_deletes_the_claims_its_killed_run_left(tmp_path: Path) -> None:
+    """A daemon killed (or its node lost) leaves its claims, whose pods would hold the warm
+    pool until their shutdownTime with no one able to reach them; the next run of the same
+    `--instance` deletes them before it serves, and no other instance's."""
+    with ClaimFake() as fake:
+        fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
+        first = _start(fake, tmp_path, "--instance", "ci", name="first")
+        other = _start(fake, tmp_path, "--instance", "other", name="other")
+        try:
+            left = Sandbox.create("agent-python", daemon=str(first.socket))
+            kept = Sandbox.create("agent-python", daemon=str(other.socket))
+            assert left.run(["true"]).ok
+            claim = fake.asked[-2]["metadata"]
+            assert claim["labels"]["sealgate.dev/sandboxd"] == "ci"
+            first.process.kill()
+            first.process.wait(30)
+            assert set(fake.claims) == {left.id, kept.id}  # nothing deleted it: it was killed
+            pods = len(fake.pods_named())
+            first.socket.unlink()
+            again = _start(fake, tmp_path, "--instance", "ci", name="again")
+            try:
+                # Deleted before the socket was there: the pod and its agent gone with it.
+                assert set(fake.claims) == {kept.id}, fake.claims
+                assert len(fake.pods_named()) == pods - 1
+                assert "claims of an earlier run deleted" in again.output()
+                assert kept.run(["echo", "still"]).stdout == b"still\n"
+                kept.delete()
+            finally:
+                again.process.terminate()
+                again.process.wait(30)
+        finally:
+            for daemon in (first, other):
+                if daemon.process.poll() is None:
+                    daemon.process.terminate()
+                    daemon.process.wait(30)
