@@ -53,21 +53,30 @@ def _shell(args: argparse.Namespace) -> int:
     terminal = Sandbox(client_of(args), {"id": args.id}).pty(
         *_size(), command or None, env=env, cwd=args.cwd, call_timeout=args.call_timeout)
     saved = termios.tcgetattr(keys) if os.isatty(keys) else None
-    # The handler only says so: it runs in the main thread, which may be inside the terminal's
-    # send (its lock held) when the signal comes, and a send from there would wait forever.
-    resized = threading.Event()
-    previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+    # A resize is said by the interpreter's own C-level handler, as a byte on a pipe the typing
+    # loop waits on; the Python handler does nothing. It runs in the main thread between any
+    # two bytecodes, so anything it did that takes a lock could wait on that same thread for
+    # good: a send from it waited on the terminal's lock (seen once in CI), an Event.set on
+    # the Event's own lock when a second SIGWINCH came inside the first's set (found by
+    # tests/sandboxd/test_terminals.py's resize storm).
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    previous = signal.signal(signal.SIGWINCH, lambda *_: None)
+    before = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
     try:
         if saved is not None:
             tty.setraw(keys)
         shown = threading.Thread(target=_show, args=(terminal,), daemon=True)
         shown.start()
-        _type(keys, terminal, shown, resized)
+        _type(keys, terminal, shown, woken)
         shown.join()
     finally:
         if saved is not None:
             termios.tcsetattr(keys, termios.TCSADRAIN, saved)
+        signal.set_wakeup_fd(before)
         signal.signal(signal.SIGWINCH, previous)
+        os.close(woken)
+        os.close(wake)
         terminal.close()
     result = terminal.result
     if result is None or result.exit_code is None:
@@ -84,17 +93,16 @@ def _show(terminal: Terminal) -> None:
             out.flush()
 
 
-def _type(keys: int, terminal: Terminal, shown: threading.Thread,
-          resized: threading.Event) -> None:
-    """What is typed, and the window's new sizes, until the command has ended (or our input
-    has)."""
+def _type(keys: int, terminal: Terminal, shown: threading.Thread, woken: int) -> None:
+    """What is typed, and the window's new sizes (a byte on `woken` for each signal), until
+    the command has ended (or our input has)."""
     while shown.is_alive():
-        if resized.is_set():
-            resized.clear()
+        ready, _, _ = select.select([keys, woken], [], [], 0.1)
+        if woken in ready:
+            os.read(woken, 4096)  # every resize since: one new size is all they say
             with contextlib.suppress(OSError):
                 terminal.resize(*_size())
-        ready, _, _ = select.select([keys], [], [], 0.1)
-        if ready:
+        if keys in ready:
             data = os.read(keys, 4096)
             if not data:
                 return

@@ -8,6 +8,7 @@ process group inside (a trap's handler seen running), and names that are not sig
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import json
@@ -192,18 +193,7 @@ def test_huge_and_malformed_frames_close_with_their_codes(sb: Sandbox, sandboxd:
 def test_the_shell_cli_through_a_terminal(sb: Sandbox, sandboxd: Daemon) -> None:
     """`sealgate sandbox shell` on a pty of the test's: raw mode, the window's size, a resize
     that follows, the command's exit status, and our terminal as it was after."""
-    command = " ".join([*SEALGATE, "sandbox", "shell", "--daemon", str(sandboxd.socket), sb.id,
-                        "--", "sh", "-i"])
-    master, slave = os.openpty()
-    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    pid = os.fork()
-    if pid == 0:  # the child: the CLI between two looks at its terminal's settings
-        os.setsid()
-        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-        for target in (0, 1, 2):
-            os.dup2(slave, target)
-        os.execv("/bin/sh", ["sh", "-c", f"stty -g; {command}; echo status=$?; stty -g"])
-    os.close(slave)
+    master, pid = _shell_cli(sb, sandboxd)
     try:
         seen = _pty_until(master, b"$ ")
         os.write(master, b"stty size\n")
@@ -226,6 +216,71 @@ def test_the_shell_cli_through_a_terminal(sb: Sandbox, sandboxd: Daemon) -> None
     assert len(settings) == 2 and settings[0] == settings[1], seen  # raw mode undone
 
 
+def _shell_cli(sb: Sandbox, sandboxd: Daemon) -> tuple[int, int]:
+    """`sealgate sandbox shell ... -- sh -i` on a new pty of 40x120 (its master, and the pid of
+    the shell that runs the CLI between two looks at its terminal's settings)."""
+    command = " ".join([*SEALGATE, "sandbox", "shell", "--daemon", str(sandboxd.socket), sb.id,
+                        "--", "sh", "-i"])
+    master, slave = os.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        for target in (0, 1, 2):
+            os.dup2(slave, target)
+        os.execv("/bin/sh", ["sh", "-c", f"stty -g; {command}; echo status=$?; stty -g"])
+    os.close(slave)
+    return master, pid
+
+
+def test_the_shell_cli_takes_resizes_while_typing(sb: Sandbox, sandboxd: Daemon) -> None:
+    """A window resized again and again while a paste is being sent: each SIGWINCH comes while
+    the CLI may be inside a send, or inside the handling of the signal before. It once sent the
+    new size from the signal handler, which then waited for the lock the interrupted send held,
+    for good (seen once in CI under load), and then set an Event there, whose own lock a second
+    signal inside the first's set waited on (this test hung it one run in three). Everything
+    here is non-blocking and bounded: a CLI that stops reading fails the test at its deadline
+    instead of hanging it."""
+    master, pid = _shell_cli(sb, sandboxd)
+    os.set_blocking(master, False)
+    try:
+        _pty_until(master, b"$ ")
+        os.write(master, b"stty -echo; cat > /dev/null\n")
+        time.sleep(0.2)  # cat reading before the paste comes
+        paste = b"".join(b"pasted line %05d " % n + b"x" * 48 + b"\n" for n in range(4000))
+        sent, resizes, size = 0, 0, (40, 120)
+        deadline = time.monotonic() + 60
+        while sent < len(paste):
+            assert time.monotonic() < deadline, f"stuck: {sent} of {len(paste)} bytes sent, " \
+                                                f"{resizes} resizes"
+            size = (20 + resizes % 30, 60 + resizes % 90)
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+            resizes += 1
+            readable, writable, _ = select.select([master], [master], [], 1)
+            if readable:  # what the sandbox's terminal shows, drained so it never blocks
+                with contextlib.suppress(BlockingIOError):
+                    os.read(master, 65536)
+            if writable:
+                with contextlib.suppress(BlockingIOError):
+                    sent += os.write(master, paste[sent:sent + 1024])
+        os.write(master, b"\x04")  # cat's end of input
+        os.write(master, b"stty echo; stty size\n")
+        deadline = time.monotonic() + 20
+        seen = b""
+        while f"{size[0]} {size[1]}".encode() not in seen:  # the last size, once it is there
+            assert time.monotonic() < deadline, (size, seen[-400:])
+            seen += _pty_until(master, b"$ ", seconds=max(0.1, deadline - time.monotonic()))
+            os.write(master, b"stty size\n")
+        os.write(master, b"exit 7\n")
+        seen += _pty_until(master, None)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(master)
+    assert resizes > 100, resizes
+    assert os.waitstatus_to_exitcode(status) == 0 and b"status=7" in seen, seen[-400:]
+
+
 def _pty_until(master: int, mark: bytes | None, seconds: float = 30) -> bytes:
     """What the CLI's terminal shows until `mark` (None: its end), bounded."""
     seen = b""
@@ -237,6 +292,8 @@ def _pty_until(master: int, mark: bytes | None, seconds: float = 30) -> bytes:
         if ready:
             try:
                 chunk = os.read(master, 4096)
+            except BlockingIOError:  # a master set non-blocking, and select's wake was spurious
+                continue
             except OSError:
                 break
             if not chunk:
