@@ -147,7 +147,7 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
     record.fields.update(method=call.method, scheme=call.scheme, host=call.host.name,
                          port=call.port, path=path)
     decision = decide(service.rules, Question(record.identity, call.host, call.port, call.scheme,
-                                              call.method, path, tool=True))
+                                              call.method, path, tool=tool.rules_made))
     _allowed(decision, record)
     rule = decision.rule
     if tool.credential is not None and not (

@@ -313,14 +313,16 @@ def _written(x: Exchange, message: dict[str, Any]) -> bytes:
     """The message as the agent gets it: written again, and scrubbed again as written.
 
     Written with its characters as they are (an escape would hide a non-ASCII secret from the
-    scrubber), except U+2028 and U+2029, escaped after the scrubbing: JSON allows them raw,
-    but a client that splits an event stream's lines as Python's splitlines() does would take
-    them for line ends, and an upstream's string could then spell an event of its own (found
-    by review)."""
+    scrubber), except U+2028, U+2029 and U+0085, escaped after the scrubbing: JSON allows
+    them raw, but a client that splits an event stream's lines as Python's splitlines() does
+    would take them for line ends, and an upstream's string could then spell an event of its
+    own (found by review, NEL by a second one; the other characters splitlines() splits on are
+    below U+0020, which JSON escapes)."""
     scrubber = Scrubber(x.needles)
     out = scrubber.data(json.dumps(message, ensure_ascii=False).encode())
     _count(x, scrubber)
-    return out.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
+    return (out.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
+            .replace(b"\xc2\x85", b"\\u0085"))
 
 
 def _count(x: Exchange, scrubber: Scrubber) -> None:

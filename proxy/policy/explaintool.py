@@ -57,8 +57,8 @@ def explain_tool(rules: RuleSet, name: str, arguments: dict[str, Any], *,
     result.url = f"{call.scheme}://{format_hostport(call.host.name, call.port)}{call.target}"
     result.host, result.port, result.path = call.host.name, call.port, path
     return _decided(rules, result, Question(identity, call.host, call.port, call.scheme,
-                                            call.method, path, tool=True), tool.credential,
-                            "call")
+                                            call.method, path, tool=tool.rules_made),
+                            tool.credential, "call")
 
 
 def _gateway(rules: RuleSet, result: Explanation, identity: Identity, chosen: Policy, *,

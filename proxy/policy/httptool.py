@@ -9,7 +9,8 @@ What an agent's arguments may not carry: a URL other than absolute http(s) witho
 information (`user:pass@` is a credential in the URL, and a second way to spell a host); control
 characters; headers that carry credentials or frame the request (`Authorization`, `Cookie`,
 `Proxy-*`, `Host`, `Content-Length`, `Transfer-Encoding`, `Connection` and the other hop-by-hop
-ones): framing is sealgate's, and a credential is the rules' to add, never the agent's to send.
+ones): framing is sealgate's, and a credential is the rules' to add, never the agent's to send;
+nor headers that reshape what was decided (`Range`, `If-Range`, the method and URL overrides).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ _REFUSED: Final = frozenset({
     "authorization", "cookie", "host", "content-length", "transfer-encoding", "connection",
     "keep-alive", "te", "trailer", "upgrade", "expect", "forwarded", "x-forwarded-for",
 })
+# Headers that make the answer or the request other than the one decided and scrubbed (found by
+# review): a range asks for slices of an answer, and a credential echoed in it comes back in
+# pieces the scrubber, which finds whole secrets, cannot see; the overrides ask an API that
+# honours them for another method or path than the rules allowed.
+_RESHAPING: Final = frozenset({
+    "range", "if-range", "x-http-method-override", "x-http-method", "x-method-override",
+    "x-original-url", "x-rewrite-url",
+})
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,11 @@ class HttpRequestTool:
     name: ClassVar[str] = HTTP_REQUEST
     credential: ClassVar[None] = None
     returns: ClassVar[None] = None
+    # Its method and URL are the agent's: the sandbox's own request in another form, decided
+    # as the proxy decides one, so `tools_only` rules (a gateway's credential, a declared
+    # tool's API) do not serve it; they did, and it reached an MCP server's unlisted tools
+    # with the gateway's bearer (found by review).
+    rules_made: ClassVar[bool] = False
 
     @property
     def description(self) -> str:
@@ -103,6 +117,10 @@ class HttpRequestTool:
             if not _TOKEN.fullmatch(name) or lower in _REFUSED or lower.startswith("proxy-"):
                 raise ToolArgumentError(f"header {name[:64]!r} is refused (a credential or the "
                                         "request's framing is sealgate's to write)")
+            if lower in _RESHAPING:
+                raise ToolArgumentError(f"header {name!r} is refused (it asks for another "
+                                        "method, path or part of the answer than the one "
+                                        "decided)")
             if _CONTROL.search(value.replace("\t", "")):
                 raise ToolArgumentError(f"header {name!r} has a control character")
             headers.append((name, value))

@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 from urllib.parse import quote
 
 from sealgate.hostname import Host
@@ -96,6 +96,10 @@ class Tool:
     returns: tuple[str, ...] | None  # dotted field paths; None: the whole answer
     timeout: float
     source: str
+
+    # A call whose every part the rules wrote: `tools_only` rules serve it (http_request's
+    # says False: its method and URL are the agent's).
+    rules_made: ClassVar[bool] = True
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -439,8 +439,16 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     ({"url": "https://user:pw@api.test:{port}/repos/a"}, "tool_arguments_invalid"),
     ({"url": "file:///etc/passwd"}, "tool_arguments_invalid"),
     ({"url": "https://api.test:{port}/repos/a", "method": "DELETE"}, "tool_arguments_invalid"),
+    # Slices of an answer (an echoed credential in pieces the scrubber cannot find), and another
+    # method or path than the one decided, at an API that honours the override.
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"Range": "bytes=0-7"}},
+     "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"X-HTTP-Method-Override": "DELETE"}},
+     "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"X-Original-URL": "/admin"}},
+     "tool_arguments_invalid"),
 ], ids=["metadata", "internal", "path", "host", "authorization", "proxy-header", "userinfo",
-        "file", "method"])
+        "file", "method", "range", "method-override", "url-override"])
 def test_http_request_refuses_what_the_rules_and_the_guard_refuse(
         server: McpServer, api: Origin, arguments: dict[str, Any], reason: str) -> None:
     api.reset()

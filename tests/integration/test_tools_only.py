@@ -1,5 +1,7 @@
 """`tools_only` rules (docs/rules.md): a rule kept for sealgate's own calls (declared MCP tools,
-`http_request`, the MCP gateway's upstreams) is never a proxied request's. Without it, the rule
+the MCP gateway's upstreams) is never a proxied request's, nor an `http_request` call's (the
+agent's own request in another form: review found it reached an MCP server's unlisted tools
+with the gateway's bearer). Without it, the rule
 that lets the gateway inject an upstream MCP server's credential also let a sandbox POST to that
 server straight through the proxy, with the credential injected: any tool, no argument
 constraint (found by a test of the gateway from inside a sandbox). Checked at the origin, through
@@ -16,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KEYS, client
+from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, Proxy, ProxyFactory, key_digest
+from tests.mcpkit import McpServer, basic, needs_mcp_venv
 
 CANARY = "tools-only-canary-9f3e1c"
 
@@ -45,6 +49,7 @@ policies:
         ports: [{port}]
         methods: [GET]
     allow_networks: [127.0.0.1/32]
+    http_request: {{methods: [GET, POST]}}
     mcp_servers:
       - name: docs
         url: https://api.test:{port}/mcp
@@ -128,3 +133,38 @@ def test_a_gateway_credential_on_a_proxied_rule_is_warned_of(tmp_path: Path) -> 
     done = subprocess.run([*SEALGATE, "rules", "check", str(rules)], cwd=ROOT,
                           capture_output=True, timeout=60, check=False)
     assert "proxied_credential" not in done.stdout.decode() + done.stderr.decode()
+
+
+@needs_mcp_venv()
+def test_http_request_is_no_tool_call_to_a_tools_only_rule(
+        origin: Origin, rules_file: Path, dns: StubDNS, test_ca: OriginCA, tmp_path: Path
+) -> None:
+    """The generic tool asks as the proxy does: the gateway's rule does not serve it, so an
+    agent cannot POST to the MCP server past the gateway's tool list with its bearer, while a
+    rule for the proxy's requests still serves it (the control)."""
+    dns.set("api.test", "A 127.0.0.1")
+    dns.set("limited.test", "A 127.0.0.1")
+    origin.reset()
+    server = McpServer(tmp_path, rules_file.read_text(), resolver=dns.address,
+                       upstream_ca=test_ca.path, secrets={"mcp_token": CANARY})
+    try:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "delete_repo", "arguments": {}}})
+        got, printed = server.client([
+            {"call": "http_request", "arguments": {
+                "method": "POST", "url": f"https://api.test:{origin.port}/mcp",
+                "headers": {"Content-Type": "application/json"}, "body": body}},
+            {"call": "http_request", "arguments": {
+                "method": "GET", "url": f"https://limited.test:{origin.port}/control"}}],
+            authorization=basic("bot-1", KEYS["bot-1"]))
+    finally:
+        server.stop()
+    refused, control = got["steps"]
+    assert refused["result"]["is_error"] and "not_allowed" in refused["result"]["text"], refused
+    assert control["result"]["is_error"] is False, control
+    assert [s.path for s in origin.requests] == ["/control"]  # nothing of the refused call
+    assert CANARY not in printed + server.stderr() + server.audit_text()
+    called = _explain("explain-tool", str(rules_file), "http_request", "--sandbox", "bot-1",
+                      "--arguments", json.dumps({"method": "POST",
+                                                 "url": f"https://api.test:{origin.port}/mcp"}))
+    assert called["decision"] == "deny", called
