@@ -42,6 +42,8 @@ from mitmproxy import addonmanager, exceptions, flow, hooks
 from mitmproxy.proxy import commands, events, mode_servers, server
 from mitmproxy.utils import asyncio_utils
 
+from . import splice
+
 _Handler = Callable[..., Any]
 _Groups = tuple[tuple[_Handler, ...], ...]  # per addon in the chain, its and its children's
 _CACHE = "_sealgate_hooks"  # in an AddonManager's instance dict: hook name -> _Found
@@ -275,6 +277,7 @@ def _handle(self: server.ConnectionHandler, event: events.Event) -> None:
     is run by a callback of the loop instead of a task (both are started in the same order)."""
     # No `await` beyond this point.
 
+    splice.end(self)  # mitmproxy acts on the connection: its sockets are its own again first
     self.timeout_watchdog.register_activity()
     try:
         layer_commands = self.layer.handle_event(event)

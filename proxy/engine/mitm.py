@@ -53,8 +53,8 @@ from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
+from mitmproxy.proxy.layers import tcp, websocket
 from mitmproxy.proxy.layers import tls as tls_layers
-from mitmproxy.proxy.layers import websocket
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream, _http1, _http2
 from mitmproxy.proxy.layers.http._events import (
     ResponseData,
@@ -68,6 +68,7 @@ from ..errors import ProxyError
 from . import bodycap, deadline, framing, hooks, keeping, limits, linger, pool, speedups, upstream
 from .handlers import handler_of
 from .mitmcheck import mismatches
+from .splice import relaying
 
 TESTED = "11.0"  # the mitmproxy minor version the patches and checks were written against
 
@@ -153,6 +154,7 @@ def install(
     http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
     asyncio_utils.set_task_debug_info = speedups.name_task
     hooks.install()
+    tcp.TCPLayer.relay_messages = relaying(tcp.TCPLayer.relay_messages)  # type: ignore[method-assign]
     # What flow.py and connection.py call `uuid`; uuid4() is all they use of it (checked).
     ids = types.SimpleNamespace(uuid4=speedups.RandomIds().uuid4)
     for module in (flow, connection):

@@ -29,7 +29,7 @@ from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
 from mitmproxy.utils import asyncio_utils
 
-from . import hooks
+from . import hooks, splice
 
 
 class _Changed(Exception):
@@ -350,10 +350,10 @@ def _ids() -> None:
         _expect(not used, f"{module.__name__} also uses uuid.{', uuid.'.join(sorted(used))}")
 
 
-@_checks("mitmproxy's hook dispatch (hooks.py carries it out itself)")
+@_checks("mitmproxy's hook dispatch and TCP relay (hooks.py, splice.py carry them out)")
 def _hook_dispatch() -> None:
     try:
-        changed = hooks.changed()
+        changed = hooks.changed() + splice.changed()
     except OSError as exc:
         raise _Changed(f"no source to compare ({exc})") from None
     _expect(not changed, f"changed since tested: {', '.join(changed)}")
