@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import wsproto.events
-from mitmproxy import addonmanager, connection, flow, http, tls
+from mitmproxy import addonmanager, certs, connection, flow, http, tls
 from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
@@ -63,6 +63,7 @@ from mitmproxy.proxy.layers.http._events import (
     ResponseProtocolError,
 )
 from mitmproxy.utils import asyncio_utils
+from OpenSSL import crypto
 
 from ..errors import ProxyError
 from . import bodycap, deadline, framing, hooks, keeping, limits, linger, pool, speedups, upstream
@@ -153,6 +154,9 @@ def install(
     # would drop the asserts mitmproxy and sealgate rely on too, so only this check goes.
     http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
     asyncio_utils.set_task_debug_info = speedups.name_task
+    # The leaf's certificate and key converted for pyOpenSSL once, not for every handshake.
+    certs.Cert.to_pyopenssl = speedups.converted_once(certs.Cert.to_pyopenssl)  # type: ignore[method-assign, assignment]
+    _scoped(tlsconfig, "crypto", PKey=speedups.keys_once(crypto.PKey))
     hooks.install()
     tcp.TCPLayer.relay_messages = relaying(tcp.TCPLayer.relay_messages)  # type: ignore[method-assign]
     # What flow.py and connection.py call `uuid`; uuid4() is all they use of it (checked).
@@ -178,7 +182,7 @@ def _scoped_asyncio(module: types.ModuleType, **replaced: Callable[..., Any]) ->
     _scoped(module, "asyncio", **replaced)
 
 
-def _scoped(module: types.ModuleType, name: str, **replaced: Callable[..., Any]) -> None:
+def _scoped(module: types.ModuleType, name: str, **replaced: object) -> None:
     """Give `module` its own copy of the module it calls `name`, with `replaced` swapped in."""
     original = vars(module)[name]
     scoped = types.ModuleType(f"{original.__name__} (as {module.__name__} sees it)")

@@ -20,7 +20,7 @@ from typing import Any
 import h2.connection
 import h2.stream
 import wsproto.events
-from mitmproxy import addonmanager, connection, flow, http
+from mitmproxy import addonmanager, certs, connection, flow, http
 from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server, tunnel
@@ -333,6 +333,14 @@ def _task_names() -> None:
     _params(asyncio_utils.set_task_debug_info, "(task, *, name, client=)")
     _names(asyncio_utils.create_task, "set_task_debug_info")
     _names(asyncio_utils.set_current_task_debug_info, "set_task_debug_info")
+
+
+@_checks("mitmproxy.addons.tlsconfig.crypto, mitmproxy.certs.Cert.to_pyopenssl")
+def _leaf_conversions() -> None:
+    _names(tlsconfig.TlsConfig.tls_start_client, "crypto", "PKey", "from_cryptography_key",
+           "to_pyopenssl")
+    _params(certs.Cert.to_pyopenssl, "(self)")
+    _expect(not hasattr(certs.Cert, "__slots__"), "Cert has __slots__")
 
 
 @_checks("mitmproxy.flow.uuid, mitmproxy.connection.uuid")

@@ -8,10 +8,14 @@ here imports mitmproxy: these are the plain functions put in its place.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 _IDS_PER_FILL = 256
+_X509 = "_sealgate_x509"  # in a certificate's instance dict: its pyOpenSSL copy
+KEYS_KEPT = 64  # private keys whose pyOpenSSL copies are kept (the leaves share the CA's)
 
 
 class RandomIds:
@@ -36,3 +40,28 @@ class RandomIds:
 def name_task(task: asyncio.Task[Any], *, name: str, client: tuple[Any, ...] | None = None) -> None:
     """mitmproxy's task tagging without the `os.environ` read it does for every hook task."""
     task.set_name(name)
+
+
+def converted_once(to_pyopenssl: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """mitmproxy's `Cert.to_pyopenssl`, converted once per certificate object.
+
+    mitmproxy converts the leaf it serves for every client handshake (DER written, then parsed
+    again): with the key's conversion, about 5 % of a worker's CPU under new intercepted
+    connections (py-spy). Its certificate store keeps one Cert per leaf, and the copy is only
+    handed to OpenSSL, which takes a reference and never changes it."""
+
+    @functools.wraps(to_pyopenssl)
+    def to_pyopenssl_once(self: Any) -> Any:
+        found = vars(self).get(_X509)
+        if found is None:
+            found = vars(self)[_X509] = to_pyopenssl(self)
+        return found
+
+    return to_pyopenssl_once
+
+
+def keys_once(pkey: type[Any]) -> type[Any]:
+    """pyOpenSSL's `PKey` whose `from_cryptography_key` converts once per key object (held, at
+    most KEYS_KEPT of them: every leaf is served with the CA's one key)."""
+    once = functools.lru_cache(maxsize=KEYS_KEPT)(pkey.from_cryptography_key)
+    return type(pkey.__name__, (pkey,), {"from_cryptography_key": staticmethod(once)})

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 import uuid
+from pathlib import Path
 
-from sealgate.proxy.engine.speedups import RandomIds
+from mitmproxy import certs
+from OpenSSL import SSL, crypto
+
+from sealgate.proxy.engine.speedups import RandomIds, converted_once, keys_once
 
 
 def test_ids_are_random_version_4_uuids_across_refills() -> None:
@@ -21,3 +27,49 @@ def test_ids_are_not_a_sequence() -> None:
     ids = RandomIds()
     a, b = ids.uuid4(), ids.uuid4()
     assert sum(x == y for x, y in zip(a.replace("-", ""), b.replace("-", ""), strict=True)) < 12
+
+
+def _handshake(cert: object, key: object) -> bytes:
+    """A TLS handshake over a socket pair, the server side served as mitmproxy serves a leaf;
+    the certificate the client received, DER."""
+    server_ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+    server = SSL.Connection(server_ctx, None)
+    server.use_certificate(cert)
+    server.use_privatekey(key)
+    server.set_accept_state()
+    client = ssl.create_default_context()
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client.wrap_bio(incoming, outgoing, server_hostname="leaf.test")
+    for _ in range(10):
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            server.bio_write(outgoing.read())
+            with contextlib.suppress(SSL.WantReadError):
+                server.do_handshake()
+            incoming.write(server.bio_read(65536))
+    der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_a_leaf_is_converted_for_pyopenssl_once_and_serves_every_handshake(
+        tmp_path: Path) -> None:
+    store = certs.CertStore.from_store(tmp_path, "ca", 2048)
+    entry = store.get_cert("leaf.test", ["leaf.test"])
+    made: list[object] = []
+
+    def convert(cert: certs.Cert) -> object:
+        made.append(cert)
+        return certs.Cert.to_pyopenssl(cert)
+
+    to_pyopenssl, pkey = converted_once(convert), keys_once(crypto.PKey)
+    served = [_handshake(to_pyopenssl(entry.cert), pkey.from_cryptography_key(entry.privatekey))
+              for _ in range(3)]
+    assert served == [ssl.PEM_cert_to_DER_cert(entry.cert.to_pem().decode())] * 3
+    assert made == [entry.cert]  # once, for three handshakes
+    assert pkey.from_cryptography_key(entry.privatekey) is pkey.from_cryptography_key(
+        entry.privatekey)
+    assert isinstance(pkey.from_cryptography_key(entry.privatekey), crypto.PKey)
