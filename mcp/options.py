@@ -11,6 +11,11 @@ from sealgate.clikit import env_option
 
 from .bearer import canonical_resource
 
+# The HTTP server's bounds on connections (sdk/conngate.py; here, where a process without the
+# SDK's packages can read them).
+PER_PEER: Final = 32  # connections at once from one address
+HEAD_SECONDS: Final = 10.0  # from a connection's start, or a response's end, to a whole head
+
 __all__ = ["DEFAULT_GATEWAY_LISTEN", "DEFAULT_LISTEN", "MAX_BODY", "add_gateway_options",
            "add_serve_options", "to_argv"]
 

@@ -28,6 +28,7 @@ from ..bearer import metadata_url
 from ..options import add_serve_options
 from ..protected import Protected
 from ..service import Service, Settings, listen_address, listen_resource
+from .conngate import bounded_protocol
 from .server import app, mcp_server
 
 __all__ = ["main", "resource_line", "run_http", "settings"]
@@ -70,6 +71,7 @@ async def run_http(service: Service, served: Any, ready: Callable[[], str], *,
     server = uvicorn.Server(uvicorn.Config(
         Protected(served, service.settings), host=host, port=port, log_level="warning",
         access_log=False, lifespan=lifespan, timeout_keep_alive=5, timeout_graceful_shutdown=10,
+        http=bounded_protocol(),  # per caller and in time: conngate.py
         limit_concurrency=512,  # connections; past it 503 at once
         h11_max_incomplete_event_size=64 * 1024, server_header=False,
         # The peer's address is who calls (a sandbox's, by the source registry): never what
