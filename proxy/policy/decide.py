@@ -10,7 +10,8 @@ The steps, in order, each ending the decision when it refuses:
 
 1. identity: the policy the identity names, which must exist;
 2. rules: the first rule in file order that allows host, port (and method and path); a miss is
-   a denial in `enforce` mode and a `report` (allowed, logged) in `report` mode;
+   a denial in `enforce` mode and a `report` (allowed, logged) in `report` mode; that rule must
+   also allow every method the request's override headers name;
 3. names and literal addresses: a name the guard never resolves, an IP literal in a denied range
    (a name's addresses are checked when it is resolved: `Guard.pin`, after this);
 4. tokens: only where the policy accepts them (such a policy intercepts every tunnel, so a
@@ -63,6 +64,10 @@ class Question:
     tokens: bool = False  # sealed tokens go with the request (or with the CONNECT's tunnel)
     ssl_insecure: bool = False  # upstream certificates are not verified (mitmproxy option)
     tool: bool = False  # one of sealgate's own calls (MCP), which `tools_only` rules serve
+    # The methods the request's override headers name (X-HTTP-Method-Override and its kin),
+    # upper-cased: an API that honours one takes the request for that method, so the rule
+    # that allows the request must allow each of them too.
+    overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,12 @@ def decide(rules: RuleSet, question: Question) -> Decision:
         if policy.mode == "enforce":
             return _deny(policy, Reason.NOT_ALLOWED, detail)
         verdict, reason = "report", Reason.NOT_ALLOWED
+    if rule is not None:
+        for method in q.overrides:
+            if not rule.allows_request(method, q.path or "/"):
+                return _deny(policy, Reason.NOT_ALLOWED,
+                             f"a method override names {method}, which the rule that allows "
+                             f"{_where(q)} does not", host_rules, rule)
     # From here a refusal still names the rule that matched: the rule was not the problem.
     if name_reason := denied_name(q.host):
         return _deny(policy, name_reason,

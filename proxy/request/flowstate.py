@@ -98,6 +98,11 @@ class RequestFacts:
     # HTTP/2 forbids Transfer-Encoding (RFC 9113 8.2.2); passed on to HTTP/1 it would frame
     # the body.
     malformed: bool
+    # Methods an override header names (X-HTTP-Method-Override, X-HTTP-Method,
+    # X-Method-Override), upper-cased, for `decide`; `rerouted`: X-Original-URL or
+    # X-Rewrite-URL, a target other than the one decided, at a server that honours them.
+    overrides: tuple[str, ...] = ()
+    rerouted: bool = False
 
     @classmethod
     def of(cls, request: http.Request) -> RequestFacts:
@@ -116,6 +121,12 @@ class RequestFacts:
             elif name == b"transfer-encoding":
                 facts.chunked = True
                 facts.malformed = facts.malformed or framed
+            elif name in _OVERRIDES:
+                method = raw_value.strip().upper()
+                facts.overrides = (*facts.overrides, method.decode("latin-1"))
+                facts.malformed = facts.malformed or not _METHOD.fullmatch(method)
+            elif name in _REROUTES:
+                facts.rerouted = True
         if facts.length is None and framed:
             # Frames carry the body, with no length unless the client declared one.
             facts.chunked = True
@@ -140,6 +151,8 @@ _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 5.5: HTAB
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"  # RFC 9110 5.6.2
 _TOKENS: Final = re.compile(_TCHAR + rb"(?::" + _TCHAR + rb")*")
 _METHOD: Final = re.compile(_TCHAR)  # RFC 9110 9.1: a method is a token
+_OVERRIDES: Final = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+_REROUTES: Final = frozenset({b"x-original-url", b"x-rewrite-url"})
 
 
 def _unsafe(raw: bytes) -> bool:

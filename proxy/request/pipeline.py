@@ -213,7 +213,11 @@ class Sealgate(Steps):
             record.host, record.port = host.name, port
             record.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
-                raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a field")
+                raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a "
+                                                 "field, or a method override not a method")
+            if facts.rerouted:
+                raise Denial(Reason.BAD_REQUEST, "X-Original-URL and X-Rewrite-URL are refused: "
+                                                 "a target other than the one decided")
             # the tokens that go with this request: its own, its tunnel's, its credentials'
             proxy_auth = facts.proxy_auth or conn.proxy_auth
             bound = TokenRequest(identity.sandbox, record.policy, host.name, port,
@@ -227,6 +231,7 @@ class Sealgate(Steps):
             decision, policy = self._decide(record, Question(
                 identity, host, port, "https" if request.scheme == "https" else "http",
                 request.method, record.path, bool(facts.tokens), self._state().ssl_insecure,
+                overrides=facts.overrides,
             ))
             # budget
             budget_key = conn.budget_key or ""

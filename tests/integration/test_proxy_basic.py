@@ -84,6 +84,28 @@ def test_method_and_path_rules(
     assert len(https_origin.requests) == (1 if status == 200 else 0)
 
 
+@pytest.mark.parametrize(("headers", "status"), [
+    ({"X-HTTP-Method-Override": "DELETE"}, 403), ({"X-HTTP-Method": "PUT"}, 403),
+    ({"X-Method-Override": "post"}, 403), ({"X-HTTP-Method-Override": "get"}, 200),
+    ({"X-HTTP-Method-Override": "DE LETE"}, 400), ({"X-Original-URL": "/admin"}, 400),
+    ({"X-Rewrite-URL": "/admin"}, 400)],
+    ids=["override-delete", "x-http-method-put", "method-override-post", "override-get",
+         "override-not-a-method", "original-url", "rewrite-url"])
+def test_method_and_target_overrides_are_decided_too(
+    proxy: Proxy, origins: tuple[Origin, Origin], headers: dict[str, str], status: int
+) -> None:
+    """An API that honours an override header takes a GET the rule allows for the method it
+    names, or for another path: the rule must allow the named method too, and the target
+    overrides are refused outright (found by review). Counted at the origin."""
+    _, https_origin = origins
+    r = client(proxy).get(f"https://limited.test:{https_origin.port}/ok/x", headers=headers,
+                          timeout=10)
+    assert r.status_code == status, r.text
+    assert len(https_origin.requests) == (1 if status == 200 else 0)
+    if status == 403:
+        assert r.json()["reason"] == "not_allowed" and "method override" in r.text
+
+
 def test_report_mode_allows_and_logs(proxy: Proxy, origins: tuple[Origin, Origin]) -> None:
     http_origin, _ = origins
     r = client(proxy, "rep-1").get(f"http://api.test:{http_origin.port}/reported", timeout=10)
