@@ -1,8 +1,8 @@
 """The Kubernetes API double (`tests/kubefake.py`) with what sandboxd's Kubernetes backend asks
 of it: Agent Sandbox claims, their controller, and `pods/exec` (no cluster can run here).
 
-- `SandboxClaim`s (extensions.agents.x-k8s.io/v1beta1): create, get, list (by labels),
-  merge-patch, delete.
+- `SandboxClaim`s (extensions.agents.x-k8s.io/v1beta1): create, get, list (by labels), watch
+  (one claim by `metadata.name`, or all), merge-patch, delete.
   The controller double binds a claim on a known warm pool (`pool`) after `ready_after`
   seconds: a pod (labelled as the pool's template says, plus the sandbox's selector label),
   a `Sandbox` (agents.x-k8s.io/v1beta1) whose status names that selector, and the claim's
@@ -52,6 +52,11 @@ class ClaimFake(KubeFake):
         self._processes: dict[str, list[asyncio.subprocess.Process]] = {}  # pod name -> execs
         self._addresses = itertools.count(2)
         self._home = tempfile.TemporaryDirectory(prefix="claimfake-")
+        self.claim_gets = 0  # GETs of one claim (how often a client looked)
+        self.claim_watches = 0  # watches of claims begun
+        self.refuse_watches = False  # watches answered 403, as RBAC without `watch` would
+        self._claim_history: list[tuple[int, str, dict[str, Any]]] = []
+        self._claim_watchers: list[tuple[str | None, asyncio.Queue[Any]]] = []
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
@@ -102,6 +107,7 @@ class ClaimFake(KubeFake):
                 self.ready_after, lambda: asyncio.ensure_future(self._bind(name, pool)))
         else:
             claim["status"] = {"conditions": [_condition(False, "WarmPoolNotFound")]}
+        self._claim_changed("ADDED", claim)
         return web.json_response(claim, status=201)
 
     async def _bind(self, name: str, pool: str) -> None:
@@ -109,6 +115,7 @@ class ClaimFake(KubeFake):
         if claim is None:
             return
         claim["status"] = {"conditions": [_condition(False, "SandboxNotReady")]}
+        self._claim_changed("MODIFIED", claim)
         await asyncio.sleep(self.ready_after)
         if name not in self.claims:
             return
@@ -129,11 +136,65 @@ class ClaimFake(KubeFake):
                        "conditions": [_condition(True, "DependenciesReady")]}}
         claim["status"] = {"conditions": [_condition(True, "SandboxReady")],
                            "sandbox": {"name": sandbox, "podIPs": [ip]}}
+        self._claim_changed("MODIFIED", claim)
 
-    async def _list_claims(self, request: web.Request) -> web.Response:
-        """A list, with `labelSelector` of `key=value` terms (all must hold) and `limit`."""
+    def _claim_changed(self, kind: str, claim: dict[str, Any]) -> None:
+        """A new version of the claim, told to the watches of it."""
+        self._version += 1
+        claim["metadata"]["resourceVersion"] = str(self._version)
+        seen = json.loads(json.dumps(claim))  # as it is now, whatever changes it later
+        self._claim_history.append((self._version, kind, seen))
+        for wanted, queue in self._claim_watchers:
+            if wanted in (None, claim["metadata"]["name"]):
+                queue.put_nowait({"type": kind, "object": seen})
+
+    async def _watch_claims(self, request: web.Request) -> web.StreamResponse:
+        """`watch=true`: the changes after `resourceVersion` (all kept: no 410 here), of the
+        claim a `fieldSelector` of `metadata.name=` names or of all, until `timeoutSeconds`."""
+        self.claim_watches += 1
+        if self.refuse_watches:
+            return _status(403, "Forbidden", 'cannot watch resource "sandboxclaims"')
+        field, _, wanted = request.query.get("fieldSelector", "").partition("=")
+        if field and field != "metadata.name":
+            return _status(400, "BadRequest", f"field label not supported: {field}")
+        since = int(request.query.get("resourceVersion") or self._version)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        for version, kind, seen in self._claim_history:
+            if version > since and (not wanted or seen["metadata"]["name"] == wanted):
+                queue.put_nowait({"type": kind, "object": seen})
+        watcher = (wanted or None, queue)
+        self._claim_watchers.append(watcher)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(request.query.get("timeoutSeconds", "1800"))
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    event = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+                if event is None:
+                    break
+                await response.write(json.dumps(event).encode() + b"\n")
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            self._claim_watchers.remove(watcher)
+        return response
+
+    async def _stop(self) -> None:
+        for _, queue in self._claim_watchers:
+            queue.put_nowait(None)
+        await super()._stop()
+
+    async def _list_claims(self, request: web.Request) -> web.StreamResponse:
+        """A list, with `labelSelector` of `key=value` terms (all must hold) and `limit`; or a
+        watch (`_watch_claims`)."""
         if not self._authorized(request):
             return _status(401, "Unauthorized", "Unauthorized")
+        if request.query.get("watch") in ("1", "true", "True"):
+            return await self._watch_claims(request)
         terms = [term.partition("=") for term in
                  request.query.get("labelSelector", "").split(",") if term]
         if any(not key or not sep or value.startswith("=") for key, sep, value in terms):
@@ -151,6 +212,7 @@ class ClaimFake(KubeFake):
     async def _get_claim(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return _status(401, "Unauthorized", "Unauthorized")
+        self.claim_gets += 1
         claim = self.claims.get(request.match_info["name"])
         if claim is None:
             return _status(404, "NotFound", "sandboxclaims not found")
@@ -166,6 +228,7 @@ class ClaimFake(KubeFake):
             return _status(404, "NotFound", "sandboxclaims not found")
         patch = await request.json()
         claim["spec"]["lifecycle"].update(patch["spec"]["lifecycle"])
+        self._claim_changed("MODIFIED", claim)
         return web.json_response(claim)
 
     async def _delete_claim(self, request: web.Request) -> web.Response:
@@ -175,6 +238,7 @@ class ClaimFake(KubeFake):
         claim = self.claims.pop(name, None)
         if claim is None:
             return _status(404, "NotFound", "sandboxclaims not found")
+        self._claim_changed("DELETED", claim)
         if (uid := self._pod_of.pop(name, None)) is not None and uid in self._pods:
             pod = self._pods[uid]
             self.sandboxes.pop(pod["metadata"]["name"], None)

@@ -17,9 +17,11 @@ cannot tell apart is never driven).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import re
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,8 @@ from ..errors import SandboxError
 
 EXTENSIONS = ("extensions.agents.x-k8s.io", "v1beta1")
 AGENTS = ("agents.x-k8s.io", "v1beta1")
-_POLL = 0.1  # seconds between looks at a claim not yet ready
+_WATCH_SECONDS = 30  # a claim watch's own end, then a get and a watch again
+_PAUSE, _PAUSE_MAX = 0.05, 2.0  # after a failed watch, seconds before the next get
 LABEL = "sealgate.dev/sandbox"  # a pod's sandbox id, as the proxy's pod watcher reads it
 OWNER = "sealgate.dev/sandboxd"  # a claim's daemon (its --instance)
 _SWEEP_MAX = 10_000  # claims deleted at one start, at most (a list is one page of this many)
@@ -137,19 +140,65 @@ class Claims:
         return len(names)
 
     async def _ready(self, name: str, sandbox: str) -> Bound:
+        """The claim once the controller says it is ready: a get, then a watch of this one
+        claim from the version the get saw (told at once, one request; not a get every tenth
+        of a second, which at a fleet's rate of creates was the API server's load), and a get
+        again whenever a watch ends (its own timeout, a 410, a break: after a pause that grows
+        while they fail). Bounded by the caller (`ready_seconds`)."""
+        pause = _PAUSE
         while True:
             try:
                 claim = await self._objects.get_namespaced_custom_object(
                     *EXTENSIONS, self.namespace, "sandboxclaims", name, _request_timeout=30)
             except Exception as exc:
                 raise ClaimError(f"claim {name}: {_said(exc)}") from None
-            status = claim.get("status") or {}
-            if _condition(status, "Ready"):
-                given = status.get("sandbox") or {}
-                if isinstance(given.get("name"), str) and given.get("podIPs"):
-                    return await self._pod(name, given["name"], list(given["podIPs"]),
-                                           sandbox)
-            await asyncio.sleep(_POLL)
+            if (bound := await self._bound(name, claim, sandbox)) is not None:
+                return bound
+            version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
+            try:
+                async with contextlib.aclosing(self._changes(name, version)) as changes:
+                    async for changed in changes:
+                        if (bound := await self._bound(name, changed, sandbox)) is not None:
+                            return bound
+                pause = _PAUSE
+            except ClaimError:
+                raise
+            except Exception as exc:  # the watch refused or broken: get and watch again
+                _LOG.debug("claim watch failed", extra={"claim": name, "error": _said(exc)})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _PAUSE_MAX)
+
+    async def _changes(self, name: str, version: str) -> AsyncGenerator[dict[str, Any], None]:
+        """The claim as each change leaves it, from `version`, until the watch ends (its
+        timeout, or an ERROR event such as 410: the caller gets it again). Deleted: ClaimError."""
+        from kubernetes_asyncio.watch import Watch
+
+        watch = Watch()
+        try:
+            async for event in watch.stream(
+                    self._objects.list_namespaced_custom_object, *EXTENSIONS, self.namespace,
+                    "sandboxclaims", field_selector=f"metadata.name={name}",
+                    resource_version=version or None, timeout_seconds=_WATCH_SECONDS,
+                    _request_timeout=_WATCH_SECONDS + 10):
+                kind, claim = event.get("type"), event.get("object")
+                if kind == "DELETED":
+                    raise ClaimError(f"claim {name} was deleted before it was ready")
+                if kind == "ERROR" or not isinstance(claim, dict):
+                    return
+                if kind in ("ADDED", "MODIFIED"):
+                    yield claim
+        finally:
+            await watch.close()
+
+    async def _bound(self, name: str, claim: dict[str, Any], sandbox: str) -> Bound | None:
+        """The claim's pod if the claim is ready (ClaimError if that pod is wrong), else None."""
+        status = claim.get("status") or {}
+        if not _condition(status, "Ready"):
+            return None
+        given = status.get("sandbox") or {}
+        if not isinstance(given.get("name"), str) or not given.get("podIPs"):
+            return None
+        return await self._pod(name, given["name"], list(given["podIPs"]), sandbox)
 
     async def _pod(self, claim: str, sandbox: str, addresses: list[Any], who: str) -> Bound:
         try:

@@ -3,8 +3,8 @@ API (`sandbox.daemon.api`) on its unix socket and, with a key, on TCP, over a `K
 until SIGTERM or SIGINT, when every sandbox it holds is deleted (its claim with it).
 
 Nothing of the host is needed (no root, namespaces or cgroups: the pods are the cluster's);
-what it needs of the API is RBAC in its namespace: `sandboxclaims` create, get, list, patch,
-delete;
+what it needs of the API is RBAC in its namespace: `sandboxclaims` create, get, list, watch,
+patch, delete;
 `sandboxes` get; `pods` list; `pods/exec` create (deploy/k8s/sandboxd/rbac.yaml).
 """
 

@@ -239,3 +239,41 @@ def test_a_restarted_daemon_deletes_the_claims_its_killed_run_left(tmp_path: Pat
                 if daemon.process.poll() is None:
                     daemon.process.terminate()
                     daemon.process.wait(30)
+
+
+def test_a_slow_claim_is_watched_not_polled(tmp_path: Path) -> None:
+    """A claim the controller takes two seconds to make ready: the daemon watches it (one
+    request, told at once) instead of getting it every tenth of a second (twenty requests,
+    at a fleet's rate of creates the API server's load), and the sandbox is there as soon as
+    the claim is ready."""
+    with ClaimFake(ready_after=1.0) as fake:  # Ready after two steps of 1 s
+        fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
+        daemon = _start(fake, tmp_path, "--ready-seconds", "20")
+        try:
+            started = time.monotonic()
+            with Sandbox.create("agent-python", daemon=str(daemon.socket)) as sb:
+                took = time.monotonic() - started
+                assert sb.run(["true"]).ok
+            assert fake.claim_watches >= 1
+            assert fake.claim_gets <= 3, fake.claim_gets  # before the watch, and after it
+            assert 2.0 <= took < 6.0, took
+        finally:
+            daemon.process.terminate()
+            daemon.process.wait(30)
+
+
+def test_a_refused_watch_falls_back_to_gets(tmp_path: Path) -> None:
+    """Without the watch (RBAC that forgot the verb, a proxy that cuts streams) a create still
+    works: a get after each failed watch, with a pause that grows."""
+    with ClaimFake(ready_after=0.5) as fake:
+        fake.pool("sealgate-python", POOL_LABELS, POD_ENV)
+        fake.refuse_watches = True
+        daemon = _start(fake, tmp_path, "--ready-seconds", "20")
+        try:
+            with Sandbox.create("agent-python", daemon=str(daemon.socket)) as sb:
+                assert sb.run(["true"]).ok
+            assert fake.claim_watches >= 2 and fake.claim_gets >= 2
+            assert fake.claim_gets < 20, fake.claim_gets  # paused, not spun
+        finally:
+            daemon.process.terminate()
+            daemon.process.wait(30)

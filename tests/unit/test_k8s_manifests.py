@@ -117,8 +117,8 @@ def test_sandboxd_may_only_claim_and_exec_in_the_sandboxes_namespace() -> None:
     (role,) = [d for d in docs if d["kind"] == "Role"]
     assert role["metadata"]["namespace"] == "sandboxes"
     assert {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in role["rules"]} == {
-        ("extensions.agents.x-k8s.io", "sandboxclaims"): ["create", "get", "list", "patch",
-                                                        "delete"],
+        ("extensions.agents.x-k8s.io", "sandboxclaims"): ["create", "get", "list", "watch",
+                                                        "patch", "delete"],
         ("agents.x-k8s.io", "sandboxes"): ["get"], ("", "pods"): ["list"],
         ("", "pods/exec"): ["create"]}
     assert all(len(r["apiGroups"]) == len(r["resources"]) == 1 for r in role["rules"])
