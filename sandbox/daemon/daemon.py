@@ -509,7 +509,7 @@ class Daemon:
     async def snapshot(self, ident: str, name: str | None) -> Image:
         """Sandbox `ident`'s filesystem as a new image (`imaging.snapshot`)."""
         return await imaging.snapshot(self.store, self.config.slots.isolation, self.get(ident),
-                                      name)
+                                      name, self.config.slots.disk)
 
     async def delete(self, ident: str, why: str = "deleted") -> None:
         session = self.get(ident)

@@ -53,10 +53,12 @@ def image_root(store: Store | None, isolation: str, name: str, policy: str | Non
     return image, root
 
 
-async def snapshot(store: Store | None, isolation: str, session: Session, name: str | None
-                   ) -> Image:
+async def snapshot(store: Store | None, isolation: str, session: Session, name: str | None,
+                   disk: int | None = None) -> Image:
     """The sandbox's filesystem, its image's layers and what it wrote over them, as a
-    new image of its policy's (one instant of it: its processes frozen meanwhile). Raises
+    new image of its policy's (one instant of it: its processes frozen meanwhile). `disk`:
+    the sandbox's scratch disk, which what a host upper's copy writes may not pass (a sparse
+    file or hard links would otherwise make its small disk a host disk's worth). Raises
     SessionError."""
     ident = session.id
     upper = session.upper
@@ -67,7 +69,7 @@ async def snapshot(store: Store | None, isolation: str, session: Session, name: 
         if tiers.get(isolation).image_owner == "guest":
             layer = await _from_guest(store, session)
         else:
-            layer = await _from_upper(store, session, upper)
+            layer = await _from_upper(store, session, upper, disk)
     except OSError as exc:  # a full disk, say: its own words, the sandbox running on
         raise SessionError(f"cannot snapshot sandbox {ident[:64]}: the image store: "
                            f"{exc.strerror or exc}", reason=Reason.SANDBOX_FAILED) from None
@@ -86,12 +88,12 @@ async def snapshot(store: Store | None, isolation: str, session: Session, name: 
     return made
 
 
-async def _from_upper(store: Store, session: Session, upper: Path) -> str:
+async def _from_upper(store: Store, session: Session, upper: Path, disk: int | None) -> str:
     """Its overlay's upper directory on the host, copied while its cgroup is frozen."""
     was_paused = session.paused
     await session.pause()
     try:
-        return await asyncio.to_thread(store.add_layer, upper)
+        return await asyncio.to_thread(store.add_layer, upper, disk)
     finally:
         if not was_paused and not session.ended.is_set():
             await session.pause(False)

@@ -5,8 +5,9 @@ pointing anywhere, whiteouts (character devices 0/0) and opaque directories
 (`trusted.overlay.opaque=y`). The copy walks it by descriptors and never follows a link:
 ownership becomes 0:0 (made by root), setuid and setgid are dropped (the sticky bit stays),
 whiteouts and opaque directories are kept, symlinks are copied as links, hard links become
-separate files, and other devices, FIFOs and sockets are skipped. A file overlayfs marked as
-metacopy (data elsewhere) or a directory with a redirect is refused: the copy would be wrong.
+separate files (each counted against the layer's bytes), and other devices, FIFOs and
+sockets are skipped. A file overlayfs marked as metacopy (data elsewhere) or a directory with
+a redirect is refused: the copy would be wrong.
 
 The layer's id is "sha256:" of a canonical description of its content, computed while copying:
 a sorted walk hashing each entry's path, type, mode, link target, and its file's size and
@@ -33,15 +34,20 @@ _CHUNK = 1 << 20
 _REFUSED_XATTRS = ("trusted.overlay.metacopy", "trusted.overlay.redirect")
 
 
-def copy_upper(upper: Path, dest: Path) -> tuple[str, int]:
+def copy_upper(upper: Path, dest: Path, *, max_bytes: int, max_entries: int
+               ) -> tuple[str, int]:
     """Copy the upper directory `upper` into the empty directory `dest`; returns the layer's
-    id and the bytes of its regular files."""
+    id and the bytes of its regular files. Past `max_bytes` written (every name of a file
+    counted, as each becomes a copy; a sparse file's whole length, as its holes are written)
+    or `max_entries` entries, ImageError: a sandbox's small scratch disk could otherwise
+    become a host disk full of copies (a 10 TiB sparse file costs its tmpfs nothing; found by
+    review)."""
     try:
         source = os.open(upper, _DIR_FLAGS)
     except OSError as exc:
         raise ImageError(f"snapshot of {upper}: cannot open it ({exc.strerror})") from None
     target = os.open(dest, _DIR_FLAGS)
-    walk = _Walk(upper)
+    walk = _Walk(upper, max_bytes, max_entries)
     try:
         walk.directory(source, target, b"", 0)
         os.fchmod(target, 0o755)
@@ -54,14 +60,18 @@ def copy_upper(upper: Path, dest: Path) -> tuple[str, int]:
 
 
 class _Walk:
-    def __init__(self, upper: Path) -> None:
-        self.upper = upper
+    def __init__(self, upper: Path, max_bytes: int, max_entries: int) -> None:
+        self.upper, self.max_bytes, self.max_entries = upper, max_bytes, max_entries
+        self.entries = 0
         self.hash = hashlib.sha256()
         self.size = 0
         self.at = ""
         self._buffer = bytearray(_CHUNK)
 
     def _record(self, *fields: bytes) -> None:
+        self.entries += 1
+        if self.entries > self.max_entries:
+            raise self._refuse(f"more than {self.max_entries} entries (max_layer_entries)")
         for value in fields:
             self.hash.update(len(value).to_bytes(8, "big"))
             self.hash.update(value)
@@ -119,8 +129,11 @@ class _Walk:
               times: tuple[int, int]) -> None:
         fd = os.open(name, _READ_FLAGS, dir_fd=source)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise self._refuse("changed from a regular file while being copied")
+            if self.size + st.st_size > self.max_bytes:
+                raise self._over()
             if "trusted.overlay.metacopy" in os.listxattr(fd):
                 raise self._refuse("an overlayfs metacopy file (mount without metacopy)")
             out = os.open(name, _WRITE_FLAGS, 0o600, dir_fd=target)
@@ -146,5 +159,12 @@ class _Walk:
                 while done < n:
                     done += os.write(target, view[done:n])
                 size += n
+                if self.size + size > self.max_bytes:  # grown since its size was looked at
+                    raise self._over()
         return digest.digest(), size
+
+    def _over(self) -> ImageError:
+        return self._refuse(f"its files come to more than {self.max_bytes} bytes copied "
+                            "(max_layer_bytes; a sparse file counts its whole length, a hard "
+                            "link each name)")
 

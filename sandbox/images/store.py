@@ -203,12 +203,15 @@ class Store:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def add_layer(self, upper: Path) -> str:
-        """Copy an overlayfs upper directory into a new layer (normalised: snapshot.py);
-        returns its id. Unreferenced until `derive` names it (gc removes it before then)."""
+    def add_layer(self, upper: Path, max_bytes: int | None = None) -> str:
+        """Copy an overlayfs upper directory into a new layer (normalised: snapshot.py), of at
+        most `max_bytes` (and never more than max_layer_bytes); returns its id. Unreferenced
+        until `derive` names it (gc removes it before then)."""
+        limit = min(self.max_layer_bytes, max_bytes or self.max_layer_bytes)
         with self._index.working():
             with self.staging("snapshot-") as temp:
-                layer, size = copy_upper(upper, temp)
+                layer, size = copy_upper(upper, temp, max_bytes=limit,
+                                         max_entries=self.max_layer_entries)
                 try:
                     os.rename(temp, self._layer_path(layer))
                 except OSError as exc:  # the same content is there already

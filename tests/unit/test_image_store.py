@@ -327,7 +327,36 @@ def test_add_layer_normalises_a_snapshot(tmp_path: Path, store: Store) -> None:
     assert f"layers/sha256/{layer[7:]}" in store.gc()
 
 
-def test_add_layer_is_fast(tmp_path: Path, store: Store) -> None:
+def test_a_snapshot_cannot_make_a_small_disk_a_large_one(tmp_path: Path, store: Store) -> None:
+    """A sparse file costs a sandbox's scratch disk nothing and hard links one copy, but the
+    copy writes every byte of each name (found by review: 3 GiB written from a 64 MiB disk).
+    Past the limit the snapshot is refused, clearly, and nothing is left in the store."""
+    sparse = tmp_path / "sparse"
+    sparse.mkdir()
+    with open(sparse / "hole", "wb") as f:
+        f.truncate(1 << 40)  # 1 TiB of nothing
+    with pytest.raises(ImageError, match="more than 1048576 bytes copied"):
+        store.add_layer(sparse, max_bytes=1 << 20)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "f").write_bytes(b"x" * (300 << 10))
+    for i in range(4):
+        os.link(linked / "f", linked / f"f{i}")  # 1.5 MiB as copies, 300 KiB on disk
+    with pytest.raises(ImageError, match="more than 1048576 bytes copied"):
+        store.add_layer(linked, max_bytes=1 << 20)
+    assert store.add_layer(linked, max_bytes=2 << 20).startswith("sha256:")  # the control
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(20):
+        (many / f"e{i}").write_bytes(b"")
+    small = Store(tmp_path / "small-store", max_layer_entries=10)
+    with pytest.raises(ImageError, match="more than 10 entries"):
+        small.add_layer(many)
+    assert not list(small.root.rglob("e1"))  # nothing of it kept
+
+
+def test_add_layer_is_fast(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")  # the default cap: 100 MiB is over the fixture's
     upper = tmp_path / "upper"
     upper.mkdir()
     chunk = os.urandom(1 << 20)
