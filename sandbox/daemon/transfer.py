@@ -9,6 +9,8 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
+from sealgate.reasons import Reason
+
 from ..guest.protocol import STATUS_MAX, Op
 from .pipes import Writer, open_pipe, read_all
 from .replies import file_reason, status
@@ -62,10 +64,17 @@ async def get(session: Session, path: str, limit: int) -> tuple[int, Download]:
             os.close(data_r)
             raise SessionError(f"{path}: {answer.get('error', 'no answer')}",
                                reason=file_reason(answer))
+        # The agent's word, checked: a size that is not a count within the limit (a hostile
+        # agent's) is refused here, its pipe closed and its place given back, rather than
+        # escaping as a 500 and keeping both (found by review).
+        size = answer["size"]
+        if type(size) is not int or not 0 <= size <= limit:
+            os.close(data_r)
+            raise SessionError(f"{path}: the sandbox's agent answered a size that is not one",
+                               reason=Reason.SANDBOX_FAILED)
     except BaseException:
         session.end()
         raise
-    size = int(answer["size"])
     return size, Download(data_r, size, session.end)
 
 

@@ -31,6 +31,9 @@ MAX_LISTING = 32 << 20  # its JSON
 MAX_UNPACKED = 1 << 30  # a tar stream's bytes, decompressed (the sandbox's tmpfs caps it too)
 MAX_MEMBERS = 200_000
 WATCH_QUEUE = 4096  # events held for a caller before they are dropped
+# ... and their bytes: events of 60 KB paths (235 directories of 250-character names) made
+# 4096 of them a quarter of a GiB per watch whose caller stopped reading (found by review).
+WATCH_QUEUE_BYTES = 1 << 20
 _LAST_WORD_SECONDS = 10.0  # for a tar's status after its data
 _CHUNK = 1 << 16
 
@@ -276,17 +279,20 @@ def _event(line: bytes) -> bytes | None:
     return json.dumps(event).encode() + b"\n"
 
 
-async def events(stream: Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[bytes, None]:
-    """A watch's events (NDJSON lines) for a caller, through a queue of `limit`: once it is
-    full, events are dropped until the caller has taken what it holds; then it is told
-    `{"event": "overflow", "dropped": N}` and the events go on from there."""
+async def events(stream: Stream, limit: int = WATCH_QUEUE,
+                 limit_bytes: int = WATCH_QUEUE_BYTES) -> AsyncGenerator[bytes, None]:
+    """A watch's events (NDJSON lines) for a caller, through a queue of `limit` events and
+    `limit_bytes`: once it is full, events are dropped until the caller has taken what it
+    holds; then it is told `{"event": "overflow", "dropped": N}` and the events go on from
+    there."""
     queue: collections.deque[bytes] = collections.deque()
+    held = 0  # the queue's bytes
     dropped = 0
     more = asyncio.Event()
     ended = False
 
     async def fill() -> None:
-        nonlocal dropped, ended
+        nonlocal dropped, ended, held
         pending = b""
         try:
             async for chunk in stream.chunks(stall=False):
@@ -296,10 +302,11 @@ async def events(stream: Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[byt
                 for line in lines:
                     if (event := _event(line)) is None:
                         return  # not an event of the shim's: the watch ends (its caller sees)
-                    if dropped or len(queue) >= limit:
+                    if dropped or len(queue) >= limit or held + len(event) > limit_bytes:
                         dropped += 1
                     else:
                         queue.append(event)
+                        held += len(event)
                 more.set()
         finally:
             ended = True
@@ -311,7 +318,9 @@ async def events(stream: Stream, limit: int = WATCH_QUEUE) -> AsyncGenerator[byt
             await more.wait()
             more.clear()
             while queue:
-                yield queue.popleft()
+                event = queue.popleft()
+                held -= len(event)
+                yield event
             if dropped:
                 said, dropped = dropped, 0
                 yield json.dumps({"event": "overflow", "dropped": said}).encode() + b"\n"
