@@ -26,7 +26,7 @@ from ..credentials import presented
 from ..credentials.inject import Credential, put, refused_body
 from ..credentials.tokenizer import HEADER as TOKEN_HEADER
 from ..credentials.tokenizer import TokenRequest
-from ..engine import eager, layers, limits, mitm, pool
+from ..engine import layers, limits, mitm, pool
 from ..errors import Denial
 from ..net import guard as guardmod
 from ..policy.decide import Question
@@ -77,7 +77,6 @@ class Sealgate(Steps):
 
     # -- CONNECT and TLS: the tunnel's destination ----------------------------------------
 
-    @eager.hook
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         conn = self._conn(flow.client_conn)
         record = RequestRecord(started=time.monotonic())
@@ -121,7 +120,6 @@ class Sealgate(Steps):
         # A CONNECT gets no response hook: its decision line is written here.
         self._emit("request", **request_line(flow, record))
 
-    @eager.hook
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
         conn = self._conn(client)
@@ -181,7 +179,6 @@ class Sealgate(Steps):
 
     # -- requests: the main path ----------------------------------------------------------
 
-    @eager.hook
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         self.in_flight.add(flow.id)
         conn = self._conn(flow.client_conn)
