@@ -90,7 +90,9 @@ def test_one_address_cannot_take_the_others_room(server: McpServer) -> None:
     held = _idle(server, "127.0.0.1", PER_PEER + 8)
     try:
         # Past the cap: answered 503 and closed at once, never read.
-        refused = [_answer(sock, 2) for sock in held[PER_PEER:]]
+        # Bounded generously: each returns as soon as its connection is closed, and under load
+        # the server may accept late (the refusal is written the moment it accepts).
+        refused = [_answer(sock, 15) for sock in held[PER_PEER:]]
         assert all(r.startswith(b"HTTP/1.1 503") and b"too many connections" in r
                    for r in refused), refused[:2]
         assert _list(server, "127.0.0.2") == 200  # another caller is served meanwhile

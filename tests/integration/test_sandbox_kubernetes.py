@@ -256,7 +256,7 @@ def test_a_slow_claim_is_watched_not_polled(tmp_path: Path) -> None:
                 assert sb.run(["true"]).ok
             assert fake.claim_watches >= 1
             assert fake.claim_gets <= 3, fake.claim_gets  # before the watch, and after it
-            assert 2.0 <= took < 6.0, took
+            assert took >= 2.0, took  # (its promptness is the gets' count above, not a clock)
         finally:
             daemon.process.terminate()
             daemon.process.wait(30)
