@@ -10,7 +10,9 @@ offset: what fell out of the ring before it is reported (`{"lost": n}`), never s
 silence, and a reader that follows is woken as output comes, until the process ends (its
 status is the last event). Its stdin stays open for writes until closed. It holds one of the
 sandbox's request places while it runs (so the sandbox is never idle meanwhile), ends with the
-sandbox, and before it only when killed.
+sandbox, and before it only when killed. Once ended, its output is kept within a sandbox-wide
+budget for ended processes (`ENDED_OUTPUT`), the latest ended first: otherwise 64 ended ones
+would hold a full ring each beyond the 32 running (~96 MiB per sandbox, found by review).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import base64
 import collections
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +34,8 @@ _COALESCE = 64 << 10  # a chunk grows by the next of its stream up to this
 STDIN_WRITE = 1 << 20  # the most one write to a background process's stdin may carry
 STDIN_QUEUED = 16  # writes waiting for the command to read them, at most
 MAX_PROCESSES = 32  # in the background at once per sandbox
-_ENDED_KEPT = 64  # ended ones still listed (their output and status readable)
+_ENDED_KEPT = 64  # ended ones still listed (their status readable, and what output is kept)
+ENDED_OUTPUT = 4 << 20  # bytes of output kept for a sandbox's ended processes, all together
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class Background:
 
     def __init__(self, pid: int, argv: list[str], events: Events,
                  stdin: asyncio.Queue[bytes | None], control: Control, *,
-                 ring: int = RING) -> None:
+                 ring: int = RING,
+                 ended: Callable[[Background], None] | None = None) -> None:
         self.pid = pid
         self.argv = argv
         self._control = control
@@ -70,6 +74,7 @@ class Background:
         self._end = 0  # the offset the next byte will have
         self._changed = asyncio.Condition()
         self._events = events
+        self._ended = ended  # told once its status is set, before any waiter is woken
         self.task = asyncio.create_task(self._collect())
 
     async def _collect(self) -> None:
@@ -86,6 +91,8 @@ class Background:
             if self.status is None:
                 self.status = {"exit": None, "ending": "lost",
                                "error": "the sandbox ended before the process"}
+            if self._ended is not None:
+                self._ended(self)
             async with self._changed:
                 self._changed.notify_all()
 
@@ -100,13 +107,23 @@ class Background:
         while len(self._chunks) > _PIECES:  # stdout and stderr in turn, a byte each
             dropped = self._chunks.popleft()
             self._start = dropped.offset + len(dropped.data)
-        while self._end - self._start > self._ring:
+        self.keep(self._ring)
+
+    @property
+    def held(self) -> int:
+        """Bytes of its output kept (the chunks run from `_start` to `_end` without a gap)."""
+        return self._end - self._start
+
+    def keep(self, limit: int) -> None:
+        """Only the last `limit` bytes of its output kept; readers are told the rest is lost."""
+        limit = max(0, limit)
+        while self._end - self._start > limit:
             first = self._chunks[0]
-            over = self._end - self._ring - first.offset
+            over = self._end - limit - first.offset
             if over >= len(first.data):
                 self._chunks.popleft()
                 self._start = first.offset + len(first.data)
-            else:  # keep the tail of the oldest chunk
+            else:  # keep the tail of the oldest chunk (a copy: the rest of it is freed)
                 self._chunks[0] = _Chunk(first.offset + over, first.stream, first.data[over:])
                 self._start = first.offset + over
 
@@ -193,19 +210,33 @@ class Processes:
     def __init__(self) -> None:
         self.table: dict[int, Background] = {}
         self._next = 1
+        self._ended: list[Background] = []  # still listed, in the order they ended
+
 
     def running(self) -> int:
         return sum(1 for p in self.table.values() if p.running)
 
     def add(self, argv: list[str], events: Events, stdin: asyncio.Queue[bytes | None],
             control: Control) -> Background:
-        made = Background(self._next, argv, events, stdin, control)
+        made = Background(self._next, argv, events, stdin, control, ended=self._on_end)
         self.table[made.pid] = made
         self._next += 1
         ended = [p for p in self.table.values() if not p.running]
         for old in ended[:max(0, len(ended) - _ENDED_KEPT)]:
             del self.table[old.pid]
+            # An Idempotency-Key may still hold it (Session._keys): none of its output can be
+            # read any more, so none is kept.
+            old.keep(0)
         return made
+
+    def _on_end(self, process: Background) -> None:
+        """Ended processes' output within `ENDED_OUTPUT` in all, the latest ended keeping
+        theirs: the oldest lose theirs first (said lost to a reader, their status kept)."""
+        self._ended = [p for p in self._ended if self.table.get(p.pid) is p] + [process]
+        room = ENDED_OUTPUT
+        for ended in reversed(self._ended):
+            ended.keep(room)
+            room -= ended.held
 
     async def close(self) -> None:
         await asyncio.gather(*(p.cancel() for p in self.table.values()))
