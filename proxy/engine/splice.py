@@ -14,8 +14,13 @@ socket's protocol is replaced by one that writes what it receives straight to th
 pausing its reading while the other's buffer is full. The idle timeout still sees every chunk.
 At the first end, error or close on either side, or any event mitmproxy is given for the
 connection (its idle timeout, a drain, a deadline closing it), both sockets get their own
-protocols back first, then the event goes on as it would have: mitmproxy's layers do the
-half-close and the close, and the connection's audit line is written as before.
+protocols back first, then the event goes on as it would have: mitmproxy's layers do the close,
+and the connection's audit line is written as before.
+
+The client's half-close of such a tunnel, spliced or not, is passed upstream as one here
+(`_half_closing`): mitmproxy's TCP layer asks for it, but the CONNECT's HTTP stream above it turns
+every half-close into a full close ("to be consistent", HttpStream.passthrough), so what the
+origin sent after the client's end never reached the client.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from mitmproxy import connection
-from mitmproxy.proxy import events, server
+from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import tcp
+from mitmproxy.proxy.layers.http import HttpStream
 
 from .handlers import handler_of
 
@@ -131,16 +137,38 @@ def _try(layer: tcp.TCPLayer) -> None:
         vars(layer).pop(_ASKED, None)  # not yet: asked again at the next chunk
 
 
+def _half_closing(layer: tcp.TCPLayer, relayed: Generator[Any, Any, None]
+                  ) -> Generator[Any, Any, None]:
+    """The TCP layer's commands at an end of an ignored connection, with its half-close of the
+    upstream done here, as the connection handler would do it, instead of handed up: the
+    CONNECT's HttpStream.passthrough would make it a full close (mitmproxy 11.0,
+    proxy/layers/http/__init__.py:877-883), and the origin's answer to the client's end would
+    be lost with the socket. Only the upstream's: it is a socket of its own, while the client's
+    side of a CONNECT over HTTP/2 is a stream, which only mitmproxy's layers can end."""
+    upstream = layer.context.server
+    for command in relayed:  # no reply to send: an ignored connection's end has no hook
+        if type(command) is commands.CloseTcpConnection and command.half_close and (
+                command.connection is upstream):
+            handler = handler_of(layer.context.client.id)
+            if handler is not None and upstream in handler.transports:
+                handler.close_connection(upstream, half_close=True)
+                continue
+        yield command
+
+
 def relaying(relay: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:
     """TCPLayer.relay_messages, which asks for a splice after a chunk of an ignored connection
-    (no flow: nothing looks at its bytes), once the chunk's own handling is over."""
+    (no flow: nothing looks at its bytes), once the chunk's own handling is over, and passes
+    the client's half-close of one upstream as a half-close (`_half_closing`)."""
 
     @functools.wraps(relay)
     def relay_messages(self: tcp.TCPLayer, event: events.Event) -> Generator[Any, Any, None]:
-        if (self.flow is None and type(event) is events.DataReceived
-                and not vars(self).get(_ASKED)):
-            vars(self)[_ASKED] = True
-            asyncio.get_running_loop().call_soon(_try, self)
+        if type(event) is events.DataReceived:
+            if self.flow is None and not vars(self).get(_ASKED):
+                vars(self)[_ASKED] = True
+                asyncio.get_running_loop().call_soon(_try, self)
+        elif self.flow is None and type(event) is events.ConnectionClosed:
+            return _half_closing(self, relay(self, event))
         return relay(self, event)
 
     return relay_messages
@@ -148,12 +176,14 @@ def relaying(relay: Callable[..., Generator[Any, Any, None]]) -> Callable[..., A
 
 def changed() -> list[str]:
     """What this module relies on that is not as tested, by name (mitmcheck.py: the proxy does
-    not start): mitmproxy's TCP relay and reading loop by source, asyncio's reader by the
-    attributes read above."""
+    not start): mitmproxy's TCP relay and reading loop, the CONNECT's passthrough and the
+    handler's close by source, asyncio's reader by the attributes read above."""
     tested: list[tuple[Callable[..., Any], str]] = [
         (tcp.TCPLayer.relay_messages, "3b3d49a9f63b7d40"), (tcp.TCPLayer.start, "b1418418362ceaa7"),
         (tcp.TCPLayer.__init__, "1aa7d03a0e4a1b05"),
         (server.ConnectionHandler.handle_connection, "95c3f93e9824e527"),
+        (server.ConnectionHandler.close_connection, "c0d10cc05dd65b80"),
+        (HttpStream.passthrough, "33d9057d13750eca"),
     ]
     found = [fn.__qualname__ for fn, digest in tested if hashlib.sha256(
         inspect.getsource(inspect.unwrap(fn)).encode()).hexdigest()[:16] != digest]

@@ -1,9 +1,9 @@
 """A blind tunnel relayed socket to socket (proxy/engine/splice.py), through a real proxy.
 
 Once spliced, mitmproxy's layers see nothing until an end: the bytes must still arrive whole
-and in order under backpressure, a half-close must still reach the other side, the idle timeout
-must still see a tunnel in use (and close a silent one), and the connection's audit line must
-still be written.
+and in order under backpressure, a half-close must still reach the other side (and what the
+other side sends after it must still come back), the idle timeout must still see a tunnel in use
+(and close a silent one), and the connection's audit line must still be written.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import pytest
 
 from tests.dnsstub import StubDNS
 from tests.harness import OriginCA, Proxy, ProxyFactory, key_digest
+from tests.rawserver import RawServer
 from tests.security.rawclient import open_tunnel, proxy_auth
 
 NAME = "splice.test"
 KEY = "splice-1-key"
 BIG = 8 * 1024 * 1024
 IDLE = 3  # the proxy's idle timeout, seconds
+REPLY = bytes(range(251)) * 4177  # ~1 MiB, sent by ReplyAtEnd after its client's end
 
 
 class EchoOrigin:
@@ -71,15 +73,39 @@ def origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[EchoOrigin]:
     echo.stop()
 
 
+class ReplyAtEnd(RawServer):
+    """Plain TCP on loopback: reads each connection up to its client's end (a half-close), notes
+    what it read, then sends REPLY and closes. The tunnel never looks past the ClientHello, so
+    the origin need not speak TLS."""
+
+    def __init__(self) -> None:
+        self.ended: list[bytes] = []  # what each connection read, once its client ended
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        received = bytearray()
+        while data := conn.recv(65536):
+            received += data
+        self.ended.append(bytes(received))
+        conn.sendall(REPLY)
+
+
 @pytest.fixture(scope="module")
-def tproxy(proxy_with: ProxyFactory, origin: EchoOrigin) -> Iterator[Proxy]:
+def replier() -> Iterator[ReplyAtEnd]:
+    server = ReplyAtEnd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tproxy(proxy_with: ProxyFactory, origin: EchoOrigin, replier: ReplyAtEnd) -> Iterator[Proxy]:
     rules = f"""
 version: 1
 policies:
   blind:
     allow:
       - host: {NAME}  # no method or path: TLS to it is passed through undecrypted
-        ports: [{origin.port}]
+        ports: [{origin.port}, {replier.port}]
     allow_networks: [127.0.0.1/32]
 sandboxes:
   splice-1: {{policy: blind, key_sha256: "{key_digest(KEY)}"}}
@@ -188,3 +214,41 @@ def test_an_active_tunnel_outlives_the_idle_timeout_and_a_silent_one_is_closed(
         started = time.monotonic()
         assert client.recv() == b""  # nothing sent for the idle timeout: closed
         assert IDLE - 0.5 < time.monotonic() - started < IDLE + 5
+
+
+def client_hello() -> bytes:
+    """A real ClientHello for NAME: what the proxy checks before a blind tunnel goes upstream."""
+    outgoing = ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname=NAME)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+@pytest.mark.parametrize("spliced", [True, False], ids=["spliced", "before_the_splice"])
+def test_after_the_clients_half_close_the_origin_sees_its_end_and_its_reply_comes_back(
+    tproxy: Proxy, replier: ReplyAtEnd, spliced: bool
+) -> None:
+    sock, head = open_tunnel(tproxy.port, f"{NAME}:{replier.port}",
+                             [("Proxy-Authorization", proxy_auth("splice-1", KEY))])
+    assert head.status == 200
+    request = client_hello() + f"request, spliced={spliced}".encode()
+    with sock:
+        sock.settimeout(IDLE + 5)  # every recv below: the reply comes at once, or never
+        if spliced:  # the splice is asked for once a first chunk went upstream
+            sock.sendall(request[:-8])
+            time.sleep(0.5)
+            sock.sendall(request[-8:])
+            time.sleep(0.3)
+        else:  # the end right behind the ClientHello: handled before any splice is tried
+            sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        started, reply = time.monotonic(), bytearray()
+        while data := sock.recv(65536):
+            reply += data
+        # All of it, then the origin's end: well before the idle timeout would have closed it.
+        assert (len(reply), hashlib.sha256(reply).hexdigest()) == (
+            len(REPLY), hashlib.sha256(REPLY).hexdigest())
+        assert time.monotonic() - started < IDLE
+    # The client's end was passed on as a half-close: the origin read it all, then its EOF.
+    assert request in replier.ended
