@@ -36,6 +36,7 @@ from jsonschema import Draft202012Validator
 from sealgate.credentials.errors import InjectionError, RequestInapplicable
 from sealgate.credentials.httprequest import InMemoryRequest
 from sealgate.proxy.calls import (
+    SLICES,
     Credential,
     Decision,
     Denial,
@@ -147,7 +148,8 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
     record.fields.update(method=call.method, scheme=call.scheme, host=call.host.name,
                          port=call.port, path=path)
     decision = decide(service.rules, Question(record.identity, call.host, call.port, call.scheme,
-                                              call.method, path, tool=tool.rules_made))
+                                              call.method, path, tool=tool.rules_made,
+                                              overrides=call.overrides))
     _allowed(decision, record)
     rule = decision.rule
     if tool.credential is not None and not (
@@ -173,6 +175,8 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
     if call.body is not None and "content-type" not in given:
         request.headers.append(("Content-Type", "application/json"))
     _inject(credentials, request, record)
+    if record.needles:  # the answer will be scrubbed, so it comes whole, as the proxy's does
+        request.headers[:] = [h for h in request.headers if h[0].lower() not in SLICES]
     service.budgets.open_connection(key, policy.budgets)  # calls at once, per sandbox
     try:
         answer = await send(call, request.path, request.headers,

@@ -21,6 +21,7 @@ from .net.resolver import Resolver
 from .policy.decide import Decision, Identity, Question, decide, policy_for
 from .policy.httptool import HttpRequestTool
 from .policy.model import Injection, PathError, Policy, Rule, RuleSet, normalize_path
+from .policy.reshaping import SLICES
 from .policy.rulesfile import RulesError, load_rules
 from .policy.tools import Tool, ToolArgumentError, ToolRequest, select
 from .request.budget import BudgetLedger, hold
@@ -30,6 +31,7 @@ from .request.registry import SourceRegistry
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",
     "REDACTED",
+    "SLICES",
     "Broker",
     "BudgetLedger",
     "Credential",

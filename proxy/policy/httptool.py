@@ -9,8 +9,10 @@ What an agent's arguments may not carry: a URL other than absolute http(s) witho
 information (`user:pass@` is a credential in the URL, and a second way to spell a host); control
 characters; headers that carry credentials or frame the request (`Authorization`, `Cookie`,
 `Proxy-*`, `Host`, `Content-Length`, `Transfer-Encoding`, `Connection` and the other hop-by-hop
-ones): framing is sealgate's, and a credential is the rules' to add, never the agent's to send;
-nor headers that reshape what was decided (`Range`, `If-Range`, the method and URL overrides).
+ones): framing is sealgate's, and a credential is the rules' to add, never the agent's to send.
+Headers that reshape what was decided are taken as the proxy takes them
+(policy/reshaping.py): a method override is decided with the rest, a URL override refused,
+`Range` and `If-Range` not sent with an injected credential.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from urllib.parse import urlsplit
 
 from sealgate.hostname import HostError, split_authority
 
+from . import reshaping
 from .tools import ToolArgumentError, ToolRequest
 
 __all__ = ["HTTP_REQUEST", "HttpRequestTool"]
@@ -38,16 +41,6 @@ _REFUSED: Final = frozenset({
     "authorization", "cookie", "host", "content-length", "transfer-encoding", "connection",
     "keep-alive", "te", "trailer", "upgrade", "expect", "forwarded", "x-forwarded-for",
 })
-# Headers that make the answer or the request other than the one decided and scrubbed (found by
-# review): a range asks for slices of an answer, and a credential echoed in it comes back in
-# pieces the scrubber, which finds whole secrets, cannot see; the overrides ask an API that
-# honours them for another method or path than the rules allowed.
-_RESHAPING: Final = frozenset({
-    "range", "if-range", "x-http-method-override", "x-http-method", "x-method-override",
-    "x-original-url", "x-rewrite-url",
-})
-
-
 @dataclass(frozen=True)
 class HttpRequestTool:
     methods: tuple[str, ...]
@@ -117,14 +110,19 @@ class HttpRequestTool:
             if not _TOKEN.fullmatch(name) or lower in _REFUSED or lower.startswith("proxy-"):
                 raise ToolArgumentError(f"header {name[:64]!r} is refused (a credential or the "
                                         "request's framing is sealgate's to write)")
-            if lower in _RESHAPING:
-                raise ToolArgumentError(f"header {name!r} is refused (it asks for another "
-                                        "method, path or part of the answer than the one "
-                                        "decided)")
             if _CONTROL.search(value.replace("\t", "")):
                 raise ToolArgumentError(f"header {name!r} has a control character")
             headers.append((name, value))
         body = arguments.get("body")
         return ToolRequest(method, "https" if parts.scheme == "https" else "http", host, port,
                            target, None if body is None else str(body).encode(),
-                           tuple(headers))
+                           tuple(headers), self._overrides(headers))
+
+    def _overrides(self, headers: list[tuple[str, str]]) -> tuple[str, ...]:
+        # Decided as the proxy decides them, and within the tool's own methods too: a read-only
+        # tool's GET must not carry a DELETE to an API that honours the override.
+        named = reshaping.overrides_in(headers)
+        if outside := [m for m in named if m not in self.methods]:
+            raise ToolArgumentError(f"a method override names {outside[0][:16]!r}, which this "
+                                    "tool does not offer")
+        return named

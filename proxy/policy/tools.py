@@ -70,6 +70,7 @@ class ToolRequest:
     target: str
     body: bytes | None
     headers: tuple[tuple[str, str], ...] = ()  # the caller's own (`http_request`'s), checked
+    overrides: tuple[str, ...] = ()  # the methods those name (policy/reshaping.py), decided
 
     @property
     def path(self) -> str:

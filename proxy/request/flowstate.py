@@ -21,6 +21,7 @@ from sealgate.reasons import Reason
 from ..engine import limits
 from ..errors import Denial
 from ..net.guard import Pin
+from ..policy import reshaping
 from ..policy.decide import Identity
 from ..policy.model import Policy
 from .baseurl import BaseUrl
@@ -98,9 +99,8 @@ class RequestFacts:
     # HTTP/2 forbids Transfer-Encoding (RFC 9113 8.2.2); passed on to HTTP/1 it would frame
     # the body.
     malformed: bool
-    # Methods an override header names (X-HTTP-Method-Override, X-HTTP-Method,
-    # X-Method-Override), upper-cased, for `decide`; `rerouted`: X-Original-URL or
-    # X-Rewrite-URL, a target other than the one decided, at a server that honours them.
+    # Methods an override header names, upper-cased, for `decide`; `rerouted`: a reroute
+    # header came (policy/reshaping.py says what both are and why).
     overrides: tuple[str, ...] = ()
     rerouted: bool = False
 
@@ -151,8 +151,8 @@ _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 5.5: HTAB
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"  # RFC 9110 5.6.2
 _TOKENS: Final = re.compile(_TCHAR + rb"(?::" + _TCHAR + rb")*")
 _METHOD: Final = re.compile(_TCHAR)  # RFC 9110 9.1: a method is a token
-_OVERRIDES: Final = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
-_REROUTES: Final = frozenset({b"x-original-url", b"x-rewrite-url"})
+_OVERRIDES: Final = frozenset(name.encode() for name in reshaping.METHOD_OVERRIDES)
+_REROUTES: Final = frozenset(name.encode() for name in reshaping.REROUTES)
 
 
 def _unsafe(raw: bytes) -> bool:

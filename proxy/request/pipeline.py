@@ -29,6 +29,7 @@ from ..credentials.tokenizer import TokenRequest
 from ..engine import layers, limits, mitm, pool
 from ..errors import Denial
 from ..net import guard as guardmod
+from ..policy import reshaping
 from ..policy.decide import Question
 from ..policy.model import PathError, normalize_path
 from . import baseurl, budget, responses, target
@@ -214,10 +215,9 @@ class Sealgate(Steps):
             record.path = normalize_path(request.path)
             if facts.malformed:  # after the names, whose own reasons are more precise
                 raise Denial(Reason.BAD_REQUEST, "CR, LF or NUL in the method, target or a "
-                                                 "field, or a method override not a method")
+                                                 f"field, or {reshaping.NOT_A_METHOD}")
             if facts.rerouted:
-                raise Denial(Reason.BAD_REQUEST, "X-Original-URL and X-Rewrite-URL are refused: "
-                                                 "a target other than the one decided")
+                raise Denial(Reason.BAD_REQUEST, reshaping.REROUTED)
             # the tokens that go with this request: its own, its tunnel's, its credentials'
             proxy_auth = facts.proxy_auth or conn.proxy_auth
             bound = TokenRequest(identity.sandbox, record.policy, host.name, port,

@@ -23,6 +23,7 @@ from ..engine import upstream
 from ..engine.refusal import deny_response
 from ..errors import Denial
 from ..net import guard as guardmod
+from ..policy import reshaping
 from ..policy.decide import Decision, Identity, Question, decide, policy_for
 from ..policy.model import Policy, Rule
 from .auditlines import request_line
@@ -149,12 +150,10 @@ class Steps(Lifecycle):
             flow.metadata[PENDING] = signed
         if injected.needles:
             flow.metadata[SCRUB] = injected.scrubber()
-            # A scrubbed answer comes whole: of an answer that echoes the credential, a range
-            # is a slice the scrubber, which finds whole secrets, cannot see (a sandbox could
-            # read the secret 8 bytes at a time: found by review). So no resumed download
-            # with an injected credential: it starts again from its first byte.
-            request.headers.pop("range", None)
-            request.headers.pop("if-range", None)
+            # A scrubbed answer comes whole (policy/reshaping.py): no resumed download with an
+            # injected credential; it starts again from its first byte.
+            for name in reshaping.SLICES:
+                request.headers.pop(name, None)
         if injected.rejected:
             flow.metadata[REJECTED] = injected.rejected
         return injected

@@ -439,16 +439,16 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
     ({"url": "https://user:pw@api.test:{port}/repos/a"}, "tool_arguments_invalid"),
     ({"url": "file:///etc/passwd"}, "tool_arguments_invalid"),
     ({"url": "https://api.test:{port}/repos/a", "method": "DELETE"}, "tool_arguments_invalid"),
-    # Slices of an answer (an echoed credential in pieces the scrubber cannot find), and another
-    # method or path than the one decided, at an API that honours the override.
-    ({"url": "https://api.test:{port}/repos/a", "headers": {"Range": "bytes=0-7"}},
-     "tool_arguments_invalid"),
+    # Another method or path than the one decided, at an API that honours the override; as the
+    # proxy takes them (policy/reshaping.py), and an override within the tool's methods.
     ({"url": "https://api.test:{port}/repos/a", "headers": {"X-HTTP-Method-Override": "DELETE"}},
      "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"X-Method-Override": "GET /x"}},
+     "bad_request"),
     ({"url": "https://api.test:{port}/repos/a", "headers": {"X-Original-URL": "/admin"}},
-     "tool_arguments_invalid"),
+     "bad_request"),
 ], ids=["metadata", "internal", "path", "host", "authorization", "proxy-header", "userinfo",
-        "file", "method", "range", "method-override", "url-override"])
+        "file", "method", "method-override", "not-a-method", "url-override"])
 def test_http_request_refuses_what_the_rules_and_the_guard_refuse(
         server: McpServer, api: Origin, arguments: dict[str, Any], reason: str) -> None:
     api.reset()
@@ -458,6 +458,23 @@ def test_http_request_refuses_what_the_rules_and_the_guard_refuse(
     assert step["result"]["structured"]["error"]["reason"] == reason, step
     assert api.untouched()
     assert "mine" not in json.dumps(server.calls()[-1])
+
+
+def test_http_request_takes_reshaping_headers_as_the_proxy_does(server: McpServer,
+                                                                 api: Origin) -> None:
+    """With a credential injected, a range is not sent (the answer comes whole, to be scrubbed
+    whole); an override naming a method the rule and the tool allow goes on as it came."""
+    api.reset()
+    api.echo = True
+    step, _ = _one(server, "http_request", {
+        "url": f"https://api.test:{api.port}/repos/a",
+        "headers": {"Range": "bytes=0-7", "If-Range": "x", "X-HTTP-Method-Override": "post"}})
+    assert step["result"]["is_error"] is False, step
+    [seen] = api.requests
+    assert seen.values("range") == [] and seen.values("if-range") == []
+    assert seen.values("authorization") == [f"Bearer {CANARY}"]
+    assert seen.values("x-http-method-override") == ["post"]
+    assert CANARY not in json.dumps(step)
 
 
 def test_http_request_never_dials_an_address_the_rules_do_not_allow(server: McpServer) -> None:

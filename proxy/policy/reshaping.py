@@ -1,0 +1,58 @@
+"""Request headers that ask for another request, or another answer, than the one decided: one
+list and one behaviour for every way sealgate makes a request for a sandbox (the proxy's
+request path, request/flowstate.py and request/steps.py; the MCP `http_request` tool,
+policy/httptool.py and mcp/calls.py), since `http_request` is the sandbox's own request in
+another form.
+
+- A **method override** (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`) asks
+  an API that honours it for the method it names: `POST` carries a `DELETE`. The named method
+  goes to `decide` (`Question.overrides`), and the rule that allows the request must allow it
+  too. A value that is not a method is refused (400).
+- A **reroute** (`X-Original-URL`, `X-Rewrite-URL`) asks some servers for another target than
+  the request line's, which the path rules never saw: always refused (400).
+- A **slice** (`Range`, `If-Range`) asks for part of an answer. It is harmless until a
+  credential is injected: an answer that echoes the credential then comes back in pieces the
+  scrubber, which finds whole secrets, cannot see (a sandbox could read the secret a few bytes
+  at a time). So with an injected credential slices are not sent, and the whole answer comes.
+
+(All found by review.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from sealgate.reasons import Reason
+
+from ..errors import Denial
+
+__all__ = ["METHOD_OVERRIDES", "REROUTES", "SLICES", "overrides_in"]
+
+METHOD_OVERRIDES: Final = frozenset({"x-http-method-override", "x-http-method",
+                                     "x-method-override"})
+REROUTES: Final = frozenset({"x-original-url", "x-rewrite-url"})
+SLICES: Final = frozenset({"range", "if-range"})
+_METHOD: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 9.1: a method is a token
+
+NOT_A_METHOD: Final = "a method override that is not a method"
+REROUTED: Final = ("X-Original-URL and X-Rewrite-URL are refused: a target other than the one "
+                   "decided")
+
+
+def overrides_in(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """The methods `headers`' overrides name, upper-cased, for `Question.overrides`; a Denial
+    (400) for a reroute or an override that is not a method. The proxy's path reads the same
+    headers in its one pass over the raw fields (RequestFacts.of) and refuses the same way."""
+    named: list[str] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower in REROUTES:
+            raise Denial(Reason.BAD_REQUEST, REROUTED)
+        if lower in METHOD_OVERRIDES:
+            method = value.strip().upper()
+            if not _METHOD.fullmatch(method):
+                raise Denial(Reason.BAD_REQUEST, NOT_A_METHOD)
+            named.append(method)
+    return tuple(named)
