@@ -1,6 +1,7 @@
 """A body's framing across HTTP versions, where mitmproxy left it to chance (mitm.py installs
 these): an HTTP/2 request's body of no declared length written into HTTP/1 unframed, and an
-empty HTTP/2 DATA frame taken for a body's end.
+empty HTTP/2 DATA frame taken for a body's end; and an HTTP/1 response's head and whole body
+written at once.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from mitmproxy.proxy import commands
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import HttpStream, _http1
@@ -16,9 +18,12 @@ from mitmproxy.proxy.layers.http._events import (
     RequestData,
     RequestHeaders,
     ResponseData,
+    ResponseHeaders,
 )
 
 _Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
+_ServerSend = Callable[[_http1.Http1Server, HttpEvent], CommandGenerator[None]]
+_HELD = "_sealgate_head"  # on an Http1Server: the SendData of a head held for its body
 
 
 def framed_for_http1(send: _Send) -> _Send:
@@ -66,3 +71,37 @@ def no_empty_chunks(state: _State) -> _State:
         yield from state(self, event)
 
     return stream_body
+
+
+def head_with_body(send: _ServerSend) -> _ServerSend:
+    """A response whose whole body is known when its head is sent (not streamed: mitmproxy's
+    `send_response` then sends the body right after) goes out in one write: one TLS record and
+    one socket write instead of two, on every kept-alive intercepted request. The head's write
+    is held until the next event, joined to the write of a body's data, and otherwise let go
+    before whatever that event writes: the bytes and their order are always mitmproxy's."""
+
+    @functools.wraps(send)
+    def sent(self: _http1.Http1Server, event: HttpEvent) -> CommandGenerator[None]:
+        head: commands.SendData | None = vars(self).pop(_HELD, None)
+        if head is not None:
+            if isinstance(event, ResponseData):
+                for command in send(self, event):
+                    if head is not None and isinstance(command, commands.SendData):
+                        command.data = head.data + command.data
+                        head = None
+                    yield command
+                if head is not None:  # the data wrote nothing (an empty piece)
+                    yield head
+                return
+            yield head
+        if not (isinstance(event, ResponseHeaders) and not event.end_stream
+                and event.response.raw_content):
+            yield from send(self, event)
+            return
+        written = list(send(self, event))
+        if len(written) == 1 and isinstance(written[0], commands.SendData):
+            vars(self)[_HELD] = written[0]
+        else:
+            yield from written
+
+    return sent

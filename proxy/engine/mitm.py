@@ -115,6 +115,7 @@ def install(
     )
     bounds = bounds or limits.HttpLimits()
     limits.enforce(bounds)
+    _http1.Http1Server.send = framing.head_with_body(_http1.Http1Server.send)  # type: ignore[method-assign, assignment]
     _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]
         _http1.Http1Server.read_headers, bounds
     )

@@ -5,6 +5,10 @@ kinds, which have defaults), that the code meant to call a replaced global still
 that name, that an attribute read from an instance is still set in `__init__`. It runs at
 start-up (a few milliseconds) and in tests/unit/test_mitm.py. layers.py's reach into the
 layer stack is checked here too.
+
+Over 400 lines on purpose: it is one flat list of checks, one per patched or read internal,
+each a few lines, and one place to read when mitmproxy is upgraded; split by theme it would
+only scatter that list.
 """
 
 from __future__ import annotations
@@ -150,6 +154,16 @@ def _kept_upstreams() -> None:
            "connection_spec_matches", "command_sources", "event_to_child",
            "GetHttpConnectionCompleted", "alpn", "connected")
     _expect(dataclasses.is_dataclass(http.RequestData), "RequestData is no dataclass")
+
+
+@_checks("mitmproxy.proxy.layers.http._http1.Http1Server.send")
+def _head_with_body() -> None:
+    # framing.head_with_body: a head's one write held for the body's data that send_response
+    # sends right after it, when the body is whole.
+    _params(inspect.unwrap(_http1.Http1Server.send), "(self, event)")
+    _names(inspect.unwrap(_http1.Http1Server.send), "assemble_response_head", "SendData",
+           "ResponseData")
+    _names(HttpStream.send_response, "raw_content", "ResponseHeaders", "ResponseData")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")
