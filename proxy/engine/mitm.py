@@ -154,6 +154,8 @@ def install(
     # `if __debug__`); the values come from mitmproxy's own parser. Running everything with -O
     # would drop the asserts mitmproxy and sealgate rely on too, so only this check goes.
     http.MessageData.__post_init__ = lambda self: None  # type: ignore[method-assign]
+    for name, lookup in speedups.header_lookups(http._always_bytes).items():
+        setattr(http.Headers, name, functools.wraps(getattr(http.Headers, name))(lookup))
     asyncio_utils.set_task_debug_info = speedups.name_task
     # The leaf's certificate and key converted for pyOpenSSL once, not for every handshake.
     certs.Cert.to_pyopenssl = speedups.converted_once(certs.Cert.to_pyopenssl)  # type: ignore[method-assign, assignment]

@@ -26,6 +26,7 @@ import h2.stream
 import wsproto.events
 from mitmproxy import addonmanager, certs, connection, flow, http
 from mitmproxy.addons import proxyserver, tlsconfig
+from mitmproxy.coretypes import multidict
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server, tunnel
 from mitmproxy.proxy.layers import HttpLayer, websocket
@@ -164,6 +165,18 @@ def _head_with_body() -> None:
     _names(inspect.unwrap(_http1.Http1Server.send), "assemble_response_head", "SendData",
            "ResponseData")
     _names(HttpStream.send_response, "raw_content", "ResponseHeaders", "ResponseData")
+
+
+@_checks("mitmproxy.http.Headers")
+def _header_lookups() -> None:
+    # speedups.header_lookups: the same conversions, the same comparison, the same joining.
+    _names(inspect.unwrap(http.Headers.get_all), "_always_bytes", "get_all")
+    _names(multidict._MultiDict.get_all, "_kconv", "fields")
+    _names(multidict._MultiDict.__getitem__, "get_all", "_reduce_values")
+    _expect(http.Headers._kconv("A-B") == "a-b", "Headers no longer compares lower-cased")
+    _expect(http.Headers._reduce_values(["a", "b"]) == "a, b", "Headers joins otherwise")
+    _expect(http._native(b"\xff") == b"\xff".decode("utf-8", "surrogateescape"),
+            "Headers decodes otherwise")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import ssl
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from mitmproxy import certs
+import pytest
+from mitmproxy import certs, http
 from OpenSSL import SSL, crypto
 
-from sealgate.proxy.engine.speedups import RandomIds, converted_once, keys_once
+from sealgate.proxy.engine.speedups import RandomIds, converted_once, header_lookups, keys_once
 
 
 def test_ids_are_random_version_4_uuids_across_refills() -> None:
@@ -73,3 +77,39 @@ def test_a_leaf_is_converted_for_pyopenssl_once_and_serves_every_handshake(
     assert pkey.from_cryptography_key(entry.privatekey) is pkey.from_cryptography_key(
         entry.privatekey)
     assert isinstance(pkey.from_cryptography_key(entry.privatekey), crypto.PKey)
+
+
+_FIELDS = [
+    (b"Host", b"origin.test"), (b"Content-Length", b"12"), (b"X-Dup", b"one"),
+    (b"x-dup", b"two"), (b"X-Empty", b""), (b"X-Bytes", b"\xff\xfe caf\xc3\xa9"),
+    (b"TRANSFER-ENCODING", b"chunked"),
+]
+_NAMES: list[str | bytes] = [
+    "host", "HOST", b"content-length", "x-dup", "X-DUP", "x-empty", "x-bytes", "missing",
+    b"missing", "transfer-encoding", "caf\xe9", "",
+]
+
+
+def _mitmproxys(name: str) -> Callable[..., Any]:
+    """mitmproxy's own lookup, whatever this process installed over it."""
+    original = http.Headers.__dict__.get(name)
+    if original is not None:
+        return inspect.unwrap(original)
+    return getattr(Mapping, name)  # type: ignore[no-any-return]  # get and in: Mapping's
+
+
+def test_header_lookups_answer_and_fail_as_mitmproxy_s() -> None:
+    fast = header_lookups(http._always_bytes)
+    for fields in (_FIELDS, _FIELDS[::-1], [], _FIELDS[:1]):
+        headers = http.Headers(fields)
+        for name in _NAMES:
+            assert fast["get_all"](headers, name) == _mitmproxys("get_all")(headers, name)
+            assert fast["get"](headers, name) == _mitmproxys("get")(headers, name)
+            assert fast["get"](headers, name, "d") == _mitmproxys("get")(headers, name, "d")
+            assert fast["__contains__"](headers, name) == \
+                _mitmproxys("__contains__")(headers, name)
+        for lookup in ("get_all", "get", "__contains__"):
+            with pytest.raises(TypeError):
+                _mitmproxys(lookup)(headers, 7)
+            with pytest.raises(TypeError):
+                fast[lookup](headers, 7)
