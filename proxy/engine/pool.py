@@ -33,6 +33,10 @@ TLS options are the process's: any reconfiguration empties the pool and keeps no
 use across it (a generation), so a kept connection was always made under the options in force.
 HTTP/2 upstream connections are not kept (their layer is not at a boundary one can check from
 outside); they end with their client as before.
+
+Why one module of ~410 lines: the pool, the connection it keeps, the writer mitmproxy closes to
+offer one back and the check that it sits at a boundary share the bounds, the key and the
+generation; apart, each would reach into the others' state.
 """
 
 from __future__ import annotations
