@@ -36,7 +36,6 @@ from jsonschema import Draft202012Validator
 from sealgate.credentials.errors import InjectionError, RequestInapplicable
 from sealgate.credentials.httprequest import InMemoryRequest
 from sealgate.proxy.calls import (
-    SLICES,
     Credential,
     Decision,
     Denial,
@@ -50,6 +49,7 @@ from sealgate.proxy.calls import (
     ToolArgumentError,
     decide,
     hold,
+    is_slice,
     normalize_path,
     select,
 )
@@ -176,7 +176,7 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
         request.headers.append(("Content-Type", "application/json"))
     _inject(credentials, request, record)
     if record.needles:  # the answer will be scrubbed, so it comes whole, as the proxy's does
-        request.headers[:] = [h for h in request.headers if h[0].lower() not in SLICES]
+        request.headers[:] = [h for h in request.headers if not is_slice(h[0])]
     service.budgets.open_connection(key, policy.budgets)  # calls at once, per sandbox
     try:
         answer = await send(call, request.path, request.headers,

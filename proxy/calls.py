@@ -21,7 +21,7 @@ from .net.resolver import Resolver
 from .policy.decide import Decision, Identity, Question, decide, policy_for
 from .policy.httptool import HttpRequestTool
 from .policy.model import Injection, PathError, Policy, Rule, RuleSet, normalize_path
-from .policy.reshaping import SLICES
+from .policy.reshaping import is_slice
 from .policy.rulesfile import RulesError, load_rules
 from .policy.tools import Tool, ToolArgumentError, ToolRequest, select
 from .request.budget import BudgetLedger, hold
@@ -31,7 +31,6 @@ from .request.registry import SourceRegistry
 __all__ = [
     "DEFAULT_SANDBOX_NETWORKS",
     "REDACTED",
-    "SLICES",
     "Broker",
     "BudgetLedger",
     "Credential",
@@ -63,6 +62,7 @@ __all__ = [
     "ToolRequest",
     "decide",
     "hold",
+    "is_slice",
     "load_rules",
     "normalize_path",
     "open_store",

@@ -106,7 +106,7 @@ class HttpRequestTool:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = []
         for name, value in dict(arguments.get("headers") or {}).items():
-            lower = name.lower()
+            lower = reshaping.canonical(name)  # as CGI-style servers read it
             if not _TOKEN.fullmatch(name) or lower in _REFUSED or lower.startswith("proxy-"):
                 raise ToolArgumentError(f"header {name[:64]!r} is refused (a credential or the "
                                         "request's framing is sealgate's to write)")

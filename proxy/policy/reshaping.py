@@ -10,10 +10,17 @@ another form.
   too. A value that is not a method is refused (400).
 - A **reroute** (`X-Original-URL`, `X-Rewrite-URL`) asks some servers for another target than
   the request line's, which the path rules never saw: always refused (400).
-- A **slice** (`Range`, `If-Range`) asks for part of an answer. It is harmless until a
-  credential is injected: an answer that echoes the credential then comes back in pieces the
-  scrubber, which finds whole secrets, cannot see (a sandbox could read the secret a few bytes
-  at a time). So with an injected credential slices are not sent, and the whole answer comes.
+- A **slice** (`Range`, `If-Range`, and `Request-Range`, which Apache httpd and squid read when
+  `Range` is absent) asks for part of an answer. It is harmless until a credential is injected:
+  an answer that echoes the credential then comes back in pieces the scrubber, which finds
+  whole secrets, cannot see (a sandbox could read the secret a few bytes at a time). So with an
+  injected credential slices are not sent, and the whole answer comes.
+
+Names are compared as servers that read headers CGI-style see them (`X_HTTP_Method_Override`
+becomes `HTTP_X_HTTP_METHOD_OVERRIDE`, as the dash spelling does): lower-cased, `_` read as
+`-` (`canonical`). Not covered by any header list: a method some frameworks take from the body
+or the query (`_method=DELETE` in a form); a rule that allows POST to a path allows what such
+an application does with it.
 
 (All found by review.)
 """
@@ -28,17 +35,27 @@ from sealgate.reasons import Reason
 
 from ..errors import Denial
 
-__all__ = ["METHOD_OVERRIDES", "REROUTES", "SLICES", "overrides_in"]
+__all__ = ["METHOD_OVERRIDES", "REROUTES", "SLICES", "canonical", "is_slice", "overrides_in"]
 
 METHOD_OVERRIDES: Final = frozenset({"x-http-method-override", "x-http-method",
                                      "x-method-override"})
 REROUTES: Final = frozenset({"x-original-url", "x-rewrite-url"})
-SLICES: Final = frozenset({"range", "if-range"})
+SLICES: Final = frozenset({"range", "if-range", "request-range"})
 _METHOD: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 9.1: a method is a token
 
 NOT_A_METHOD: Final = "a method override that is not a method"
 REROUTED: Final = ("X-Original-URL and X-Rewrite-URL are refused: a target other than the one "
                    "decided")
+
+
+def canonical(name: str) -> str:
+    """A field name as every server reads it: lower-cased, `_` as `-`."""
+    return name.lower().replace("_", "-")
+
+
+def is_slice(name: str) -> bool:
+    """Whether a header of this name asks for part of an answer, under any spelling."""
+    return canonical(name) in SLICES
 
 
 def overrides_in(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
@@ -47,7 +64,7 @@ def overrides_in(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     headers in its one pass over the raw fields (RequestFacts.of) and refuses the same way."""
     named: list[str] = []
     for name, value in headers:
-        lower = name.lower()
+        lower = canonical(name)
         if lower in REROUTES:
             raise Denial(Reason.BAD_REQUEST, REROUTED)
         if lower in METHOD_OVERRIDES:

@@ -121,12 +121,15 @@ class RequestFacts:
             elif name == b"transfer-encoding":
                 facts.chunked = True
                 facts.malformed = facts.malformed or framed
-            elif name in _OVERRIDES:
-                method = raw_value.strip().upper()
-                facts.overrides = (*facts.overrides, method.decode("latin-1"))
-                facts.malformed = facts.malformed or not _METHOD.fullmatch(method)
-            elif name in _REROUTES:
-                facts.rerouted = True
+            else:
+                if b"_" in name:  # as a CGI-style server reads it (policy/reshaping.py)
+                    name = name.replace(b"_", b"-")
+                if name in _OVERRIDES:
+                    method = raw_value.strip().upper()
+                    facts.overrides = (*facts.overrides, method.decode("latin-1"))
+                    facts.malformed = facts.malformed or not _METHOD.fullmatch(method)
+                elif name in _REROUTES:
+                    facts.rerouted = True
         if facts.length is None and framed:
             # Frames carry the body, with no length unless the client declared one.
             facts.chunked = True

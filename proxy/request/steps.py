@@ -152,8 +152,8 @@ class Steps(Lifecycle):
             flow.metadata[SCRUB] = injected.scrubber()
             # A scrubbed answer comes whole (policy/reshaping.py): no resumed download with an
             # injected credential; it starts again from its first byte.
-            for name in reshaping.SLICES:
-                request.headers.pop(name, None)
+            for name in [name for name in request.headers if reshaping.is_slice(name)]:
+                del request.headers[name]
         if injected.rejected:
             flow.metadata[REJECTED] = injected.rejected
         return injected

@@ -447,8 +447,13 @@ def test_http_request_carries_the_allowing_rule_s_credential(server: McpServer,
      "bad_request"),
     ({"url": "https://api.test:{port}/repos/a", "headers": {"X-Original-URL": "/admin"}},
      "bad_request"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"X_HTTP_Method_Override": "DELETE"}},
+     "tool_arguments_invalid"),
+    ({"url": "https://api.test:{port}/repos/a", "headers": {"X_Rewrite_URL": "/admin"}},
+     "bad_request"),
 ], ids=["metadata", "internal", "path", "host", "authorization", "proxy-header", "userinfo",
-        "file", "method", "method-override", "not-a-method", "url-override"])
+        "file", "method", "method-override", "not-a-method", "url-override",
+        "underscored-override", "underscored-url-override"])
 def test_http_request_refuses_what_the_rules_and_the_guard_refuse(
         server: McpServer, api: Origin, arguments: dict[str, Any], reason: str) -> None:
     api.reset()
@@ -468,10 +473,12 @@ def test_http_request_takes_reshaping_headers_as_the_proxy_does(server: McpServe
     api.echo = True
     step, _ = _one(server, "http_request", {
         "url": f"https://api.test:{api.port}/repos/a",
-        "headers": {"Range": "bytes=0-7", "If-Range": "x", "X-HTTP-Method-Override": "post"}})
+        "headers": {"Range": "bytes=0-7", "If-Range": "x", "Request-Range": "bytes=0-7",
+                    "Request_Range": "bytes=0-7", "X-HTTP-Method-Override": "post"}})
     assert step["result"]["is_error"] is False, step
     [seen] = api.requests
-    assert seen.values("range") == [] and seen.values("if-range") == []
+    assert not {n.lower().replace("_", "-") for n, _ in seen.fields} & {
+        "range", "if-range", "request-range"}, seen.fields
     assert seen.values("authorization") == [f"Bearer {CANARY}"]
     assert seen.values("x-http-method-override") == ["post"]
     assert CANARY not in json.dumps(step)

@@ -88,9 +88,13 @@ def test_method_and_path_rules(
     ({"X-HTTP-Method-Override": "DELETE"}, 403), ({"X-HTTP-Method": "PUT"}, 403),
     ({"X-Method-Override": "post"}, 403), ({"X-HTTP-Method-Override": "get"}, 200),
     ({"X-HTTP-Method-Override": "DE LETE"}, 400), ({"X-Original-URL": "/admin"}, 400),
-    ({"X-Rewrite-URL": "/admin"}, 400)],
+    ({"X-Rewrite-URL": "/admin"}, 400),
+    # As a CGI-style server reads them: X_HTTP_Method_Override is HTTP_X_HTTP_METHOD_OVERRIDE.
+    ({"X_HTTP_Method_Override": "DELETE"}, 403), ({"x-http_method-OVERRIDE": "PUT"}, 403),
+    ({"X_Original_URL": "/admin"}, 400)],
     ids=["override-delete", "x-http-method-put", "method-override-post", "override-get",
-         "override-not-a-method", "original-url", "rewrite-url"])
+         "override-not-a-method", "original-url", "rewrite-url", "underscored-override",
+         "mixed-override", "underscored-original-url"])
 def test_method_and_target_overrides_are_decided_too(
     proxy: Proxy, origins: tuple[Origin, Origin], headers: dict[str, str], status: int
 ) -> None:
