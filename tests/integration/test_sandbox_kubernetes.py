@@ -6,6 +6,8 @@ tests/sandboxharness.py runs unchanged against it, as against a daemon on this h
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ from tests.claimfake import ClaimFake
 from tests.harness import ROOT, SEALGATE
 from tests.kubefake import TOKEN
 from tests.sandboxharness import EXPECTED, review
+from tests.tsclient import PACKAGE, find_node, node_env
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the pods need bwrap")
 POOL_LABELS = {"sealgate.dev/sandbox": "agent-python"}
@@ -103,6 +106,96 @@ def test_commands_start_from_the_pods_environment(backend: Backend) -> None:
         seen = sb.run(["sh", "-c", "echo $HTTPS_PROXY $MINE $PWD"]).stdout
         assert sb.info["address"].startswith("10.244.0.")
     assert seen == b"http://sealgate-proxy.sealgate.svc:3128 1 /workspace\n"
+
+
+# The TypeScript client's steps, one node process each: `create` (a sandbox, a command, a file
+# written and read back; what it saw as a JSON line, the sandbox left for the test to look at),
+# then `delete ID` (and whether the daemon still knows it).
+_TS_STEPS = """
+const { Sandbox, DaemonError } = await import(process.env.SEALGATE_TS_CLIENT);
+const [step, id] = process.argv.slice(2);
+if (step === 'create') {
+  const sb = await Sandbox.create('agent-python', { callTimeout: 60 });
+  const ran = await sb.run(['sh', '-c',
+    'echo "$PWD $HTTPS_PROXY"; echo to-stderr >&2; echo ran > ran-by-ts; exit 7'],
+    { timeout: 30, callTimeout: 60 });
+  const data = Buffer.from(process.env.SEALGATE_TS_DATA, 'base64');
+  const size = await sb.write('from-ts/data.bin', data, { callTimeout: 60 });
+  const back = await sb.read('from-ts/data.bin', { callTimeout: 60 });
+  console.log(JSON.stringify({ id: sb.id, exitCode: ran.exitCode, ok: ran.ok,
+    stdout: ran.stdout.toString('base64'), stderr: ran.stderr.toString('base64'), size,
+    back: back.toString('base64') }));
+} else {
+  const sb = await Sandbox.connect(id, { callTimeout: 60 });
+  await sb.delete({ callTimeout: 60 });
+  let after = 'alive';
+  try {
+    await Sandbox.connect(id, { callTimeout: 60 });
+  } catch (err) {
+    if (!(err instanceof DaemonError)) throw err;
+    after = err.reason;
+  }
+  console.log(JSON.stringify({ after }));
+}
+"""
+
+
+def _ts_step(node: str, script: Path, backend: Backend, *args: str,
+             data: bytes = b"") -> dict[str, object]:
+    env = node_env(node, str(backend.socket), {
+        "SEALGATE_TS_CLIENT": (PACKAGE / "index.js").as_uri(),
+        "SEALGATE_TS_DATA": base64.b64encode(data).decode()})
+    done = subprocess.run([node, str(script), *args], cwd=PACKAGE, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr + backend.output()[-4000:]
+    said: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return said
+
+
+def test_the_typescript_client_drives_the_kubernetes_backend(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The same TypeScript client as against a daemon on this host (`@sealgate/sandbox`, as
+    tests/sandboxd/test_typescript_client.py runs it): a create that is a claim on the warm pool,
+    a command's output, error output and exit code from the pod, a file's bytes written and read
+    back, as the pod's own workspace holds them, and a delete that deletes the claim and pod."""
+    node = find_node()
+    script = tmp_path / "steps.mjs"
+    script.write_text(_TS_STEPS)
+    data = bytes(range(256)) * 3 + b"\r\n\x00not utf-8: \xff\xfe end"
+    client = Client(str(backend.socket))
+    before = {s["id"] for s in client.list()}
+    try:
+        made = _ts_step(node, script, backend, "create", data=data)
+        sid = str(made["id"])
+        # What the client saw.
+        assert made["exitCode"] == 7 and made["ok"] is False
+        assert base64.b64decode(str(made["stdout"])) == (
+            b"/workspace http://sealgate-proxy.sealgate.svc:3128\n")
+        assert base64.b64decode(str(made["stderr"])) == b"to-stderr\n"
+        assert made["size"] == len(data)
+        assert base64.b64decode(str(made["back"])) == data
+        # What the cluster holds: the sandbox is a claim of that name on the warm pool, and its
+        # pod's workspace has the command's file and the written bytes, unchanged.
+        claim = backend.fake.claims[sid]
+        assert claim["spec"]["warmPoolRef"] == {"name": "sealgate-python"}
+        pod = claim["status"]["sandbox"]["name"]
+        assert pod in backend.fake.pods_named()
+        workspace = Path(backend.fake._home.name) / pod  # the pod's /workspace (claimfake)
+        assert (workspace / "ran-by-ts").read_bytes() == b"ran\n"
+        assert (workspace / "from-ts" / "data.bin").read_bytes() == data
+        gone = _ts_step(node, script, backend, "delete", sid)
+        assert gone["after"] in ("no_such_sandbox", "sandbox_ended"), gone
+        # Deleted in the cluster too: the claim, and with it the pod.
+        deadline = time.monotonic() + 20
+        while sid in backend.fake.claims or pod in backend.fake.pods_named():
+            assert time.monotonic() < deadline, (backend.fake.claims, backend.fake.pods_named())
+            time.sleep(0.05)
+        assert sid not in {s["id"] for s in client.list()}
+    finally:  # never left to the module's other tests, whatever failed
+        for info in client.list():
+            if info["id"] not in before:
+                client.call("DELETE", f"/v1/sandboxes/{info['id']}")
 
 
 def test_a_sandbox_no_warm_pool_serves_is_refused_and_nothing_claimed(backend: Backend) -> None:

@@ -1,38 +1,18 @@
 """The TypeScript client (`@sealgate/sandbox`, sandbox/clients/typescript) through a real daemon:
-its own `node --test` suite, pointed at this package's daemon by SEALGATE_SANDBOXD.
-
-The client is plain JavaScript with nothing to build and no runtime dependency, so only `node`
-(>= 20) is needed here; `make ts-client` installs its dev dependencies and type-checks it before
-pytest (the test session's network namespace cannot reach npm)."""
+its own `node --test` suite, pointed at this package's daemon by SEALGATE_SANDBOXD. How node is
+found and run is tests/tsclient.py's (shared with the Kubernetes backend's test of the client)."""
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.harness import ROOT, Proxy, free_port
+from tests.harness import Proxy, free_port
+from tests.tsclient import PACKAGE, find_node, node_env
 
 from .conftest import Daemon, start_daemon
-
-PACKAGE = ROOT / "sandbox" / "clients" / "typescript"
-
-
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("no node on PATH: the TypeScript client's tests need Node.js >= 20")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30,
-                             check=False).stdout.strip()
-    major = re.match(r"v(\d+)\.", version)
-    if major is None or int(major.group(1)) < 20:
-        pytest.skip(f"node {version or '?'} is older than the client's 20")
-    return node
 
 
 def test_the_typescript_client_drives_a_session(
@@ -40,7 +20,7 @@ def test_the_typescript_client_drives_a_session(
 ) -> None:
     """Every test file, none skipped: through the package's daemon on its unix socket, and
     through one over TCP (the bearer key's) started here."""
-    node = _node()
+    node = find_node()
     files = sorted(str(f.relative_to(PACKAGE)) for f in (PACKAGE / "test").glob("*.test.js"))
     assert files, f"no tests under {PACKAGE / 'test'}"
     key = secrets.token_urlsafe(24)
@@ -60,14 +40,9 @@ def test_the_typescript_client_drives_a_session(
 
 def _run(node: str, files: list[str], sandboxd: Daemon, extra: dict[str, str]) -> None:
     before = {s["id"] for s in sandboxd.client.list()}
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(PACKAGE),
-           "SEALGATE_SANDBOXD": str(sandboxd.socket), "SEALGATE_TEST_SANDBOX": "ci-bot",
-           "SEALGATE_TEST_OTHER_SANDBOX": "other-bot", "NO_COLOR": "1", **extra}
-    # Node 20 and 21 have the global WebSocket (the client's terminals) behind a flag.
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
-    if re.match(r"v2[01]\.", version):
-        env["NODE_OPTIONS"] = "--experimental-websocket"
+    env = node_env(node, str(sandboxd.socket), {"SEALGATE_TEST_SANDBOX": "ci-bot",
+                                                "SEALGATE_TEST_OTHER_SANDBOX": "other-bot",
+                                                **extra})
     try:
         done = subprocess.run([node, "--test", "--test-reporter=tap", *files], cwd=PACKAGE,
                               env=env, capture_output=True, text=True, timeout=300, check=False)
