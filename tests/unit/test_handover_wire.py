@@ -9,7 +9,6 @@ import os
 import resource
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from sealgate.sandbox.daemon.slot import SlotConfig
 CONFIG = SlotConfig(state=Path("/nonexistent"), proxy_port=3128)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    b.settimeout(5)
-    with a, b:
-        yield a, b
-
 
 def open_fds() -> set[int]:
     return {int(n) for n in os.listdir("/proc/self/fd")}
@@ -34,9 +26,9 @@ def open_fds() -> set[int]:
 
 @pytest.mark.parametrize("packet", [b"not json", b"[1, 2]", b'"text"', b"\xff\xfe"])
 def test_what_is_not_a_json_object_is_refused_and_its_descriptors_closed(
-    pair: tuple[socket.socket, socket.socket], packet: bytes
+    seqpacket: tuple[socket.socket, socket.socket], packet: bytes
 ) -> None:
-    a, b = pair
+    a, b = seqpacket
     r, w = os.pipe()
     try:
         before = open_fds()
@@ -49,8 +41,8 @@ def test_what_is_not_a_json_object_is_refused_and_its_descriptors_closed(
         os.close(w)
 
 
-def test_an_oversized_message_is_refused(pair: tuple[socket.socket, socket.socket]) -> None:
-    a, b = pair
+def test_an_oversized_message_is_refused(seqpacket: tuple[socket.socket, socket.socket]) -> None:
+    a, b = seqpacket
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     with pytest.raises(handover.HandoverError, match="over"):
         handover.send(a, {"x": "y" * handover.MAX_MESSAGE})
@@ -129,9 +121,9 @@ def test_a_held_process_is_watched_and_killed_by_its_pidfd() -> None:
 
 
 def test_json_nested_past_the_parsers_depth_is_refused_in_words(
-    pair: tuple[socket.socket, socket.socket]
+    seqpacket: tuple[socket.socket, socket.socket]
 ) -> None:
-    a, b = pair
+    a, b = seqpacket
     r, w = os.pipe()
     try:
         before = open_fds()
@@ -145,8 +137,8 @@ def test_json_nested_past_the_parsers_depth_is_refused_in_words(
         os.close(w)
 
 
-def test_descriptors_arrive_close_on_exec(pair: tuple[socket.socket, socket.socket]) -> None:
-    a, b = pair
+def test_descriptors_arrive_close_on_exec(seqpacket: tuple[socket.socket, socket.socket]) -> None:
+    a, b = seqpacket
     r, w = os.pipe()
     os.set_inheritable(r, True)  # as it may be on the other side
     try:
@@ -162,9 +154,9 @@ def test_descriptors_arrive_close_on_exec(pair: tuple[socket.socket, socket.sock
 
 
 def test_descriptors_past_the_limit_are_refused_and_those_that_came_closed(
-    pair: tuple[socket.socket, socket.socket]
+    seqpacket: tuple[socket.socket, socket.socket]
 ) -> None:
-    a, b = pair
+    a, b = seqpacket
     pipes = [os.pipe() for _ in range(handover.MAX_FDS + 1)]
     try:
         before = open_fds()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +57,6 @@ def _agent(chan: socket.socket, answer: dict[str, Any], data: bytes) -> int:
     return data_w
 
 
-@pytest.fixture
-def channel() -> Iterator[tuple[socket.socket, socket.socket]]:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    theirs.settimeout(10)
-    with ours, theirs:
-        yield ours, theirs
-
 
 async def _asked(ours: socket.socket, theirs: socket.socket, answer: dict[str, Any],
                  data: bytes = b"") -> tuple[Session[Any], BaseException | bytes, int]:
@@ -89,10 +81,10 @@ async def _asked(ours: socket.socket, theirs: socket.socket, answer: dict[str, A
 
 @pytest.mark.parametrize("size", [-1, LIMIT + 1, 1.5, "5", True, None, [5]])
 def test_a_forged_size_is_refused_with_nothing_kept(
-    channel: tuple[socket.socket, socket.socket], size: object
+    seqpacket: tuple[socket.socket, socket.socket], size: object
 ) -> None:
     before = open_fds()
-    session, refused, data_w = asyncio.run(_asked(*channel, {"size": size}))
+    session, refused, data_w = asyncio.run(_asked(*seqpacket, {"size": size}))
     try:
         assert isinstance(refused, SessionError), refused
         assert refused.reason is Reason.SANDBOX_FAILED and "not one" in str(refused)
@@ -105,10 +97,10 @@ def test_a_forged_size_is_refused_with_nothing_kept(
 
 
 def test_an_honest_size_over_the_same_agent_is_served(
-    channel: tuple[socket.socket, socket.socket]
+    seqpacket: tuple[socket.socket, socket.socket]
 ) -> None:
     before = open_fds()
-    session, given, data_w = asyncio.run(_asked(*channel, {"size": 5}, b"hello"))
+    session, given, data_w = asyncio.run(_asked(*seqpacket, {"size": 5}, b"hello"))
     os.close(data_w)
     assert given == b"hello" and session.active == 0
     assert open_fds() == before
