@@ -8,6 +8,8 @@ address, sandboxes reaching the proxy alone."""
 from __future__ import annotations
 
 import ipaddress
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,3 +167,41 @@ def test_sandboxes_reach_the_proxy_alone() -> None:
     (peer,) = rule["to"]
     assert peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "sealgate-proxy"}}
     assert "ipBlock" not in peer
+
+
+# Keys under which kustomize's rendering is the listed files with the namespace set, so the
+# file-based checks above are checks of what `kubectl apply -k` sends: any other key (patches,
+# generators, images, labels...) would change the rendering behind those checks' back.
+PLAIN_KEYS = {"apiVersion", "kind", "namespace", "resources"}
+BASES = sorted(k.parent for k in ROOT.glob("*/kustomization.yaml"))
+
+
+@pytest.mark.parametrize("base", BASES, ids=lambda p: p.name)
+def test_kustomizations_render_their_files_alone(base: Path) -> None:
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert set(kustomization) <= PLAIN_KEYS, base
+    for name in kustomization["resources"]:
+        assert (base / name).is_file(), (base, name)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl not installed (its built-in kustomize renders the bases)")
+@pytest.mark.parametrize("base", BASES, ids=lambda p: p.name)
+def test_the_rendering_validates_and_is_the_files(base: Path) -> None:
+    rendered = subprocess.run(["kubectl", "kustomize", str(base)], check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    for doc in docs:
+        if doc["apiVersion"] in CUSTOM or doc["apiVersion"].split("/")[0] in AGENT_GROUPS:
+            continue  # no schema here; test_agent_sandbox.py validates these against the CRDs
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    namespace = yaml.safe_load((base / "kustomization.yaml").read_text()).get("namespace")
+
+    # Cluster-scoped kinds get no namespace from kustomize: compared without one.
+    def key(doc: dict[str, Any], default: str | None) -> tuple[str, str, str | None]:
+        kind, meta = doc["kind"], doc["metadata"]
+        scoped = kind not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+        return kind, meta["name"], meta.get("namespace", default) if scoped else None
+
+    files = sorted(key(d, namespace) for _, d in documents(base))
+    assert sorted(key(d, None) for d in docs) == files
