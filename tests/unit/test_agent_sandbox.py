@@ -2,11 +2,13 @@
 (tests/data/agent-sandbox-crds, strictly: a field the schema does not name fails, as the API
 server would prune it silently), the template's pod valid as a Pod against Kubernetes' schemas,
 and what the pods must say checked from its meaning: `sealgate env`'s variables, the identity
-label the pod watcher reads, no service-account token, gVisor, and egress to the proxy (and
-DNS) alone."""
+label the pod watcher reads, no service-account token, gVisor, and egress to the proxy alone
+by its address (DNS only through the opt-in overlay overlays/sandbox-dns)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ from sealgate.clientenv import variables
 from tests.unit.test_k8s_manifests import KUBERNETES, ROOT, documents
 
 CRDS = Path(__file__).resolve().parents[1] / "data" / "agent-sandbox-crds"
-PROXY = "http://sealgate-proxy.sealgate.svc:3128"
+# The template names the proxy by its Service's fixed ClusterIP (no DNS); the opt-in overlay
+# overlays/sandbox-dns by the Service's name, the transparent template's forwarder too.
+PROXY = "http://10.96.53.128:3128"
+NAMED_PROXY = "http://sealgate-proxy.sealgate.svc:3128"
 BUNDLE = "/etc/sealgate-trust/bundle.pem"
 
 
@@ -113,8 +118,8 @@ def test_the_pods_get_sealgate_env_and_the_watcher_s_label() -> None:
     assert _template()["spec"]["envVarsInjectionPolicy"] == "Disallowed"
 
 
-def test_the_pods_reach_the_proxy_and_dns_alone() -> None:
-    policy = _template()["spec"]["networkPolicy"]
+def _egress_peers(template: dict[str, Any]) -> list[tuple[dict[str, str], list[Any]]]:
+    policy = template["spec"]["networkPolicy"]
     assert policy["ingress"] == []
     peers = []
     for rule in policy["egress"]:
@@ -122,8 +127,33 @@ def test_the_pods_reach_the_proxy_and_dns_alone() -> None:
             assert "ipBlock" not in peer
             peers.append((peer["podSelector"]["matchLabels"],
                           sorted((p["port"], p["protocol"]) for p in rule["ports"])))
-    assert peers == [({"app.kubernetes.io/name": "sealgate-proxy"}, [(3128, "TCP")]),
-                     ({"k8s-app": "kube-dns"}, [(53, "TCP"), (53, "UDP")])]
+    return peers
+
+
+PROXY_PEER = ({"app.kubernetes.io/name": "sealgate-proxy"}, [(3128, "TCP")])
+DNS_PEER = ({"k8s-app": "kube-dns"}, [(53, "TCP"), (53, "UDP")])
+
+
+def test_the_pods_reach_the_proxy_alone_by_its_fixed_address() -> None:
+    assert _egress_peers(_template()) == [PROXY_PEER]
+    (service,) = [d for _, d in documents(ROOT / "base")
+                  if d["kind"] == "Service" and d["metadata"]["name"] == "sealgate-proxy"]
+    assert f"http://{service['spec']['clusterIP']}:3128" == PROXY
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl not installed (its built-in kustomize renders the overlay)")
+def test_the_dns_overlay_adds_dns_and_names_the_proxy() -> None:
+    rendered = subprocess.run(["kubectl", "kustomize", str(ROOT / "overlays" / "sandbox-dns")],
+                              check=True, capture_output=True, text=True, timeout=60).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert [check(d) for d in docs] == [[] for _ in docs]  # the whole rendering, not the patch
+    (template,) = [d for d in docs if d["kind"] == "SandboxTemplate" and
+                   d["metadata"]["name"] == _template()["metadata"]["name"]]
+    assert _egress_peers(template) == [PROXY_PEER, DNS_PEER]
+    (container,) = template["spec"]["podTemplate"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert {k: v for k, v in env.items() if k != "HOME"} == variables(NAMED_PROXY, BUNDLE)
 
 
 def test_the_pool_and_the_claim_point_at_each_other() -> None:
@@ -165,9 +195,10 @@ def test_the_transparent_template_redirects_and_forwards() -> None:
         if container["name"] != "redirect":
             assert context["capabilities"] == {"drop": ["ALL"]} and context["runAsNonRoot"]
     proxy = {e["name"]: e["value"] for e in inits["forward"]["env"]}["SEALGATE_PROXY_ADDR"]
-    assert f"http://{proxy}" == PROXY
+    assert f"http://{proxy}" == NAMED_PROXY
     (container,) = spec["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     trust = {k: v for k, v in variables(PROXY, BUNDLE).items() if v.endswith(BUNDLE)}
     assert {k: v for k, v in env.items() if k != "HOME"} == trust
-    assert transparent["spec"]["networkPolicy"] == _template()["spec"]["networkPolicy"]
+    # Transparent mode asks for DNS: its clients resolve the names they dial (`--dns` above).
+    assert _egress_peers(transparent) == [PROXY_PEER, DNS_PEER]
