@@ -20,6 +20,7 @@ import yaml
 
 from sealgate.cli import full_parser
 from sealgate.proxy.policy.rulesfile import load_rules
+from sealgate.proxy.process import exposition
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES = "1.33.0"
@@ -205,3 +206,11 @@ def test_the_rendering_validates_and_is_the_files(base: Path) -> None:
 
     files = sorted(key(d, namespace) for _, d in documents(base))
     assert sorted(key(d, None) for d in docs) == files
+
+
+def test_the_autoscaler_s_pods_metric_is_one_the_proxy_exports() -> None:
+    # A gauge: an average per pod of in-flight requests is what scaling on load means.
+    (hpa,) = [d for _, d in every() if d["kind"] == "HorizontalPodAutoscaler"]
+    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert names and all(n.removeprefix(exposition.PREFIX) in exposition.GAUGES for n in names)
+    assert all(n.startswith(exposition.PREFIX) for n in names)
