@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from sealgate.cli import full_parser
+from sealgate.proxy.credentials.secrets.vault import K8S_JWT_FILE, VaultConfig
 from sealgate.proxy.policy.rulesfile import load_rules
 from sealgate.proxy.process import exposition
 
@@ -214,3 +215,20 @@ def test_the_autoscaler_s_pods_metric_is_one_the_proxy_exports() -> None:
     names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert names and all(n.removeprefix(exposition.PREFIX) in exposition.GAUGES for n in names)
     assert all(n.startswith(exposition.PREFIX) for n in names)
+
+
+def test_the_secret_store_is_vault_by_the_pod_s_identity_with_a_mounted_ca() -> None:
+    """The proxy's `--secret-store` as the broker reads it (parsed, never dialed): Vault's
+    Kubernetes auth under a role, and its CA a file a volume of the same container mounts."""
+    parser = full_parser()
+    stores = []
+    for _, spec in pods():
+        for container in spec["containers"]:
+            args = parser.parse_args(container["args"])
+            for url in getattr(args, "secret_store", None) or []:
+                config = VaultConfig.from_url(url)
+                mounts = [m["mountPath"] for m in container["volumeMounts"]]
+                assert config.ca_file is not None
+                assert any(config.ca_file.is_relative_to(m) for m in mounts), url
+                stores.append((config.auth, config.role, config.jwt_file))
+    assert stores == [("kubernetes", "sealgate-proxy", K8S_JWT_FILE)]
