@@ -11,8 +11,9 @@ characters; headers that carry credentials or frame the request (`Authorization`
 `Proxy-*`, `Host`, `Content-Length`, `Transfer-Encoding`, `Connection` and the other hop-by-hop
 ones): framing is sealgate's, and a credential is the rules' to add, never the agent's to send.
 Headers that reshape what was decided are taken as the proxy takes them
-(policy/reshaping.py): a method override is decided with the rest, a URL override refused,
-`Range` and `If-Range` not sent with an injected credential.
+(policy/reshaping.py), under any spelling a server reads as theirs (`_` as `-`): a method
+override is decided with the rest, a URL override refused, `Range`, `If-Range` and
+`Request-Range` not sent with an injected credential.
 """
 
 from __future__ import annotations

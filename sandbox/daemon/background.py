@@ -212,7 +212,6 @@ class Processes:
         self._next = 1
         self._ended: list[Background] = []  # still listed, in the order they ended
 
-
     def running(self) -> int:
         return sum(1 for p in self.table.values() if p.running)
 
