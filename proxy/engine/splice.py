@@ -30,17 +30,19 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, cast
 
 from mitmproxy import connection
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import tcp
 from mitmproxy.proxy.layers.http import HttpStream
 
+from . import eventloop
 from .handlers import handler_of
 
 _ASKED = "_sealgate_splice_asked"  # on a TCP layer: a splice is scheduled or done
 SPLICE = "_sealgate_splice"  # on a connection handler: its live splice
+_HAPPENED = "_sealgate_spliced"  # on a connection handler: it was spliced once
 
 
 class _Relay(asyncio.Protocol):
@@ -87,6 +89,7 @@ class Splice:
         for relay in self.relays:
             relay.transport.set_protocol(relay)
         setattr(handler, SPLICE, self)
+        setattr(handler, _HAPPENED, True)
 
     def end(self) -> None:
         """Both sockets back to mitmproxy's protocols, as they were; once."""
@@ -107,13 +110,20 @@ def end(handler: server.ConnectionHandler) -> None:
         splice.end()
 
 
+def happened(client_id: str) -> bool:
+    """Whether client `client_id`'s tunnel was spliced (its connection's audit line says)."""
+    handler = handler_of(client_id)
+    return handler is not None and getattr(handler, _HAPPENED, False)
+
+
 def _spliceable(io: server.ConnectionIO | None) -> asyncio.Transport | None:
     """The transport of a plain TCP socket whose reading task is parked in `read` with nothing
     unread, and whose write buffer is under its low mark (so its protocol is not paused)."""
     if io is None or not isinstance(io.reader, asyncio.StreamReader) or not isinstance(
-            io.writer, asyncio.StreamWriter) or not isinstance(
-            transport := io.writer.transport, asyncio.Transport):
+            io.writer, asyncio.StreamWriter) or not eventloop.stream_transport(
+            io.writer.transport):
         return None
+    transport = cast(asyncio.Transport, io.writer.transport)  # or uvloop's, not a subclass
     protocol = transport.get_protocol()
     if (type(protocol) is not asyncio.StreamReaderProtocol or transport.is_closing()
             or transport.get_extra_info("sslcontext") is not None

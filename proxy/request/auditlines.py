@@ -61,6 +61,7 @@ def connection_line(connection_id: str, conn: Conn) -> dict[str, Any]:
         "policy": conn.policy.name if conn.policy else None,
         "target": target_text(conn.target),
         "tunnel": conn.tunnel,
+        "spliced": conn.spliced,
         "requests": conn.requests,
         "denied": conn.denied,
         "duration_ms": _ms(time.monotonic() - conn.opened),

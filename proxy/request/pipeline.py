@@ -26,7 +26,7 @@ from ..credentials import presented
 from ..credentials.inject import Credential, put, refused_body
 from ..credentials.tokenizer import HEADER as TOKEN_HEADER
 from ..credentials.tokenizer import TokenRequest
-from ..engine import layers, limits, mitm, pool
+from ..engine import layers, limits, mitm, pool, splice
 from ..errors import Denial
 from ..net import guard as guardmod
 from ..policy import reshaping
@@ -68,6 +68,7 @@ class Sealgate(Steps):
         self.reclaimer.closed()
         if conn.budget_key is not None:
             self.budgets.close_connection(conn.budget_key)
+        conn.spliced = conn.tunnel and splice.happened(client.id)
         self._emit("connection_closed", **connection_line(client.id, conn))
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
