@@ -19,13 +19,15 @@ import importlib
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
+from ..errors import ProxyError
+
 Choice = Literal["auto", "uvloop", "asyncio"]
 CHOICES: tuple[Choice, ...] = ("auto", "uvloop", "asyncio")
 
 _T = TypeVar("_T")
 
 
-class EventLoopUnavailable(RuntimeError):
+class EventLoopUnavailable(ProxyError):
     """`--event-loop uvloop` where uvloop cannot be imported."""
 
 
