@@ -43,7 +43,13 @@ async def put(session: Session, path: str, size: int, mode: int,
         answer = status(await stalled(status_task, "did not say how the write went"))
         if "error" in answer:
             raise SessionError(f"{path}: {answer['error']}", reason=file_reason(answer))
-        return int(answer.get("size", 0))
+        # The agent's word, checked as get checks it: a size written that is not a count of at
+        # most the bytes sent (a hostile agent's) is the sandbox's failure, not a bug's 500.
+        written = answer.get("size")
+        if type(written) is not int or not 0 <= written <= size:
+            raise SessionError(f"{path}: the sandbox's agent answered a size that is not one",
+                               reason=Reason.SANDBOX_FAILED)
+        return written
     finally:
         session.end()
 
