@@ -208,13 +208,17 @@ class Reason(StrEnum):
     RESPONSE_NOT_JSON = (
         "response_not_json", 502, "an answer a tool's `returns` fields cannot be read from",
     )
-    # -- responses refused (the connection is closed; audit only) ---------------------------
+    # -- responses refused (the connection closed, or response_sliced answered; audited) -------
     ENCODING_UNSCRUBBABLE = (
         "encoding_unscrubbable", 502, "a response coding that cannot be scrubbed (br, stacked)",
     )
     DECODE_FAILED = ("decode_failed", 502, "a compressed response that does not decode")
     DECODED_TOO_LARGE = (
         "decoded_too_large", 502, "a response chunk decoding past the bomb limit",
+    )
+    RESPONSE_SLICED = (
+        "response_sliced", 502, "a partial answer (206, Content-Range) to a request a credential "
+        "was injected into: answered with this refusal instead (the scrubber finds whole secrets)",
     )
     # -- secret stores, keys, rules (configuration) ----------------------------------------
     SECRET_ERROR = ("secret_error", 503, "a secret store failure (the base of the secret codes)")

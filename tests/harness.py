@@ -157,6 +157,7 @@ class Origin:
     # When set: the body is sent chunked, one write per item, with no Content-Length.
     response_chunks: list[bytes] | None = None
     echo: bool = False  # answer with the request's headers and target, like a debug endpoint
+    response_status: int = 200
 
     def __post_init__(self) -> None:
         origin = self
@@ -187,7 +188,7 @@ class Origin:
                     payload = json.dumps(
                         {"path": self.path, "headers": dict(self.headers.items())}
                     ).encode()
-                self.send_response(200)
+                self.send_response(origin.response_status)
                 for k, v in origin.response_headers.items():
                     self.send_header(k, v)
                 if origin.response_chunks is not None:
@@ -232,6 +233,7 @@ class Origin:
         self.response_headers.clear()
         self.response_body = b"hello from origin\n"
         self.response_chunks = None
+        self.response_status = 200
         with self._lock:
             self.requests.clear()
             self.connections = 0

@@ -6,13 +6,17 @@ trailers and a buffered body in `response`; a large or unknown-length body on th
 first when the upstream compressed it although asked not to; WebSocket messages one by one.
 What cannot be scrubbed (a coding that cannot be decoded, one that fails to decode, a transfer
 coding) is refused, and a protocol switch to anything but WebSocket too: what followed would be
-relayed raw. Each refusal writes a `response_refused` audit line through `emit`.
+relayed raw. A slice (206, or a `Content-Range`) answered to a request that carried a credential
+is replaced by the proxy's refusal (`response_sliced`): the request's range headers were not
+sent (policy/reshaping.py), so one nobody listed asked for it, and a secret it echoes could be
+cut where the scrubber, which finds whole secrets, would not see it. Each refusal writes a
+`response_refused` audit line through `emit`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Final, Protocol
 
 from mitmproxy import http
 
@@ -21,10 +25,15 @@ from sealgate.reasons import Reason
 from ..credentials.decode import Undecodable, decode_whole, decoder
 from ..credentials.scrub import Scrubber
 from ..engine import mitm
+from ..engine.refusal import deny_response
+from ..errors import Denial
 from . import baseurl, target
 from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
 
 logger = logging.getLogger("sealgate")
+
+# The body of the proxy's refusal that stands for the upstream's answer.
+_ANSWERED: Final = "sealgate_answered"
 
 
 class Emit(Protocol):
@@ -51,6 +60,13 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
     if not scrubber:
         _point_back(response, record.base_url)
         _stream_if_large(response)
+        return
+    if response.status_code == 206 or any(
+            name.lower() == b"content-range" for name, _ in response.headers.fields):
+        _answer_instead(flow, emit, Denial(
+            Reason.RESPONSE_SLICED, "the upstream answered part of an answer (206 or "
+            "Content-Range) to a request a credential was injected into"),
+            status=str(response.status_code))
         return
     coding = header(response.headers, b"transfer-encoding").lower().replace(" ", "")
     if coding not in ("", "chunked", "identity"):
@@ -85,6 +101,13 @@ def on_response(flow: http.HTTPFlow, emit: Emit) -> None:
     scrubber: Scrubber | None = flow.metadata.get(SCRUB)
     response = flow.response
     if not scrubber or response is None:
+        return
+    if (answered := flow.metadata.get(_ANSWERED)) is not None:
+        # The refusal that replaced the upstream's head: a head that ended the message (no
+        # body) had mitmproxy write the upstream's empty body over the refusal's; the upstream's
+        # trailers came after it.
+        response.raw_content = answered
+        response.trailers = None
         return
     if response.trailers and (
         (fields := scrubber.fields(response.trailers.fields)) is not response.trailers.fields
@@ -180,6 +203,25 @@ def _refuse(flow: http.HTTPFlow, emit: Emit, reason: Reason, **detail: str) -> N
     emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
          reason=reason, **detail)
     flow.kill()
+
+
+def _answer_instead(flow: http.HTTPFlow, emit: Emit, denial: Denial, **detail: str) -> None:
+    """A response head that cannot be passed on, replaced by the proxy's refusal: its audit
+    line, and the upstream's body read and dropped (it is never buffered) while the refusal's
+    goes in its place once it has ended (on_response, when the head ended the message)."""
+    emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
+         reason=denial.reason, **detail)
+    record = flow.metadata[META]
+    record.reason = denial.reason
+    answer = deny_response(denial, host=record.host, policy=record.policy, request_id=flow.id)
+    body = b"" if flow.request.method == "HEAD" else answer.raw_content or b""
+
+    def instead(chunk: bytes) -> list[bytes]:
+        return [] if chunk or not body else [body]  # b"": the upstream's body has ended
+
+    answer.stream = instead
+    flow.response = answer
+    flow.metadata[_ANSWERED] = body
 
 
 def _websocket_switch(request: http.Request, response: http.Response) -> bool:

@@ -72,11 +72,11 @@ def mint(public: PublicKeyEntry, processor: Processor, port: int, secret: str) -
     return seal(claims, public)
 
 
-def call(proxy: Proxy, url: str, tokens: list[str], headers: dict[str, str] | None = None
-         ) -> requests.Response:
+def call(proxy: Proxy, url: str, tokens: list[str], headers: dict[str, str] | None = None,
+         session: requests.Session | None = None) -> requests.Response:
     prepared = requests.Request("GET", url, headers=headers or {}).prepare()
     prepared.headers["Proxy-Tokenizer"] = ", ".join(tokens)
-    return client(proxy).send(prepared, timeout=10)
+    return (session or client(proxy)).send(prepared, timeout=10)
 
 
 def test_a_decoy_token_around_an_echo_does_not_unmask_the_secret(
@@ -146,3 +146,64 @@ def test_a_range_never_goes_with_an_injected_credential(
                                headers={"Range": "bytes=20-27"})
     assert plain.status_code == 200
     assert origin.requests[-1].headers.get("range") == "bytes=20-27"
+
+
+SLICE = ("Bearer " + REAL)[:27].encode()  # an echo's slice: the secret cut inside UNKNOWN
+
+
+@pytest.mark.parametrize("answer", ["206 with Content-Range", "206 alone",
+                                    "200 with Content-Range", "206 streamed", "206 empty"])
+def test_a_slice_answered_to_an_injected_request_never_reaches_the_client(
+    aproxy: Proxy, token_keys: tuple[Path, PublicKeyEntry], origin: Origin, answer: str
+) -> None:
+    """No range header the proxy knows of is sent with a credential, but one nobody listed (an
+    API's own X-Range) could still make the origin slice an echo of it, and a slice cut inside
+    the secret is not the secret the scrubber looks for. So an answer that is a slice (206, or
+    a Content-Range) to a request a credential was injected into is replaced by the proxy's
+    refusal, and its bytes never reach the client (defence in depth; found by review)."""
+    origin.response_status = 200 if answer.startswith("200") else 206
+    if "Content-Range" in answer:
+        origin.response_headers = {"Content-Range": f"bytes 0-{len(SLICE) - 1}/90"}
+    if "streamed" in answer:
+        origin.response_chunks = [SLICE[:10], SLICE[10:]]
+    elif "empty" in answer:  # no body: mitmproxy's head ends the message
+        origin.response_body = b""
+    else:
+        origin.response_body = SLICE
+    path = "/slice/" + answer.replace(" ", "-")
+    session = client(aproxy)
+    r = call(aproxy, f"https://api.test:{origin.port}{path}",
+             [mint(token_keys[1], BearerProcessor(), origin.port, REAL)],
+             headers={"X-Range": "bytes=0-26"}, session=session)
+    assert origin.requests[-1].headers["authorization"] == f"Bearer {REAL}"
+    assert (r.status_code, r.headers.get("x-sealgate-error")) == (502, "response_sliced"), r.text
+    assert r.json()["reason"] == "response_sliced" and "content-range" not in r.headers
+    assert SLICE not in r.content and UNKNOWN[:8].encode() not in r.content
+    request = aproxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == path)
+    assert (request["status"], request["reason"]) == (502, "response_sliced")
+    line = aproxy.wait_audit(lambda e: e.get("event") == "response_refused"
+                             and e.get("request_id") == request["request_id"])
+    assert (line["reason"], line["status"]) == ("response_sliced", str(origin.response_status))
+    # The connection goes on: the upstream's body was read to its end, the refusal's sent whole.
+    origin.response_status, origin.response_chunks = 200, None
+    origin.response_headers, origin.response_body = {}, b"whole"
+    again = call(aproxy, f"https://api.test:{origin.port}/whole{path}",
+                 [mint(token_keys[1], BearerProcessor(), origin.port, REAL)], session=session)
+    assert (again.status_code, again.content) == (200, b"whole")
+    after = aproxy.wait_audit(lambda e: e.get("event") == "request"
+                              and e.get("path") == f"/whole{path}")
+    assert after["connection_id"] == request["connection_id"]
+
+
+def test_a_slice_to_a_request_without_a_credential_passes_unchanged(
+    aproxy: Proxy, origin: Origin
+) -> None:
+    """The control: nothing was injected, so nothing can be echoed; a 206 is the origin's."""
+    origin.response_status = 206
+    origin.response_headers = {"Content-Range": "bytes 20-27/90"}
+    origin.response_body = b"20-to-27"
+    r = client(aproxy).get(f"https://api.test:{origin.port}/plain-slice", timeout=10,
+                           headers={"Range": "bytes=20-27"})
+    assert (r.status_code, r.headers["content-range"], r.content) == (
+        206, "bytes 20-27/90", b"20-to-27")
+    assert "authorization" not in origin.requests[-1].headers
