@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import wsproto.events
-from mitmproxy import addonmanager, certs, connection, flow, http, tls
+from mitmproxy import addonmanager, certs, connection, flow, http, optmanager, tls
 from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
@@ -157,6 +157,8 @@ def install(
     for name, lookup in speedups.header_lookups(http._always_bytes).items():
         setattr(http.Headers, name, functools.wraps(getattr(http.Headers, name))(lookup))
     asyncio_utils.set_task_debug_info = speedups.name_task
+    optmanager._Option.current = speedups.option_reads(  # type: ignore[method-assign]
+        optmanager._Option.current, optmanager.unset)
     # The leaf's certificate and key converted for pyOpenSSL once, not for every handshake.
     certs.Cert.to_pyopenssl = speedups.converted_once(certs.Cert.to_pyopenssl)  # type: ignore[method-assign, assignment]
     _scoped(tlsconfig, "crypto", PKey=speedups.keys_once(crypto.PKey))

@@ -24,7 +24,7 @@ from typing import Any
 import h2.connection
 import h2.stream
 import wsproto.events
-from mitmproxy import addonmanager, certs, connection, flow, http
+from mitmproxy import addonmanager, certs, connection, flow, http, optmanager
 from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.coretypes import multidict
 from mitmproxy.net.http import http1, status_codes
@@ -177,6 +177,16 @@ def _header_lookups() -> None:
     _expect(http.Headers._reduce_values(["a", "b"]) == "a, b", "Headers joins otherwise")
     _expect(http._native(b"\xff") == b"\xff".decode("utf-8", "surrogateescape"),
             "Headers decodes otherwise")
+
+
+@_checks("mitmproxy.optmanager._Option.current")
+def _option_reads() -> None:
+    # speedups.option_reads: a value is the default's until set, `unset` marks it, and what a
+    # read returns is a deep copy of it.
+    _names(inspect.unwrap(optmanager._Option.current), "value", "unset", "default", "deepcopy")
+    default = vars(optmanager._Option)["default"]
+    _expect(isinstance(default, property), "_Option.default is no longer a property")
+    _names(default.fget, "deepcopy", "_default")
 
 
 @_checks("mitmproxy.proxy.mode_servers.asyncio.start_server")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 _IDS_PER_FILL = 256
+_ATOMIC = (bool, int, float, str, bytes, type(None))  # a deep copy of one is the same object
 _X509 = "_sealgate_x509"  # in a certificate's instance dict: its pyOpenSSL copy
 KEYS_KEPT = 64  # private keys whose pyOpenSSL copies are kept (the leaves share the CA's)
 
@@ -95,3 +96,22 @@ def header_lookups(to_bytes: Callable[[Any], Any]) -> dict[str, Callable[..., An
         return False
 
     return {"get_all": get_all, "get": get, "__contains__": contains}
+
+
+def option_reads(current: Callable[[Any], Any], unset: object) -> Callable[[Any], Any]:
+    """mitmproxy's `_Option.current` (every `ctx.options.<name>`), without deep copies of a value
+    that holds nothing.
+
+    A read deep-copies the option's value, twice when it was never set (the default's copy,
+    then the copy's): each layer mitmproxy makes reads one (`proxy_debug`), each HTTP stream a
+    few; about 2 % of a worker under new connections (py-spy). A deep copy of a bool, a number,
+    a string or None is that very object, so those are returned as they are; a list or a dict is
+    still copied, since a caller may change what it gets. `unset` is mitmproxy's marker of an
+    option never set."""
+
+    @functools.wraps(current)
+    def current_value(self: Any) -> Any:
+        value = self._default if self.value is unset else self.value
+        return value if type(value) in _ATOMIC else current(self)
+
+    return current_value

@@ -5,16 +5,23 @@ from __future__ import annotations
 import contextlib
 import inspect
 import ssl
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy import certs, http
+from mitmproxy import certs, http, optmanager
 from OpenSSL import SSL, crypto
 
-from sealgate.proxy.engine.speedups import RandomIds, converted_once, header_lookups, keys_once
+from sealgate.proxy.engine.speedups import (
+    RandomIds,
+    converted_once,
+    header_lookups,
+    keys_once,
+    option_reads,
+)
 
 
 def test_ids_are_random_version_4_uuids_across_refills() -> None:
@@ -113,3 +120,24 @@ def test_header_lookups_answer_and_fail_as_mitmproxy_s() -> None:
                 _mitmproxys(lookup)(headers, 7)
             with pytest.raises(TypeError):
                 fast[lookup](headers, 7)
+
+
+def test_option_reads_answer_as_mitmproxy_s_and_still_copy_containers() -> None:
+    original = inspect.unwrap(optmanager._Option.current)
+    fast = option_reads(original, optmanager.unset)
+    options = optmanager.OptManager()
+    # mitmproxy's option types are typing's, as its own options.py spells them.
+    for name, typespec, default, value in [
+        ("flag", bool, False, True), ("count", int, 3, 0), ("ratio", float, 0.5, 2.0),
+        ("text", str, "a", ""), ("maybe", typing.Optional[str], None, "x"),  # noqa: UP045
+        ("items", typing.Sequence[str], [], ["a", "b"]),
+        ("maybe_items", typing.Optional[typing.Sequence[str]], None, ["c"]),  # noqa: UP045
+    ]:
+        options.add_option(name, typespec, default, "")
+        option = options._options[name]
+        for _ in ("default", "set"):
+            got, expected = fast(option), original(option)
+            assert (type(got), got) == (type(expected), expected)
+            if isinstance(got, list):  # a container is the caller's own copy, as before
+                assert got is not fast(option) and got is not option.value
+            option.set(value)
