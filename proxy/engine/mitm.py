@@ -157,7 +157,7 @@ def install(
     for name, lookup in speedups.header_lookups(http._always_bytes).items():
         setattr(http.Headers, name, functools.wraps(getattr(http.Headers, name))(lookup))
     asyncio_utils.set_task_debug_info = speedups.name_task
-    optmanager._Option.current = speedups.option_reads(  # type: ignore[method-assign]
+    optmanager._Option.current = speedups.option_reads(  # type: ignore[method-assign, assignment]
         optmanager._Option.current, optmanager.unset)
     # The leaf's certificate and key converted for pyOpenSSL once, not for every handshake.
     certs.Cert.to_pyopenssl = speedups.converted_once(certs.Cert.to_pyopenssl)  # type: ignore[method-assign, assignment]
