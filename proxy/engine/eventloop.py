@@ -1,15 +1,18 @@
-"""The event loop the proxy's processes run on: uvloop where it is installed, asyncio's own
-where it is not or where it is asked for (`--event-loop asyncio`).
+"""The event loop the proxy's processes run on: asyncio's own, or uvloop when asked for
+(`--event-loop uvloop`, with the `uvloop` extra installed).
 
-Why uvloop: mitmproxy's per-request work is Python either way, but the loop's own share (the
-selector, its handles, the socket transports' reads and writes) is C under uvloop. Measured
-with bench/ab.py (docs/performance.md): kept-alive plain HTTP and intercepted HTTPS ~1.1-1.2x
-req/s on one core; a new connection per request the same. The whole test suite runs the
-proxy processes on it; asyncio's loop stays one flag away, and is what the proxy falls back
-to on a platform uvloop has no build for.
+asyncio's is the default because it measured faster here. bench/ab.py, the same code on each
+loop, c=16, one core (docs/performance.md): kept-alive plain HTTP 0.97x and intercepted HTTPS
+0.99x on uvloop, a new connection per request 0.80x, intercepted or in base-URL mode. What
+uvloop speeds up (the selector, handles, socket reads and writes in C) is a small share of a
+request next to mitmproxy's layers and sealgate's hooks, and something per connection costs
+more on it, so far unexplained (a bare asyncio server accepting a connection per request is
+as fast on either). The option stays because it is tested: the suite's tunnel tests run on
+both loops, and a machine where uvloop wins can measure it (`bench/proxy_overhead.py` with
+SEALGATE_EVENT_LOOP=uvloop).
 
 What differs for sealgate's own code: uvloop's socket transports are not subclasses of
-asyncio.Transport (the splice checks a transport by `stream_transport`, not isinstance).
+asyncio.Transport (the splice checks a transport with `stream_transport`, not isinstance).
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ from typing import Any, Literal, TypeVar
 
 from ..errors import ProxyError
 
-Choice = Literal["auto", "uvloop", "asyncio"]
-CHOICES: tuple[Choice, ...] = ("auto", "uvloop", "asyncio")
+Choice = Literal["asyncio", "uvloop"]  # `sealgate proxy --event-loop`
 
 _T = TypeVar("_T")
 
@@ -44,10 +46,8 @@ def factory(choice: Choice) -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     uvloop = _uvloop()
     if uvloop is None:
-        if choice == "uvloop":
-            raise EventLoopUnavailable(
-                "--event-loop uvloop: uvloop is not installed (pip install uvloop)")
-        return None
+        raise EventLoopUnavailable(
+            "--event-loop uvloop: uvloop is not installed (pip install 'sealgate[uvloop]')")
     new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return new_loop
 

@@ -51,7 +51,7 @@ class ProxyConfig:
     state: Path = Path("var")
     resolver: str | None = None
     workers: int = 1
-    event_loop: eventloop.Choice = "auto"
+    event_loop: eventloop.Choice = "asyncio"
     upstream_ca: Path | None = None
     audit_stdout: bool = False
     connect_timeout: float = 10.0

@@ -1,6 +1,6 @@
-"""The proxy's event loop (proxy/engine/eventloop.py): uvloop when installed, asyncio's when asked
-or when uvloop is missing, and a clear refusal for a loop that cannot be had. Both loops serving
-real traffic: tests/unit/test_tunnel_splice.py runs its proxy on each."""
+"""The proxy's event loop (proxy/engine/eventloop.py): asyncio's unless uvloop is asked for, and a
+clear refusal for a loop that cannot be had. Both loops serving real traffic:
+tests/unit/test_tunnel_splice.py runs its proxy on each."""
 
 from __future__ import annotations
 
@@ -20,18 +20,14 @@ async def _which() -> str:
     return eventloop.name(asyncio.get_running_loop())
 
 
-def test_auto_is_uvloop_where_installed_and_asyncio_is_asyncio() -> None:
-    assert eventloop.run(_which(), "auto") == "uvloop"
+def test_each_loop_is_the_one_asked_for() -> None:
     assert eventloop.run(_which(), "uvloop") == "uvloop"
     assert eventloop.run(_which(), "asyncio") == "asyncio"
 
 
-def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_uvloop_asking_for_it_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` raises ImportError
-    assert eventloop.factory("auto") is None
-    assert eventloop.run(_which(), "auto") == "asyncio"
+    assert eventloop.run(_which(), "asyncio") == "asyncio"
     with pytest.raises(eventloop.EventLoopUnavailable, match="uvloop is not installed"):
         eventloop.factory("uvloop")
 
