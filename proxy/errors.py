@@ -3,8 +3,7 @@ catches one answers, logs and counts it by its `Reason` without knowing the clas
 where each is raised: `Denial` (here: a request refused, answered by engine/refusal.py),
 `ResolveError` (net/dnswire.py), `PathError`, `PathPatternError`, `RulesError` and
 `TargetError` (policy/), `RegistryError` (request/registry.py), `ControlError` (the control
-API's client, process/controlclient.py), `MitmproxyMismatch` (engine/mitm.py) and
-`EventLoopUnavailable` (engine/eventloop.py).
+API's client, process/controlclient.py) and `MitmproxyMismatch` (engine/mitm.py).
 
 Standard library only: the proxy's face (__init__.py) raises from here.
 """

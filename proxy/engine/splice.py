@@ -30,14 +30,13 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Generator
-from typing import Any, cast
+from typing import Any
 
 from mitmproxy import connection
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import tcp
 from mitmproxy.proxy.layers.http import HttpStream
 
-from . import eventloop
 from .handlers import handler_of
 
 _ASKED = "_sealgate_splice_asked"  # on a TCP layer: a splice is scheduled or done
@@ -120,10 +119,9 @@ def _spliceable(io: server.ConnectionIO | None) -> asyncio.Transport | None:
     """The transport of a plain TCP socket whose reading task is parked in `read` with nothing
     unread, and whose write buffer is under its low mark (so its protocol is not paused)."""
     if io is None or not isinstance(io.reader, asyncio.StreamReader) or not isinstance(
-            io.writer, asyncio.StreamWriter) or not eventloop.stream_transport(
-            io.writer.transport):
+            io.writer, asyncio.StreamWriter) or not isinstance(
+            transport := io.writer.transport, asyncio.Transport):
         return None
-    transport = cast(asyncio.Transport, io.writer.transport)  # or uvloop's, not a subclass
     protocol = transport.get_protocol()
     if (type(protocol) is not asyncio.StreamReaderProtocol or transport.is_closing()
             or transport.get_extra_info("sslcontext") is not None

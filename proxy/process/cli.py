@@ -7,6 +7,7 @@ only `proxy` needs the second it takes to import.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
@@ -44,10 +45,6 @@ def register(sub: Subcommands) -> None:
                         "repeatable (default 10.200.0.0/16, the sandbox runtime's)")
     env_option(p, "--workers", metavar="N", type=int, env="SEALGATE_WORKERS", default="1",
                help="worker processes sharing the port (SO_REUSEPORT)")
-    env_option(p, "--event-loop", env="SEALGATE_EVENT_LOOP", default="asyncio",
-               choices=("asyncio", "uvloop"),
-               help="the processes' event loop: asyncio's (measured faster here), or uvloop "
-                    "(the uvloop extra)")
     env_option(p, "--upstream-ca", metavar="FILE", env="SEALGATE_UPSTREAM_CA",
                help="CA bundle to verify upstream servers with (default: certifi)")
     env_option(p, "--admin", "--metrics-listen", metavar="HOST:PORT", dest="admin",
@@ -151,8 +148,6 @@ def register(sub: Subcommands) -> None:
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     from .master import ProxyConfig
 
-    if args.event_loop not in ("asyncio", "uvloop"):  # SEALGATE_EVENT_LOOP's, unchecked
-        raise SystemExit(f"sealgate: --event-loop is asyncio or uvloop, got {args.event_loop!r}")
     for item in args.set:
         if "=" not in item:
             raise SystemExit(f"sealgate: --set needs OPTION=VALUE, got {item!r}")
@@ -164,7 +159,6 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         state=Path(args.state),
         resolver=args.resolver,
         workers=max(1, args.workers),
-        event_loop=args.event_loop,
         upstream_ca=Path(args.upstream_ca) if args.upstream_ca else None,
         audit_stdout=args.audit_stdout,
         connect_timeout=args.connect_timeout,
@@ -224,7 +218,6 @@ def _serve(args: argparse.Namespace, config: ProxyConfig) -> int:
     except mitm.MitmproxyMismatch as exc:
         _log.error("the proxy cannot start", extra={"error": str(exc)})
         return 2
-    from ..engine import eventloop
     from . import supervisor
     from .master import prepare
 
@@ -232,11 +225,8 @@ def _serve(args: argparse.Namespace, config: ProxyConfig) -> int:
         prepare(config)
     try:
         if config.workers > 1 and args.worker_index is None:
-            return eventloop.run(supervisor.supervise(config), config.event_loop)
-        return eventloop.run(supervisor.serve_one(config, args.worker_index), config.event_loop)
-    except eventloop.EventLoopUnavailable as exc:
-        _log.error("the proxy cannot start", extra={"error": str(exc)})
-        return 2
+            return asyncio.run(supervisor.supervise(config))
+        return asyncio.run(supervisor.serve_one(config, args.worker_index))
     except exceptions.OptionsError as exc:
         # mitmproxy rolls a failed option update back, re-running configure on the defaults;
         # an error there would mask the one that matters, which is the first in the chain.

@@ -27,7 +27,7 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from sealgate import oplog
 from sealgate.hostport import format_hostport
 
-from ..engine import eventloop, mitm, pool
+from ..engine import mitm, pool
 from ..engine.limits import HttpLimits
 from ..request.pipeline import Sealgate
 from . import statedir
@@ -51,7 +51,6 @@ class ProxyConfig:
     state: Path = Path("var")
     resolver: str | None = None
     workers: int = 1
-    event_loop: eventloop.Choice = "asyncio"
     upstream_ca: Path | None = None
     audit_stdout: bool = False
     connect_timeout: float = 10.0
@@ -92,7 +91,6 @@ class StartupReport:
             "listening": [format_hostport(a[0], a[1]) for a in ps.listen_addrs()],
             "modes": self.config.modes(),
             "workers": self.config.workers,
-            "event_loop": eventloop.name(asyncio.get_running_loop()),
             "rules": str(self.config.rules),
         }
         if rules is not None:
