@@ -50,7 +50,7 @@ import wsproto.events
 from mitmproxy import addonmanager, certs, connection, flow, http, optmanager, tls
 from mitmproxy.addons import tlsconfig
 from mitmproxy.net.http import http1, status_codes
-from mitmproxy.proxy import commands, events, mode_servers, mode_specs, server
+from mitmproxy.proxy import commands, context, events, mode_servers, mode_specs, server
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers import tcp, websocket
@@ -157,6 +157,8 @@ def install(
     for name, lookup in speedups.header_lookups(http._always_bytes).items():
         setattr(http.Headers, name, functools.wraps(getattr(http.Headers, name))(lookup))
     asyncio_utils.set_task_debug_info = speedups.name_task
+    context.Context.fork = functools.wraps(context.Context.fork)(  # type: ignore[method-assign, assignment]
+        speedups.forks_keeping_the_server(context.Context))
     optmanager._Option.current = speedups.option_reads(  # type: ignore[method-assign, assignment]
         optmanager._Option.current, optmanager.unset)
     # The leaf's certificate and key converted for pyOpenSSL once, not for every handshake.

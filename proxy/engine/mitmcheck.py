@@ -179,6 +179,17 @@ def _header_lookups() -> None:
             "Headers decodes otherwise")
 
 
+@_checks("mitmproxy.proxy.context.Context.fork")
+def _forks() -> None:
+    # speedups.forks_keeping_the_server: a Context is its client, options, server and layers,
+    # and a fork shares the first three and copies the list.
+    _expect(set(context.Context.__init__.__code__.co_names) == {
+        "client", "options", "connection", "Server", "transport_protocol", "server", "layers"},
+        "Context.__init__ sets something else")
+    _names(inspect.unwrap(context.Context.fork), "Context", "client", "options", "server",
+           "layers", "copy")
+
+
 @_checks("mitmproxy.optmanager._Option.current")
 def _option_reads() -> None:
     # speedups.option_reads: a value is the default's until set, `unset` marks it, and what a

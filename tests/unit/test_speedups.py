@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy import certs, http, optmanager
+from mitmproxy import certs, connection, http, options, optmanager
+from mitmproxy.proxy import context
 from OpenSSL import SSL, crypto
 
 from sealgate.proxy.engine.speedups import (
     RandomIds,
     converted_once,
+    forks_keeping_the_server,
     header_lookups,
     keys_once,
     option_reads,
@@ -141,3 +143,28 @@ def test_option_reads_answer_as_mitmproxy_s_and_still_copy_containers() -> None:
             if isinstance(got, list):  # a container is the caller's own copy, as before
                 assert got is not fast(option) and got is not option.value
             option.set(value)
+
+
+def test_a_fork_is_mitmproxy_s_without_a_server_made_and_dropped(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = inspect.unwrap(context.Context.fork)
+    fork = forks_keeping_the_server(context.Context)
+    client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 6),
+                               timestamp_start=1.0)
+    parent = context.Context(client, options.Options())
+    parent.server = connection.Server(address=("127.0.0.1", 443))
+    parent.layers = [object(), object()]
+    made = []
+    server_init = connection.Server.__init__
+    monkeypatch.setattr(connection.Server, "__init__",
+                        lambda self, *a, **kw: made.append(1) or server_init(self, *a, **kw))
+    theirs, ours = original(parent), fork(parent)
+    assert made == [1]  # mitmproxy's fork made one, ours none
+    for forked in (theirs, ours):
+        assert type(forked) is context.Context
+        assert (forked.client, forked.options, forked.server) == (
+            parent.client, parent.options, parent.server)
+        assert forked.client is client and forked.server is parent.server
+        assert forked.layers == parent.layers and forked.layers is not parent.layers
+    assert vars(ours).keys() == vars(theirs).keys()
