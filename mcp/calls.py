@@ -11,7 +11,8 @@
 5. the credentials the allowing rule injects, from the broker, written by their processors;
 6. the call, to the pinned address (upstream.py), on a connection kept for that address, host,
    port, scheme, TLS settings and sandbox alone (pool.py), or a new one; its answer capped;
-7. the answer scrubbed of every form of those credentials, its `returns` fields picked, and
+7. the answer, refused when it is a slice (206, Content-Range) and a credential was injected,
+   scrubbed of every form of those credentials, its `returns` fields picked, and
    scrubbed again as the text the agent reads (a JSON escape decoded could spell a secret);
 8. one audit line: the tool, its arguments (secret-looking fields masked, credentials
    scrubbed), the decision and its reason.
@@ -70,7 +71,7 @@ _ERROR_BODY: Final = 2048  # of an API's error answer, what the agent reads
 _FAILURES: Final = frozenset({
     Reason.CONNECT_FAILED, Reason.UPSTREAM_TLS_FAILED, Reason.UPSTREAM_RESET,
     Reason.UPSTREAM_TIMEOUT, Reason.RESPONSE_TOO_LARGE, Reason.RESPONSE_NOT_JSON,
-    Reason.ENCODING_UNSCRUBBABLE, Reason.SECRET_UNAVAILABLE,
+    Reason.ENCODING_UNSCRUBBABLE, Reason.RESPONSE_SLICED, Reason.SECRET_UNAVAILABLE,
 })
 
 
@@ -183,7 +184,8 @@ async def _run(service: Service, record: _Call, policy: Policy, tool: Tool | Htt
                             request.body if call.body is not None else None, pin=pin,
                             tls=service.tls, pool=service.pool,
                             owner=(record.identity.sandbox, policy.name),
-                            limit=tool.max_response_bytes, timeout=tool.timeout)
+                            limit=tool.max_response_bytes, timeout=tool.timeout,
+                            whole=bool(record.needles))
     finally:
         service.budgets.close_connection(key)
     scrubber = Scrubber(record.needles)

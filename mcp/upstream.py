@@ -7,7 +7,11 @@ The request target goes out exactly as the template made it (`encoded=True`: no 
 re-encoding, which could undo the percent-encoding of an argument). The answer must come
 uncompressed, as asked (`Accept-Encoding: identity`): compressed bytes could not be scrubbed
 before they are decoded, and decoding them unbounded is a bomb, so such an answer is refused
-(`encoding_unscrubbable`), as the proxy refuses what it cannot scrub.
+(`encoding_unscrubbable`), as the proxy refuses what it cannot scrub. An answer that is a slice
+(206, or a `Content-Range`) to a call a credential was injected into (`whole`) is refused as the
+proxy refuses one (`response_sliced`, policy/reshaping.py), its body never read: its range
+headers were not sent, so one nobody listed asked for it, and a secret it echoes could be cut
+where the scrubber, which finds whole secrets, would not see it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import aiohttp
 from yarl import URL
 
 from sealgate.hostport import format_hostport
-from sealgate.proxy.calls import Denial, Pin, ToolRequest
+from sealgate.proxy.calls import Denial, Pin, ToolRequest, sliced
 from sealgate.reasons import Reason
 
 from .pool import Pool, PoolKey
@@ -43,11 +47,13 @@ class Answer:
 
 async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
                body: bytes | None, *, pin: Pin, tls: ssl.SSLContext, pool: Pool,
-               owner: tuple[str | None, str], limit: int, timeout: float) -> Answer:
+               owner: tuple[str | None, str], limit: int, timeout: float,
+               whole: bool) -> Answer:
     """`call` to `pin.address` with the request target, headers and body its credentials were
     written into (a query processor adds to the target), on a connection of `owner`'s (the
     sandbox, the policy) to that address; Denial for a call that fails, or an answer over
-    `limit` bytes or compressed. An answer not read to its end closes its connection."""
+    `limit` bytes or compressed, or, when `whole` (a credential was injected), a slice. An
+    answer not read to its end closes its connection."""
     default = 443 if call.scheme == "https" else 80
     authority = call.host.name if call.port == default else format_hostport(call.host.name,
                                                                             call.port)
@@ -64,6 +70,8 @@ async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
             if coding not in _IDENTITY:
                 raise Denial(Reason.ENCODING_UNSCRUBBABLE,
                              "the API answered compressed although asked not to")
+            if whole and (denial := sliced(answer.status, answer.headers.keys())) is not None:
+                raise denial
             data = await read_capped(answer, limit)
             return Answer(answer.status, data, answer.headers.get("Content-Type", ""))
 

@@ -21,7 +21,7 @@ from .net.resolver import Resolver
 from .policy.decide import Decision, Identity, Question, decide, policy_for
 from .policy.httptool import HttpRequestTool
 from .policy.model import Injection, PathError, Policy, Rule, RuleSet, normalize_path
-from .policy.reshaping import is_slice
+from .policy.reshaping import is_slice, sliced
 from .policy.rulesfile import RulesError, load_rules
 from .policy.tools import Tool, ToolArgumentError, ToolRequest, select
 from .request.budget import BudgetLedger, hold
@@ -68,4 +68,5 @@ __all__ = [
     "open_store",
     "policy_for",
     "select",
+    "sliced",
 ]

@@ -13,7 +13,8 @@ ones): framing is sealgate's, and a credential is the rules' to add, never the a
 Headers that reshape what was decided are taken as the proxy takes them
 (policy/reshaping.py), under any spelling a server reads as theirs (`_` as `-`): a method
 override is decided with the rest, a URL override refused, `Range`, `If-Range` and
-`Request-Range` not sent with an injected credential.
+`Request-Range` not sent with an injected credential, and a slice answered anyway refused
+(`response_sliced`, mcp/upstream.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ another form.
   `Range` is absent) asks for part of an answer. It is harmless until a credential is injected:
   an answer that echoes the credential then comes back in pieces the scrubber, which finds
   whole secrets, cannot see (a sandbox could read the secret a few bytes at a time). So with an
-  injected credential slices are not sent, and the whole answer comes.
+  injected credential slices are not sent, and the whole answer comes. An answer that is a
+  slice anyway (a 206, or any `Content-Range`: a range header of the API's own, that no list
+  has, asked for it) to a request a credential was injected into is refused (`sliced`): by the
+  proxy (request/responses.py) and by the MCP tools (mcp/upstream.py) alike.
 
 Names are compared as servers that read headers CGI-style see them (`X_HTTP_Method_Override`
 becomes `HTTP_X_HTTP_METHOD_OVERRIDE`, as the dash spelling does): lower-cased, `_` read as
@@ -35,7 +38,8 @@ from sealgate.reasons import Reason
 
 from ..errors import Denial
 
-__all__ = ["METHOD_OVERRIDES", "REROUTES", "SLICES", "canonical", "is_slice", "overrides_in"]
+__all__ = ["METHOD_OVERRIDES", "REROUTES", "SLICED", "SLICES", "canonical", "is_slice",
+           "overrides_in", "sliced"]
 
 METHOD_OVERRIDES: Final = frozenset({"x-http-method-override", "x-http-method",
                                      "x-method-override"})
@@ -49,6 +53,8 @@ _SPACE: Final = " \t\n\r\x0b\x0c"
 NOT_A_METHOD: Final = "a method override that is not a method"
 REROUTED: Final = ("X-Original-URL and X-Rewrite-URL are refused: a target other than the one "
                    "decided")
+SLICED: Final = ("the upstream answered part of an answer (206 or Content-Range) to a request a "
+                 "credential was injected into")
 
 
 def canonical(name: str) -> str:
@@ -59,6 +65,15 @@ def canonical(name: str) -> str:
 def is_slice(name: str) -> bool:
     """Whether a header of this name asks for part of an answer, under any spelling."""
     return canonical(name) in SLICES
+
+
+def sliced(status: int, names: Iterable[str]) -> Denial | None:
+    """The refusal (`response_sliced`) of an answer of this status and these header names that
+    is a slice: a 206, or any `Content-Range` (the name compared case-insensitively); None for
+    a whole one. Asked only of an answer to a request a credential was injected into."""
+    if status == 206 or any(name.lower() == "content-range" for name in names):
+        return Denial(Reason.RESPONSE_SLICED, SLICED)
+    return None
 
 
 def overrides_in(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from ..credentials.scrub import Scrubber
 from ..engine import mitm
 from ..engine.refusal import deny_response
 from ..errors import Denial
+from ..policy import reshaping
 from . import baseurl, target
 from .flowstate import META, REJECTED, SCRUB, STREAM_OVER, header
 
@@ -61,12 +62,10 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         _point_back(response, record.base_url)
         _stream_if_large(response)
         return
-    if response.status_code == 206 or any(
-            name.lower() == b"content-range" for name, _ in response.headers.fields):
-        _answer_instead(flow, emit, Denial(
-            Reason.RESPONSE_SLICED, "the upstream answered part of an answer (206 or "
-            "Content-Range) to a request a credential was injected into"),
-            status=str(response.status_code))
+    if (denial := reshaping.sliced(
+            response.status_code, (name.decode("latin-1") for name, _ in response.headers.fields)
+    )) is not None:
+        _answer_instead(flow, emit, denial, status=str(response.status_code))
         return
     coding = header(response.headers, b"transfer-encoding").lower().replace(" ", "")
     if coding not in ("", "chunked", "identity"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sealgate.proxy.policy.reshaping import SLICED
 from tests.conftest import KEYS
 from tests.dnsstub import StubDNS
 from tests.harness import ROOT, SEALGATE, Origin, OriginCA, key_digest
@@ -62,6 +63,9 @@ policies:
           - secret: file:other
             as: {{type: query, param: api_key}}
             name: in_query
+      - host: api.test
+        ports: [{port}]
+        paths: ["/plain/**"]
       - host: meta.test
         ports: [{port}]
       - host: evil.test
@@ -482,6 +486,67 @@ def test_http_request_takes_reshaping_headers_as_the_proxy_does(server: McpServe
     assert seen.values("authorization") == [f"Bearer {CANARY}"]
     assert seen.values("x-http-method-override") == ["post"]
     assert CANARY not in json.dumps(step)
+
+
+SLICE = ("Bearer " + CANARY)[:20]  # an echo's slice: the secret cut inside it
+
+
+@pytest.fixture
+def slicing(api: Origin) -> Iterator[Origin]:
+    """The API answers what the test sets (not an echo of the request); echoing again after."""
+    api.reset()
+    api.echo = False
+    yield api
+    api.reset()
+    api.echo = True
+
+
+@pytest.mark.parametrize("answer", ["206 with Content-Range", "200 with Content-Range",
+                                    "206 alone"])
+def test_http_request_refuses_a_slice_answered_to_an_injected_call(
+        server: McpServer, slicing: Origin, answer: str) -> None:
+    """A range header nobody listed (an API's own X-Range) could still make the API slice an
+    echo of the credential, and a slice cut inside the secret is not the secret the scrubber
+    looks for. So an answer that is a slice (206, or a Content-Range) to a call a credential
+    was injected into is refused as the proxy refuses one (response_sliced), and none of its
+    bytes reach the agent or a log (defence in depth; found by review)."""
+    slicing.response_status = 200 if answer.startswith("200") else 206
+    if "Content-Range" in answer:
+        slicing.response_headers["Content-Range"] = f"bytes 0-{len(SLICE) - 1}/90"
+    slicing.response_body = SLICE.encode()
+    path = "/repos/slice/" + answer.replace(" ", "-")
+    step, printed = _one(server, "http_request", {
+        "url": f"https://api.test:{slicing.port}{path}", "headers": {"X-Range": "bytes=0-19"}})
+    [seen] = slicing.requests
+    assert seen.values("authorization") == [f"Bearer {CANARY}"]
+    result = step["result"]
+    assert result["is_error"] is True, step
+    assert result["structured"]["error"]["reason"] == "response_sliced", step
+    assert result["structured"]["error"]["message"] == \
+        f"sealgate refused the call (response_sliced): {SLICED}"
+    line = server.calls()[-1]
+    assert (line["tool"], line["path"], line["decision"], line["reason"], line["detail"]) == (
+        "http_request", path, "error", "response_sliced", SLICED)
+    assert line["injected"] == ["broker:file:github"]
+    for everything in (json.dumps(step), printed, server.audit_text(), server.stderr()):
+        assert SLICE not in everything and CANARY[:10] not in everything
+
+
+def test_http_request_passes_a_slice_when_nothing_was_injected(server: McpServer,
+                                                               slicing: Origin) -> None:
+    """The control: no credential went with the call, so nothing can be echoed; a 206 is the
+    API's, and its range header was sent."""
+    slicing.response_status = 206
+    slicing.response_headers["Content-Range"] = "bytes 20-27/90"
+    slicing.response_body = b"20-to-27"
+    step, _ = _one(server, "http_request", {
+        "url": f"https://api.test:{slicing.port}/plain/slice", "headers": {"Range": "bytes=20-27"}})
+    [seen] = slicing.requests
+    assert seen.values("range") == ["bytes=20-27"] and not seen.values("authorization")
+    assert (step["result"]["is_error"], step["result"]["text"]) == (False, "20-to-27"), step
+    line = server.calls()[-1]
+    assert (line["decision"], line["reason"], line["status"], line["injected"]) == (
+        "allow", None, 206, None)
 
 
 def test_http_request_never_dials_an_address_the_rules_do_not_allow(server: McpServer) -> None:
