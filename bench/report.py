@@ -213,7 +213,10 @@ def _git_revision() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, timeout=10, check=False)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # docs/ left out: what a run writes (its chart is drawn before the document is
+        # rendered) is not a change to what was measured.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!docs"],
                                cwd=ROOT, capture_output=True, text=True, timeout=10, check=False)
         if head.returncode == 0:
             suffix = " + uncommitted changes" if dirty.stdout.strip() else ""
