@@ -70,7 +70,8 @@ async def send(call: ToolRequest, target: str, headers: list[tuple[str, str]],
             if coding not in _IDENTITY:
                 raise Denial(Reason.ENCODING_UNSCRUBBABLE,
                              "the API answered compressed although asked not to")
-            if whole and (denial := sliced(answer.status, answer.headers.keys())) is not None:
+            if whole and (denial := sliced(answer.status,
+                                           "Content-Range" in answer.headers)) is not None:
                 raise denial
             data = await read_capped(answer, limit)
             return Answer(answer.status, data, answer.headers.get("Content-Type", ""))

@@ -67,11 +67,11 @@ def is_slice(name: str) -> bool:
     return canonical(name) in SLICES
 
 
-def sliced(status: int, names: Iterable[str]) -> Denial | None:
-    """The refusal (`response_sliced`) of an answer of this status and these header names that
-    is a slice: a 206, or any `Content-Range` (the name compared case-insensitively); None for
-    a whole one. Asked only of an answer to a request a credential was injected into."""
-    if status == 206 or any(name.lower() == "content-range" for name in names):
+def sliced(status: int, content_range: bool) -> Denial | None:
+    """The refusal (`response_sliced`) of an answer that is a slice: a 206, or one with a
+    `Content-Range` (each caller asks its own case-insensitive headers); None for a whole one.
+    Asked only of an answer to a request a credential was injected into."""
+    if status == 206 or content_range:
         return Denial(Reason.RESPONSE_SLICED, SLICED)
     return None
 

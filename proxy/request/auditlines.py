@@ -54,14 +54,16 @@ def request_line(flow: http.HTTPFlow, record: RequestRecord) -> dict[str, Any]:
     }
 
 
-def connection_line(connection_id: str, conn: Conn) -> dict[str, Any]:
+def connection_line(connection_id: str, conn: Conn, *, spliced: bool) -> dict[str, Any]:
+    """A closed connection's line; `spliced`: a tunnel relayed socket to socket (engine/splice.py),
+    which the engine, not the connection's state, knows."""
     return {
         "connection_id": connection_id,
         "sandbox": conn.identity.sandbox if conn.identity else None,
         "policy": conn.policy.name if conn.policy else None,
         "target": target_text(conn.target),
         "tunnel": conn.tunnel,
-        "spliced": conn.spliced,
+        "spliced": spliced,
         "requests": conn.requests,
         "denied": conn.denied,
         "duration_ms": _ms(time.monotonic() - conn.opened),

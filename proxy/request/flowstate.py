@@ -46,7 +46,6 @@ class Conn:
     budget_key: str | None = None
     target: tuple[Host, int] | None = None  # the CONNECT authority, or a transparent SNI
     tunnel: bool = False  # forwarded without interception
-    spliced: bool = False  # and relayed socket to socket (engine/splice.py), known at its end
     # A refusal every request on the connection gets: the CONNECT's (accepted, so that the
     # refusal reaches the client inside TLS), or the ClientHello's.
     blocked: Denial | None = None

@@ -68,8 +68,8 @@ class Sealgate(Steps):
         self.reclaimer.closed()
         if conn.budget_key is not None:
             self.budgets.close_connection(conn.budget_key)
-        conn.spliced = conn.tunnel and splice.happened(client.id)
-        self._emit("connection_closed", **connection_line(client.id, conn))
+        self._emit("connection_closed", **connection_line(
+            client.id, conn, spliced=conn.tunnel and splice.happened(client.id)))
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         replaced = layers.confine(nextlayer)

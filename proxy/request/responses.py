@@ -62,9 +62,8 @@ def on_headers(flow: http.HTTPFlow, emit: Emit) -> None:
         _point_back(response, record.base_url)
         _stream_if_large(response)
         return
-    if (denial := reshaping.sliced(
-            response.status_code, (name.decode("latin-1") for name, _ in response.headers.fields)
-    )) is not None:
+    if (denial := reshaping.sliced(response.status_code,
+                                   "content-range" in response.headers)) is not None:
         _answer_instead(flow, emit, denial, status=str(response.status_code))
         return
     coding = header(response.headers, b"transfer-encoding").lower().replace(" ", "")
@@ -197,10 +196,14 @@ def _point_back(response: http.Response, named: baseurl.BaseUrl | None) -> None:
         response.headers["location"] = back
 
 
-def _refuse(flow: http.HTTPFlow, emit: Emit, reason: Reason, **detail: str) -> None:
-    """A response that cannot be passed on: its audit line, and the flow killed."""
+def _refused(flow: http.HTTPFlow, emit: Emit, reason: Reason, **detail: str) -> None:
     emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
          reason=reason, **detail)
+
+
+def _refuse(flow: http.HTTPFlow, emit: Emit, reason: Reason, **detail: str) -> None:
+    """A response that cannot be passed on: its audit line, and the flow killed."""
+    _refused(flow, emit, reason, **detail)
     flow.kill()
 
 
@@ -208,8 +211,7 @@ def _answer_instead(flow: http.HTTPFlow, emit: Emit, denial: Denial, **detail: s
     """A response head that cannot be passed on, replaced by the proxy's refusal: its audit
     line, and the upstream's body read and dropped (it is never buffered) while the refusal's
     goes in its place once it has ended (on_response, when the head ended the message)."""
-    emit("response_refused", request_id=flow.id, connection_id=flow.client_conn.id,
-         reason=denial.reason, **detail)
+    _refused(flow, emit, denial.reason, **detail)
     record = flow.metadata[META]
     record.reason = denial.reason
     answer = deny_response(denial, host=record.host, policy=record.policy, request_id=flow.id)

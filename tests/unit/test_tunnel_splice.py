@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -228,11 +227,6 @@ def client_hello() -> bytes:
     return outgoing.read()
 
 
-def closed_lines(tproxy: Proxy, target: str) -> list[dict[str, Any]]:
-    return [e for e in tproxy.audit()
-            if e.get("event") == "connection_closed" and e.get("target") == target]
-
-
 @pytest.mark.parametrize("spliced", [True, False], ids=["spliced", "before_the_splice"])
 def test_after_the_clients_half_close_the_origin_sees_its_end_and_its_reply_comes_back(
     tproxy: Proxy, replier: ReplyAtEnd, spliced: bool
@@ -243,10 +237,12 @@ def test_after_the_clients_half_close_the_origin_sees_its_end_and_its_reply_come
     # before the end was read), so each case tries again, bounded, until its connection's
     # audit line says it took the path it is about; every try checks everything.
     for _ in range(3):
-        seen = len(closed_lines(tproxy, target))
+        before = {e["connection_id"] for e in tproxy.audit()
+                  if e.get("event") == "connection_closed"}
         half_close_and_reply(tproxy, replier, spliced)
-        tproxy.wait_audit(lambda _, seen=seen: len(closed_lines(tproxy, target)) > seen)
-        line = closed_lines(tproxy, target)[seen]
+        line = tproxy.wait_audit(lambda e, before=before: e.get("event") == "connection_closed"
+                                 and e.get("target") == target
+                                 and e["connection_id"] not in before)
         if line["spliced"] is spliced:
             break
     assert line["spliced"] is spliced and line["tunnel"] is True
