@@ -82,15 +82,25 @@ def kept_open(send: _Send) -> _Send:
     def sent(self: _http1.Http1Client, event: HttpEvent) -> CommandGenerator[None]:
         if isinstance(event, RequestHeaders):
             request = event.request
-            closing = "connection" in request.headers and any(
-                token.strip().lower() == "close"
-                for value in request.headers.get_all("connection") for token in value.split(","))
+            closing = _closing(request)
             if closing or request.is_http2 or request.is_http3:
                 event = RequestHeaders(event.stream_id, _upstream(request, closing),
                                        event.end_stream)
         yield from send(self, event)
 
     return sent
+
+
+def kept_request(request: http.Request) -> http.Request:
+    """An HTTP/1.1 `request` as it goes on an upstream connection that is to be kept: without
+    the client's `close` (the fast path's, fastexchange.py, as `kept_open` is mitmproxy's)."""
+    return _upstream(request, True) if _closing(request) else request
+
+
+def _closing(request: http.Request) -> bool:
+    return "connection" in request.headers and any(
+        token.strip().lower() == "close"
+        for value in request.headers.get_all("connection") for token in value.split(","))
 
 
 def _upstream(request: http.Request, closing: bool) -> http.Request:

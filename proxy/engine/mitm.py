@@ -29,6 +29,8 @@ The patches, and why:
   `update` walk of the addon chain after every flow event, which only UIs handle;
 - hooks dispatched from handlers looked up once per hook name, and a hook whose handlers are
   all plain functions run without a task of its own (hooks.py);
+- base-URL requests on plain HTTP/1.1 connections served in front of mitmproxy's handler
+  (fastpath.py), which gets every connection the fast path does not take;
 - what the pipeline needs and mitmproxy has no API for: cutting a client off in the middle of a
   streamed response, the listen endpoints, a pinned connection's name given back, whether
   an HTTP/1 request came in origin form (base-URL mode, proxy/request/baseurl.py), and HTTP/2 chosen
@@ -66,7 +68,20 @@ from mitmproxy.utils import asyncio_utils
 from OpenSSL import crypto
 
 from ..errors import ProxyError
-from . import bodycap, deadline, framing, hooks, keeping, limits, linger, pool, speedups, upstream
+from . import (
+    bodycap,
+    deadline,
+    fastdial,
+    fastpath,
+    framing,
+    hooks,
+    keeping,
+    limits,
+    linger,
+    pool,
+    speedups,
+    upstream,
+)
 from .handlers import handler_of
 from .mitmcheck import mismatches
 from .splice import relaying
@@ -90,9 +105,11 @@ def require_tested() -> None:
 
 def install(
     connect_timeout: float, *, reuse_port: bool, bounds: limits.HttpLimits | None = None,
-) -> None:
+    fast_prefix: str | None = None,
+) -> fastpath.FastPath | None:
     """Check every symbol, then patch: all of it, or nothing. Once per process (a second time
-    would wrap the HTTP/2 handler twice)."""
+    would wrap the HTTP/2 handler twice). With `fast_prefix` (the base-URL prefix), the fast
+    path in front of the regular listener: its addon, for the master to load, is returned."""
     if _http1.make_error_response is upstream.error_response:
         raise RuntimeError("sealgate.proxy.mitm.install: already installed in this process")
     require_tested()
@@ -121,6 +138,12 @@ def install(
     )
     # The watchdog of every connection reads this when the connection is accepted.
     server.TCP_TIMEOUT = bounds.idle_seconds  # type: ignore[assignment]
+    fast = None
+    if fast_prefix is not None:
+        fast = fastpath.FastPath(fastdial.install(fastdial.Dialer(connect_timeout)), bounds,
+                                 fast_prefix)
+        mode_servers.ServerInstance.handle_stream = fastpath.front(  # type: ignore[method-assign]
+            mode_servers.ServerInstance.handle_stream, fast)
     HttpStream._handle_event = deadline.bounded_wait(  # type: ignore[method-assign]
         HttpStream._handle_event, bounds.response_seconds
     )
@@ -170,6 +193,7 @@ def install(
     ids = types.SimpleNamespace(uuid4=speedups.RandomIds().uuid4)
     for module in (flow, connection):
         vars(module)["uuid"] = ids
+    return fast
 
 
 def _told_to(kept: pool.Pool, init: Callable[..., None]) -> Callable[..., None]:

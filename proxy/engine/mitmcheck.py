@@ -24,6 +24,7 @@ from typing import Any
 import h2.connection
 import h2.stream
 import wsproto.events
+from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import addonmanager, certs, connection, flow, http, optmanager
 from mitmproxy.addons import proxyserver, tlsconfig
 from mitmproxy.coretypes import multidict
@@ -204,6 +205,20 @@ def _option_reads() -> None:
 def _servers_bind() -> None:
     _expect(isinstance(vars(mode_servers).get("asyncio"), type(asyncio)), "module has no `asyncio`")
     _names(mode_servers.AsyncioServerInstance.listen, "asyncio", "start_server")
+
+
+@_checks("mitmproxy.proxy.mode_servers.ServerInstance.handle_stream")
+def _fast_path_front() -> None:
+    # fastpath.front: a regular listener's connections, each (reader, writer) as accepted.
+    _params(mode_servers.ServerInstance.handle_stream, "(self, reader, writer=)")
+    _names(mode_servers.AsyncioServerInstance.listen, "handle_stream")
+    # fastwire and fastexchange: the readers and writers mitmproxy's HTTP/1 layers use.
+    _params(_http1.make_body_reader, "(expected_size)")
+    _params(http1.expected_http_body_size, "(request, response=)")
+    _params(http1.read_response_head, "(lines)")
+    _names(_http1.Http1Connection.read_body, "body_reader", "read_eof")
+    _expect(vars(_http1).get("ReceiveBuffer") is ReceiveBuffer,
+            "HTTP/1 no longer reads through h11's ReceiveBuffer")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.make_error_response")

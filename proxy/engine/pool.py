@@ -34,9 +34,8 @@ use across it (a generation), so a kept connection was always made under the opt
 HTTP/2 upstream connections are not kept (their layer is not at a boundary one can check from
 outside); they end with their client as before.
 
-Why one module of ~410 lines: the pool, the connection it keeps, the writer mitmproxy closes to
-offer one back and the check that it sits at a boundary share the bounds, the key and the
-generation; apart, each would reach into the others' state.
+How many are kept, for how long, and closing one that hears anything while it waits, is
+kept.py's (shared with the fast path's connections, fastdial.py).
 """
 
 from __future__ import annotations
@@ -44,13 +43,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, NamedTuple, SupportsIndex, TypeVar
+from collections.abc import Awaitable
+from typing import Any, NamedTuple, TypeVar
 
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy.layers.http import _http1
 from OpenSSL import SSL
+
+from .kept import Kept, Reader
 
 _T = TypeVar("_T")
 
@@ -82,50 +82,10 @@ def claim(server: connection.Server, key: Key) -> None:
     _CLAIM.set((server, key))
 
 
-class _Reader(asyncio.StreamReader):
-    """The socket's reader, which says whether it holds anything unread and calls `stirred`
-    when something arrives (a byte, an end, an error) while its connection waits in the pool."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=2**16, loop=loop)
-        self.unread = 0
-        self.ended = False
-        self.reading = False
-        self.stirred: Callable[[], None] | None = None
-
-    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
-        super().feed_data(data)
-        self.unread += len(data)  # type: ignore[arg-type]  # bytes, from the protocol
-        self._stir()
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self.ended = True
-        self._stir()
-
-    def set_exception(self, exc: Exception) -> None:
-        super().set_exception(exc)
-        self.ended = True
-        self._stir()
-
-    async def read(self, n: int = -1) -> bytes:
-        self.reading = True
-        try:
-            data = await super().read(n)
-        finally:
-            self.reading = False
-        self.unread -= len(data)
-        return data
-
-    def _stir(self) -> None:
-        if self.stirred is not None:
-            self.stirred()
-
-
 class _Upstream:
     """One upstream connection: its socket, and once its handshake is done, its TLS."""
 
-    def __init__(self, key: Key, reader: _Reader, writer: asyncio.StreamWriter,
+    def __init__(self, key: Key, reader: Reader, writer: asyncio.StreamWriter,
                  generation: int) -> None:
         self.key = key
         self.generation = generation
@@ -137,7 +97,6 @@ class _Upstream:
         self.server: connection.Server | None = None
         self.half_closed = False
         self.reused = False  # this lease's connection was taken from the pool
-        self.timer: asyncio.TimerHandle | None = None
 
     def at_boundary(self, *, released: bool = True) -> bool:
         """Nothing in flight and nothing unread, at any level: safe to carry another request.
@@ -154,11 +113,10 @@ class _Upstream:
             return ssl_conn is not None and not ssl_conn.get_shutdown() and not ssl_conn.pending()
         return True
 
+    def closing(self) -> bool:
+        return self.writer.is_closing()
+
     def close(self) -> None:
-        self.reader.stirred = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         self.writer.close()
 
 
@@ -212,17 +170,14 @@ class Pool:
                  per_tenant: int = PER_TENANT, total: int = TOTAL,
                  idle_seconds: float = IDLE_SECONDS) -> None:
         self.connect_timeout = connect_timeout
-        self.per_key, self.per_tenant, self.total = per_key, per_tenant, total
-        self.idle_seconds = idle_seconds
         self.generation = 0  # one more at each flush: a connection of an older one is not kept
-        self._idle: dict[Key, list[_Upstream]] = {}
-        self._tenants: Counter[str] = Counter()  # idle connections per tenant
-        self._order: OrderedDict[_Upstream, None] = OrderedDict()  # idle, oldest first
+        self.kept: Kept[_Upstream] = Kept(per_key=per_key, per_tenant=per_tenant, total=total,
+                                          idle_seconds=idle_seconds)
         self._live: dict[str, _Upstream] = {}  # server connection id -> its connection
         self.dialed = self.reused = 0  # this worker's counts, for the metrics
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self.kept)
 
     async def dial(self, host: str, port: int, *, local_addr: Any = None) -> tuple[
             asyncio.StreamReader, asyncio.StreamWriter | _Writer]:
@@ -243,10 +198,10 @@ class Pool:
             return await self.bounded(asyncio.open_connection(host, port,
                                                                local_addr=local_addr))
         server, key = claimed
-        upstream = self._take(key) if self.per_key else None
+        upstream = self.kept.take(key)
         if upstream is None:
             loop = asyncio.get_running_loop()
-            reader = _Reader(loop)
+            reader = Reader(loop)
             protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
             transport, _ = await self.bounded(loop.create_connection(
                 lambda: protocol, host, port, local_addr=local_addr))
@@ -288,8 +243,7 @@ class Pool:
                 or (upstream.http is not None and (upstream.http.response is not None
                                                    or upstream.http.buf))):
             return False
-        for other in list(self._idle.get(upstream.key, ())):
-            self._drop(other)
+        self.kept.drop_all(upstream.key)
         return True
 
     def idle(self, server: connection.Connection) -> bool:
@@ -311,66 +265,19 @@ class Pool:
             upstream.server = None
         reusable = upstream.generation == self.generation and upstream.at_boundary()
         upstream.http = None  # the next lease's layer is its own
-        idle = self._idle.get(upstream.key, [])
-        tenant = upstream.key.tenant
-        if (not reusable or len(idle) >= self.per_key
-                or self._tenants[tenant] >= self.per_tenant):
+        if not (reusable and self.kept.put(upstream)):
             upstream.close()
-            return
-        self._idle[upstream.key] = idle
-        idle.append(upstream)
-        self._tenants[tenant] += 1
-        self._order[upstream] = None
-        upstream.reader.stirred = lambda: self._drop(upstream)
-        upstream.timer = asyncio.get_running_loop().call_later(self.idle_seconds, self._drop,
-                                                               upstream)
-        while len(self._order) > self.total:
-            self._drop(next(iter(self._order)))
 
     def flush(self) -> None:
         """Every kept connection closed, and none in use now kept later."""
         self.generation += 1
-        for upstream in list(self._order):
-            self._drop(upstream)
+        self.kept.flush()
 
     def spoil(self, server: connection.Connection) -> None:
         """`server`'s connection will not be kept: an informational (1xx) answer, which
         mitmproxy takes for the final one, leaves the real one to come."""
         if (upstream := self._live.get(server.id)) is not None:
             upstream.spoiled = True
-
-    def _take(self, key: Key) -> _Upstream | None:
-        idle = self._idle.get(key)
-        while idle:
-            upstream = idle.pop()  # the most recently used: the least likely closed by now
-            del self._order[upstream]
-            self._untenant(key.tenant)
-            if upstream.timer is not None:
-                upstream.timer.cancel()
-                upstream.timer = None
-            upstream.reader.stirred = None
-            if not idle:  # found by review: emptied lists stayed, one per key ever seen
-                del self._idle[key]
-            if not (upstream.reader.ended or upstream.reader.unread
-                    or upstream.writer.is_closing()):
-                return upstream
-            upstream.close()
-        return None
-
-    def _untenant(self, tenant: str) -> None:
-        self._tenants[tenant] -= 1
-        if self._tenants[tenant] <= 0:
-            del self._tenants[tenant]
-
-    def _drop(self, upstream: _Upstream) -> None:
-        if upstream in self._order:
-            del self._order[upstream]
-            self._untenant(upstream.key.tenant)
-            idle = self._idle[upstream.key]
-            idle.remove(upstream)
-            if not idle:
-                del self._idle[upstream.key]
-        upstream.close()
 
 
 _INSTALLED: list[Pool] = []  # the process's pool, once mitm.install made it

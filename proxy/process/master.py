@@ -27,8 +27,9 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from sealgate import oplog
 from sealgate.hostport import format_hostport
 
-from ..engine import mitm, pool
+from ..engine import fastpath, mitm, pool
 from ..engine.limits import HttpLimits
+from ..request import baseurl
 from ..request.pipeline import Sealgate
 from . import statedir
 from .ca import ensure_ca
@@ -132,7 +133,8 @@ def _banner(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_master(config: ProxyConfig, worker: int | None = None) -> master.Master:
+def build_master(config: ProxyConfig, worker: int | None = None,
+                 fast: fastpath.FastPath | None = None) -> master.Master:
     # mitmdump prints log records through its termlog addon, which the lean master leaves out:
     # sealgate's go through the operational log the command configured (sealgate/oplog.py).
     opts = options.Options()
@@ -143,6 +145,7 @@ def build_master(config: ProxyConfig, worker: int | None = None) -> master.Maste
         next_layer.NextLayer(),
         pool.Handoff(),  # before TlsConfig: a kept connection's TLS is given, not made
         tlsconfig.TlsConfig(),
+        *([fast] if fast is not None else []),  # its option, its upstream TLS
         errorcheck.ErrorCheck(repeat_errors_on_stderr=True),
         Sealgate(),
         StartupReport(config, worker),
@@ -176,8 +179,9 @@ async def serve(
 ) -> int:
     """Serve until SIGTERM or SIGINT, then drain (drain.py) and stop."""
     # Several workers share the port: mitmproxy must bind with SO_REUSEPORT.
-    mitm.install(config.connect_timeout, reuse_port=config.workers > 1, bounds=config.limits)
-    m = build_master(config, worker)
+    fast = mitm.install(config.connect_timeout, reuse_port=config.workers > 1,
+                        bounds=config.limits, fast_prefix=baseurl.PREFIX)
+    m = build_master(config, worker, fast)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(_quiet_cancellation)
     # Per-request garbage is short-lived; mitmproxy, the rules and the CA are not. Collect the

@@ -75,6 +75,7 @@ class RequestRecord:
     reason: Reason | None = None
     rule: str | None = None
     pin: Pin | None = None
+    tenant: str = ""  # whose upstream connections it may ride (pipeline.py's `_tenant`)
     injected: list[str] = field(default_factory=list)
     overwrote: list[str] = field(default_factory=list)
     base_url: BaseUrl | None = None  # the upstream a base-URL request named

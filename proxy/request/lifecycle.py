@@ -20,7 +20,7 @@ from mitmproxy.addonmanager import Loader
 
 from sealgate.reasons import Reason
 
-from ..engine import conncap, deadline, memory, pool
+from ..engine import conncap, deadline, fastdial, memory, pool
 from ..engine.conncap import ConnectionGate
 from ..engine.handshake import HandshakeDeadline
 from ..engine.memory import Reclaimer
@@ -145,10 +145,12 @@ class Lifecycle:
                        seconds=self.handshakes.seconds)
         self.metrics.total("upstream_tls_offered", self.sessions.offered)
         self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
-        kept = pool.installed()
-        if kept is not None:
-            self.metrics.total("upstream_connections", kept.dialed, how="dialed")
-            self.metrics.total("upstream_connections", kept.reused, how="reused")
+        idle = dialed = reused = 0
+        for kept in (pool.installed(), fastdial.installed()):
+            if kept is not None:
+                idle, dialed, reused = idle + len(kept), dialed + kept.dialed, reused + kept.reused
+        self.metrics.total("upstream_connections", dialed, how="dialed")
+        self.metrics.total("upstream_connections", reused, how="reused")
         if state is not None:
             self._credential_totals(state)
         with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
@@ -159,7 +161,7 @@ class Lifecycle:
                                response_deadlines_pending=deadline.pending(),
                                upstream_tls_sessions=len(self.sessions),
                                upstream_connections_open=self.upstream_open,
-                               upstream_connections_idle=len(kept) if kept else 0,
+                               upstream_connections_idle=idle,
                                upstream_dials_pinned=len(self._pinned),
                                audit_backlog_bytes=state.audit.backlog if state else 0)
 

@@ -242,6 +242,7 @@ class Sealgate(Steps):
             record.pin = await self._state().guard.pin(host, port, policy)
             if (secured := decision.secure_for(record.pin.address)) is not decision:
                 raise denial_of(secured)
+            record.tenant = _tenant(flow.client_conn, conn)
             # forward exactly what was checked, and nothing the sandbox should not send
             request.data.host, request.data.port = host.name, port
             target.strip_upstream_headers(request.headers)

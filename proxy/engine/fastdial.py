@@ -1,0 +1,136 @@
+"""The fast path's upstream connections (fastpath.py): dialed to the address the guard pinned,
+TLS by Python's `ssl` module, verified as mitmproxy verifies its own, and kept across client
+connections under the same key as mitmproxy's kept connections (pool.py: the pinned address,
+the SNI, TLS or not, the tenant; docs/architecture.md says why that key is safe).
+
+A connection is given back only at a message boundary (its response read to the end by its
+framing, nothing more read or buffered, no end seen) and kept by kept.py, which closes one
+that hears anything while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any
+
+import certifi
+
+from .fastwire import Wire
+from .kept import Kept, Reader
+from .pool import IDLE_SECONDS, PER_KEY, PER_TENANT, TOTAL, Key
+
+_HANDSHAKE_SECONDS = 10.0
+
+
+class Line:
+    """One upstream connection of the fast path."""
+
+    __slots__ = ("dialed_at", "generation", "key", "reader", "reused", "wire", "writer")
+
+    def __init__(self, key: Key, reader: Reader, writer: asyncio.StreamWriter,
+                 generation: int) -> None:
+        self.key = key
+        self.reader = reader
+        self.writer = writer
+        self.wire = Wire(reader, writer)
+        self.generation = generation
+        self.reused = False
+        self.dialed_at: tuple[float, float] | None = None  # (started, connected), when dialed
+
+    def closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def tls_context(options: Any) -> ssl.SSLContext:
+    """The upstream TLS of mitmproxy's TlsConfig under the options the fast path takes: the
+    peer verified against `ssl_verify_upstream_trusted_ca`/`_confdir` or else certifi's bundle
+    (mitmproxy's default), unless `ssl_insecure`; TLS 1.2 at least; HTTP/1.1 offered."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if options.ssl_insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        cafile = options.ssl_verify_upstream_trusted_ca
+        capath = options.ssl_verify_upstream_trusted_confdir
+        if cafile is None and capath is None:
+            cafile = certifi.where()
+        context.load_verify_locations(cafile=cafile, capath=capath)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class Dialer:
+    def __init__(self, connect_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.tls: ssl.SSLContext | None = None
+        self.generation = 0  # one more whenever the TLS options change: older lines not kept
+        self.kept: Kept[Line] = Kept(per_key=PER_KEY, per_tenant=PER_TENANT, total=TOTAL,
+                                     idle_seconds=IDLE_SECONDS)
+        self.dialed = self.reused = 0  # for the metrics, beside pool.py's
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def configure(self, tls: ssl.SSLContext | None) -> None:
+        self.tls = tls
+        self.generation += 1
+        self.kept.flush()
+
+    async def line(self, key: Key) -> Line:
+        """A kept connection for `key`, or a new one. Raises OSError (TimeoutError and
+        ssl.SSLError among them) when it cannot be made."""
+        if (kept := self.kept.take(key)) is not None:
+            kept.reused = True
+            self.reused += 1
+            return kept
+        host, port = key.address
+        loop = asyncio.get_running_loop()
+        reader = Reader(loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        started = time.time()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                transport, _ = await loop.create_connection(
+                    lambda: protocol, host, port,
+                    ssl=self.tls if key.tls else None,
+                    server_hostname=key.sni if key.tls else None,
+                    ssl_handshake_timeout=_HANDSHAKE_SECONDS if key.tls else None)
+        except TimeoutError:
+            # Said as mitmproxy's bounded dial says it (upstream.failure reads "timed out").
+            raise TimeoutError(f"connect timed out after {self.connect_timeout:g} s") from None
+        line = Line(key, reader, asyncio.StreamWriter(transport, protocol, reader, loop),
+                    self.generation)
+        line.dialed_at = (started, time.time())
+        self.dialed += 1
+        return line
+
+    def give_back(self, line: Line) -> None:
+        """`line` after a response read to its end: kept if nothing is left over on it."""
+        reader = line.reader
+        if not (line.generation == self.generation and not len(line.wire.buf)
+                and not reader.unread and not reader.ended and not line.closing()
+                and not line.writer.transport.get_write_buffer_size()
+                and self.kept.put(line)):
+            line.close()
+
+    def flush(self) -> None:
+        self.generation += 1
+        self.kept.flush()
+
+
+_INSTALLED: list[Dialer] = []
+
+
+def install(dialer: Dialer) -> Dialer:
+    _INSTALLED[:] = [dialer]
+    return dialer
+
+
+def installed() -> Dialer | None:
+    return _INSTALLED[0] if _INSTALLED else None
