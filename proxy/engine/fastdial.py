@@ -30,11 +30,11 @@ class Line:
     __slots__ = ("dialed_at", "generation", "key", "reader", "reused", "wire", "writer")
 
     def __init__(self, key: Key, reader: Reader, writer: asyncio.StreamWriter,
-                 generation: int) -> None:
+                 generation: int, idle: float) -> None:
         self.key = key
         self.reader = reader
         self.writer = writer
-        self.wire = Wire(reader, writer)
+        self.wire = Wire(reader, writer, idle)
         self.generation = generation
         self.reused = False
         self.dialed_at: tuple[float, float] | None = None  # (started, connected), when dialed
@@ -66,8 +66,9 @@ def tls_context(options: Any) -> ssl.SSLContext:
 
 
 class Dialer:
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, idle_seconds: float) -> None:
         self.connect_timeout = connect_timeout
+        self.idle_seconds = idle_seconds  # the longest wait for a response body's next bytes
         self.tls: ssl.SSLContext | None = None
         self.generation = 0  # one more whenever the TLS options change: older lines not kept
         self.kept: Kept[Line] = Kept(per_key=PER_KEY, per_tenant=PER_TENANT, total=TOTAL,
@@ -105,7 +106,7 @@ class Dialer:
             # Said as mitmproxy's bounded dial says it (upstream.failure reads "timed out").
             raise TimeoutError(f"connect timed out after {self.connect_timeout:g} s") from None
         line = Line(key, reader, asyncio.StreamWriter(transport, protocol, reader, loop),
-                    self.generation)
+                    self.generation, self.idle_seconds)
         line.dialed_at = (started, time.time())
         self.dialed += 1
         return line

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from mitmproxy import connection, ctx, flow, hooks, http
 from mitmproxy.net.http import http1
@@ -68,7 +68,6 @@ async def exchange(fast: FastPath, wire: Wire, client: connection.Client,
                    request: http.Request) -> bool:
     """Serve `request` on the client connection `wire`; whether the connection may carry
     another request."""
-    bounds = fast.bounds
     flow_ = http.HTTPFlow(client, connection.Server(address=None))
     flow_.request = request
     flow_.live = True
@@ -77,9 +76,8 @@ async def exchange(fast: FastPath, wire: Wire, client: connection.Client,
         return False
     expected = int(request.headers.get("content-length", "0") or 0)
     try:
-        async with asyncio.timeout(bounds.idle_seconds):
-            content = b"".join([chunk async for chunk in body(wire, expected)])
-    except (TimeoutError, WireError):
+        content = b"".join([chunk async for chunk in body(wire, expected)]) if expected else b""
+    except WireError:
         # The client stopped sending its body: mitmproxy's words for it.
         flow_.error = flow.Error("Client disconnected.")
         await _hooked(http_layer.HttpErrorHook(flow_))
@@ -144,9 +142,9 @@ async def _forwarded(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
             return False
         answer = flow_.response
         if answer.stream:
-            kept = await _relay(fast, wire, flow_, line, expected)
+            kept = await _relay(wire, flow_, line, expected)
         else:
-            kept = await _buffered(fast, wire, flow_, line, expected)
+            kept = await _buffered(wire, flow_, line, expected)
     except BaseException:
         line.close()
         raise
@@ -176,13 +174,23 @@ async def _asked(fast: FastPath, flow_: http.HTTPFlow, key: Key, message: bytes,
             raise _Failed(504, deadline.message(wait)) from None
         except (OSError, WireError, ValueError) as exc:
             line.close()
-            raise _Failed(502, f"Cannot parse HTTP response: {exc}") from None
+            if not (isinstance(exc, OSError) and _stale(line, attempt, flow_.request)):
+                raise _Failed(502, f"Cannot parse HTTP response: {exc}") from None
+            continue  # reset before any answer
         if response is not None:
             return line, response
         line.close()
-        if not (attempt == 1 and line.reused and _bodiless(flow_.request)):
+        if not _stale(line, attempt, flow_.request):
             break
     raise _Failed(502, "server closed connection")
+
+
+def _stale(line: Line, attempt: int, request: http.Request) -> bool:
+    """Whether a request whose connection ended before any answer goes once more: the first
+    time, on a kept connection (closed by its origin as the request came), and only a request
+    safe to send twice."""
+    return (attempt == 1 and line.reused and not len(line.wire.buf)
+            and request.method in _SAFE and not request.raw_content)
 
 
 async def _final_head(wire: Wire) -> http.Response | None:
@@ -206,8 +214,7 @@ def _framing(request: http.Request, response: http.Response) -> int | None:
         raise _Failed(502, f"Cannot parse HTTP response: {exc}") from None
 
 
-async def _relay(fast: FastPath, wire: Wire, flow_: http.HTTPFlow, line: Line,
-                 expected: int | None) -> bool:
+async def _relay(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int | None) -> bool:
     """A streamed response: the head at once, the body as it comes, each piece through the
     stream function an addon set (the scrubber, or the refusal that stands in for it)."""
     answer = flow_.response
@@ -217,13 +224,13 @@ async def _relay(fast: FastPath, wire: Wire, flow_: http.HTTPFlow, line: Line,
     out_chunked = chunked(answer.headers)
     stream = answer.stream if callable(answer.stream) else None
     try:
-        async for chunk in _timed(body(line.wire, expected), fast.bounds.idle_seconds):
+        async for chunk in body(line.wire, expected):
             for piece in _pieces(stream(chunk) if stream else chunk):
                 writer.write(framed(piece, out_chunked))
             if _killed(flow_):  # cut off on the way (a body that failed to decode)
                 return False
             await writer.drain()
-    except (WireError, TimeoutError, OSError) as exc:
+    except (WireError, OSError) as exc:
         flow_.error = flow.Error(f"HTTP/1 protocol error: {exc}")
         await _hooked(http_layer.HttpErrorHook(flow_))
         return False
@@ -240,20 +247,20 @@ async def _relay(fast: FastPath, wire: Wire, flow_: http.HTTPFlow, line: Line,
     return True
 
 
-async def _buffered(fast: FastPath, wire: Wire, flow_: http.HTTPFlow, line: Line,
-                    expected: int | None) -> bool:
+async def _buffered(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int | None
+                    ) -> bool:
     """A response read whole (of a declared size the pipeline chose not to stream), given to
     the response hook, then sent as it left it."""
     response = flow_.response
     assert response is not None
     try:
-        pieces = [chunk async for chunk in _timed(body(line.wire, expected),
-                                                  fast.bounds.idle_seconds)]
-    except (WireError, TimeoutError, OSError) as exc:
-        flow_.error = flow.Error(f"HTTP/1 protocol error: {exc}")
+        pieces = [chunk async for chunk in body(line.wire, expected)]
+    except (WireError, OSError) as exc:
+        # Nothing of the answer has gone to the client: it gets the JSON failure instead.
+        message = f"HTTP/1 protocol error: {exc}"
+        flow_.error = flow.Error(message)
         await _hooked(http_layer.HttpErrorHook(flow_))
-        if not flow_.response or not wire.writer.is_closing():
-            wire.writer.write(upstream.error_response(502, f"server closed connection: {exc}"))
+        wire.writer.write(upstream.error_response(502, message))
         return False
     response.raw_content = b"".join(pieces)
     response.timestamp_end = time.time()
@@ -287,18 +294,6 @@ def _keeps(request: http.Request, response: http.Response | None) -> bool:
                 or http1.connection_close(response.http_version, response.headers))
 
 
-async def _timed(chunks: Any, seconds: float) -> Any:
-    """`chunks`, each within `seconds` of the one before (mitmproxy's idle bound)."""
-    iterator = chunks.__aiter__()
-    while True:
-        try:
-            async with asyncio.timeout(seconds):
-                chunk = await iterator.__anext__()
-        except StopAsyncIteration:
-            return
-        yield chunk
-
-
 def _pieces(out: bytes | Iterable[bytes]) -> Iterable[bytes]:
     return (out,) if isinstance(out, bytes) else out
 
@@ -313,10 +308,6 @@ async def _hooked(event: hooks.Hook) -> None:
 
 def _killed(flow_: http.HTTPFlow) -> bool:
     return flow_.error is not None and flow_.error.msg == flow.Error.KILLED_MESSAGE
-
-
-def _bodiless(request: http.Request) -> bool:
-    return request.method in _SAFE and not request.raw_content
 
 
 def _record_dial(server: connection.Server, key: Key, line: Line) -> None:

@@ -113,7 +113,7 @@ def front(handle_stream: _Handle, fast: FastPath) -> _Handle:
 class _Connection:
     def __init__(self, fast: FastPath, reader: asyncio.StreamReader, writer: Any) -> None:
         self.fast = fast
-        self.wire = Wire(reader, writer)
+        self.wire = Wire(reader, writer, fast.bounds.idle_seconds)
         self.peername = writer.get_extra_info("peername")
         self.sockname = writer.get_extra_info("sockname")
         self.source = str(self.peername[0])
@@ -149,8 +149,8 @@ class _Connection:
                     break
         except HeadTooLarge:
             handing = self.wire.unread()  # mitmproxy's to refuse (431), as it refuses any
-        except WireError:
-            pass  # the client ended a head part way: nothing to answer
+        except (WireError, OSError):
+            pass  # the client ended a head part way, or left: nothing to answer
         except Exception:
             logger.exception("sealgate: internal error on a fast-path connection; closed")
             handing = b""
@@ -169,13 +169,18 @@ class _Connection:
         """The next request head, raw and as lines; None when the connection ended or was
         idle `idle_seconds` before its first byte, or its head was refused (answered here)."""
         bounds, wire = self.fast.bounds, self.wire
+        if (head := wire.head_now(bounds.header_bytes)) is not None:
+            return head  # pipelined, or read with the one before
         if not len(wire.buf):
             try:
-                async with asyncio.timeout(bounds.idle_seconds):
-                    if not await wire.more():
-                        return None
-            except TimeoutError:
-                return None
+                if not await wire.more():  # within idle_seconds
+                    return None
+            except HeadTooLarge:
+                raise
+            except WireError:
+                return None  # idle: closed, as mitmproxy's watchdog closes it
+            if (head := wire.head_now(bounds.header_bytes)) is not None:
+                return head  # the usual case: the whole head in one read
         try:
             async with asyncio.timeout(bounds.header_seconds):
                 return await wire.head(bounds.header_bytes)

@@ -35,33 +35,45 @@ class HeadTooLarge(WireError):
 class Wire:
     """One side of a connection: its reader and writer, and what was read but not yet used."""
 
-    __slots__ = ("buf", "reader", "writer")
+    __slots__ = ("buf", "idle", "reader", "writer")
 
-    def __init__(self, reader: asyncio.StreamReader, writer: Any) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: Any, idle: float) -> None:
         self.reader = reader
         self.writer = writer
+        self.idle = idle  # the longest wait for a body's next bytes
         self.buf = ReceiveBuffer()
 
+    def head_now(self, limit: int) -> tuple[bytes, list[bytes]] | None:
+        """The next message head if the buffer holds all of it, as it came and as its lines
+        (the blank line not included); else None, or HeadTooLarge past `limit` bytes."""
+        raw = bytes(self.buf)
+        if (lines := self.buf.maybe_extract_lines()) is not None:
+            return raw[:len(raw) - len(self.buf)], [bytes(line) for line in lines]
+        if len(raw) > limit:
+            raise HeadTooLarge(f"a message head over {limit} bytes")
+        return None
+
     async def head(self, limit: int) -> tuple[bytes, list[bytes]] | None:
-        """The next message head, as it came and as its lines (the blank line not included);
-        None if the connection ended before a byte of one came. Raises WireError past `limit`
-        bytes or when it ends part way. The caller bounds the time it may take."""
-        while True:
-            raw = bytes(self.buf)
-            if (lines := self.buf.maybe_extract_lines()) is not None:
-                return raw[:len(raw) - len(self.buf)], [bytes(line) for line in lines]
-            if len(raw) > limit:
-                raise HeadTooLarge(f"a message head over {limit} bytes")
+        """The next message head (`head_now`), read until it is whole; None if the connection
+        ended before a byte of one came. Raises WireError when it ends part way. The caller
+        bounds the time it may take."""
+        while (head := self.head_now(limit)) is None:
             data = await self.reader.read(CHUNK)
             if not data:
-                if raw:
+                if len(self.buf):
                     raise WireError("the connection ended inside a message head")
                 return None
             self.buf += data
+        return head
 
     async def more(self) -> bool:
-        """Read once more into the buffer; False at the connection's end."""
-        data = await self.reader.read(CHUNK)
+        """Read once more into the buffer, waiting `idle` seconds at most; False at the
+        connection's end."""
+        try:
+            async with asyncio.timeout(self.idle):
+                data = await self.reader.read(CHUNK)
+        except TimeoutError:
+            raise WireError(f"nothing came for {self.idle:g} s") from None
         if data:
             self.buf += data
         return bool(data)

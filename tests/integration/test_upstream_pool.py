@@ -7,6 +7,7 @@ but a new dial."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import socket
 import ssl
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import requests
 
 from tests.conftest import KEYS, client
 from tests.dnsstub import StubDNS
@@ -190,13 +192,33 @@ sandboxes:
         yield p
 
 
+@pytest.fixture(params=["intercepted", "base-url"])
+def via(request: pytest.FixtureRequest) -> str:
+    """How the client asks: through the proxy, intercepted (mitmproxy's layers and pool.py),
+    or in base-URL mode (the fast path, engine/fastpath.py, and its connections, fastdial.py):
+    the same guarantees either way."""
+    return str(request.param)
+
+
 def get(proxy: Proxy, path: str, sandbox: str = "bot-1", host: str = "keep.test",
-        port: int = 0) -> str:
+        port: int = 0, via: str = "intercepted", method: str = "GET") -> str:
     """One request on a client connection of its own; the body it got."""
+    r = send(proxy, path, sandbox, host, port, via, method)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def send(proxy: Proxy, path: str, sandbox: str = "bot-1", host: str = "keep.test",
+         port: int = 0, via: str = "intercepted", method: str = "GET") -> requests.Response:
     with client(proxy, sandbox) as c:
-        r = c.get(f"https://{host}:{port}{path}", timeout=20)
-        assert r.status_code == 200, r.text
-        return r.text
+        if via == "intercepted":
+            return c.request(method, f"https://{host}:{port}{path}", timeout=20,
+                             data=b"x" if method == "POST" else None)
+        c.proxies = {}
+        auth = base64.b64encode(f"{sandbox}:{KEYS[sandbox]}".encode()).decode()
+        return c.request(method, f"http://127.0.0.1:{proxy.port}/_/{host}:{port}{path}",
+                         headers={"Proxy-Authorization": f"Basic {auth}"}, timeout=20,
+                         data=b"x" if method == "POST" else None)
 
 
 def carrying(origin: Keeping, path: str) -> Seen:
@@ -218,21 +240,21 @@ def settle(origin: Keeping, count: int) -> None:
 
 
 def test_a_sandboxs_new_connections_ride_its_kept_upstream_connection(
-    proxy: Proxy, origin: Keeping
+    proxy: Proxy, origin: Keeping, via: str
 ) -> None:
     before = origin.connections()
     for n in range(8):
-        assert get(proxy, f"/seq{n}", port=origin.port) == "ok"
+        assert get(proxy, f"/seq{n}", port=origin.port, via=via) == "ok"
     assert origin.connections() == before + 1  # eight client connections, one upstream
     assert origin.seen[-1].paths == [f"/seq{n}" for n in range(8)]
 
 
-def test_never_across_sandboxes(proxy: Proxy, origin: Keeping) -> None:
+def test_never_across_sandboxes(proxy: Proxy, origin: Keeping, via: str) -> None:
     for n in range(3):
-        get(proxy, f"/bot{n}", "bot-1", port=origin.port)
-        get(proxy, f"/rep{n}", "rep-1", port=origin.port)
-    bots = {s.peer for s in origin.seen for p in s.paths if p.startswith("/bot")}
-    reps = {s.peer for s in origin.seen for p in s.paths if p.startswith("/rep")}
+        get(proxy, f"/bot-{via}{n}", "bot-1", port=origin.port, via=via)
+        get(proxy, f"/rep-{via}{n}", "rep-1", port=origin.port, via=via)
+    bots = {s.peer for s in origin.seen for p in s.paths if p.startswith(f"/bot-{via}")}
+    reps = {s.peer for s in origin.seen for p in s.paths if p.startswith(f"/rep-{via}")}
     assert len(bots) == len(reps) == 1  # each kept its own
     assert not bots & reps
     for s in origin.seen:  # no connection carried both
@@ -240,16 +262,16 @@ def test_never_across_sandboxes(proxy: Proxy, origin: Keeping) -> None:
 
 
 def test_another_name_or_address_never_rides_the_connection(
-    proxy: Proxy, origin: Keeping, dns: StubDNS
+    proxy: Proxy, origin: Keeping, dns: StubDNS, via: str
 ) -> None:
-    get(proxy, "/name", port=origin.port)
+    get(proxy, "/name", port=origin.port, via=via)
     peer = origin.seen[-1].peer
-    get(proxy, "/other", host="other.test", port=origin.port)  # same address, another SNI
+    get(proxy, "/other", host="other.test", port=origin.port, via=via)  # another SNI
     assert origin.seen[-1].peer != peer and origin.seen[-1].paths == ["/other"]
     dns.set("keep.test", "A 127.0.0.2", ttl=0)
     time.sleep(1.2)  # the proxy's resolver keeps any answer for at least a second
     try:
-        get(proxy, "/moved", port=origin.port)
+        get(proxy, "/moved", port=origin.port, via=via)
         assert (origin.seen[-1].local, origin.seen[-1].paths) == ("127.0.0.2", ["/moved"])
     finally:
         dns.set("keep.test", "A 127.0.0.1", ttl=0)
@@ -258,12 +280,12 @@ def test_another_name_or_address_never_rides_the_connection(
 
 @pytest.mark.parametrize("path", ["/close", "/http10"])
 def test_a_connection_said_closing_is_not_kept(
-    proxy: Proxy, origin: Keeping, path: str
+    proxy: Proxy, origin: Keeping, path: str, via: str
 ) -> None:
-    get(proxy, "/warm", port=origin.port)
+    get(proxy, "/warm", port=origin.port, via=via)
     before = origin.connections()
-    assert get(proxy, path, port=origin.port) == "ok"
-    assert get(proxy, "/after", port=origin.port) == "ok"
+    assert get(proxy, path, port=origin.port, via=via) == "ok"
+    assert get(proxy, "/after", port=origin.port, via=via) == "ok"
     settle(origin, before + 1)
     assert origin.connections() == before + 1
     assert origin.seen[-1].paths == ["/after"]
@@ -271,12 +293,12 @@ def test_a_connection_said_closing_is_not_kept(
 
 @pytest.mark.parametrize("path", ["/twice", "/late"])
 def test_an_extra_response_poisons_no_later_request(
-    proxy: Proxy, origin: Keeping, path: str
+    proxy: Proxy, origin: Keeping, path: str, via: str
 ) -> None:
     """An origin that answers one request twice (at once, or while the connection waits
     idle): the next request of another client connection gets its own answer, on a new
     connection."""
-    assert get(proxy, path, port=origin.port) == "ok"
+    assert get(proxy, path, port=origin.port, via=via) == "ok"
     if path == "/late":  # the second answer arrives while the connection waits in the pool
         late = carrying(origin, path)
         wait(late.sent, "the origin's second answer sent")
@@ -284,18 +306,20 @@ def test_an_extra_response_poisons_no_later_request(
         wait(late.dropped, "the kept connection that received bytes closed by the proxy")
     before = origin.connections()
     for n in range(3):
-        assert get(proxy, f"/next{n}", port=origin.port) == "ok"
+        assert get(proxy, f"/next{n}", port=origin.port, via=via) == "ok"
     assert origin.connections() == before + 1
     assert origin.seen[-1].paths == ["/next0", "/next1", "/next2"]
 
 
-def test_a_kept_connection_the_origin_closes_is_dropped(proxy: Proxy, origin: Keeping) -> None:
-    assert get(proxy, "/bye", port=origin.port) == "ok"
+def test_a_kept_connection_the_origin_closes_is_dropped(
+    proxy: Proxy, origin: Keeping, via: str
+) -> None:
+    assert get(proxy, "/bye", port=origin.port, via=via) == "ok"
     bye = carrying(origin, "/bye")  # closed by the origin while it waits in the pool
     wait(bye.sent, "the origin's end sent")
     wait(bye.dropped, "the kept connection the origin ended closed by the proxy")
     before = origin.connections()
-    assert get(proxy, "/again", port=origin.port) == "ok"
+    assert get(proxy, "/again", port=origin.port, via=via) == "ok"
     assert origin.connections() == before + 1
     assert origin.seen[-1].paths == ["/again"]
 
@@ -330,28 +354,27 @@ def test_a_client_that_leaves_mid_request_leaves_nothing_kept(
 
 
 def test_a_safe_request_that_meets_a_closing_kept_connection_is_sent_again(
-    proxy: Proxy, origin: Keeping
+    proxy: Proxy, origin: Keeping, via: str
 ) -> None:
     """The origin closes a kept connection just as a request comes (its idle timeout and the
     request crossing): a GET is sent once more on a new connection and answered; a POST,
     which the origin may have acted on, fails as an upstream reset, sent once."""
-    assert get(proxy, "/armed", port=origin.port) == "ok"
+    assert get(proxy, "/armed", port=origin.port, via=via) == "ok"
     stale = carrying(origin, "/armed")
     before = origin.connections()
-    assert get(proxy, "/retry", port=origin.port) == "ok"
+    assert get(proxy, "/retry", port=origin.port, via=via) == "ok"
     assert stale.paths[-2:] == ["/armed", "/retry"]  # met the closing connection first
     assert origin.connections() == before + 1
     assert origin.seen[-1].paths == ["/retry"]
 
-    assert get(proxy, "/armed2", port=origin.port) == "ok"
+    assert get(proxy, "/armed2", port=origin.port, via=via) == "ok"
     stale = carrying(origin, "/armed2")
     before = origin.connections()
-    with client(proxy) as c:
-        r = c.post(f"https://keep.test:{origin.port}/once", data=b"x", timeout=20)
+    r = send(proxy, f"/once-{via}", port=origin.port, via=via, method="POST")
     assert r.status_code == 502 and r.json()["reason"] == "upstream_reset", r.text
-    assert stale.paths[-1] == "/once"
+    assert stale.paths[-1] == f"/once-{via}"
     assert origin.connections() == before
-    assert sum(p == "/once" for s in origin.seen for p in s.paths) == 1
+    assert sum(p == f"/once-{via}" for s in origin.seen for p in s.paths) == 1
 
 
 def test_a_client_that_says_close_is_closed_and_its_upstream_kept(
