@@ -76,6 +76,7 @@ class FastPath:
         self.bounds = bounds
         self.prefix = prefix
         self.on = False
+        self.taken = self.handed = 0  # connections, for the metrics
 
     def load(self, loader: Loader) -> None:
         loader.add_option(OPTION, bool, True, "Serve base-URL requests on plain HTTP/1.1 "
@@ -137,6 +138,7 @@ class _Connection:
                     handing = raw + self.wire.unread()
                     break
                 if client is None:
+                    self.fast.taken += 1
                     if gate is not None:
                         gate.release(self.source)  # taken again by client_connected
                         gate = None
@@ -161,6 +163,7 @@ class _Connection:
                 client.timestamp_end = time.time()
                 await fastexchange.hook(server_hooks.ClientDisconnectedHook(client))
         if handing and _put_back(self.wire.reader, handing):
+            self.fast.handed += 1
             await hand_over()
         else:
             self.wire.writer.close()
@@ -226,3 +229,15 @@ def _put_back(reader: asyncio.StreamReader, data: bytes) -> bool:
         return False
     buffer[0:0] = data
     return True
+
+
+_INSTALLED: list[FastPath] = []
+
+
+def install(fast: FastPath) -> FastPath:
+    _INSTALLED[:] = [fast]
+    return fast
+
+
+def installed() -> FastPath | None:
+    return _INSTALLED[0] if _INSTALLED else None

@@ -140,9 +140,8 @@ def install(
     server.TCP_TIMEOUT = bounds.idle_seconds  # type: ignore[assignment]
     fast = None
     if fast_prefix is not None:
-        fast = fastpath.FastPath(fastdial.install(
-            fastdial.Dialer(connect_timeout, bounds.idle_seconds)), bounds,
-                                 fast_prefix)
+        fast = fastpath.install(fastpath.FastPath(fastdial.install(
+            fastdial.Dialer(connect_timeout, bounds.idle_seconds)), bounds, fast_prefix))
         mode_servers.ServerInstance.handle_stream = fastpath.front(  # type: ignore[method-assign]
             mode_servers.ServerInstance.handle_stream, fast)
     HttpStream._handle_event = deadline.bounded_wait(  # type: ignore[method-assign]

@@ -46,6 +46,8 @@ COUNTERS: Final = {
     "upstream_connections": ("Upstream connections a request rode, by how it was had (dialed: "
                              "new; reused: kept from an earlier client connection).",
                              ("how",)),
+    "fast_path_connections": ("Client connections the fast path served (taken) or gave to "
+                              "mitmproxy's layers (handed_over).", ("outcome",)),
     "secret_lookups": ("Secrets looked up for injection, by store and how each was served "
                        "(hit: cached; miss: fetched; stale: cached past its time while the "
                        "store is down; refused; unavailable).", ("store", "result")),

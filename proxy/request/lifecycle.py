@@ -20,7 +20,7 @@ from mitmproxy.addonmanager import Loader
 
 from sealgate.reasons import Reason
 
-from ..engine import conncap, deadline, fastdial, memory, pool
+from ..engine import conncap, deadline, fastdial, fastpath, memory, pool
 from ..engine.conncap import ConnectionGate
 from ..engine.handshake import HandshakeDeadline
 from ..engine.memory import Reclaimer
@@ -151,6 +151,9 @@ class Lifecycle:
                 idle, dialed, reused = idle + len(kept), dialed + kept.dialed, reused + kept.reused
         self.metrics.total("upstream_connections", dialed, how="dialed")
         self.metrics.total("upstream_connections", reused, how="reused")
+        if (fast := fastpath.installed()) is not None:
+            self.metrics.total("fast_path_connections", fast.taken, outcome="taken")
+            self.metrics.total("fast_path_connections", fast.handed, outcome="handed_over")
         if state is not None:
             self._credential_totals(state)
         with contextlib.suppress(OSError):  # a full disk costs the figures, not requests
