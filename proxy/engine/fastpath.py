@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -87,7 +88,16 @@ class FastPath:
         on = getattr(options, OPTION) and all(
             getattr(options, name, default) == default for name, default in _TLS_OPTIONS.items())
         if on != self.on or updated & (_VERIFY_OPTIONS | set(_TLS_OPTIONS)):
-            self.dialer.configure(tls_context(options) if on else None)
+            tls = None
+            if on:
+                try:
+                    tls = tls_context(options)
+                except (OSError, ssl.SSLError) as exc:
+                    # mitmproxy's path says the same to each connection it cannot verify for.
+                    logger.error("sealgate: the fast path is off: the upstream trust cannot "
+                                 "be loaded (%s)", exc)
+                    on = False
+            self.dialer.configure(tls)
         self.on = on
 
     def done(self) -> None:
