@@ -38,9 +38,16 @@ class ConnectionGate:
         self.open = 0
         self.by_source: Counter[str] = Counter()
         self.refused: Counter[Reason] = Counter()
+        # Connections counted already and handed on (fastpath.py to mitmproxy's handler or to
+        # the pipeline's client_connected), by their peer address: their next admission keeps
+        # the count as it is, with no moment in between at which they count for nothing.
+        self.passed: set[object] = set()
 
-    def admit(self, source: str) -> Reason | None:
+    def admit(self, source: str, peer: object = None) -> Reason | None:
         """Count a new connection from `source`; the reason it is refused, or None."""
+        if peer is not None and peer in self.passed:
+            self.passed.discard(peer)
+            return None
         if self.open >= self.total:
             reason = Reason.PROXY_AT_CAPACITY
         elif self.by_source[source] >= self.per_source:
@@ -51,6 +58,16 @@ class ConnectionGate:
             return None
         self.refused[reason] += 1
         return reason
+
+    def hold(self, source: str) -> None:
+        """Count one more connection from `source`, over the caps: one already open that is
+        about to be released once and counted on (a hand-over in the middle of it)."""
+        self.open += 1
+        self.by_source[source] += 1
+
+    def pass_on(self, peer: object) -> None:
+        """The connection from `peer`, counted, goes to whoever admits it next."""
+        self.passed.add(peer)
 
     def release(self, source: str) -> None:
         self.open -= 1

@@ -27,6 +27,7 @@ from typing import Final, Protocol
 
 from mitmproxy import connection, ctx, flow, hooks, http
 from mitmproxy.net.http import http1
+from mitmproxy.net.http.validate import validate_headers
 from mitmproxy.proxy.layers.http import _hooks as http_layer
 
 from . import deadline, keeping, upstream
@@ -43,6 +44,8 @@ class FastPath(Protocol):
     def dialer(self) -> Dialer: ...
     @property
     def bounds(self) -> HttpLimits: ...
+    @property
+    def validate(self) -> bool: ...
 
 
 _SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -178,11 +181,24 @@ async def _asked(fast: FastPath, flow_: http.HTTPFlow, key: Key, message: bytes,
                 raise _Failed(502, f"Cannot parse HTTP response: {exc}") from None
             continue  # reset before any answer
         if response is not None:
+            if fast.validate:
+                _valid(response, line)
             return line, response
         line.close()
         if not _stale(line, attempt, flow_.request):
             break
     raise _Failed(502, "server closed connection")
+
+
+def _valid(response: http.Response, line: Line) -> None:
+    """mitmproxy's check of a response head against request smuggling, and its answer."""
+    try:
+        validate_headers(response)
+    except ValueError as exc:
+        line.close()
+        raise _Failed(502, f"Received {exc} from server, refusing to prevent request smuggling "
+                           "attacks. Disable the validate_inbound_headers option to skip this "
+                           "security check.") from None
 
 
 def _stale(line: Line, attempt: int, request: http.Request) -> bool:

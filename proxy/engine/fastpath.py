@@ -1,18 +1,19 @@
-"""The fast path: base-URL requests (proxy/request/baseurl.py) on plain HTTP/1.1 connections
-served without mitmproxy's layers.
+"""The fast path: plain HTTP/1.1 requests to the explicit listener, base-URL ones
+(proxy/request/baseurl.py) and absolute-form `http://` ones, served without mitmproxy's layers.
 
-Why: a base-URL request is the simplest exchange the proxy makes (plain HTTP/1.1 in, one
-verified TLS connection out), and mitmproxy's per-connection and per-request machinery (its
+Why: these are the simplest exchanges the proxy makes (plain HTTP/1.1 in, one connection out,
+verified TLS for base-URL mode), and mitmproxy's per-connection and per-request machinery (its
 connection handler, layers, contexts, commands, a task per hook) was most of its cost:
 bench/forwarder_floor.py measured sealgate at ~13 times the CPU of a bare Python forwarder
 per kept-alive request, and ~10 times per new connection.
 
 What it takes, and what it hands over. Every connection to the regular (explicit) listener
 comes here first. Its first request head is read; if it is a request the fast path takes
-(`_taken`: HTTP/1.1, an origin-form target under the base-URL prefix, a Host, a body of a
-declared Content-Length within `TAKEN_BODY`, nothing asking for more than one plain exchange:
-no Transfer-Encoding, Expect or Upgrade) the connection is the fast path's; anything else
-(CONNECT, TLS, HTTP/2, an absolute-form request, a head that does not parse) goes to
+(`_taken`: HTTP/1.1, an origin-form target under the base-URL prefix or an absolute-form
+`http://` one, a Host, a body of a declared Content-Length within `TAKEN_BODY`, nothing asking
+for more than one plain exchange: no Transfer-Encoding, Expect or Upgrade) the connection is
+the fast path's; anything else (CONNECT, TLS, HTTP/2, another origin-form target, an
+absolute-form `https://` one, a head that does not parse) goes to
 mitmproxy's own handler with the bytes read put back in front of the reader, before any of
 them was acted on. A later request on a fast connection that is not taken hands the rest of
 the connection over the same way, at that message boundary (its part so far ends with its own
@@ -28,7 +29,9 @@ address the guard pinned for it (fastdial.py). Bounds are mitmproxy's under seal
 deadline (engine/deadline.py).
 
 A connection's slot in the connection gate (conncap.py) is held from its accept, as mitmproxy's
-`client_connected` holds it, and passed to whichever engine takes the connection.
+`client_connected` holds it, and passed on (`ConnectionGate.pass_on`) to whichever engine takes
+the connection, with no moment at which an open connection counts for nothing (a worker takes
+what is alive out of later collections at such a moment: proxy/process/master.py).
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ from mitmproxy.addonmanager import Loader
 from mitmproxy.net.http import http1, url
 from mitmproxy.net.http.http1.read import get_header_tokens
 from mitmproxy.proxy import mode_servers, mode_specs, server_hooks
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http import HTTPMode, _http1, validate_request
 
 from . import fastexchange, limits, upstream
+from .conncap import ConnectionGate
 from .fastdial import Dialer, tls_context
 from .fastwire import HeadTooLarge, Wire, WireError
 
@@ -77,14 +81,17 @@ class FastPath:
         self.bounds = bounds
         self.prefix = prefix
         self.on = False
+        self.validate = True  # mitmproxy's validate_inbound_headers (request smuggling)
         self.taken = self.handed = 0  # connections, for the metrics
 
     def load(self, loader: Loader) -> None:
-        loader.add_option(OPTION, bool, True, "Serve base-URL requests on plain HTTP/1.1 "
-                          "connections without mitmproxy's layers (docs/architecture.md).")
+        loader.add_option(OPTION, bool, True, "Serve plain HTTP/1.1 requests (base-URL and "
+                          "absolute-form http://) without mitmproxy's layers "
+                          "(docs/architecture.md).")
 
     def configure(self, updated: set[str]) -> None:
         options = ctx.options
+        self.validate = options.validate_inbound_headers
         on = getattr(options, OPTION) and all(
             getattr(options, name, default) == default for name, default in _TLS_OPTIONS.items())
         if on != self.on or updated & (_VERIFY_OPTIONS | set(_TLS_OPTIONS)):
@@ -131,10 +138,13 @@ class _Connection:
 
     async def run(self, hand_over: Callable[[], Coroutine[Any, Any, None]],
                   mode: mode_specs.ProxyMode) -> None:
-        gate = getattr(ctx.master.addons.get("sealgate"), "gate", None)
+        gate: ConnectionGate | None = getattr(ctx.master.addons.get("sealgate"), "gate", None)
         if gate is not None and gate.admit(self.source) is not None:
             self.wire.writer.close()  # as the pipeline's client_connected refuses it
             return
+        # Whether this connection's count in the gate is the fast path's to pass on or release
+        # (once client_connected has it, client_disconnected releases it).
+        held = gate is not None
         client: connection.Client | None = None
         handing = b""
         try:
@@ -149,9 +159,9 @@ class _Connection:
                     break
                 if client is None:
                     self.fast.taken += 1
-                    if gate is not None:
-                        gate.release(self.source)  # taken again by client_connected
-                        gate = None
+                    if held and gate is not None:
+                        gate.pass_on(self.peername)
+                        held = False
                     client = connection.Client(peername=self.peername, sockname=self.sockname,
                                                timestamp_start=time.time(), proxy_mode=mode)
                     await fastexchange.hook(server_hooks.ClientConnectedHook(client))
@@ -167,15 +177,22 @@ class _Connection:
             logger.exception("sealgate: internal error on a fast-path connection; closed")
             handing = b""
         finally:
-            if gate is not None:
-                gate.release(self.source)
             if client is not None:
+                if handing and gate is not None and not client.error:
+                    # Counted on across the hand-over: the fast part's count is released by
+                    # its client_disconnected, this one passed to mitmproxy's handler.
+                    gate.hold(self.source)
+                    held = True
                 client.timestamp_end = time.time()
                 await fastexchange.hook(server_hooks.ClientDisconnectedHook(client))
         if handing and _put_back(self.wire.reader, handing):
             self.fast.handed += 1
+            if held and gate is not None:
+                gate.pass_on(self.peername)
             await hand_over()
         else:
+            if held and gate is not None:
+                gate.release(self.source)
             self.wire.writer.close()
 
     async def _head(self) -> tuple[bytes, list[bytes]] | None:
@@ -216,17 +233,25 @@ class _Connection:
         except ValueError:
             return None
         headers = request.headers
-        if (request.http_version != "HTTP/1.1" or request.data.host
-                or not request.path.startswith(self.fast.prefix)
+        if request.data.host:  # absolute form: plain HTTP through the proxy
+            if request.scheme != "http":
+                return None
+        elif not request.path.startswith(self.fast.prefix):
+            return None
+        if (request.http_version != "HTTP/1.1"
                 or expected is None or not 0 <= expected <= TAKEN_BODY
                 or "transfer-encoding" in headers or "expect" in headers
                 or "upgrade" in headers
                 or not {token.lower() for token in get_header_tokens(
                     headers, "connection")} <= _CONNECTION_TOKENS
-                or limits.parsed(request, bounds) is not None):
+                or limits.parsed(request, bounds) is not None
+                or validate_request(HTTPMode.regular, request, self.fast.validate) is not None):
             return None
-        # What mitmproxy's HTTP stream makes of an origin-form request to a regular listener.
-        request.data.host, request.data.port, request.scheme = host, port or 80, "http"
+        # What mitmproxy's HTTP stream makes of a request to a regular listener: the
+        # destination of an origin-form one from its Host; the upstream's in origin form.
+        if not request.data.host:
+            request.data.host, request.data.port, request.scheme = host, port or 80, "http"
+        request.authority = ""
         return request
 
 

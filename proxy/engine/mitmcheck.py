@@ -32,7 +32,14 @@ from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server, tunnel
 from mitmproxy.proxy.layers import HttpLayer, websocket
 from mitmproxy.proxy.layers import tls as tls_layers
-from mitmproxy.proxy.layers.http import HTTPMode, HttpStream, _events, _http1, _http2
+from mitmproxy.proxy.layers.http import (
+    HTTPMode,
+    HttpStream,
+    _events,
+    _http1,
+    _http2,
+    validate_request,
+)
 from mitmproxy.utils import asyncio_utils
 
 from . import hooks, splice
@@ -219,6 +226,9 @@ def _fast_path_front() -> None:
     _names(_http1.Http1Connection.read_body, "body_reader", "read_eof")
     _expect(vars(_http1).get("ReceiveBuffer") is ReceiveBuffer,
             "HTTP/1 no longer reads through h11's ReceiveBuffer")
+    # Its smuggling checks, as the HTTP stream applies them to requests and responses.
+    _params(validate_request, "(mode, request, validate_inbound_headers)")
+    _names(HttpStream.check_invalid, "validate_request", "validate_headers")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.make_error_response")

@@ -53,7 +53,7 @@ class Sealgate(Steps):
 
     def client_connected(self, client: connection.Client) -> None:
         source = str(client.peername[0])
-        if (refused := self.gate.admit(source)) is not None:
+        if (refused := self.gate.admit(source, client.peername)) is not None:
             # Closed by mitmproxy before any layer runs: the cheapest refusal there is.
             client.error = f"sealgate: {refused}"
             return

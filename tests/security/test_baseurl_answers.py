@@ -105,21 +105,23 @@ def test_a_second_response_from_the_origin_reaches_no_client(
 def test_an_informational_answer_before_the_real_one(
     base: Base, origin: FramingOrigin, path: str, informational: int
 ) -> None:
-    """The origin sends a 1xx and its 200 ("final") at once, to a GET without Expect."""
+    """The origin sends a 1xx and its 200 ("final") at once, to a GET without Expect. The
+    fast path skips the informational answer (it asked for none; a 103 is only a hint) and
+    passes on the real one. (mitmproxy's layers take a 1xx for the final answer: with the fast
+    path off a client got the 1xx and waited for the rest, and the 200, unread, went with its
+    upstream connection, which was never kept.)"""
     with Conn(base.proxy, timeout=1.5) as c:
         c.send(base.get(path))
         first = c.answer()
-        assert first is not None and first.status == informational, first
-        # today's behaviour: the 1xx is taken for the answer; the 200 after it never comes
-        # (the upstream connection is dropped with it unread), and the client waits.
-        assert c.answer() is None and not c.eof
+        assert first is not None and (first.status, first.body) == (200, b"final"), first
+        assert informational not in {a.status for a in [first]}
         c.send(base.get("/next"))
         after = c.answer()
-        assert after is not None and after.body == b"GET /next 0", after  # never "final"
+        assert after is not None and after.body == b"GET /next 0", after
+        assert c.rest(0.2) == (b"", False)  # nothing more: no second answer, still open
     fresh(base)
     got = origin.settled(3)
     assert [g.target for g in got] == [path, "/next", "/fresh"]
-    assert got[0].conn not in {got[1].conn, got[2].conn}
 
 
 def test_expect_100_and_an_origin_that_sends_its_own_100(
