@@ -80,6 +80,7 @@ class FastPath:
         self.dialer = dialer
         self.bounds = bounds
         self.prefix = prefix
+        self.prefix_bytes = prefix.encode()
         self.on = False
         self.validate = True  # mitmproxy's validate_inbound_headers (request smuggling)
         self.taken = self.handed = 0  # connections, for the metrics
@@ -224,8 +225,11 @@ class _Connection:
         """The request the fast path takes, as mitmproxy's HTTP/1 server reads it; None for
         one it leaves to mitmproxy (which then reads, answers or refuses it as always)."""
         bounds = self.fast.bounds
-        if size > bounds.header_bytes:
-            return None
+        target = lines[0].split(b" ", 2)[1:2] if lines else []
+        if size > bounds.header_bytes or not target or not (
+                target[0].startswith(self.fast.prefix_bytes)
+                or target[0][:7].lower() == b"http://"):
+            return None  # a CONNECT, mostly: left at a glance
         try:
             request = vars(_http1)["http1"].read_request_head(lines)  # mitm.py's: marks origin form
             expected = http1.expected_http_body_size(request)

@@ -1,15 +1,16 @@
-"""A body's framing across HTTP versions, where mitmproxy left it to chance (mitm.py installs
-these): an HTTP/2 request's body of no declared length written into HTTP/1 unframed, and an
-empty HTTP/2 DATA frame taken for a body's end; and an HTTP/1 response's head and whole body
-written at once.
+"""A message's framing where mitmproxy left it to chance (mitm.py installs these): an HTTP/2
+request's body of no declared length written into HTTP/1 unframed, an empty HTTP/2 DATA frame
+taken for a body's end, an HTTP/1 response's head and whole body written at once, and an
+upstream's informational answer taken for its final one.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 
-from mitmproxy.proxy import commands
+from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.events import Event
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import HttpStream, _http1
@@ -24,6 +25,34 @@ from mitmproxy.proxy.layers.http._events import (
 _Send = Callable[[_http1.Http1Client, HttpEvent], CommandGenerator[None]]
 _ServerSend = Callable[[_http1.Http1Server, HttpEvent], CommandGenerator[None]]
 _HELD = "_sealgate_head"  # on an Http1Server: the SendData of a head held for its body
+_Read = Callable[[_http1.Http1Client, events.ConnectionEvent], CommandGenerator[None]]
+# A status line of an informational answer other than 101 (which switches protocols).
+_INTERIM = re.compile(rb"HTTP/1\.[01] 1(?!01)[0-9][0-9] ")
+_INTERIM_MAX = 8  # skipped in one read, at most: the rest wait for the next
+
+
+def interim_skipped(read: _Read) -> _Read:
+    """Http1Client.read_headers, past an upstream's informational answers (1xx but 101).
+    mitmproxy takes the first head it reads for the final answer: a 103 Early Hints, or an
+    origin's own 100 Continue, went to the client as the answer, the real one after it was
+    never read, and the client waited for it until its own timeout (found by
+    tests/security/test_baseurl_answers.py). The proxy asks for none (it answers
+    `Expect: 100-continue` itself) and a hint is only a hint: each is dropped as its head
+    completes, by the same buffer that reads the final one (the fast path does the same:
+    fastexchange.py)."""
+
+    @functools.wraps(read)
+    def read_headers(self: _http1.Http1Client, event: events.ConnectionEvent
+                     ) -> CommandGenerator[None]:
+        if isinstance(event, events.DataReceived) and self.request is not None:
+            for _ in range(_INTERIM_MAX):
+                if not _INTERIM.match(bytes(self.buf)):
+                    break
+                if self.buf.maybe_extract_lines() is None:
+                    break  # the rest of it is still to come
+        yield from read(self, event)
+
+    return read_headers
 
 
 def framed_for_http1(send: _Send) -> _Send:

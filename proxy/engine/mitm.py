@@ -23,7 +23,8 @@ The patches, and why:
   bounds so that a client still sending it reads the refusal (linger.py), and a
   streamed body cut off past its request's cap, upstream and downstream (bodycap.py);
 - a body's framing across HTTP versions: an HTTP/2 body of no declared length chunked into
-  HTTP/1, an empty DATA frame never taken for the end (framing.py);
+  HTTP/1, an empty DATA frame never taken for the end, an upstream's informational answer
+  never taken for its final one (framing.py);
 - several workers on one port: mitmproxy binds with no SO_REUSEPORT (proxy/process/master.py);
 - per-request conveniences for mitmproxy's developers left out (speedups.py), and the
   `update` walk of the addon chain after every flow event, which only UIs handle;
@@ -133,6 +134,8 @@ def install(
     bounds = bounds or limits.HttpLimits()
     limits.enforce(bounds)
     _http1.Http1Server.send = framing.head_with_body(_http1.Http1Server.send)  # type: ignore[method-assign, assignment]
+    _http1.Http1Client.read_headers = framing.interim_skipped(  # type: ignore[method-assign, assignment]
+        _http1.Http1Client.read_headers)
     _http1.Http1Server.read_headers = _bounded_heads(  # type: ignore[method-assign, assignment]
         _http1.Http1Server.read_headers, bounds
     )

@@ -231,6 +231,13 @@ def _fast_path_front() -> None:
     _names(HttpStream.check_invalid, "validate_request", "validate_headers")
 
 
+@_checks("mitmproxy.proxy.layers.http._http1.Http1Client.read_headers")
+def _interim_answers() -> None:
+    # framing.interim_skipped: the client layer reads a head off `buf` once it has a request.
+    _params(_http1.Http1Client.read_headers, "(self, event)")
+    _names(_http1.Http1Client.read_headers, "buf", "maybe_extract_lines", "request")
+
+
 @_checks("mitmproxy.proxy.layers.http._http1.make_error_response")
 def _http1_errors() -> None:
     _params(_http1.make_error_response, "(status_code, message=)")

@@ -13,7 +13,8 @@ comes with its established TLS connection: the `Handoff` addon gives it to mitmp
 layer in place of a new one, whose handshake is then already done. mitmproxy closing the
 connection (its client left) offers it back (`_Writer.close`); it is kept only when it sits at
 a message boundary with nothing unread or unsent: its HTTP/1 client layer waits for a request
-with no byte buffered, no 1xx answer left the real one to come, the TLS connection holds no
+with no byte buffered (an informational answer is skipped on the way: framing.py), the TLS
+connection holds no
 plaintext and saw no close, and the socket no end, error or byte, with nothing waiting to be
 written. A kept connection that receives anything (an end, a byte: a second response to a
 request, say) is closed at once.
@@ -46,7 +47,7 @@ import contextvars
 from collections.abc import Awaitable
 from typing import Any, NamedTuple, TypeVar
 
-from mitmproxy import connection, http, tls
+from mitmproxy import connection, tls
 from mitmproxy.proxy.layers.http import _http1
 from OpenSSL import SSL
 
@@ -89,7 +90,6 @@ class _Upstream:
                  generation: int) -> None:
         self.key = key
         self.generation = generation
-        self.spoiled = False  # answered in a way that leaves its framing in doubt (a 1xx)
         self.reader = reader
         self.writer = writer
         self.ssl_conn: SSL.Connection | None = None
@@ -104,7 +104,7 @@ class _Upstream:
         connection handler always is, between two reads)."""
         http, reader = self.http, self.reader
         if (http is None or http.state != http.read_headers or http.stream_id is not None
-                or http.buf or self.half_closed or self.spoiled
+                or http.buf or self.half_closed
                 or (released and reader.reading) or reader.unread or reader.ended
                 or self.writer.is_closing() or self.writer.transport.get_write_buffer_size()):
             return False
@@ -273,13 +273,6 @@ class Pool:
         self.generation += 1
         self.kept.flush()
 
-    def spoil(self, server: connection.Connection) -> None:
-        """`server`'s connection will not be kept: an informational (1xx) answer, which
-        mitmproxy takes for the final one, leaves the real one to come."""
-        if (upstream := self._live.get(server.id)) is not None:
-            upstream.spoiled = True
-
-
 _INSTALLED: list[Pool] = []  # the process's pool, once mitm.install made it
 
 
@@ -307,12 +300,6 @@ class Handoff:
     def tls_established_server(self, data: tls.TlsData) -> None:
         if (kept := installed()) is not None:
             kept.established(data)
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        response = flow.response
-        if (kept := installed()) is not None and response is not None and (
-                100 <= response.status_code < 200 and response.status_code != 101):
-            kept.spoil(flow.server_conn)
 
     def done(self) -> None:
         if (kept := installed()) is not None:

@@ -106,10 +106,9 @@ def test_an_informational_answer_before_the_real_one(
     base: Base, origin: FramingOrigin, path: str, informational: int
 ) -> None:
     """The origin sends a 1xx and its 200 ("final") at once, to a GET without Expect. The
-    fast path skips the informational answer (it asked for none; a 103 is only a hint) and
-    passes on the real one. (mitmproxy's layers take a 1xx for the final answer: with the fast
-    path off a client got the 1xx and waited for the rest, and the 200, unread, went with its
-    upstream connection, which was never kept.)"""
+    informational answer is skipped (the proxy asked for none; a 103 is only a hint) and the
+    real one passed on. (mitmproxy's layers took a 1xx for the final answer: a client got the
+    1xx and waited for the rest, and the 200, unread, went with its upstream connection.)"""
     with Conn(base.proxy, timeout=1.5) as c:
         c.send(base.get(path))
         first = c.answer()
@@ -136,9 +135,10 @@ def test_expect_100_and_an_origin_that_sends_its_own_100(
             if answer is None:
                 break
             statuses.append(answer.status)
-        # today's behaviour: the proxy's own 100, then the origin's, taken for the answer;
-        # the origin's 200 is lost as above.
-        assert statuses == [100, 100] and not c.eof
+        # Handed to mitmproxy's layers (Expect is not the fast path's): the proxy's own 100,
+        # then the origin's answer, its own 100 skipped (proxy/engine/framing.py; it was taken
+        # for the answer, and the 200 was lost).
+        assert statuses == [100, 200] and not c.eof
     fresh(base)
     got = origin.settled(2)
     assert [(g.target, g.body, g.values("expect")) for g in got] == [
