@@ -27,15 +27,17 @@ _HANDSHAKE_SECONDS = 10.0
 class Line:
     """One upstream connection of the fast path."""
 
-    __slots__ = ("dialed_at", "generation", "key", "reader", "reused", "wire", "writer")
+    __slots__ = ("dialed_at", "dialer", "generation", "key", "reader", "reused", "wire",
+                 "writer")
 
-    def __init__(self, key: Key, reader: Reader, writer: asyncio.StreamWriter,
-                 generation: int, idle: float) -> None:
+    def __init__(self, dialer: Dialer, key: Key, reader: Reader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.dialer = dialer
         self.key = key
         self.reader = reader
         self.writer = writer
-        self.wire = Wire(reader, writer, idle)
-        self.generation = generation
+        self.wire = Wire(reader, writer, dialer.idle_seconds)
+        self.generation = dialer.generation
         self.reused = False
         self.dialed_at: tuple[float, float] | None = None  # (started, connected), when dialed
 
@@ -43,6 +45,8 @@ class Line:
         return self.writer.is_closing()
 
     def close(self) -> None:
+        if not self.writer.is_closing():
+            self.dialer.open -= 1
         self.writer.close()
 
 
@@ -74,6 +78,7 @@ class Dialer:
         self.kept: Kept[Line] = Kept(per_key=PER_KEY, per_tenant=PER_TENANT, total=TOTAL,
                                      idle_seconds=IDLE_SECONDS)
         self.dialed = self.reused = 0  # for the metrics, beside pool.py's
+        self.open = 0  # connections made and not yet closed
 
     def __len__(self) -> int:
         return len(self.kept)
@@ -105,10 +110,10 @@ class Dialer:
         except TimeoutError:
             # Said as mitmproxy's bounded dial says it (upstream.failure reads "timed out").
             raise TimeoutError(f"connect timed out after {self.connect_timeout:g} s") from None
-        line = Line(key, reader, asyncio.StreamWriter(transport, protocol, reader, loop),
-                    self.generation, self.idle_seconds)
+        line = Line(self, key, reader, asyncio.StreamWriter(transport, protocol, reader, loop))
         line.dialed_at = (started, time.time())
         self.dialed += 1
+        self.open += 1
         return line
 
     def give_back(self, line: Line) -> None:

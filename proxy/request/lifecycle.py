@@ -151,7 +151,8 @@ class Lifecycle:
                 idle, dialed, reused = idle + len(kept), dialed + kept.dialed, reused + kept.reused
         self.metrics.total("upstream_connections", dialed, how="dialed")
         self.metrics.total("upstream_connections", reused, how="reused")
-        if (fast := fastpath.installed()) is not None:
+        fast = fastpath.installed()
+        if fast is not None:
             self.metrics.total("fast_path_connections", fast.taken, outcome="taken")
             self.metrics.total("fast_path_connections", fast.handed, outcome="handed_over")
         if state is not None:
@@ -163,7 +164,8 @@ class Lifecycle:
                                resident_bytes=memory.resident(),
                                response_deadlines_pending=deadline.pending(),
                                upstream_tls_sessions=len(self.sessions),
-                               upstream_connections_open=self.upstream_open,
+                               upstream_connections_open=self.upstream_open + (
+                                   fast.dialer.open if fast else 0),
                                upstream_connections_idle=idle,
                                upstream_dials_pinned=len(self._pinned),
                                audit_backlog_bytes=state.audit.backlog if state else 0)

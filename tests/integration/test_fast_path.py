@@ -8,6 +8,7 @@ test_upstream_pool, the SDK and security suites)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import socket
 import time
@@ -30,6 +31,7 @@ def origin(test_ca: OriginCA) -> Iterator[Origin]:
     server.stop()
 
 
+@contextlib.contextmanager
 def _proxy(proxy_with: ProxyFactory, origin: Origin, *options: str) -> Iterator[tuple[Proxy, int]]:
     admin = free_port()
     rules = rules_allowing("api.test", origin.port)
@@ -40,12 +42,14 @@ def _proxy(proxy_with: ProxyFactory, origin: Origin, *options: str) -> Iterator[
 
 @pytest.fixture(scope="module")
 def fast(proxy_with: ProxyFactory, origin: Origin) -> Iterator[tuple[Proxy, int]]:
-    yield from _proxy(proxy_with, origin)
+    with _proxy(proxy_with, origin) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
 def slow(proxy_with: ProxyFactory, origin: Origin) -> Iterator[tuple[Proxy, int]]:
-    yield from _proxy(proxy_with, origin, "--set", "sealgate_fast_path=false")
+    with _proxy(proxy_with, origin, "--set", "sealgate_fast_path=false") as p:
+        yield p
 
 
 def counts(admin: int) -> dict[str, float]:
@@ -171,3 +175,25 @@ def test_off_by_its_option(slow: tuple[Proxy, int], origin: Origin) -> None:
     assert [r.path for r in origin.requests[seen:]] == ["/mitm"]
     time.sleep(1.2)  # a second's figures
     assert counts(admin).get("taken", 0) == 0
+
+
+def gauge(admin: int, name: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).text
+    found = re.search(rf"^sealgate_{name} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0
+
+
+def test_its_upstream_connections_are_in_the_gauges(proxy_with: ProxyFactory,
+                                                    origin: Origin) -> None:
+    """The fast path's kept upstream connection counts as open and idle, as pool.py's do (a
+    proxy of its own: no connection of mitmproxy's pool to count instead)."""
+    with _proxy(proxy_with, origin) as (proxy, admin):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(base(proxy, origin, "/gauged"))
+            assert answers(s, 1)[0].startswith(b"HTTP/1.1 200")
+        for _ in range(40):  # the workers' figures are written once a second
+            if gauge(admin, "upstream_connections_idle") >= 1:
+                break
+            time.sleep(0.1)
+        assert gauge(admin, "upstream_connections_idle") >= 1
+        assert gauge(admin, "upstream_connections_open") >= 1
