@@ -32,7 +32,7 @@ class Line:
 
     def __init__(self, dialer: Dialer, key: Key, reader: Reader,
                  writer: asyncio.StreamWriter) -> None:
-        self.dialer = dialer
+        self.dialer: Dialer | None = dialer
         self.key = key
         self.reader = reader
         self.writer = writer
@@ -45,8 +45,9 @@ class Line:
         return self.writer.is_closing()
 
     def close(self) -> None:
-        if not self.writer.is_closing():
+        if self.dialer is not None:  # once: the gauge counts each connection down once
             self.dialer.open -= 1
+            self.dialer = None
         self.writer.close()
 
 
