@@ -11,33 +11,9 @@ tests/security/test_baseurl_framing.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.dnsstub import StubDNS
-from tests.framingorigin import Base, Conn, FramingOrigin, rules
-from tests.harness import OriginCA, Proxy, ProxyFactory
-
-
-@pytest.fixture(scope="module")
-def origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[FramingOrigin]:
-    dns.set("frame.test", "A 127.0.0.1")
-    server = FramingOrigin(test_ca.issue("frame.test"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def fproxy(proxy_with: ProxyFactory, origin: FramingOrigin) -> Iterator[Proxy]:
-    with proxy_with(rules(origin.port), name="baseurl-answers", clean_stderr=True) as p:
-        yield p
-
-
-@pytest.fixture()
-def base(fproxy: Proxy, origin: FramingOrigin) -> Base:
-    origin.reset()
-    return Base(fproxy.port, origin.port)
+from tests.framingorigin import Base, Conn, FramingOrigin
 
 
 def fresh(base: Base) -> None:
@@ -64,7 +40,7 @@ def fresh(base: Base) -> None:
     ids=["content-length", "chunked", "until-close", "head", "204", "304"],
 )
 def test_each_framing_arrives_whole_and_in_step(
-    base: Base, origin: FramingOrigin, method: str, path: str, status: int, body: bytes,
+    base: Base, framing_origin: FramingOrigin, method: str, path: str, status: int, body: bytes,
     framing: tuple[str, str | None], kept: bool,
 ) -> None:
     with Conn(base.proxy) as c:
@@ -79,12 +55,12 @@ def test_each_framing_arrives_whole_and_in_step(
             assert c.rest(0.1) == (b"", False)
         else:
             assert c.rest(2.0) == (b"", True)
-    targets = [g.target for g in origin.settled(2 if kept else 1)]
+    targets = [g.target for g in framing_origin.settled(2 if kept else 1)]
     assert targets == ([path, "/next"] if kept else [path])
 
 
 def test_a_second_response_from_the_origin_reaches_no_client(
-    base: Base, origin: FramingOrigin
+    base: Base, framing_origin: FramingOrigin
 ) -> None:
     with Conn(base.proxy) as c:
         c.send(base.get("/twice"))
@@ -95,7 +71,7 @@ def test_a_second_response_from_the_origin_reaches_no_client(
         assert after is not None and after.body == b"GET /next 0", after
         assert c.rest(0.2) == (b"", False)
     fresh(base)
-    got = origin.settled(3)
+    got = framing_origin.settled(3)
     assert [g.target for g in got] == ["/twice", "/next", "/fresh"]
     # The connection with the unread response was not kept for another request.
     assert got[0].conn not in {got[1].conn, got[2].conn}
@@ -103,7 +79,7 @@ def test_a_second_response_from_the_origin_reaches_no_client(
 
 @pytest.mark.parametrize(("path", "informational"), [("/hints", 103), ("/continue", 100)])
 def test_an_informational_answer_before_the_real_one(
-    base: Base, origin: FramingOrigin, path: str, informational: int
+    base: Base, framing_origin: FramingOrigin, path: str, informational: int
 ) -> None:
     """The origin sends a 1xx and its 200 ("final") at once, to a GET without Expect. The
     informational answer is skipped (the proxy asked for none; a 103 is only a hint) and the
@@ -119,12 +95,12 @@ def test_an_informational_answer_before_the_real_one(
         assert after is not None and after.body == b"GET /next 0", after
         assert c.rest(0.2) == (b"", False)  # nothing more: no second answer, still open
     fresh(base)
-    got = origin.settled(3)
+    got = framing_origin.settled(3)
     assert [g.target for g in got] == [path, "/next", "/fresh"]
 
 
 def test_expect_100_and_an_origin_that_sends_its_own_100(
-    base: Base, origin: FramingOrigin
+    base: Base, framing_origin: FramingOrigin
 ) -> None:
     with Conn(base.proxy, timeout=1.5) as c:
         c.send(base.req("POST", "/continue", b"Content-Length: 3\r\nExpect: 100-continue\r\n",
@@ -140,12 +116,14 @@ def test_expect_100_and_an_origin_that_sends_its_own_100(
         # for the answer, and the 200 was lost).
         assert statuses == [100, 200] and not c.eof
     fresh(base)
-    got = origin.settled(2)
+    got = framing_origin.settled(2)
     assert [(g.target, g.body, g.values("expect")) for g in got] == [
         ("/continue", b"abc", []), ("/fresh", b"", [])]
 
 
-def test_a_body_cut_off_upstream_never_looks_complete(base: Base, origin: FramingOrigin) -> None:
+def test_a_body_cut_off_upstream_never_looks_complete(
+    base: Base, framing_origin: FramingOrigin
+) -> None:
     """The origin declares 100 bytes, sends 10 and closes."""
     with Conn(base.proxy) as c:
         c.send(base.get("/cut"))
@@ -158,4 +136,4 @@ def test_a_body_cut_off_upstream_never_looks_complete(base: Base, origin: Framin
         assert b"only ten b" not in answer.body
         assert c.rest(2.0) == (b"", True)
     fresh(base)
-    assert [g.target for g in origin.settled(2)] == ["/cut", "/fresh"]
+    assert [g.target for g in framing_origin.settled(2)] == ["/cut", "/fresh"]

@@ -10,36 +10,13 @@ The answers' side is tests/security/test_baseurl_answers.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
 
-from tests.dnsstub import StubDNS
-from tests.framingorigin import Answer, Base, Conn, FramingOrigin, Got, rules
-from tests.harness import OriginCA, Proxy, ProxyFactory
+from tests.framingorigin import Answer, Base, Conn, FramingOrigin, Got
 
 SMUGGLED = "/smuggled"  # the path of every request hidden inside another
-
-
-@pytest.fixture(scope="module")
-def origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[FramingOrigin]:
-    dns.set("frame.test", "A 127.0.0.1")
-    server = FramingOrigin(test_ca.issue("frame.test"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def fproxy(proxy_with: ProxyFactory, origin: FramingOrigin) -> Iterator[Proxy]:
-    with proxy_with(rules(origin.port), name="baseurl-framing", clean_stderr=True) as p:
-        yield p
-
-
-@pytest.fixture()
-def base(fproxy: Proxy, origin: FramingOrigin) -> Base:
-    origin.reset()
-    return Base(fproxy.port, origin.port)
 
 
 def answers(conn: Conn, method: str = "GET") -> list[Answer]:
@@ -61,7 +38,7 @@ def seen(got: list[Got]) -> list[tuple[str, str, bytes]]:
     return [(g.method, g.target, g.body) for g in got]
 
 
-def test_keep_alive_three_gets_on_one_connection(base: Base, origin: FramingOrigin) -> None:
+def test_keep_alive_three_gets_on_one_connection(base: Base, framing_origin: FramingOrigin) -> None:
     paths = ["/v1/a", "/v1/b?x=1&y=%2F", "/"]
     with Conn(base.proxy) as c:
         for path in paths:
@@ -70,17 +47,17 @@ def test_keep_alive_three_gets_on_one_connection(base: Base, origin: FramingOrig
             assert answer is not None and answer.status == 200, answer
             assert answer.body == f"GET {path} 0".encode() and answer.complete
         assert c.rest(0.1) == (b"", False)  # kept open, nothing extra
-    got = origin.settled(3)
+    got = framing_origin.settled(3)
     assert seen(got) == [("GET", p, b"") for p in paths]
     for g in got:
-        assert g.values("host") == [f"frame.test:{origin.port}"]
+        assert g.values("host") == [f"frame.test:{framing_origin.port}"]
         assert not g.values("proxy-authorization")
     assert len({g.conn for g in got}) == 1  # one upstream connection, kept
 
 
 @pytest.mark.parametrize("body", [b"", b"abc", b"a\r\n\r\nb\x00\xff" * 50], ids=["0", "3", "450"])
 def test_a_content_length_body_arrives_byte_exact(
-    base: Base, origin: FramingOrigin, body: bytes
+    base: Base, framing_origin: FramingOrigin, body: bytes
 ) -> None:
     with Conn(base.proxy) as c:
         c.send(base.req("POST", "/up", b"Content-Length: %d\r\n" % len(body), body))
@@ -88,7 +65,7 @@ def test_a_content_length_body_arrives_byte_exact(
         first, second = c.answer(), c.answer()
     assert first is not None and first.body == b"POST /up %d" % len(body)
     assert second is not None and second.body == b"GET /after 0"
-    got = origin.settled(2)
+    got = framing_origin.settled(2)
     assert seen(got) == [("POST", "/up", body), ("GET", "/after", b"")]
     assert got[0].values("content-length") == [str(len(body))]
 
@@ -175,7 +152,7 @@ def payload(base: Base, case: Case) -> bytes:
 @pytest.mark.parametrize("second", [False, True], ids=["first", "after-a-get"])
 @pytest.mark.parametrize("name", CASES)
 def test_a_request_is_framed_once_and_alone(
-    base: Base, origin: FramingOrigin, name: str, second: bool
+    base: Base, framing_origin: FramingOrigin, name: str, second: bool
 ) -> None:
     case = CASES[name]
     with Conn(base.proxy) as c:
@@ -202,36 +179,36 @@ def test_a_request_is_framed_once_and_alone(
     if case.sees is not None:
         method, target, body = case.sees
         expected.append((method, target, body.replace(INNER, inner(base))))
-    assert seen(origin.settled(len(expected + after))) == expected + after
+    assert seen(framing_origin.settled(len(expected + after))) == expected + after
 
 
-def test_no_host_header_is_refused(base: Base, origin: FramingOrigin) -> None:
+def test_no_host_header_is_refused(base: Base, framing_origin: FramingOrigin) -> None:
     with Conn(base.proxy) as c:
         c.send(base.get("/nohost").replace(b"Host: 127.0.0.1:%d\r\n" % base.proxy, b""))
         answer = c.answer()
         assert answer is not None and answer.status == 400
         assert answer.header("x-sealgate-error") == "bad_request"
         assert c.rest(2.0) == (b"", True)
-    assert seen(origin.settled(1, timeout=0.3)) == []
+    assert seen(framing_origin.settled(1, timeout=0.3)) == []
 
 
-def test_bare_lf_throughout_is_read_as_crlf(base: Base, origin: FramingOrigin) -> None:
+def test_bare_lf_throughout_is_read_as_crlf(base: Base, framing_origin: FramingOrigin) -> None:
     # today's behaviour: a request with only LF line ends is accepted and forwarded
     with Conn(base.proxy) as c:
         c.send(base.get("/lf").replace(b"\r\n", b"\n"))
         answer = c.answer()
         assert answer is not None and (answer.status, answer.body) == (200, b"GET /lf 0")
-    assert seen(origin.settled(1)) == [("GET", "/lf", b"")]
+    assert seen(framing_origin.settled(1)) == [("GET", "/lf", b"")]
 
 
 @pytest.mark.parametrize(("scheme", "status"), [("https", 200), ("http", 502)])
 def test_absolute_form_is_not_a_base_url(
-    base: Base, origin: FramingOrigin, scheme: str, status: int
+    base: Base, framing_origin: FramingOrigin, scheme: str, status: int
 ) -> None:
     """`GET https://frame.test:<port>/abs` to the proxy: an ordinary proxy request. Over http
     the proxy dials the TLS origin in plain text (no credential goes, so no rule forbids it):
     the origin reads nothing, the client gets a 502."""
-    authority = b"frame.test:%d" % origin.port
+    authority = b"frame.test:%d" % framing_origin.port
     with Conn(base.proxy) as c:
         c.send(b"GET %s://%s/abs HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
             scheme.encode(), authority, authority, base.std.partition(b"\r\n")[2]))
@@ -242,11 +219,11 @@ def test_absolute_form_is_not_a_base_url(
         else:
             assert answer.header("x-sealgate-error") == "upstream_reset"
             assert c.rest(2.0) == (b"", True)
-    assert seen(origin.settled(1 if status == 200 else 0)) == (
+    assert seen(framing_origin.settled(1 if status == 200 else 0)) == (
         [("GET", "/abs", b"")] if status == 200 else [])
 
 
-def test_simple_then_chunked_then_simple(base: Base, origin: FramingOrigin) -> None:
+def test_simple_then_chunked_then_simple(base: Base, framing_origin: FramingOrigin) -> None:
     requests = [base.get("/one"),
                 base.req("POST", "/two", b"Transfer-Encoding: chunked\r\n",
                          b"4\r\nGET \r\n5\r\n/_/x \r\n0\r\n\r\n"),
@@ -257,13 +234,13 @@ def test_simple_then_chunked_then_simple(base: Base, origin: FramingOrigin) -> N
             c.send(request)
             assert (a := c.answer()) is not None and a.body == body, a
         assert c.rest(0.1) == (b"", False)
-    assert seen(origin.settled(3)) == [
+    assert seen(framing_origin.settled(3)) == [
         ("GET", "/one", b""), ("POST", "/two", b"GET /_/x "), ("POST", "/three", b"xyz")]
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["two-gets", "get-chunked-get"])
 def test_pipelined_requests_are_answered_in_order(
-    base: Base, origin: FramingOrigin, mixed: bool
+    base: Base, framing_origin: FramingOrigin, mixed: bool
 ) -> None:
     requests = [base.get("/p1")]
     if mixed:
@@ -277,4 +254,4 @@ def test_pipelined_requests_are_answered_in_order(
     expected = [("GET", "/p1", b""), *([("POST", "/p2", b"hi")] if mixed else []),
                 ("GET", "/p3", b"")]
     assert bodies == [b"%s %s %d" % (m.encode(), t.encode(), len(b)) for m, t, b in expected]
-    assert seen(origin.settled(len(expected))) == expected
+    assert seen(framing_origin.settled(len(expected))) == expected
