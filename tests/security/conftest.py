@@ -21,9 +21,14 @@ def framing_origin(test_ca: OriginCA, dns: StubDNS) -> Iterator[FramingOrigin]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def framing_proxy(proxy_with: ProxyFactory, framing_origin: FramingOrigin) -> Iterator[Proxy]:
-    with proxy_with(rules(framing_origin.port), name="baseurl-framing",
+@pytest.fixture(scope="module", params=["fast-path", "mitmproxy"])
+def framing_proxy(request: pytest.FixtureRequest, proxy_with: ProxyFactory,
+                  framing_origin: FramingOrigin) -> Iterator[Proxy]:
+    """Each suite runs against both engines that serve base-URL requests: the fast path
+    (proxy/engine/fastpath.py) and, with it turned off, mitmproxy's layers. A message the two
+    framed differently would be a smuggled one: both must give the same outcome."""
+    options = ["--set", "sealgate_fast_path=false"] if request.param == "mitmproxy" else []
+    with proxy_with(rules(framing_origin.port), name="baseurl-framing", options=options,
                     clean_stderr=True) as p:
         yield p
 
