@@ -49,6 +49,7 @@ class FastPath(Protocol):
 
 
 _SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_ENDED: Final = "sealgate_fast_ended"  # in a flow's metadata: its response or error hook ran
 _RESPONSE_HEAD_BYTES: Final = 64 * 1024
 _INTERIM_MAX: Final = 8  # informational answers skipped before the final one, at most
 
@@ -70,10 +71,25 @@ async def hook(event: hooks.Hook) -> None:
 async def exchange(fast: FastPath, wire: Wire, client: connection.Client,
                    request: http.Request) -> bool:
     """Serve `request` on the client connection `wire`; whether the connection may carry
-    another request."""
+    another request. Every flow ends with a `response` or an `error` hook, as mitmproxy's
+    do: a flow an addon killed, or one its client left, gets the error hook (the pipeline's
+    audit line, and the end of its time in flight, which a drain waits for; found by
+    tests/security/test_fast_path_attacks.py)."""
     flow_ = http.HTTPFlow(client, connection.Server(address=None))
     flow_.request = request
     flow_.live = True
+    try:
+        return await _served(fast, wire, flow_)
+    finally:
+        if not flow_.metadata.get(_ENDED):
+            if flow_.error is None:
+                flow_.error = flow.Error("Client disconnected.")
+            flow_.live = False
+            await hook(http_layer.HttpErrorHook(flow_))
+
+
+async def _served(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
+    request = flow_.request
     await _hooked(http_layer.HttpRequestHeadersHook(flow_))
     if _killed(flow_):
         return False
@@ -315,9 +331,12 @@ def _pieces(out: bytes | Iterable[bytes]) -> Iterable[bytes]:
 
 
 async def _hooked(event: hooks.Hook) -> None:
-    """A flow hook, and what mitmproxy does after one: wait while an addon holds the flow."""
-    await hook(event)
+    """A flow hook, and what mitmproxy does after one: wait while an addon holds the flow.
+    The flow's last hook (`response` or `error`) is noted on it."""
     flow_ = event.args()[0]
+    if isinstance(event, http_layer.HttpResponseHook | http_layer.HttpErrorHook):
+        flow_.metadata[_ENDED] = True
+    await hook(event)
     if flow_.intercepted:
         await flow_.wait_for_resume()
 
