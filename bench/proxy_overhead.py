@@ -282,19 +282,14 @@ def _base_url_section(results: list[Result]) -> list[str]:
         for c in (1, 16, 64):
             if found := ratios(results, kind, c, "sealgate-base", "sealgate"):
                 lines.append(f"| {label} | {c} | {fmt_ratio(found)} |")
-    lines += ["", "Why less than the targets: on a kept-alive connection the client leg's TLS "
-              "records are a small share of what sealgate spends per request (HTTP parsing, the "
-              "decision, the upstream leg's TLS, mitmproxy's event machinery), so leaving them "
-              "out gains little. A new connection, in base-URL mode or intercepted, now rides an "
-              "upstream connection kept from an earlier client connection of the same sandbox "
-              "(proxy/engine/pool.py), so it no longer pays an upstream TCP and TLS handshake; "
-              "what is left is mitmproxy's per-connection set-up (its layers, tasks and "
-              "hooks: the connection, the flow) and, intercepted, the client-side handshake. "
-              "A profile (py-spy, base-URL new connections) found a tenth of the worker in "
-              "the reclaimer's full garbage collections, now spaced by their own cost "
-              "(proxy/engine/memory.py); the rest is spread over mitmproxy's layers, its hook "
-              "dispatch (a task and a walk of the addon chain per hook) and sealgate's hooks, "
-              "with no single large share left to cut."]
+    lines += ["", "Base-URL requests are served by the fast path (proxy/engine/fastpath.py: "
+              "plain HTTP/1.1 without mitmproxy's layers, the pipeline's hooks on the same flow "
+              "objects, an upstream connection per client connection, kept for the next client "
+              "connection of the same sandbox after it); intercepted HTTPS goes through "
+              "mitmproxy's layers and pays the client-side TLS handshake on a new connection. "
+              "What a base-URL request still costs is mostly sealgate's own steps (the "
+              "decision, identity, budget, injection, the audit line) and the upstream leg's "
+              "TLS: docs/performance-floor.md puts it beside a bare Python forwarder."]
     return lines
 
 

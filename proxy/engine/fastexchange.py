@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from mitmproxy import connection, ctx, flow, hooks, http
 from mitmproxy.net.http import http1
@@ -31,7 +31,7 @@ from mitmproxy.net.http.validate import validate_headers
 from mitmproxy.proxy.layers.http import _hooks as http_layer
 
 from . import deadline, keeping, upstream
-from .fastdial import Dialer, Line
+from .fastdial import Lease, Line
 from .fastwire import Wire, WireError, body, chunked, framed
 from .limits import META, HttpLimits
 from .pool import Key
@@ -40,8 +40,6 @@ from .pool import Key
 class FastPath(Protocol):
     """What an exchange reads of the fast path (fastpath.py's addon)."""
 
-    @property
-    def dialer(self) -> Dialer: ...
     @property
     def bounds(self) -> HttpLimits: ...
     @property
@@ -68,18 +66,26 @@ async def hook(event: hooks.Hook) -> None:
     await ctx.master.addons.handle_lifecycle(event)
 
 
-async def exchange(fast: FastPath, wire: Wire, client: connection.Client,
-                   request: http.Request) -> bool:
+class Taken(NamedTuple):
+    """A request the fast path took (fastpath.py), and its body's length as its head framed
+    it (no other framing is taken)."""
+
+    request: http.Request
+    length: int
+
+
+async def exchange(fast: FastPath, wire: Wire, lease: Lease, client: connection.Client,
+                   taken: Taken) -> bool:
     """Serve `request` on the client connection `wire`; whether the connection may carry
     another request. Every flow ends with a `response` or an `error` hook, as mitmproxy's
     do: a flow an addon killed, or one its client left, gets the error hook (the pipeline's
     audit line, and the end of its time in flight, which a drain waits for; found by
     tests/security/test_fast_path_attacks.py)."""
     flow_ = http.HTTPFlow(client, connection.Server(address=None))
-    flow_.request = request
+    flow_.request = taken.request
     flow_.live = True
     try:
-        return await _served(fast, wire, flow_)
+        return await _served(fast, wire, lease, flow_, taken.length)
     finally:
         if not flow_.metadata.get(_ENDED):
             if flow_.error is None:
@@ -88,12 +94,12 @@ async def exchange(fast: FastPath, wire: Wire, client: connection.Client,
             await hook(http_layer.HttpErrorHook(flow_))
 
 
-async def _served(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
+async def _served(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow,
+                  expected: int) -> bool:
     request = flow_.request
     await _hooked(http_layer.HttpRequestHeadersHook(flow_))
     if _killed(flow_):
         return False
-    expected = int(request.headers.get("content-length", "0") or 0)
     try:
         content = b"".join([chunk async for chunk in body(wire, expected)]) if expected else b""
     except WireError:
@@ -114,7 +120,7 @@ async def _served(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
     if flow_.response is not None:  # answered by an addon (a refusal, say)
         return await _answered(wire, flow_)
     try:
-        return await _forwarded(fast, wire, flow_)
+        return await _forwarded(fast, wire, lease, flow_)
     except _Failed as failed:
         flow_.error = flow.Error(failed.message)
         await _hooked(http_layer.HttpErrorHook(flow_))
@@ -141,7 +147,7 @@ async def _answered(wire: Wire, flow_: http.HTTPFlow) -> bool:
     return _keeps(flow_.request, response)
 
 
-async def _forwarded(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
+async def _forwarded(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow) -> bool:
     request = flow_.request
     record = flow_.metadata.get(META)
     pin, tenant = getattr(record, "pin", None), getattr(record, "tenant", "")
@@ -151,8 +157,7 @@ async def _forwarded(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
               tenant)
     sent = keeping.kept_request(request)
     message = http1.assemble_request_head(sent) + (request.raw_content or b"")
-    wait = deadline.seconds(flow_, fast.bounds.response_seconds)
-    line, response = await _asked(fast, flow_, key, message, wait)
+    line, response = await _asked(fast, lease, flow_, key, message)
     expected = _framing(request, response)
     flow_.response = response
     await _hooked(http_layer.HttpResponseHeadersHook(flow_))
@@ -169,18 +174,20 @@ async def _forwarded(fast: FastPath, wire: Wire, flow_: http.HTTPFlow) -> bool:
         raise
     if kept and expected != -1 and not http1.connection_close(response.http_version,
                                                               response.headers):
-        fast.dialer.give_back(line)
+        lease.keep(line)
     else:
         line.close()
     return kept and _keeps(request, flow_.response)
 
 
-async def _asked(fast: FastPath, flow_: http.HTTPFlow, key: Key, message: bytes,
-                 wait: float) -> tuple[Line, http.Response]:
-    """The request sent, and the final response head read, on a kept or new connection."""
+async def _asked(fast: FastPath, lease: Lease, flow_: http.HTTPFlow, key: Key,
+                 message: bytes) -> tuple[Line, http.Response]:
+    """The request sent, and the final response head read (within the response deadline),
+    on a kept or new connection."""
+    wait = deadline.seconds(flow_, fast.bounds.response_seconds)
     for attempt in (1, 2):
         try:
-            line = await fast.dialer.line(key)
+            line = await lease.line(key)
         except OSError as exc:
             raise _Failed(502, str(exc) or type(exc).__name__) from None
         _record_dial(flow_.server_conn, key, line)
@@ -261,7 +268,7 @@ async def _relay(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int | N
                 writer.write(framed(piece, out_chunked))
             if _killed(flow_):  # cut off on the way (a body that failed to decode)
                 return False
-            await writer.drain()
+            await wire.drain()
     except (WireError, OSError) as exc:
         flow_.error = flow.Error(f"HTTP/1 protocol error: {exc}")
         await _hooked(http_layer.HttpErrorHook(flow_))
@@ -275,7 +282,7 @@ async def _relay(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int | N
         return False
     if out_chunked and flow_.request.method.upper() != "HEAD":
         writer.write(b"0\r\n\r\n")
-    await writer.drain()
+    await wire.drain()
     return True
 
 
@@ -311,7 +318,7 @@ async def _send_whole(wire: Wire, request: http.Request, response: http.Response
     if out_chunked and request.method.upper() != "HEAD":
         data += b"0\r\n\r\n"
     wire.writer.write(data)
-    await wire.writer.drain()
+    await wire.drain()
 
 
 def _keeps(request: http.Request, response: http.Response | None) -> bool:

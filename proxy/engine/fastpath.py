@@ -53,7 +53,7 @@ from mitmproxy.proxy.layers.http import HTTPMode, _http1, validate_request
 
 from . import fastexchange, limits, upstream
 from .conncap import ConnectionGate
-from .fastdial import Dialer, tls_context
+from .fastdial import Dialer, Lease, tls_context
 from .fastwire import HeadTooLarge, Wire, WireError
 
 logger = logging.getLogger("sealgate")
@@ -147,6 +147,7 @@ class _Connection:
         # (once client_connected has it, client_disconnected releases it).
         held = gate is not None
         client: connection.Client | None = None
+        lease = Lease(self.fast.dialer)
         handing = b""
         try:
             while True:
@@ -154,8 +155,8 @@ class _Connection:
                 if head is None:
                     break
                 raw, lines = head
-                request = self._taken(lines, len(raw))
-                if request is None:
+                taken = self._taken(lines, len(raw))
+                if taken is None:
                     handing = raw + self.wire.unread()
                     break
                 if client is None:
@@ -168,7 +169,7 @@ class _Connection:
                     await fastexchange.hook(server_hooks.ClientConnectedHook(client))
                     if client.error:
                         break
-                if not await fastexchange.exchange(self.fast, self.wire, client, request):
+                if not await fastexchange.exchange(self.fast, self.wire, lease, client, taken):
                     break
         except HeadTooLarge:
             handing = self.wire.unread()  # mitmproxy's to refuse (431), as it refuses any
@@ -178,6 +179,7 @@ class _Connection:
             logger.exception("sealgate: internal error on a fast-path connection; closed")
             handing = b""
         finally:
+            lease.end()
             if client is not None:
                 if handing and gate is not None and not client.error:
                     # Counted on across the hand-over: the fast part's count is released by
@@ -221,7 +223,7 @@ class _Connection:
             wire.writer.write(upstream.refused_head(denial))
             return None
 
-    def _taken(self, lines: list[bytes], size: int) -> Any:
+    def _taken(self, lines: list[bytes], size: int) -> fastexchange.Taken | None:
         """The request the fast path takes, as mitmproxy's HTTP/1 server reads it; None for
         one it leaves to mitmproxy (which then reads, answers or refuses it as always)."""
         bounds = self.fast.bounds
@@ -256,7 +258,7 @@ class _Connection:
         if not request.data.host:
             request.data.host, request.data.port, request.scheme = host, port or 80, "http"
         request.authority = ""
-        return request
+        return fastexchange.Taken(request, expected)
 
 
 def _put_back(reader: asyncio.StreamReader, data: bytes) -> bool:

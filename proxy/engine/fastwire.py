@@ -78,6 +78,14 @@ class Wire:
             self.buf += data
         return bool(data)
 
+    async def drain(self) -> None:
+        """Wait until what was written can be sent, `idle` seconds at most: a peer that does
+        not read is one that left (TimeoutError, an OSError, as a reset is). Nothing to wait
+        for when nothing is left unsent."""
+        if self.writer.transport.get_write_buffer_size():
+            async with asyncio.timeout(self.idle):
+                await self.writer.drain()
+
     def unread(self) -> bytes:
         """Everything read and not used, taken out of the buffer."""
         data, self.buf = bytes(self.buf), ReceiveBuffer()
