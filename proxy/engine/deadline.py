@@ -20,9 +20,10 @@ the whole timeout: at 5,000 requests a second and 60 s, 300,000 of them. mitm.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from mitmproxy import http
 from mitmproxy.net.http import status_codes
@@ -57,10 +58,24 @@ class Deadline(commands.RequestWakeup):
 _WAITING: weakref.WeakSet[Deadline] = weakref.WeakSet()
 
 
+_FAST_WAITING = [0]  # the fast path's waits (fastexchange.py), timed by asyncio.timeout
+
+
 def pending() -> int:
     """How many response deadlines are waiting: requests sent in full, no response head yet.
     A met deadline's timer ends at once, so this is never more than the requests waiting."""
-    return sum(1 for d in _WAITING if d.timer is not None and not d.timer.cancelled())
+    return _FAST_WAITING[0] + sum(
+        1 for d in _WAITING if d.timer is not None and not d.timer.cancelled())
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """A fast-path request waiting for its response head, counted in `pending`."""
+    _FAST_WAITING[0] += 1
+    try:
+        yield
+    finally:
+        _FAST_WAITING[0] -= 1
 
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:

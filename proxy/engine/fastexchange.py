@@ -52,6 +52,10 @@ _RESPONSE_HEAD_BYTES: Final = 64 * 1024
 _INTERIM_MAX: Final = 8  # informational answers skipped before the final one, at most
 
 
+class ClientGone(WireError):
+    """The client's connection ended while its request waited for an answer."""
+
+
 class _Failed(Exception):
     """The exchange failed after the request head: `status` and `message` as mitmproxy reports
     such a failure (upstream.failure reads the reason from the message)."""
@@ -97,15 +101,15 @@ async def exchange(fast: FastPath, wire: Wire, lease: Lease, client: connection.
 async def _served(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow,
                   expected: int) -> bool:
     request = flow_.request
-    await _hooked(http_layer.HttpRequestHeadersHook(flow_))
-    if _killed(flow_):
+    await hooked(http_layer.HttpRequestHeadersHook(flow_))
+    if killed(flow_):
         return False
     try:
         content = b"".join([chunk async for chunk in body(wire, expected)]) if expected else b""
     except WireError:
         # The client stopped sending its body: mitmproxy's words for it.
         flow_.error = flow.Error("Client disconnected.")
-        await _hooked(http_layer.HttpErrorHook(flow_))
+        await hooked(http_layer.HttpErrorHook(flow_))
         return False
     request.timestamp_end = time.time()
     if flow_.response is not None and expected:
@@ -114,8 +118,8 @@ async def _served(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow
         flow_.response.headers["connection"] = "close"
     else:
         request.data.content = content
-        await _hooked(http_layer.HttpRequestHook(flow_))
-        if _killed(flow_):
+        await hooked(http_layer.HttpRequestHook(flow_))
+        if killed(flow_):
             return False
     if flow_.response is not None:  # answered by an addon (a refusal, say)
         return await _answered(wire, flow_)
@@ -123,7 +127,7 @@ async def _served(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow
         return await _forwarded(fast, wire, lease, flow_)
     except _Failed as failed:
         flow_.error = flow.Error(failed.message)
-        await _hooked(http_layer.HttpErrorHook(flow_))
+        await hooked(http_layer.HttpErrorHook(flow_))
         if flow_.response is None:  # nothing of an answer has gone to the client yet
             wire.writer.write(upstream.error_response(failed.status, failed.message))
         return False
@@ -134,17 +138,17 @@ async def _answered(wire: Wire, flow_: http.HTTPFlow) -> bool:
     though it had come, then response), as mitmproxy sends it."""
     assert flow_.response is not None
     flow_.response.timestamp_start = time.time()
-    await _hooked(http_layer.HttpResponseHeadersHook(flow_))
-    if _killed(flow_):
+    await hooked(http_layer.HttpResponseHeadersHook(flow_))
+    if killed(flow_):
         return False
-    await _hooked(http_layer.HttpResponseHook(flow_))
-    if _killed(flow_):
+    await hooked(http_layer.HttpResponseHook(flow_))
+    if killed(flow_):
         return False
     response = flow_.response
     assert response is not None
     response.timestamp_end = time.time()
     await _send_whole(wire, flow_.request, response)
-    return _keeps(flow_.request, response)
+    return keeps(flow_.request, response)
 
 
 async def _forwarded(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow) -> bool:
@@ -157,12 +161,12 @@ async def _forwarded(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPF
               tenant)
     sent = keeping.kept_request(request)
     message = http1.assemble_request_head(sent) + (request.raw_content or b"")
-    line, response = await _asked(fast, lease, flow_, key, message)
+    line, response = await _asked(fast, wire, lease, flow_, key=key, message=message)
     expected = _framing(request, response)
     flow_.response = response
-    await _hooked(http_layer.HttpResponseHeadersHook(flow_))
+    await hooked(http_layer.HttpResponseHeadersHook(flow_))
     try:
-        if _killed(flow_):
+        if killed(flow_):
             return False
         answer = flow_.response
         if answer.stream:
@@ -172,29 +176,34 @@ async def _forwarded(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPF
     except BaseException:
         line.close()
         raise
-    if kept and expected != -1 and not http1.connection_close(response.http_version,
-                                                              response.headers):
+    # A client that left before its answer (its end read meanwhile, or its TLS reset):
+    # closed, not kept, as mitmproxy closes a flow's connection when its client goes.
+    gone = wire.writer.is_closing() or wire.reader.at_eof()
+    if kept and expected != -1 and not gone and not http1.connection_close(
+            response.http_version, response.headers):
         lease.keep(line)
     else:
         line.close()
-    return kept and _keeps(request, flow_.response)
+    return kept and keeps(request, flow_.response)
 
 
-async def _asked(fast: FastPath, lease: Lease, flow_: http.HTTPFlow, key: Key,
+async def _asked(fast: FastPath, wire: Wire, lease: Lease, flow_: http.HTTPFlow, *, key: Key,
                  message: bytes) -> tuple[Line, http.Response]:
     """The request sent, and the final response head read (within the response deadline),
     on a kept or new connection."""
     wait = deadline.seconds(flow_, fast.bounds.response_seconds)
     for attempt in (1, 2):
         try:
-            line = await lease.line(key)
+            line = await lease.line(key, fresh=attempt > 1)  # sent again: on a new one
         except OSError as exc:
             raise _Failed(502, str(exc) or type(exc).__name__) from None
         _record_dial(flow_.server_conn, key, line)
         line.writer.write(message)
         try:
-            async with asyncio.timeout(wait):
-                response = await _final_head(line.wire)
+            response = await _head_while_there(wire, line, wait)
+        except ClientGone:
+            line.close()
+            raise
         except TimeoutError:
             line.close()
             raise _Failed(504, deadline.message(wait)) from None
@@ -211,6 +220,34 @@ async def _asked(fast: FastPath, lease: Lease, flow_: http.HTTPFlow, key: Key,
         if not _stale(line, attempt, flow_.request):
             break
     raise _Failed(502, "server closed connection")
+
+
+async def _head_while_there(client: Wire, line: Line, wait: float) -> http.Response | None:
+    """The final response head within `wait` (TimeoutError after it), cut short when the
+    client's connection ends meanwhile (ClientGone): as mitmproxy ends a flow whose client
+    left, the request is answered to no one and its upstream connection, mid-exchange, closed;
+    nothing is held until the deadline for a client that is gone."""
+    task = asyncio.current_task()
+    closed: asyncio.Future[None] = vars(client.writer)["_protocol"]._get_close_waiter(
+        client.writer)
+    left: list[bool] = []
+
+    def gone(_: object) -> None:
+        if task is not None:
+            left.append(True)
+            task.cancel()
+
+    closed.add_done_callback(gone)
+    try:
+        with deadline.waiting():
+            async with asyncio.timeout(wait):
+                return await _final_head(line.wire)
+    except asyncio.CancelledError:
+        if left and task is not None and task.uncancel() == 0:
+            raise ClientGone("the client left before its answer") from None
+        raise
+    finally:
+        closed.remove_done_callback(gone)
 
 
 def _valid(response: http.Response, line: Line) -> None:
@@ -266,19 +303,19 @@ async def _relay(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int | N
         async for chunk in body(line.wire, expected):
             for piece in _pieces(stream(chunk) if stream else chunk):
                 writer.write(framed(piece, out_chunked))
-            if _killed(flow_):  # cut off on the way (a body that failed to decode)
+            if killed(flow_):  # cut off on the way (a body that failed to decode)
                 return False
             await wire.drain()
     except (WireError, OSError) as exc:
         flow_.error = flow.Error(f"HTTP/1 protocol error: {exc}")
-        await _hooked(http_layer.HttpErrorHook(flow_))
+        await hooked(http_layer.HttpErrorHook(flow_))
         return False
     if stream is not None:
         for piece in _pieces(stream(b"")):
             writer.write(framed(piece, out_chunked))
     answer.timestamp_end = time.time()
-    await _hooked(http_layer.HttpResponseHook(flow_))
-    if _killed(flow_):
+    await hooked(http_layer.HttpResponseHook(flow_))
+    if killed(flow_):
         return False
     if out_chunked and flow_.request.method.upper() != "HEAD":
         writer.write(b"0\r\n\r\n")
@@ -298,13 +335,13 @@ async def _buffered(wire: Wire, flow_: http.HTTPFlow, line: Line, expected: int 
         # Nothing of the answer has gone to the client: it gets the JSON failure instead.
         message = f"HTTP/1 protocol error: {exc}"
         flow_.error = flow.Error(message)
-        await _hooked(http_layer.HttpErrorHook(flow_))
+        await hooked(http_layer.HttpErrorHook(flow_))
         wire.writer.write(upstream.error_response(502, message))
         return False
     response.raw_content = b"".join(pieces)
     response.timestamp_end = time.time()
-    await _hooked(http_layer.HttpResponseHook(flow_))
-    if _killed(flow_) or flow_.response is None:
+    await hooked(http_layer.HttpResponseHook(flow_))
+    if killed(flow_) or flow_.response is None:
         return False
     await _send_whole(wire, flow_.request, flow_.response)
     return True
@@ -321,7 +358,7 @@ async def _send_whole(wire: Wire, request: http.Request, response: http.Response
     await wire.drain()
 
 
-def _keeps(request: http.Request, response: http.Response | None) -> bool:
+def keeps(request: http.Request, response: http.Response | None) -> bool:
     """Whether the client connection carries another request (mitmproxy's `mark_done`)."""
     if response is None:
         return False
@@ -337,7 +374,7 @@ def _pieces(out: bytes | Iterable[bytes]) -> Iterable[bytes]:
     return (out,) if isinstance(out, bytes) else out
 
 
-async def _hooked(event: hooks.Hook) -> None:
+async def hooked(event: hooks.Hook) -> None:
     """A flow hook, and what mitmproxy does after one: wait while an addon holds the flow.
     The flow's last hook (`response` or `error`) is noted on it."""
     flow_ = event.args()[0]
@@ -348,7 +385,7 @@ async def _hooked(event: hooks.Hook) -> None:
         await flow_.wait_for_resume()
 
 
-def _killed(flow_: http.HTTPFlow) -> bool:
+def killed(flow_: http.HTTPFlow) -> bool:
     return flow_.error is not None and flow_.error.msg == flow.Error.KILLED_MESSAGE
 
 

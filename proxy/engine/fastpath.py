@@ -37,21 +37,23 @@ what is alive out of later collections at such a moment: proxy/process/master.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from mitmproxy import connection, ctx
+from mitmproxy import connection, ctx, http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.net.http import http1, url
 from mitmproxy.net.http.http1.read import get_header_tokens
 from mitmproxy.proxy import mode_servers, mode_specs, server_hooks
+from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import HTTPMode, _http1, validate_request
 
-from . import fastexchange, limits, upstream
+from . import continued, fastconnect, fastexchange, fastleaf, handlers, limits, upstream
 from .conncap import ConnectionGate
 from .fastdial import Dialer, Lease, tls_context
 from .fastwire import HeadTooLarge, Wire, WireError
@@ -68,6 +70,8 @@ _TLS_OPTIONS: Final = {"client_certs": None, "ciphers_server": None,
 _VERIFY_OPTIONS: Final = {"ssl_insecure", "ssl_verify_upstream_trusted_ca",
                           "ssl_verify_upstream_trusted_confdir"}
 _CONNECTION_TOKENS: Final = frozenset({"keep-alive", "close"})
+_VERSIONS: Final = frozenset({"HTTP/1.1"})
+_CONNECT_VERSIONS: Final = frozenset({"HTTP/1.1", "HTTP/1.0"})
 
 _Handle = Callable[..., Coroutine[Any, Any, None]]
 
@@ -82,13 +86,15 @@ class FastPath:
         self.prefix = prefix
         self.prefix_bytes = prefix.encode()
         self.on = False
+        self.intercepts = False  # CONNECTs too: the client-leg TLS options are fastleaf's
+        self.leaves = fastleaf.Leaves()
         self.validate = True  # mitmproxy's validate_inbound_headers (request smuggling)
         self.taken = self.handed = 0  # connections, for the metrics
 
     def load(self, loader: Loader) -> None:
         loader.add_option(OPTION, bool, True, "Serve plain HTTP/1.1 requests (base-URL and "
-                          "absolute-form http://) without mitmproxy's layers "
-                          "(docs/architecture.md).")
+                          "absolute-form http://) and HTTP/1.1 inside CONNECT tunnels without "
+                          "mitmproxy's layers (docs/architecture.md).")
 
     def configure(self, updated: set[str]) -> None:
         options = ctx.options
@@ -107,6 +113,9 @@ class FastPath:
                     on = False
             self.dialer.configure(tls)
         self.on = on
+        self.intercepts = on and fastleaf.default(options)
+        if updated & ({"confdir"} | set(fastleaf.OPTIONS)):
+            self.leaves.clear()  # mitmproxy's TlsConfig loads its CA and certificates again
 
     def done(self) -> None:
         self.dialer.flush()
@@ -123,23 +132,31 @@ def front(handle_stream: _Handle, fast: FastPath) -> _Handle:
                 or not isinstance(reader, asyncio.StreamReader)):
             await handle_stream(self, reader, writer)
             return
-        await _Connection(fast, reader, writer).run(
-            functools.partial(handle_stream, self, reader, writer), self.mode)
+        await _Connection(fast, reader, writer, self).run(
+            functools.partial(handle_stream, self, reader, writer))
 
     return handle
 
 
+class _Pipeline(fastconnect.Pipeline, Protocol):
+    @property
+    def gate(self) -> ConnectionGate: ...
+
+
 class _Connection:
-    def __init__(self, fast: FastPath, reader: asyncio.StreamReader, writer: Any) -> None:
+    def __init__(self, fast: FastPath, reader: asyncio.StreamReader, writer: Any,
+                 instance: mode_servers.ServerInstance[Any]) -> None:
         self.fast = fast
         self.wire = Wire(reader, writer, fast.bounds.idle_seconds)
+        self.instance = instance
         self.peername = writer.get_extra_info("peername")
         self.sockname = writer.get_extra_info("sockname")
         self.source = str(self.peername[0])
+        self.tunnel: Context | None = None  # inside a CONNECT whose TLS the fast path ended
 
-    async def run(self, hand_over: Callable[[], Coroutine[Any, Any, None]],
-                  mode: mode_specs.ProxyMode) -> None:
-        gate: ConnectionGate | None = getattr(ctx.master.addons.get("sealgate"), "gate", None)
+    async def run(self, hand_over: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        pipeline: _Pipeline | None = ctx.master.addons.get("sealgate")
+        gate = pipeline.gate if pipeline is not None else None
         if gate is not None and gate.admit(self.source) is not None:
             self.wire.writer.close()  # as the pipeline's client_connected refuses it
             return
@@ -149,38 +166,63 @@ class _Connection:
         client: connection.Client | None = None
         lease = Lease(self.fast.dialer)
         handing = b""
+        going_on: Callable[[], Coroutine[Any, Any, None]] | None = None  # continued.py's
+        registered = contextlib.ExitStack()  # mitm.close_client finds the connection there
         try:
             while True:
                 head = await self._head()
                 if head is None:
                     break
                 raw, lines = head
-                taken = self._taken(lines, len(raw))
+                connect = self.tunnel is None and lines[0][:8] == b"CONNECT "
+                taken = self._connect(lines, len(raw), pipeline) if connect else self._taken(
+                    lines, len(raw))
                 if taken is None:
-                    handing = raw + self.wire.unread()
+                    if self.tunnel is not None:  # inside TLS: only mitmproxy can go on
+                        going_on = self._go_on(raw + self.wire.unread(), plain=self.tunnel)
+                    else:
+                        handing = raw + self.wire.unread()
                     break
                 if client is None:
                     self.fast.taken += 1
                     if held and gate is not None:
                         gate.pass_on(self.peername)
                         held = False
-                    client = connection.Client(peername=self.peername, sockname=self.sockname,
-                                               timestamp_start=time.time(), proxy_mode=mode)
+                    client = connection.Client(
+                        peername=self.peername, sockname=self.sockname, timestamp_start=time.time(),
+                        proxy_mode=self.instance.mode, state=connection.ConnectionState.OPEN)
                     await fastexchange.hook(server_hooks.ClientConnectedHook(client))
                     if client.error:
                         break
-                if not await fastexchange.exchange(self.fast, self.wire, lease, client, taken):
+                    registered.enter_context(handlers.fast(client.id, self._close))
+                if isinstance(taken, http.Request):
+                    assert pipeline is not None
+                    entered = await fastconnect.enter(
+                        self.wire, client, taken, leaves=self.fast.leaves, pipeline=pipeline)
+                    if isinstance(entered, fastconnect.Terminated):
+                        self.wire, self.tunnel = entered.wire, entered.context
+                    elif isinstance(entered, fastconnect.Handed):
+                        going_on = self._go_on(self.wire.unread(), raw=entered)
+                        break
+                    elif entered is None or not entered.keeps:
+                        break
+                elif not await fastexchange.exchange(self.fast, self.wire, lease, client, taken):
                     break
         except HeadTooLarge:
-            handing = self.wire.unread()  # mitmproxy's to refuse (431), as it refuses any
+            # mitmproxy's to refuse (431), as it refuses any
+            if self.tunnel is not None:
+                going_on = self._go_on(self.wire.unread(), plain=self.tunnel)
+            else:
+                handing = self.wire.unread()
         except (WireError, OSError):
             pass  # the client ended a head part way, or left: nothing to answer
         except Exception:
             logger.exception("sealgate: internal error on a fast-path connection; closed")
-            handing = b""
+            handing, going_on = b"", None
         finally:
+            registered.close()
             lease.end()
-            if client is not None:
+            if client is not None and going_on is None:
                 if handing and gate is not None and not client.error:
                     # Counted on across the hand-over: the fast part's count is released by
                     # its client_disconnected, this one passed to mitmproxy's handler.
@@ -188,7 +230,11 @@ class _Connection:
                     held = True
                 client.timestamp_end = time.time()
                 await fastexchange.hook(server_hooks.ClientDisconnectedHook(client))
-        if handing and _put_back(self.wire.reader, handing):
+        if going_on is not None:
+            # The same connection, in mitmproxy's layers: its count and its end are theirs.
+            self.fast.handed += 1
+            await going_on()
+        elif handing and _put_back(self.wire.reader, handing):
             self.fast.handed += 1
             if held and gate is not None:
                 gate.pass_on(self.peername)
@@ -197,6 +243,23 @@ class _Connection:
             if held and gate is not None:
                 gate.release(self.source)
             self.wire.writer.close()
+
+    def _close(self) -> None:
+        self.wire.writer.close()
+
+    def _go_on(self, data: bytes, *, plain: Context | None = None,
+               raw: fastconnect.Handed | None = None
+               ) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        """The rest of this connection in mitmproxy's layers (continued.py), `data` read first;
+        None (closed) if it cannot be put back."""
+        reader, writer = self.wire.reader, self.wire.writer
+        if not _put_back(reader, data):
+            return None
+        if plain is not None:
+            return functools.partial(continued.plain, self.instance, reader, writer, plain)
+        assert raw is not None
+        return functools.partial(continued.raw, self.instance, reader, writer, raw.context,
+                                 raw.tls)
 
     async def _head(self) -> tuple[bytes, list[bytes]] | None:
         """The next request head, raw and as lines; None when the connection ended or was
@@ -223,42 +286,73 @@ class _Connection:
             wire.writer.write(upstream.refused_head(denial))
             return None
 
+
     def _taken(self, lines: list[bytes], size: int) -> fastexchange.Taken | None:
         """The request the fast path takes, as mitmproxy's HTTP/1 server reads it; None for
         one it leaves to mitmproxy (which then reads, answers or refuses it as always)."""
-        bounds = self.fast.bounds
+        bounds, tunnel = self.fast.bounds, self.tunnel
         target = lines[0].split(b" ", 2)[1:2] if lines else []
         if size > bounds.header_bytes or not target or not (
-                target[0].startswith(self.fast.prefix_bytes)
+                target[0][:1] == b"/" if tunnel is not None
+                else target[0].startswith(self.fast.prefix_bytes)
                 or target[0][:7].lower() == b"http://"):
-            return None  # a CONNECT, mostly: left at a glance
+            return None  # left at a glance
         try:
             request = vars(_http1)["http1"].read_request_head(lines)  # mitm.py's: marks origin form
             expected = http1.expected_http_body_size(request)
-            host, port = url.parse_authority(request.host_header or "", check=True)
+            host, port = ("", None) if tunnel is not None else url.parse_authority(
+                request.host_header or "", check=True)
         except ValueError:
             return None
-        headers = request.headers
         if request.data.host:  # absolute form: plain HTTP through the proxy
-            if request.scheme != "http":
+            if request.scheme != "http" or tunnel is not None:
                 return None
-        elif not request.path.startswith(self.fast.prefix):
+        elif tunnel is None and not request.path.startswith(self.fast.prefix):
             return None
-        if (request.http_version != "HTTP/1.1"
-                or expected is None or not 0 <= expected <= TAKEN_BODY
-                or "transfer-encoding" in headers or "expect" in headers
-                or "upgrade" in headers
-                or not {token.lower() for token in get_header_tokens(
-                    headers, "connection")} <= _CONNECTION_TOKENS
-                or limits.parsed(request, bounds) is not None
-                or validate_request(HTTPMode.regular, request, self.fast.validate) is not None):
+        if not self._plain(request, HTTPMode.transparent if tunnel else HTTPMode.regular) or (
+                expected is None or not 0 <= expected <= TAKEN_BODY):
             return None
-        # What mitmproxy's HTTP stream makes of a request to a regular listener: the
-        # destination of an origin-form one from its Host; the upstream's in origin form.
-        if not request.data.host:
+        # What mitmproxy's HTTP stream makes of a request: inside a tunnel, the tunnel's
+        # destination (transparent mode); to a regular listener, an origin-form one's from its
+        # Host. The upstream's in origin form.
+        if tunnel is not None:
+            assert tunnel.server.address is not None
+            request.data.host, request.data.port = tunnel.server.address
+            request.scheme = "https"
+        elif not request.data.host:
             request.data.host, request.data.port, request.scheme = host, port or 80, "http"
         request.authority = ""
         return fastexchange.Taken(request, expected)
+
+    def _connect(self, lines: list[bytes], size: int, pipeline: _Pipeline | None
+                 ) -> http.Request | None:
+        """A CONNECT the fast path takes: HTTP/1.1, with no body or upgrade of its own, under
+        the options its TLS honours (fastleaf.py)."""
+        if not self.fast.intercepts or pipeline is None or size > self.fast.bounds.header_bytes:
+            return None
+        try:
+            request: http.Request = vars(_http1)["http1"].read_request_head(lines)
+        except ValueError:
+            return None
+        if (request.method != "CONNECT" or "content-length" in request.headers
+                or not self._plain(request, HTTPMode.regular, _CONNECT_VERSIONS)):
+            return None
+        return request
+
+    def _plain(self, request: http.Request, mode: HTTPMode,
+               versions: frozenset[str] = _VERSIONS) -> bool:
+        """HTTP/1.1 (a CONNECT may be 1.0: urllib3's are) asking for no more than one plain
+        exchange (no Transfer-Encoding, Expect or Upgrade; `Connection` only keep-alive or
+        close), within limits.py's bounds, and past mitmproxy's own check against request
+        smuggling."""
+        headers = request.headers
+        return not (request.http_version not in versions
+                    or "transfer-encoding" in headers or "expect" in headers
+                    or "upgrade" in headers
+                    or not {token.lower() for token in get_header_tokens(
+                        headers, "connection")} <= _CONNECTION_TOKENS
+                    or limits.parsed(request, self.fast.bounds) is not None
+                    or validate_request(mode, request, self.fast.validate) is not None)
 
 
 def _put_back(reader: asyncio.StreamReader, data: bytes) -> bool:

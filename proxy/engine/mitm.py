@@ -75,6 +75,7 @@ from . import (
     fastdial,
     fastpath,
     framing,
+    handlers,
     hooks,
     keeping,
     limits,
@@ -83,7 +84,6 @@ from . import (
     speedups,
     upstream,
 )
-from .handlers import handler_of
 from .mitmcheck import mismatches
 from .splice import relaying
 
@@ -378,8 +378,10 @@ def cut_off(flow: http.HTTPFlow) -> None:
 def close_client(client_id: str) -> None:
     """Close a client's connection now, whatever its layers are waiting for (a handshake that
     does not finish, a stream cut off): its writer first, so nothing more gets out."""
-    handler = handler_of(client_id)
+    handler = handlers.handler_of(client_id)
     if handler is None:
+        if (close := handlers.fast_closer(client_id)) is not None:
+            close()  # a connection the fast path serves
         return
     io = handler.transports.get(handler.client)
     if io is not None and io.writer is not None:

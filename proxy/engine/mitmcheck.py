@@ -25,12 +25,13 @@ import h2.connection
 import h2.stream
 import wsproto.events
 from h11._receivebuffer import ReceiveBuffer
-from mitmproxy import addonmanager, certs, connection, flow, http, optmanager
+from mitmproxy import addonmanager, certs, connection, flow, http, optmanager, tls
 from mitmproxy.addons import proxyserver, tlsconfig
+from mitmproxy.addons.tlsconfig import TlsConfig
 from mitmproxy.coretypes import multidict
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy import context, events, layer, mode_servers, mode_specs, server, tunnel
-from mitmproxy.proxy.layers import HttpLayer, websocket
+from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer, ServerTLSLayer, websocket
 from mitmproxy.proxy.layers import tls as tls_layers
 from mitmproxy.proxy.layers.http import (
     HTTPMode,
@@ -42,7 +43,7 @@ from mitmproxy.proxy.layers.http import (
 )
 from mitmproxy.utils import asyncio_utils
 
-from . import hooks, splice
+from . import hooks, splice, tlsstream
 
 
 class _Changed(Exception):
@@ -229,6 +230,34 @@ def _fast_path_front() -> None:
     # Its smuggling checks, as the HTTP stream applies them to requests and responses.
     _params(validate_request, "(mode, request, validate_inbound_headers)")
     _names(HttpStream.check_invalid, "validate_request", "validate_headers")
+
+
+@_checks("mitmproxy's CONNECT, client TLS and connection handler (fastconnect, continued)")
+def _fast_connect() -> None:
+    # fastconnect: the hooks and objects mitmproxy's CONNECT and client TLS layer use.
+    _names(HttpStream.handle_connect, "HttpConnectHook")
+    _names(HttpStream.handle_connect_finish, "HttpConnectedHook", "HttpConnectErrorHook")
+    _params(tls_layers.parse_client_hello, "(data)")
+    _names(ClientTLSLayer.receive_handshake_data, "TlsClienthelloHook", "ignore_connection",
+           "establish_server_tls_first")
+    _params(tls.ClientHelloData, "(context, client_hello, ignore_connection=, "
+                                 "establish_server_tls_first=)")
+    _params(tls.TlsData, "(conn, context, ssl_conn=, is_dtls=)")
+    _params(TlsConfig.get_cert, "(self, conn_context)")
+    _expect(callable(vars(tlsconfig).get("_default_ciphers")), "tlsconfig._default_ciphers gone")
+    # continued: a handler for a client it did not make, its hooks through handle_hook, its
+    # client's transport keyed by the client, the layers a tunnel's next_layer would give.
+    _params(mode_servers.ProxyConnectionHandler.__init__, "(self, master, r, w, options, mode)")
+    _names(server.LiveConnectionHandler.__init__, "transports", "ConnectionIO")
+    _names(server.ConnectionHandler.handle_client, "handle_hook", "ClientConnectedHook",
+           "ClientDisconnectedHook")
+    _params(mode_servers.ServerManager.register_connection, "(self, connection_id, handler)")
+    _params(ServerTLSLayer, "(context, conn=)")
+    _params(ClientTLSLayer, "(context)")
+    # fastexchange: a client's end seen while its request waits (the stream's close waiter).
+    _params(vars(asyncio.StreamReaderProtocol)["_get_close_waiter"], "(self, stream)")
+    missing = tlsstream.changed()
+    _expect(not missing, f"asyncio's TLS stream changed: {', '.join(missing)}")
 
 
 @_checks("mitmproxy.proxy.layers.http._http1.Http1Client.read_headers")

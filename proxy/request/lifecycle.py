@@ -143,8 +143,11 @@ class Lifecycle:
         if closed := self.handshakes.take_closed():
             self._emit("handshake_timeout", count=closed,
                        seconds=self.handshakes.seconds)
-        self.metrics.total("upstream_tls_offered", self.sessions.offered)
-        self.metrics.total("upstream_tls_resumed", self.sessions.resumed)
+        dialer = fastdial.installed()
+        self.metrics.total("upstream_tls_offered", self.sessions.offered + (
+            dialer.offered if dialer else 0))
+        self.metrics.total("upstream_tls_resumed", self.sessions.resumed + (
+            dialer.resumed if dialer else 0))
         idle = dialed = reused = 0
         for kept in (pool.installed(), fastdial.installed()):
             if kept is not None:
@@ -163,7 +166,8 @@ class Lifecycle:
                                requests_in_flight=len(self.in_flight),
                                resident_bytes=memory.resident(),
                                response_deadlines_pending=deadline.pending(),
-                               upstream_tls_sessions=len(self.sessions),
+                               upstream_tls_sessions=len(self.sessions) + (
+                                   len(dialer.sessions) if dialer else 0),
                                upstream_connections_open=self.upstream_open + (
                                    fast.dialer.open if fast else 0),
                                upstream_connections_idle=idle,

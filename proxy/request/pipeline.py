@@ -159,6 +159,13 @@ class Sealgate(Steps):
         elif conn is not None:
             mitm.prefer_h2(data, conn.alpn_offered)
 
+    def handshake_refused(self, client: connection.Client) -> bool:
+        """Whether `client`'s ClientHello was refused here: the fast path, which makes no
+        pyOpenSSL connection for `tls_start_client` to withhold, closes it before a handshake
+        (proxy/engine/fastconnect.py)."""
+        conn = self.conns.get(client.id)
+        return conn is not None and conn.handshake_refused
+
     async def _transparent_tls_target(
         self, data: tls.ClientHelloData, conn: Conn, sni: str | None
     ) -> None:
