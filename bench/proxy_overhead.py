@@ -282,14 +282,15 @@ def _base_url_section(results: list[Result]) -> list[str]:
         for c in (1, 16, 64):
             if found := ratios(results, kind, c, "sealgate-base", "sealgate"):
                 lines.append(f"| {label} | {c} | {fmt_ratio(found)} |")
-    lines += ["", "Base-URL requests are served by the fast path (proxy/engine/fastpath.py: "
-              "plain HTTP/1.1 without mitmproxy's layers, the pipeline's hooks on the same flow "
-              "objects, an upstream connection per client connection, kept for the next client "
-              "connection of the same sandbox after it); intercepted HTTPS goes through "
-              "mitmproxy's layers and pays the client-side TLS handshake on a new connection. "
-              "What a base-URL request still costs is mostly sealgate's own steps (the "
-              "decision, identity, budget, injection, the audit line) and the upstream leg's "
-              "TLS: docs/performance-floor.md puts it beside a bare Python forwarder."]
+    lines += ["", "Both are served by the fast path (proxy/engine/fastpath.py: HTTP/1.1 "
+              "without mitmproxy's layers, the pipeline's hooks on the same flow objects, an "
+              "upstream connection per client connection, kept for the next client connection "
+              "of the same sandbox after it); an intercepted one also has its CONNECT and the "
+              "client-side TLS (fastconnect.py), which is what a new intercepted connection "
+              "pays more. Kept alive, the two cost about the same: what a request still costs "
+              "is mostly sealgate's own steps (the decision, identity, budget, injection, the "
+              "audit line) and the upstream leg's TLS: docs/performance-floor.md puts it beside "
+              "a bare Python forwarder."]
     return lines
 
 
