@@ -20,10 +20,9 @@ the whole timeout: at 5,000 requests a second and 60 s, 300,000 of them. mitm.py
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from mitmproxy import http
 from mitmproxy.net.http import status_codes
@@ -58,24 +57,16 @@ class Deadline(commands.RequestWakeup):
 _WAITING: weakref.WeakSet[Deadline] = weakref.WeakSet()
 
 
-_FAST_WAITING = [0]  # the fast path's waits (fastexchange.py), timed by asyncio.timeout
+# The fast path's waits (fastexchange.py, timed by asyncio.timeout), counted up and down there
+# without a context manager's cost per request.
+FAST_WAITING = [0]
 
 
 def pending() -> int:
     """How many response deadlines are waiting: requests sent in full, no response head yet.
     A met deadline's timer ends at once, so this is never more than the requests waiting."""
-    return _FAST_WAITING[0] + sum(
+    return FAST_WAITING[0] + sum(
         1 for d in _WAITING if d.timer is not None and not d.timer.cancelled())
-
-
-@contextlib.contextmanager
-def waiting() -> Iterator[None]:
-    """A fast-path request waiting for its response head, counted in `pending`."""
-    _FAST_WAITING[0] += 1
-    try:
-        yield
-    finally:
-        _FAST_WAITING[0] -= 1
 
 
 def seconds(flow: http.HTTPFlow, default: float) -> float:

@@ -238,15 +238,16 @@ async def _head_while_there(client: Wire, line: Line, wait: float) -> http.Respo
             task.cancel()
 
     closed.add_done_callback(gone)
+    deadline.FAST_WAITING[0] += 1
     try:
-        with deadline.waiting():
-            async with asyncio.timeout(wait):
-                return await _final_head(line.wire)
+        async with asyncio.timeout(wait):
+            return await _final_head(line.wire)
     except asyncio.CancelledError:
         if left and task is not None and task.uncancel() == 0:
             raise ClientGone("the client left before its answer") from None
         raise
     finally:
+        deadline.FAST_WAITING[0] -= 1
         closed.remove_done_callback(gone)
 
 
