@@ -77,6 +77,9 @@ def _context(entry: certs.CertStoreEntry) -> ssl.SSLContext:
     made.minimum_version = ssl.TLSVersion.TLSv1_2
     made.set_ciphers(":".join(vars(tlsconfig)["_default_ciphers"](net_tls.Version.TLS1_2)))
     made.set_alpn_protocols(["http/1.1"])
+    # One TLS 1.3 ticket per connection, not OpenSSL's two: a resumed connection gets its own
+    # next one, and each ticket is work for the handshake and bytes on the wire.
+    made.num_tickets = 1
     pem = b"".join([entry.cert.to_pem(), *(c.to_pem() for c in entry.chain_certs),
                     entry.privatekey.private_bytes(serialization.Encoding.PEM,
                                                    serialization.PrivateFormat.PKCS8,
