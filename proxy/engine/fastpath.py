@@ -1,5 +1,6 @@
-"""The fast path: plain HTTP/1.1 requests to the explicit listener, base-URL ones
-(proxy/request/baseurl.py) and absolute-form `http://` ones, served without mitmproxy's layers.
+"""The fast path: HTTP/1.1 requests to the explicit listener, base-URL ones
+(proxy/request/baseurl.py), absolute-form `http://` ones and those inside a CONNECT's TLS
+(fastconnect.py), served without mitmproxy's layers.
 
 Why: these are the simplest exchanges the proxy makes (plain HTTP/1.1 in, one connection out,
 verified TLS for base-URL mode), and mitmproxy's per-connection and per-request machinery (its
@@ -11,13 +12,15 @@ What it takes, and what it hands over. Every connection to the regular (explicit
 comes here first. Its first request head is read; if it is a request the fast path takes
 (`_taken`: HTTP/1.1, an origin-form target under the base-URL prefix or an absolute-form
 `http://` one, a Host, a body of a declared Content-Length within `TAKEN_BODY`, nothing asking
-for more than one plain exchange: no Transfer-Encoding, Expect or Upgrade) the connection is
-the fast path's; anything else (CONNECT, TLS, HTTP/2, another origin-form target, an
-absolute-form `https://` one, a head that does not parse) goes to
-mitmproxy's own handler with the bytes read put back in front of the reader, before any of
+for more than one plain exchange: no Transfer-Encoding, Expect or Upgrade), or a CONNECT
+(`_connect`, fastconnect.py), the connection is the fast path's; anything else (TLS, HTTP/2,
+another origin-form target, an absolute-form `https://` one, a head that does not parse) goes
+to mitmproxy's own handler with the bytes read put back in front of the reader, before any of
 them was acted on. A later request on a fast connection that is not taken hands the rest of
 the connection over the same way, at that message boundary (its part so far ends with its own
-connection line; mitmproxy's part has another). Framing is never decided twice: heads are read
+connection line; mitmproxy's part has another); inside a tunnel, where the pipeline's state for
+the connection must stand, the same connection goes on in mitmproxy's layers instead
+(continued.py). Framing is never decided twice: heads are read
 by mitmproxy's own parser and bodies by the same h11 readers (fastwire.py), and the rest of
 the head is what mitmproxy would refuse or handle anyway.
 
