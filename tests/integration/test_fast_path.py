@@ -221,3 +221,33 @@ def test_a_client_connection_keeps_its_upstream_connection(fast: tuple[Proxy, in
         for s in socks:
             s.close()
     assert origin.connections - before <= clients
+
+
+def test_a_client_that_reads_nothing_is_closed_after_the_idle_timeout(
+    proxy_with: ProxyFactory, test_ca: OriginCA
+) -> None:
+    """An answer far larger than the sockets hold, to a client that never reads: once nothing
+    can be written for `--idle-timeout`, the fast path closes the connection (Wire.drain),
+    instead of holding it and its upstream for as long as the client likes."""
+    idle = 1.5
+    big = Origin(tls=test_ca.issue("api.test"))
+    big.response_chunks = [b"x" * 65536] * 512  # 32 MiB, streamed
+    try:
+        rules = rules_allowing("api.test", big.port)
+        with proxy_with(rules, name="fast-idle", options=["--idle-timeout", str(idle)]) as proxy:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(10)
+                s.connect(("127.0.0.1", proxy.port))
+                s.sendall(base(proxy, big, "/big"))
+                time.sleep(idle * 3)  # the bound under test is a time: nothing is read meanwhile
+                got, ended = 0, False
+                for _ in range(100_000):  # what was buffered, then the end
+                    data = s.recv(65536)
+                    if not data:
+                        ended = True
+                        break
+                    got += len(data)
+            assert ended and got < 512 * 65536, got
+    finally:
+        big.stop()
